@@ -1,0 +1,50 @@
+package cells
+
+import (
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+)
+
+// EnvPrefix is the prefix of environment variables that set flags, e.g.
+// IPCACHE_AGENT_STATE_DIR for --state-dir.
+const EnvPrefix = "IPCACHE_AGENT"
+
+// Infrastructure is what the project's cells run on: the state database,
+// jobs and health reporting.
+var Infrastructure = cell.Group(
+	statedb.Cell,
+	job.Cell,
+	healthCell,
+)
+
+// ControlPlane is the project's own cells.
+var ControlPlane = cell.Group(
+	identitycell.Cell,
+)
+
+// NewHive returns the agent's hive: [Infrastructure], [ControlPlane] and
+// any extra cells (an embedding agent's, or a test's).
+func NewHive(extra ...cell.Cell) *hive.Hive {
+	opts := hive.DefaultOptions()
+	opts.EnvPrefix = EnvPrefix
+	// Start hooks and invokes faster than this log at debug, not info.
+	opts.LogThreshold = 100 * time.Millisecond
+	opts.ModuleDecorators = cell.ModuleDecorators{
+		// Name each module's database handle after it, so statedb's
+		// metrics and lock diagnostics say which module held a table.
+		func(db *statedb.DB, id cell.ModuleID) *statedb.DB {
+			return db.NewHandle(string(id))
+		},
+		// Give each module its own health scope.
+		func(health cell.Health, id cell.ModuleID) cell.Health {
+			return health.NewScope(string(id))
+		},
+	}
+	return hive.NewWithOptions(opts, append([]cell.Cell{Infrastructure, ControlPlane}, extra...)...)
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The test binary doubles as the agent binary: with this variable set it
+// runs main instead of the tests, so the tests see real exit codes, signals
+// and output.
+const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(beAgentEnv) != "" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+func agentCommand(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
+	return cmd
+}
+
+func runAgentCommand(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := agentCommand(args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if exitErr, ok := err.(*exec.ExitError); ok {
+		return out.String(), errOut.String(), exitErr.ExitCode()
+	}
+	require.NoError(t, err)
+	return out.String(), errOut.String(), 0
+}
+
+func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--identity-restore-grace-period=x"}, "--identity-restore-grace-period"},
+		{[]string{"--identity-restore-grace-period=-5s"}, "--identity-restore-grace-period"},
+		{[]string{"--log-level=loud"}, "--log-level"},
+		{[]string{"--log-format=xml"}, "--log-format"},
+		{[]string{"--no-such-flag"}, "--no-such-flag"},
+		{[]string{"hive", "--no-such-flag"}, "--no-such-flag"},
+		{[]string{"unexpected-argument"}, "unexpected-argument"},
+	} {
+		_, stderr, code := runAgentCommand(t, tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+}
+
+func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
+	stdout, stderr, code := runAgentCommand(t, "hive")
+	require.Equal(t, exitOK, code, stderr)
+	for _, want := range []string{"identity (Local CIDR identity allocation)", "identitycell.Config", "StateDir", "IdentityRestoreGracePeriod: (time.Duration) 10m0s", "Start hooks"} {
+		require.Contains(t, stdout, want)
+	}
+}
+
+func TestHiveDotGraph(t *testing.T) {
+	stdout, stderr, code := runAgentCommand(t, "hive", "dot-graph")
+	require.Equal(t, exitOK, code, stderr)
+	require.True(t, strings.HasPrefix(stdout, "digraph {"), stdout)
+	require.Contains(t, stdout, "identitycell.Allocator")
+}
+
+func TestHelpDescribesFlags(t *testing.T) {
+	stdout, _, code := runAgentCommand(t, "--help")
+	require.Equal(t, exitOK, code)
+	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format"} {
+		require.Contains(t, stdout, flag)
+	}
+	require.NotContains(t, stdout, "identity-local-space-size", "test-only flags are hidden")
+}
+
+// TestRunStopsCleanlyOnSignal runs the agent on a private state directory
+// and stops it with SIGTERM and with SIGINT: both are a clean stop (exit 0)
+// that leaves the identity checkpoint behind.
+func TestRunStopsCleanlyOnSignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		stateDir := filepath.Join(t.TempDir(), "state")
+		cmd := agentCommand("--state-dir="+stateDir, "--log-format=json")
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "Started hive") },
+			10*time.Second, 10*time.Millisecond, "agent did not start: %s", &stderr)
+		require.NoError(t, cmd.Process.Signal(sig))
+		err := cmd.Wait()
+		require.NoError(t, err, "exit after %s: %s", sig, &stderr)
+		require.Contains(t, stderr.String(), `"msg":"Stopped hive"`, "logs are JSON")
+		_, err = os.Stat(filepath.Join(stateDir, "local-identities.json"))
+		require.NoError(t, err, "checkpoint written")
+	}
+}
+
+func TestRuntimeFailureExitsOne(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "not-a-dir")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	_, stderr, code := runAgentCommand(t, "--state-dir="+filepath.Join(file, "state"))
+	require.Equal(t, exitFailure, code, stderr)
+	require.Contains(t, stderr, "create state directory")
+}

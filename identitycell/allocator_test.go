@@ -1,0 +1,339 @@
+package identitycell
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/labels"
+)
+
+// newTestAllocator returns an allocator of the first size local numbers.
+func newTestAllocator(tb testing.TB, size uint32) (*Allocator, *statedb.DB, statedb.Table[*Identity]) {
+	tb.Helper()
+	db := statedb.New()
+	require.NoError(tb, db.Start())
+	tb.Cleanup(func() { db.Stop() })
+	table, err := NewIdentitiesTable(db)
+	require.NoError(tb, err)
+	last := MinLocalIdentity + NumericIdentity(size) - 1
+	return newAllocator(db, table, hivetest.Logger(tb), MinLocalIdentity, last), db, table
+}
+
+func mustLabels(tb testing.TB, s string) labels.Labels {
+	tb.Helper()
+	l, err := labels.Parse(s)
+	require.NoError(tb, err)
+	return l
+}
+
+func cidr(n int) labels.Labels {
+	l, _ := labels.New(fmt.Sprintf("cidr:10.%d.%d.0/24", n/256, n%256))
+	return l
+}
+
+// tableState returns labels -> (identity, references) from the table.
+func tableState(db *statedb.DB, table statedb.Table[*Identity]) map[labels.Labels]Identity {
+	state := map[labels.Labels]Identity{}
+	for identity := range table.All(db.ReadTxn()) {
+		state[identity.Labels] = *identity
+	}
+	return state
+}
+
+func TestSameLabelsSameNumber(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	first, err := a.Allocate(cidr(1), 0)
+	require.NoError(t, err)
+	again, err := a.Allocate(cidr(1), 0)
+	require.NoError(t, err)
+	require.Equal(t, first, again)
+	require.True(t, first.IsLocal())
+
+	other, err := a.Allocate(cidr(2), 0)
+	require.NoError(t, err)
+	require.NotEqual(t, first, other)
+
+	require.Equal(t, uint32(2), tableState(db, table)[cidr(1)].References)
+}
+
+func TestLastReleaseFrees(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	id, _ := a.Allocate(cidr(1), 0)
+	_, _ = a.Allocate(cidr(1), 0)
+
+	freed, err := a.Release(id)
+	require.NoError(t, err)
+	require.False(t, freed, "one reference is left")
+	require.Equal(t, uint32(1), tableState(db, table)[cidr(1)].References)
+
+	freed, err = a.Release(id)
+	require.NoError(t, err)
+	require.True(t, freed)
+	require.Empty(t, tableState(db, table))
+
+	_, err = a.Release(id)
+	require.ErrorIs(t, err, ErrNotAllocated, "a reference nobody holds cannot be released")
+}
+
+func TestFreedNumberIsReusable(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 3)
+	var ids []NumericIdentity
+	for n := range 3 {
+		id, err := a.Allocate(cidr(n), 0)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	_, err := a.Release(ids[1])
+	require.NoError(t, err)
+
+	id, err := a.Allocate(cidr(99), 0)
+	require.NoError(t, err)
+	require.Equal(t, ids[1], id, "the only free number is the freed one")
+}
+
+func TestFreedNumberIsNotReusedAtOnce(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 100)
+	first, _ := a.Allocate(cidr(1), 0)
+	_, _ = a.Release(first)
+	second, _ := a.Allocate(cidr(2), 0)
+	require.NotEqual(t, first, second, "a number just freed is handed out again only after the search wraps")
+}
+
+func TestRequestedFreeNumberIsHonoured(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 100)
+	want := MinLocalIdentity + 42
+	id, err := a.Allocate(cidr(1), want)
+	require.NoError(t, err)
+	require.Equal(t, want, id)
+}
+
+func TestRequestedTakenNumberFallsBack(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 100)
+	taken, _ := a.Allocate(cidr(1), 0)
+
+	id, err := a.Allocate(cidr(2), taken)
+	require.NoError(t, err)
+	require.NotEqual(t, taken, id)
+	require.True(t, id.IsLocal())
+
+	for _, outOfRange := range []NumericIdentity{IdentityWorld, MinLocalIdentity + 100, MaxLocalIdentity + 1} {
+		id, err := a.Allocate(labels.ForPrefix(netipPrefix(t, outOfRange)), outOfRange)
+		require.NoError(t, err)
+		require.NotEqual(t, outOfRange, id, "a number outside the space is not handed out")
+	}
+}
+
+func TestRequestIgnoredForLabelsThatHaveAnIdentity(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 100)
+	id, _ := a.Allocate(cidr(1), 0)
+	again, err := a.Allocate(cidr(1), MinLocalIdentity+50)
+	require.NoError(t, err)
+	require.Equal(t, id, again, "labels determine the identity")
+}
+
+func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 3)
+	withheld := MinLocalIdentity
+	a.Withhold(withheld)
+	require.Equal(t, 1, a.NumWithheld())
+
+	x, err := a.Allocate(cidr(1), 0)
+	require.NoError(t, err)
+	y, err := a.Allocate(cidr(2), 0)
+	require.NoError(t, err)
+	require.NotContains(t, []NumericIdentity{x, y}, withheld)
+
+	_, err = a.Allocate(cidr(3), 0)
+	require.ErrorIs(t, err, ErrExhausted, "the withheld number is not free for unrelated requests")
+
+	got, err := a.Allocate(cidr(4), withheld)
+	require.NoError(t, err)
+	require.Equal(t, withheld, got, "a request naming a withheld number gets it")
+
+	_, _ = a.Release(got)
+	a.Unwithhold(withheld)
+	require.Zero(t, a.NumWithheld())
+	got, err = a.Allocate(cidr(5), 0)
+	require.NoError(t, err)
+	require.Equal(t, withheld, got, "after unwithholding, the number is free for anyone")
+}
+
+func TestExhaustionFailsOnlyThatRequest(t *testing.T) {
+	a, db, table := newTestAllocator(t, 2)
+	x, _ := a.Allocate(cidr(1), 0)
+	_, _ = a.Allocate(cidr(2), 0)
+	before := tableState(db, table)
+
+	_, err := a.Allocate(cidr(3), 0)
+	require.ErrorIs(t, err, ErrExhausted)
+	require.ErrorContains(t, err, "cidr:10.0.3.0/24", "the error names the labels")
+	require.Equal(t, before, tableState(db, table), "a failed request changes nothing")
+
+	again, err := a.Allocate(cidr(1), 0)
+	require.NoError(t, err, "labels that have an identity still get references")
+	require.Equal(t, x, again)
+
+	_, _ = a.Release(x)
+	_, _ = a.Release(x)
+	_, err = a.Allocate(cidr(3), 0)
+	require.NoError(t, err, "room appears when a number is freed")
+}
+
+func TestEmptyLabels(t *testing.T) {
+	a, _, _ := newTestAllocator(t, 10)
+	_, err := a.Allocate(labels.Labels{}, 0)
+	require.ErrorIs(t, err, ErrNoLabels)
+}
+
+func TestAbortedTransactionLeavesNothing(t *testing.T) {
+	a, db, table := newTestAllocator(t, 10)
+	kept, _ := a.Allocate(cidr(1), 0)
+
+	txn := a.WriteTxn()
+	_, err := a.AllocateTxn(txn, cidr(2), 0)
+	require.NoError(t, err)
+	_, err = a.ReleaseTxn(txn, kept)
+	require.NoError(t, err)
+	txn.Abort()
+
+	state := tableState(db, table)
+	require.Len(t, state, 1)
+	require.Equal(t, kept, state[cidr(1)].ID)
+}
+
+// TestConcurrentAllocateRelease runs allocations and releases of shared
+// label sets from many goroutines; each holds references and releases them
+// all, and at the end the counts must be exact.
+func TestConcurrentAllocateRelease(t *testing.T) {
+	a, db, table := newTestAllocator(t, 1000)
+	const workers, rounds, labelSets = 8, 300, 20
+
+	var (
+		mu       sync.Mutex
+		numberOf = map[labels.Labels]NumericIdentity{}
+		wg       sync.WaitGroup
+	)
+	kept := make([]map[labels.Labels]int, workers)
+	for w := range workers {
+		kept[w] = map[labels.Labels]int{}
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			held := map[labels.Labels][]NumericIdentity{}
+			for range rounds {
+				lbls := cidr(rng.IntN(labelSets))
+				if refs := held[lbls]; len(refs) > 0 && rng.IntN(2) == 0 {
+					_, err := a.Release(refs[len(refs)-1])
+					if !assert.NoError(t, err) {
+						return
+					}
+					held[lbls] = refs[:len(refs)-1]
+					continue
+				}
+				id, err := a.Allocate(lbls, 0)
+				if !assert.NoError(t, err) {
+					return
+				}
+				held[lbls] = append(held[lbls], id)
+				mu.Lock()
+				if prev, ok := numberOf[lbls]; ok && len(held[lbls]) > 1 {
+					assert.Equal(t, prev, id, "while referenced, labels keep their number")
+				}
+				numberOf[lbls] = id
+				mu.Unlock()
+			}
+			for lbls, refs := range held {
+				kept[w][lbls] = len(refs)
+			}
+		})
+	}
+	wg.Wait()
+
+	want := map[labels.Labels]uint32{}
+	for _, k := range kept {
+		for lbls, n := range k {
+			if n > 0 {
+				want[lbls] += uint32(n)
+			}
+		}
+	}
+	got := map[labels.Labels]uint32{}
+	seen := map[NumericIdentity]bool{}
+	for lbls, identity := range tableState(db, table) {
+		got[lbls] = identity.References
+		require.False(t, seen[identity.ID], "number %d given to two label sets", identity.ID)
+		seen[identity.ID] = true
+	}
+	require.Equal(t, want, got)
+}
+
+// TestTableEqualsModel applies random operations and after every one checks
+// that the table is exactly the reference model: the same label sets with the
+// same reference counts, distinct numbers in range, a number kept for as
+// long as its labels are referenced, and requests honoured when free.
+func TestTableEqualsModel(t *testing.T) {
+	const size = 16
+	a, db, table := newTestAllocator(t, size)
+	type modelEntry struct {
+		id   NumericIdentity
+		refs uint32
+	}
+	model := map[labels.Labels]modelEntry{}
+	rng := rand.New(rand.NewPCG(7, 7))
+
+	for step := range 5000 {
+		lbls := cidr(rng.IntN(24))
+		entry, exists := model[lbls]
+		switch {
+		case exists && rng.IntN(2) == 0:
+			freed, err := a.Release(entry.id)
+			require.NoError(t, err)
+			entry.refs--
+			require.Equal(t, entry.refs == 0, freed, "step %d", step)
+			if entry.refs == 0 {
+				delete(model, lbls)
+			} else {
+				model[lbls] = entry
+			}
+		default:
+			requested := IdentityUnknown
+			if rng.IntN(2) == 0 {
+				requested = MinLocalIdentity + NumericIdentity(rng.IntN(size))
+			}
+			requestedFree := true
+			for _, e := range model {
+				requestedFree = requestedFree && e.id != requested
+			}
+			id, err := a.Allocate(lbls, requested)
+			if !exists && len(model) == size {
+				require.ErrorIs(t, err, ErrExhausted, "step %d", step)
+				break
+			}
+			require.NoError(t, err, "step %d", step)
+			if exists {
+				require.Equal(t, entry.id, id, "step %d", step)
+			} else if requested != IdentityUnknown && requestedFree {
+				require.Equal(t, requested, id, "step %d: a free requested number is honoured", step)
+			}
+			model[lbls] = modelEntry{id: id, refs: entry.refs + 1}
+		}
+
+		state := tableState(db, table)
+		require.Len(t, state, len(model), "step %d", step)
+		numbers := map[NumericIdentity]bool{}
+		for lbls, want := range model {
+			got := state[lbls]
+			require.Equal(t, want.id, got.ID, "step %d %s", step, lbls)
+			require.Equal(t, want.refs, got.References, "step %d %s", step, lbls)
+			require.True(t, got.ID >= MinLocalIdentity && got.ID < MinLocalIdentity+size)
+			numbers[got.ID] = true
+		}
+		require.Len(t, numbers, len(model), "step %d: numbers are distinct", step)
+	}
+}

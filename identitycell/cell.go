@@ -1,0 +1,90 @@
+package identitycell
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+)
+
+// Cell provides the local identity [Allocator], the read-only `identities`
+// table and the [Checkpointer].
+var Cell = cell.Module(
+	"identity",
+	"Local CIDR identity allocation",
+
+	cell.Config(DefaultConfig),
+	cell.ProvidePrivate(NewIdentitiesTable),
+	cell.Provide(
+		statedb.RWTable[*Identity].ToTable,
+		newAllocatorFromConfig,
+		newCheckpointerCell,
+	),
+	// The checkpointer is constructed even when nobody asks for it, as it
+	// writes the checkpoint.
+	cell.Invoke(func(*Checkpointer) {}),
+	cell.Invoke(Config.Validate),
+)
+
+// Config is the identity cell's configuration.
+type Config struct {
+	// StateDir holds the identity checkpoint.
+	StateDir string
+
+	// IdentityRestoreGracePeriod is how long identities restored from the
+	// previous run stay allocated (and their numbers withheld) while their
+	// real owners re-assert them.
+	IdentityRestoreGracePeriod time.Duration
+
+	// IdentityLocalSpaceSize limits how many local numbers are handed out
+	// (from the start of the local scope). Hidden: it exists so that tests
+	// can exhaust the space.
+	IdentityLocalSpaceSize uint32
+}
+
+// DefaultConfig is the configuration on the defaults.
+var DefaultConfig = Config{
+	StateDir:                   "/run/ipcache-agent",
+	IdentityRestoreGracePeriod: 10 * time.Minute,
+	IdentityLocalSpaceSize:     uint32(MaxLocalIdentity - MinLocalIdentity + 1),
+}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("state-dir", def.StateDir,
+		"Directory for state kept across restarts (identity checkpoint)")
+	flags.Duration("identity-restore-grace-period", def.IdentityRestoreGracePeriod,
+		"How long identities restored after a restart are kept while their owners re-assert them")
+	flags.Uint32("identity-local-space-size", def.IdentityLocalSpaceSize,
+		"Number of local identities that may be allocated (for tests)")
+	_ = flags.MarkHidden("identity-local-space-size")
+}
+
+// Validate reports configuration errors, naming the flag.
+func (c Config) Validate() error {
+	if c.IdentityRestoreGracePeriod < 0 {
+		return fmt.Errorf("--identity-restore-grace-period must not be negative, got %s", c.IdentityRestoreGracePeriod)
+	}
+	if max := uint32(MaxLocalIdentity - MinLocalIdentity + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
+		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)
+	}
+	return nil
+}
+
+func newAllocatorFromConfig(cfg Config, db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger) *Allocator {
+	last := MinLocalIdentity + NumericIdentity(cfg.IdentityLocalSpaceSize) - 1
+	return newAllocator(db, table, log, MinLocalIdentity, last)
+}
+
+func newCheckpointerCell(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger,
+	lc cell.Lifecycle, jobs job.Registry, health cell.Health) *Checkpointer {
+	c := newCheckpointer(db, table, log, cfg.StateDir)
+	lc.Append(c)
+	group := jobs.NewGroup(health, job.WithLogger(log))
+	group.Add(job.OneShot("checkpoint", c.run))
+	return c
+}

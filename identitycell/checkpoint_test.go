@@ -1,0 +1,202 @@
+package identitycell
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/stretchr/testify/require"
+)
+
+func testCheckpoint(n int) Checkpoint {
+	c := Checkpoint{}
+	for i := range n {
+		c[MinLocalIdentity+NumericIdentity(i)] = cidr(i)
+	}
+	return c
+}
+
+func TestCheckpointRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFileName)
+	want := testCheckpoint(5)
+	require.NoError(t, writeCheckpoint(path, want))
+	got, err := ReadCheckpoint(path)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.Empty(t, tempFiles(t, filepath.Dir(path)), "a write leaves no temporary file")
+}
+
+func TestCheckpointMissingIsEmpty(t *testing.T) {
+	got, err := ReadCheckpoint(filepath.Join(t.TempDir(), CheckpointFileName))
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
+
+func TestCheckpointCorrupt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFileName)
+	for name, content := range map[string]string{
+		"truncated":     `{"version":1,"identities":[{"id":16777217,"lab`,
+		"not json":      `hello`,
+		"wrong version": `{"version":9,"identities":[]}`,
+		"unknown field": `{"version":1,"identities":[],"extra":1}`,
+		"not local":     `{"version":1,"identities":[{"id":2,"labels":"reserved:world"}]}`,
+		"bad labels":    `{"version":1,"identities":[{"id":16777217,"labels":"cidr:10.0.0.1/8"}]}`,
+		"duplicate":     `{"version":1,"identities":[{"id":16777217,"labels":"a:b"},{"id":16777217,"labels":"a:c"}]}`,
+		"trailing data": `{"version":1,"identities":[]} {}`,
+	} {
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		_, err := ReadCheckpoint(path)
+		require.ErrorIs(t, err, ErrCorruptCheckpoint, name)
+		require.ErrorContains(t, err, path, "%s: the error names the file", name)
+	}
+}
+
+func tempFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	matches, err := filepath.Glob(filepath.Join(dir, checkpointTempPattern))
+	require.NoError(t, err)
+	return matches
+}
+
+// TestCheckpointStartIgnoresHalfWrittenTemp: a crash between writing the
+// temporary file and renaming it leaves a half-written temporary file and
+// the previous checkpoint. Start must read the previous checkpoint, ignore
+// and remove the temporary file.
+func TestCheckpointStartIgnoresHalfWrittenTemp(t *testing.T) {
+	dir := t.TempDir()
+	want := testCheckpoint(3)
+	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want))
+	half := filepath.Join(dir, "."+CheckpointFileName+".tmp-12345")
+	require.NoError(t, os.WriteFile(half, []byte(`{"version":1,"identities":[{"id":1677`), 0o600))
+
+	c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
+	require.NoError(t, c.Start(nil))
+	require.Equal(t, want, c.Previous())
+	require.Empty(t, tempFiles(t, dir))
+}
+
+func TestCheckpointStartMovesCorruptAside(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, CheckpointFileName)
+	require.NoError(t, os.WriteFile(path, []byte("garbage"), 0o600))
+
+	c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
+	require.NoError(t, c.Start(nil), "a corrupt checkpoint is not fatal")
+	require.Empty(t, c.Previous())
+	_, err := os.Stat(path)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	aside, err := os.ReadFile(path + ".corrupt")
+	require.NoError(t, err)
+	require.Equal(t, "garbage", string(aside))
+}
+
+func TestCheckpointStartCreatesPrivateStateDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
+	require.NoError(t, c.Start(nil))
+	info, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), info.Mode().Perm())
+}
+
+func TestCheckpointStartFailsOnUnusableStateDir(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	c := newCheckpointer(nil, nil, hivetest.Logger(t), filepath.Join(file, "state"))
+	require.ErrorContains(t, c.Start(nil), "create state directory")
+}
+
+const crashWriterEnv = "IDENTITYCELL_CRASH_WRITER_DIR"
+
+// TestCheckpointCrashWriter is not a test on its own: run by
+// TestCheckpointSurvivesCrashMidWrite in a child process, it writes
+// checkpoints of growing size until it is killed.
+func TestCheckpointCrashWriter(t *testing.T) {
+	dir := os.Getenv(crashWriterEnv)
+	if dir == "" {
+		t.Skip("helper process for TestCheckpointSurvivesCrashMidWrite")
+	}
+	path := filepath.Join(dir, CheckpointFileName)
+	for n := 1; ; n++ {
+		if err := writeCheckpoint(path, testCheckpoint(n%5000)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(3)
+		}
+	}
+}
+
+// TestCheckpointSurvivesCrashMidWrite kills a process that is busy writing
+// checkpoints at random moments; after each kill the checkpoint must read
+// back whole (one of the versions written), and the next start must remove
+// any temporary file the kill left.
+func TestCheckpointSurvivesCrashMidWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	dir := t.TempDir()
+	sawTemp := false
+	for round := range 15 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCheckpointCrashWriter$")
+		cmd.Env = append(os.Environ(), crashWriterEnv+"="+dir)
+		require.NoError(t, cmd.Start())
+		time.Sleep(time.Duration(20+round*7) * time.Millisecond)
+		require.NoError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+
+		sawTemp = sawTemp || len(tempFiles(t, dir)) > 0
+		c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
+		require.NoError(t, c.Start(nil), "round %d", round)
+		previous := c.Previous()
+		if len(previous) > 0 {
+			require.Equal(t, testCheckpoint(len(previous)), previous, "round %d: a whole version", round)
+		}
+		require.Empty(t, tempFiles(t, dir), "round %d", round)
+	}
+	t.Logf("a kill left a temporary file behind in some round: %v", sawTemp)
+}
+
+func TestCheckpointerWritesAfterInitialization(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	dir := t.TempDir()
+	path := filepath.Join(dir, CheckpointFileName)
+	previous := testCheckpoint(2)
+	require.NoError(t, writeCheckpoint(path, previous))
+
+	done := a.RegisterInitializer("restore")
+	c := newCheckpointer(db, table, hivetest.Logger(t), dir)
+	c.interval = time.Millisecond
+	require.NoError(t, c.Start(nil))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	_, health := cell.NewSimpleHealth()
+	go func() { stopped <- c.run(ctx, health) }()
+
+	id, err := a.Allocate(cidr(7), 0)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	got, err := ReadCheckpoint(path)
+	require.NoError(t, err)
+	require.Equal(t, previous, got, "not replaced before the identities are initialized")
+
+	done()
+	require.Eventually(t, func() bool {
+		got, err := ReadCheckpoint(path)
+		return err == nil && len(got) == 1 && got[id] == cidr(7)
+	}, 5*time.Second, 5*time.Millisecond)
+
+	// A change made just before stopping is in the final checkpoint.
+	id2, err := a.Allocate(cidr(8), 0)
+	require.NoError(t, err)
+	cancel()
+	require.NoError(t, <-stopped)
+	got, err = ReadCheckpoint(path)
+	require.NoError(t, err)
+	require.Equal(t, Checkpoint{id: cidr(7), id2: cidr(8)}, got)
+}

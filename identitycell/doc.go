@@ -1,0 +1,17 @@
+// Package identitycell allocates local (CIDR) security identities.
+//
+// It owns the `identities` statedb table, which is the allocator's state and
+// not a copy of it: every allocation and release is a write to the table, so
+// the table can never disagree with the allocator, and other cells watch it to
+// learn of identities as they come and go.
+//
+// An identity is determined by its label set: allocating the same labels
+// again returns the same number and takes another reference; releasing the
+// last reference frees the number. A request may name the number it wants
+// (restore uses this to keep numbers stable across restarts); numbers can be
+// withheld so that only a request naming them gets them.
+//
+// Reads: --state-dir (the previous checkpoint, once, at start).
+// Writes: the `identities` table; <state-dir>/local-identities.json, an
+// atomic checkpoint of number -> labels that the next run restores from.
+package identitycell

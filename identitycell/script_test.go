@@ -1,0 +1,135 @@
+package identitycell
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/hive/script/scripttest"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/labels"
+)
+
+func TestScript(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	scripttest.Test(t, ctx, newScriptEngine, nil, "testdata/*.txtar")
+}
+
+// newScriptEngine builds a hive of the identity cell and what it runs on,
+// with the #! line's flags, and test commands that drive the allocator.
+func newScriptEngine(t testing.TB, args []string) *script.Engine {
+	var (
+		allocator    *Allocator
+		checkpointer *Checkpointer
+	)
+	h := hive.New(
+		statedb.Cell,
+		job.Cell,
+		cell.Provide(cell.NewSimpleHealth),
+		Cell,
+		cell.Invoke(func(a *Allocator, c *Checkpointer) { allocator, checkpointer = a, c }),
+	)
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Set("state-dir", t.TempDir()))
+	require.NoError(t, flags.Parse(args))
+
+	cmds, err := h.ScriptCommands(hivetest.Logger(t))
+	require.NoError(t, err)
+	maps.Copy(cmds, script.DefaultCmds())
+	cmds["identity/allocate"] = script.Command(
+		script.CmdUsage{Summary: "Allocate an identity", Args: "labels [requested]"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) < 1 || len(args) > 2 {
+				return nil, script.ErrUsage
+			}
+			lbls, err := labels.Parse(args[0])
+			if err != nil {
+				return nil, err
+			}
+			var requested uint64
+			if len(args) == 2 {
+				if requested, err = strconv.ParseUint(args[1], 10, 32); err != nil {
+					return nil, err
+				}
+			}
+			id, err := allocator.Allocate(lbls, NumericIdentity(requested))
+			return func(*script.State) (string, string, error) {
+				if err != nil {
+					return "", err.Error() + "\n", err
+				}
+				return id.String() + "\n", "", nil
+			}, nil
+		})
+	cmds["identity/release"] = script.Command(
+		script.CmdUsage{Summary: "Release a reference to an identity", Args: "id"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			id, err := strconv.ParseUint(args[0], 10, 32)
+			if err != nil {
+				return nil, err
+			}
+			_, err = allocator.Release(NumericIdentity(id))
+			return nil, err
+		})
+	cmds["identity/withhold"] = script.Command(
+		script.CmdUsage{Summary: "Withhold identity numbers", Args: "id..."},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			for _, arg := range args {
+				id, err := strconv.ParseUint(arg, 10, 32)
+				if err != nil {
+					return nil, err
+				}
+				allocator.Withhold(NumericIdentity(id))
+			}
+			return nil, nil
+		})
+	cmds["identity/checkpoint"] = script.Command(
+		script.CmdUsage{
+			Summary: "Wait until the checkpoint file lists exactly the given 'id labels' lines of a file",
+			Args:    "file",
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			want, err := os.ReadFile(s.Path(args[0]))
+			if err != nil {
+				return nil, err
+			}
+			var got string
+			for s.Context().Err() == nil {
+				checkpoint, err := ReadCheckpoint(checkpointer.Path())
+				if err != nil {
+					return nil, err
+				}
+				var lines []string
+				for _, id := range slices.Sorted(maps.Keys(checkpoint)) {
+					lines = append(lines, fmt.Sprintf("%d %s\n", id, checkpoint[id]))
+				}
+				if got = strings.Join(lines, ""); got == string(want) {
+					return nil, nil
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil, fmt.Errorf("checkpoint is\n%s\nwant\n%s", got, want)
+		})
+	return &script.Engine{Cmds: cmds}
+}

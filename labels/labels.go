@@ -1,0 +1,170 @@
+package labels
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+const (
+	// SourceCIDR is the source of labels that name an IP prefix, for example
+	// "cidr:10.0.0.0/8". The value is a prefix in canonical form.
+	SourceCIDR = "cidr"
+
+	// SourceReserved is the source of labels of reserved identities, for
+	// example "reserved:world".
+	SourceReserved = "reserved"
+
+	separator = ","
+)
+
+// ErrInvalidLabel is returned (wrapped) for a label that is not "source:value"
+// or whose value is not valid for its source.
+var ErrInvalidLabel = errors.New("invalid label")
+
+// Labels is an immutable set of labels. The zero value is the empty set.
+//
+// Labels is comparable: two sets with the same members are ==.
+type Labels struct {
+	// canonical is the sorted, de-duplicated labels joined by separator.
+	canonical string
+}
+
+// New returns the set of the given labels.
+//
+// Possible errors: ErrInvalidLabel (wrapped, naming the label).
+func New(labels ...string) (Labels, error) {
+	for _, l := range labels {
+		if err := validate(l); err != nil {
+			return Labels{}, err
+		}
+	}
+	sorted := slices.Clone(labels)
+	slices.Sort(sorted)
+	return Labels{canonical: strings.Join(slices.Compact(sorted), separator)}, nil
+}
+
+// Parse parses the comma-separated form produced by [Labels.String]. The
+// empty string is the empty set.
+//
+// Possible errors: ErrInvalidLabel (wrapped, naming the label).
+func Parse(s string) (Labels, error) {
+	if s == "" {
+		return Labels{}, nil
+	}
+	return New(strings.Split(s, separator)...)
+}
+
+// ForPrefix returns the set holding the cidr label of the given prefix, in
+// canonical form (host bits cleared).
+func ForPrefix(prefix netip.Prefix) Labels {
+	return Labels{canonical: CIDRLabel(prefix)}
+}
+
+// CIDRLabel returns the cidr label of the prefix, with host bits cleared.
+func CIDRLabel(prefix netip.Prefix) string {
+	return SourceCIDR + ":" + prefix.Masked().String()
+}
+
+func validate(label string) error {
+	source, value, ok := strings.Cut(label, ":")
+	switch {
+	case !ok || source == "" || value == "":
+		return fmt.Errorf("%w %q: want source:value", ErrInvalidLabel, label)
+	case strings.ContainsAny(label, separator+" \t\n"):
+		return fmt.Errorf("%w %q: contains a comma or white space", ErrInvalidLabel, label)
+	case source == SourceCIDR:
+		prefix, err := netip.ParsePrefix(value)
+		if err != nil {
+			return fmt.Errorf("%w %q: %w", ErrInvalidLabel, label, err)
+		}
+		if prefix != prefix.Masked() {
+			return fmt.Errorf("%w %q: host bits set, want %s", ErrInvalidLabel, label, CIDRLabel(prefix))
+		}
+	}
+	return nil
+}
+
+// String returns the canonical form: the sorted labels joined by commas.
+func (l Labels) String() string { return l.canonical }
+
+// IsEmpty reports whether the set has no labels.
+func (l Labels) IsEmpty() bool { return l.canonical == "" }
+
+// Len returns the number of labels in the set.
+func (l Labels) Len() int {
+	if l.canonical == "" {
+		return 0
+	}
+	return strings.Count(l.canonical, separator) + 1
+}
+
+// All returns the labels in sorted order.
+func (l Labels) All() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		if l.canonical == "" {
+			return
+		}
+		for label := range strings.SplitSeq(l.canonical, separator) {
+			if !yield(label) {
+				return
+			}
+		}
+	}
+}
+
+// Has reports whether the set holds the label.
+func (l Labels) Has(label string) bool {
+	for have := range l.All() {
+		if have == label {
+			return true
+		}
+	}
+	return false
+}
+
+// Union returns the set of the labels in l or in other.
+func (l Labels) Union(other Labels) Labels {
+	switch {
+	case other.canonical == "" || other == l:
+		return l
+	case l.canonical == "":
+		return other
+	}
+	merged := slices.AppendSeq(slices.Collect(l.All()), other.All())
+	slices.Sort(merged)
+	return Labels{canonical: strings.Join(slices.Compact(merged), separator)}
+}
+
+// Prefixes returns the prefixes named by the set's cidr labels.
+func (l Labels) Prefixes() iter.Seq[netip.Prefix] {
+	return func(yield func(netip.Prefix) bool) {
+		for label := range l.All() {
+			value, ok := strings.CutPrefix(label, SourceCIDR+":")
+			if !ok {
+				continue
+			}
+			// Labels are validated on construction, so this cannot fail.
+			if prefix, err := netip.ParsePrefix(value); err == nil && !yield(prefix) {
+				return
+			}
+		}
+	}
+}
+
+// MarshalText implements encoding.TextMarshaler (JSON, YAML and the statedb
+// script commands use it).
+func (l Labels) MarshalText() ([]byte, error) { return []byte(l.canonical), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (l *Labels) UnmarshalText(text []byte) error {
+	parsed, err := Parse(string(text))
+	if err != nil {
+		return err
+	}
+	*l = parsed
+	return nil
+}

@@ -1,0 +1,72 @@
+package labels
+
+import (
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewIsCanonical(t *testing.T) {
+	a, err := New("reserved:world", "cidr:10.0.0.0/8", "reserved:world")
+	require.NoError(t, err)
+	b, err := Parse("cidr:10.0.0.0/8,reserved:world")
+	require.NoError(t, err)
+	require.Equal(t, a, b, "same members must give equal sets")
+	require.Equal(t, "cidr:10.0.0.0/8,reserved:world", a.String())
+	require.Equal(t, 2, a.Len())
+	require.True(t, a.Has("reserved:world"))
+	require.False(t, a.Has("reserved:host"))
+}
+
+func TestInvalidLabels(t *testing.T) {
+	for _, bad := range []string{
+		"", "nocolon", ":value", "source:", "a:b,c", "a:b c",
+		"cidr:10.0.0.1/8", // host bits set
+		"cidr:banana", "cidr:10.0.0.0/33",
+	} {
+		_, err := New(bad)
+		require.ErrorIs(t, err, ErrInvalidLabel, "label %q", bad)
+	}
+}
+
+func TestEmpty(t *testing.T) {
+	empty, err := Parse("")
+	require.NoError(t, err)
+	require.True(t, empty.IsEmpty())
+	require.Equal(t, 0, empty.Len())
+	require.Empty(t, slices.Collect(empty.All()))
+}
+
+func TestUnionAndPrefixes(t *testing.T) {
+	v4 := ForPrefix(netip.MustParsePrefix("10.1.0.0/16"))
+	v6 := ForPrefix(netip.MustParsePrefix("2001:db8::/32"))
+	world, _ := New("reserved:world")
+
+	all := v4.Union(v6).Union(world).Union(v4)
+	require.Equal(t, "cidr:10.1.0.0/16,cidr:2001:db8::/32,reserved:world", all.String())
+	require.Equal(t, []netip.Prefix{
+		netip.MustParsePrefix("10.1.0.0/16"),
+		netip.MustParsePrefix("2001:db8::/32"),
+	}, slices.Collect(all.Prefixes()))
+	require.Equal(t, v4, v4.Union(Labels{}))
+	require.Equal(t, v4, Labels{}.Union(v4))
+}
+
+func TestForPrefixMasks(t *testing.T) {
+	require.Equal(t, "cidr:10.0.0.0/8", ForPrefix(netip.MustParsePrefix("10.1.2.3/8")).String())
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	in, _ := New("cidr:192.0.2.0/24", "reserved:world")
+	data, err := json.Marshal(in)
+	require.NoError(t, err)
+	require.JSONEq(t, `"cidr:192.0.2.0/24,reserved:world"`, string(data))
+
+	var out Labels
+	require.NoError(t, json.Unmarshal(data, &out))
+	require.Equal(t, in, out)
+	require.Error(t, json.Unmarshal([]byte(`"bogus"`), &out))
+}
