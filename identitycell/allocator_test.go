@@ -26,13 +26,6 @@ func newTestAllocator(tb testing.TB, size uint32) (*Allocator, *statedb.DB, stat
 	return newAllocator(db, table, hivetest.Logger(tb), MinLocalIdentity, last), db, table
 }
 
-func mustLabels(tb testing.TB, s string) labels.Labels {
-	tb.Helper()
-	l, err := labels.Parse(s)
-	require.NoError(tb, err)
-	return l
-}
-
 func cidr(n int) labels.Labels {
 	l, _ := labels.New(fmt.Sprintf("cidr:10.%d.%d.0/24", n/256, n%256))
 	return l
