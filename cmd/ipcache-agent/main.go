@@ -14,6 +14,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/cilium/hive"
 	"github.com/spf13/cobra"
@@ -104,6 +106,24 @@ func runAgent(h *hive.Hive, log *slog.Logger) error {
 	if err := h.Populate(log); err != nil {
 		return usageError{fmt.Errorf("invalid configuration: %w", dig.RootCause(err))}
 	}
+	// Catch SIGTERM and SIGINT from here on, not only once the hive has
+	// started (where hive.Run starts listening): a signal that arrives
+	// during start then stops the hive cleanly right after it has started,
+	// instead of killing the process.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(signals)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case sig := <-signals:
+			log.Info("Signal received, stopping", "signal", sig)
+			h.Shutdown()
+		case <-done:
+		}
+	}()
+
 	if err := h.Run(log); err != nil {
 		return fmt.Errorf("agent failed: %w", err)
 	}
