@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
 // EnvPrefix is the prefix of environment variables that set flags, e.g.
@@ -26,11 +27,13 @@ var Infrastructure = cell.Group(
 // ControlPlane is the project's own cells.
 var ControlPlane = cell.Group(
 	identitycell.Cell,
+	ipcachecell.Cell,
 )
 
-// NewHive returns the agent's hive: [Infrastructure], [ControlPlane] and
-// any extra cells (an embedding agent's, or a test's).
-func NewHive(extra ...cell.Cell) *hive.Hive {
+// NewHive returns a hive of [Infrastructure] and the given cells: the agent
+// runs NewHive(ControlPlane); an embedding agent adds its own cells; a
+// cell's tests pass just the cells they exercise.
+func NewHive(cells ...cell.Cell) *hive.Hive {
 	opts := hive.DefaultOptions()
 	opts.EnvPrefix = EnvPrefix
 	// Start hooks and invokes faster than this log at debug, not info.
@@ -46,5 +49,5 @@ func NewHive(extra ...cell.Cell) *hive.Hive {
 			return health.NewScope(string(id))
 		},
 	}
-	return hive.NewWithOptions(opts, append([]cell.Cell{Infrastructure, ControlPlane}, extra...)...)
+	return hive.NewWithOptions(opts, append([]cell.Cell{Infrastructure}, cells...)...)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -69,12 +70,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				}
 			}
 			id, err := allocator.Allocate(lbls, NumericIdentity(requested))
-			return func(*script.State) (string, string, error) {
-				if err != nil {
-					return "", err.Error() + "\n", err
-				}
-				return id.String() + "\n", "", nil
-			}, nil
+			return scriptcmd.Result(id.String()+"\n", err)
 		})
 	cmds["identity/release"] = script.Command(
 		script.CmdUsage{Summary: "Release a reference to an identity", Args: "id"},

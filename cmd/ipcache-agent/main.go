@@ -36,7 +36,7 @@ func main() {
 
 // run executes the command line and returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(cells.NewHive(), stdout, stderr)
+	root := newRootCommand(cells.NewHive(cells.ControlPlane), stdout, stderr)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {

@@ -1,0 +1,52 @@
+package ipcachecell
+
+import (
+	"log/slog"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+)
+
+// Cell provides the [IPCache] (for handles), the read-only
+// `ipcache-metadata` and `ipcache` tables, and the ipcache shell commands.
+var Cell = cell.Module(
+	"ipcache",
+	"Prefix metadata and the desired ipcache",
+
+	cell.ProvidePrivate(NewMetadataTable, NewEntriesTable),
+	cell.Provide(
+		statedb.RWTable[*PrefixMetadata].ToTable,
+		statedb.RWTable[*Entry].ToTable,
+		newIPCacheCell,
+		scriptCommands,
+	),
+	// The resolver runs even when no cell asks for the IPCache.
+	cell.Invoke(func(*IPCache) {}),
+)
+
+type ipcacheParams struct {
+	cell.In
+
+	DB        *statedb.DB
+	Metadata  statedb.RWTable[*PrefixMetadata]
+	Entries   statedb.RWTable[*Entry]
+	Allocator *identitycell.Allocator
+	Log       *slog.Logger
+	Jobs      job.Registry
+	Health    cell.Health
+}
+
+func newIPCacheCell(p ipcacheParams) *IPCache {
+	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log)
+	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	group.Add(job.OneShot("resolve", r.run))
+	return newIPCache(p.DB, p.Metadata)
+}
+
+func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(newScriptCommands(db, metadata, entries))
+}

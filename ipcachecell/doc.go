@@ -1,0 +1,21 @@
+// Package ipcachecell maps IP prefixes to security identities from the
+// metadata of many owners.
+//
+// Owners (policies, restore, an embedding agent) each obtain a [Handle] for
+// their resource and upsert and remove metadata for prefixes through it:
+// labels, a requested identity number, or an explicit identity allocated
+// elsewhere. The metadata lives in the `ipcache-metadata` table, one row per
+// (prefix, resource).
+//
+// A resolver job merges the rows of each changed prefix (labels are the
+// union, plus the prefix's own cidr label; requested and explicit identities
+// and the entry's source come from the highest-precedence resource) and
+// writes the desired `ipcache` table: prefix -> identity, source. The
+// ipcache holds exactly one identity reference per entry whose identity is
+// not explicit; it changes it by allocating the new identity before
+// releasing the old one, and releases it when the prefix's last metadata
+// goes. Nobody else releases these references.
+//
+// Reads: identities (through the allocator). Writes: `ipcache-metadata`
+// (through handles), `ipcache`, identity references.
+package ipcachecell

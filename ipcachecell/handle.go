@@ -1,0 +1,221 @@
+package ipcachecell
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+var (
+	// ErrResourceInUse is returned when a handle is requested for a resource
+	// that already has one: a resource has exactly one owner.
+	ErrResourceInUse = errors.New("resource already has a handle")
+
+	// ErrHandleReleased is returned by a handle's methods after Release.
+	ErrHandleReleased = errors.New("handle released")
+
+	// ErrInvalidMetadata is returned (wrapped) for metadata that cannot be
+	// applied.
+	ErrInvalidMetadata = errors.New("invalid ipcache metadata")
+)
+
+// writeChunkSize bounds the rows written in one transaction by a batch, so
+// that a large batch does not block other writers (and readers waiting for
+// a commit) for long.
+const writeChunkSize = 4096
+
+// IPCache is the entry point for owners of prefix metadata: each obtains a
+// [Handle] for its resource.
+type IPCache struct {
+	db       *statedb.DB
+	metadata statedb.RWTable[*PrefixMetadata]
+
+	mu        sync.Mutex
+	resources map[string]struct{} // resources with a live handle
+}
+
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata]) *IPCache {
+	return &IPCache{db: db, metadata: metadata, resources: map[string]struct{}{}}
+}
+
+// NewHandle returns the handle of a resource (e.g. "policy/allow-dns"), whose
+// metadata has the given source. Metadata that the resource left in the
+// table (there is none after a restart, the table lives in memory) is owned
+// by the new handle.
+//
+// Possible errors: ErrResourceInUse, source.ErrUnknownSource,
+// ErrInvalidMetadata (empty resource name).
+func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error) {
+	if resource == "" {
+		return nil, fmt.Errorf("%w: empty resource name", ErrInvalidMetadata)
+	}
+	if _, err := source.Parse(string(src)); err != nil {
+		return nil, fmt.Errorf("handle for %s: %w", resource, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, taken := c.resources[resource]; taken {
+		return nil, fmt.Errorf("handle for %s: %w", resource, ErrResourceInUse)
+	}
+	c.resources[resource] = struct{}{}
+	return &Handle{ipcache: c, resource: resource, source: src}, nil
+}
+
+// RegisterProducer registers a producer of metadata (restore, the policy
+// directory, an embedding agent's sources): the `ipcache` table is
+// initialized, and reconcilers may prune, only once every registered
+// producer has called done and resolution has caught up with what they
+// wrote. Register before the hive starts.
+func (c *IPCache) RegisterProducer(name string) (done func()) {
+	txn := c.db.WriteTxn(c.metadata)
+	markDone := c.metadata.RegisterInitializer(txn, name)
+	txn.Commit()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			txn := c.db.WriteTxn(c.metadata)
+			markDone(txn)
+			txn.Commit()
+		})
+	}
+}
+
+// Handle is one resource's ownership of prefix metadata. Its methods are
+// safe for concurrent use. Resolution into the `ipcache` table happens
+// asynchronously after a method returns.
+type Handle struct {
+	ipcache  *IPCache
+	resource string
+	source   source.Source
+
+	mu       sync.Mutex
+	released bool
+}
+
+// Resource returns the handle's resource name.
+func (h *Handle) Resource() string { return h.resource }
+
+// Source returns the source of the handle's metadata.
+func (h *Handle) Source() source.Source { return h.source }
+
+// PrefixUpsert is one prefix's metadata in a batch.
+type PrefixUpsert struct {
+	Prefix netip.Prefix
+	Metadata
+}
+
+// Upsert sets the resource's metadata for a prefix, replacing what the
+// resource said of it before. Host bits of the prefix are cleared.
+//
+// Possible errors: ErrInvalidMetadata, ErrHandleReleased.
+func (h *Handle) Upsert(prefix netip.Prefix, md Metadata) error {
+	return h.UpsertBatch([]PrefixUpsert{{Prefix: prefix, Metadata: md}})
+}
+
+// UpsertBatch is Upsert for many prefixes. It validates the whole batch
+// first, so an invalid entry writes nothing; large batches are written in
+// several transactions.
+func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
+	rows := make([]*PrefixMetadata, len(batch))
+	for i, u := range batch {
+		prefix, err := canonicalPrefix(u.Prefix)
+		if err == nil {
+			err = validateMetadata(u.Metadata)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrInvalidMetadata, h.resource, err)
+		}
+		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource, Source: h.source, Metadata: u.Metadata}
+	}
+	return h.writeChunked(len(rows), func(txn statedb.WriteTxn, i int) error {
+		_, _, err := h.ipcache.metadata.Insert(txn, rows[i])
+		return err
+	})
+}
+
+func validateMetadata(md Metadata) error {
+	if md.RequestedIdentity != identitycell.IdentityUnknown && !md.RequestedIdentity.IsLocal() {
+		return fmt.Errorf("requested identity %d is not a local identity", md.RequestedIdentity)
+	}
+	return nil
+}
+
+// Remove removes the resource's metadata for a prefix. Removing what the
+// resource does not have is not an error.
+//
+// Possible errors: ErrInvalidMetadata, ErrHandleReleased.
+func (h *Handle) Remove(prefix netip.Prefix) error {
+	return h.RemoveBatch([]netip.Prefix{prefix})
+}
+
+// RemoveBatch is Remove for many prefixes.
+func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
+	rows := make([]*PrefixMetadata, len(prefixes))
+	for i, p := range prefixes {
+		prefix, err := canonicalPrefix(p)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrInvalidMetadata, h.resource, err)
+		}
+		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource}
+	}
+	return h.writeChunked(len(rows), func(txn statedb.WriteTxn, i int) error {
+		_, _, err := h.ipcache.metadata.Delete(txn, rows[i])
+		return err
+	})
+}
+
+// Release removes all of the resource's metadata in one transaction and
+// ends the handle; the resource may then get a new handle.
+//
+// Possible errors: ErrHandleReleased.
+func (h *Handle) Release() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
+	}
+	c := h.ipcache
+	txn := c.db.WriteTxn(c.metadata)
+	rows := slices.Collect(statedb.ToSeq(c.metadata.List(txn, MetadataResourceIndex.Query(h.resource))))
+	for _, row := range rows {
+		if _, _, err := c.metadata.Delete(txn, row); err != nil {
+			txn.Abort()
+			return fmt.Errorf("release %s: %w", h.resource, err)
+		}
+	}
+	txn.Commit()
+	h.released = true
+
+	c.mu.Lock()
+	delete(c.resources, h.resource)
+	c.mu.Unlock()
+	return nil
+}
+
+// writeChunked calls write for 0..n-1, committing every writeChunkSize.
+func (h *Handle) writeChunked(n int, write func(statedb.WriteTxn, int) error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return fmt.Errorf("%s: %w", h.resource, ErrHandleReleased)
+	}
+	c := h.ipcache
+	for start := 0; start < n; start += writeChunkSize {
+		txn := c.db.WriteTxn(c.metadata)
+		for i := start; i < min(start+writeChunkSize, n); i++ {
+			if err := write(txn, i); err != nil {
+				txn.Abort()
+				return fmt.Errorf("%s: write metadata: %w", h.resource, err)
+			}
+		}
+		txn.Commit()
+	}
+	return nil
+}

@@ -1,0 +1,277 @@
+package ipcachecell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+const (
+	// resolveChunkSize bounds the prefixes resolved in one write
+	// transaction of the identities and ipcache tables.
+	resolveChunkSize = 4096
+
+	minRetryBackoff = 100 * time.Millisecond
+	maxRetryBackoff = 10 * time.Second
+
+	// maxLoggedFailures bounds the example prefixes a failure log names.
+	maxLoggedFailures = 5
+)
+
+// resolver turns the metadata of each changed prefix into its `ipcache`
+// entry. It is the only writer of the `ipcache` table and the only owner of
+// the ipcache's identity references: one per entry whose identity is not
+// explicit.
+type resolver struct {
+	db        *statedb.DB
+	metadata  statedb.RWTable[*PrefixMetadata]
+	entries   statedb.RWTable[*Entry]
+	allocator *identitycell.Allocator
+	log       *slog.Logger
+
+	// markInitialized marks the `ipcache` table initialized; nil once done.
+	markInitialized func(statedb.WriteTxn)
+
+	changes statedb.ChangeIterator[*PrefixMetadata]
+	// failed holds the prefixes whose resolution failed, with the error.
+	// They keep their previous entry (if any) and are retried.
+	failed     map[netip.Prefix]error
+	retryDue   bool
+	retryAfter time.Duration
+}
+
+func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
+	allocator *identitycell.Allocator, log *slog.Logger) *resolver {
+	txn := db.WriteTxn(entries)
+	markInitialized := entries.RegisterInitializer(txn, "ipcache-resolver")
+	txn.Commit()
+	return &resolver{
+		db:              db,
+		metadata:        metadata,
+		entries:         entries,
+		allocator:       allocator,
+		log:             log,
+		markInitialized: markInitialized,
+		failed:          map[netip.Prefix]error{},
+		retryAfter:      minRetryBackoff,
+	}
+}
+
+// run resolves changes as they come, and retries failures with backoff.
+func (r *resolver) run(ctx context.Context, health cell.Health) error {
+	for {
+		watch, err := r.round()
+		if err != nil {
+			return err
+		}
+		r.reportHealth(health)
+
+		var retry <-chan time.Time
+		if len(r.failed) > 0 {
+			retry = time.After(r.retryAfter)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-retry:
+			r.retryDue = true
+			r.retryAfter = min(2*r.retryAfter, maxRetryBackoff)
+		}
+	}
+}
+
+// round resolves every prefix whose metadata changed since the last round
+// (and the failed ones, when a retry is due). It returns a channel that
+// closes when there are further changes.
+func (r *resolver) round() (<-chan struct{}, error) {
+	if r.changes == nil {
+		txn := r.db.WriteTxn(r.metadata)
+		changes, err := r.metadata.Changes(txn)
+		txn.Commit()
+		if err != nil {
+			return nil, fmt.Errorf("observe ipcache metadata: %w", err)
+		}
+		r.changes = changes
+	}
+
+	snapshot := r.db.ReadTxn()
+	changes, watch := r.changes.Next(snapshot)
+	dirty := map[netip.Prefix]struct{}{}
+	var order []netip.Prefix
+	for change := range changes {
+		if _, seen := dirty[change.Object.Prefix]; !seen {
+			dirty[change.Object.Prefix] = struct{}{}
+			order = append(order, change.Object.Prefix)
+		}
+	}
+	if r.retryDue {
+		r.retryDue = false
+		for prefix := range r.failed {
+			if _, seen := dirty[prefix]; !seen {
+				order = append(order, prefix)
+			}
+		}
+	}
+
+	hadFailures := len(r.failed) > 0
+	var newFailures []netip.Prefix
+	for start := 0; start < len(order); start += resolveChunkSize {
+		txn := r.allocator.WriteTxn(r.entries)
+		for _, prefix := range order[start:min(start+resolveChunkSize, len(order))] {
+			if err := r.resolve(txn, prefix); err != nil {
+				if _, known := r.failed[prefix]; !known {
+					newFailures = append(newFailures, prefix)
+				}
+				r.failed[prefix] = err
+			} else {
+				delete(r.failed, prefix)
+			}
+		}
+		txn.Commit()
+	}
+	r.logFailures(newFailures)
+	if hadFailures && len(r.failed) == 0 {
+		r.log.Info("All prefixes resolved after earlier failures")
+		r.retryAfter = minRetryBackoff
+	}
+
+	// Every producer had finished in the snapshot, and everything up to
+	// the snapshot is resolved: the table now says what the producers want.
+	if r.markInitialized != nil {
+		if initialized, _ := r.metadata.Initialized(snapshot); initialized {
+			txn := r.db.WriteTxn(r.entries)
+			r.markInitialized(txn)
+			txn.Commit()
+			r.markInitialized = nil
+			r.log.Info("ipcache table initialized", "entries", r.entries.NumObjects(r.db.ReadTxn()))
+		}
+	}
+	return watch, nil
+}
+
+// resolution is the merge of all resources' metadata for one prefix.
+type resolution struct {
+	labels            labels.Labels
+	source            source.Source
+	requested         identitycell.NumericIdentity
+	requestedSource   source.Source
+	explicit          identitycell.NumericIdentity
+	explicitSource    source.Source
+	hasAnyMetadataRow bool
+}
+
+// merge folds one resource's row into the resolution. Rows come in resource
+// order, so among equal sources the first resource wins, deterministically.
+func (res *resolution) merge(row *PrefixMetadata) {
+	res.labels = res.labels.Union(row.Labels)
+	if !res.hasAnyMetadataRow || row.Source.Overrides(res.source) {
+		res.source = row.Source
+	}
+	res.hasAnyMetadataRow = true
+	if row.RequestedIdentity != identitycell.IdentityUnknown &&
+		(res.requested == identitycell.IdentityUnknown || row.Source.Overrides(res.requestedSource)) {
+		res.requested, res.requestedSource = row.RequestedIdentity, row.Source
+	}
+	if row.ExplicitIdentity != identitycell.IdentityUnknown &&
+		(res.explicit == identitycell.IdentityUnknown || row.Source.Overrides(res.explicitSource)) {
+		res.explicit, res.explicitSource = row.ExplicitIdentity, row.Source
+	}
+}
+
+// resolve brings the prefix's entry in line with its metadata. On error the
+// entry and the identity references are as they were.
+func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
+	var res resolution
+	for row := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+		res.merge(row)
+	}
+	current, _, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
+
+	if !res.hasAnyMetadataRow {
+		if hasCurrent {
+			if _, _, err := r.entries.Delete(txn, current); err != nil {
+				return fmt.Errorf("delete ipcache entry %s: %w", prefix, err)
+			}
+			r.releaseHeld(txn, current)
+		}
+		return nil
+	}
+
+	// A prefix's identity always carries its own cidr label, so that CIDR
+	// selectors find it and two prefixes never share a local identity.
+	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
+	desired := &Entry{Prefix: prefix, Source: res.source}
+	switch {
+	case res.explicit != identitycell.IdentityUnknown:
+		desired.Identity, desired.Explicit = res.explicit, true
+	case hasCurrent && !current.Explicit && current.Labels == wantLabels:
+		// Same labels, same identity: keep the reference we hold.
+		desired.Identity, desired.Labels = current.Identity, current.Labels
+	default:
+		// Allocate the new identity before releasing the old one, so that
+		// an identity both map to never drops to zero references.
+		id, err := r.allocator.AllocateTxn(txn, wantLabels, res.requested)
+		if err != nil {
+			return fmt.Errorf("identity for %s: %w", prefix, err)
+		}
+		desired.Identity, desired.Labels = id, wantLabels
+	}
+
+	if hasCurrent && *current == *desired {
+		return nil
+	}
+	if _, _, err := r.entries.Insert(txn, desired); err != nil {
+		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)
+	}
+	if hasCurrent && (current.Identity != desired.Identity || current.Explicit != desired.Explicit) {
+		r.releaseHeld(txn, current)
+	}
+	return nil
+}
+
+// releaseHeld drops the reference an entry held, if it held one.
+func (r *resolver) releaseHeld(txn statedb.WriteTxn, entry *Entry) {
+	if entry.Explicit {
+		return
+	}
+	if _, err := r.allocator.ReleaseTxn(txn, entry.Identity); err != nil {
+		// The ipcache released only what it took: this is a bug.
+		r.log.Error("BUG: ipcache released an identity reference it did not hold",
+			"prefix", entry.Prefix, "identity", entry.Identity, "error", err)
+	}
+}
+
+func (r *resolver) logFailures(newFailures []netip.Prefix) {
+	if len(newFailures) == 0 {
+		return
+	}
+	examples := newFailures[:min(len(newFailures), maxLoggedFailures)]
+	r.log.Warn("Cannot resolve prefixes, keeping their previous entries and retrying",
+		"new-failures", len(newFailures), "failing", len(r.failed),
+		"examples", examples, "error", r.failed[examples[0]])
+}
+
+func (r *resolver) reportHealth(health cell.Health) {
+	if len(r.failed) == 0 {
+		health.OK(fmt.Sprintf("%d prefixes resolved", r.entries.NumObjects(r.db.ReadTxn())))
+		return
+	}
+	var errs []error
+	for _, err := range r.failed {
+		if errs = append(errs, err); len(errs) == maxLoggedFailures {
+			break
+		}
+	}
+	health.Degraded(fmt.Sprintf("%d prefixes cannot be resolved, retrying", len(r.failed)), errors.Join(errs...))
+}

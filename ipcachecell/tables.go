@@ -1,0 +1,172 @@
+package ipcachecell
+
+import (
+	"iter"
+	"net/netip"
+	"strconv"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+const (
+	MetadataTableName = "ipcache-metadata"
+	EntriesTableName  = "ipcache"
+)
+
+// Metadata is what one owner says about a prefix.
+type Metadata struct {
+	// Labels are merged with the other owners' labels and the prefix's own
+	// cidr label into the label set that determines the prefix's identity.
+	Labels labels.Labels `json:"labels,omitempty" yaml:"labels,omitempty"`
+
+	// RequestedIdentity is the number wanted if an identity has to be
+	// allocated (restore asks for the old one). Zero: no preference.
+	RequestedIdentity identitycell.NumericIdentity `json:"requested-identity,omitempty" yaml:"requested-identity,omitempty"`
+
+	// ExplicitIdentity is an identity allocated elsewhere; if set, the
+	// prefix maps to it and the ipcache takes no reference. Zero: none.
+	ExplicitIdentity identitycell.NumericIdentity `json:"explicit-identity,omitempty" yaml:"explicit-identity,omitempty"`
+}
+
+// PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of
+// one resource for one prefix.
+type PrefixMetadata struct {
+	Prefix   netip.Prefix  `json:"prefix" yaml:"prefix"`
+	Resource string        `json:"resource" yaml:"resource"`
+	Source   source.Source `json:"source" yaml:"source"`
+	Metadata `yaml:",inline"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*PrefixMetadata) TableHeader() []string {
+	return []string{"Prefix", "Resource", "Source", "Labels", "Requested", "Explicit"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (m *PrefixMetadata) TableRow() []string {
+	return []string{m.Prefix.String(), m.Resource, string(m.Source), m.Labels.String(),
+		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
+}
+
+func optionalIdentity(id identitycell.NumericIdentity) string {
+	if id == identitycell.IdentityUnknown {
+		return ""
+	}
+	return id.String()
+}
+
+// Entry is a row of the desired `ipcache` table: the identity a prefix
+// resolved to.
+type Entry struct {
+	Prefix   netip.Prefix                 `json:"prefix" yaml:"prefix"`
+	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
+	Source   source.Source                `json:"source" yaml:"source"`
+
+	// Labels are the merged labels the identity was allocated for (empty
+	// for an explicit identity).
+	Labels labels.Labels `json:"labels,omitempty" yaml:"labels,omitempty"`
+
+	// Explicit is set when the identity was allocated elsewhere and the
+	// ipcache holds no reference to it.
+	Explicit bool `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*Entry) TableHeader() []string {
+	return []string{"Prefix", "Identity", "Source", "Labels", "Explicit"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (e *Entry) TableRow() []string {
+	return []string{e.Prefix.String(), e.Identity.String(), string(e.Source), e.Labels.String(), strconv.FormatBool(e.Explicit)}
+}
+
+var (
+	_ statedb.TableWritable = &PrefixMetadata{}
+	_ statedb.TableWritable = &Entry{}
+)
+
+// metadataKey is the prefix key followed by the resource: the rows of one
+// prefix are adjacent, and a prefix query on the prefix key finds them.
+func metadataKey(prefix netip.Prefix, resource string) index.Key {
+	return append(prefixKey(prefix), resource...)
+}
+
+// MetadataIndex is the primary index of `ipcache-metadata`: (prefix,
+// resource).
+var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
+	Name: "prefix-resource",
+	FromObject: func(m *PrefixMetadata) index.KeySet {
+		return index.NewKeySet(metadataKey(m.Prefix, m.Resource))
+	},
+	// Querying by a prefix alone is a prefix search: every resource's row.
+	FromKey:    prefixKey,
+	FromString: prefixKeyFromString,
+	Unique:     true,
+}
+
+// MetadataResourceIndex finds every row of a resource.
+var MetadataResourceIndex = statedb.Index[*PrefixMetadata, string]{
+	Name: "resource",
+	FromObject: func(m *PrefixMetadata) index.KeySet {
+		return index.NewKeySet(index.String(m.Resource))
+	},
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     false,
+}
+
+// EntryIndex is the primary index of `ipcache`: the prefix.
+var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
+	Name: "prefix",
+	FromObject: func(e *Entry) index.KeySet {
+		return index.NewKeySet(prefixKey(e.Prefix))
+	},
+	FromKey:    prefixKey,
+	FromString: prefixKeyFromString,
+	Unique:     true,
+}
+
+// EntryIdentityIndex finds the prefixes that map to an identity.
+var EntryIdentityIndex = statedb.Index[*Entry, identitycell.NumericIdentity]{
+	Name: "identity",
+	FromObject: func(e *Entry) index.KeySet {
+		return index.NewKeySet(index.Uint32(uint32(e.Identity)))
+	},
+	FromKey:    func(id identitycell.NumericIdentity) index.Key { return index.Uint32(uint32(id)) },
+	FromString: index.Uint32String,
+	Unique:     false,
+}
+
+// NewMetadataTable creates and registers `ipcache-metadata`.
+func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) {
+	return statedb.NewTable(db, MetadataTableName, MetadataIndex, MetadataResourceIndex)
+}
+
+// NewEntriesTable creates and registers the desired `ipcache` table.
+func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
+	return statedb.NewTable(db, EntriesTableName, EntryIndex, EntryIdentityIndex)
+}
+
+// EntriesWithin returns the entries whose prefix lies inside cidr, in
+// address order.
+func EntriesWithin(txn statedb.ReadTxn, entries statedb.Table[*Entry], cidr netip.Prefix) iter.Seq[*Entry] {
+	return within(txn, entries, EntryIndex.QueryFromKey, func(e *Entry) netip.Prefix { return e.Prefix }, cidr)
+}
+
+// LookupAddress returns the entry of the longest prefix that contains addr.
+func LookupAddress(txn statedb.ReadTxn, entries statedb.Table[*Entry], addr netip.Addr) (*Entry, bool) {
+	addr = addr.WithZone("")
+	for bits := addr.BitLen(); bits >= 0; bits-- {
+		prefix, _ := addr.Prefix(bits)
+		if entry, _, found := entries.Get(txn, EntryIndex.Query(prefix)); found {
+			return entry, true
+		}
+	}
+	return nil, false
+}
