@@ -1,0 +1,154 @@
+package ipcachecell
+
+import (
+	"net/netip"
+	"iter"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func upsertAll(t *testing.T, h *Handle, prefixes []netip.Prefix) {
+	t.Helper()
+	var batch []PrefixUpsert
+	for _, p := range prefixes {
+		batch = append(batch, PrefixUpsert{Prefix: p})
+	}
+	require.NoError(t, h.UpsertBatch(batch))
+}
+
+func entryPrefixes(entries iter.Seq[*Entry]) []netip.Prefix {
+	var out []netip.Prefix
+	for e := range entries {
+		out = append(out, e.Prefix)
+	}
+	return out
+}
+
+func TestEntriesWithin(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsertAll(t, h, mustPrefixes("0.0.0.0/0", "9.255.255.255/32", "10.0.0.0/8", "10.0.0.0/16", "10.0.0.1/32",
+		"10.255.255.255/32", "11.0.0.0/8", "::/0", "::a00:0/104", "2001:db8::/32", "2001:db8:1::/48", "2001:db9::/32"))
+	f.round(t)
+	txn := f.db.ReadTxn()
+	within := func(cidr string) []netip.Prefix {
+		return entryPrefixes(EntriesWithin(txn, f.entries, netip.MustParsePrefix(cidr)))
+	}
+
+	require.Equal(t, mustPrefixes("10.0.0.0/8", "10.0.0.0/16", "10.0.0.1/32", "10.255.255.255/32"), within("10.0.0.0/8"))
+	require.Equal(t, mustPrefixes("10.0.0.0/16", "10.0.0.1/32"), within("10.0.0.0/16"))
+	require.Equal(t, mustPrefixes("10.0.0.1/32"), within("10.0.0.1/32"))
+	require.Empty(t, within("10.0.0.2/32"))
+	require.Equal(t, mustPrefixes("0.0.0.0/0", "9.255.255.255/32", "10.0.0.0/8", "10.0.0.0/16", "10.0.0.1/32",
+		"10.255.255.255/32", "11.0.0.0/8"), within("0.0.0.0/0"), "IPv4 only")
+	require.Equal(t, mustPrefixes("2001:db8::/32", "2001:db8:1::/48"), within("2001:db8::/32"))
+	require.Len(t, within("::/0"), 5, "IPv6 only; an IPv4-mapped-like IPv6 prefix stays IPv6")
+	require.Equal(t, mustPrefixes("10.0.0.0/16", "10.0.0.1/32"), within("10.0.5.5/16"), "host bits of the query are cleared")
+}
+
+func TestLookupAddressLongestMatch(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsertAll(t, h, mustPrefixes("10.0.0.0/8", "10.1.0.0/16", "10.1.1.1/32", "2001:db8::/32", "::/0"))
+	f.round(t)
+	txn := f.db.ReadTxn()
+	for addr, want := range map[string]string{
+		"10.1.1.1": "10.1.1.1/32", "10.1.1.2": "10.1.0.0/16", "10.2.0.0": "10.0.0.0/8",
+		"2001:db8::1": "2001:db8::/32", "2001:db9::1": "::/0",
+	} {
+		entry, found := LookupAddress(txn, f.entries, netip.MustParseAddr(addr))
+		require.True(t, found, addr)
+		require.Equal(t, want, entry.Prefix.String(), addr)
+	}
+	_, found := LookupAddress(txn, f.entries, netip.MustParseAddr("192.0.2.1"))
+	require.False(t, found)
+}
+
+func TestHandleErrors(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("policy/a", source.Directory)
+	require.NoError(t, err)
+
+	_, err = f.ipcache.NewHandle("policy/a", source.Directory)
+	require.ErrorIs(t, err, ErrResourceInUse)
+	_, err = f.ipcache.NewHandle("", source.Directory)
+	require.ErrorIs(t, err, ErrInvalidMetadata)
+	_, err = f.ipcache.NewHandle("x", source.Source("nowhere"))
+	require.ErrorIs(t, err, source.ErrUnknownSource)
+
+	// A batch with one bad entry writes nothing.
+	err = h.UpsertBatch([]PrefixUpsert{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/8")},
+		{Prefix: netip.Prefix{}},
+	})
+	require.ErrorIs(t, err, ErrInvalidMetadata)
+	err = h.Upsert(netip.MustParsePrefix("10.0.0.0/8"), Metadata{RequestedIdentity: 2})
+	require.ErrorIs(t, err, ErrInvalidMetadata)
+	require.Zero(t, f.metadata.NumObjects(f.db.ReadTxn()))
+
+	require.NoError(t, h.Release())
+	require.ErrorIs(t, h.Release(), ErrHandleReleased)
+	require.ErrorIs(t, h.Upsert(netip.MustParsePrefix("10.0.0.0/8"), Metadata{}), ErrHandleReleased)
+	_, err = f.ipcache.NewHandle("policy/a", source.Directory)
+	require.NoError(t, err, "a released resource can get a new handle")
+}
+
+func TestLargeBatchIsChunkedAndComplete(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	var prefixes []netip.Prefix
+	for i := range 3*writeChunkSize + 7 {
+		prefixes = append(prefixes, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))
+	}
+	upsertAll(t, h, prefixes)
+	f.round(t)
+	txn := f.db.ReadTxn()
+	require.Equal(t, len(prefixes), f.entries.NumObjects(txn))
+	require.Equal(t, len(prefixes), f.identities.NumObjects(txn))
+
+	require.NoError(t, h.Release())
+	f.round(t)
+	txn = f.db.ReadTxn()
+	require.Zero(t, f.entries.NumObjects(txn))
+	require.Zero(t, f.identities.NumObjects(txn))
+}
+
+// TestInitializedAfterProducersAndResolution: the `ipcache` table is
+// initialized only once every registered producer is done and what they
+// wrote is resolved.
+func TestInitializedAfterProducersAndResolution(t *testing.T) {
+	f := newFixture(t)
+	restoreDone := f.ipcache.RegisterProducer("restore")
+	policiesDone := f.ipcache.RegisterProducer("policies")
+	initialized := func() bool {
+		init, _ := f.entries.Initialized(f.db.ReadTxn())
+		return init
+	}
+
+	h, err := f.ipcache.NewHandle("restore", source.Restored)
+	require.NoError(t, err)
+	upsertAll(t, h, mustPrefixes("10.0.0.0/8"))
+	restoreDone()
+	f.round(t)
+	require.False(t, initialized(), "policies are not done")
+
+	policiesDone()
+	require.False(t, initialized(), "done, but not yet resolved")
+	f.round(t)
+	require.True(t, initialized())
+	require.Equal(t, 1, f.entries.NumObjects(f.db.ReadTxn()), "everything written before is resolved")
+}
