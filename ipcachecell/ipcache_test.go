@@ -1,8 +1,8 @@
 package ipcachecell
 
 import (
-	"net/netip"
 	"iter"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
