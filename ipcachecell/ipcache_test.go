@@ -152,3 +152,32 @@ func TestInitializedAfterProducersAndResolution(t *testing.T) {
 	require.True(t, initialized())
 	require.Equal(t, 1, f.entries.NumObjects(f.db.ReadTxn()), "everything written before is resolved")
 }
+
+func BenchmarkLookupAddress(b *testing.B) {
+	f := newFixture(b)
+	h, err := f.ipcache.NewHandle("bench", source.Local)
+	require.NoError(b, err)
+	var batch []PrefixUpsert
+	for i := range 100_000 {
+		v4 := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		v6 := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 12: byte(i >> 16), 13: byte(i >> 8), 14: byte(i)})
+		batch = append(batch, PrefixUpsert{Prefix: netip.PrefixFrom(v4, 32)}, PrefixUpsert{Prefix: netip.PrefixFrom(v6, 120)})
+	}
+	batch = append(batch, PrefixUpsert{Prefix: netip.MustParsePrefix("0.0.0.0/0")}, PrefixUpsert{Prefix: netip.MustParsePrefix("::/0")})
+	require.NoError(b, h.UpsertBatch(batch))
+	f.round(b)
+	txn := f.db.ReadTxn()
+	for name, addr := range map[string]string{
+		"ipv4-host": "10.0.1.2", "ipv4-default-route": "192.0.2.1",
+		"ipv6-/120": "2001:db8::1:2:5", "ipv6-default-route": "2001:db9::1",
+	} {
+		b.Run(name, func(b *testing.B) {
+			a := netip.MustParseAddr(addr)
+			for b.Loop() {
+				if _, found := LookupAddress(txn, f.entries, a); !found {
+					b.Fatal("not found")
+				}
+			}
+		})
+	}
+}
