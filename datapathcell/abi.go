@@ -1,0 +1,161 @@
+package datapathcell
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+)
+
+// The BPF map layouts are an ABI shared with the enforcement program
+// (bpf/enforce.c) and with other tools that read the pinned maps; see
+// DESIGN.md section 8. All integers are little-endian (host order on the
+// supported architectures) except addresses and ports, which are in network
+// order. Keys are written in canonical form: host bits zero, cluster_id 0.
+//
+// ipcache (LPM trie, BPF_F_NO_PREALLOC), as Cilium's ipcache_key and
+// remote_endpoint_info:
+//
+//	key   (24 bytes): prefixlen u32 | cluster_id u16 | pad u8 | family u8 | ip [16]u8
+//	value (24 bytes): sec_identity u32 | tunnel_endpoint [16]u8 | pad u16 | key u8 | flags u8
+//
+// prefixlen counts the 32 bits before ip (cluster_id, pad, family) plus the
+// IP prefix length, so that the trie matches family exactly. IPv4 addresses
+// take the first 4 bytes of ip.
+//
+// policy (hash):
+//
+//	key   (8 bytes): sec_identity u32 | direction u8 | protocol u8 | dport be16
+//	value (8 bytes): verdict u32 | pad u32
+//
+// direction: 0 ingress, 1 egress. protocol 0 and dport 0 mean any.
+// verdict 1 is allow.
+//
+// enforcement (array, 2 entries, index = direction): value u32, 1 when the
+// direction is enforced (some policy has a rule in it), else 0: traffic in
+// a direction without rules passes.
+//
+// counters (per-CPU array, 4 entries of u64): index direction*2 + verdict
+// bit, i.e. 0 ingress dropped, 1 ingress allowed, 2 egress dropped, 3
+// egress allowed.
+
+const (
+	ipcacheKeySize   = 24
+	ipcacheValueSize = 24
+	policyKeySize    = 8
+	policyValueSize  = 8
+
+	// ipcacheKeyStaticPrefixBits covers cluster_id, pad and family.
+	ipcacheKeyStaticPrefixBits = 32
+
+	familyIPv4 = 1
+	familyIPv6 = 2
+
+	// DirectionIngress and DirectionEgress are the direction field of a
+	// policy key and the index of the enforcement map.
+	DirectionIngress = 0
+	DirectionEgress  = 1
+
+	// VerdictAllow is the verdict of a policy-map entry that allows.
+	VerdictAllow = 1
+)
+
+// IPCacheKey is the key of the ipcache map.
+type IPCacheKey [ipcacheKeySize]byte
+
+// IPCacheValue is the value of the ipcache map.
+type IPCacheValue [ipcacheValueSize]byte
+
+// PolicyKey is the key of the policy map.
+type PolicyKey [policyKeySize]byte
+
+// PolicyValue is the value of the policy map.
+type PolicyValue [policyValueSize]byte
+
+// NewIPCacheKey encodes a prefix in canonical form.
+func NewIPCacheKey(prefix netip.Prefix) IPCacheKey {
+	var k IPCacheKey
+	prefix = prefix.Masked()
+	binary.LittleEndian.PutUint32(k[0:4], uint32(ipcacheKeyStaticPrefixBits+prefix.Bits()))
+	// k[4:6] cluster_id = 0, k[6] pad = 0
+	addr := prefix.Addr()
+	if addr.Is4() {
+		k[7] = familyIPv4
+		a := addr.As4()
+		copy(k[8:12], a[:])
+	} else {
+		k[7] = familyIPv6
+		a := addr.As16()
+		copy(k[8:24], a[:])
+	}
+	return k
+}
+
+// Prefix decodes the key.
+//
+// Possible errors: the key is not in canonical form (unknown family, bad
+// prefix length, nonzero cluster_id, pad or host bits).
+func (k IPCacheKey) Prefix() (netip.Prefix, error) {
+	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
+	if k[4] != 0 || k[5] != 0 || k[6] != 0 {
+		return netip.Prefix{}, fmt.Errorf("ipcache key %x: nonzero cluster_id or pad", k[:])
+	}
+	var addr netip.Addr
+	switch k[7] {
+	case familyIPv4:
+		addr = netip.AddrFrom4([4]byte(k[8:12]))
+		for _, b := range k[12:] {
+			if b != 0 {
+				return netip.Prefix{}, fmt.Errorf("ipcache key %x: IPv4 key with bytes past the address", k[:])
+			}
+		}
+	case familyIPv6:
+		addr = netip.AddrFrom16([16]byte(k[8:24]))
+	default:
+		return netip.Prefix{}, fmt.Errorf("ipcache key %x: unknown family %d", k[:], k[7])
+	}
+	if bits < 0 || bits > addr.BitLen() {
+		return netip.Prefix{}, fmt.Errorf("ipcache key %x: prefix length %d out of range", k[:], bits)
+	}
+	prefix := netip.PrefixFrom(addr, bits)
+	if prefix.Masked() != prefix {
+		return netip.Prefix{}, fmt.Errorf("ipcache key %x: host bits set", k[:])
+	}
+	return prefix, nil
+}
+
+// NewIPCacheValue encodes an identity. The tunnel endpoint, key and flags
+// are zero: this agent does not tunnel.
+func NewIPCacheValue(identity uint32) IPCacheValue {
+	var v IPCacheValue
+	binary.LittleEndian.PutUint32(v[0:4], identity)
+	return v
+}
+
+// Identity returns the value's sec_identity.
+func (v IPCacheValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+
+// NewPolicyKey encodes a policy key. dport is in host order; it is stored
+// in network order.
+func NewPolicyKey(identity uint32, direction, protocol uint8, dport uint16) PolicyKey {
+	var k PolicyKey
+	binary.LittleEndian.PutUint32(k[0:4], identity)
+	k[4] = direction
+	k[5] = protocol
+	binary.BigEndian.PutUint16(k[6:8], dport)
+	return k
+}
+
+// Fields decodes the key; dport is returned in host order.
+func (k PolicyKey) Fields() (identity uint32, direction, protocol uint8, dport uint16) {
+	return binary.LittleEndian.Uint32(k[0:4]), k[4], k[5], binary.BigEndian.Uint16(k[6:8])
+}
+
+// NewPolicyValue encodes a verdict.
+func NewPolicyValue(verdict uint32) PolicyValue {
+	var v PolicyValue
+	binary.LittleEndian.PutUint32(v[0:4], verdict)
+	return v
+}
+
+// Verdict returns the value's verdict.
+func (v PolicyValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
