@@ -23,6 +23,7 @@ var Cell = cell.Module(
 		statedb.RWTable[*Entry].ToTable,
 		newIPCacheCell,
 		scriptCommands,
+		func(entries statedb.RWTable[*Entry]) ReconcilerTable { return ReconcilerTable{entries} },
 	),
 	// The resolver runs even when no cell asks for the IPCache.
 	cell.Invoke(func(*IPCache) {}),

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -211,7 +212,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	// A prefix's identity always carries its own cidr label, so that CIDR
 	// selectors find it and two prefixes never share a local identity.
 	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
-	desired := &Entry{Prefix: prefix, Source: res.source}
+	desired := &Entry{Prefix: prefix, Source: res.source, Status: reconciler.StatusPending()}
 	switch {
 	case res.explicit != identitycell.IdentityUnknown:
 		desired.Identity, desired.Explicit = res.explicit, true
@@ -228,7 +229,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		desired.Identity, desired.Labels = id, wantLabels
 	}
 
-	if hasCurrent && *current == *desired {
+	if hasCurrent && current.sameMapping(desired) {
 		return nil
 	}
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -74,16 +75,49 @@ type Entry struct {
 	// Explicit is set when the identity was allocated elsewhere and the
 	// ipcache holds no reference to it.
 	Explicit bool `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+
+	// Status is the datapath's reconciliation status of the entry.
+	Status reconciler.Status `json:"status" yaml:"status"`
 }
 
 // TableHeader implements statedb.TableWritable.
 func (*Entry) TableHeader() []string {
-	return []string{"Prefix", "Identity", "Source", "Labels", "Explicit"}
+	return []string{"Prefix", "Identity", "Source", "Labels", "Explicit", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (e *Entry) TableRow() []string {
-	return []string{e.Prefix.String(), e.Identity.String(), string(e.Source), e.Labels.String(), strconv.FormatBool(e.Explicit)}
+	return []string{e.Prefix.String(), e.Identity.String(), string(e.Source), e.Labels.String(),
+		strconv.FormatBool(e.Explicit), e.Status.String()}
+}
+
+// sameMapping reports whether two entries say the same thing of their
+// prefix, whatever their reconciliation status.
+func (e *Entry) sameMapping(other *Entry) bool {
+	return e.Prefix == other.Prefix && e.Identity == other.Identity && e.Source == other.Source &&
+		e.Labels == other.Labels && e.Explicit == other.Explicit
+}
+
+// Clone returns a shallow copy, for the reconciler.
+func (e *Entry) Clone() *Entry {
+	c := *e
+	return &c
+}
+
+// GetStatus returns the reconciliation status, for the reconciler.
+func (e *Entry) GetStatus() reconciler.Status { return e.Status }
+
+// SetStatus sets the reconciliation status, for the reconciler.
+func (e *Entry) SetStatus(status reconciler.Status) *Entry {
+	e.Status = status
+	return e
+}
+
+// ReconcilerTable is the `ipcache` table for the datapath's reconciler,
+// which writes the reconciliation status of entries through it. Nothing
+// else writes through it: entries are the resolver's.
+type ReconcilerTable struct {
+	statedb.RWTable[*Entry]
 }
 
 var (

@@ -1,0 +1,60 @@
+package datapathcell
+
+import (
+	"github.com/cilium/ebpf"
+)
+
+// Map names: the pin names under <bpf-root>/ipcache-agent/ and the names
+// the enforcement program declares (bpf/enforce.c).
+const (
+	IPCacheMapName     = "ipcache"
+	PolicyMapName      = "policy"
+	EnforcementMapName = "enforcement"
+	CountersMapName    = "counters"
+)
+
+// bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
+const bpfFNoPrealloc = 1
+
+// The specs of the pinned maps (layouts in abi.go).
+
+func ipcacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       IPCacheMapName,
+		Type:       ebpf.LPMTrie,
+		KeySize:    ipcacheKeySize,
+		ValueSize:  ipcacheValueSize,
+		MaxEntries: maxEntries,
+		Flags:      bpfFNoPrealloc,
+	}
+}
+
+func policyMapSpec(maxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       PolicyMapName,
+		Type:       ebpf.Hash,
+		KeySize:    policyKeySize,
+		ValueSize:  policyValueSize,
+		MaxEntries: maxEntries,
+	}
+}
+
+func enforcementMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       EnforcementMapName,
+		Type:       ebpf.Array,
+		KeySize:    4,
+		ValueSize:  4,
+		MaxEntries: 2,
+	}
+}
+
+func countersMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       CountersMapName,
+		Type:       ebpf.PerCPUArray,
+		KeySize:    4,
+		ValueSize:  8,
+		MaxEntries: 4,
+	}
+}
