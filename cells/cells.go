@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
@@ -28,6 +29,7 @@ var Infrastructure = cell.Group(
 var ControlPlane = cell.Group(
 	identitycell.Cell,
 	ipcachecell.Cell,
+	datapathcell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

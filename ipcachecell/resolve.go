@@ -76,6 +76,12 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 			return err
 		}
 		r.reportHealth(health)
+		// Until initialized, the producers finishing is a reason for a
+		// round too, even when they wrote nothing more.
+		var producersDone <-chan struct{}
+		if r.markInitialized != nil {
+			_, producersDone = r.metadata.Initialized(r.db.ReadTxn())
+		}
 
 		var retry <-chan time.Time
 		if len(r.failed) > 0 {
@@ -85,6 +91,7 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 		case <-ctx.Done():
 			return nil
 		case <-watch:
+		case <-producersDone:
 		case <-retry:
 			r.retryDue = true
 			r.retryAfter = min(2*r.retryAfter, maxRetryBackoff)

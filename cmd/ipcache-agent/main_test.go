@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
 
 // The test binary doubles as the agent binary: with this variable set it
@@ -53,6 +56,8 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"--identity-restore-grace-period=-5s"}, "--identity-restore-grace-period"},
 		{[]string{"--log-level=loud"}, "--log-level"},
 		{[]string{"--log-format=xml"}, "--log-format"},
+		{[]string{"--ipcache-map-max-entries=0"}, "--ipcache-map-max-entries"},
+		{[]string{"--ipcache-map-max-entries=lots"}, "--ipcache-map-max-entries"},
 		{[]string{"--no-such-flag"}, "--no-such-flag"},
 		{[]string{"hive", "--no-such-flag"}, "--no-such-flag"},
 		{[]string{"unexpected-argument"}, "unexpected-argument"},
@@ -66,7 +71,7 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
 	stdout, stderr, code := runAgentCommand(t, "hive")
 	require.Equal(t, exitOK, code, stderr)
-	for _, want := range []string{"identity (Local CIDR identity allocation)", "identitycell.Config", "StateDir", "IdentityRestoreGracePeriod: (time.Duration) 10m0s", "Start hooks"} {
+	for _, want := range []string{"identity (Local CIDR identity allocation)", "ipcache (", "datapath (", "datapathcell.Config", "identitycell.Config", "StateDir", "IdentityRestoreGracePeriod: (time.Duration) 10m0s", "Start hooks"} {
 		require.Contains(t, stdout, want)
 	}
 }
@@ -81,7 +86,8 @@ func TestHiveDotGraph(t *testing.T) {
 func TestHelpDescribesFlags(t *testing.T) {
 	stdout, _, code := runAgentCommand(t, "--help")
 	require.Equal(t, exitOK, code)
-	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format"} {
+	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format",
+		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries"} {
 		require.Contains(t, stdout, flag)
 	}
 	require.NotContains(t, stdout, "identity-local-space-size", "test-only flags are hidden")
@@ -91,9 +97,12 @@ func TestHelpDescribesFlags(t *testing.T) {
 // and stops it with SIGTERM and with SIGINT: both are a clean stop (exit 0)
 // that leaves the identity checkpoint behind.
 func TestRunStopsCleanlyOnSignal(t *testing.T) {
+	privileged.Test(t)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		stateDir := filepath.Join(t.TempDir(), "state")
-		cmd := agentCommand("--state-dir="+stateDir, "--log-format=json")
+		bpfRoot := filepath.Join(t.TempDir(), "bpf")
+		t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+		cmd := agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--log-format=json")
 		var stderr syncBuffer
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
@@ -105,6 +114,8 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 		require.Contains(t, stderr.String(), `"msg":"Stopped hive"`, "logs are JSON")
 		_, err = os.Stat(filepath.Join(stateDir, "local-identities.json"))
 		require.NoError(t, err, "checkpoint written")
+		_, err = os.Stat(filepath.Join(bpfRoot, "ipcache-agent", "ipcache"))
+		require.NoError(t, err, "ipcache map stays pinned after the agent stops")
 	}
 }
 

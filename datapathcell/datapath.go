@@ -1,0 +1,81 @@
+package datapathcell
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+)
+
+// Datapath owns the pinned BPF maps (and the enforcement program on the
+// devices). Its start hook runs before any reconciler writes: it mounts
+// bpffs if needed, opens, migrates or replaces the pinned maps, and takes
+// the snapshot of the pinned ipcache map that restore reads.
+type Datapath struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	maps     *pinnedMaps
+	snapshot ipcacheSnapshot
+}
+
+func newDatapath(cfg Config, log *slog.Logger) *Datapath {
+	return &Datapath{cfg: cfg, log: log}
+}
+
+// Start implements cell.HookInterface.
+func (d *Datapath) Start(cell.HookContext) error {
+	if err := ensureBPFFS(d.cfg.BPFRoot); err != nil {
+		return err
+	}
+	opened, snapshot, err := openPinnedMaps(pinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
+	if err != nil {
+		return fmt.Errorf("open pinned maps: %w", err)
+	}
+	d.log.Info("Pinned maps open", "dir", pinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot))
+	d.mu.Lock()
+	d.maps, d.snapshot = opened, snapshot
+	d.mu.Unlock()
+	return nil
+}
+
+// Stop implements cell.HookInterface. The maps stay pinned: the datapath
+// outlives the agent.
+func (d *Datapath) Stop(cell.HookContext) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil {
+		return nil
+	}
+	err := d.maps.Close()
+	d.maps = nil
+	return err
+}
+
+// IPCacheSnapshot returns what the pinned ipcache map held when the agent
+// started, before anything wrote to it: prefix -> identity. It is empty if
+// there was no usable pinned map, and before the hive has started.
+func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.snapshot)
+}
+
+// ipcacheMap and policyMap are for the reconcilers, which run only between
+// start and stop.
+func (d *Datapath) ipcacheMap() *ebpf.Map {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.maps.IPCache
+}
+
+func (d *Datapath) policyMap() *ebpf.Map {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.maps.Policy
+}

@@ -1,0 +1,226 @@
+package datapathcell_test
+
+import (
+	"context"
+	"maps"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// env is a private bpffs mount and state directory that successive agents
+// (hives) share, as successive runs of the agent share /sys/fs/bpf.
+type env struct {
+	bpfRoot, stateDir string
+}
+
+func newEnv(t *testing.T) *env {
+	privileged.Test(t)
+	e := &env{bpfRoot: filepath.Join(t.TempDir(), "bpf"), stateDir: t.TempDir()}
+	t.Cleanup(func() { unix.Unmount(e.bpfRoot, unix.MNT_DETACH) })
+	return e
+}
+
+func (e *env) pinPath(name string) string { return filepath.Join(e.bpfRoot, "ipcache-agent", name) }
+
+// agent is one run of the agent's cells.
+type agent struct {
+	hive     *hive.Hive
+	ipcache  *ipcachecell.IPCache
+	datapath *datapathcell.Datapath
+	stop     func()
+}
+
+// start runs identity, ipcache and datapath cells over the env. If
+// producer is not empty, it is registered as an ipcache producer and its
+// done function returned.
+func (e *env) start(t *testing.T, producer string, flags ...string) (*agent, func()) {
+	t.Helper()
+	a := &agent{}
+	var done func()
+	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, datapathcell.Cell,
+		cell.Invoke(func(c *ipcachecell.IPCache, d *datapathcell.Datapath) {
+			a.ipcache, a.datapath = c, d
+			if producer != "" {
+				done = c.RegisterProducer(producer)
+			}
+		}))
+	fs := pflag.NewFlagSet("", pflag.ContinueOnError)
+	a.hive.RegisterFlags(fs)
+	require.NoError(t, fs.Parse(append([]string{"--bpf-root=" + e.bpfRoot, "--state-dir=" + e.stateDir}, flags...)))
+	log := hivetest.Logger(t)
+	require.NoError(t, a.hive.Start(log, context.Background()))
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			require.NoError(t, a.hive.Stop(log, context.Background()))
+		}
+	}
+	t.Cleanup(stop)
+	if done == nil {
+		done = func() {}
+	}
+	a.stop = stop
+	return a, done
+}
+
+// dumpIPCache reads the pinned ipcache map: prefix -> identity.
+func (e *env) dumpIPCache(t *testing.T) map[netip.Prefix]uint32 {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	out := map[netip.Prefix]uint32{}
+	var (
+		k datapathcell.IPCacheKey
+		v datapathcell.IPCacheValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		p, err := k.Prefix()
+		require.NoError(t, err)
+		out[p] = v.Identity()
+	}
+	require.NoError(t, it.Err())
+	return out
+}
+
+func (e *env) waitIPCache(t *testing.T, want map[netip.Prefix]uint32) {
+	t.Helper()
+	require.Eventually(t, func() bool { return maps.Equal(e.dumpIPCache(t), want) }, 10*time.Second, 10*time.Millisecond,
+		"ipcache map %v, want %v", e.dumpIPCache(t), want)
+}
+
+func prefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
+
+func upsert(t *testing.T, h *ipcachecell.Handle, ps []netip.Prefix, md ipcachecell.Metadata) {
+	t.Helper()
+	batch := make([]ipcachecell.PrefixUpsert, len(ps))
+	for i, p := range ps {
+		batch[i] = ipcachecell.PrefixUpsert{Prefix: p, Metadata: md}
+	}
+	require.NoError(t, h.UpsertBatch(batch))
+}
+
+func TestPrivilegedRowsAndDeletionsReachTheMap(t *testing.T) {
+	e := newEnv(t)
+	a, _ := e.start(t, "")
+	h, err := a.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+
+	upsert(t, h, prefixes("10.0.0.0/8"), ipcachecell.Metadata{RequestedIdentity: 16777300})
+	upsert(t, h, prefixes("2001:db8::/32"), ipcachecell.Metadata{ExplicitIdentity: 5000})
+	e.waitIPCache(t, map[netip.Prefix]uint32{
+		netip.MustParsePrefix("10.0.0.0/8"):    16777300,
+		netip.MustParsePrefix("2001:db8::/32"): 5000,
+	})
+
+	require.NoError(t, h.Remove(netip.MustParsePrefix("10.0.0.0/8")))
+	e.waitIPCache(t, map[netip.Prefix]uint32{netip.MustParsePrefix("2001:db8::/32"): 5000})
+}
+
+// TestPrivilegedPruneOnlyAfterInitialization: entries of the pinned map that
+// nobody wants survive until every producer is done, then go.
+func TestPrivilegedPruneOnlyAfterInitialization(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "")
+	h, err := first.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsert(t, h, prefixes("10.0.0.1/32", "10.0.0.2/32"), ipcachecell.Metadata{ExplicitIdentity: 7000})
+	old := map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.0.1/32"): 7000, netip.MustParsePrefix("10.0.0.2/32"): 7000}
+	e.waitIPCache(t, old)
+	first.stop()
+
+	second, done := e.start(t, "slow-producer")
+	require.Equal(t, old, second.datapath.IPCacheSnapshot(), "snapshot of the pinned map at start")
+	h, err = second.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsert(t, h, prefixes("10.0.0.2/32", "10.0.0.3/32"), ipcachecell.Metadata{ExplicitIdentity: 7000})
+	want := map[netip.Prefix]uint32{
+		netip.MustParsePrefix("10.0.0.1/32"): 7000, // stale, but not yet prunable
+		netip.MustParsePrefix("10.0.0.2/32"): 7000,
+		netip.MustParsePrefix("10.0.0.3/32"): 7000,
+	}
+	e.waitIPCache(t, want)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, want, e.dumpIPCache(t), "nothing pruned before initialization")
+
+	done()
+	delete(want, netip.MustParsePrefix("10.0.0.1/32"))
+	e.waitIPCache(t, want)
+}
+
+func TestPrivilegedIncompatibleMapIsReplaced(t *testing.T) {
+	e := newEnv(t)
+	// A first run creates the pin directory on the bpffs mount.
+	first, _ := e.start(t, "")
+	first.stop()
+	require.NoError(t, unix.Unlink(e.pinPath("ipcache")))
+	wrong, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 4})
+	require.NoError(t, err)
+	require.NoError(t, wrong.Put(uint64(1), uint64(2)))
+	require.NoError(t, wrong.Pin(e.pinPath("ipcache")))
+	wrong.Close()
+
+	a, _ := e.start(t, "")
+	require.Empty(t, a.datapath.IPCacheSnapshot(), "nothing restored from an incompatible map")
+	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	require.Equal(t, ebpf.LPMTrie, m.Type())
+	require.Equal(t, uint32(24), m.KeySize())
+	h, err := a.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsert(t, h, prefixes("10.0.0.0/8"), ipcachecell.Metadata{ExplicitIdentity: 9})
+	e.waitIPCache(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.0.0/8"): 9})
+}
+
+func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "", "--ipcache-map-max-entries=1000")
+	h, err := first.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	var ps []netip.Prefix
+	want := map[netip.Prefix]uint32{}
+	for i := range 300 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 32)
+		ps = append(ps, p)
+		want[p] = 8000
+	}
+	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: 8000})
+	e.waitIPCache(t, want)
+	first.stop()
+
+	second, _ := e.start(t, "never-done", "--ipcache-map-max-entries=2000")
+	require.Equal(t, want, second.datapath.IPCacheSnapshot())
+	require.Equal(t, want, e.dumpIPCache(t), "every entry migrated")
+	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	require.Equal(t, uint32(2000), m.MaxEntries())
+	_, err = ebpf.LoadPinnedMap(e.pinPath("ipcache_new"), nil)
+	require.Error(t, err, "no temporary pin left")
+}

@@ -1,0 +1,214 @@
+package datapathcell
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// pinDir returns the directory of the agent's pinned objects.
+func pinDir(bpfRoot string) string { return filepath.Join(bpfRoot, "ipcache-agent") }
+
+// linksDir returns the directory of the pinned TCX links.
+func linksDir(bpfRoot string) string { return filepath.Join(pinDir(bpfRoot), "links") }
+
+// pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
+type pinnedMaps struct {
+	IPCache, Policy, Enforcement, Counters *ebpf.Map
+}
+
+func (m *pinnedMaps) Close() error {
+	var errs []error
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters} {
+		if mp != nil {
+			errs = append(errs, mp.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ipcacheSnapshot is what the pinned ipcache map held when the agent
+// started, before anything wrote to it: prefix -> identity.
+type ipcacheSnapshot map[netip.Prefix]uint32
+
+// openPinnedMaps opens (or creates) the pinned maps in dir. A pinned map of
+// the expected layout is reused as it is; one that differs only in max
+// entries is migrated: its entries are copied into a new map that replaces
+// the pin by an atomic rename; one of another type, key or value size or
+// flags is reported and replaced by an empty map. The returned snapshot is
+// the ipcache map's content before anything wrote to it (empty when there
+// was no usable map).
+func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, ipcacheSnapshot, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	maps := &pinnedMaps{}
+	snapshot := ipcacheSnapshot{}
+	var err error
+	maps.IPCache, err = openPinnedMap(dir, ipcacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
+		snapshot, err = dumpIPCache(old, log)
+		return err
+	})
+	if err == nil {
+		maps.Policy, err = openPinnedMap(dir, policyMapSpec(policyMaxEntries), log, nil)
+	}
+	if err == nil {
+		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log, nil)
+	}
+	if err == nil {
+		maps.Counters, err = openPinnedMap(dir, countersMapSpec(), log, nil)
+	}
+	if err != nil {
+		maps.Close()
+		return nil, nil, err
+	}
+	return maps, snapshot, nil
+}
+
+// openPinnedMap returns the map pinned at dir/spec.Name, creating,
+// migrating or replacing it as openPinnedMaps says. inspect, if set, is
+// called with a compatible pinned map (before migration) to read it.
+func openPinnedMap(dir string, spec *ebpf.MapSpec, log *slog.Logger, inspect func(*ebpf.Map) error) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	log = log.With("map", path)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		log.Info("Creating pinned map", "max-entries", spec.MaxEntries)
+		return createPinned(spec, path)
+	case err != nil:
+		log.Warn("Pinned map cannot be opened; replacing it", "error", err)
+		return replacePinned(spec, path, nil)
+	}
+
+	if incompatible := layoutDifference(spec, old); incompatible != "" {
+		log.Warn("Pinned map has another layout; restoring nothing from it and replacing it",
+			"difference", incompatible)
+		old.Close()
+		return replacePinned(spec, path, nil)
+	}
+	if inspect != nil {
+		if err := inspect(old); err != nil {
+			old.Close()
+			return nil, fmt.Errorf("read pinned map %s: %w", path, err)
+		}
+	}
+	if old.MaxEntries() == spec.MaxEntries {
+		return old, nil
+	}
+	log.Info("Migrating pinned map to new max entries", "from", old.MaxEntries(), "to", spec.MaxEntries)
+	defer old.Close()
+	return replacePinned(spec, path, old)
+}
+
+// layoutDifference describes how a pinned map differs from spec in what
+// cannot be migrated, or returns "".
+func layoutDifference(spec *ebpf.MapSpec, m *ebpf.Map) string {
+	switch {
+	case m.Type() != spec.Type:
+		return fmt.Sprintf("type %s, want %s", m.Type(), spec.Type)
+	case m.KeySize() != spec.KeySize:
+		return fmt.Sprintf("key size %d, want %d", m.KeySize(), spec.KeySize)
+	case m.ValueSize() != spec.ValueSize:
+		return fmt.Sprintf("value size %d, want %d", m.ValueSize(), spec.ValueSize)
+	case m.Flags() != spec.Flags:
+		return fmt.Sprintf("flags %#x, want %#x", m.Flags(), spec.Flags)
+	}
+	return ""
+}
+
+func createPinned(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create map %s: %w", spec.Name, err)
+	}
+	if err := m.Pin(path); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("pin map %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// replacePinned creates a map from spec, copies from's entries into it (if
+// from is set), pins it beside path and renames it over path, so the pin
+// never names a map with wrong contents.
+func replacePinned(spec *ebpf.MapSpec, path string, from *ebpf.Map) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("create map %s: %w", spec.Name, err)
+	}
+	if from != nil {
+		if err := copyEntries(from, m); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("migrate map %s: %w", path, err)
+		}
+	}
+	tmp := path + "_new" // bpffs forbids dots in names
+	os.Remove(tmp)       // left over from a crash during a previous replacement
+	if err := m.Pin(tmp); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("pin map %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		m.Unpin()
+		m.Close()
+		return nil, fmt.Errorf("replace pinned map %s: %w", path, err)
+	}
+	// Reopen through the new pin, so that the handle knows its pin path.
+	m.Close()
+	reopened, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open replaced map %s: %w", path, err)
+	}
+	return reopened, nil
+}
+
+// copyEntries copies every entry of from into to.
+//
+// Possible errors: to has no room for all of them (nothing is lost: the
+// old map stays pinned).
+func copyEntries(from, to *ebpf.Map) error {
+	key := make([]byte, from.KeySize())
+	value := make([]byte, from.ValueSize())
+	if from.Type() == ebpf.PerCPUArray || from.Type() == ebpf.PerCPUHash {
+		return fmt.Errorf("migrating per-CPU maps is not supported")
+	}
+	iter := from.Iterate()
+	n := 0
+	for iter.Next(&key, &value) {
+		if err := to.Put(key, value); err != nil {
+			return fmt.Errorf("copy entry %d of %d: %w", n+1, from.MaxEntries(), err)
+		}
+		n++
+	}
+	return iter.Err()
+}
+
+// dumpIPCache reads every entry of an ipcache map. Entries whose key is not
+// in canonical form are skipped with a warning: restore must not act on
+// what it cannot read.
+func dumpIPCache(m *ebpf.Map, log *slog.Logger) (ipcacheSnapshot, error) {
+	snapshot := ipcacheSnapshot{}
+	var (
+		key   IPCacheKey
+		value IPCacheValue
+	)
+	iter := m.Iterate()
+	for iter.Next(&key, &value) {
+		prefix, err := key.Prefix()
+		if err != nil {
+			log.Warn("Skipping unreadable pinned ipcache entry", "error", err)
+			continue
+		}
+		snapshot[prefix] = value.Identity()
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("dump ipcache map: %w", err)
+	}
+	return snapshot, nil
+}
