@@ -11,6 +11,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
 // EnvPrefix is the prefix of environment variables that set flags, e.g.
@@ -30,6 +31,7 @@ var ControlPlane = cell.Group(
 	identitycell.Cell,
 	ipcachecell.Cell,
 	datapathcell.Cell,
+	restorecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

@@ -3,7 +3,6 @@ package identitycell
 import (
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -35,11 +34,6 @@ type Config struct {
 	// StateDir holds the identity checkpoint.
 	StateDir string
 
-	// IdentityRestoreGracePeriod is how long identities restored from the
-	// previous run stay allocated (and their numbers withheld) while their
-	// real owners re-assert them.
-	IdentityRestoreGracePeriod time.Duration
-
 	// IdentityLocalSpaceSize limits how many local numbers are handed out
 	// (from the start of the local scope). Hidden: it exists so that tests
 	// can exhaust the space.
@@ -48,17 +42,14 @@ type Config struct {
 
 // DefaultConfig is the configuration on the defaults.
 var DefaultConfig = Config{
-	StateDir:                   "/run/ipcache-agent",
-	IdentityRestoreGracePeriod: 10 * time.Minute,
-	IdentityLocalSpaceSize:     uint32(MaxLocalIdentity - MinLocalIdentity + 1),
+	StateDir:               "/run/ipcache-agent",
+	IdentityLocalSpaceSize: uint32(MaxLocalIdentity - MinLocalIdentity + 1),
 }
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("state-dir", def.StateDir,
 		"Directory for state kept across restarts (identity checkpoint)")
-	flags.Duration("identity-restore-grace-period", def.IdentityRestoreGracePeriod,
-		"How long identities restored after a restart are kept while their owners re-assert them")
 	flags.Uint32("identity-local-space-size", def.IdentityLocalSpaceSize,
 		"Number of local identities that may be allocated (for tests)")
 	_ = flags.MarkHidden("identity-local-space-size")
@@ -66,9 +57,6 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // Validate reports configuration errors, naming the flag.
 func (c Config) Validate() error {
-	if c.IdentityRestoreGracePeriod < 0 {
-		return fmt.Errorf("--identity-restore-grace-period must not be negative, got %s", c.IdentityRestoreGracePeriod)
-	}
 	if max := uint32(MaxLocalIdentity - MinLocalIdentity + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
 		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)
 	}

@@ -42,10 +42,11 @@ type ipcacheParams struct {
 }
 
 func newIPCacheCell(p ipcacheParams) *IPCache {
-	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log)
+	restore := newRestoreGate()
+	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, restore)
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	group.Add(job.OneShot("resolve", r.run))
-	return newIPCache(p.DB, p.Metadata)
+	return newIPCache(p.DB, p.Metadata, restore)
 }
 
 func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry]) hive.ScriptCmdsOut {

@@ -36,13 +36,14 @@ const writeChunkSize = 4096
 type IPCache struct {
 	db       *statedb.DB
 	metadata statedb.RWTable[*PrefixMetadata]
+	restore  *restoreGate
 
 	mu        sync.Mutex
 	resources map[string]struct{} // resources with a live handle
 }
 
-func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, resources: map[string]struct{}{}}
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], restore *restoreGate) *IPCache {
+	return &IPCache{db: db, metadata: metadata, restore: restore, resources: map[string]struct{}{}}
 }
 
 // NewHandle returns the handle of a resource (e.g. "policy/allow-dns"), whose
@@ -85,6 +86,58 @@ func (c *IPCache) RegisterProducer(name string) (done func()) {
 			txn.Commit()
 		})
 	}
+}
+
+// RegisterRestorer registers a producer that restores the previous run's
+// prefixes with their old identity numbers (the restore cell). Nothing is
+// resolved until every restorer is done: otherwise a prefix that another
+// owner re-asserts first would get a fresh number before restore could ask
+// for the old one, and the datapath would churn. A restorer is also a
+// producer (see RegisterProducer). Register before the hive starts.
+func (c *IPCache) RegisterRestorer(name string) (done func()) {
+	producerDone := c.RegisterProducer(name)
+	gateDone := c.restore.register()
+	return func() {
+		gateDone()
+		producerDone()
+	}
+}
+
+// restoreGate holds resolution back until every restorer is done.
+type restoreGate struct {
+	mu      sync.Mutex
+	pending int
+	open    chan struct{} // closed when pending drops to zero
+}
+
+func newRestoreGate() *restoreGate { return &restoreGate{open: make(chan struct{})} }
+
+func (g *restoreGate) register() (done func()) {
+	g.mu.Lock()
+	g.pending++
+	g.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.pending--; g.pending == 0 {
+				close(g.open)
+			}
+		})
+	}
+}
+
+// wait returns a channel that is closed once no restorer is pending.
+func (g *restoreGate) wait() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pending == 0 {
+		closed := make(chan struct{})
+		close(closed)
+		return closed
+	}
+	return g.open
 }
 
 // Handle is one resource's ownership of prefix metadata. Its methods are

@@ -52,8 +52,9 @@ func newFixture(tb testing.TB) *fixture {
 	log := hivetest.Logger(tb)
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })
-	f.ipcache = newIPCache(f.db, f.metadata)
-	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log)
+	gate := newRestoreGate()
+	f.ipcache = newIPCache(f.db, f.metadata, gate)
+	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, gate)
 	return &f
 }
 

@@ -39,6 +39,7 @@ type resolver struct {
 	entries   statedb.RWTable[*Entry]
 	allocator *identitycell.Allocator
 	log       *slog.Logger
+	restore   *restoreGate
 
 	// markInitialized marks the `ipcache` table initialized; nil once done.
 	markInitialized func(statedb.WriteTxn)
@@ -52,7 +53,7 @@ type resolver struct {
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
-	allocator *identitycell.Allocator, log *slog.Logger) *resolver {
+	allocator *identitycell.Allocator, log *slog.Logger, restore *restoreGate) *resolver {
 	txn := db.WriteTxn(entries)
 	markInitialized := entries.RegisterInitializer(txn, "ipcache-resolver")
 	txn.Commit()
@@ -62,6 +63,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		entries:         entries,
 		allocator:       allocator,
 		log:             log,
+		restore:         restore,
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
 		retryAfter:      minRetryBackoff,
@@ -70,6 +72,18 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 
 // run resolves changes as they come, and retries failures with backoff.
 func (r *resolver) run(ctx context.Context, health cell.Health) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-r.restore.wait():
+	default:
+		health.OK("Waiting for restore")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.restore.wait():
+		}
+	}
 	for {
 		watch, err := r.round()
 		if err != nil {

@@ -1,0 +1,237 @@
+// Package agenttest runs the agent's cells in script tests across restarts:
+// each `agent/restart` stops the running hive and starts a new one over the
+// same bpffs mount and state directory, as a restarted agent process would.
+// The hive's own commands (db/*, health, the cells' commands) always act on
+// the current hive.
+package agenttest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/internal/ipcachetest"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+)
+
+// Agent is the hive that currently runs, and what outlives it.
+type Agent struct {
+	t        testing.TB
+	newHive  func(extra ...cell.Cell) *hive.Hive
+	args     []string
+	BPFRoot  string
+	StateDir string
+
+	hive    *hive.Hive
+	cmds    map[string]script.Cmd
+	ipcache *ipcachecell.IPCache
+	running bool
+	started bool // the current hive has run: a hive runs once
+}
+
+// NewEngine returns a script engine over an agent built by newHive, with
+// the #! line's flags (args), on a private bpffs mount and state directory.
+// Commands: the hive's, the default script commands, agent/start,
+// agent/stop, agent/restart, the ipcache owner commands of ipcachetest, and
+// test/bpf-ipcache, test/bpf-ipcache-put.
+func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hive.Hive) *script.Engine {
+	a := &Agent{
+		t:        t,
+		newHive:  newHive,
+		args:     args,
+		BPFRoot:  filepath.Join(t.TempDir(), "bpf"),
+		StateDir: t.TempDir(),
+	}
+	t.Cleanup(func() {
+		a.stop()
+		unix.Unmount(a.BPFRoot, unix.MNT_DETACH)
+	})
+	a.build()
+
+	cmds := script.DefaultCmds()
+	for name := range a.cmds {
+		if name == "hive/start" || name == "hive/stop" {
+			continue // agent/start and agent/stop, which know about restarts
+		}
+		cmds[name] = a.proxy(name)
+	}
+	maps.Copy(cmds, ipcachetest.OwnerCommands(func() *ipcachecell.IPCache { return a.ipcache }))
+	cmds["agent/start"] = a.command("Start the agent", func() error { return a.start() })
+	cmds["agent/stop"] = a.command("Stop the agent (pinned maps stay)", func() error { return a.stop() })
+	cmds["agent/restart"] = a.command("Stop the agent and start a new one over the same pinned maps and state", func() error {
+		if err := a.stop(); err != nil {
+			return err
+		}
+		return a.start()
+	})
+	cmds["test/bpf-ipcache"] = a.bpfIPCacheCmd()
+	cmds["test/bpf-ipcache-put"] = a.bpfIPCachePutCmd()
+	return &script.Engine{Cmds: cmds}
+}
+
+func (a *Agent) build() {
+	a.hive = a.newHive(cell.Invoke(func(c *ipcachecell.IPCache) { a.ipcache = c }))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	a.hive.RegisterFlags(flags)
+	defaults := []string{"--bpf-root=" + a.BPFRoot, "--state-dir=" + a.StateDir}
+	require.NoError(a.t, flags.Parse(append(defaults, a.args...)))
+	var err error
+	a.cmds, err = a.hive.ScriptCommands(hivetest.Logger(a.t))
+	require.NoError(a.t, err)
+	a.started = false
+}
+
+// start starts the current hive, or a new one if the current one has run.
+func (a *Agent) start() error {
+	if a.running {
+		return fmt.Errorf("agent already running")
+	}
+	if a.started {
+		a.build()
+	}
+	a.started = true
+	if err := a.hive.Start(hivetest.Logger(a.t), context.Background()); err != nil {
+		return err
+	}
+	a.running = true
+	return nil
+}
+
+func (a *Agent) stop() error {
+	if !a.running {
+		return nil
+	}
+	a.running = false
+	return a.hive.Stop(hivetest.Logger(a.t), context.Background())
+}
+
+func (a *Agent) command(summary string, fn func() error) script.Cmd {
+	return script.Command(script.CmdUsage{Summary: summary},
+		func(*script.State, ...string) (script.WaitFunc, error) { return scriptcmd.Result("", fn()) })
+}
+
+// proxy runs the current hive's command of that name.
+type proxyCmd struct {
+	a    *Agent
+	name string
+}
+
+func (a *Agent) proxy(name string) script.Cmd { return proxyCmd{a, name} }
+
+func (p proxyCmd) Run(s *script.State, args ...string) (script.WaitFunc, error) {
+	cmd, ok := p.a.cmds[p.name]
+	if !ok {
+		return nil, fmt.Errorf("%s: not in the current hive", p.name)
+	}
+	return cmd.Run(s, args...)
+}
+
+func (p proxyCmd) Usage() *script.CmdUsage { return p.a.cmds[p.name].Usage() }
+
+// dumpIPCache returns the pinned ipcache map as sorted "prefix identity"
+// lines.
+func (a *Agent) dumpIPCache() (string, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.IPCacheMapName), nil)
+	if err != nil {
+		return "", err
+	}
+	defer m.Close()
+	var (
+		lines []string
+		k     datapathcell.IPCacheKey
+		v     datapathcell.IPCacheValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		p, err := k.Prefix()
+		if err != nil {
+			return "", err
+		}
+		lines = append(lines, fmt.Sprintf("%s %d\n", p, v.Identity()))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, ""), it.Err()
+}
+
+func (a *Agent) bpfIPCacheCmd() script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "Wait until the pinned ipcache map holds exactly the 'prefix identity' lines of a file",
+			Args:    "file",
+			Flags: func(fs *pflag.FlagSet) {
+				fs.Duration("timeout", 10*time.Second, "How long to wait")
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			timeout, _ := s.Flags.GetDuration("timeout")
+			data, err := os.ReadFile(s.Path(args[0]))
+			if err != nil {
+				return nil, err
+			}
+			var wantLines []string
+			for line := range strings.Lines(string(data)) {
+				if line = strings.Join(strings.Fields(line), " "); line != "" {
+					wantLines = append(wantLines, line+"\n")
+				}
+			}
+			slices.Sort(wantLines)
+			want := strings.Join(wantLines, "")
+			deadline := time.Now().Add(timeout)
+			for {
+				got, err := a.dumpIPCache()
+				if err == nil && got == want {
+					return nil, nil
+				}
+				if time.Now().After(deadline) {
+					return scriptcmd.Result("", fmt.Errorf("pinned ipcache map is\n%s(err %v)\nwant\n%s", got, err, want))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+}
+
+func (a *Agent) bpfIPCachePutCmd() script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Write an entry into the pinned ipcache map directly", Args: "prefix identity"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			prefix, err := netip.ParsePrefix(args[0])
+			if err != nil {
+				return nil, err
+			}
+			var id uint32
+			if _, err := fmt.Sscan(args[1], &id); err != nil {
+				return nil, err
+			}
+			m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.IPCacheMapName), nil)
+			if err != nil {
+				return nil, err
+			}
+			defer m.Close()
+			k, v := datapathcell.NewIPCacheKey(prefix), datapathcell.NewIPCacheValue(id)
+			return nil, m.Put(&k, &v)
+		})
+}

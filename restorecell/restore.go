@@ -1,0 +1,236 @@
+package restorecell
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// Resource is the name of restore's resource handle in the ipcache.
+const Resource = "restore"
+
+// healthInterval is how often the health status (time left, prefixes still
+// held only by restore) is refreshed during the grace period.
+const healthInterval = 5 * time.Second
+
+// pinnedState is what the previous run left behind.
+type pinnedState interface {
+	IPCacheSnapshot() map[netip.Prefix]uint32
+}
+
+type checkpoint interface {
+	Previous() identitycell.Checkpoint
+}
+
+// Restorer restores the previous run's prefixes and releases them after the
+// grace period.
+type Restorer struct {
+	cfg        Config
+	log        *slog.Logger
+	db         *statedb.DB
+	metadata   statedb.Table[*ipcachecell.PrefixMetadata]
+	pinned     pinnedState
+	checkpoint checkpoint
+	allocator  *identitycell.Allocator
+	ipcache    *ipcachecell.IPCache
+
+	restorerDone func()
+	identityDone func()
+
+	mu        sync.Mutex
+	handle    *ipcachecell.Handle
+	withheld  []identitycell.NumericIdentity
+	restored  int
+	startedAt time.Time // when restore was marked done: the grace period starts
+	released  bool
+	releaseAt time.Time
+}
+
+// Start implements cell.HookInterface: it restores, before any other
+// producer's job runs.
+func (r *Restorer) Start(cell.HookContext) error {
+	snapshot := r.pinned.IPCacheSnapshot()
+	saved := r.checkpoint.Previous()
+
+	var (
+		batch    []ipcachecell.PrefixUpsert
+		withheld []identitycell.NumericIdentity
+		skipped  int
+	)
+	for _, prefix := range sortedPrefixes(snapshot) {
+		id := identitycell.NumericIdentity(snapshot[prefix])
+		if !id.IsLocal() {
+			skipped++ // reserved or explicit: its owner re-asserts it, or it goes
+			continue
+		}
+		lbls := labels.ForPrefix(prefix)
+		if fromCheckpoint, ok := saved[id]; ok {
+			if fromCheckpoint.Has(labels.CIDRLabel(prefix)) {
+				lbls = fromCheckpoint
+			} else {
+				r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
+					"prefix", prefix, "identity", id, "checkpoint-labels", fromCheckpoint)
+			}
+		}
+		batch = append(batch, ipcachecell.PrefixUpsert{
+			Prefix:   prefix,
+			Metadata: ipcachecell.Metadata{Labels: lbls, RequestedIdentity: id},
+		})
+		withheld = append(withheld, id)
+	}
+
+	r.allocator.Withhold(withheld...)
+	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if err := handle.UpsertBatch(batch); err != nil {
+		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
+	}
+
+	r.mu.Lock()
+	r.handle, r.withheld, r.restored = handle, withheld, len(batch)
+	r.startedAt = time.Now()
+	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
+	r.mu.Unlock()
+	r.restorerDone()
+	r.log.Info("Restored prefixes from the pinned ipcache map",
+		"restored", len(batch), "not-restored-non-local", skipped,
+		"checkpointed-identities", len(saved), "grace-period", r.cfg.IdentityRestoreGracePeriod)
+	return nil
+}
+
+// Stop implements cell.HookInterface. Nothing is released: the next run
+// restores again from what is pinned.
+func (r *Restorer) Stop(cell.HookContext) error { return nil }
+
+func sortedPrefixes(snapshot map[netip.Prefix]uint32) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(snapshot))
+	for p := range snapshot {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
+}
+
+// markIdentitiesInitialized lets the identity checkpoint be rewritten once
+// the ipcache has resolved what restore asked for (the ipcache table is
+// initialized only after every producer, restore included, is done and
+// resolved): until then a crash must find the previous checkpoint.
+func (r *Restorer) markIdentitiesInitialized(ctx context.Context, entries statedb.Table[*ipcachecell.Entry]) {
+	_, initialized := entries.Initialized(r.db.ReadTxn())
+	select {
+	case <-ctx.Done():
+	case <-initialized:
+		r.identityDone()
+	}
+}
+
+// releaseAfterGracePeriod waits the grace period, then releases the
+// restore handle and un-withholds the numbers. Stopping first releases
+// nothing.
+func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
+	ticker := time.NewTicker(healthInterval)
+	defer ticker.Stop()
+	for {
+		status := r.Status()
+		if status.TimeLeft <= 0 {
+			break
+		}
+		health.OK(status.String())
+		timer := time.NewTimer(status.TimeLeft)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-ticker.C:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+
+	status := r.Status()
+	r.mu.Lock()
+	handle, withheld := r.handle, r.withheld
+	r.mu.Unlock()
+	if handle == nil {
+		return nil // restore never ran (start failed)
+	}
+	if err := handle.Release(); err != nil {
+		health.Degraded("Cannot release restored prefixes", err)
+		return fmt.Errorf("release restored prefixes: %w", err)
+	}
+	r.allocator.Unwithhold(withheld...)
+	r.mu.Lock()
+	r.released = true
+	r.mu.Unlock()
+	r.log.Info("Restore grace period over: released restored prefixes",
+		"restored", status.Restored, "released-unowned", status.HeldOnlyByRestore,
+		"kept-by-other-owners", status.Restored-status.HeldOnlyByRestore)
+	health.OK(fmt.Sprintf("Grace period over: released %d restored prefixes, %d had no other owner",
+		status.Restored, status.HeldOnlyByRestore))
+	return nil
+}
+
+// Status is the restore's progress.
+type Status struct {
+	Restored          int           // prefixes restored at start
+	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
+	TimeLeft          time.Duration // until release; 0 once released
+	Released          bool
+}
+
+func (s Status) String() string {
+	if s.Released {
+		return fmt.Sprintf("released %d restored prefixes", s.Restored)
+	}
+	return fmt.Sprintf("%d restored, %d held only by restore, %s left",
+		s.Restored, s.HeldOnlyByRestore, s.TimeLeft.Round(time.Second))
+}
+
+// Status returns the restore's progress.
+func (r *Restorer) Status() Status {
+	r.mu.Lock()
+	status := Status{Restored: r.restored, Released: r.released}
+	if !r.released && !r.releaseAt.IsZero() {
+		status.TimeLeft = max(time.Until(r.releaseAt), 0)
+	}
+	r.mu.Unlock()
+	if !status.Released {
+		status.HeldOnlyByRestore = r.heldOnlyByRestore()
+	}
+	return status
+}
+
+// heldOnlyByRestore counts the restored prefixes that have no other owner.
+func (r *Restorer) heldOnlyByRestore() int {
+	txn := r.db.ReadTxn()
+	n := 0
+	for row := range r.metadata.List(txn, ipcachecell.MetadataResourceIndex.Query(Resource)) {
+		owners := 0
+		for range r.metadata.Prefix(txn, ipcachecell.MetadataIndex.Query(row.Prefix)) {
+			owners++
+		}
+		if owners == 1 {
+			n++
+		}
+	}
+	return n
+}
