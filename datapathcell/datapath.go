@@ -1,6 +1,7 @@
 package datapathcell
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -22,6 +23,7 @@ type Datapath struct {
 	mu       sync.Mutex
 	maps     *pinnedMaps
 	snapshot ipcacheSnapshot
+	enforcer *enforcer
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
@@ -41,6 +43,31 @@ func (d *Datapath) Start(cell.HookContext) error {
 	d.mu.Lock()
 	d.maps, d.snapshot = opened, snapshot
 	d.mu.Unlock()
+	return d.attachEnforcer(opened)
+}
+
+// attachEnforcer loads the enforcement program over the pinned maps and
+// attaches it to every device; on a restart this replaces the program in
+// the pinned links in place.
+func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
+	if len(d.cfg.Devices) == 0 {
+		d.log.Info("No --devices: not enforcing policy on any device")
+		return nil
+	}
+	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters})
+	if err != nil {
+		return err
+	}
+	for _, device := range d.cfg.Devices {
+		if err := enf.attach(device, linksDir(d.cfg.BPFRoot)); err != nil {
+			enf.Close()
+			return err
+		}
+		d.log.Info("Enforcing policy", "device", device)
+	}
+	d.mu.Lock()
+	d.enforcer = enf
+	d.mu.Unlock()
 	return nil
 }
 
@@ -49,12 +76,16 @@ func (d *Datapath) Start(cell.HookContext) error {
 func (d *Datapath) Stop(cell.HookContext) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.maps == nil {
-		return nil
+	var errs []error
+	if d.enforcer != nil {
+		errs = append(errs, d.enforcer.Close())
+		d.enforcer = nil
 	}
-	err := d.maps.Close()
-	d.maps = nil
-	return err
+	if d.maps != nil {
+		errs = append(errs, d.maps.Close())
+		d.maps = nil
+	}
+	return errors.Join(errs...)
 }
 
 // IPCacheSnapshot returns what the pinned ipcache map held when the agent

@@ -3,6 +3,7 @@
 //	ipcache-agent [flags]        run the agent
 //	ipcache-agent hive           print cells and objects
 //	ipcache-agent hive dot-graph print the object graph in graphviz dot format
+//	ipcache-agent cleanup        detach programs, unpin maps and links, remove state
 //
 // Exit codes: 0 clean stop (SIGTERM, SIGINT), 1 runtime failure, 2 bad flags
 // or configuration.
@@ -96,7 +97,7 @@ Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 
 	inspect := h.Command()
 	inspect.Args = usageArgs(cobra.NoArgs)
-	root.AddCommand(inspect)
+	root.AddCommand(inspect, newCleanupCommand(stdout))
 	return root
 }
 
