@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
+	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
@@ -77,6 +78,13 @@ func newDatapathCell(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath 
 	return d
 }
 
+// reconcilerRoundSize is the most objects the reconcilers write per round:
+// one batch operation and one status write-back transaction each. Larger
+// rounds amortize the write-back (BenchmarkReconcilerThroughput: 1000 ->
+// 10000 raised throughput markedly) at the cost of a longer write
+// transaction on the table.
+const reconcilerRoundSize = 10000
+
 // reconcilerOptions are shared by the map reconcilers. Pruning happens once
 // the desired table is initialized, then every minute.
 func reconcilerOptions(name string) []reconciler.Option {
@@ -84,6 +92,7 @@ func reconcilerOptions(name string) []reconciler.Option {
 		reconciler.WithName(name),
 		reconciler.WithPruning(time.Minute),
 		reconciler.WithRetry(100*time.Millisecond, time.Minute),
+		reconciler.WithRoundLimits(reconcilerRoundSize, rate.NewLimiter(1000, 1)),
 	}
 }
 

@@ -1,0 +1,21 @@
+// Package datapathcell makes the kernel match the desired state in statedb,
+// and keeps enforcing while the agent is down.
+//
+// It owns the BPF maps pinned under <bpf-root>/ipcache-agent/ (ipcache,
+// policy, enforcement, counters; layouts in abi.go, an ABI), the statedb
+// reconcilers that write them from the desired tables, and the enforcement
+// program (bpf/) attached with TCX to every --devices interface through
+// pinned links.
+//
+// At start, before anything writes: bpffs is mounted at --bpf-root if it is
+// not one; pinned maps are reused, migrated (max entries changed: entries
+// copied, pin swapped atomically) or replaced (other layout: reported,
+// nothing restored from it); a snapshot of the pinned ipcache map is taken
+// for restore ([Datapath.IPCacheSnapshot]). Reconcilers prune stale map
+// entries only once their table is initialized, so a restart never removes
+// an entry that is still wanted.
+//
+// Reads: the `ipcache` table (ipcachecell), the `policy` and
+// `policy-enforcement` tables (policycell). Writes: the pinned maps and
+// links; reconciliation status in those tables.
+package datapathcell
