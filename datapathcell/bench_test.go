@@ -140,4 +140,3 @@ func countEntries(m *ebpf.Map) int {
 		n++
 	}
 }
-

@@ -1,0 +1,330 @@
+package datapathcell
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+)
+
+// The enforcement program (bpf/enforce.c) runs on both TCX hooks of every
+// --devices interface, the host side of an endpoint's link:
+//
+//	TCX ingress  packets the endpoint sends      its egress direction, by destination
+//	TCX egress   packets the endpoint receives   its ingress direction, by source
+//
+// Its links are pinned at <links dir>/<device>-ingress and -egress (see
+// linkPinName for devices with '.' in their names), so
+// enforcement continues while the agent is stopped. A restarted agent swaps
+// the program inside the pinned link (BPF_LINK_UPDATE), which is atomic for
+// packets: each packet sees the old or the new program, never none.
+
+// enforcerMaps are the maps the enforcement program uses in place of the
+// ones it declares: the agent's pinned maps, of the layouts in mapspecs.go.
+type enforcerMaps struct {
+	IPCache, Policy, Enforcement, Counters *ebpf.Map
+}
+
+// enforcer is the enforcement program loaded into the kernel, not yet
+// attached. Closing it does not detach it from devices it was attached to.
+type enforcer struct {
+	// fromEndpoint runs at TCX ingress: the endpoint's egress.
+	fromEndpoint *ebpf.Program
+	// toEndpoint runs at TCX egress: the endpoint's ingress.
+	toEndpoint *ebpf.Program
+}
+
+// loadEnforcer loads the enforcement program with its maps replaced by
+// maps. The ipcache and policy maps may have any max entries; everything
+// else about them must match mapspecs.go.
+//
+// Possible errors: a map is missing or has another layout
+// (ebpf.ErrMapIncompatible), the kernel rejects the program (the error
+// carries the verifier log), or no permission to load BPF.
+func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
+	spec, err := bpf.LoadEnforce()
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program spec: %w", err)
+	}
+	replacements := map[string]*ebpf.Map{
+		bpf.EnforceMapIpcache:     maps.IPCache,
+		bpf.EnforceMapPolicy:      maps.Policy,
+		bpf.EnforceMapEnforcement: maps.Enforcement,
+		bpf.EnforceMapCounters:    maps.Counters,
+	}
+	for name, m := range replacements {
+		if m == nil {
+			return nil, fmt.Errorf("load enforcement program: no %s map given", name)
+		}
+	}
+	// Sizes of ipcache and policy are configuration: the C declarations carry
+	// the defaults only. The other two are indexed by the program, so their
+	// sizes stay as declared and a different map is rejected.
+	spec.Maps[bpf.EnforceMapIpcache].MaxEntries = maps.IPCache.MaxEntries()
+	spec.Maps[bpf.EnforceMapPolicy].MaxEntries = maps.Policy.MaxEntries()
+
+	var programs bpf.EnforcePrograms
+	if err := spec.LoadAndAssign(&programs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
+		return nil, fmt.Errorf("load enforcement program: %w", err)
+	}
+	return &enforcer{
+		fromEndpoint: programs.EnforceFromEndpoint,
+		toEndpoint:   programs.EnforceToEndpoint,
+	}, nil
+}
+
+// Close releases the agent's references to the programs. Attached programs
+// stay attached: their pinned links hold them.
+func (e *enforcer) Close() error {
+	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close())
+}
+
+// tcxHook is one of the two attachment points of the program on a device.
+type tcxHook struct {
+	suffix  string // of the link's pin name
+	attach  ebpf.AttachType
+	program *ebpf.Program
+}
+
+func (e *enforcer) hooks() []tcxHook {
+	return []tcxHook{
+		{"ingress", ebpf.AttachTCXIngress, e.fromEndpoint},
+		{"egress", ebpf.AttachTCXEgress, e.toEndpoint},
+	}
+}
+
+// attach makes the program enforce on device, a network interface of the
+// calling thread's network namespace, and pins the links in linksDir
+// (created with mode 0700 if missing), so that enforcement outlives the
+// agent.
+//
+// A pinned link that is still attached to device at the same hook gets this
+// program in place, with no moment without enforcement (agent restart). A
+// pinned link that is stale (its device is gone or was recreated, or the pin
+// is not a TCX link at all) is replaced by a new link, pinned over the old
+// pin by an atomic rename, and then detached.
+//
+// New links are attached at the head of the TCX chain, so that no program
+// attached earlier can accept a packet before policy has seen it.
+//
+// Possible errors: the device does not exist or is not Ethernet; TCX is not
+// supported (Linux < 6.6); no permission; linksDir is not on bpffs.
+func (e *enforcer) attach(device string, linksDir string) error {
+	iface, err := net.InterfaceByName(device)
+	if err != nil {
+		return fmt.Errorf("attach enforcement to %s: %w", device, err)
+	}
+	if err := requireEthernet(device); err != nil {
+		return fmt.Errorf("attach enforcement to %s: %w", device, err)
+	}
+	if err := os.MkdirAll(linksDir, 0o700); err != nil {
+		return fmt.Errorf("attach enforcement to %s: create links directory: %w", device, err)
+	}
+	for _, hook := range e.hooks() {
+		pin := filepath.Join(linksDir, linkPinName(device, hook.suffix))
+		if err := attachPinned(iface.Index, hook, pin); err != nil {
+			return fmt.Errorf("attach enforcement to %s at TCX %s: %w", device, hook.suffix, err)
+		}
+	}
+	return nil
+}
+
+// linkPinName is the pin name of a device's link at a hook: <device>-ingress
+// or <device>-egress. bpffs refuses names containing '.', which interface
+// names may contain (VLAN devices such as eth0.100); it is written as '%',
+// which no interface name contains (the kernel reads a '%' in a requested
+// name as a numbering template), so distinct devices keep distinct pins.
+func linkPinName(device, suffix string) string {
+	return strings.ReplaceAll(device, ".", "%") + "-" + suffix
+}
+
+// attachPinned makes hook.program run at the hook of ifindex through the
+// link pinned at pin, updating that link in place when it is still attached
+// there.
+func attachPinned(ifindex int, hook tcxHook, pin string) error {
+	old, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return attachNew(ifindex, hook, pin)
+	}
+	if err == nil {
+		defer old.Close()
+		if linkAttachedAt(old, ifindex, hook.attach) {
+			err := old.Update(hook.program)
+			if err == nil {
+				return nil
+			}
+			// ENOLINK: the device went away after the check.
+			if !errors.Is(err, unix.ENOLINK) {
+				return fmt.Errorf("update pinned link %s: %w", pin, err)
+			}
+		}
+	}
+	// The pin is stale: replace it. Errors of loading it are not reported:
+	// whatever it holds is replaced.
+	if err := attachNew(ifindex, hook, pin); err != nil {
+		return err
+	}
+	if old != nil {
+		// The old link may still run on another interface (one that took the
+		// device's name or index); it must not keep enforcing there. Detaching
+		// a link whose device is gone is a no-op.
+		if err := old.Detach(); err != nil {
+			return fmt.Errorf("detach replaced link %s: %w", pin, err)
+		}
+	}
+	return nil
+}
+
+// linkAttachedAt reports whether l is a live TCX link at the given hook of
+// ifindex. A link whose device is gone reports ifindex 0.
+func linkAttachedAt(l link.Link, ifindex int, attach ebpf.AttachType) bool {
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	tcx := info.TCX()
+	return tcx != nil && tcx.Ifindex == uint32(ifindex) && ebpf.AttachType(tcx.AttachType) == attach
+}
+
+// attachNew attaches a new link and pins it at pin, replacing whatever was
+// pinned there in one rename.
+func attachNew(ifindex int, hook tcxHook, pin string) error {
+	l, err := link.AttachTCX(link.TCXOptions{
+		Interface: ifindex,
+		Program:   hook.program,
+		Attach:    hook.attach,
+		Anchor:    link.Head(),
+	})
+	if err != nil {
+		return err
+	}
+	// Once pinned, closing the file descriptor leaves the link attached;
+	// before that, it detaches it.
+	defer l.Close()
+
+	// No pin name ends in "~new"; '.' is not allowed on bpffs.
+	tmp := pin + "~new"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove leftover pin: %w", err)
+	}
+	if err := l.Pin(tmp); err != nil {
+		return fmt.Errorf("pin link: %w", err)
+	}
+	if err := os.Rename(tmp, pin); err != nil {
+		return errors.Join(fmt.Errorf("pin link: %w", err), l.Unpin())
+	}
+	return nil
+}
+
+// arphrdEther is ARPHRD_ETHER, the hardware type of Ethernet devices.
+const arphrdEther = 1
+
+// requireEthernet fails unless device (in the calling thread's network
+// namespace) is an Ethernet device: the program reads Ethernet framing and
+// would misread packets of an L3 device.
+func requireEthernet(device string) error {
+	ifr, err := unix.NewIfreq(device)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("query hardware type: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFHWADDR, ifr); err != nil {
+		return fmt.Errorf("query hardware type: %w", err)
+	}
+	// SIOCGIFHWADDR returns a sockaddr whose family is the hardware type.
+	if hwType := ifr.Uint16(); hwType != arphrdEther {
+		return fmt.Errorf("not an Ethernet device (hardware type %d)", hwType)
+	}
+	return nil
+}
+
+// detachAll detaches every link pinned in linksDir, removes the pins (and
+// anything else pinned there) and then the directory. A missing directory
+// is not an error.
+//
+// Possible errors: a link cannot be detached or a pin removed (the others are
+// still processed), or the directory holds something that is not a pin.
+func detachAll(linksDir string) error {
+	entries, err := os.ReadDir(linksDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("detach enforcement: %w", err)
+	}
+	var errs []error
+	for _, entry := range entries {
+		pin := filepath.Join(linksDir, entry.Name())
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			// Detach first: unpinning alone leaves the link attached while
+			// anything else (a running agent) holds it.
+			if err := l.Detach(); err != nil {
+				errs = append(errs, fmt.Errorf("detach link %s: %w", pin, err))
+			}
+			l.Close()
+		}
+		if err := os.Remove(pin); err != nil {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", pin, err))
+		}
+	}
+	if len(errs) == 0 {
+		if err := os.Remove(linksDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove links directory: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// counters are the enforcement program's verdict counts on IP traffic,
+// summed over CPUs. A direction that is not enforced counts everything as
+// allowed.
+type counters struct {
+	IngressAllowed, IngressDropped, EgressAllowed, EgressDropped uint64
+}
+
+// counterIndex is the index of a verdict in the counters map (abi.go).
+func counterIndex(direction uint8, allowed bool) uint32 {
+	index := uint32(direction) * 2
+	if allowed {
+		index++
+	}
+	return index
+}
+
+// readCounters sums the per-CPU values of the counters map m.
+//
+// Possible errors: m is not a map of the counters layout.
+func readCounters(m *ebpf.Map) (counters, error) {
+	var c counters
+	for _, counter := range []struct {
+		direction uint8
+		allowed   bool
+		sum       *uint64
+	}{
+		{DirectionIngress, true, &c.IngressAllowed},
+		{DirectionIngress, false, &c.IngressDropped},
+		{DirectionEgress, true, &c.EgressAllowed},
+		{DirectionEgress, false, &c.EgressDropped},
+	} {
+		var perCPU []uint64
+		if err := m.Lookup(counterIndex(counter.direction, counter.allowed), &perCPU); err != nil {
+			return counters{}, fmt.Errorf("read counters: %w", err)
+		}
+		for _, v := range perCPU {
+			*counter.sum += v
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,541 @@
+package datapathcell
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+)
+
+const (
+	testIdentityWorld   = 2
+	testIdentityAllowed = 1<<24 | 1
+	testIdentityDenied  = 1<<24 | 2
+
+	testProtoTCP = 6
+	testProtoUDP = 17
+)
+
+// The C declarations of the maps must match mapspecs.go: the loader swaps
+// them for the agent's pinned maps, which are made from those specs.
+func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
+	spec, err := bpf.LoadEnforce()
+	require.NoError(t, err)
+
+	for _, want := range []*ebpf.MapSpec{ipcacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec()} {
+		got, ok := spec.Maps[want.Name]
+		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
+		require.Equal(t, want.Type, got.Type, want.Name)
+		require.Equal(t, want.KeySize, got.KeySize, want.Name)
+		require.Equal(t, want.ValueSize, got.ValueSize, want.Name)
+		require.Equal(t, want.Flags, got.Flags, want.Name)
+	}
+	// Sizes that are not configuration.
+	require.Equal(t, enforcementMapSpec().MaxEntries, spec.Maps[EnforcementMapName].MaxEntries)
+	require.Equal(t, countersMapSpec().MaxEntries, spec.Maps[CountersMapName].MaxEntries)
+	// The C defaults are DESIGN.md's flag defaults.
+	require.EqualValues(t, 512000, spec.Maps[IPCacheMapName].MaxEntries)
+	require.EqualValues(t, 16384, spec.Maps[PolicyMapName].MaxEntries)
+
+	require.Equal(t, ebpf.AttachTCXIngress, spec.Programs[bpf.EnforceProgEnforceFromEndpoint].AttachType)
+	require.Equal(t, ebpf.AttachTCXEgress, spec.Programs[bpf.EnforceProgEnforceToEndpoint].AttachType)
+}
+
+func TestCounterIndex(t *testing.T) {
+	// abi.go: 0 ingress dropped, 1 ingress allowed, 2 egress dropped, 3 egress allowed.
+	require.Equal(t, uint32(0), counterIndex(DirectionIngress, false))
+	require.Equal(t, uint32(1), counterIndex(DirectionIngress, true))
+	require.Equal(t, uint32(2), counterIndex(DirectionEgress, false))
+	require.Equal(t, uint32(3), counterIndex(DirectionEgress, true))
+}
+
+// newTestEnforcerMaps creates unpinned maps from the agent's specs, with
+// max entries other than the C defaults, as configuration may set them.
+func newTestEnforcerMaps(t *testing.T) enforcerMaps {
+	t.Helper()
+	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
+		m, err := ebpf.NewMap(spec)
+		require.NoError(t, err, spec.Name)
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	return enforcerMaps{
+		IPCache:     newMap(ipcacheMapSpec(1024)),
+		Policy:      newMap(policyMapSpec(512)),
+		Enforcement: newMap(enforcementMapSpec()),
+		Counters:    newMap(countersMapSpec()),
+	}
+}
+
+// newTestLinksDir returns a links directory on a private bpffs mount, which
+// is unmounted (releasing every pin in it) when the test ends.
+func newTestLinksDir(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	require.NoError(t, unix.Mount("bpf", root, "bpf", 0, "mode=0700"))
+	t.Cleanup(func() {
+		if err := unix.Unmount(root, 0); err != nil {
+			t.Errorf("unmount %s: %v", root, err)
+		}
+	})
+	return filepath.Join(root, "ipcache-agent", "links")
+}
+
+func loadTestEnforcer(t *testing.T, maps enforcerMaps) *enforcer {
+	t.Helper()
+	e, err := loadEnforcer(maps)
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func (nw *endpointNetwork) attach(t *testing.T, e *enforcer, linksDir string) {
+	t.Helper()
+	require.NoError(t, inNetns(t, nw.host, func() error { return e.attach(nw.hostDevice, linksDir) }))
+}
+
+func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32) {
+	t.Helper()
+	require.NoError(t, maps.IPCache.Put(NewIPCacheKey(netip.MustParsePrefix(prefix)), NewIPCacheValue(identity)))
+}
+
+func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction, protocol uint8, dport uint16) {
+	t.Helper()
+	require.NoError(t, maps.Policy.Put(NewPolicyKey(identity, direction, protocol, dport), NewPolicyValue(VerdictAllow)))
+}
+
+func clearPolicyMap(t *testing.T, maps enforcerMaps) {
+	t.Helper()
+	var keys []PolicyKey
+	var k PolicyKey
+	var v PolicyValue
+	it := maps.Policy.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	require.NoError(t, it.Err())
+	for _, k := range keys {
+		require.NoError(t, maps.Policy.Delete(k))
+	}
+}
+
+func putEnforced(t *testing.T, maps enforcerMaps, direction uint32, enforced bool) {
+	t.Helper()
+	var v uint32
+	if enforced {
+		v = 1
+	}
+	require.NoError(t, maps.Enforcement.Put(direction, v))
+}
+
+func readTestCounters(t *testing.T, maps enforcerMaps) counters {
+	t.Helper()
+	c, err := readCounters(maps.Counters)
+	require.NoError(t, err)
+	return c
+}
+
+// reachable pings each address once and returns which answered. The
+// endpoint's neighbour cache is flushed first, so that IPv6 neighbour
+// discovery must pass the program again.
+func (nw *endpointNetwork) reachable(t *testing.T, addrs ...string) map[string]bool {
+	t.Helper()
+	ipCmd(t, "-n", nw.ep, "neigh", "flush", "dev", testEPDevice)
+	got := map[string]bool{}
+	for _, a := range addrs {
+		got[a] = nw.pingOnce(t, a)
+	}
+	return got
+}
+
+// The endpoint pings addresses of its peer through the host-side device the
+// program is attached to; which answer depends only on the maps.
+func TestPrivilegedEnforcementByIdentity(t *testing.T) {
+	privileged.Test(t)
+	const (
+		allowed4, denied4, world4 = "10.200.0.2", "10.200.0.3", "10.200.0.4"
+		allowed6, denied6         = "fd00:200::2", "fd00:200::3"
+	)
+	all := []string{allowed4, denied4, world4, allowed6, denied6}
+	nw := newEndpointNetwork(t, all...)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
+	putIdentity(t, maps, denied4+"/32", testIdentityDenied)
+	// Longest prefix: ::2 has its own entry inside the /64 of the denied.
+	putIdentity(t, maps, "fd00:200::/64", testIdentityDenied)
+	putIdentity(t, maps, allowed6+"/128", testIdentityAllowed)
+	// world4 is in no entry: identity world.
+
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+
+	t.Run("no direction enforced: everything passes, counted as allowed", func(t *testing.T) {
+		before := readTestCounters(t, maps)
+		got := nw.reachable(t, all...)
+		for _, a := range all {
+			require.True(t, got[a], "%s not reachable without enforcement", a)
+		}
+		after := readTestCounters(t, maps)
+		require.GreaterOrEqual(t, after.EgressAllowed-before.EgressAllowed, uint64(len(all)))
+		require.GreaterOrEqual(t, after.IngressAllowed-before.IngressAllowed, uint64(len(all)))
+		require.Zero(t, after.EgressDropped)
+		require.Zero(t, after.IngressDropped)
+	})
+
+	t.Run("egress enforced: destination identity decides", func(t *testing.T) {
+		putEnforced(t, maps, DirectionEgress, true)
+		putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, DirectionEgress, false); clearPolicyMap(t, maps) })
+
+		before := readTestCounters(t, maps)
+		require.Equal(t, map[string]bool{
+			allowed4: true, denied4: false, world4: false, allowed6: true, denied6: false,
+		}, nw.reachable(t, all...))
+		after := readTestCounters(t, maps)
+		require.GreaterOrEqual(t, after.EgressDropped-before.EgressDropped, uint64(3))
+		require.GreaterOrEqual(t, after.EgressAllowed-before.EgressAllowed, uint64(2))
+		require.Zero(t, after.IngressDropped-before.IngressDropped)
+
+		// An address in no ipcache entry is world.
+		putAllow(t, maps, testIdentityWorld, DirectionEgress, 0, 0)
+		require.True(t, nw.pingOnce(t, world4))
+		require.False(t, nw.pingOnce(t, denied4))
+	})
+
+	t.Run("ingress enforced: source identity decides", func(t *testing.T) {
+		putEnforced(t, maps, DirectionIngress, true)
+		putAllow(t, maps, testIdentityAllowed, DirectionIngress, 0, 0)
+		// An egress rule must not allow ingress.
+		putAllow(t, maps, testIdentityDenied, DirectionEgress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, DirectionIngress, false); clearPolicyMap(t, maps) })
+
+		before := readTestCounters(t, maps)
+		require.Equal(t, map[string]bool{
+			allowed4: true, denied4: false, world4: false, allowed6: true, denied6: false,
+		}, nw.reachable(t, all...))
+		after := readTestCounters(t, maps)
+		// The requests went out (egress not enforced); the replies were dropped.
+		require.GreaterOrEqual(t, after.IngressDropped-before.IngressDropped, uint64(3))
+		require.Zero(t, after.EgressDropped-before.EgressDropped)
+	})
+
+	t.Run("ports and protocols", func(t *testing.T) {
+		const openPort, closedPort, udpPort = 8080, 8081, 5353
+		addrPort := func(port int) string {
+			return netip.AddrPortFrom(netip.MustParseAddr(allowed4), uint16(port)).String()
+		}
+		var tcpOpen, tcpClosed net.Listener
+		var udp net.PacketConn
+		require.NoError(t, inNetns(t, nw.host, func() (err error) {
+			if tcpOpen, err = net.Listen("tcp", addrPort(openPort)); err != nil {
+				return err
+			}
+			if tcpClosed, err = net.Listen("tcp", addrPort(closedPort)); err != nil {
+				return err
+			}
+			udp, err = net.ListenPacket("udp", addrPort(udpPort))
+			return err
+		}))
+		t.Cleanup(func() { tcpOpen.Close(); tcpClosed.Close(); udp.Close() })
+		for _, l := range []net.Listener{tcpOpen, tcpClosed} {
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+		}
+		dial := func(port int) error {
+			return inNetns(t, nw.ep, func() error {
+				c, err := net.DialTimeout("tcp", addrPort(port), time.Second)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
+		}
+		udpArrives := func() bool {
+			require.NoError(t, inNetns(t, nw.ep, func() error {
+				c, err := net.Dial("udp", addrPort(udpPort))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("probe"))
+				return err
+			}))
+			require.NoError(t, udp.SetReadDeadline(time.Now().Add(time.Second)))
+			buf := make([]byte, 16)
+			n, _, err := udp.ReadFrom(buf)
+			return err == nil && string(buf[:n]) == "probe"
+		}
+
+		putEnforced(t, maps, DirectionEgress, true)
+		putAllow(t, maps, testIdentityAllowed, DirectionEgress, testProtoTCP, openPort)
+		t.Cleanup(func() { putEnforced(t, maps, DirectionEgress, false); clearPolicyMap(t, maps) })
+
+		require.NoError(t, dial(openPort), "TCP to the allowed port")
+		require.Error(t, dial(closedPort), "TCP to another port")
+		require.False(t, udpArrives(), "UDP with only a TCP rule")
+		require.False(t, nw.pingOnce(t, allowed4), "ICMP with only a TCP rule")
+
+		// A protocol rule without port allows every port of that protocol.
+		putAllow(t, maps, testIdentityAllowed, DirectionEgress, testProtoUDP, 0)
+		require.True(t, udpArrives(), "UDP with a UDP rule for any port")
+		require.Error(t, dial(closedPort), "a UDP rule must not allow TCP")
+
+		// A rule without protocol allows everything.
+		putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+		require.NoError(t, dial(closedPort))
+		require.True(t, nw.pingOnce(t, allowed4))
+	})
+}
+
+// pinnedLinkInfo returns the link pinned at pin: its ID, its program's ID
+// and its ifindex.
+func pinnedLinkInfo(t *testing.T, pin string) (link.ID, ebpf.ProgramID, uint32) {
+	t.Helper()
+	l, err := link.LoadPinnedLink(pin, nil)
+	require.NoError(t, err)
+	defer l.Close()
+	info, err := l.Info()
+	require.NoError(t, err)
+	require.NotNil(t, info.TCX(), "%s is not a TCX link", pin)
+	return info.ID, info.Program, info.TCX().Ifindex
+}
+
+func programID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	require.NoError(t, err)
+	id, ok := info.ID()
+	require.True(t, ok)
+	return id
+}
+
+// An agent restart attaches a newly loaded program over the pinned links:
+// the links stay, their program is swapped, and no packet sees a moment
+// without enforcement. The links keep enforcing after the agent lets go.
+func TestPrivilegedAttachUpdatesPinnedLinksInPlace(t *testing.T) {
+	privileged.Test(t)
+	const allowed4, denied4 = "10.200.0.2", "10.200.0.3"
+	nw := newEndpointNetwork(t, allowed4, denied4)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
+	putIdentity(t, maps, denied4+"/32", testIdentityDenied)
+	putEnforced(t, maps, DirectionEgress, true)
+	putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+	linksDir := newTestLinksDir(t)
+	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
+	egressPin := filepath.Join(linksDir, testHostDevice+"-egress")
+
+	first, err := loadEnforcer(maps)
+	require.NoError(t, err)
+	nw.attach(t, first, linksDir)
+	st, err := os.Stat(linksDir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+	ingressLink, ingressProg, _ := pinnedLinkInfo(t, ingressPin)
+	egressLink, egressProg, _ := pinnedLinkInfo(t, egressPin)
+	require.Equal(t, programID(t, first.fromEndpoint), ingressProg)
+	require.Equal(t, programID(t, first.toEndpoint), egressProg)
+	require.False(t, nw.pingOnce(t, denied4))
+
+	// Continuous pings across the restart: 150 requests each, 20ms apart.
+	const count = 150
+	var wg sync.WaitGroup
+	var allowedAnswers, deniedAnswers int
+	wg.Go(func() { allowedAnswers = nw.ping(t, allowed4, count, "0.02") })
+	wg.Go(func() { deniedAnswers = nw.ping(t, denied4, count, "0.02") })
+
+	time.Sleep(time.Second)
+	// The "restart": the old agent's references go, a new one attaches.
+	require.NoError(t, first.Close())
+	second := loadTestEnforcer(t, maps)
+	nw.attach(t, second, linksDir)
+	wg.Wait()
+
+	require.Equal(t, count, allowedAnswers, "allowed traffic lost across the update")
+	require.Zero(t, deniedAnswers, "denied traffic passed across the update")
+
+	gotIngressLink, gotIngressProg, _ := pinnedLinkInfo(t, ingressPin)
+	gotEgressLink, gotEgressProg, _ := pinnedLinkInfo(t, egressPin)
+	require.Equal(t, ingressLink, gotIngressLink, "ingress link replaced instead of updated")
+	require.Equal(t, egressLink, gotEgressLink, "egress link replaced instead of updated")
+	require.Equal(t, programID(t, second.fromEndpoint), gotIngressProg)
+	require.Equal(t, programID(t, second.toEndpoint), gotEgressProg)
+
+	// The agent exits: the pinned links keep the program and keep enforcing.
+	require.NoError(t, second.Close())
+	require.False(t, nw.pingOnce(t, denied4))
+	require.True(t, nw.pingOnce(t, allowed4))
+}
+
+// A pinned link whose device went away is replaced when the device is back.
+func TestPrivilegedAttachReplacesStaleLink(t *testing.T) {
+	privileged.Test(t)
+	const denied4 = "10.200.0.3"
+	nw := newEndpointNetwork(t, denied4)
+	maps := newTestEnforcerMaps(t)
+	putEnforced(t, maps, DirectionEgress, true) // no rules: everything dropped
+	linksDir := newTestLinksDir(t)
+	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
+	e := loadTestEnforcer(t, maps)
+
+	nw.attach(t, e, linksDir)
+	oldLink, _, oldIfindex := pinnedLinkInfo(t, ingressPin)
+	require.False(t, nw.pingOnce(t, denied4))
+
+	nw.deleteVeth(t)
+	_, _, ifindex := pinnedLinkInfo(t, ingressPin)
+	require.Zero(t, ifindex, "link of a deleted device should be defunct")
+	nw.createVeth(t)
+	require.True(t, nw.pingOnce(t, denied4), "new device has no program yet")
+
+	nw.attach(t, e, linksDir)
+	newLink, _, newIfindex := pinnedLinkInfo(t, ingressPin)
+	require.NotEqual(t, oldLink, newLink)
+	require.NotEqual(t, oldIfindex, newIfindex)
+	require.False(t, nw.pingOnce(t, denied4))
+	entries, err := os.ReadDir(linksDir)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "only the two pins remain")
+
+	// The device is renamed and another takes its name: the pinned links are
+	// alive but on the wrong device. They are replaced, and detached from the
+	// renamed device.
+	ipCmd(t, "-n", nw.host, "link", "set", nw.hostDevice, "down")
+	ipCmd(t, "-n", nw.host, "link", "set", nw.hostDevice, "name", "renamed0")
+	ipCmd(t, "-n", nw.host, "link", "add", nw.hostDevice, "type", "veth", "peer", "name", "other0")
+	nw.attach(t, e, linksDir)
+	_, _, ifindex = pinnedLinkInfo(t, ingressPin)
+	require.Equal(t, uint32(nw.ifindex(t, nw.hostDevice)), ifindex)
+	require.Zero(t, nw.attachedPrograms(t, "renamed0"), "links left on the renamed device")
+	require.Equal(t, 2, nw.attachedPrograms(t, nw.hostDevice))
+}
+
+func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
+	privileged.Test(t)
+	const denied4 = "10.200.0.3"
+	nw := newEndpointNetwork(t, denied4)
+	maps := newTestEnforcerMaps(t)
+	putEnforced(t, maps, DirectionEgress, true)
+	linksDir := newTestLinksDir(t)
+	e := loadTestEnforcer(t, maps)
+	nw.attach(t, e, linksDir)
+	require.False(t, nw.pingOnce(t, denied4))
+	require.Equal(t, 2, nw.attachedPrograms(t, nw.hostDevice))
+
+	require.NoError(t, detachAll(linksDir))
+	_, err := os.Stat(linksDir)
+	require.True(t, errors.Is(err, os.ErrNotExist), "links directory still there: %v", err)
+	require.Zero(t, nw.attachedPrograms(t, nw.hostDevice))
+	// The program still exists (the agent holds it) but nothing runs it.
+	require.True(t, nw.pingOnce(t, denied4))
+
+	require.NoError(t, detachAll(linksDir), "nothing to detach is not an error")
+}
+
+func TestPrivilegedAttachRefusesNonEthernet(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t)
+	e := loadTestEnforcer(t, newTestEnforcerMaps(t))
+	linksDir := newTestLinksDir(t)
+	err := inNetns(t, nw.host, func() error { return e.attach("lo", linksDir) })
+	require.ErrorContains(t, err, "not an Ethernet device")
+	err = inNetns(t, nw.host, func() error { return e.attach("missing0", linksDir) })
+	require.Error(t, err)
+	_, err = os.Stat(linksDir)
+	require.True(t, errors.Is(err, os.ErrNotExist), "nothing pinned for a refused device")
+}
+
+func TestLinkPinName(t *testing.T) {
+	require.Equal(t, "host0-ingress", linkPinName("host0", "ingress"))
+	require.Equal(t, "eth0%100-egress", linkPinName("eth0.100", "egress"))
+}
+
+// bpffs refuses '.' in names; a VLAN-style device name must still work.
+func TestPrivilegedAttachDeviceNameWithDot(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t)
+	ipCmd(t, "-n", nw.host, "link", "add", "vl.10", "type", "veth", "peer", "name", "vl.11")
+	ipCmd(t, "-n", nw.host, "link", "set", "vl.10", "up")
+	e := loadTestEnforcer(t, newTestEnforcerMaps(t))
+	linksDir := newTestLinksDir(t)
+	require.NoError(t, inNetns(t, nw.host, func() error { return e.attach("vl.10", linksDir) }))
+	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-ingress"))
+	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-egress"))
+	require.NoError(t, detachAll(linksDir))
+}
+
+// fixedVerdictProgram is a TCX program that returns verdict for every packet.
+func fixedVerdictProgram(t *testing.T, verdict int32) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		AttachType:   ebpf.AttachTCXIngress,
+		License:      "Dual MIT/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, verdict), asm.Return()},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// The program runs before programs attached earlier (so none of them can
+// accept a packet policy drops), and its allow leaves the decision to the
+// programs after it.
+func TestPrivilegedProgramPlaceInTheTCXChain(t *testing.T) {
+	privileged.Test(t)
+	const allowed4, denied4 = "10.200.0.2", "10.200.0.3"
+	const tcxPass, tcxDrop = 0, 2
+	nw := newEndpointNetwork(t, allowed4, denied4)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
+	putEnforced(t, maps, DirectionEgress, true)
+	putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+
+	attachFixed := func(verdict int32) link.Link {
+		var l link.Link
+		require.NoError(t, inNetns(t, nw.host, func() error {
+			iface, err := net.InterfaceByName(nw.hostDevice)
+			if err != nil {
+				return err
+			}
+			l, err = link.AttachTCX(link.TCXOptions{
+				Interface: iface.Index,
+				Program:   fixedVerdictProgram(t, verdict),
+				Attach:    ebpf.AttachTCXIngress,
+				Anchor:    link.Tail(),
+			})
+			return err
+		}))
+		return l
+	}
+
+	pass := attachFixed(tcxPass)
+	require.True(t, nw.pingOnce(t, denied4), "accepted by the earlier program")
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	require.False(t, nw.pingOnce(t, denied4), "the earlier program accepted a packet policy drops")
+	require.True(t, nw.pingOnce(t, allowed4))
+	require.NoError(t, pass.Close())
+
+	drop := attachFixed(tcxDrop)
+	defer drop.Close()
+	require.False(t, nw.pingOnce(t, allowed4), "policy's allow overrode a later program's drop")
+}
