@@ -97,16 +97,9 @@ func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	return maps.Clone(d.snapshot)
 }
 
-// ipcacheMap and policyMap are for the reconcilers, which run only between
-// start and stop.
+// ipcacheMap is for the reconciler, which runs only between start and stop.
 func (d *Datapath) ipcacheMap() *ebpf.Map {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.maps.IPCache
-}
-
-func (d *Datapath) policyMap() *ebpf.Map {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.maps.Policy
 }
