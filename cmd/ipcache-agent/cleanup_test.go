@@ -42,7 +42,8 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	stateDir := t.TempDir()
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
 
-	cmd := agentCommand("--bpf-root="+bpfRoot, "--state-dir="+stateDir, "--devices="+device)
+	cmd := agentCommand("--bpf-root="+bpfRoot, "--state-dir="+stateDir, "--devices="+device,
+		"--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())

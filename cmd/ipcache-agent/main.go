@@ -3,6 +3,7 @@
 //	ipcache-agent [flags]        run the agent
 //	ipcache-agent hive           print cells and objects
 //	ipcache-agent hive dot-graph print the object graph in graphviz dot format
+//	ipcache-agent shell [cmd]    talk to a running agent
 //	ipcache-agent cleanup        detach programs, unpin maps and links, remove state
 //
 // Exit codes: 0 clean stop (SIGTERM, SIGINT), 1 runtime failure, 2 bad flags
@@ -19,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/cilium/hive"
+	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 	"go.uber.org/dig"
 
@@ -37,7 +39,7 @@ func main() {
 
 // run executes the command line and returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	root := newRootCommand(cells.NewHive(cells.ControlPlane), stdout, stderr)
+	root := newRootCommand(cells.NewHive(cells.ControlPlane, cells.Shell), stdout, stderr)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {
@@ -97,13 +99,20 @@ Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 
 	inspect := h.Command()
 	inspect.Args = usageArgs(cobra.NoArgs)
-	root.AddCommand(inspect, newCleanupCommand(stdout))
+	shellCmd := shell.ShellCmd(cells.DefaultShellSockPath, "ipcache-agent> ", func(w io.Writer) {
+		fmt.Fprintln(w, "ipcache-agent shell: 'help' lists the commands; db/show <table> shows a table.")
+	})
+	shellCmd.Short = "Talk to a running agent: statedb tables (db/...) and the agent's commands"
+	root.AddCommand(inspect, newCleanupCommand(stdout), shellCmd)
 	return root
 }
 
 // runAgent runs the hive until a signal or a fatal error. A hive that cannot
 // be built from its configuration is a usage error.
 func runAgent(h *hive.Hive, log *slog.Logger) error {
+	// What the agent creates (state files, the shell socket, pins) is for
+	// root only.
+	syscall.Umask(0o077)
 	if err := h.Populate(log); err != nil {
 		return usageError{fmt.Errorf("invalid configuration: %w", dig.RootCause(err))}
 	}

@@ -102,7 +102,8 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 		stateDir := filepath.Join(t.TempDir(), "state")
 		bpfRoot := filepath.Join(t.TempDir(), "bpf")
 		t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
-		cmd := agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--log-format=json")
+		cmd := agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--log-format=json",
+			"--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
 		var stderr syncBuffer
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
@@ -122,7 +123,7 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 func TestRuntimeFailureExitsOne(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "not-a-dir")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
-	_, stderr, code := runAgentCommand(t, "--state-dir="+filepath.Join(file, "state"))
+	_, stderr, code := runAgentCommand(t, "--state-dir="+filepath.Join(file, "state"), "--shell-sock-path=")
 	require.Equal(t, exitFailure, code, stderr)
 	require.Contains(t, stderr, "create state directory")
 }
