@@ -11,6 +11,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
@@ -32,6 +33,7 @@ var ControlPlane = cell.Group(
 	ipcachecell.Cell,
 	datapathcell.Cell,
 	restorecell.Cell,
+	policycell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

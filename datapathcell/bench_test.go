@@ -22,6 +22,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -79,7 +80,7 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 			db      *statedb.DB
 			entries ipcachecell.ReconcilerTable
 		)
-		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, datapathcell.Cell,
+		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell,
 			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable) { db, entries = d, t }))
 		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) {

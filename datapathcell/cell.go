@@ -28,7 +28,7 @@ var Cell = cell.Module(
 		},
 	),
 	cell.Provide(newDatapathCell),
-	cell.Invoke(registerIPCacheReconciler),
+	cell.Invoke(registerIPCacheReconciler, registerPolicyReconcilers),
 )
 
 // Config is the datapath's configuration.
@@ -100,6 +100,7 @@ func registerIPCacheReconciler(params reconciler.Params, d *Datapath, entries ip
 	ops := &mapOps[*ipcachecell.Entry, IPCacheKey, IPCacheValue]{
 		name:  IPCacheMapName,
 		m:     d.ipcacheMap,
+		stats: d.writeStats(IPCacheMapName),
 		key:   func(e *ipcachecell.Entry) IPCacheKey { return NewIPCacheKey(e.Prefix) },
 		value: func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
 	}

@@ -20,6 +20,9 @@ type Datapath struct {
 	cfg Config
 	log *slog.Logger
 
+	// stats of each map's reconciler, by map name; fixed at construction.
+	stats map[string]*MapWriteStats
+
 	mu       sync.Mutex
 	maps     *pinnedMaps
 	snapshot ipcacheSnapshot
@@ -27,7 +30,9 @@ type Datapath struct {
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	return &Datapath{cfg: cfg, log: log}
+	return &Datapath{cfg: cfg, log: log, stats: map[string]*MapWriteStats{
+		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
+	}}
 }
 
 // Start implements cell.HookInterface.
@@ -96,6 +101,18 @@ func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	defer d.mu.Unlock()
 	return maps.Clone(d.snapshot)
 }
+
+// WriteStats returns how many keys the reconciler of the named map has
+// written, and how many writes it skipped because the pinned map already
+// held the value (after a restart).
+func (d *Datapath) WriteStats(mapName string) (written, unchanged uint64) {
+	if s, ok := d.stats[mapName]; ok {
+		return s.Written.Load(), s.Unchanged.Load()
+	}
+	return 0, 0
+}
+
+func (d *Datapath) writeStats(mapName string) *MapWriteStats { return d.stats[mapName] }
 
 // ipcacheMap is for the reconciler, which runs only between start and stop.
 func (d *Datapath) ipcacheMap() *ebpf.Map {

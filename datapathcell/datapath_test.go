@@ -21,6 +21,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -54,7 +55,7 @@ func (e *env) start(t *testing.T, producer string, flags ...string) (*agent, fun
 	t.Helper()
 	a := &agent{}
 	var done func()
-	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, datapathcell.Cell,
+	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell,
 		cell.Invoke(func(c *ipcachecell.IPCache, d *datapathcell.Datapath) {
 			a.ipcache, a.datapath = c, d
 			if producer != "" {
@@ -223,4 +224,43 @@ func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
 	require.Equal(t, uint32(2000), m.MaxEntries())
 	_, err = ebpf.LoadPinnedMap(e.pinPath("ipcache_new"), nil)
 	require.Error(t, err, "no temporary pin left")
+}
+
+// TestPrivilegedRestartWritesOnlyChanges: after a restart, entries the
+// pinned map already holds with the same value are not written again.
+func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "")
+	h, err := first.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	var ps []netip.Prefix
+	want := map[netip.Prefix]uint32{}
+	for i := range 300 {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 32)
+		ps = append(ps, p)
+		want[p] = 8000
+	}
+	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: 8000})
+	e.waitIPCache(t, want)
+	written, unchanged := first.datapath.WriteStats(datapathcell.IPCacheMapName)
+	require.Equal(t, uint64(300), written)
+	require.Zero(t, unchanged)
+	first.stop()
+
+	// The owner is a registered producer, as every real one is: nothing is
+	// pruned before it has re-asserted what it wants.
+	second, done := e.start(t, "test")
+	h, err = second.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsert(t, h, ps[1:], ipcachecell.Metadata{ExplicitIdentity: 8000})                  // 299 unchanged
+	upsert(t, h, ps[:1], ipcachecell.Metadata{ExplicitIdentity: 8001})                  // 1 changed
+	upsert(t, h, prefixes("10.2.0.0/16"), ipcachecell.Metadata{ExplicitIdentity: 8002}) // 1 new
+	want[ps[0]] = 8001
+	want[netip.MustParsePrefix("10.2.0.0/16")] = 8002
+	done()
+	e.waitIPCache(t, want)
+	require.Eventually(t, func() bool {
+		written, unchanged := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+		return written == 2 && unchanged == 299
+	}, 5*time.Second, 10*time.Millisecond)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
@@ -15,15 +16,80 @@ import (
 // key/value. It implements the reconciler's per-object and batch
 // operations; batches fall back to per-key writes when the kernel has no
 // batch operations for the map type.
-type mapOps[Obj any, K comparable, V any] struct {
+//
+// After a restart the pinned map already holds most of what the table will
+// ask for. The first time a key is reconciled, a write whose value the map
+// already has is skipped: the map's content is read once, before the first
+// write, and nothing but this reconciler writes the map. A restart then
+// costs no map writes for entries that did not change.
+//
+// Its methods are called from the reconciler's goroutine only.
+type mapOps[Obj any, K comparable, V comparable] struct {
 	name  string
 	m     func() *ebpf.Map // set once the maps are open (start hook)
 	key   func(Obj) K
 	value func(Obj) V
 
 	// noBatch is set once the kernel said the map has no batch operations.
-	// Only the reconciler's goroutine uses it.
 	noBatch bool
+
+	// pinned holds the map's content from before the first write, for the
+	// keys not written since; nil until read.
+	pinned map[K]V
+
+	stats *MapWriteStats
+}
+
+// MapWriteStats counts a reconciler's writes to its map.
+type MapWriteStats struct {
+	// Written counts keys written (updated or deleted).
+	Written atomic.Uint64
+	// Unchanged counts writes skipped because the map already held the
+	// value (after a restart).
+	Unchanged atomic.Uint64
+}
+
+// skipUnchanged drops from batch the objects whose value the pinned map
+// already holds and which were not written since, and forgets the keys of
+// the others (they are about to be written).
+func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
+	if o.pinned == nil {
+		o.pinned = map[K]V{}
+		var (
+			k K
+			v V
+		)
+		iter := o.m().Iterate()
+		for iter.Next(&k, &v) {
+			o.pinned[k] = v
+		}
+		if iter.Err() != nil {
+			o.pinned = map[K]V{} // unknown: write everything
+		}
+	}
+	if len(o.pinned) == 0 {
+		return keys, values
+	}
+	n := 0
+	for i := range keys {
+		old, known := o.pinned[keys[i]]
+		if known {
+			delete(o.pinned, keys[i])
+			if old == values[i] {
+				o.stats.Unchanged.Add(1)
+				continue
+			}
+		}
+		keys[n], values[n] = keys[i], values[i]
+		n++
+	}
+	return keys[:n], values[:n]
+}
+
+// forget marks keys as written (deleted or pruned).
+func (o *mapOps[Obj, K, V]) forget(k K) {
+	delete(o.pinned, k)
+	o.stats.Written.Add(1)
 }
 
 var (
@@ -33,10 +99,18 @@ var (
 
 // Update implements reconciler.Operations.
 func (o *mapOps[Obj, K, V]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
-	k, v := o.key(obj), o.value(obj)
+	keys, values := o.skipUnchanged([]K{o.key(obj)}, []V{o.value(obj)})
+	if len(keys) == 0 {
+		return nil
+	}
+	return o.put(keys[0], values[0])
+}
+
+func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 	if err := o.m().Put(&k, &v); err != nil {
 		return fmt.Errorf("%s map: update: %w", o.name, err)
 	}
+	o.stats.Written.Add(1)
 	return nil
 }
 
@@ -47,6 +121,7 @@ func (o *mapOps[Obj, K, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ state
 	if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("%s map: delete: %w", o.name, err)
 	}
+	o.forget(k)
 	return nil
 }
 
@@ -78,7 +153,9 @@ func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects 
 	for _, k := range stale {
 		if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
+			continue
 		}
+		o.forget(k)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%s map: prune %d stale keys: %w", o.name, len(stale), err)
@@ -90,25 +167,40 @@ func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects 
 // the entries the kernel did not take are retried one by one, so that each
 // object's status says exactly whether it is in the map.
 func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
-	done := 0
-	if !o.noBatch {
-		keys := make([]K, len(batch))
-		values := make([]V, len(batch))
+	if o.noBatch {
 		for i := range batch {
-			keys[i], values[i] = o.key(batch[i].Object), o.value(batch[i].Object)
+			batch[i].Result = o.Update(ctx, txn, batch[i].Revision, batch[i].Object)
 		}
-		n, err := o.m().BatchUpdate(keys, values, nil)
-		switch {
-		case err == nil:
-			return
-		case errors.Is(err, ebpf.ErrNotSupported):
-			o.noBatch = true
-		default:
-			done = n
+		return
+	}
+	keys := make([]K, len(batch))
+	values := make([]V, len(batch))
+	for i := range batch {
+		keys[i], values[i] = o.key(batch[i].Object), o.value(batch[i].Object)
+	}
+	keys, values = o.skipUnchanged(keys, values)
+	if len(keys) == 0 {
+		return
+	}
+	n, err := o.m().BatchUpdate(keys, values, nil)
+	o.stats.Written.Add(uint64(max(n, 0)))
+	if err == nil {
+		return
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		o.noBatch = true
+		n = 0
+	}
+	// Retry what the kernel did not take one by one, and give each object
+	// the result of its own key.
+	failed := map[K]error{}
+	for i := max(n, 0); i < len(keys); i++ {
+		if err := o.put(keys[i], values[i]); err != nil {
+			failed[keys[i]] = err
 		}
 	}
-	for i := done; i < len(batch); i++ {
-		batch[i].Result = o.Update(ctx, txn, batch[i].Revision, batch[i].Object)
+	for i := range batch {
+		batch[i].Result = failed[o.key(batch[i].Object)]
 	}
 }
 
@@ -121,6 +213,9 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 			keys[i] = o.key(batch[i].Object)
 		}
 		n, err := o.m().BatchDelete(keys, nil)
+		for _, k := range keys[:max(n, 0)] {
+			o.forget(k)
+		}
 		switch {
 		case err == nil:
 			return

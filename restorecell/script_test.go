@@ -16,6 +16,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/agenttest"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
@@ -29,7 +30,7 @@ func TestPrivilegedScript(t *testing.T) {
 	scripttest.Test(t, ctx, func(t testing.TB, args []string) *script.Engine {
 		return agenttest.NewEngine(t, args, func(extra ...cell.Cell) *hive.Hive {
 			return cells.NewHive(append([]cell.Cell{
-				identitycell.Cell, ipcachecell.Cell, datapathcell.Cell, restorecell.Cell,
+				identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell, restorecell.Cell,
 			}, extra...)...)
 		})
 	}, nil, "testdata/*.txtar")

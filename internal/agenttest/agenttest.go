@@ -34,11 +34,12 @@ import (
 
 // Agent is the hive that currently runs, and what outlives it.
 type Agent struct {
-	t        testing.TB
-	newHive  func(extra ...cell.Cell) *hive.Hive
-	args     []string
-	BPFRoot  string
-	StateDir string
+	t         testing.TB
+	newHive   func(extra ...cell.Cell) *hive.Hive
+	args      []string
+	BPFRoot   string
+	StateDir  string
+	PolicyDir string // --policy-dir, if the hive has the flag
 
 	hive    *hive.Hive
 	cmds    map[string]script.Cmd
@@ -51,14 +52,16 @@ type Agent struct {
 // the #! line's flags (args), on a private bpffs mount and state directory.
 // Commands: the hive's, the default script commands, agent/start,
 // agent/stop, agent/restart, the ipcache owner commands of ipcachetest, and
-// test/bpf-ipcache, test/bpf-ipcache-put.
+// test/bpf-ipcache, test/bpf-ipcache-put, test/bpf-policy, test/policy-write
+// and test/policy-remove.
 func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hive.Hive) *script.Engine {
 	a := &Agent{
-		t:        t,
-		newHive:  newHive,
-		args:     args,
-		BPFRoot:  filepath.Join(t.TempDir(), "bpf"),
-		StateDir: t.TempDir(),
+		t:         t,
+		newHive:   newHive,
+		args:      args,
+		BPFRoot:   filepath.Join(t.TempDir(), "bpf"),
+		StateDir:  t.TempDir(),
+		PolicyDir: t.TempDir(),
 	}
 	t.Cleanup(func() {
 		a.stop()
@@ -84,6 +87,9 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 	})
 	cmds["test/bpf-ipcache"] = a.bpfIPCacheCmd()
 	cmds["test/bpf-ipcache-put"] = a.bpfIPCachePutCmd()
+	cmds["test/policy-write"] = a.policyWriteCmd()
+	cmds["test/policy-remove"] = a.policyRemoveCmd()
+	cmds["test/bpf-policy"] = a.bpfPolicyCmd()
 	return &script.Engine{Cmds: cmds}
 }
 
@@ -92,6 +98,9 @@ func (a *Agent) build() {
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	a.hive.RegisterFlags(flags)
 	defaults := []string{"--bpf-root=" + a.BPFRoot, "--state-dir=" + a.StateDir}
+	if flags.Lookup("policy-dir") != nil {
+		defaults = append(defaults, "--policy-dir="+a.PolicyDir)
+	}
 	require.NoError(a.t, flags.Parse(append(defaults, a.args...)))
 	var err error
 	a.cmds, err = a.hive.ScriptCommands(hivetest.Logger(a.t))
@@ -172,9 +181,15 @@ func (a *Agent) dumpIPCache() (string, error) {
 }
 
 func (a *Agent) bpfIPCacheCmd() script.Cmd {
+	return a.waitForDump("ipcache map", "prefix identity", a.dumpIPCache)
+}
+
+// waitForDump returns a command that waits until dump returns exactly the
+// lines of a file (in any order, white space normalized).
+func (a *Agent) waitForDump(what, line string, dump func() (string, error)) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
-			Summary: "Wait until the pinned ipcache map holds exactly the 'prefix identity' lines of a file",
+			Summary: fmt.Sprintf("Wait until the pinned %s holds exactly the '%s' lines of a file", what, line),
 			Args:    "file",
 			Flags: func(fs *pflag.FlagSet) {
 				fs.Duration("timeout", 10*time.Second, "How long to wait")
@@ -199,12 +214,12 @@ func (a *Agent) bpfIPCacheCmd() script.Cmd {
 			want := strings.Join(wantLines, "")
 			deadline := time.Now().Add(timeout)
 			for {
-				got, err := a.dumpIPCache()
+				got, err := dump()
 				if err == nil && got == want {
 					return nil, nil
 				}
 				if time.Now().After(deadline) {
-					return scriptcmd.Result("", fmt.Errorf("pinned ipcache map is\n%s(err %v)\nwant\n%s", got, err, want))
+					return scriptcmd.Result("", fmt.Errorf("pinned %s is\n%s(err %v)\nwant\n%s", what, got, err, want))
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
@@ -234,4 +249,62 @@ func (a *Agent) bpfIPCachePutCmd() script.Cmd {
 			k, v := datapathcell.NewIPCacheKey(prefix), datapathcell.NewIPCacheValue(id)
 			return nil, m.Put(&k, &v)
 		})
+}
+
+// policyWriteCmd copies a file of the script into the policy directory,
+// atomically (write beside, rename), as a ConfigMap update would.
+func (a *Agent) policyWriteCmd() script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Write a policy file into the agent's policy directory", Args: "name file"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			data, err := os.ReadFile(s.Path(args[1]))
+			if err != nil {
+				return nil, err
+			}
+			tmp := filepath.Join(a.PolicyDir, ".tmp-"+args[0])
+			if err := os.WriteFile(tmp, data, 0o600); err != nil {
+				return nil, err
+			}
+			return nil, os.Rename(tmp, filepath.Join(a.PolicyDir, args[0]))
+		})
+}
+
+func (a *Agent) policyRemoveCmd() script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Remove a policy file from the agent's policy directory", Args: "name"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			return nil, os.Remove(filepath.Join(a.PolicyDir, args[0]))
+		})
+}
+
+// dumpPolicy returns the pinned policy map as sorted
+// "identity direction protocol port verdict" lines.
+func (a *Agent) dumpPolicy() (string, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.PolicyMapName), nil)
+	if err != nil {
+		return "", err
+	}
+	defer m.Close()
+	var (
+		lines []string
+		k     datapathcell.PolicyKey
+		v     datapathcell.PolicyValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		id, dir, proto, port := k.Fields()
+		lines = append(lines, fmt.Sprintf("%d %d %d %d %d\n", id, dir, proto, port, v.Verdict()))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, ""), it.Err()
+}
+
+func (a *Agent) bpfPolicyCmd() script.Cmd {
+	return a.waitForDump("policy map", "identity direction protocol port verdict", a.dumpPolicy)
 }

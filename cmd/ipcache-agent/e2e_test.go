@@ -1,0 +1,242 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+)
+
+// e2e is an endpoint network namespace behind a veth whose host side is in
+// a second namespace, where the agent runs: the host side carries two
+// addresses (10.201.1.1 and 10.201.1.2) that the endpoint pings.
+type e2e struct {
+	t                 *testing.T
+	epNS, hostNS      string
+	bpfRoot, stateDir string
+	policyDir         string
+	agent             *exec.Cmd
+	agentLog          *syncBuffer
+	gracePeriod       string
+}
+
+const (
+	e2eDevice  = "ipcah0"
+	allowedIP  = "10.201.1.1"
+	otherIP    = "10.201.1.2"
+	policyFile = "allow.yaml"
+)
+
+func mustRun(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	require.NoError(t, err, "%v: %s", args, out)
+}
+
+func newE2E(t *testing.T) *e2e {
+	privileged.Test(t)
+	suffix := strconv.Itoa(os.Getpid() % 100000)
+	e := &e2e{
+		t: t, epNS: "ipca-ep-" + suffix, hostNS: "ipca-host-" + suffix,
+		bpfRoot: filepath.Join(t.TempDir(), "bpf"), stateDir: t.TempDir(), policyDir: t.TempDir(),
+		gracePeriod: "2s",
+	}
+	t.Cleanup(e.cleanup)
+	mustRun(t, "ip", "netns", "add", e.epNS)
+	mustRun(t, "ip", "netns", "add", e.hostNS)
+	mustRun(t, "ip", "-n", e.hostNS, "link", "add", e2eDevice, "type", "veth", "peer", "name", "eth0", "netns", e.epNS)
+	mustRun(t, "ip", "-n", e.hostNS, "link", "set", "lo", "up")
+	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", "10.201.0.1/24", "dev", e2eDevice)
+	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", allowedIP+"/32", "dev", "lo")
+	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", otherIP+"/32", "dev", "lo")
+	mustRun(t, "ip", "-n", e.hostNS, "link", "set", e2eDevice, "up")
+	mustRun(t, "ip", "-n", e.epNS, "link", "set", "lo", "up")
+	mustRun(t, "ip", "-n", e.epNS, "addr", "add", "10.201.0.2/24", "dev", "eth0")
+	mustRun(t, "ip", "-n", e.epNS, "link", "set", "eth0", "up")
+	mustRun(t, "ip", "-n", e.epNS, "route", "add", "default", "via", "10.201.0.1")
+
+	// bpffs is mounted here, in the test's mount namespace, so that what
+	// the agent pins (from inside `ip netns exec`, which makes a mount
+	// namespace of its own) outlives each agent process.
+	require.NoError(t, os.MkdirAll(e.bpfRoot, 0o700))
+	require.NoError(t, unix.Mount("bpf", e.bpfRoot, "bpf", 0, "mode=0700"))
+	return e
+}
+
+func (e *e2e) cleanup() {
+	e.stopAgent()
+	agentCommand("cleanup", "--bpf-root="+e.bpfRoot, "--state-dir="+e.stateDir).Run()
+	exec.Command("ip", "netns", "del", e.epNS).Run()
+	exec.Command("ip", "netns", "del", e.hostNS).Run()
+	unix.Unmount(e.bpfRoot, unix.MNT_DETACH)
+}
+
+func (e *e2e) writePolicy(allow string) {
+	e.t.Helper()
+	policy := fmt.Sprintf("name: e2e\negress:\n  - toCIDR: [%q]\n", allow+"/32")
+	tmp := filepath.Join(e.policyDir, ".tmp")
+	require.NoError(e.t, os.WriteFile(tmp, []byte(policy), 0o600))
+	require.NoError(e.t, os.Rename(tmp, filepath.Join(e.policyDir, policyFile)))
+}
+
+func (e *e2e) startAgent() {
+	e.t.Helper()
+	args := []string{"netns", "exec", e.hostNS, os.Args[0],
+		"--bpf-root=" + e.bpfRoot, "--state-dir=" + e.stateDir, "--policy-dir=" + e.policyDir,
+		"--devices=" + e2eDevice, "--identity-restore-grace-period=" + e.gracePeriod,
+		"--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}
+	cmd := exec.Command("ip", args...)
+	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
+	e.agentLog = &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = e.agentLog, e.agentLog
+	require.NoError(e.t, cmd.Start())
+	e.agent = cmd
+	require.Eventually(e.t, func() bool { return strings.Contains(e.agentLog.String(), "Started hive") },
+		15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+}
+
+func (e *e2e) stopAgent() {
+	if e.agent == nil {
+		return
+	}
+	e.agent.Process.Signal(syscall.SIGTERM)
+	err := e.agent.Wait()
+	e.agent = nil
+	require.NoError(e.t, err, "agent exit: %s", e.agentLog)
+}
+
+// reachable pings addr once from the endpoint.
+func (e *e2e) reachable(addr string) bool {
+	return exec.Command("ip", "netns", "exec", e.epNS, "ping", "-c1", "-W1", addr).Run() == nil
+}
+
+func (e *e2e) waitVerdicts(allowed, denied string) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool { return e.reachable(allowed) && !e.reachable(denied) },
+		20*time.Second, 100*time.Millisecond, "want %s allowed and %s denied; agent log:\n%s", allowed, denied, e.agentLog)
+}
+
+// pinnedIPCache reads the pinned ipcache map: prefix -> identity.
+func (e *e2e) pinnedIPCache() map[string]uint32 {
+	e.t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", "ipcache"), nil)
+	require.NoError(e.t, err)
+	defer m.Close()
+	out := map[string]uint32{}
+	var (
+		k datapathcell.IPCacheKey
+		v datapathcell.IPCacheValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		p, err := k.Prefix()
+		require.NoError(e.t, err)
+		out[p.String()] = v.Identity()
+	}
+	require.NoError(e.t, it.Err())
+	return out
+}
+
+// shell runs `ipcache-agent shell <command>` against the running agent.
+func (e *e2e) shell(command ...string) string {
+	e.t.Helper()
+	args := append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, command...)
+	stdout, stderr, code := runAgentCommand(e.t, args...)
+	require.Equal(e.t, exitOK, code, "shell %v: %s%s", command, stdout, stderr)
+	return stdout
+}
+
+// pinnedPolicy reads the pinned policy map: key -> verdict.
+func (e *e2e) pinnedPolicy() map[datapathcell.PolicyKey]uint32 {
+	e.t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", "policy"), nil)
+	require.NoError(e.t, err)
+	defer m.Close()
+	out := map[datapathcell.PolicyKey]uint32{}
+	var (
+		k datapathcell.PolicyKey
+		v datapathcell.PolicyValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v.Verdict()
+	}
+	require.NoError(e.t, it.Err())
+	return out
+}
+
+var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
+
+// TestPrivilegedEndToEnd runs the agent binary on the host side of an
+// endpoint: a policy file allows one address and not another; editing the
+// file flips them; a continuous ping to the allowed address across a
+// restart of the agent and past the restore grace period loses nothing,
+// and both pinned maps are the same before and after.
+func TestPrivilegedEndToEnd(t *testing.T) {
+	e := newE2E(t)
+	require.True(t, e.reachable(allowedIP) && e.reachable(otherIP), "before the agent, everything passes")
+
+	e.writePolicy(allowedIP)
+	e.startAgent()
+	e.waitVerdicts(allowedIP, otherIP)
+
+	// The shell: root only, and it answers.
+	sock, err := os.Stat(filepath.Join(e.stateDir, "shell.sock"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), sock.Mode().Perm(), "socket mode")
+	dir, err := os.Stat(e.stateDir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), dir.Mode().Perm(), "socket directory mode")
+	lookup := e.shell("ipcache/lookup", allowedIP)
+	require.Regexp(t, `Prefix: +`+regexp.QuoteMeta(allowedIP)+`/32`, lookup)
+	require.Contains(t, lookup, "policy/e2e")
+	require.Contains(t, e.shell("db/show", "identities"), "cidr:"+allowedIP+"/32")
+
+	e.writePolicy(otherIP)
+	e.waitVerdicts(otherIP, allowedIP)
+	before, policyBefore := e.pinnedIPCache(), e.pinnedPolicy()
+	require.Contains(t, before, otherIP+"/32")
+	require.Len(t, policyBefore, 1)
+
+	// 20 pings a second for the whole restart and past the grace period.
+	ping := exec.Command("ip", "netns", "exec", e.epNS, "ping", "-i", "0.05", "-W", "1", otherIP)
+	var pingOut syncBuffer
+	ping.Stdout = &pingOut
+	require.NoError(t, ping.Start())
+	time.Sleep(time.Second)
+	e.stopAgent()
+	time.Sleep(500 * time.Millisecond) // enforcement while no agent runs
+	e.startAgent()
+	require.Contains(t, e.shell("restore/status"), "Restored: ")
+	sock, err = os.Stat(filepath.Join(e.stateDir, "shell.sock"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), sock.Mode().Perm(), "socket mode after a restart")
+	time.Sleep(4 * time.Second) // past the 2s grace period
+	require.NoError(t, ping.Process.Signal(syscall.SIGINT))
+	_ = ping.Wait()
+
+	match := pingSummary.FindStringSubmatch(pingOut.String())
+	require.NotNil(t, match, "ping output: %s", &pingOut)
+	sent, _ := strconv.Atoi(match[1])
+	received, _ := strconv.Atoi(match[2])
+	t.Logf("continuous ping across restart: %d sent, %d received", sent, received)
+	require.Greater(t, sent, 80)
+	require.Equal(t, sent, received, "no packet lost across the restart")
+
+	require.Equal(t, before, e.pinnedIPCache(), "same identity numbers after the restart and the grace period")
+	require.Equal(t, policyBefore, e.pinnedPolicy(), "same policy map after the restart and the grace period")
+	require.False(t, e.reachable(allowedIP), "still denied")
+}

@@ -1,0 +1,122 @@
+package policycell
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+)
+
+// Cell provides the read-only `policies`, `policy` and
+// `policy-enforcement` tables, their reconciler wrappers for the datapath,
+// and the policy shell commands. It runs the directory job (when
+// --policy-dir is set) and the selector job.
+var Cell = cell.Module(
+	"policy",
+	"CIDR policies from files and the desired policy map",
+
+	cell.Config(DefaultConfig),
+	cell.ProvidePrivate(
+		NewPoliciesTable,
+		NewPolicyTable,
+		NewEnforcementTable,
+		newLoaderCell,
+	),
+	cell.Provide(
+		statedb.RWTable[*Policy].ToTable,
+		statedb.RWTable[*PolicyEntry].ToTable,
+		statedb.RWTable[*Enforcement].ToTable,
+		func(t statedb.RWTable[*PolicyEntry]) PolicyReconcilerTable { return PolicyReconcilerTable{t} },
+		func(t statedb.RWTable[*Enforcement]) EnforcementReconcilerTable { return EnforcementReconcilerTable{t} },
+		scriptCommands,
+	),
+	// The jobs run even when no cell asks for what they produce.
+	cell.Invoke(func(*loader) {}),
+	cell.Invoke(registerSelectorEngine),
+)
+
+// Config is the policy cell's configuration.
+type Config struct {
+	// PolicyDir holds the policy files. Empty: no policies.
+	PolicyDir string
+}
+
+// DefaultConfig is the configuration on the defaults.
+var DefaultConfig = Config{PolicyDir: ""}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("policy-dir", def.PolicyDir,
+		"Directory of CIDR policy files (*.yaml, *.yml), watched for changes; empty for no policies")
+}
+
+type loaderParams struct {
+	cell.In
+
+	Config   Config
+	DB       *statedb.DB
+	Policies statedb.RWTable[*Policy]
+	IPCache  *ipcachecell.IPCache
+	Log      *slog.Logger
+	Jobs     job.Registry
+	Health   cell.Health
+}
+
+// newLoaderCell registers the policy directory as an ipcache producer and
+// an initializer of the `policies` table, both done once the first
+// complete read is applied. Without --policy-dir there is nothing to
+// wait for: neither is registered and no job runs.
+func newLoaderCell(p loaderParams) *loader {
+	if p.Config.PolicyDir == "" {
+		return newLoader("", p.DB, p.Policies, p.IPCache, p.Log, nil)
+	}
+	producerDone := p.IPCache.RegisterProducer("policy-directory")
+	txn := p.DB.WriteTxn(p.Policies)
+	markPolicies := p.Policies.RegisterInitializer(txn, "policy-directory")
+	txn.Commit()
+	initialized := func() {
+		txn := p.DB.WriteTxn(p.Policies)
+		markPolicies(txn)
+		txn.Commit()
+		producerDone()
+	}
+	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, initialized)
+	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	timing := defaultWatchTiming()
+	group.Add(job.OneShot("policy-directory", func(ctx context.Context, health cell.Health) error {
+		return l.watchDirectory(ctx, health, timing)
+	}))
+	return l
+}
+
+type selectorParams struct {
+	cell.In
+
+	DB          *statedb.DB
+	Policies    statedb.Table[*Policy]
+	Identities  statedb.Table[*identitycell.Identity]
+	IPCache     statedb.Table[*ipcachecell.Entry]
+	Entries     statedb.RWTable[*PolicyEntry]
+	Enforcement statedb.RWTable[*Enforcement]
+	Log         *slog.Logger
+	Jobs        job.Registry
+	Health      cell.Health
+}
+
+func registerSelectorEngine(p selectorParams) {
+	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Log)
+	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	group.Add(job.OneShot("policy-selectors", e.run))
+}
+
+func scriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
+	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(newScriptCommands(db, l, policies, entries, enforcement, ipcache))
+}

@@ -1,0 +1,24 @@
+// Package policycell turns CIDR policy files into the desired policy map.
+//
+// The directory job reads --policy-dir (DESIGN.md sections 6 and 7) at start
+// and whenever it changes. A file is the unit of validity: a file that
+// cannot be read or parsed, or that reuses the name of a policy another file
+// has in force, is rejected as a whole, reported with its name and position,
+// and the version of it that was in force stays in force. Each policy in
+// force owns an ipcache resource handle, "policy/<name>" with source
+// directory, for its CIDRs and except prefixes, and is a row of the
+// `policies` table.
+//
+// The selector job matches the policies' CIDR selectors against the
+// identities table: a CIDR selects every identity with a cidr label inside
+// it (whoever allocated it), minus those inside its except prefixes; the
+// all-addresses CIDRs also select world. It writes the desired `policy`
+// table (one row per policy-map key that some policy allows, with the
+// names of those policies) and `policy-enforcement` (whether each
+// direction has rules), incrementally: a change costs what it selects, not
+// the number of policies or identities.
+//
+// Reads: --policy-dir, the `identities` and `ipcache` tables.
+// Writes: `policies`, `policy`, `policy-enforcement`; ipcache metadata
+// through the policies' handles.
+package policycell

@@ -1,0 +1,390 @@
+package policycell
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// loader keeps the policies of the valid files of the policy directory in
+// force: in the `policies` table, and in the ipcache through one resource
+// handle per policy. A file is the unit of validity: a file that cannot be
+// read or parsed, or that uses a policy name another file in force has,
+// is rejected and keeps the version that was in force before (if any).
+//
+// Only the directory job calls load; Status may be called from
+// anywhere.
+type loader struct {
+	dir      string
+	db       *statedb.DB
+	policies statedb.RWTable[*Policy]
+	ipcache  *ipcachecell.IPCache
+	log      *slog.Logger
+
+	// initialized marks the first complete read applied; nil once done.
+	initialized func()
+
+	files      map[string]*policyFile         // by file name
+	inForce    map[string]*Policy             // by policy name: what the table and the handles say
+	handles    map[string]*ipcachecell.Handle // by policy name
+	handleErrs map[string]error               // policies whose handle could not be obtained
+
+	mu     sync.Mutex
+	status []FileStatus // for the shell, sorted by file
+	err    error        // why the directory could not be read, if it could not
+}
+
+// policyFile is what the loader knows of one file.
+type policyFile struct {
+	// digest identifies the content last read; parsed and parseErr are the
+	// outcome of parsing it.
+	digest   [sha256.Size]byte
+	parsed   []*Policy
+	parseErr error
+	readErr  error
+
+	// inForce is the version of the file's policies in force, and
+	// inForceDigest the content it came from (hasInForce: any).
+	inForce       []*Policy
+	inForceDigest [sha256.Size]byte
+	hasInForce    bool
+
+	// rejected is why the current content is not in force.
+	rejected error
+	// logged is the last rejection logged, so that each is logged once.
+	logged string
+}
+
+// FileStatus is one policy file as the loader last saw it.
+type FileStatus struct {
+	File string
+	// Policies are the names of the file's policies in force.
+	Policies []string
+	// Error is why the file's current content is rejected; nil if it is in
+	// force.
+	Error error
+}
+
+func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ipcache *ipcachecell.IPCache,
+	log *slog.Logger, initialized func()) *loader {
+	return &loader{
+		dir:         dir,
+		db:          db,
+		policies:    policies,
+		ipcache:     ipcache,
+		log:         log,
+		initialized: initialized,
+		files:       map[string]*policyFile{},
+		inForce:     map[string]*Policy{},
+		handles:     map[string]*ipcachecell.Handle{},
+		handleErrs:  map[string]error{},
+	}
+}
+
+// load reads the directory and brings the policies in force, the
+// `policies` table and the handles in line with it. It returns the
+// directories to watch.
+//
+// Possible errors: the directory cannot be read; nothing changes then.
+func (l *loader) load() (watchDirs []string, err error) {
+	found, err := readDirectory(l.dir)
+	if err != nil {
+		err = fmt.Errorf("read policy directory %s: %w", l.dir, err)
+		l.mu.Lock()
+		l.err = err
+		l.mu.Unlock()
+		return nil, err
+	}
+	for name := range l.files {
+		if _, ok := found.files[name]; !ok {
+			delete(l.files, name)
+			l.log.Info("Policy file removed", "file", name)
+		}
+	}
+	for name, read := range found.files {
+		f := l.files[name]
+		if f == nil {
+			f = &policyFile{}
+			l.files[name] = f
+		}
+		f.readErr = nil
+		if read.err != nil {
+			f.readErr = &FileError{File: name, Err: read.err}
+			continue
+		}
+		digest := sha256.Sum256(read.content)
+		if f.parsed == nil && f.parseErr == nil || digest != f.digest {
+			f.digest = digest
+			f.parsed, f.parseErr = ParseFile(name, read.content)
+		}
+	}
+	l.decide()
+	l.apply()
+	l.report()
+	if l.initialized != nil {
+		l.initialized()
+		l.initialized = nil
+		l.log.Info("Policy directory read", "dir", l.dir, "files", len(l.files), "policies", len(l.inForce))
+	}
+	return found.watchDirs, nil
+}
+
+// decide chooses the version of each file in force. A file whose content
+// is valid but not in force is accepted unless it has a policy name that
+// another file holds; files are tried in name order, and again as long as
+// accepting one frees names (a policy that moves from one file to another
+// in one change is accepted whatever the file names).
+func (l *loader) decide() {
+	holder := map[string]string{} // policy name -> file holding it in force
+	for name, f := range l.files {
+		for _, p := range f.inForce {
+			holder[p.Name] = name
+		}
+	}
+	var pending []string
+	for name, f := range l.files {
+		f.rejected = nil
+		switch {
+		case f.readErr != nil:
+			f.rejected = f.readErr
+		case f.parseErr != nil:
+			f.rejected = f.parseErr
+		case !f.hasInForce || f.inForceDigest != f.digest:
+			pending = append(pending, name)
+		}
+	}
+	slices.Sort(pending)
+	for progress := true; progress && len(pending) > 0; {
+		progress = false
+		remaining := pending[:0]
+		for _, name := range pending {
+			f := l.files[name]
+			if err := conflict(name, f.parsed, holder); err != nil {
+				f.rejected = err
+				remaining = append(remaining, name)
+				continue
+			}
+			for _, p := range f.inForce {
+				if holder[p.Name] == name {
+					delete(holder, p.Name)
+				}
+			}
+			for _, p := range f.parsed {
+				holder[p.Name] = name
+			}
+			f.inForce, f.inForceDigest, f.hasInForce = f.parsed, f.digest, true
+			f.rejected = nil
+			progress = true
+			l.log.Info("Policy file in force", "file", name, "policies", policyNames(f.inForce))
+		}
+		pending = remaining
+	}
+	for name, f := range l.files {
+		if f.rejected == nil {
+			f.logged = ""
+		} else if msg := f.rejected.Error(); msg != f.logged {
+			f.logged = msg
+			l.log.Warn("Policy file rejected, its previous version stays in force",
+				"file", name, "in-force", policyNames(f.inForce), "error", f.rejected)
+		}
+	}
+}
+
+// conflict returns the error for the first of a file's policies whose name
+// another file holds.
+func conflict(file string, policies []*Policy, holder map[string]string) error {
+	for _, p := range policies {
+		if other, held := holder[p.Name]; held && other != file {
+			return &FileError{File: file, Line: p.Line,
+				Err: fmt.Errorf("%w: policy %q is in force from %s", ErrNameInUse, p.Name, other)}
+		}
+	}
+	return nil
+}
+
+func policyNames(policies []*Policy) []string {
+	names := make([]string, len(policies))
+	for i, p := range policies {
+		names[i] = p.Name
+	}
+	return names
+}
+
+// apply writes the policies in force to the handles and the `policies`
+// table. New prefixes go to the ipcache before the table changes, and
+// prefixes are removed after, so that an edit never leaves a prefix
+// without metadata while a policy still selects it.
+func (l *loader) apply() {
+	want := map[string]*Policy{}
+	for _, f := range l.files {
+		for _, p := range f.inForce {
+			want[p.Name] = p
+		}
+	}
+	type edit struct{ old, new *Policy }
+	var edits []edit
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		p, old := want[name], l.inForce[name]
+		_, missingHandle := l.handleErrs[name]
+		if old != nil && old.equal(p) && !missingHandle {
+			continue
+		}
+		edits = append(edits, edit{old, p})
+	}
+	var removed []*Policy
+	for _, name := range slices.Sorted(maps.Keys(l.inForce)) {
+		if _, ok := want[name]; !ok {
+			removed = append(removed, l.inForce[name])
+		}
+	}
+
+	for _, e := range edits {
+		l.upsertPrefixes(e.old, e.new)
+	}
+	txn := l.db.WriteTxn(l.policies)
+	for _, e := range edits {
+		if e.old != nil && e.old.equal(e.new) {
+			continue // only the handle is retried
+		}
+		if _, _, err := l.policies.Insert(txn, e.new); err != nil {
+			// Only a bug can make an insert into a locked table fail.
+			l.log.Error("BUG: cannot write policy", "policy", e.new.Name, "error", err)
+		}
+	}
+	for _, p := range removed {
+		if _, _, err := l.policies.Delete(txn, p); err != nil {
+			l.log.Error("BUG: cannot delete policy", "policy", p.Name, "error", err)
+		}
+	}
+	txn.Commit()
+	for _, e := range edits {
+		l.removePrefixes(e.old, e.new)
+	}
+	for _, p := range removed {
+		l.release(p)
+	}
+	l.inForce = want
+}
+
+// upsertPrefixes puts the prefixes of p that old did not have into the
+// ipcache, through p's handle (obtained if p has none).
+func (l *loader) upsertPrefixes(old, p *Policy) {
+	h := l.handles[p.Name]
+	if h == nil {
+		var err error
+		if h, err = l.ipcache.NewHandle(p.Resource(), source.Directory); err != nil {
+			l.handleErrs[p.Name] = fmt.Errorf("policy %q from %s: %w", p.Name, p.File, err)
+			l.log.Error("Cannot own the policy's prefixes in the ipcache, retrying at the next read",
+				"policy", p.Name, "file", p.File, "error", err)
+			return
+		}
+		l.handles[p.Name] = h
+		delete(l.handleErrs, p.Name)
+		old = nil // a new handle owns nothing yet
+	}
+	var had []netip.Prefix
+	if old != nil {
+		had = old.Prefixes()
+	}
+	var batch []ipcachecell.PrefixUpsert
+	for _, prefix := range p.Prefixes() {
+		if _, found := slices.BinarySearchFunc(had, prefix, comparePrefixes); !found {
+			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix,
+				Metadata: ipcachecell.Metadata{Labels: labels.ForPrefix(prefix)}})
+		}
+	}
+	if err := h.UpsertBatch(batch); err != nil {
+		l.log.Error("Cannot upsert the policy's prefixes into the ipcache", "policy", p.Name, "error", err)
+	}
+}
+
+// removePrefixes removes the prefixes of old that p no longer has.
+func (l *loader) removePrefixes(old, p *Policy) {
+	h := l.handles[p.Name]
+	if old == nil || h == nil {
+		return
+	}
+	has := p.Prefixes()
+	var gone []netip.Prefix
+	for _, prefix := range old.Prefixes() {
+		if _, found := slices.BinarySearchFunc(has, prefix, comparePrefixes); !found {
+			gone = append(gone, prefix)
+		}
+	}
+	if err := h.RemoveBatch(gone); err != nil {
+		l.log.Error("Cannot remove the policy's old prefixes from the ipcache", "policy", p.Name, "error", err)
+	}
+}
+
+// release gives up the handle of a policy that is no longer in force.
+func (l *loader) release(p *Policy) {
+	delete(l.handleErrs, p.Name)
+	h := l.handles[p.Name]
+	if h == nil {
+		return
+	}
+	delete(l.handles, p.Name)
+	if err := h.Release(); err != nil {
+		l.log.Error("Cannot release the policy's ipcache handle", "policy", p.Name, "error", err)
+	}
+	l.log.Info("Policy removed", "policy", p.Name)
+}
+
+// report publishes the files' status for Status and health.
+func (l *loader) report() {
+	status := make([]FileStatus, 0, len(l.files))
+	for _, name := range slices.Sorted(maps.Keys(l.files)) {
+		f := l.files[name]
+		status = append(status, FileStatus{File: name, Policies: policyNames(f.inForce), Error: f.rejected})
+	}
+	l.mu.Lock()
+	l.status, l.err = status, nil
+	l.mu.Unlock()
+}
+
+// Status returns the status of each policy file, sorted by name, and
+// the error that kept the loader from reading the directory (nil if the
+// last read worked).
+func (l *loader) Status() ([]FileStatus, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.status, l.err
+}
+
+// reportHealth says how many policies are in force, or which files are
+// rejected and why.
+func (l *loader) reportHealth(health cell.Health) {
+	status, err := l.Status()
+	if err != nil {
+		health.Degraded("Cannot read the policy directory, policies stay as they were", err)
+		return
+	}
+	var errs []error
+	for _, s := range status {
+		if s.Error != nil {
+			errs = append(errs, s.Error)
+		}
+	}
+	rejected := len(errs)
+	for _, name := range slices.Sorted(maps.Keys(l.handleErrs)) {
+		errs = append(errs, l.handleErrs[name])
+	}
+	if len(errs) > 0 {
+		health.Degraded(fmt.Sprintf("%d policies in force from %d files; %d files rejected (their previous versions stay in force), %d policies without ipcache handle",
+			len(l.inForce), len(status), rejected, len(l.handleErrs)), errors.Join(errs...))
+		return
+	}
+	health.OK(fmt.Sprintf("%d policies in force from %d files", len(l.inForce), len(status)))
+}

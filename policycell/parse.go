@@ -1,0 +1,445 @@
+package policycell
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+var (
+	// ErrInvalidPolicy is wrapped by every error that rejects a policy
+	// file for its content.
+	ErrInvalidPolicy = errors.New("invalid policy file")
+
+	// ErrNameInUse is wrapped by the error that rejects a policy file
+	// because another file in force already has a policy of that name.
+	ErrNameInUse = errors.New("policy name already in use")
+)
+
+// maxNameLength bounds policy names, as Kubernetes bounds object names.
+const maxNameLength = 253
+
+// FileError is a rejected policy file, with the position in it that the
+// error is about (Line and Column are 1-based, 0 when unknown).
+type FileError struct {
+	File         string
+	Line, Column int
+	Err          error
+}
+
+// Error formats as "file:line:column: error", as compilers do.
+func (e *FileError) Error() string {
+	switch {
+	case e.Line == 0:
+		return fmt.Sprintf("%s: %v", e.File, e.Err)
+	case e.Column == 0:
+		return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err)
+	}
+	return fmt.Sprintf("%s:%d:%d: %v", e.File, e.Line, e.Column, e.Err)
+}
+
+func (e *FileError) Unwrap() error { return e.Err }
+
+// ParseFile parses a policy file (DESIGN.md section 7): one or more YAML
+// documents, each one policy; empty documents are skipped. file is the
+// file's name, for the policies and for errors. The whole file is
+// validated: the first error rejects it.
+//
+// Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
+// repeated policy name, a CIDR that does not parse or has host bits set,
+// an except prefix outside its CIDR, an empty CIDR or port list, a rule
+// with ports but no CIDR, a port outside 1..65535 and a protocol other
+// than TCP or UDP are errors. A CIDR may be a bare address (a host
+// prefix). A port without protocol stands for both TCP and UDP.
+//
+// Possible errors: *FileError wrapping ErrInvalidPolicy.
+func ParseFile(file string, content []byte) ([]*Policy, error) {
+	p := &parser{file: file, names: map[string]int{}}
+	dec := yaml.NewDecoder(bytes.NewReader(content))
+	policies := []*Policy{}
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return policies, nil
+		}
+		if err != nil {
+			return nil, p.syntaxError(err)
+		}
+		if len(doc.Content) == 0 || isNull(doc.Content[0]) {
+			continue
+		}
+		policy, err := p.policy(doc.Content[0])
+		if err != nil {
+			return nil, err
+		}
+		policies = append(policies, policy)
+	}
+}
+
+type parser struct {
+	file string
+	// current is the name of the policy being parsed, for errors.
+	current string
+	// names are the policies' names so far, with their lines.
+	names map[string]int
+}
+
+// syntaxError turns the YAML parser's "yaml: line 3: ..." into a position.
+func (p *parser) syntaxError(err error) error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if number, text, ok := strings.Cut(rest, ": "); ok {
+			if n, err := strconv.Atoi(number); err == nil {
+				line, msg = n, text
+			}
+		}
+	}
+	return &FileError{File: p.file, Line: line, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
+}
+
+func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if p.current != "" {
+		msg = fmt.Sprintf("policy %q: %s", p.current, msg)
+	}
+	return &FileError{File: p.file, Line: n.Line, Column: n.Column, Err: fmt.Errorf("%w: %s", ErrInvalidPolicy, msg)}
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "nothing"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "a document"
+}
+
+// fields returns the values of a mapping's keys. Keys must be among
+// allowed and given once.
+func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+	if err := p.noAlias(n); err != nil {
+		return nil, err
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, p.errorf(n, "%s: want a mapping, got %s", what, kindName(n))
+	}
+	values := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, value := n.Content[i], n.Content[i+1]
+		if key.Kind != yaml.ScalarNode {
+			return nil, p.errorf(key, "%s: want a field name, got %s", what, kindName(key))
+		}
+		if !slices.Contains(allowed, key.Value) {
+			return nil, p.errorf(key, "%s: unknown field %q, want one of %s", what, key.Value, strings.Join(allowed, ", "))
+		}
+		if _, dup := values[key.Value]; dup {
+			return nil, p.errorf(key, "%s: field %q given twice", what, key.Value)
+		}
+		if err := p.noAlias(value); err != nil {
+			return nil, err
+		}
+		values[key.Value] = value
+	}
+	return values, nil
+}
+
+// noAlias rejects aliases: expanding them could turn a small file into a
+// huge policy.
+func (p *parser) noAlias(n *yaml.Node) error {
+	if n.Kind == yaml.AliasNode {
+		return p.errorf(n, "YAML aliases are not supported")
+	}
+	return nil
+}
+
+// list returns the items of a sequence; null is the empty list.
+func (p *parser) list(n *yaml.Node, what string) ([]*yaml.Node, error) {
+	if isNull(n) {
+		return nil, nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errorf(n, "%s: want a list, got %s", what, kindName(n))
+	}
+	for _, item := range n.Content {
+		if err := p.noAlias(item); err != nil {
+			return nil, err
+		}
+	}
+	return n.Content, nil
+}
+
+func (p *parser) scalar(n *yaml.Node, what string) (string, error) {
+	if n.Kind != yaml.ScalarNode || isNull(n) {
+		return "", p.errorf(n, "%s: want a value, got %s", what, kindName(n))
+	}
+	return n.Value, nil
+}
+
+func (p *parser) policy(n *yaml.Node) (*Policy, error) {
+	p.current = ""
+	fields, err := p.fields(n, "policy", "name", "ingress", "egress")
+	if err != nil {
+		return nil, err
+	}
+	nameNode, ok := fields["name"]
+	if !ok {
+		return nil, p.errorf(n, "policy: name is required")
+	}
+	name, err := p.scalar(nameNode, "name")
+	if err != nil {
+		return nil, err
+	}
+	if err := validateName(name); err != nil {
+		return nil, p.errorf(nameNode, "name: %v", err)
+	}
+	if line, dup := p.names[name]; dup {
+		return nil, p.errorf(nameNode, "name %q is already used at line %d", name, line)
+	}
+	p.names[name] = nameNode.Line
+	p.current = name
+
+	policy := &Policy{Name: name, File: p.file, Line: nameNode.Line}
+	for _, dir := range Directions() {
+		rulesNode, ok := fields[dir.String()]
+		if !ok {
+			continue
+		}
+		items, err := p.list(rulesNode, dir.String())
+		if err != nil {
+			return nil, err
+		}
+		rules := make([]Rule, 0, len(items))
+		for i, item := range items {
+			rule, err := p.rule(item, dir, fmt.Sprintf("%s[%d]", dir, i))
+			if err != nil {
+				return nil, err
+			}
+			rules = append(rules, rule)
+		}
+		if dir == Ingress {
+			policy.Ingress = rules
+		} else {
+			policy.Egress = rules
+		}
+	}
+	return policy, nil
+}
+
+// validateName accepts names usable as (part of) a resource name and in
+// tables: letters, digits, '-', '.', '_', starting and ending with a
+// letter or digit.
+func validateName(name string) error {
+	if name == "" {
+		return errors.New("must not be empty")
+	}
+	if len(name) > maxNameLength {
+		return fmt.Errorf("%q is longer than %d characters", name, maxNameLength)
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	for i := range len(name) {
+		c := name[i]
+		if !alnum(c) && c != '-' && c != '.' && c != '_' {
+			return fmt.Errorf("%q: character %q not allowed, want letters, digits, '-', '.' or '_'", name, c)
+		}
+	}
+	if !alnum(name[0]) || !alnum(name[len(name)-1]) {
+		return fmt.Errorf("%q must start and end with a letter or digit", name)
+	}
+	return nil
+}
+
+// rule parses one ingress (fromCIDR, fromCIDRSet, toPorts) or egress
+// (toCIDR, toCIDRSet, toPorts) rule.
+func (p *parser) rule(n *yaml.Node, dir Direction, what string) (Rule, error) {
+	peer := "to"
+	if dir == Ingress {
+		peer = "from"
+	}
+	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
+	fields, err := p.fields(n, what, cidrField, setField, "toPorts")
+	if err != nil {
+		return Rule{}, err
+	}
+	var rule Rule
+	if value, ok := fields[cidrField]; ok {
+		items, err := p.nonEmptyList(value, what+"."+cidrField)
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, item := range items {
+			cidr, err := p.cidr(item, fmt.Sprintf("%s.%s[%d]", what, cidrField, i))
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
+		}
+	}
+	if value, ok := fields[setField]; ok {
+		items, err := p.nonEmptyList(value, what+"."+setField)
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, item := range items {
+			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i))
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Peers = append(rule.Peers, set)
+		}
+	}
+	if value, ok := fields["toPorts"]; ok {
+		if len(rule.Peers) == 0 {
+			return Rule{}, p.errorf(value, "%s.toPorts: a rule with ports needs %s or %s, it selects nothing", what, cidrField, setField)
+		}
+		items, err := p.nonEmptyList(value, what+".toPorts")
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, item := range items {
+			ports, err := p.port(item, fmt.Sprintf("%s.toPorts[%d]", what, i))
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Ports = append(rule.Ports, ports...)
+		}
+		slices.SortFunc(rule.Ports, func(a, b PortProtocol) int {
+			if a.Protocol != b.Protocol {
+				return cmpInt(a.Protocol, b.Protocol)
+			}
+			return cmpInt(a.Port, b.Port)
+		})
+		rule.Ports = slices.Compact(rule.Ports)
+	}
+	return rule, nil
+}
+
+func (p *parser) nonEmptyList(n *yaml.Node, what string) ([]*yaml.Node, error) {
+	items, err := p.list(n, what)
+	if err == nil && len(items) == 0 {
+		err = p.errorf(n, "%s: empty list, omit the field instead", what)
+	}
+	return items, err
+}
+
+func (p *parser) cidrSet(n *yaml.Node, what string) (CIDRSelector, error) {
+	fields, err := p.fields(n, what, "cidr", "except")
+	if err != nil {
+		return CIDRSelector{}, err
+	}
+	cidrNode, ok := fields["cidr"]
+	if !ok {
+		return CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
+	}
+	cidr, err := p.cidr(cidrNode, what+".cidr")
+	if err != nil {
+		return CIDRSelector{}, err
+	}
+	set := CIDRSelector{CIDR: cidr}
+	if value, ok := fields["except"]; ok {
+		items, err := p.nonEmptyList(value, what+".except")
+		if err != nil {
+			return CIDRSelector{}, err
+		}
+		for i, item := range items {
+			itemWhat := fmt.Sprintf("%s.except[%d]", what, i)
+			except, err := p.cidr(item, itemWhat)
+			if err != nil {
+				return CIDRSelector{}, err
+			}
+			if !contains(cidr, except) {
+				return CIDRSelector{}, p.errorf(item, "%s: %s is not inside %s", itemWhat, except, cidr)
+			}
+			set.Except = append(set.Except, except)
+		}
+		slices.SortFunc(set.Except, comparePrefixes)
+		set.Except = slices.Compact(set.Except)
+	}
+	return set, nil
+}
+
+// cidr parses a CIDR or a bare address (a host prefix). Host bits must be
+// zero; zones and IPv4-mapped IPv6 addresses are rejected (the ipcache
+// keys IPv4 prefixes as IPv4).
+func (p *parser) cidr(n *yaml.Node, what string) (netip.Prefix, error) {
+	s, err := p.scalar(n, what)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	var prefix netip.Prefix
+	if strings.Contains(s, "/") {
+		prefix, err = netip.ParsePrefix(s)
+	} else {
+		var addr netip.Addr
+		if addr, err = netip.ParseAddr(s); err == nil {
+			if addr.Zone() != "" {
+				return netip.Prefix{}, p.errorf(n, "%s: %q: zones are not allowed", what, s)
+			}
+			prefix = netip.PrefixFrom(addr, addr.BitLen())
+		}
+	}
+	switch {
+	case err != nil:
+		return netip.Prefix{}, p.errorf(n, "%s: %q is not a CIDR", what, s)
+	case prefix.Addr().Is4In6():
+		return netip.Prefix{}, p.errorf(n, "%s: %q is an IPv4-mapped IPv6 prefix, write it as IPv4", what, s)
+	case prefix != prefix.Masked():
+		return netip.Prefix{}, p.errorf(n, "%s: %q has host bits set, did you mean %s?", what, s, prefix.Masked())
+	}
+	return prefix, nil
+}
+
+// port parses {port, protocol}; without a protocol it is both TCP and UDP.
+func (p *parser) port(n *yaml.Node, what string) ([]PortProtocol, error) {
+	fields, err := p.fields(n, what, "port", "protocol")
+	if err != nil {
+		return nil, err
+	}
+	portNode, ok := fields["port"]
+	if !ok {
+		return nil, p.errorf(n, "%s: port is required", what)
+	}
+	s, err := p.scalar(portNode, what+".port")
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || port == 0 {
+		return nil, p.errorf(portNode, "%s.port: %q is not a port number (1..65535)", what, s)
+	}
+	protocolNode, ok := fields["protocol"]
+	if !ok {
+		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolTCP}, {Port: uint16(port), Protocol: ProtocolUDP}}, nil
+	}
+	s, err = p.scalar(protocolNode, what+".protocol")
+	if err != nil {
+		return nil, err
+	}
+	switch s {
+	case "TCP":
+		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolTCP}}, nil
+	case "UDP":
+		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolUDP}}, nil
+	}
+	return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP or UDP (omit it for both)", what, s)
+}

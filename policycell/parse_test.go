@@ -1,0 +1,167 @@
+package policycell
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func prefixes(s ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(s))
+	for i, p := range s {
+		out[i] = netip.MustParsePrefix(p)
+	}
+	return out
+}
+
+func TestParseMultiDocument(t *testing.T) {
+	content := `
+# The example of DESIGN.md section 7.
+name: allow-dns-and-web
+egress:
+  - toCIDR: ["10.96.0.0/12", "192.0.2.10/32"]
+    toPorts: [{port: 53, protocol: UDP}]
+  - toCIDRSet:
+      - cidr: 0.0.0.0/0
+        except: ["10.0.0.0/8"]
+ingress:
+  - fromCIDR: ["203.0.113.0/24", "2001:db8::/32"]
+---
+---
+# An empty document above is skipped.
+name: ports
+ingress:
+  - fromCIDRSet: [{cidr: 192.0.2.1}]
+    toPorts:
+      - {port: "443", protocol: TCP}
+      - {port: 53}
+      - {port: 53, protocol: UDP}
+egress:
+  - {}
+`
+	policies, err := ParseFile("p.yaml", []byte(content))
+	require.NoError(t, err)
+	require.Len(t, policies, 2)
+
+	dns := policies[0]
+	require.Equal(t, "allow-dns-and-web", dns.Name)
+	require.Equal(t, "p.yaml", dns.File)
+	require.Equal(t, 3, dns.Line)
+	require.Equal(t, []Rule{{
+		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("203.0.113.0/24")}, {CIDR: netip.MustParsePrefix("2001:db8::/32")}},
+	}}, dns.Ingress)
+	require.Equal(t, []Rule{
+		{
+			Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.96.0.0/12")}, {CIDR: netip.MustParsePrefix("192.0.2.10/32")}},
+			Ports: []PortProtocol{{Port: 53, Protocol: ProtocolUDP}},
+		},
+		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: prefixes("10.0.0.0/8")}}},
+	}, dns.Egress)
+	require.Equal(t, prefixes("0.0.0.0/0", "10.0.0.0/8", "10.96.0.0/12", "192.0.2.10/32", "203.0.113.0/24", "2001:db8::/32"),
+		dns.Prefixes())
+
+	ports := policies[1]
+	require.Equal(t, 15, ports.Line)
+	require.Equal(t, []Rule{{
+		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.1/32")}},
+		// Sorted, distinct; a port without protocol is TCP and UDP.
+		Ports: []PortProtocol{{53, ProtocolTCP}, {443, ProtocolTCP}, {53, ProtocolUDP}},
+	}}, ports.Ingress)
+	require.Equal(t, []Rule{{}}, ports.Egress, "an empty rule selects nothing: it only enforces the direction")
+}
+
+func TestParseEmptyFile(t *testing.T) {
+	for _, content := range []string{"", "# nothing\n", "---\n---\n"} {
+		policies, err := ParseFile("empty.yaml", []byte(content))
+		require.NoError(t, err, "%q", content)
+		require.Empty(t, policies)
+	}
+}
+
+// TestParseErrors checks that each kind of error rejects the file and
+// names the file and the position.
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"syntax", "name: a\negress: [\n", `bad.yaml:2: invalid policy file: YAML: did not find expected node content`},
+		{"tab", "name: a\n\tegress: []\n", `bad.yaml:2: invalid policy file: YAML: found a tab character that violates indentation`},
+		{"not a mapping", "- name: a\n", `bad.yaml:1:1: invalid policy file: policy: want a mapping, got a list`},
+		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, ingress, egress`},
+		{"repeated field", "name: a\nname: b\n", `bad.yaml:2:1: invalid policy file: policy: field "name" given twice`},
+		{"missing name", "egress: []\n", `bad.yaml:1:1: invalid policy file: policy: name is required`},
+		{"null name", "name:\n", `bad.yaml:1:6: invalid policy file: name: want a value, got nothing`},
+		{"empty name", "name: ''\n", `bad.yaml:1:7: invalid policy file: name: must not be empty`},
+		{"bad name", "name: a/b\n", `bad.yaml:1:7: invalid policy file: name: "a/b": character '/' not allowed`},
+		{"name edge", "name: -a\n", `bad.yaml:1:7: invalid policy file: name: "-a" must start and end with a letter or digit`},
+		{"name list", "name: [a]\n", `bad.yaml:1:7: invalid policy file: name: want a value, got a list`},
+		{"duplicate name", "name: a\n---\nname: b\n---\nname: a\n",
+			`bad.yaml:5:7: invalid policy file: name "a" is already used at line 1`},
+		{"rules not a list", "name: a\negress: {}\n", `bad.yaml:2:9: invalid policy file: policy "a": egress: want a list, got a mapping`},
+		{"rule not a mapping", "name: a\negress: [x]\n", `bad.yaml:2:10: invalid policy file: policy "a": egress[0]: want a mapping, got "x"`},
+		{"wrong direction field", "name: a\ningress:\n  - toCIDR: [10.0.0.0/8]\n",
+			`bad.yaml:3:5: invalid policy file: policy "a": ingress[0]: unknown field "toCIDR", want one of fromCIDR, fromCIDRSet, toPorts`},
+		{"bad CIDR", "name: a\negress:\n  - toCIDR: [10.0.0.0/8, 10.0.0.300/24]\n",
+			`bad.yaml:3:26: invalid policy file: policy "a": egress[0].toCIDR[1]: "10.0.0.300/24" is not a CIDR`},
+		{"CIDR not a string", "name: a\negress:\n  - toCIDR: [[10.0.0.0/8]]\n",
+			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: want a value, got a list`},
+		{"host bits", "name: a\negress:\n  - toCIDR: [10.0.0.1/8]\n",
+			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set, did you mean 10.0.0.0/8?`},
+		{"zone", "name: a\negress:\n  - toCIDR: [\"fe80::1%eth0\"]\n",
+			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: "fe80::1%eth0": zones are not allowed`},
+		{"4in6", "name: a\negress:\n  - toCIDR: [\"::ffff:10.0.0.0/104\"]\n",
+			`egress[0].toCIDR[0]: "::ffff:10.0.0.0/104" is an IPv4-mapped IPv6 prefix, write it as IPv4`},
+		{"empty CIDR list", "name: a\negress:\n  - toCIDR: []\n",
+			`bad.yaml:3:13: invalid policy file: policy "a": egress[0].toCIDR: empty list, omit the field instead`},
+		{"cidr set unknown field", "name: a\negress:\n  - toCIDRSet: [{cidr: 10.0.0.0/8, excpt: [10.1.0.0/16]}]\n",
+			`bad.yaml:3:36: invalid policy file: policy "a": egress[0].toCIDRSet[0]: unknown field "excpt", want one of cidr, except`},
+		{"cidr set without cidr", "name: a\negress:\n  - toCIDRSet: [{except: [10.1.0.0/16]}]\n",
+			`bad.yaml:3:17: invalid policy file: policy "a": egress[0].toCIDRSet[0]: cidr is required`},
+		{"except outside", "name: a\negress:\n  - toCIDRSet: [{cidr: 10.0.0.0/8, except: [11.0.0.0/16]}]\n",
+			`bad.yaml:3:45: invalid policy file: policy "a": egress[0].toCIDRSet[0].except[0]: 11.0.0.0/16 is not inside 10.0.0.0/8`},
+		{"except wider", "name: a\negress:\n  - toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.0.0.0/7]}]\n",
+			`except[0]: 10.0.0.0/7 is not inside 10.0.0.0/8`},
+		{"except other family", "name: a\negress:\n  - toCIDRSet: [{cidr: 0.0.0.0/0, except: [\"::/0\"]}]\n",
+			`except[0]: ::/0 is not inside 0.0.0.0/0`},
+		{"ports without CIDR", "name: a\negress:\n  - toPorts: [{port: 80}]\n",
+			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toPorts: a rule with ports needs toCIDR or toCIDRSet, it selects nothing`},
+		{"empty ports", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: []\n",
+			`bad.yaml:4:14: invalid policy file: policy "a": egress[0].toPorts: empty list, omit the field instead`},
+		{"port zero", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 0}]\n",
+			`bad.yaml:4:22: invalid policy file: policy "a": egress[0].toPorts[0].port: "0" is not a port number (1..65535)`},
+		{"port too large", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 65536}]\n",
+			`bad.yaml:4:22: invalid policy file: policy "a": egress[0].toPorts[0].port: "65536" is not a port number (1..65535)`},
+		{"named port", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: http}]\n",
+			`egress[0].toPorts[0].port: "http" is not a port number (1..65535)`},
+		{"port missing", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{protocol: TCP}]\n",
+			`bad.yaml:4:15: invalid policy file: policy "a": egress[0].toPorts[0]: port is required`},
+		{"bad protocol", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, protocol: SCTP}]\n",
+			`bad.yaml:4:36: invalid policy file: policy "a": egress[0].toPorts[0].protocol: "SCTP": want TCP or UDP (omit it for both)`},
+		{"lower-case protocol", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, protocol: tcp}]\n",
+			`egress[0].toPorts[0].protocol: "tcp": want TCP or UDP`},
+		{"port unknown field", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90}]\n",
+			`bad.yaml:4:26: invalid policy file: policy "a": egress[0].toPorts[0]: unknown field "endPort", want one of port, protocol`},
+		{"alias", "name: a\negress:\n  - toCIDR: &nets [10.0.0.0/8]\n  - toCIDR: *nets\n",
+			`bad.yaml:4:13: invalid policy file: policy "a": YAML aliases are not supported`},
+		{"error in second document", "name: a\n---\nname: b\negress: [{toCIDR: [x]}]\n",
+			`bad.yaml:4:20: invalid policy file: policy "b": egress[0].toCIDR[0]: "x" is not a CIDR`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policies, err := ParseFile("bad.yaml", []byte(tc.content))
+			require.ErrorIs(t, err, ErrInvalidPolicy)
+			require.ErrorContains(t, err, tc.want)
+			var fileErr *FileError
+			require.ErrorAs(t, err, &fileErr)
+			require.Equal(t, "bad.yaml", fileErr.File)
+			require.NotZero(t, fileErr.Line, "the error has a position")
+			require.Nil(t, policies, "the whole file is rejected")
+		})
+	}
+}
+
+func TestParseBareAddresses(t *testing.T) {
+	policies, err := ParseFile("p.yaml", []byte("name: a\negress:\n  - toCIDR: [192.0.2.1, \"2001:db8::1\"]\n"))
+	require.NoError(t, err)
+	require.Equal(t, prefixes("192.0.2.1/32", "2001:db8::1/128"), policies[0].Prefixes())
+}

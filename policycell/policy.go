@@ -1,0 +1,229 @@
+package policycell
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Direction is the direction of traffic a rule applies to, seen from the
+// endpoint. Its values are the policy map's (DESIGN.md section 8).
+type Direction uint8
+
+const (
+	// Ingress is traffic to the endpoint, matched by source address.
+	Ingress Direction = 0
+	// Egress is traffic from the endpoint, matched by destination address.
+	Egress Direction = 1
+)
+
+// Directions lists both directions, in map order.
+func Directions() []Direction { return []Direction{Ingress, Egress} }
+
+func (d Direction) String() string {
+	switch d {
+	case Ingress:
+		return "ingress"
+	case Egress:
+		return "egress"
+	}
+	return "direction(" + strconv.Itoa(int(d)) + ")"
+}
+
+// ParseDirection parses "ingress" or "egress".
+//
+// Possible errors: an unknown direction.
+func ParseDirection(s string) (Direction, error) {
+	switch s {
+	case "ingress":
+		return Ingress, nil
+	case "egress":
+		return Egress, nil
+	}
+	return 0, fmt.Errorf("direction %q: want ingress or egress", s)
+}
+
+// Protocol is an IP protocol number as in the policy map; ProtocolAny (0)
+// matches every protocol.
+type Protocol uint8
+
+const (
+	ProtocolAny Protocol = 0
+	ProtocolTCP Protocol = 6
+	ProtocolUDP Protocol = 17
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolAny:
+		return "any"
+	case ProtocolTCP:
+		return "TCP"
+	case ProtocolUDP:
+		return "UDP"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// ParseProtocol parses "TCP", "UDP" or "any" (case-insensitive), or a
+// protocol number.
+//
+// Possible errors: an unknown protocol name or a number out of range.
+func ParseProtocol(s string) (Protocol, error) {
+	switch strings.ToUpper(s) {
+	case "ANY":
+		return ProtocolAny, nil
+	case "TCP":
+		return ProtocolTCP, nil
+	case "UDP":
+		return ProtocolUDP, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 8)
+	if err != nil {
+		return 0, fmt.Errorf("protocol %q: want TCP, UDP, any or a number", s)
+	}
+	return Protocol(n), nil
+}
+
+// PortProtocol is a destination port (1..65535) of TCP or UDP.
+type PortProtocol struct {
+	Port     uint16   `json:"port" yaml:"port"`
+	Protocol Protocol `json:"protocol" yaml:"protocol"`
+}
+
+func (pp PortProtocol) String() string { return fmt.Sprintf("%d/%s", pp.Port, pp.Protocol) }
+
+// CIDRSelector selects the identities with a cidr label inside CIDR, minus
+// those with a cidr label inside one of the Except prefixes (which lie
+// inside CIDR). The all-addresses CIDRs also select world.
+type CIDRSelector struct {
+	CIDR   netip.Prefix   `json:"cidr" yaml:"cidr"`
+	Except []netip.Prefix `json:"except,omitempty" yaml:"except,omitempty"`
+}
+
+// excludes reports whether one of the prefixes lies inside an except
+// prefix.
+func (s *CIDRSelector) excludes(prefixes []netip.Prefix) bool {
+	for _, except := range s.Except {
+		for _, prefix := range prefixes {
+			if contains(except, prefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Selects reports whether the selector selects an identity whose cidr
+// labels name the given prefixes.
+func (s *CIDRSelector) Selects(prefixes []netip.Prefix) bool {
+	return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return contains(s.CIDR, p) }) &&
+		!s.excludes(prefixes)
+}
+
+// contains reports whether inner lies inside outer (or is outer). Both must
+// be masked.
+func contains(outer, inner netip.Prefix) bool {
+	return outer.Addr().BitLen() == inner.Addr().BitLen() && inner.Bits() >= outer.Bits() &&
+		outer.Contains(inner.Addr())
+}
+
+// Rule allows traffic in one direction to or from the identities its peers
+// select.
+type Rule struct {
+	Peers []CIDRSelector `json:"peers" yaml:"peers"`
+
+	// Ports are sorted and distinct. Empty: every protocol and port
+	// (ICMP included).
+	Ports []PortProtocol `json:"ports,omitempty" yaml:"ports,omitempty"`
+}
+
+// Policy is one document of a policy file, validated. Policies are
+// immutable once parsed.
+type Policy struct {
+	// Name is unique among the policies in force.
+	Name string `json:"name" yaml:"name"`
+	// File is the name of the file in the policy directory that holds the
+	// policy, and Line the line of its name there.
+	File string `json:"file" yaml:"file"`
+	Line int    `json:"line" yaml:"line"`
+
+	Ingress []Rule `json:"ingress,omitempty" yaml:"ingress,omitempty"`
+	Egress  []Rule `json:"egress,omitempty" yaml:"egress,omitempty"`
+}
+
+// Rules returns the rules of one direction.
+func (p *Policy) Rules(dir Direction) []Rule {
+	if dir == Ingress {
+		return p.Ingress
+	}
+	return p.Egress
+}
+
+// Resource returns the name of the policy's ipcache resource.
+func (p *Policy) Resource() string { return ResourcePrefix + p.Name }
+
+// ResourcePrefix starts the ipcache resource name of every policy.
+const ResourcePrefix = "policy/"
+
+// Prefixes returns the distinct CIDRs and except prefixes of the policy,
+// sorted: what the policy puts into the ipcache.
+func (p *Policy) Prefixes() []netip.Prefix {
+	var prefixes []netip.Prefix
+	for _, dir := range Directions() {
+		for _, rule := range p.Rules(dir) {
+			for _, peer := range rule.Peers {
+				prefixes = append(prefixes, peer.CIDR)
+				prefixes = append(prefixes, peer.Except...)
+			}
+		}
+	}
+	slices.SortFunc(prefixes, comparePrefixes)
+	return slices.Compact(prefixes)
+}
+
+func comparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// sameRules reports whether two policies allow the same traffic (whatever
+// their name and file).
+func (p *Policy) sameRules(other *Policy) bool {
+	if p == other {
+		return true
+	}
+	return slices.EqualFunc(p.Ingress, other.Ingress, Rule.equal) &&
+		slices.EqualFunc(p.Egress, other.Egress, Rule.equal)
+}
+
+// equal reports whether two policies are the same in every field.
+func (p *Policy) equal(other *Policy) bool {
+	if p == other {
+		return true
+	}
+	return p.Name == other.Name && p.File == other.File && p.Line == other.Line && p.sameRules(other)
+}
+
+func (r Rule) equal(other Rule) bool {
+	return slices.Equal(r.Ports, other.Ports) &&
+		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
+			return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
+		})
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*Policy) TableHeader() []string {
+	return []string{"Name", "File", "Line", "Ingress", "Egress", "Prefixes"}
+}
+
+// TableRow implements statedb.TableWritable. Ingress and Egress are the
+// number of rules.
+func (p *Policy) TableRow() []string {
+	return []string{p.Name, p.File, strconv.Itoa(p.Line), strconv.Itoa(len(p.Ingress)),
+		strconv.Itoa(len(p.Egress)), strconv.Itoa(len(p.Prefixes()))}
+}

@@ -1,0 +1,196 @@
+package policycell_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/hive/script/scripttest"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+func TestScript(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	scripttest.Test(t, ctx, newScriptEngine, nil, "testdata/*.txtar")
+}
+
+// newScriptEngine builds a hive of the identity, ipcache and policy cells
+// with --policy-dir in a temporary directory (the script's $WORK is not
+// known yet), test commands that change files there, and test commands
+// that act as another owner of ipcache metadata.
+func newScriptEngine(t testing.TB, args []string) *script.Engine {
+	var ipcache *ipcachecell.IPCache
+	h := cells.NewHive(
+		identitycell.Cell,
+		ipcachecell.Cell,
+		policycell.Cell,
+		cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
+	)
+	policyDir := t.TempDir()
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Set("state-dir", t.TempDir()))
+	require.NoError(t, flags.Set("policy-dir", policyDir))
+	require.NoError(t, flags.Parse(args))
+
+	cmds, err := h.ScriptCommands(hivetest.Logger(t))
+	require.NoError(t, err)
+	maps.Copy(cmds, script.DefaultCmds())
+	maps.Copy(cmds, policyDirCommands(policyDir))
+	maps.Copy(cmds, ownerCommands(func() *ipcachecell.IPCache { return ipcache }))
+	return &script.Engine{Cmds: cmds}
+}
+
+// inPolicyDir resolves a path relative to the policy directory; it must
+// stay inside it.
+func inPolicyDir(dir, path string) (string, error) {
+	full := filepath.Join(dir, path)
+	if rel, err := filepath.Rel(dir, full); err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("%s is outside the policy directory", path)
+	}
+	return full, nil
+}
+
+func policyDirCommands(dir string) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"test/policy-write": script.Command(
+			script.CmdUsage{
+				Summary: "Write a script file into the policy directory, atomically (temporary file and rename)",
+				Args:    "path-in-policy-dir file",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				content, err := os.ReadFile(s.Path(args[1]))
+				if err != nil {
+					return nil, err
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					return nil, err
+				}
+				temp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+				if err := os.WriteFile(temp, content, 0o644); err != nil {
+					return nil, err
+				}
+				return nil, os.Rename(temp, path)
+			}),
+		"test/policy-remove": script.Command(
+			script.CmdUsage{Summary: "Remove a file or directory of the policy directory", Args: "path-in-policy-dir"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.RemoveAll(path)
+			}),
+		"test/policy-rename": script.Command(
+			script.CmdUsage{Summary: "Rename a file of the policy directory", Args: "from to"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				from, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				to, err := inPolicyDir(dir, args[1])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.Rename(from, to)
+			}),
+		"test/policy-symlink": script.Command(
+			script.CmdUsage{
+				Summary: "Point a symlink in the policy directory at a target, replacing it atomically (as Kubernetes swaps ..data)",
+				Args:    "path-in-policy-dir target",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				temp := filepath.Join(filepath.Dir(path), ".tmp-link-"+filepath.Base(path))
+				if err := os.Symlink(args[1], temp); err != nil {
+					return nil, err
+				}
+				return nil, os.Rename(temp, path)
+			}),
+	}
+}
+
+// ownerCommands act as another owner of ipcache metadata (an embedding
+// agent, restore): its prefixes get identities the policies may select.
+func ownerCommands(ipcache func() *ipcachecell.IPCache) map[string]script.Cmd {
+	handles := map[string]*ipcachecell.Handle{}
+	return map[string]script.Cmd{
+		"test/upsert": script.Command(
+			script.CmdUsage{Summary: "Upsert prefixes through a resource's handle", Args: "resource source prefix[,prefix...]"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 3 {
+					return nil, script.ErrUsage
+				}
+				h, ok := handles[args[0]]
+				if !ok {
+					src, err := source.Parse(args[1])
+					if err != nil {
+						return nil, err
+					}
+					if h, err = ipcache().NewHandle(args[0], src); err != nil {
+						return scriptcmd.Result("", err)
+					}
+					handles[args[0]] = h
+				}
+				var batch []ipcachecell.PrefixUpsert
+				for p := range strings.SplitSeq(args[2], ",") {
+					prefix, err := netip.ParsePrefix(p)
+					if err != nil {
+						return nil, err
+					}
+					batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix})
+				}
+				return scriptcmd.Result("", h.UpsertBatch(batch))
+			}),
+		"test/release": script.Command(
+			script.CmdUsage{Summary: "Release a resource's handle", Args: "resource"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				h, ok := handles[args[0]]
+				if !ok {
+					return nil, fmt.Errorf("no handle for %s", args[0])
+				}
+				delete(handles, args[0])
+				return nil, h.Release()
+			}),
+	}
+}

@@ -1,0 +1,506 @@
+package policycell
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/part"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+)
+
+// writeChunkSize bounds the identities whose entries are written in one
+// transaction, so that a large change does not block the datapath's
+// reconciler (which writes statuses into the same table) for long.
+const writeChunkSize = 4096
+
+// worldPrefixes are the "prefixes" of world: an all-addresses CIDR selects
+// it, and an except prefix excludes it only if it is all addresses too.
+func worldPrefixes() []netip.Prefix {
+	return []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+}
+
+// selector is one CIDR selector of one rule of a policy in force.
+type selector struct {
+	policy    string
+	direction Direction
+	peer      *CIDRSelector
+	ports     []PortProtocol
+}
+
+// selectorEngine computes the desired `policy` and `policy-enforcement`
+// tables from the policies in force and the identities, incrementally.
+//
+// Two indexes make each change cost what it selects, not what exists:
+//   - selectors by their CIDR (a hash map). The selectors of an identity
+//     are found by probing each prefix length of each of its cidr prefixes
+//     (only lengths some selector has): the cost of an identity appearing
+//     does not grow with the policies that do not select it.
+//   - identities by cidr prefix, in a radix tree keyed like the ipcache
+//     (family, address, length, then identity), so the identities inside a
+//     CIDR are one key range: a policy change looks up only the identities
+//     inside its CIDRs.
+//
+// Each change marks identities dirty; the entries of a dirty identity are
+// recomputed from the indexes and written as a diff, so an unchanged entry
+// keeps its reconciliation status.
+type selectorEngine struct {
+	db          *statedb.DB
+	policies    statedb.Table[*Policy]
+	identities  statedb.Table[*identitycell.Identity]
+	ipcache     statedb.Table[*ipcachecell.Entry]
+	entries     statedb.RWTable[*PolicyEntry]
+	enforcement statedb.RWTable[*Enforcement]
+	log         *slog.Logger
+
+	// markInitialized marks both tables initialized; nil once done.
+	markInitialized func(statedb.WriteTxn)
+
+	policyChanges   statedb.ChangeIterator[*Policy]
+	identityChanges statedb.ChangeIterator[*identitycell.Identity]
+
+	// indexed are the policies whose selectors are in selectors, by name.
+	indexed map[string]*Policy
+	// selectors are the selectors by their CIDR; lengths counts the
+	// selector CIDRs of each family (IPv4, IPv6) and prefix length.
+	selectors map[netip.Prefix][]*selector
+	lengths   [2][129]int
+
+	// prefixesOf are the cidr prefixes of each identity that has some
+	// (world included); byPrefix indexes them.
+	prefixesOf map[identitycell.NumericIdentity][]netip.Prefix
+	byPrefix   part.Tree[identitycell.NumericIdentity]
+
+	// rulesIn counts the policies with rules in each direction.
+	rulesIn [2]int
+
+	dirty map[identitycell.NumericIdentity]struct{}
+
+	// visited counts the selectors examined while recomputing entries;
+	// tests use it to show what a change costs.
+	visited int
+}
+
+func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identities statedb.Table[*identitycell.Identity],
+	ipcache statedb.Table[*ipcachecell.Entry], entries statedb.RWTable[*PolicyEntry], enforcement statedb.RWTable[*Enforcement],
+	log *slog.Logger) *selectorEngine {
+	txn := db.WriteTxn(entries, enforcement)
+	markEntries := entries.RegisterInitializer(txn, "policy-selectors")
+	markEnforcement := enforcement.RegisterInitializer(txn, "policy-selectors")
+	txn.Commit()
+	e := &selectorEngine{
+		db:          db,
+		policies:    policies,
+		identities:  identities,
+		ipcache:     ipcache,
+		entries:     entries,
+		enforcement: enforcement,
+		log:         log,
+		markInitialized: func(txn statedb.WriteTxn) {
+			markEntries(txn)
+			markEnforcement(txn)
+		},
+		indexed:    map[string]*Policy{},
+		selectors:  map[netip.Prefix][]*selector{},
+		prefixesOf: map[identitycell.NumericIdentity][]netip.Prefix{},
+		byPrefix:   part.New[identitycell.NumericIdentity](part.RootOnlyWatch),
+		dirty:      map[identitycell.NumericIdentity]struct{}{},
+	}
+	tree := e.byPrefix.Txn()
+	e.addIdentity(tree, identitycell.IdentityWorld, worldPrefixes())
+	e.byPrefix = tree.Commit()
+	return e
+}
+
+// run processes changes as they come.
+func (e *selectorEngine) run(ctx context.Context, health cell.Health) error {
+	for {
+		watch, err := e.round()
+		if err != nil {
+			return err
+		}
+		e.reportHealth(health)
+		if _, err := watch.Wait(ctx, 0); err != nil {
+			return nil // stopping
+		}
+	}
+}
+
+// round processes the changes of the policies and identities tables up to
+// one snapshot, writes the entries of the identities they affect, and
+// initializes the tables when it may. It returns what to wait on for the
+// next round.
+func (e *selectorEngine) round() (*statedb.WatchSet, error) {
+	if e.policyChanges == nil {
+		txn := e.db.WriteTxn(e.policies, e.identities)
+		var err error
+		if e.policyChanges, err = e.policies.Changes(txn); err == nil {
+			e.identityChanges, err = e.identities.Changes(txn)
+		}
+		txn.Commit()
+		if err != nil {
+			return nil, fmt.Errorf("observe policies and identities: %w", err)
+		}
+	}
+
+	snapshot := e.db.ReadTxn()
+	policyChanges, policyWatch := e.policyChanges.Next(snapshot)
+	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
+	tree := e.byPrefix.Txn()
+	for change := range policyChanges {
+		e.policyChanged(tree, change.Object, change.Deleted)
+	}
+	for change := range identityChanges {
+		e.identityChanged(tree, change.Object, change.Deleted)
+	}
+	e.byPrefix = tree.Commit()
+
+	watch := statedb.NewWatchSet()
+	watch.Add(policyWatch, identityWatch)
+	initializing := false
+	if e.markInitialized != nil {
+		// The directory was read and applied, the ipcache resolved every
+		// producer's prefixes into identities, and all of it up to this
+		// snapshot is processed: once written, the tables are complete.
+		policiesDone, policiesWatch := e.policies.Initialized(snapshot)
+		ipcacheDone, ipcacheWatch := e.ipcache.Initialized(snapshot)
+		initializing = policiesDone && ipcacheDone
+		if !initializing {
+			watch.Add(policiesWatch, ipcacheWatch)
+		}
+	}
+	if err := e.write(initializing); err != nil {
+		return nil, err
+	}
+	if initializing {
+		e.markInitialized = nil
+		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()))
+	}
+	return watch, nil
+}
+
+// policyChanged re-indexes a policy's selectors and marks the identities
+// inside its old and new CIDRs dirty.
+func (e *selectorEngine) policyChanged(tree *part.Txn[identitycell.NumericIdentity], p *Policy, deleted bool) {
+	old := e.indexed[p.Name]
+	if !deleted && old != nil && old.sameRules(p) {
+		e.indexed[p.Name] = p
+		return
+	}
+	if old != nil {
+		e.unindexPolicy(tree, old)
+	}
+	if deleted {
+		delete(e.indexed, p.Name)
+		return
+	}
+	e.indexed[p.Name] = p
+	for _, dir := range Directions() {
+		rules := p.Rules(dir)
+		if len(rules) > 0 {
+			e.rulesIn[dir]++
+		}
+		for i := range rules {
+			rule := &rules[i]
+			for j := range rule.Peers {
+				peer := &rule.Peers[j]
+				s := &selector{policy: p.Name, direction: dir, peer: peer, ports: rule.Ports}
+				if len(e.selectors[peer.CIDR]) == 0 {
+					e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
+				}
+				e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], s)
+				e.markWithin(tree, peer.CIDR)
+			}
+		}
+	}
+}
+
+func (e *selectorEngine) unindexPolicy(tree *part.Txn[identitycell.NumericIdentity], p *Policy) {
+	for _, dir := range Directions() {
+		rules := p.Rules(dir)
+		if len(rules) > 0 {
+			e.rulesIn[dir]--
+		}
+		for _, rule := range rules {
+			for _, peer := range rule.Peers {
+				at, ok := e.selectors[peer.CIDR]
+				if !ok {
+					continue // a second selector of p on the same CIDR, already gone
+				}
+				at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == p.Name })
+				if len(at) == 0 {
+					delete(e.selectors, peer.CIDR)
+					e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]--
+				} else {
+					e.selectors[peer.CIDR] = at
+				}
+				e.markWithin(tree, peer.CIDR)
+			}
+		}
+	}
+}
+
+// family indexes lengths.
+func family(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return 0
+	}
+	return 1
+}
+
+// identityChanged indexes an identity's cidr prefixes. Only a change of
+// labels matters (rows change on every reference).
+func (e *selectorEngine) identityChanged(tree *part.Txn[identitycell.NumericIdentity], identity *identitycell.Identity, deleted bool) {
+	id := identity.ID
+	if id == identitycell.IdentityWorld {
+		return // world is not allocated; it is always indexed
+	}
+	old, had := e.prefixesOf[id]
+	var prefixes []netip.Prefix
+	if !deleted {
+		prefixes = slices.Collect(identity.Labels.Prefixes())
+	}
+	if slices.Equal(old, prefixes) {
+		return
+	}
+	if had {
+		for _, prefix := range old {
+			tree.Delete(identityPrefixKey(prefix, id))
+		}
+		delete(e.prefixesOf, id)
+	}
+	if len(prefixes) > 0 {
+		e.addIdentity(tree, id, prefixes)
+	}
+	e.dirty[id] = struct{}{}
+}
+
+func (e *selectorEngine) addIdentity(tree *part.Txn[identitycell.NumericIdentity], id identitycell.NumericIdentity, prefixes []netip.Prefix) {
+	e.prefixesOf[id] = prefixes
+	for _, prefix := range prefixes {
+		tree.Insert(identityPrefixKey(prefix, id), id)
+	}
+}
+
+// identityPrefixKey is the ipcache's prefix key (family, address, length)
+// followed by the identity: the identities inside a CIDR are one key
+// range starting at the CIDR's address with length 0.
+func identityPrefixKey(prefix netip.Prefix, id identitycell.NumericIdentity) []byte {
+	key := make([]byte, 0, 22)
+	if prefix.Addr().Is4() {
+		a := prefix.Addr().As4()
+		key = append(append(key, 4), a[:]...)
+	} else {
+		a := prefix.Addr().As16()
+		key = append(append(key, 6), a[:]...)
+	}
+	key = append(key, byte(prefix.Bits()))
+	return binary.BigEndian.AppendUint32(key, uint32(id))
+}
+
+// markWithin marks dirty the identities with a cidr prefix inside cidr.
+func (e *selectorEngine) markWithin(tree *part.Txn[identitycell.NumericIdentity], cidr netip.Prefix) {
+	start := identityPrefixKey(netip.PrefixFrom(cidr.Addr(), 0), 0)
+	addrLen := len(start) - 6 // family byte; length byte and identity follow
+	iter := tree.LowerBound(start[:1+addrLen])
+	for key, id, ok := iter.Next(); ok; key, id, ok = iter.Next() {
+		if key[0] != start[0] {
+			return
+		}
+		addr, _ := netip.AddrFromSlice(key[1 : 1+addrLen])
+		if !cidr.Contains(addr) {
+			return // past the CIDR's range of keys
+		}
+		if int(key[1+addrLen]) >= cidr.Bits() {
+			e.dirty[id] = struct{}{}
+		}
+	}
+}
+
+// write recomputes the entries of the dirty identities and the
+// enforcement rows, and writes what changed. initializing marks the tables
+// initialized, in the transaction of the last entries.
+//
+// Enforcement is written only from initialization on: until then the
+// datapath keeps the enforcement it has (after a restart, the previous
+// run's), rather than switching it off before the policies are known.
+func (e *selectorEngine) write(initializing bool) error {
+	// A fresh set each round: iterating or clearing a map costs its
+	// capacity, which the first round makes as large as all identities.
+	dirty := slices.Sorted(maps.Keys(e.dirty))
+	e.dirty = map[identitycell.NumericIdentity]struct{}{}
+	writeEnforcement := initializing || e.markInitialized == nil
+	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
+		return nil // e.g. only reference counts changed
+	}
+	var scratch []allowance
+	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
+		txn := e.db.WriteTxn(e.entries, e.enforcement)
+		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
+			scratch = e.allowances(id, scratch[:0])
+			if err := e.writeIdentity(txn, id, scratch); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
+		// Enforcement goes last, after the entries it makes necessary.
+		if start+writeChunkSize >= len(dirty) && writeEnforcement {
+			if err := e.writeEnforcement(txn); err != nil {
+				txn.Abort()
+				return err
+			}
+			if initializing {
+				e.markInitialized(txn)
+			}
+		}
+		txn.Commit()
+	}
+	return nil
+}
+
+// allowance is one policy allowing one key.
+type allowance struct {
+	key    PolicyKey
+	policy string
+}
+
+// allowances appends what the policies in force allow for an identity,
+// sorted by key and policy, without duplicates.
+func (e *selectorEngine) allowances(id identitycell.NumericIdentity, out []allowance) []allowance {
+	prefixes := e.prefixesOf[id]
+	for _, prefix := range prefixes {
+		lengths := &e.lengths[family(prefix)]
+		for bits := prefix.Bits(); bits >= 0; bits-- {
+			if lengths[bits] == 0 {
+				continue
+			}
+			cidr, _ := prefix.Addr().Prefix(bits)
+			for _, s := range e.selectors[cidr] {
+				e.visited++
+				if s.peer.excludes(prefixes) {
+					continue
+				}
+				key := PolicyKey{Identity: id, Direction: s.direction}
+				if len(s.ports) == 0 {
+					out = append(out, allowance{key, s.policy})
+				}
+				for _, pp := range s.ports {
+					key.Protocol, key.Port = pp.Protocol, pp.Port
+					out = append(out, allowance{key, s.policy})
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b allowance) int {
+		if c := comparePolicyKeys(a.key, b.key); c != 0 {
+			return c
+		}
+		return strings.Compare(a.policy, b.policy)
+	})
+	return slices.Compact(out)
+}
+
+// writeIdentity makes the identity's entries those of the allowances:
+// changed and new entries are written (pending reconciliation), entries no
+// longer allowed are deleted, and unchanged ones are left alone.
+func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, allowed []allowance) error {
+	// Both are in key order: the index orders keys as comparePolicyKeys.
+	var current []*PolicyEntry
+	for entry := range e.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
+		current = append(current, entry)
+	}
+	for i := 0; i < len(allowed); {
+		j := i + 1
+		for j < len(allowed) && allowed[j].key == allowed[i].key {
+			j++
+		}
+		desired := &PolicyEntry{Key: allowed[i].key, Verdict: VerdictAllow, Policies: make([]string, 0, j-i)}
+		for _, a := range allowed[i:j] {
+			desired.Policies = append(desired.Policies, a.policy)
+		}
+		i = j
+		for len(current) > 0 && comparePolicyKeys(current[0].Key, desired.Key) < 0 {
+			if err := e.deleteEntry(txn, current[0]); err != nil {
+				return err
+			}
+			current = current[1:]
+		}
+		if len(current) > 0 && current[0].Key == desired.Key {
+			have := current[0]
+			current = current[1:]
+			if have.sameEntry(desired) {
+				continue
+			}
+		}
+		desired.Status = reconciler.StatusPending()
+		if _, _, err := e.entries.Insert(txn, desired); err != nil {
+			return fmt.Errorf("write policy entry %s: %w", desired.Key, err)
+		}
+	}
+	for _, stale := range current {
+		if err := e.deleteEntry(txn, stale); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *selectorEngine) deleteEntry(txn statedb.WriteTxn, entry *PolicyEntry) error {
+	if _, _, err := e.entries.Delete(txn, entry); err != nil {
+		return fmt.Errorf("delete policy entry %s: %w", entry.Key, err)
+	}
+	return nil
+}
+
+// writeEnforcement writes each direction's row where it changed: a
+// direction is enforced when a policy in force has a rule in it.
+func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn) error {
+	for _, dir := range Directions() {
+		enforced := e.rulesIn[dir] > 0
+		if row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir)); found && row.Enforced == enforced {
+			continue
+		}
+		row := &Enforcement{Direction: dir, Enforced: enforced, Status: reconciler.StatusPending()}
+		if _, _, err := e.enforcement.Insert(txn, row); err != nil {
+			return fmt.Errorf("write %s enforcement: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// enforcementChanged reports whether a direction's row is missing or
+// differs from what the policies in force say.
+func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
+	for _, dir := range Directions() {
+		row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+		if !found || row.Enforced != (e.rulesIn[dir] > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *selectorEngine) reportHealth(health cell.Health) {
+	txn := e.db.ReadTxn()
+	var enforced []string
+	for _, dir := range Directions() {
+		if e.rulesIn[dir] > 0 {
+			enforced = append(enforced, dir.String())
+		}
+	}
+	if len(enforced) == 0 {
+		enforced = []string{"none"}
+	}
+	health.OK(fmt.Sprintf("%d policy entries from %d policies; enforced: %s",
+		e.entries.NumObjects(txn), len(e.indexed), strings.Join(enforced, ", ")))
+}

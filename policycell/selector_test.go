@@ -1,0 +1,404 @@
+package policycell
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+)
+
+// engineFixture is a selector engine on bare tables, driven by the test:
+// it writes policies and identities directly and calls round.
+type engineFixture struct {
+	db          *statedb.DB
+	policies    statedb.RWTable[*Policy]
+	identities  statedb.RWTable[*identitycell.Identity]
+	entries     statedb.RWTable[*PolicyEntry]
+	enforcement statedb.RWTable[*Enforcement]
+	engine      *selectorEngine
+
+	// policiesRead and ipcacheResolved mark the `policies` and `ipcache`
+	// tables initialized.
+	policiesRead, ipcacheResolved func()
+}
+
+func newEngineFixture(tb testing.TB) *engineFixture {
+	tb.Helper()
+	f := &engineFixture{db: statedb.New()}
+	var err error
+	f.policies, err = NewPoliciesTable(f.db)
+	require.NoError(tb, err)
+	f.identities, err = identitycell.NewIdentitiesTable(f.db)
+	require.NoError(tb, err)
+	ipcache, err := ipcachecell.NewEntriesTable(f.db)
+	require.NoError(tb, err)
+	f.entries, err = NewPolicyTable(f.db)
+	require.NoError(tb, err)
+	f.enforcement, err = NewEnforcementTable(f.db)
+	require.NoError(tb, err)
+	require.NoError(tb, f.db.Start())
+	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })
+	f.policiesRead = registerInitializer(f.db, f.policies)
+	f.ipcacheResolved = registerInitializer(f.db, ipcache)
+	f.engine = newSelectorEngine(f.db, f.policies, f.identities, ipcache, f.entries, f.enforcement, hivetest.Logger(tb))
+	return f
+}
+
+func registerInitializer[Obj any](db *statedb.DB, table statedb.RWTable[Obj]) func() {
+	txn := db.WriteTxn(table)
+	done := table.RegisterInitializer(txn, "test")
+	txn.Commit()
+	return func() {
+		txn := db.WriteTxn(table)
+		done(txn)
+		txn.Commit()
+	}
+}
+
+func (f *engineFixture) initialized() bool {
+	txn := f.db.ReadTxn()
+	entries, _ := f.entries.Initialized(txn)
+	enforcement, _ := f.enforcement.Initialized(txn)
+	return entries && enforcement
+}
+
+func (f *engineFixture) round(tb testing.TB) {
+	tb.Helper()
+	_, err := f.engine.round()
+	require.NoError(tb, err)
+}
+
+func (f *engineFixture) upsertPolicies(tb testing.TB, policies ...*Policy) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.policies)
+	for _, p := range policies {
+		_, _, err := f.policies.Insert(txn, p)
+		require.NoError(tb, err)
+	}
+	txn.Commit()
+}
+
+func (f *engineFixture) deletePolicy(tb testing.TB, p *Policy) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.policies)
+	_, _, err := f.policies.Delete(txn, p)
+	require.NoError(tb, err)
+	txn.Commit()
+}
+
+func (f *engineFixture) upsertIdentities(tb testing.TB, identities ...*identitycell.Identity) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.identities)
+	for _, i := range identities {
+		_, _, err := f.identities.Insert(txn, i)
+		require.NoError(tb, err)
+	}
+	txn.Commit()
+}
+
+func (f *engineFixture) deleteIdentity(tb testing.TB, i *identitycell.Identity) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.identities)
+	_, _, err := f.identities.Delete(txn, i)
+	require.NoError(tb, err)
+	txn.Commit()
+}
+
+// table returns the `policy` table as key -> policies.
+func (f *engineFixture) table() map[PolicyKey]string {
+	out := map[PolicyKey]string{}
+	for e := range f.entries.All(f.db.ReadTxn()) {
+		out[e.Key] = strings.Join(e.Policies, ",")
+	}
+	return out
+}
+
+func identity(id identitycell.NumericIdentity, lbls ...string) *identitycell.Identity {
+	l, err := labels.New(lbls...)
+	if err != nil {
+		panic(err)
+	}
+	return &identitycell.Identity{ID: id, Labels: l, References: 1}
+}
+
+func cidrPolicy(name string, dir Direction, ports []PortProtocol, cidrs ...string) *Policy {
+	rule := Rule{Ports: ports}
+	for _, c := range cidrs {
+		rule.Peers = append(rule.Peers, CIDRSelector{CIDR: netip.MustParsePrefix(c)})
+	}
+	p := &Policy{Name: name, File: name + ".yaml", Line: 1}
+	if dir == Ingress {
+		p.Ingress = []Rule{rule}
+	} else {
+		p.Egress = []Rule{rule}
+	}
+	return p
+}
+
+// bruteForce computes the desired table from scratch: every identity (and
+// world) against every selector.
+func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[PolicyKey]string {
+	type target struct {
+		id       identitycell.NumericIdentity
+		prefixes []netip.Prefix
+	}
+	targets := []target{{identitycell.IdentityWorld, worldPrefixes()}}
+	for _, i := range identities {
+		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
+	}
+	allowed := map[PolicyKey]map[string]struct{}{}
+	allow := func(k PolicyKey, policy string) {
+		if allowed[k] == nil {
+			allowed[k] = map[string]struct{}{}
+		}
+		allowed[k][policy] = struct{}{}
+	}
+	for _, t := range targets {
+		for _, p := range policies {
+			for _, dir := range Directions() {
+				for _, rule := range p.Rules(dir) {
+					for _, peer := range rule.Peers {
+						if !peer.Selects(t.prefixes) {
+							continue
+						}
+						k := PolicyKey{Identity: t.id, Direction: dir}
+						if len(rule.Ports) == 0 {
+							allow(k, p.Name)
+						}
+						for _, pp := range rule.Ports {
+							k.Protocol, k.Port = pp.Protocol, pp.Port
+							allow(k, p.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	out := map[PolicyKey]string{}
+	for k, names := range allowed {
+		out[k] = strings.Join(slices.Sorted(maps.Keys(names)), ",")
+	}
+	return out
+}
+
+func TestSelectorBasics(t *testing.T) {
+	f := newEngineFixture(t)
+	web := cidrPolicy("web", Egress, []PortProtocol{{443, ProtocolTCP}}, "10.0.0.0/8")
+	web.Egress[0].Peers[0].Except = []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}
+	all := cidrPolicy("all", Ingress, nil, "0.0.0.0/0")
+	f.upsertPolicies(t, web, all)
+	f.upsertIdentities(t,
+		identity(16777217, "cidr:10.0.0.0/8"),
+		identity(16777218, "cidr:10.1.0.0/16", "app:x"), // narrower, other labels too
+		identity(16777219, "cidr:10.2.3.0/24"),          // inside the except prefix
+		identity(16777220, "cidr:192.0.2.0/24"),
+		identity(16777221, "app:no-cidr"),
+	)
+	f.round(t)
+	require.Equal(t, map[PolicyKey]string{
+		{2, Ingress, 0, 0}:                   "all",
+		{16777217, Ingress, 0, 0}:            "all",
+		{16777217, Egress, ProtocolTCP, 443}: "web",
+		{16777218, Ingress, 0, 0}:            "all",
+		{16777218, Egress, ProtocolTCP, 443}: "web",
+		{16777219, Ingress, 0, 0}:            "all",
+		{16777220, Ingress, 0, 0}:            "all",
+	}, f.table())
+}
+
+// TestSelectorInitialization: the tables are initialized in the first
+// round that sees both the policies (the directory read) and the ipcache
+// (every producer's prefixes resolved) initialized, having processed
+// everything up to then.
+func TestSelectorInitialization(t *testing.T) {
+	f := newEngineFixture(t)
+	f.round(t)
+	require.False(t, f.initialized())
+
+	f.upsertPolicies(t, cidrPolicy("web", Egress, nil, "10.0.0.0/8"))
+	f.policiesRead()
+	f.round(t)
+	require.False(t, f.initialized(), "the ipcache has not resolved the policy's prefixes yet")
+
+	f.upsertIdentities(t, identity(16777217, "cidr:10.0.0.0/8"))
+	f.ipcacheResolved()
+	f.round(t)
+	require.True(t, f.initialized())
+	require.Equal(t, map[PolicyKey]string{{16777217, Egress, 0, 0}: "web"}, f.table(),
+		"what the ipcache had resolved is in the table when it is initialized")
+}
+
+func TestSelectorEnforcementRows(t *testing.T) {
+	f := newEngineFixture(t)
+	enforced := func() map[Direction]bool {
+		out := map[Direction]bool{}
+		for e := range f.enforcement.All(f.db.ReadTxn()) {
+			out[e.Direction] = e.Enforced
+		}
+		return out
+	}
+	f.upsertPolicies(t, cidrPolicy("web", Ingress, nil, "10.0.0.0/8"))
+	f.round(t)
+	require.Empty(t, enforced(), "the datapath keeps its enforcement until the tables are initialized")
+	f.deletePolicy(t, cidrPolicy("web", Ingress, nil, "10.0.0.0/8"))
+	f.policiesRead()
+	f.ipcacheResolved()
+	f.round(t)
+	require.Equal(t, map[Direction]bool{Ingress: false, Egress: false}, enforced(), "both rows exist from initialization on")
+
+	deny := &Policy{Name: "deny-egress", Egress: []Rule{{}}}
+	f.upsertPolicies(t, deny)
+	f.round(t)
+	require.Equal(t, map[Direction]bool{Ingress: false, Egress: true}, enforced(), "an empty rule enforces its direction")
+	require.Empty(t, f.table(), "and allows nothing")
+
+	f.deletePolicy(t, deny)
+	f.round(t)
+	require.Equal(t, map[Direction]bool{Ingress: false, Egress: false}, enforced())
+}
+
+// TestSelectorMatchesBruteForce changes policies and identities at random
+// and checks after every round that the table is what a computation from
+// scratch gives, and that entries that did not change kept their
+// reconciliation status.
+func TestSelectorMatchesBruteForce(t *testing.T) {
+	f := newEngineFixture(t)
+	f.policiesRead()
+	f.ipcacheResolved()
+	rng := rand.New(rand.NewPCG(7, 11))
+
+	var universe []netip.Prefix
+	for _, s := range []string{"0.0.0.0/0", "10.0.0.0/8", "10.1.0.0/16", "10.1.1.0/24", "10.1.1.1/32",
+		"10.2.0.0/16", "10.2.0.0/24", "192.0.2.0/24", "192.0.2.128/25", "::/0", "2001:db8::/32",
+		"2001:db8:1::/48", "2001:db8:1::1/128"} {
+		universe = append(universe, netip.MustParsePrefix(s))
+	}
+	randomPrefix := func() netip.Prefix { return universe[rng.IntN(len(universe))] }
+	randomRule := func() Rule {
+		var rule Rule
+		for range rng.IntN(3) {
+			peer := CIDRSelector{CIDR: randomPrefix()}
+			for _, e := range universe {
+				if e != peer.CIDR && contains(peer.CIDR, e) && rng.IntN(4) == 0 {
+					peer.Except = append(peer.Except, e)
+				}
+			}
+			rule.Peers = append(rule.Peers, peer)
+		}
+		if rng.IntN(2) == 0 && len(rule.Peers) > 0 {
+			rule.Ports = []PortProtocol{{uint16(53 + rng.IntN(2)), ProtocolUDP}, {443, ProtocolTCP}}
+		}
+		return rule
+	}
+	policies := map[string]*Policy{}
+	identities := map[identitycell.NumericIdentity]*identitycell.Identity{}
+
+	var previous map[PolicyKey]string
+	for step := range 300 {
+		for range 1 + rng.IntN(4) {
+			switch op := rng.IntN(4); {
+			case op == 0 && len(policies) > 0:
+				name := slices.Sorted(maps.Keys(policies))[rng.IntN(len(policies))]
+				f.deletePolicy(t, policies[name])
+				delete(policies, name)
+			case op == 1:
+				p := &Policy{Name: fmt.Sprintf("p%d", rng.IntN(8))}
+				for range rng.IntN(3) {
+					p.Ingress = append(p.Ingress, randomRule())
+				}
+				for range rng.IntN(3) {
+					p.Egress = append(p.Egress, randomRule())
+				}
+				f.upsertPolicies(t, p)
+				policies[p.Name] = p
+			case op == 2 && len(identities) > 0:
+				ids := slices.Sorted(maps.Keys(identities))
+				id := ids[rng.IntN(len(ids))]
+				f.deleteIdentity(t, identities[id])
+				delete(identities, id)
+			default:
+				id := identitycell.MinLocalIdentity + identitycell.NumericIdentity(rng.IntN(12))
+				lbls := []string{labels.CIDRLabel(randomPrefix())}
+				if rng.IntN(4) == 0 {
+					lbls = append(lbls, labels.CIDRLabel(randomPrefix()))
+				}
+				if rng.IntN(4) == 0 {
+					lbls = []string{"app:no-cidr"}
+				}
+				i := identity(id, lbls...)
+				f.upsertIdentities(t, i)
+				identities[id] = i
+			}
+		}
+		f.round(t)
+
+		want := bruteForce(slices.Collect(maps.Values(policies)), slices.Collect(maps.Values(identities)))
+		require.Equal(t, want, f.table(), "step %d", step)
+		wantEnforced := map[Direction]bool{Ingress: false, Egress: false}
+		for _, p := range policies {
+			for _, dir := range Directions() {
+				wantEnforced[dir] = wantEnforced[dir] || len(p.Rules(dir)) > 0
+			}
+		}
+		for e := range f.enforcement.All(f.db.ReadTxn()) {
+			require.Equal(t, wantEnforced[e.Direction], e.Enforced, "step %d: %s", step, e.Direction)
+		}
+		require.Equal(t, 2, f.enforcement.NumObjects(f.db.ReadTxn()))
+		for e := range f.entries.All(f.db.ReadTxn()) {
+			if previous != nil && previous[e.Key] == strings.Join(e.Policies, ",") {
+				require.Equal(t, reconciler.StatusKindDone, e.Status.Kind, "step %d: unchanged entry %s rewritten", step, e.Key)
+			}
+		}
+		previous = want
+		markAllDone(t, f)
+	}
+}
+
+// markAllDone does what the datapath reconciler does.
+func markAllDone(t *testing.T, f *engineFixture) {
+	txn := f.db.WriteTxn(f.entries)
+	for e := range f.entries.All(txn) {
+		if e.Status.Kind != reconciler.StatusKindDone {
+			_, _, err := f.entries.Insert(txn, e.Clone().SetStatus(reconciler.StatusDone()))
+			require.NoError(t, err)
+		}
+	}
+	txn.Commit()
+}
+
+// TestIdentityCostIndependentOfOtherPolicies: an identity appearing makes
+// the engine examine the selectors that contain its prefix and nothing
+// else, however many other policies exist.
+func TestIdentityCostIndependentOfOtherPolicies(t *testing.T) {
+	visitedFor := func(otherPolicies int) int {
+		f := newEngineFixture(t)
+		var batch []*Policy
+		for i := range otherPolicies {
+			batch = append(batch, cidrPolicy(fmt.Sprintf("other-%d", i), Egress, nil,
+				fmt.Sprintf("11.%d.%d.0/24", i/256, i%256)))
+		}
+		batch = append(batch, cidrPolicy("selects", Egress, nil, "10.0.0.0/8"))
+		f.upsertPolicies(t, batch...)
+		f.round(t)
+		before := f.engine.visited
+		f.upsertIdentities(t, identity(16777217, "cidr:10.1.2.0/24"))
+		f.round(t)
+		require.Equal(t, map[PolicyKey]string{{16777217, Egress, 0, 0}: "selects"}, f.table())
+		return f.engine.visited - before
+	}
+	small, large := visitedFor(1_000), visitedFor(10_000)
+	require.Equal(t, 1, small, "one selector contains the prefix")
+	require.Equal(t, small, large)
+}

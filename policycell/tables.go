@@ -1,0 +1,285 @@
+package policycell
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+)
+
+const (
+	PoliciesTableName    = "policies"
+	PolicyTableName      = "policy"
+	EnforcementTableName = "policy-enforcement"
+)
+
+// PolicyNameIndex is the primary index of the `policies` table: the
+// policies in force, by name.
+var PolicyNameIndex = statedb.Index[*Policy, string]{
+	Name: "name",
+	FromObject: func(p *Policy) index.KeySet {
+		return index.NewKeySet(index.String(p.Name))
+	},
+	FromKey:    index.String,
+	FromString: index.FromString,
+	Unique:     true,
+}
+
+// NewPoliciesTable creates and registers the `policies` table. Only the
+// directory reader writes it.
+func NewPoliciesTable(db *statedb.DB) (statedb.RWTable[*Policy], error) {
+	return statedb.NewTable(db, PoliciesTableName, PolicyNameIndex)
+}
+
+// Verdict is the value of a policy-map entry.
+type Verdict uint32
+
+// VerdictAllow is the only verdict: the map holds what is allowed.
+const VerdictAllow Verdict = 1
+
+func (v Verdict) String() string {
+	if v == VerdictAllow {
+		return "allow"
+	}
+	return strconv.FormatUint(uint64(v), 10)
+}
+
+// PolicyKey is the key of a policy-map entry (DESIGN.md section 8). Port
+// is in host order here; the datapath writes it in network order. A rule
+// without ports gives Protocol and Port 0 (any); a rule with ports gives
+// one key per port and protocol.
+type PolicyKey struct {
+	Identity  identitycell.NumericIdentity `json:"identity" yaml:"identity"`
+	Direction Direction                    `json:"direction" yaml:"direction"`
+	Protocol  Protocol                     `json:"protocol" yaml:"protocol"`
+	Port      uint16                       `json:"port" yaml:"port"`
+}
+
+// key is the index key: the map key's fields, big-endian, so that keys
+// order by identity first and one identity's entries are one key prefix.
+func (k PolicyKey) key() index.Key {
+	key := make(index.Key, 8)
+	binary.BigEndian.PutUint32(key, uint32(k.Identity))
+	key[4], key[5] = byte(k.Direction), byte(k.Protocol)
+	binary.BigEndian.PutUint16(key[6:], k.Port)
+	return key
+}
+
+func (k PolicyKey) String() string {
+	return fmt.Sprintf("%d/%s/%s/%d", k.Identity, k.Direction, k.Protocol, k.Port)
+}
+
+func comparePolicyKeys(a, b PolicyKey) int {
+	switch {
+	case a.Identity != b.Identity:
+		return cmpInt(a.Identity, b.Identity)
+	case a.Direction != b.Direction:
+		return cmpInt(a.Direction, b.Direction)
+	case a.Protocol != b.Protocol:
+		return cmpInt(a.Protocol, b.Protocol)
+	}
+	return cmpInt(a.Port, b.Port)
+}
+
+func cmpInt[T ~uint8 | ~uint16 | ~uint32](a, b T) int {
+	if a < b {
+		return -1
+	}
+	if a > b {
+		return 1
+	}
+	return 0
+}
+
+// policyKeyFromString parses "identity[/direction[/protocol[/port]]]", e.g.
+// "16777217/egress/UDP/53". Fewer fields give a key prefix, for
+// `db/prefix policy 16777217`.
+func policyKeyFromString(s string) (index.Key, error) {
+	fields := strings.Split(s, "/")
+	if len(fields) > 4 {
+		return nil, fmt.Errorf("policy key %q: want identity/direction/protocol/port", s)
+	}
+	id, err := strconv.ParseUint(fields[0], 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("policy key %q: identity: %w", s, err)
+	}
+	var k PolicyKey
+	k.Identity = identitycell.NumericIdentity(id)
+	if len(fields) > 1 {
+		if k.Direction, err = ParseDirection(fields[1]); err != nil {
+			return nil, fmt.Errorf("policy key %q: %w", s, err)
+		}
+	}
+	if len(fields) > 2 {
+		if k.Protocol, err = ParseProtocol(fields[2]); err != nil {
+			return nil, fmt.Errorf("policy key %q: %w", s, err)
+		}
+	}
+	if len(fields) > 3 {
+		port, err := strconv.ParseUint(fields[3], 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("policy key %q: port: %w", s, err)
+		}
+		k.Port = uint16(port)
+	}
+	return k.key()[:[]int{4, 5, 6, 8}[len(fields)-1]], nil
+}
+
+// PolicyEntry is a row of the desired `policy` table: a policy-map entry
+// and the policies that allow it.
+type PolicyEntry struct {
+	Key     PolicyKey `json:"key" yaml:"key"`
+	Verdict Verdict   `json:"verdict" yaml:"verdict"`
+
+	// Policies are the names of the policies in force that allow the
+	// entry, sorted. Immutable.
+	Policies []string `json:"policies" yaml:"policies"`
+
+	// Status is the datapath's reconciliation status of the entry.
+	Status reconciler.Status `json:"status" yaml:"status"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*PolicyEntry) TableHeader() []string {
+	return []string{"Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Status"}
+}
+
+// TableRow implements statedb.TableWritable. Port 0 shows as "any".
+func (e *PolicyEntry) TableRow() []string {
+	port := "any"
+	if e.Key.Port != 0 {
+		port = strconv.FormatUint(uint64(e.Key.Port), 10)
+	}
+	return []string{e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), port,
+		e.Verdict.String(), strings.Join(e.Policies, ","), e.Status.String()}
+}
+
+// sameEntry reports whether two entries say the same, whatever their
+// reconciliation status.
+func (e *PolicyEntry) sameEntry(other *PolicyEntry) bool {
+	return e.Key == other.Key && e.Verdict == other.Verdict && slices.Equal(e.Policies, other.Policies)
+}
+
+// Clone returns a shallow copy, for the reconciler.
+func (e *PolicyEntry) Clone() *PolicyEntry {
+	c := *e
+	return &c
+}
+
+// GetStatus returns the reconciliation status, for the reconciler.
+func (e *PolicyEntry) GetStatus() reconciler.Status { return e.Status }
+
+// SetStatus sets the reconciliation status, for the reconciler.
+func (e *PolicyEntry) SetStatus(status reconciler.Status) *PolicyEntry {
+	e.Status = status
+	return e
+}
+
+// PolicyKeyIndex is the primary index of the `policy` table: the map key.
+// Querying with fewer fields (policyKeyFromString) is a prefix search.
+var PolicyKeyIndex = statedb.Index[*PolicyEntry, PolicyKey]{
+	Name: "key",
+	FromObject: func(e *PolicyEntry) index.KeySet {
+		return index.NewKeySet(e.Key.key())
+	},
+	FromKey:    PolicyKey.key,
+	FromString: policyKeyFromString,
+	Unique:     true,
+}
+
+// identityKey is the key prefix of an identity's entries in the `policy`
+// table.
+func identityKey(id identitycell.NumericIdentity) index.Key {
+	return index.Uint32(uint32(id))
+}
+
+// NewPolicyTable creates and registers the desired `policy` table. Only
+// the selector job writes its entries; the datapath reconciler writes
+// their status through [PolicyReconcilerTable].
+func NewPolicyTable(db *statedb.DB) (statedb.RWTable[*PolicyEntry], error) {
+	return statedb.NewTable(db, PolicyTableName, PolicyKeyIndex)
+}
+
+// PolicyReconcilerTable is the `policy` table for the datapath's
+// reconciler, which writes the reconciliation status of entries through
+// it. Nothing else writes through it: entries are the selector job's.
+type PolicyReconcilerTable struct {
+	statedb.RWTable[*PolicyEntry]
+}
+
+// Enforcement is a row of the `policy-enforcement` table: whether a
+// direction is enforced. A direction is enforced when at least one policy
+// in force has a rule in it; then only what the `policy` table allows
+// passes. Once the table is initialized it has a row for each direction.
+type Enforcement struct {
+	Direction Direction `json:"direction" yaml:"direction"`
+	Enforced  bool      `json:"enforced" yaml:"enforced"`
+
+	// Status is the datapath's reconciliation status of the row.
+	Status reconciler.Status `json:"status" yaml:"status"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*Enforcement) TableHeader() []string { return []string{"Direction", "Enforced", "Status"} }
+
+// TableRow implements statedb.TableWritable.
+func (e *Enforcement) TableRow() []string {
+	return []string{e.Direction.String(), strconv.FormatBool(e.Enforced), e.Status.String()}
+}
+
+// Clone returns a shallow copy, for the reconciler.
+func (e *Enforcement) Clone() *Enforcement {
+	c := *e
+	return &c
+}
+
+// GetStatus returns the reconciliation status, for the reconciler.
+func (e *Enforcement) GetStatus() reconciler.Status { return e.Status }
+
+// SetStatus sets the reconciliation status, for the reconciler.
+func (e *Enforcement) SetStatus(status reconciler.Status) *Enforcement {
+	e.Status = status
+	return e
+}
+
+// EnforcementDirectionIndex is the primary index of `policy-enforcement`.
+var EnforcementDirectionIndex = statedb.Index[*Enforcement, Direction]{
+	Name: "direction",
+	FromObject: func(e *Enforcement) index.KeySet {
+		return index.NewKeySet(index.Key{byte(e.Direction)})
+	},
+	FromKey: func(d Direction) index.Key { return index.Key{byte(d)} },
+	FromString: func(s string) (index.Key, error) {
+		d, err := ParseDirection(s)
+		if err != nil {
+			return nil, err
+		}
+		return index.Key{byte(d)}, nil
+	},
+	Unique: true,
+}
+
+// NewEnforcementTable creates and registers the `policy-enforcement`
+// table.
+func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
+	return statedb.NewTable(db, EnforcementTableName, EnforcementDirectionIndex)
+}
+
+// EnforcementReconcilerTable is the `policy-enforcement` table for the
+// datapath's reconciler (see [PolicyReconcilerTable]).
+type EnforcementReconcilerTable struct {
+	statedb.RWTable[*Enforcement]
+}
+
+var (
+	_ statedb.TableWritable = &Policy{}
+	_ statedb.TableWritable = &PolicyEntry{}
+	_ statedb.TableWritable = &Enforcement{}
+)
