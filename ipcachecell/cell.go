@@ -49,6 +49,7 @@ func newIPCacheCell(p ipcacheParams) *IPCache {
 	return newIPCache(p.DB, p.Metadata, restore)
 }
 
-func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry]) hive.ScriptCmdsOut {
-	return hive.NewScriptCmds(newScriptCommands(db, metadata, entries))
+func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
+	identities statedb.Table[*identitycell.Identity]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(newScriptCommands(db, metadata, entries, identities))
 }

@@ -3,19 +3,105 @@ package ipcachecell
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
 
-func newScriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry]) map[string]script.Cmd {
+func newScriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
+	identities statedb.Table[*identitycell.Identity]) map[string]script.Cmd {
+	owners := identityOwners{db, metadata, entries, identities}
 	return map[string]script.Cmd{
 		"ipcache/lookup": lookupCommand(db, metadata, entries),
+		"identity/list":  owners.listCommand(),
+		"identity/show":  owners.showCommand(),
 	}
+}
+
+// identityOwners joins the identities with the ipcache: which prefixes map
+// to an identity, and which resources own those prefixes.
+type identityOwners struct {
+	db         *statedb.DB
+	metadata   statedb.Table[*PrefixMetadata]
+	entries    statedb.Table[*Entry]
+	identities statedb.Table[*identitycell.Identity]
+}
+
+// owners returns the prefixes that resolved to id and, per prefix, the
+// resources that own it.
+func (o identityOwners) owners(txn statedb.ReadTxn, id identitycell.NumericIdentity) (prefixes []string, resources []string) {
+	seen := map[string]bool{}
+	for entry := range o.entries.List(txn, EntryIdentityIndex.Query(id)) {
+		prefixes = append(prefixes, entry.Prefix.String())
+		for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
+			if !seen[row.Resource] {
+				seen[row.Resource] = true
+				resources = append(resources, row.Resource)
+			}
+		}
+	}
+	return prefixes, resources
+}
+
+func (o identityOwners) listCommand() script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "List local identities with their references, prefixes and owning resources",
+			Detail: []string{
+				"References counts the ipcache's one reference per prefix plus any",
+				"held elsewhere; Owners are the resources with metadata for the prefixes.",
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			txn := o.db.ReadTxn()
+			var out strings.Builder
+			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
+			for identity := range o.identities.All(txn) {
+				prefixes, resources := o.owners(txn, identity.ID)
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References,
+					strings.Join(prefixes, ","), strings.Join(resources, ","), identity.Labels)
+			}
+			w.Flush()
+			return scriptcmd.Result(out.String(), nil)
+		})
+}
+
+func (o identityOwners) showCommand() script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Show a local identity: labels, references, prefixes and their owners", Args: "identity"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			n, err := strconv.ParseUint(args[0], 10, 32)
+			if err != nil {
+				return scriptcmd.Result("", fmt.Errorf("identity %q: %w", args[0], err))
+			}
+			id := identitycell.NumericIdentity(n)
+			txn := o.db.ReadTxn()
+			identity, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+			if !found {
+				return scriptcmd.Result("", fmt.Errorf("identity %d is not allocated", id))
+			}
+			var out strings.Builder
+			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References)
+			for entry := range o.entries.List(txn, EntryIdentityIndex.Query(id)) {
+				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
+				for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
+					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource, row.Source)
+				}
+			}
+			w.Flush()
+			return scriptcmd.Result(out.String(), nil)
+		})
 }
 
 // lookupCommand shows the entry of the longest prefix that contains an
