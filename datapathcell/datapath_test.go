@@ -85,22 +85,9 @@ func (e *env) start(t *testing.T, producer string, flags ...string) (*agent, fun
 // dumpIPCache reads the pinned ipcache map: prefix -> identity.
 func (e *env) dumpIPCache(t *testing.T) map[netip.Prefix]uint32 {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
+	m, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
 	require.NoError(t, err)
-	defer m.Close()
-	out := map[netip.Prefix]uint32{}
-	var (
-		k datapathcell.IPCacheKey
-		v datapathcell.IPCacheValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		p, err := k.Prefix()
-		require.NoError(t, err)
-		out[p] = v.Identity()
-	}
-	require.NoError(t, it.Err())
-	return out
+	return m
 }
 
 func (e *env) waitIPCache(t *testing.T, want map[netip.Prefix]uint32) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -130,24 +130,11 @@ func (e *e2e) waitVerdicts(allowed, denied string) {
 }
 
 // pinnedIPCache reads the pinned ipcache map: prefix -> identity.
-func (e *e2e) pinnedIPCache() map[string]uint32 {
+func (e *e2e) pinnedIPCache() map[netip.Prefix]uint32 {
 	e.t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", "ipcache"), nil)
+	m, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
 	require.NoError(e.t, err)
-	defer m.Close()
-	out := map[string]uint32{}
-	var (
-		k datapathcell.IPCacheKey
-		v datapathcell.IPCacheValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		p, err := k.Prefix()
-		require.NoError(e.t, err)
-		out[p.String()] = v.Identity()
-	}
-	require.NoError(e.t, it.Err())
-	return out
+	return m
 }
 
 // shell runs `ipcache-agent shell <command>` against the running agent.
@@ -162,20 +149,9 @@ func (e *e2e) shell(command ...string) string {
 // pinnedPolicy reads the pinned policy map: key -> verdict.
 func (e *e2e) pinnedPolicy() map[datapathcell.PolicyKey]uint32 {
 	e.t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", "policy"), nil)
+	m, err := datapathcell.ReadPinnedPolicy(e.bpfRoot)
 	require.NoError(e.t, err)
-	defer m.Close()
-	out := map[datapathcell.PolicyKey]uint32{}
-	var (
-		k datapathcell.PolicyKey
-		v datapathcell.PolicyValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v.Verdict()
-	}
-	require.NoError(e.t, it.Err())
-	return out
+	return m
 }
 
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
@@ -208,7 +184,7 @@ func TestPrivilegedEndToEnd(t *testing.T) {
 	e.writePolicy(otherIP)
 	e.waitVerdicts(otherIP, allowedIP)
 	before, policyBefore := e.pinnedIPCache(), e.pinnedPolicy()
-	require.Contains(t, before, otherIP+"/32")
+	require.Contains(t, before, netip.MustParsePrefix(otherIP+"/32"))
 	require.Len(t, policyBefore, 1)
 
 	// 20 pings a second for the whole restart and past the grace period.

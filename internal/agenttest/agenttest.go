@@ -158,26 +158,13 @@ func (p proxyCmd) Usage() *script.CmdUsage { return p.a.cmds[p.name].Usage() }
 // dumpIPCache returns the pinned ipcache map as sorted "prefix identity"
 // lines.
 func (a *Agent) dumpIPCache() (string, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.IPCacheMapName), nil)
-	if err != nil {
-		return "", err
-	}
-	defer m.Close()
-	var (
-		lines []string
-		k     datapathcell.IPCacheKey
-		v     datapathcell.IPCacheValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		p, err := k.Prefix()
-		if err != nil {
-			return "", err
-		}
-		lines = append(lines, fmt.Sprintf("%s %d\n", p, v.Identity()))
+	entries, err := datapathcell.ReadPinnedIPCache(a.BPFRoot)
+	var lines []string
+	for prefix, id := range entries {
+		lines = append(lines, fmt.Sprintf("%s %d\n", prefix, id))
 	}
 	slices.Sort(lines)
-	return strings.Join(lines, ""), it.Err()
+	return strings.Join(lines, ""), err
 }
 
 func (a *Agent) bpfIPCacheCmd() script.Cmd {
@@ -286,23 +273,14 @@ func (a *Agent) policyRemoveCmd() script.Cmd {
 // dumpPolicy returns the pinned policy map as sorted
 // "identity direction protocol port verdict" lines.
 func (a *Agent) dumpPolicy() (string, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.PolicyMapName), nil)
-	if err != nil {
-		return "", err
-	}
-	defer m.Close()
-	var (
-		lines []string
-		k     datapathcell.PolicyKey
-		v     datapathcell.PolicyValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	entries, err := datapathcell.ReadPinnedPolicy(a.BPFRoot)
+	var lines []string
+	for k, verdict := range entries {
 		id, dir, proto, port := k.Fields()
-		lines = append(lines, fmt.Sprintf("%d %d %d %d %d\n", id, dir, proto, port, v.Verdict()))
+		lines = append(lines, fmt.Sprintf("%d %d %d %d %d\n", id, dir, proto, port, verdict))
 	}
 	slices.Sort(lines)
-	return strings.Join(lines, ""), it.Err()
+	return strings.Join(lines, ""), err
 }
 
 func (a *Agent) bpfPolicyCmd() script.Cmd {
