@@ -1,8 +1,10 @@
 # ipcache-agent: see README.md.
 GO ?= go
+# Go's default install place, for `sudo make ...` whose PATH lacks it.
+export PATH := $(PATH):/usr/local/go/bin
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test bench lint generate clean
+.PHONY: all build test bench lint generate clean demo
 
 all: build
 
@@ -26,6 +28,12 @@ lint:
 
 generate:
 	$(GO) generate ./...
+
+# A narrated end-to-end run in network namespaces (as root): policy, allowed
+# and denied traffic, a restart with the same identities and no lost packet,
+# an expired restore released; cleans up after itself, also on failure.
+demo: build
+	bash demo/demo.sh
 
 clean:
 	rm -rf bin
