@@ -11,6 +11,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/metricscell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
@@ -34,6 +35,7 @@ var ControlPlane = cell.Group(
 	datapathcell.Cell,
 	restorecell.Cell,
 	policycell.Cell,
+	metricscell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

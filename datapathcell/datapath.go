@@ -112,6 +112,21 @@ func (d *Datapath) WriteStats(mapName string) (written, unchanged uint64) {
 	return 0, 0
 }
 
+// Counters returns the enforcement program's verdict counts from the pinned
+// counters map, summed over CPUs. They count only while the program is
+// attached to a device (--devices).
+//
+// Possible errors: the pinned maps are not open (before start or after
+// stop); the counters map could not be read.
+func (d *Datapath) Counters() (Counters, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil || d.maps.Counters == nil {
+		return Counters{}, errors.New("read counters: pinned maps are not open")
+	}
+	return readCounters(d.maps.Counters)
+}
+
 func (d *Datapath) writeStats(mapName string) *MapWriteStats { return d.stats[mapName] }
 
 // ipcacheMap is for the reconciler, which runs only between start and stop.

@@ -287,10 +287,11 @@ func detachAll(linksDir string) error {
 	return errors.Join(errs...)
 }
 
-// counters are the enforcement program's verdict counts on IP traffic,
-// summed over CPUs. A direction that is not enforced counts everything as
+// Counters are the enforcement program's verdict counts on IP traffic,
+// summed over CPUs, since the pinned counters map was created (they survive
+// agent restarts). A direction that is not enforced counts everything as
 // allowed.
-type counters struct {
+type Counters struct {
 	IngressAllowed, IngressDropped, EgressAllowed, EgressDropped uint64
 }
 
@@ -306,8 +307,8 @@ func counterIndex(direction uint8, allowed bool) uint32 {
 // readCounters sums the per-CPU values of the counters map m.
 //
 // Possible errors: m is not a map of the counters layout.
-func readCounters(m *ebpf.Map) (counters, error) {
-	var c counters
+func readCounters(m *ebpf.Map) (Counters, error) {
+	var c Counters
 	for _, counter := range []struct {
 		direction uint8
 		allowed   bool
@@ -320,7 +321,7 @@ func readCounters(m *ebpf.Map) (counters, error) {
 	} {
 		var perCPU []uint64
 		if err := m.Lookup(counterIndex(counter.direction, counter.allowed), &perCPU); err != nil {
-			return counters{}, fmt.Errorf("read counters: %w", err)
+			return Counters{}, fmt.Errorf("read counters: %w", err)
 		}
 		for _, v := range perCPU {
 			*counter.sum += v

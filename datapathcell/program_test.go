@@ -141,7 +141,7 @@ func putEnforced(t *testing.T, maps enforcerMaps, direction uint32, enforced boo
 	require.NoError(t, maps.Enforcement.Put(direction, v))
 }
 
-func readTestCounters(t *testing.T, maps enforcerMaps) counters {
+func readTestCounters(t *testing.T, maps enforcerMaps) Counters {
 	t.Helper()
 	c, err := readCounters(maps.Counters)
 	require.NoError(t, err)

@@ -1,0 +1,90 @@
+package metricscell
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+)
+
+// Cell provides the [Server] of /metrics and the [reconciler.Metrics] that
+// the reconcilers use (as their reconciler.Params.DefaultMetrics).
+var Cell = cell.Module(
+	"metrics",
+	"Prometheus metrics",
+
+	cell.Config(DefaultConfig),
+	cell.Invoke(Config.Validate),
+	cell.ProvidePrivate(newRegistry),
+	cell.Provide(newReconcilerMetricsCell, newServerCell),
+	cell.Invoke(registerStateCollectors),
+	// The server is constructed even when nobody asks for it; it listens
+	// only if --prometheus-serve-addr is set.
+	cell.Invoke(func(*Server) {}),
+)
+
+// Config is the metrics cell's configuration.
+type Config struct {
+	// PrometheusServeAddr is the TCP address (host:port) to serve /metrics
+	// on; empty turns the server off.
+	PrometheusServeAddr string
+}
+
+// DefaultConfig is the configuration on the defaults: no server.
+var DefaultConfig = Config{PrometheusServeAddr: ""}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
+		"Address (host:port) to serve Prometheus metrics on at /metrics; empty: off")
+}
+
+// Validate reports configuration errors, naming the flag.
+func (c Config) Validate() error {
+	if c.PrometheusServeAddr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.PrometheusServeAddr); err != nil {
+		return fmt.Errorf("--prometheus-serve-addr %q is not host:port: %w", c.PrometheusServeAddr, err)
+	}
+	return nil
+}
+
+// newRegistry is the hive's own registry, not the process-global default
+// one, so that two hives in one process (tests, an embedding agent) do not
+// collide.
+func newRegistry() *prometheus.Registry {
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return registry
+}
+
+func newReconcilerMetricsCell(registry *prometheus.Registry) (reconciler.Metrics, error) {
+	m := newReconcilerMetrics()
+	if err := registry.Register(m); err != nil {
+		return nil, fmt.Errorf("register reconciler metrics: %w", err)
+	}
+	return m, nil
+}
+
+func newServerCell(cfg Config, registry *prometheus.Registry, log *slog.Logger,
+	lc cell.Lifecycle, jobs job.Registry, health cell.Health) *Server {
+	s := newServer(cfg.PrometheusServeAddr, registry, log)
+	// The start hook listens before the serve job starts: jobs added
+	// before start run after the hooks appended before them.
+	lc.Append(s)
+	if cfg.PrometheusServeAddr != "" {
+		group := jobs.NewGroup(health, job.WithLogger(log))
+		group.Add(job.OneShot("serve", s.serve))
+	}
+	return s
+}

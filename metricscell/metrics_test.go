@@ -1,0 +1,207 @@
+package metricscell_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/metricscell"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// scrape fetches /metrics from addr and returns each sample by its series,
+// as written in the text exposition format (`name{label="value",...}`).
+func scrape(t require.TestingT, addr string) map[string]float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	samples := map[string]float64{}
+	lines := bufio.NewScanner(strings.NewReader(string(body)))
+	for lines.Scan() {
+		line := lines.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, "sample line %q", line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, "sample line %q", line)
+		samples[line[:i]] = v
+	}
+	return samples
+}
+
+func TestPrivilegedMetricsScrape(t *testing.T) {
+	privileged.Test(t)
+	bpfRoot := filepath.Join(t.TempDir(), "bpf")
+	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+
+	var (
+		ipcache *ipcachecell.IPCache
+		server  *metricscell.Server
+	)
+	h := cells.NewHive(cells.ControlPlane,
+		cell.Invoke(func(c *ipcachecell.IPCache, s *metricscell.Server) { ipcache, server = c, s }))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Parse([]string{
+		"--bpf-root=" + bpfRoot, "--state-dir=" + t.TempDir(), "--prometheus-serve-addr=127.0.0.1:0",
+	}))
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	t.Cleanup(func() { require.NoError(t, h.Stop(log, context.Background())) })
+	require.NotNil(t, server.Addr(), "server listens once started")
+	addr := server.Addr().String()
+
+	web, err := labels.New("k8s:app=web")
+	require.NoError(t, err)
+	local, err := ipcache.NewHandle("metrics-test-local", source.Local)
+	require.NoError(t, err)
+	kube, err := ipcache.NewHandle("metrics-test-k8s", source.Kubernetes)
+	require.NoError(t, err)
+	for _, p := range []string{"10.1.0.0/16", "10.2.0.0/16", "2001:db8:1::/48"} {
+		require.NoError(t, local.Upsert(netip.MustParsePrefix(p), ipcachecell.Metadata{Labels: web}))
+	}
+	for _, p := range []string{"192.0.2.0/24", "198.51.100.0/24"} {
+		require.NoError(t, kube.Upsert(netip.MustParsePrefix(p), ipcachecell.Metadata{Labels: web}))
+	}
+	// Plus one prefix with an identity allocated elsewhere: an ipcache
+	// entry, but no local identity.
+	require.NoError(t, kube.Upsert(netip.MustParsePrefix("203.0.113.0/24"), ipcachecell.Metadata{ExplicitIdentity: 5000}))
+
+	const ipcacheRound = `{module_id="datapath",name="ipcache"}`
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		s := scrape(c, addr)
+		// The map writes come last: once the reconciler has written all six
+		// prefixes, the rest must hold.
+		assert.Equal(c, 6.0, s[`ipcache_agent_map_writes_total{map="ipcache"}`], "ipcache map writes")
+		assert.Equal(c, 0.0, s[`ipcache_agent_reconciler_errors_current`+ipcacheRound], "current reconciliation errors")
+	}, 10*time.Second, 20*time.Millisecond)
+
+	s := scrape(t, addr)
+	for series, want := range map[string]float64{
+		`ipcache_agent_ipcache_entries{source="local"}`: 3,
+		`ipcache_agent_ipcache_entries{source="k8s"}`:   3,
+		// Each prefix's label set includes its own cidr label, so each
+		// labelled prefix has an identity of its own.
+		`ipcache_agent_identities{state="allocated"}`:                                 5,
+		`ipcache_agent_identities{state="withheld"}`:                                  0,
+		`ipcache_agent_restore_restored_prefixes`:                                     0,
+		`ipcache_agent_restore_held_only_by_restore_prefixes`:                         0,
+		`ipcache_agent_map_writes_unchanged_total{map="ipcache"}`:                     0,
+		`ipcache_agent_reconciler_errors_total` + ipcacheRound:                        0,
+		`ipcache_agent_datapath_packets_total{direction="ingress",verdict="allowed"}`: 0,
+		`ipcache_agent_datapath_packets_total{direction="egress",verdict="dropped"}`:  0,
+	} {
+		got, ok := s[series]
+		if assert.True(t, ok, "series %s missing", series) {
+			assert.Equal(t, want, got, series)
+		}
+	}
+	assert.Contains(t, s, `ipcache_agent_restore_released`)
+	assert.Contains(t, s, `ipcache_agent_restore_grace_period_remaining_seconds`)
+	assert.Positive(t, s[`ipcache_agent_reconciler_rounds_total`+ipcacheRound], "reconciliation rounds")
+	assert.Positive(t, s[`ipcache_agent_reconciler_duration_seconds_count{module_id="datapath",name="ipcache",operation="update"}`],
+		"reconciliation durations observed")
+	assert.Contains(t, s, `ipcache_agent_map_writes_total{map="policy"}`)
+	assert.Contains(t, s, `ipcache_agent_map_writes_total{map="enforcement"}`)
+	assert.Contains(t, s, `go_goroutines`)
+
+	// Removing a prefix shows at the next scrape: nothing is cached.
+	require.NoError(t, local.Remove(netip.MustParsePrefix("10.1.0.0/16")))
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		s := scrape(c, addr)
+		assert.Equal(c, 2.0, s[`ipcache_agent_ipcache_entries{source="local"}`])
+		assert.Equal(c, 4.0, s[`ipcache_agent_identities{state="allocated"}`])
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// newMetricsOnlyHive is a hive of the metrics cell alone: it serves the
+// reconciler and Go metrics without touching the kernel.
+func newMetricsOnlyHive(t *testing.T, args ...string) (start func() error, server **metricscell.Server) {
+	t.Helper()
+	var s *metricscell.Server
+	h := cells.NewHive(metricscell.Cell, cell.Invoke(func(srv *metricscell.Server) { s = srv }))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Parse(args))
+	log := hivetest.Logger(t)
+	return func() error {
+		if err := h.Start(log, context.Background()); err != nil {
+			return err
+		}
+		t.Cleanup(func() { require.NoError(t, h.Stop(log, context.Background())) })
+		return nil
+	}, &s
+}
+
+func TestServerOffByDefault(t *testing.T) {
+	start, server := newMetricsOnlyHive(t)
+	require.NoError(t, start())
+	require.Nil(t, (*server).Addr(), "nothing listens without --prometheus-serve-addr")
+}
+
+func TestServerServesAndStops(t *testing.T) {
+	var s *metricscell.Server
+	h := cells.NewHive(metricscell.Cell, cell.Invoke(func(srv *metricscell.Server) { s = srv }))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Parse([]string{"--prometheus-serve-addr=127.0.0.1:0"}))
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	addr := s.Addr().String()
+	require.Contains(t, scrape(t, addr), "go_goroutines")
+
+	require.NoError(t, h.Stop(log, context.Background()))
+	require.Nil(t, s.Addr())
+	_, err := http.Get("http://" + addr + "/metrics")
+	require.Error(t, err, "the server is shut down on stop")
+}
+
+func TestBadAddressNamesTheFlag(t *testing.T) {
+	t.Run("not host:port", func(t *testing.T) {
+		h := cells.NewHive(metricscell.Cell)
+		flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+		h.RegisterFlags(flags)
+		require.NoError(t, flags.Parse([]string{"--prometheus-serve-addr=no-port"}))
+		err := h.Populate(hivetest.Logger(t))
+		require.ErrorContains(t, err, "--prometheus-serve-addr")
+	})
+	t.Run("cannot listen", func(t *testing.T) {
+		// A port that is taken: the first hive's.
+		first, firstServer := newMetricsOnlyHive(t, "--prometheus-serve-addr=127.0.0.1:0")
+		require.NoError(t, first())
+		taken := (*firstServer).Addr().String()
+
+		second, _ := newMetricsOnlyHive(t, "--prometheus-serve-addr="+taken)
+		err := second()
+		require.ErrorContains(t, err, "--prometheus-serve-addr")
+		require.ErrorContains(t, err, taken)
+	})
+	t.Run("port out of range", func(t *testing.T) {
+		start, _ := newMetricsOnlyHive(t, "--prometheus-serve-addr=127.0.0.1:99999")
+		require.ErrorContains(t, start(), `--prometheus-serve-addr "127.0.0.1:99999"`)
+	})
+}

@@ -1,0 +1,227 @@
+package metricscell
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/restorecell"
+)
+
+// metricPrefix starts the name of every metric of the agent's own.
+const metricPrefix = "ipcache_agent_"
+
+// stateParams are what the state collectors read. Each is optional: a hive
+// without a cell (a test, an embedding agent) serves the metrics of the
+// cells it has.
+type stateParams struct {
+	cell.In
+
+	Registry   *prometheus.Registry
+	Log        *slog.Logger
+	DB         *statedb.DB
+	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
+	Allocator  *identitycell.Allocator               `optional:"true"`
+	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
+	Restorer   *restorecell.Restorer                 `optional:"true"`
+	Datapath   *datapathcell.Datapath                `optional:"true"`
+}
+
+func registerStateCollectors(p stateParams) error {
+	var cs []prometheus.Collector
+	if p.Identities != nil && p.Allocator != nil {
+		cs = append(cs, newIdentityCollector(p.DB, p.Identities, p.Allocator))
+	}
+	if p.Entries != nil {
+		cs = append(cs, newIPCacheCollector(p.DB, p.Entries))
+	}
+	if p.Restorer != nil {
+		cs = append(cs, newRestoreCollector(p.Restorer))
+	}
+	if p.Datapath != nil {
+		cs = append(cs, newDatapathCollector(p.Datapath, p.Log))
+	}
+	for _, c := range cs {
+		if err := p.Registry.Register(c); err != nil {
+			return fmt.Errorf("register metrics collector: %w", err)
+		}
+	}
+	return nil
+}
+
+// identityCollector reports the local identities by state: allocated (the
+// rows of the `identities` table) and withheld (numbers that only a request
+// naming them gets, as restore holds them).
+type identityCollector struct {
+	db         *statedb.DB
+	identities statedb.Table[*identitycell.Identity]
+	allocator  *identitycell.Allocator
+	desc       *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*identityCollector)(nil)
+
+func newIdentityCollector(db *statedb.DB, identities statedb.Table[*identitycell.Identity], allocator *identitycell.Allocator) *identityCollector {
+	return &identityCollector{
+		db: db, identities: identities, allocator: allocator,
+		desc: prometheus.NewDesc(metricPrefix+"identities",
+			"Local identities by state: allocated (in the identities table) or withheld (numbers kept for requests naming them)",
+			[]string{"state"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *identityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *identityCollector) Collect(ch chan<- prometheus.Metric) {
+	allocated := c.identities.NumObjects(c.db.ReadTxn())
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(allocated), "allocated")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(c.allocator.NumWithheld()), "withheld")
+}
+
+// ipcacheCollector reports the rows of the desired `ipcache` table by the
+// source that won each prefix.
+type ipcacheCollector struct {
+	db      *statedb.DB
+	entries statedb.Table[*ipcachecell.Entry]
+	desc    *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*ipcacheCollector)(nil)
+
+func newIPCacheCollector(db *statedb.DB, entries statedb.Table[*ipcachecell.Entry]) *ipcacheCollector {
+	return &ipcacheCollector{
+		db: db, entries: entries,
+		desc: prometheus.NewDesc(metricPrefix+"ipcache_entries",
+			"Prefixes in the desired ipcache, by the source of the metadata that won",
+			[]string{"source"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *ipcacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector. It walks the table (one read
+// transaction, no lock held), which costs well under a scrape interval even
+// at the map's maximum size.
+func (c *ipcacheCollector) Collect(ch chan<- prometheus.Metric) {
+	bySource := map[string]int{}
+	for e := range c.entries.All(c.db.ReadTxn()) {
+		bySource[string(e.Source)]++
+	}
+	for src, n := range bySource {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), src)
+	}
+}
+
+// restoreCollector reports the restore's progress.
+type restoreCollector struct {
+	restorer                               *restorecell.Restorer
+	restored, heldOnly, timeLeft, released *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*restoreCollector)(nil)
+
+func newRestoreCollector(r *restorecell.Restorer) *restoreCollector {
+	return &restoreCollector{
+		restorer: r,
+		restored: prometheus.NewDesc(metricPrefix+"restore_restored_prefixes",
+			"Prefixes restored from the pinned ipcache map and checkpoint at start", nil, nil),
+		heldOnly: prometheus.NewDesc(metricPrefix+"restore_held_only_by_restore_prefixes",
+			"Restored prefixes that no other owner has re-asserted yet (0 once released)", nil, nil),
+		timeLeft: prometheus.NewDesc(metricPrefix+"restore_grace_period_remaining_seconds",
+			"Seconds until restored prefixes are released (0 once released)", nil, nil),
+		released: prometheus.NewDesc(metricPrefix+"restore_released",
+			"1 once the grace period has ended and restored prefixes were released, else 0", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *restoreCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.restored
+	ch <- c.heldOnly
+	ch <- c.timeLeft
+	ch <- c.released
+}
+
+// Collect implements prometheus.Collector.
+func (c *restoreCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.restorer.Status()
+	released := 0.0
+	if st.Released {
+		released = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.restored, prometheus.GaugeValue, float64(st.Restored))
+	ch <- prometheus.MustNewConstMetric(c.heldOnly, prometheus.GaugeValue, float64(st.HeldOnlyByRestore))
+	ch <- prometheus.MustNewConstMetric(c.timeLeft, prometheus.GaugeValue, st.TimeLeft.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.released, prometheus.GaugeValue, released)
+}
+
+// datapathCollector reports the map reconcilers' write statistics and the
+// enforcement program's verdict counters.
+type datapathCollector struct {
+	datapath                   *datapathcell.Datapath
+	log                        *slog.Logger
+	writes, unchanged, packets *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*datapathCollector)(nil)
+
+// datapathMaps are the maps whose writes are reported.
+func datapathMaps() []string {
+	return []string{datapathcell.IPCacheMapName, datapathcell.PolicyMapName, datapathcell.EnforcementMapName}
+}
+
+func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathCollector {
+	return &datapathCollector{
+		datapath: d, log: log,
+		writes: prometheus.NewDesc(metricPrefix+"map_writes_total",
+			"Keys written to a pinned BPF map by its reconciler", []string{"map"}, nil),
+		unchanged: prometheus.NewDesc(metricPrefix+"map_writes_unchanged_total",
+			"Writes to a pinned BPF map skipped because the map already held the value (after a restart)",
+			[]string{"map"}, nil),
+		packets: prometheus.NewDesc(metricPrefix+"datapath_packets_total",
+			"IP packets the enforcement program passed or dropped on the devices, by direction and verdict, since the pinned counters map was created",
+			[]string{"direction", "verdict"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.writes
+	ch <- c.unchanged
+	ch <- c.packets
+}
+
+// Collect implements prometheus.Collector. The packet counters are left
+// out while the pinned maps are closed (before start, after stop).
+func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, name := range datapathMaps() {
+		written, unchanged := c.datapath.WriteStats(name)
+		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
+		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
+	}
+	counters, err := c.datapath.Counters()
+	if err != nil {
+		c.log.Debug("Datapath counters left out of metrics", "error", err)
+		return
+	}
+	for _, v := range []struct {
+		direction, verdict string
+		value              uint64
+	}{
+		{"ingress", "allowed", counters.IngressAllowed},
+		{"ingress", "dropped", counters.IngressDropped},
+		{"egress", "allowed", counters.EgressAllowed},
+		{"egress", "dropped", counters.EgressDropped},
+	} {
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.value), v.direction, v.verdict)
+	}
+}
