@@ -27,7 +27,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newDatapathCell),
+	cell.Provide(newDatapathCell, scriptCommands),
 	cell.Invoke(registerIPCacheReconciler, registerPolicyReconcilers),
 )
 

@@ -214,5 +214,15 @@ func TestPrivilegedEndToEnd(t *testing.T) {
 
 	require.Equal(t, before, e.pinnedIPCache(), "same identity numbers after the restart and the grace period")
 	require.Equal(t, policyBefore, e.pinnedPolicy(), "same policy map after the restart and the grace period")
+	// Every project command of the shell answers with what it is about.
+	id := before[netip.MustParsePrefix(otherIP+"/32")]
+	require.Regexp(t, fmt.Sprintf(`%d +1 +%s/32 +policy/e2e`, id, regexp.QuoteMeta(otherIP)), e.shell("identity/list"))
+	require.Contains(t, e.shell("identity/show", strconv.Itoa(int(id))), "owner policy/e2e")
+	require.Contains(t, e.shell("policy/list"), "e2e")
+	require.Contains(t, e.shell("policy/explain", otherIP, "egress"), "e2e")
+	require.Contains(t, e.shell("restore/status"), "Released: true")
+	require.Regexp(t, `ipcache.*level=OK`, e.shell("health"))
+	counters := e.shell("datapath/counters")
+	require.Regexp(t, `egress +[1-9]\d* +[1-9]\d*`, counters, "egress allowed and dropped packets counted")
 	require.False(t, e.reachable(allowedIP), "still denied")
 }
