@@ -37,6 +37,7 @@ func (id NumericIdentity) IsLocal() bool {
 	return id >= MinLocalIdentity && id <= MaxLocalIdentity
 }
 
+// String returns the number in decimal.
 func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id), 10) }
 
 // Identity is a row of the `identities` table: an allocated local identity.
@@ -57,6 +58,7 @@ func (i *Identity) TableRow() []string {
 
 var _ statedb.TableWritable = &Identity{}
 
+// IdentitiesTableName is the name of the `identities` table.
 const IdentitiesTableName = "identities"
 
 // IdentityIndex is the primary index of the `identities` table, ordered by

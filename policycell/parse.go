@@ -45,6 +45,7 @@ func (e *FileError) Error() string {
 	return fmt.Sprintf("%s:%d:%d: %v", e.File, e.Line, e.Column, e.Err)
 }
 
+// Unwrap returns the error the file was rejected for.
 func (e *FileError) Unwrap() error { return e.Err }
 
 // ParseFile parses a policy file (DESIGN.md section 7): one or more YAML

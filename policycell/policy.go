@@ -22,6 +22,7 @@ const (
 // Directions lists both directions, in map order.
 func Directions() []Direction { return []Direction{Ingress, Egress} }
 
+// String returns "ingress" or "egress".
 func (d Direction) String() string {
 	switch d {
 	case Ingress:
@@ -55,6 +56,7 @@ const (
 	ProtocolUDP Protocol = 17
 )
 
+// String returns the protocol's name (TCP, UDP) or "any".
 func (p Protocol) String() string {
 	switch p {
 	case ProtocolAny:
@@ -93,6 +95,7 @@ type PortProtocol struct {
 	Protocol Protocol `json:"protocol" yaml:"protocol"`
 }
 
+// String returns "port/protocol".
 func (pp PortProtocol) String() string { return fmt.Sprintf("%d/%s", pp.Port, pp.Protocol) }
 
 // CIDRSelector selects the identities with a cidr label inside CIDR, minus

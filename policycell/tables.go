@@ -44,6 +44,7 @@ type Verdict uint32
 // VerdictAllow is the only verdict: the map holds what is allowed.
 const VerdictAllow Verdict = 1
 
+// String returns "allow" for VerdictAllow, else the number.
 func (v Verdict) String() string {
 	if v == VerdictAllow {
 		return "allow"
@@ -72,6 +73,7 @@ func (k PolicyKey) key() index.Key {
 	return key
 }
 
+// String returns "identity/direction/protocol/port", the form db/get takes.
 func (k PolicyKey) String() string {
 	return fmt.Sprintf("%d/%s/%s/%d", k.Identity, k.Direction, k.Protocol, k.Port)
 }

@@ -197,6 +197,7 @@ type Status struct {
 	Released          bool
 }
 
+// String summarizes the status in one line (as health shows it).
 func (s Status) String() string {
 	if s.Released {
 		return fmt.Sprintf("released %d restored prefixes", s.Restored)

@@ -59,4 +59,5 @@ func (s Source) rank() int {
 // Overrides reports whether s has strictly higher precedence than other.
 func (s Source) Overrides(other Source) bool { return s.rank() < other.rank() }
 
+// String returns the source's name.
 func (s Source) String() string { return string(s) }

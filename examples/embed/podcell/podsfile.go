@@ -29,6 +29,7 @@ type LineError struct {
 	Err  error
 }
 
+// Error returns "file:line: invalid pods file: reason".
 func (e *LineError) Error() string {
 	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, ErrInvalidPodsFile, e.Err)
 }
