@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
@@ -32,7 +33,7 @@ enforcement program from every device, removes <bpf-root>/ipcache-agent/ (maps
 and links) and the files the agent made in the state directory (identity
 checkpoint, shell socket). After it, the next agent starts from nothing:
 identity numbers are not restored. Do not run it while an agent is running.`,
-		Args: usageArgs(cobra.NoArgs),
+		Args: agentcmd.UsageArgs(cobra.NoArgs),
 		RunE: func(*cobra.Command, []string) error {
 			if err := datapathcell.Cleanup(bpfRoot); err != nil {
 				return err

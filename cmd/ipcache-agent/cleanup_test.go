@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
 
@@ -61,7 +62,7 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	require.Equal(t, 1, tcxPrograms(t, device, ebpf.AttachTCXEgress))
 
 	stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, agentcmd.ExitOK, code, errOut)
 	require.Contains(t, stdout, "Removed")
 	_, err = os.Stat(pins)
 	require.ErrorIs(t, err, os.ErrNotExist, "no pinned object left")
@@ -72,5 +73,5 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 
 	// Cleaning up what is already clean is fine.
 	_, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, agentcmd.ExitOK, code, errOut)
 }

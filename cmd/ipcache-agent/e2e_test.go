@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
@@ -142,7 +143,7 @@ func (e *e2e) shell(command ...string) string {
 	e.t.Helper()
 	args := append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, command...)
 	stdout, stderr, code := runAgentCommand(e.t, args...)
-	require.Equal(e.t, exitOK, code, "shell %v: %s%s", command, stdout, stderr)
+	require.Equal(e.t, agentcmd.ExitOK, code, "shell %v: %s%s", command, stdout, stderr)
 	return stdout
 }
 

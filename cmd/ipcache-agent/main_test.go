@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
 
@@ -63,14 +64,14 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"unexpected-argument"}, "unexpected-argument"},
 	} {
 		_, stderr, code := runAgentCommand(t, tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
+		require.Equal(t, agentcmd.ExitUsage, code, "%v: %s", tc.args, stderr)
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 	}
 }
 
 func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
 	stdout, stderr, code := runAgentCommand(t, "hive")
-	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	for _, want := range []string{"identity (Local CIDR identity allocation)", "ipcache (", "datapath (", "datapathcell.Config", "identitycell.Config", "StateDir", "IdentityRestoreGracePeriod: (time.Duration) 10m0s", "Start hooks"} {
 		require.Contains(t, stdout, want)
 	}
@@ -78,14 +79,14 @@ func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
 
 func TestHiveDotGraph(t *testing.T) {
 	stdout, stderr, code := runAgentCommand(t, "hive", "dot-graph")
-	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	require.True(t, strings.HasPrefix(stdout, "digraph {"), stdout)
 	require.Contains(t, stdout, "identitycell.Allocator")
 }
 
 func TestHelpDescribesFlags(t *testing.T) {
 	stdout, _, code := runAgentCommand(t, "--help")
-	require.Equal(t, exitOK, code)
+	require.Equal(t, agentcmd.ExitOK, code)
 	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format",
 		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries"} {
 		require.Contains(t, stdout, flag)
@@ -124,6 +125,6 @@ func TestRuntimeFailureExitsOne(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "not-a-dir")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
 	_, stderr, code := runAgentCommand(t, "--state-dir="+filepath.Join(file, "state"), "--shell-sock-path=")
-	require.Equal(t, exitFailure, code, stderr)
+	require.Equal(t, agentcmd.ExitFailure, code, stderr)
 	require.Contains(t, stderr, "create state directory")
 }
