@@ -4,7 +4,7 @@ GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test bench lint generate clean demo
+.PHONY: all build test bench lint generate clean demo fuzz
 
 all: build
 
@@ -19,6 +19,15 @@ test:
 # Benchmarks only; compare runs with benchstat.
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+# Each fuzz target for FUZZTIME (go test runs their seeds in `make test`).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./labels
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCheckpoint$$' -fuzztime $(FUZZTIME) ./identitycell
+	$(GO) test -run '^$$' -fuzz '^FuzzIPCacheKey$$' -fuzztime $(FUZZTIME) ./datapathcell
+	$(GO) test -run '^$$' -fuzz '^FuzzPolicyKey$$' -fuzztime $(FUZZTIME) ./datapathcell
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFile$$' -fuzztime $(FUZZTIME) ./policycell
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
