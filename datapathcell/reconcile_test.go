@@ -1,0 +1,88 @@
+package datapathcell
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+)
+
+type testEntry struct {
+	prefix   netip.Prefix
+	identity uint32
+}
+
+func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheKey, IPCacheValue], *ebpf.Map) {
+	privileged.Test(t)
+	m, err := ebpf.NewMap(ipcacheMapSpec(maxEntries))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	return &mapOps[*testEntry, IPCacheKey, IPCacheValue]{
+		name:  "test",
+		m:     func() *ebpf.Map { return m },
+		key:   func(e *testEntry) IPCacheKey { return NewIPCacheKey(e.prefix) },
+		value: func(e *testEntry) IPCacheValue { return NewIPCacheValue(e.identity) },
+		stats: &MapWriteStats{},
+	}, m
+}
+
+func batchOf(entries ...*testEntry) []reconciler.BatchEntry[*testEntry] {
+	batch := make([]reconciler.BatchEntry[*testEntry], len(entries))
+	for i, e := range entries {
+		batch[i].Object = e
+	}
+	return batch
+}
+
+// TestPrivilegedBatchUpdatePartialFailure: a full map takes what fits; the
+// objects that did not fit, and only those, get an error, and the next try
+// succeeds once there is room.
+func TestPrivilegedBatchUpdatePartialFailure(t *testing.T) {
+	ops, m := newTestOps(t, 2)
+	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
+	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
+	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
+
+	batch := batchOf(a, b, c)
+	ops.UpdateBatch(context.Background(), nil, batch)
+	require.NoError(t, batch[0].Result)
+	require.NoError(t, batch[1].Result)
+	require.Error(t, batch[2].Result, "the third entry does not fit")
+	require.Equal(t, uint64(2), ops.stats.Written.Load())
+
+	del := batchOf(a)
+	ops.DeleteBatch(context.Background(), nil, del)
+	require.NoError(t, del[0].Result)
+	retry := batchOf(c)
+	ops.UpdateBatch(context.Background(), nil, retry)
+	require.NoError(t, retry[0].Result, "room appeared")
+
+	var v IPCacheValue
+	require.NoError(t, m.Lookup(NewIPCacheKey(c.prefix), &v))
+	require.Equal(t, uint32(300), v.Identity())
+	require.Error(t, m.Lookup(NewIPCacheKey(a.prefix), &v), "deleted")
+}
+
+// TestPrivilegedPerKeyFallback: once the kernel says a map has no batch
+// operations, writes go one key at a time, with the same results.
+func TestPrivilegedPerKeyFallback(t *testing.T) {
+	ops, m := newTestOps(t, 10)
+	ops.noBatch = true
+	a := &testEntry{netip.MustParsePrefix("10.0.0.0/8"), 1}
+	batch := batchOf(a)
+	ops.UpdateBatch(context.Background(), nil, batch)
+	require.NoError(t, batch[0].Result)
+	var v IPCacheValue
+	require.NoError(t, m.Lookup(NewIPCacheKey(a.prefix), &v))
+
+	del := batchOf(a, &testEntry{netip.MustParsePrefix("192.0.2.0/24"), 2})
+	ops.DeleteBatch(context.Background(), nil, del)
+	require.NoError(t, del[0].Result)
+	require.NoError(t, del[1].Result, "deleting a key the map does not have is fine")
+	require.Error(t, m.Lookup(NewIPCacheKey(a.prefix), &v))
+}
