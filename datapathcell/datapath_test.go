@@ -113,6 +113,21 @@ func upsert(t *testing.T, h *ipcachecell.Handle, ps []netip.Prefix, md ipcachece
 	require.NoError(t, h.UpsertBatch(batch))
 }
 
+// upsertHosts upserts n /32 prefixes a.b.x.y with an explicit identity and
+// returns them and the map content they should give.
+func upsertHosts(t *testing.T, h *ipcachecell.Handle, a, b byte, n int, identity uint32) ([]netip.Prefix, map[netip.Prefix]uint32) {
+	t.Helper()
+	var ps []netip.Prefix
+	want := map[netip.Prefix]uint32{}
+	for i := range n {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{a, b, byte(i >> 8), byte(i)}), 32)
+		ps = append(ps, p)
+		want[p] = identity
+	}
+	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: identitycell.NumericIdentity(identity)})
+	return ps, want
+}
+
 func TestPrivilegedRowsAndDeletionsReachTheMap(t *testing.T) {
 	e := newEnv(t)
 	a, _ := e.start(t, "")
@@ -191,14 +206,7 @@ func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
 	first, _ := e.start(t, "", "--ipcache-map-max-entries=1000")
 	h, err := first.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
-	var ps []netip.Prefix
-	want := map[netip.Prefix]uint32{}
-	for i := range 300 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 32)
-		ps = append(ps, p)
-		want[p] = 8000
-	}
-	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: 8000})
+	_, want := upsertHosts(t, h, 10, 0, 300, 8000)
 	e.waitIPCache(t, want)
 	first.stop()
 
@@ -220,14 +228,7 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	first, _ := e.start(t, "")
 	h, err := first.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
-	var ps []netip.Prefix
-	want := map[netip.Prefix]uint32{}
-	for i := range 300 {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 32)
-		ps = append(ps, p)
-		want[p] = 8000
-	}
-	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: 8000})
+	ps, want := upsertHosts(t, h, 10, 1, 300, 8000)
 	e.waitIPCache(t, want)
 	written, unchanged := first.datapath.WriteStats(datapathcell.IPCacheMapName)
 	require.Equal(t, uint64(300), written)
