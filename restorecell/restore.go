@@ -167,20 +167,19 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 	}
 
 	status := r.Status()
+	// Hold the lock across the release, so that Status never shows the
+	// restore metadata gone while saying it is not released.
 	r.mu.Lock()
-	handle, withheld := r.handle, r.withheld
-	r.mu.Unlock()
-	if handle == nil {
+	defer r.mu.Unlock()
+	if r.handle == nil {
 		return nil // restore never ran (start failed)
 	}
-	if err := handle.Release(); err != nil {
+	if err := r.handle.Release(); err != nil {
 		health.Degraded("Cannot release restored prefixes", err)
 		return fmt.Errorf("release restored prefixes: %w", err)
 	}
-	r.allocator.Unwithhold(withheld...)
-	r.mu.Lock()
+	r.allocator.Unwithhold(r.withheld...)
 	r.released = true
-	r.mu.Unlock()
 	r.log.Info("Restore grace period over: released restored prefixes",
 		"restored", status.Restored, "released-unowned", status.HeldOnlyByRestore,
 		"kept-by-other-owners", status.Restored-status.HeldOnlyByRestore)
