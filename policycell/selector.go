@@ -17,6 +17,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 // writeChunkSize bounds the identities whose entries are written in one
@@ -76,10 +77,13 @@ type selectorEngine struct {
 	selectors map[netip.Prefix][]*selector
 	lengths   [2][129]int
 
-	// prefixesOf are the cidr prefixes of each identity that has some
-	// (world included); byPrefix indexes them.
-	prefixesOf map[identitycell.NumericIdentity][]netip.Prefix
-	byPrefix   part.Tree[identitycell.NumericIdentity]
+	// labelsOf are the labels of each identity that has cidr prefixes
+	// (not world, whose prefixes are worldPrefixes); byPrefix indexes the
+	// prefixes of all, world included. Labels, not prefixes, are kept: an
+	// identity row changes on every reference, and comparing its labels
+	// with the kept ones costs nothing.
+	labelsOf map[identitycell.NumericIdentity]labels.Labels
+	byPrefix part.Tree[identitycell.NumericIdentity]
 
 	// rulesIn counts the policies with rules in each direction.
 	rulesIn [2]int
@@ -110,14 +114,16 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed:    map[string]*Policy{},
-		selectors:  map[netip.Prefix][]*selector{},
-		prefixesOf: map[identitycell.NumericIdentity][]netip.Prefix{},
-		byPrefix:   part.New[identitycell.NumericIdentity](part.RootOnlyWatch),
-		dirty:      map[identitycell.NumericIdentity]struct{}{},
+		indexed:   map[string]*Policy{},
+		selectors: map[netip.Prefix][]*selector{},
+		labelsOf:  map[identitycell.NumericIdentity]labels.Labels{},
+		byPrefix:  part.New[identitycell.NumericIdentity](part.RootOnlyWatch),
+		dirty:     map[identitycell.NumericIdentity]struct{}{},
 	}
 	tree := e.byPrefix.Txn()
-	e.addIdentity(tree, identitycell.IdentityWorld, worldPrefixes())
+	for _, prefix := range worldPrefixes() {
+		tree.Insert(identityPrefixKey(prefix, identitycell.IdentityWorld), identitycell.IdentityWorld)
+	}
 	e.byPrefix = tree.Commit()
 	return e
 }
@@ -175,8 +181,13 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		policiesDone, policiesWatch := e.policies.Initialized(snapshot)
 		ipcacheDone, ipcacheWatch := e.ipcache.Initialized(snapshot)
 		initializing = policiesDone && ipcacheDone
-		if !initializing {
-			watch.Add(policiesWatch, ipcacheWatch)
+		// Only what is still to come: the channel of a table already
+		// initialized is closed, and waiting on it would spin.
+		if !policiesDone {
+			watch.Add(policiesWatch)
+		}
+		if !ipcacheDone {
+			watch.Add(ipcacheWatch)
 		}
 	}
 	if err := e.write(initializing); err != nil {
@@ -265,31 +276,37 @@ func (e *selectorEngine) identityChanged(tree *part.Txn[identitycell.NumericIden
 	if id == identitycell.IdentityWorld {
 		return // world is not allocated; it is always indexed
 	}
-	old, had := e.prefixesOf[id]
-	var prefixes []netip.Prefix
+	old := e.labelsOf[id] // empty if not indexed
+	var current labels.Labels
 	if !deleted {
-		prefixes = slices.Collect(identity.Labels.Prefixes())
+		current = identity.Labels
 	}
-	if slices.Equal(old, prefixes) {
-		return
+	if current == old {
+		return // a reference changed, or the labels name no prefix either way
 	}
-	if had {
-		for _, prefix := range old {
-			tree.Delete(identityPrefixKey(prefix, id))
-		}
-		delete(e.prefixesOf, id)
+	for prefix := range old.Prefixes() {
+		tree.Delete(identityPrefixKey(prefix, id))
 	}
-	if len(prefixes) > 0 {
-		e.addIdentity(tree, id, prefixes)
+	delete(e.labelsOf, id)
+	indexed := false
+	for prefix := range current.Prefixes() {
+		tree.Insert(identityPrefixKey(prefix, id), id)
+		indexed = true
 	}
-	e.dirty[id] = struct{}{}
+	if indexed {
+		e.labelsOf[id] = current
+	}
+	if indexed || !old.IsEmpty() {
+		e.dirty[id] = struct{}{}
+	}
 }
 
-func (e *selectorEngine) addIdentity(tree *part.Txn[identitycell.NumericIdentity], id identitycell.NumericIdentity, prefixes []netip.Prefix) {
-	e.prefixesOf[id] = prefixes
-	for _, prefix := range prefixes {
-		tree.Insert(identityPrefixKey(prefix, id), id)
+// prefixesOf returns the cidr prefixes of an identity.
+func (e *selectorEngine) prefixesOf(id identitycell.NumericIdentity) []netip.Prefix {
+	if id == identitycell.IdentityWorld {
+		return worldPrefixes()
 	}
+	return slices.Collect(e.labelsOf[id].Prefixes())
 }
 
 // identityPrefixKey is the ipcache's prefix key (family, address, length)
@@ -377,7 +394,7 @@ type allowance struct {
 // allowances appends what the policies in force allow for an identity,
 // sorted by key and policy, without duplicates.
 func (e *selectorEngine) allowances(id identitycell.NumericIdentity, out []allowance) []allowance {
-	prefixes := e.prefixesOf[id]
+	prefixes := e.prefixesOf(id)
 	for _, prefix := range prefixes {
 		lengths := &e.lengths[family(prefix)]
 		for bits := prefix.Bits(); bits >= 0; bits-- {
