@@ -1,17 +1,21 @@
 package identitycell
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"iter"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -100,23 +104,17 @@ func decodeCheckpoint(path string, data []byte) (Checkpoint, error) {
 // writeCheckpoint replaces the checkpoint at path atomically: it writes a
 // temporary file in the same directory, syncs it, renames it over path and
 // syncs the directory. A reader sees the old or the new file, never a part.
-func writeCheckpoint(path string, checkpoint Checkpoint) error {
-	file := checkpointFile{Version: checkpointVersion, Identities: make([]checkpointIdentity, 0, len(checkpoint))}
-	for _, id := range slices.Sorted(maps.Keys(checkpoint)) {
-		file.Identities = append(file.Identities, checkpointIdentity{ID: id, Labels: checkpoint[id]})
-	}
-	data, err := json.MarshalIndent(file, "", " ")
-	if err != nil {
-		return fmt.Errorf("encode identity checkpoint: %w", err)
-	}
-
+// identities must come in ascending number order, as the `identities`
+// table's primary index lists them. The encoding streams: a million
+// identities are written without building the file in memory first.
+func writeCheckpoint(path string, identities iter.Seq2[NumericIdentity, labels.Labels]) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, checkpointTempPattern)
 	if err != nil {
 		return fmt.Errorf("write identity checkpoint: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // no-op once renamed
-	_, err = tmp.Write(append(data, '\n'))
+	err = encodeCheckpoint(tmp, identities)
 	if err == nil {
 		err = tmp.Sync()
 	}
@@ -135,6 +133,62 @@ func writeCheckpoint(path string, checkpoint Checkpoint) error {
 	return nil
 }
 
+// encodeCheckpoint writes the JSON form of checkpointFile, one identity per
+// line, with what encoding/json would write for each field.
+func encodeCheckpoint(w io.Writer, identities iter.Seq2[NumericIdentity, labels.Labels]) error {
+	out := bufio.NewWriterSize(w, 1<<16)
+	buf := fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion)
+	first := true
+	for id, lbls := range identities {
+		if !first {
+			buf = append(buf, ',')
+		}
+		first = false
+		buf = append(buf, "\n{\"id\":"...)
+		buf = strconv.AppendUint(buf, uint64(id), 10)
+		buf = append(buf, ",\"labels\":"...)
+		buf = appendJSONString(buf, lbls.String())
+		buf = append(buf, '}')
+		if len(buf) > 1<<15 {
+			if _, err := out.Write(buf); err != nil {
+				return err
+			}
+			buf = buf[:0]
+		}
+	}
+	buf = append(buf, "\n]}\n"...)
+	if _, err := out.Write(buf); err != nil {
+		return err
+	}
+	return out.Flush()
+}
+
+// appendJSONString appends s as a JSON string. Labels are almost always
+// plain ASCII, which needs no escaping; anything else goes through
+// encoding/json.
+func appendJSONString(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			quoted, _ := json.Marshal(s) // a string always encodes
+			return append(buf, quoted...)
+		}
+	}
+	buf = append(buf, '"')
+	buf = append(buf, s...)
+	return append(buf, '"')
+}
+
+// inOrder lists the checkpoint in ascending number order.
+func (c Checkpoint) inOrder() iter.Seq2[NumericIdentity, labels.Labels] {
+	return func(yield func(NumericIdentity, labels.Labels) bool) {
+		for _, id := range slices.Sorted(maps.Keys(c)) {
+			if !yield(id, c[id]) {
+				return
+			}
+		}
+	}
+}
+
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
@@ -142,6 +196,17 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// probeWritable creates and removes a temporary file in dir, named as the
+// checkpoint's temporary files are (so that one a crash leaves behind is
+// removed at the next start).
+func probeWritable(dir string) error {
+	probe, err := os.CreateTemp(dir, checkpointTempPattern)
+	if err != nil {
+		return err
+	}
+	return errors.Join(probe.Close(), os.Remove(probe.Name()))
 }
 
 // removeStaleTemps removes temporary files that a crash left behind.
@@ -178,6 +243,17 @@ func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.L
 	return c
 }
 
+// identities lists the identities of a snapshot in number order.
+func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity, labels.Labels] {
+	return func(yield func(NumericIdentity, labels.Labels) bool) {
+		for identity := range c.table.All(txn) {
+			if !yield(identity.ID, identity.Labels) {
+				return
+			}
+		}
+	}
+}
+
 // Path returns the checkpoint file's path, or "" if checkpointing is off.
 func (c *Checkpointer) Path() string { return c.path }
 
@@ -199,23 +275,30 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 	}
 	dir := filepath.Dir(c.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create state directory: %w", err)
+		return fmt.Errorf("create state directory %s (--state-dir): %w", dir, err)
 	}
 	if err := removeStaleTemps(dir); err != nil {
-		c.log.Warn("Cannot remove stale checkpoint temporary files", "error", err)
+		c.log.Warn("Cannot remove stale checkpoint temporary files", "dir", dir, "error", err)
+	}
+	// Find out now, not at the first checkpoint, that the directory is not
+	// writable: an agent that cannot checkpoint would lose the labels of
+	// its identities at the next restart.
+	if err := probeWritable(dir); err != nil {
+		return fmt.Errorf("state directory %s (--state-dir) is not writable, so the identity checkpoint cannot be saved: "+
+			"make it writable or choose another --state-dir: %w", dir, err)
 	}
 	previous, err := ReadCheckpoint(c.path)
 	switch {
 	case errors.Is(err, ErrCorruptCheckpoint):
 		aside := c.path + ".corrupt"
 		c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
-			"error", err, "moved-to", aside)
+			"path", c.path, "moved-to", aside, "error", err)
 		if err := os.Rename(c.path, aside); err != nil {
-			return fmt.Errorf("move corrupt identity checkpoint aside: %w", err)
+			return fmt.Errorf("move corrupt identity checkpoint %s aside to %s: %w", c.path, aside, err)
 		}
 		previous = Checkpoint{}
 	case err != nil:
-		return err
+		return fmt.Errorf("%w (--state-dir %s)", err, dir)
 	default:
 		c.log.Info("Read identity checkpoint", "path", c.path, "identities", len(previous))
 	}
@@ -250,32 +333,48 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 		}
 	}
 
+	// Rows change on every reference; only a row that is new or gone can
+	// change the checkpoint (an identity's labels never change: a number is
+	// freed, then allocated anew). A row with one reference is new, or
+	// lost its other references; either way it is taken as a change.
+	txn := c.db.WriteTxn(c.table)
+	changes, err := c.table.Changes(txn)
+	txn.Commit()
+	if err != nil {
+		return fmt.Errorf("observe identities: %w", err)
+	}
 	// The first write happens even when nothing changed, so that the file
 	// exists (and is known writable) from the first run on.
-	var written Checkpoint
+	dirty := true
 	for {
 		// Whatever was committed before the stop is in this last read.
 		stopping := ctx.Err() != nil
-		iter, watch := c.table.AllWatch(c.db.ReadTxn())
-		current := Checkpoint{}
-		for identity := range iter {
-			current[identity.ID] = identity.Labels
+		snapshot := c.db.ReadTxn()
+		changed, watch := changes.Next(snapshot)
+		for change := range changed {
+			if change.Deleted || change.Object.References == 1 {
+				dirty = true
+			}
 		}
-		failed := false
-		if written == nil || !maps.Equal(current, written) {
-			if err := writeCheckpoint(c.path, current); err != nil {
+		wait := c.interval
+		if dirty {
+			start := time.Now()
+			err := writeCheckpoint(c.path, c.identities(snapshot))
+			if err != nil {
 				c.log.Error("Cannot write identity checkpoint, will retry", "error", err)
 				health.Degraded("Cannot write identity checkpoint", err)
-				failed = true
 			} else {
-				written = current
-				health.OK(fmt.Sprintf("Checkpointed %d identities", len(current)))
+				dirty = false
+				health.OK(fmt.Sprintf("Checkpointed %d identities", c.table.NumObjects(snapshot)))
 			}
+			// Spend at most a fifth of the time writing: a million
+			// identities take a while to write.
+			wait = max(wait, 4*time.Since(start))
 		}
 		if stopping {
 			return nil
 		}
-		if !failed {
+		if !dirty {
 			select {
 			case <-ctx.Done():
 			case <-watch:
@@ -284,7 +383,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 		// Coalesce a burst of changes into one write.
 		select {
 		case <-ctx.Done():
-		case <-time.After(c.interval):
+		case <-time.After(wait):
 		}
 	}
 }

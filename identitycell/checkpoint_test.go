@@ -25,7 +25,7 @@ func testCheckpoint(n int) Checkpoint {
 func TestCheckpointRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFileName)
 	want := testCheckpoint(5)
-	require.NoError(t, writeCheckpoint(path, want))
+	require.NoError(t, writeCheckpoint(path, want.inOrder()))
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
 	require.Equal(t, want, got)
@@ -71,7 +71,7 @@ func tempFiles(t *testing.T, dir string) []string {
 func TestCheckpointStartIgnoresHalfWrittenTemp(t *testing.T) {
 	dir := t.TempDir()
 	want := testCheckpoint(3)
-	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want))
+	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want.inOrder()))
 	half := filepath.Join(dir, "."+CheckpointFileName+".tmp-12345")
 	require.NoError(t, os.WriteFile(half, []byte(`{"version":1,"identities":[{"id":1677`), 0o600))
 
@@ -124,7 +124,7 @@ func TestCheckpointCrashWriter(t *testing.T) {
 	}
 	path := filepath.Join(dir, CheckpointFileName)
 	for n := 1; ; n++ {
-		if err := writeCheckpoint(path, testCheckpoint(n%5000)); err != nil {
+		if err := writeCheckpoint(path, testCheckpoint(n%5000).inOrder()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(3)
 		}
@@ -166,7 +166,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, CheckpointFileName)
 	previous := testCheckpoint(2)
-	require.NoError(t, writeCheckpoint(path, previous))
+	require.NoError(t, writeCheckpoint(path, previous.inOrder()))
 
 	done := a.RegisterInitializer("restore")
 	c := newCheckpointer(db, table, hivetest.Logger(t), dir)
