@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"sync"
 
 	"github.com/cilium/statedb"
@@ -224,8 +223,10 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	})
 }
 
-// Release removes all of the resource's metadata in one transaction and
-// ends the handle; the resource may then get a new handle.
+// Release removes all of the resource's metadata and ends the handle; the
+// resource may then get a new handle. The rows go in transactions of at
+// most writeChunkSize rows, so that releasing a million prefixes does not
+// stall the other owners' writes.
 //
 // Possible errors: ErrHandleReleased.
 func (h *Handle) Release() error {
@@ -235,15 +236,26 @@ func (h *Handle) Release() error {
 		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
-	txn := c.db.WriteTxn(c.metadata)
-	rows := slices.Collect(statedb.ToSeq(c.metadata.List(txn, MetadataResourceIndex.Query(h.resource))))
-	for _, row := range rows {
-		if _, _, err := c.metadata.Delete(txn, row); err != nil {
-			txn.Abort()
-			return fmt.Errorf("release %s: %w", h.resource, err)
+	for {
+		txn := c.db.WriteTxn(c.metadata)
+		// Collected first: the iterator is not for a table being modified.
+		chunk := make([]*PrefixMetadata, 0, writeChunkSize)
+		for row := range c.metadata.List(txn, MetadataResourceIndex.Query(h.resource)) {
+			if chunk = append(chunk, row); len(chunk) == writeChunkSize {
+				break
+			}
+		}
+		for _, row := range chunk {
+			if _, _, err := c.metadata.Delete(txn, row); err != nil {
+				txn.Abort()
+				return fmt.Errorf("release %s: %w", h.resource, err)
+			}
+		}
+		txn.Commit()
+		if len(chunk) < writeChunkSize {
+			break
 		}
 	}
-	txn.Commit()
 	h.released = true
 
 	c.mu.Lock()

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -114,8 +117,13 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 }
 
 // round resolves every prefix whose metadata changed since the last round
-// (and the failed ones, when a retry is due). It returns a channel that
-// closes when there are further changes.
+// (and the failed ones, when a retry is due), in transactions of at most
+// resolveChunkSize prefixes. Between two chunks it takes in what changed
+// meanwhile, and resolves small changes ahead of the backlog: an owner's
+// single upsert is not stuck behind a million-prefix release. Prefixes are
+// resolved in address order, so that their entries reach the datapath in
+// the order the kernel's LPM trie inserts fastest. It returns a channel
+// that closes when there are further changes.
 func (r *resolver) round() (<-chan struct{}, error) {
 	if r.changes == nil {
 		txn := r.db.WriteTxn(r.metadata)
@@ -127,30 +135,32 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		r.changes = changes
 	}
 
-	snapshot := r.db.ReadTxn()
-	changes, watch := r.changes.Next(snapshot)
-	dirty := map[netip.Prefix]struct{}{}
-	var order []netip.Prefix
-	for change := range changes {
-		if _, seen := dirty[change.Object.Prefix]; !seen {
-			dirty[change.Object.Prefix] = struct{}{}
-			order = append(order, change.Object.Prefix)
-		}
-	}
+	var (
+		queue       resolveQueue
+		snapshot    statedb.ReadTxn
+		watch       <-chan struct{}
+		newFailures []netip.Prefix
+	)
+	hadFailures := len(r.failed) > 0
 	if r.retryDue {
 		r.retryDue = false
-		for prefix := range r.failed {
-			if _, seen := dirty[prefix]; !seen {
-				order = append(order, prefix)
-			}
-		}
+		queue.add(slices.Collect(maps.Keys(r.failed)))
 	}
-
-	hadFailures := len(r.failed) > 0
-	var newFailures []netip.Prefix
-	for start := 0; start < len(order); start += resolveChunkSize {
+	for {
+		snapshot = r.db.ReadTxn()
+		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
+		changed, watch = r.changes.Next(snapshot)
+		var arrived []netip.Prefix
+		for change := range changed {
+			arrived = append(arrived, change.Object.Prefix)
+		}
+		queue.add(arrived)
+		chunk := queue.next(resolveChunkSize)
+		if len(chunk) == 0 {
+			break
+		}
 		txn := r.allocator.WriteTxn(r.entries)
-		for _, prefix := range order[start:min(start+resolveChunkSize, len(order))] {
+		for _, prefix := range chunk {
 			if err := r.resolve(txn, prefix); err != nil {
 				if _, known := r.failed[prefix]; !known {
 					newFailures = append(newFailures, prefix)
@@ -180,6 +190,61 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		}
 	}
 	return watch, nil
+}
+
+// resolveQueue is the prefixes a round has yet to resolve: small arrivals
+// go ahead of the backlog, large ones join its end. Each prefix is in it
+// once.
+type resolveQueue struct {
+	urgent, backlog []netip.Prefix
+	queued          map[netip.Prefix]struct{}
+}
+
+// add queues the prefixes not queued yet, in address order.
+func (q *resolveQueue) add(prefixes []netip.Prefix) {
+	if len(prefixes) == 0 {
+		return
+	}
+	if q.queued == nil {
+		q.queued = make(map[netip.Prefix]struct{}, len(prefixes))
+	}
+	fresh := prefixes[:0]
+	for _, prefix := range prefixes {
+		if _, dup := q.queued[prefix]; !dup {
+			q.queued[prefix] = struct{}{}
+			fresh = append(fresh, prefix)
+		}
+	}
+	slices.SortFunc(fresh, comparePrefixes)
+	if len(fresh) <= resolveChunkSize {
+		q.urgent = append(q.urgent, fresh...)
+	} else {
+		q.backlog = append(q.backlog, fresh...)
+	}
+}
+
+// next takes up to n prefixes, urgent ones first.
+func (q *resolveQueue) next(n int) []netip.Prefix {
+	var chunk []netip.Prefix
+	take := func(from *[]netip.Prefix) {
+		k := min(n-len(chunk), len(*from))
+		chunk = append(chunk, (*from)[:k]...)
+		*from = (*from)[k:]
+	}
+	take(&q.urgent)
+	take(&q.backlog)
+	for _, prefix := range chunk {
+		delete(q.queued, prefix)
+	}
+	return chunk
+}
+
+// comparePrefixes orders prefixes as their keys: family, address, length.
+func comparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
 }
 
 // resolution is the merge of all resources' metadata for one prefix.
