@@ -119,8 +119,9 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 // round resolves every prefix whose metadata changed since the last round
 // (and the failed ones, when a retry is due), in transactions of at most
 // resolveChunkSize prefixes. Between two chunks it takes in what changed
-// meanwhile, and resolves small changes ahead of the backlog: an owner's
-// single upsert is not stuck behind a million-prefix release. Prefixes are
+// meanwhile, and resolves new changes alongside the backlog (see
+// resolveQueue): an owner's single upsert is not stuck behind a
+// million-prefix release. Prefixes are
 // resolved in address order, so that their entries reach the datapath in
 // the order the kernel's LPM trie inserts fastest. It returns a channel
 // that closes when there are further changes.
@@ -192,19 +193,18 @@ func (r *resolver) round() (<-chan struct{}, error) {
 	return watch, nil
 }
 
-// resolveQueue is the prefixes a round has yet to resolve: small arrivals
-// go ahead of the backlog, large ones join its end. Each prefix is in it
-// once.
+// resolveQueue is the prefixes a round has yet to resolve, in groups as
+// they arrived (each group in address order). A chunk takes up to half its
+// size from the newest group and the rest from the oldest: a small new
+// change waits for at most one chunk, whatever the backlog, and the
+// backlog always progresses. Each prefix is queued once.
 type resolveQueue struct {
-	urgent, backlog []netip.Prefix
-	queued          map[netip.Prefix]struct{}
+	groups [][]netip.Prefix
+	queued map[netip.Prefix]struct{}
 }
 
-// add queues the prefixes not queued yet, in address order.
+// add queues the prefixes not queued yet, as the newest group.
 func (q *resolveQueue) add(prefixes []netip.Prefix) {
-	if len(prefixes) == 0 {
-		return
-	}
 	if q.queued == nil {
 		q.queued = make(map[netip.Prefix]struct{}, len(prefixes))
 	}
@@ -215,24 +215,27 @@ func (q *resolveQueue) add(prefixes []netip.Prefix) {
 			fresh = append(fresh, prefix)
 		}
 	}
-	slices.SortFunc(fresh, comparePrefixes)
-	if len(fresh) <= resolveChunkSize {
-		q.urgent = append(q.urgent, fresh...)
-	} else {
-		q.backlog = append(q.backlog, fresh...)
+	if len(fresh) > 0 {
+		slices.SortFunc(fresh, comparePrefixes)
+		q.groups = append(q.groups, fresh)
 	}
 }
 
-// next takes up to n prefixes, urgent ones first.
+// next takes up to n prefixes.
 func (q *resolveQueue) next(n int) []netip.Prefix {
 	var chunk []netip.Prefix
-	take := func(from *[]netip.Prefix) {
-		k := min(n-len(chunk), len(*from))
-		chunk = append(chunk, (*from)[:k]...)
-		*from = (*from)[k:]
+	take := func(group int, limit int) {
+		k := min(limit, len(q.groups[group]))
+		chunk = append(chunk, q.groups[group][:k]...)
+		q.groups[group] = q.groups[group][k:]
 	}
-	take(&q.urgent)
-	take(&q.backlog)
+	if len(q.groups) > 1 {
+		take(len(q.groups)-1, n/2)
+	}
+	for i := 0; i < len(q.groups) && len(chunk) < n; i++ {
+		take(i, n-len(chunk))
+	}
+	q.groups = slices.DeleteFunc(q.groups, func(g []netip.Prefix) bool { return len(g) == 0 })
 	for _, prefix := range chunk {
 		delete(q.queued, prefix)
 	}
@@ -307,12 +310,33 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		desired.Identity, desired.Labels = current.Identity, current.Labels
 	default:
 		// Allocate the new identity before releasing the old one, so that
-		// an identity both map to never drops to zero references.
+		// an identity both map to never drops to zero references. Except
+		// when the number requested is the one the prefix holds (restore
+		// asked for it with the cidr label only, and the owner's labels
+		// arrive after): then the reference is given up first, in this
+		// same transaction, so that the new labels can take the number if
+		// nobody else holds it, and the datapath keeps it.
+		releasedFirst := hasCurrent && !current.Explicit && res.requested == current.Identity
+		if releasedFirst {
+			r.releaseHeld(txn, current)
+		}
 		id, err := r.allocator.AllocateTxn(txn, wantLabels, res.requested)
 		if err != nil {
+			if releasedFirst {
+				// Take the reference back: the number was freed in this
+				// transaction, so nothing else can have taken it.
+				if _, err := r.allocator.AllocateTxn(txn, current.Labels, current.Identity); err != nil {
+					r.log.Error("BUG: cannot take back the identity reference of a prefix",
+						"prefix", prefix, "identity", current.Identity, "error", err)
+				}
+			}
 			return fmt.Errorf("identity for %s: %w", prefix, err)
 		}
 		desired.Identity, desired.Labels = id, wantLabels
+		if releasedFirst {
+			current = nil // its reference is released
+			hasCurrent = false
+		}
 	}
 
 	if hasCurrent && current.sameMapping(desired) {
