@@ -1,6 +1,8 @@
 package datapathcell
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -121,6 +123,15 @@ func (k IPCacheKey) Prefix() (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("ipcache key %x: host bits set", k[:])
 	}
 	return prefix, nil
+}
+
+// compare orders keys by family and address, then prefix length: the
+// order of a trie walk, in which the kernel's LPM trie inserts fastest.
+func (k IPCacheKey) compare(other IPCacheKey) int {
+	if c := bytes.Compare(k[4:], other[4:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(binary.LittleEndian.Uint32(k[0:4]), binary.LittleEndian.Uint32(other[0:4]))
 }
 
 // NewIPCacheValue encodes an identity. The tunnel endpoint, key and flags

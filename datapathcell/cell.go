@@ -98,11 +98,12 @@ func reconcilerOptions(name string) []reconciler.Option {
 
 func registerIPCacheReconciler(params reconciler.Params, d *Datapath, entries ipcachecell.ReconcilerTable) error {
 	ops := &mapOps[*ipcachecell.Entry, IPCacheKey, IPCacheValue]{
-		name:  IPCacheMapName,
-		m:     d.ipcacheMap,
-		stats: d.writeStats(IPCacheMapName),
-		key:   func(e *ipcachecell.Entry) IPCacheKey { return NewIPCacheKey(e.Prefix) },
-		value: func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
+		name:       IPCacheMapName,
+		m:          d.ipcacheMap,
+		stats:      d.writeStats(IPCacheMapName),
+		key:        func(e *ipcachecell.Entry) IPCacheKey { return NewIPCacheKey(e.Prefix) },
+		value:      func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
+		writeOrder: IPCacheKey.compare,
 	}
 	_, err := reconciler.Register(params, entries.RWTable,
 		(*ipcachecell.Entry).Clone, (*ipcachecell.Entry).SetStatus, (*ipcachecell.Entry).GetStatus,

@@ -37,12 +37,16 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 
 // Start implements cell.HookInterface.
 func (d *Datapath) Start(cell.HookContext) error {
-	if err := ensureBPFFS(d.cfg.BPFRoot); err != nil {
+	mounted, err := ensureBPFFS(d.cfg.BPFRoot)
+	if err != nil {
 		return err
+	}
+	if mounted {
+		d.log.Info("Mounted bpffs", "bpf-root", d.cfg.BPFRoot)
 	}
 	opened, snapshot, err := openPinnedMaps(pinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
 	if err != nil {
-		return fmt.Errorf("open pinned maps: %w", err)
+		return fmt.Errorf("open pinned maps in %s: %w", pinDir(d.cfg.BPFRoot), err)
 	}
 	d.log.Info("Pinned maps open", "dir", pinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot))
 	d.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // pinDir returns the directory of the agent's pinned objects.
@@ -40,17 +41,29 @@ type ipcacheSnapshot map[netip.Prefix]uint32
 // the expected layout is reused as it is; one that differs only in max
 // entries is migrated: its entries are copied into a new map that replaces
 // the pin by an atomic rename; one of another type, key or value size or
-// flags is reported and replaced by an empty map. The returned snapshot is
-// the ipcache map's content before anything wrote to it (empty when there
-// was no usable map).
+// flags, or a pin that is not a map, is reported and replaced by an empty
+// map. A pin that cannot be opened for lack of permission or because bpffs
+// is read-only is an error, not replaced: it may be a good map. The
+// returned snapshot is the ipcache map's content before anything wrote to
+// it (empty when there was no usable map).
+//
+// Possible errors: dir cannot be created or made private; a pin cannot be
+// opened (permission, read-only bpffs), created or replaced; a map cannot
+// be migrated because it holds more entries than the new max entries
+// (nothing is changed then).
 func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, ipcacheSnapshot, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("create pin directory: %w", err)
+		return nil, nil, fmt.Errorf("create pin directory %s: %w", dir, err)
+	}
+	// Whoever can write here can change what is enforced: the pins are
+	// the owner's only, also when the directory was made with a wider mode.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
 	maps := &pinnedMaps{}
 	snapshot := ipcacheSnapshot{}
 	var err error
-	maps.IPCache, err = openPinnedMap(dir, ipcacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
+	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
 		snapshot, err = dumpIPCache(old, log)
 		return err
 	})
@@ -81,8 +94,12 @@ func openPinnedMap(dir string, spec *ebpf.MapSpec, log *slog.Logger, inspect fun
 	case errors.Is(err, os.ErrNotExist):
 		log.Info("Creating pinned map", "max-entries", spec.MaxEntries)
 		return createPinned(spec, path)
+	case errors.Is(err, unix.EROFS), errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		// The pin may well be a good map: replacing it would lose what it
+		// holds (and could not work either).
+		return nil, fmt.Errorf("open pinned map %s: %w (bpffs read-only, or not running as root?)", path, err)
 	case err != nil:
-		log.Warn("Pinned map cannot be opened; replacing it", "error", err)
+		log.Warn("Pinned object is not a usable map; restoring nothing from it and replacing it", "error", err)
 		return replacePinned(spec, path, nil)
 	}
 
@@ -145,6 +162,12 @@ func replacePinned(spec *ebpf.MapSpec, path string, from *ebpf.Map) (*ebpf.Map, 
 	if from != nil {
 		if err := copyEntries(from, m); err != nil {
 			m.Close()
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
+				return nil, fmt.Errorf("migrate map %s from max entries %d to %d: it holds more entries than that; "+
+					"nothing was changed (the old map stays pinned and enforced): raise --%s-map-max-entries, "+
+					"or run 'ipcache-agent cleanup' to start from empty maps: %w",
+					path, from.MaxEntries(), spec.MaxEntries, spec.Name, err)
+			}
 			return nil, fmt.Errorf("migrate map %s: %w", path, err)
 		}
 	}
@@ -182,7 +205,7 @@ func copyEntries(from, to *ebpf.Map) error {
 	n := 0
 	for iter.Next(&key, &value) {
 		if err := to.Put(key, value); err != nil {
-			return fmt.Errorf("copy entry %d of %d: %w", n+1, from.MaxEntries(), err)
+			return fmt.Errorf("copy entry %d: %w", n+1, err)
 		}
 		n++
 	}

@@ -18,7 +18,10 @@ const bpfFNoPrealloc = 1
 
 // The specs of the pinned maps (layouts in abi.go).
 
-func ipcacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
+// IPCacheMapSpec is the spec of the ipcache map (an LPM trie) with the
+// given capacity. Besides the datapath, tools that need a map of the same
+// layout use it (the scale benchmark's raw-write floor).
+func IPCacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
 		Name:       IPCacheMapName,
 		Type:       ebpf.LPMTrie,

@@ -35,7 +35,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{ipcacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec()} {
+	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec()} {
 		got, ok := spec.Maps[want.Name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
@@ -73,7 +73,7 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		return m
 	}
 	return enforcerMaps{
-		IPCache:     newMap(ipcacheMapSpec(1024)),
+		IPCache:     newMap(IPCacheMapSpec(1024)),
 		Policy:      newMap(policyMapSpec(512)),
 		Enforcement: newMap(enforcementMapSpec()),
 		Counters:    newMap(countersMapSpec()),

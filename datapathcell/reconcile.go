@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/sys/unix"
 )
 
 // mapOps reconciles a statedb table into a BPF map: each object is one
@@ -18,10 +20,15 @@ import (
 // batch operations for the map type.
 //
 // After a restart the pinned map already holds most of what the table will
-// ask for. The first time a key is reconciled, a write whose value the map
-// already has is skipped: the map's content is read once, before the first
-// write, and nothing but this reconciler writes the map. A restart then
-// costs no map writes for entries that did not change.
+// ask for. Until the first prune (which comes once the desired table is
+// initialized), a write whose value the map already holds is skipped: the
+// map's content is read once, before the first write, and kept up to date
+// with what this reconciler writes (nothing else writes the map). A restart
+// then costs no map writes for entries that did not change, even when an
+// entry is reconciled several times while its owners re-assert it (its
+// source changes from restored to its owner's, its value does not). After
+// the first prune the copy is dropped: from then on the table changes only
+// when the desired value does.
 //
 // Its methods are called from the reconciler's goroutine only.
 type mapOps[Obj any, K comparable, V comparable] struct {
@@ -30,12 +37,19 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	key   func(Obj) K
 	value func(Obj) V
 
+	// writeOrder, if set, is the order in which a batch's keys are
+	// written: the LPM trie inserts keys in address order several times
+	// faster than in random order.
+	writeOrder func(a, b K) int
+
 	// noBatch is set once the kernel said the map has no batch operations.
 	noBatch bool
 
-	// pinned holds the map's content from before the first write, for the
-	// keys not written since; nil until read.
+	// pinned is what the map holds, read before the first write and kept
+	// up to date until the first prune; nil until read, and after.
 	pinned map[K]V
+	// pruned is set by the first prune: pinned is no longer kept.
+	pruned bool
 
 	stats *MapWriteStats
 }
@@ -49,10 +63,13 @@ type MapWriteStats struct {
 	Unchanged atomic.Uint64
 }
 
-// skipUnchanged drops from batch the objects whose value the pinned map
-// already holds and which were not written since, and forgets the keys of
-// the others (they are about to be written).
+// skipUnchanged drops from batch the objects whose value the map already
+// holds, and records the others' values as written (they are about to be).
+// It does nothing after the first prune.
 func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
+	if o.pruned {
+		return keys, values
+	}
 	if o.pinned == nil {
 		o.pinned = map[K]V{}
 		var (
@@ -67,28 +84,35 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 			o.pinned = map[K]V{} // unknown: write everything
 		}
 	}
-	if len(o.pinned) == 0 {
-		return keys, values
-	}
 	n := 0
 	for i := range keys {
-		old, known := o.pinned[keys[i]]
-		if known {
-			delete(o.pinned, keys[i])
-			if old == values[i] {
-				o.stats.Unchanged.Add(1)
-				continue
-			}
+		if old, known := o.pinned[keys[i]]; known && old == values[i] {
+			o.stats.Unchanged.Add(1)
+			continue
 		}
+		// Recorded before the write: should the write fail, the entry is
+		// retried, and a retry must not be skipped, so forget on failure
+		// (see written and failedWrite).
+		o.pinned[keys[i]] = values[i]
 		keys[n], values[n] = keys[i], values[i]
 		n++
 	}
 	return keys[:n], values[:n]
 }
 
-// forget marks keys as written (deleted or pruned).
+// failedWrite forgets what skipUnchanged recorded for a key whose write
+// failed: the map's value for it is unknown.
+func (o *mapOps[Obj, K, V]) failedWrite(k K) {
+	if o.pinned != nil {
+		delete(o.pinned, k)
+	}
+}
+
+// forget marks keys as deleted (or pruned).
 func (o *mapOps[Obj, K, V]) forget(k K) {
-	delete(o.pinned, k)
+	if o.pinned != nil {
+		delete(o.pinned, k)
+	}
 	o.stats.Written.Add(1)
 }
 
@@ -108,6 +132,13 @@ func (o *mapOps[Obj, K, V]) Update(_ context.Context, _ statedb.ReadTxn, _ state
 
 func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 	if err := o.m().Put(&k, &v); err != nil {
+		o.failedWrite(k)
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
+			// What the kernel says of a full map (ENOSPC for an LPM trie,
+			// E2BIG for a hash map) does not say so.
+			return fmt.Errorf("%s map is full (max entries %d; raise --%s-map-max-entries): %w",
+				o.name, o.m().MaxEntries(), o.name, err)
+		}
 		return fmt.Errorf("%s map: update: %w", o.name, err)
 	}
 	o.stats.Written.Add(1)
@@ -129,6 +160,7 @@ func (o *mapOps[Obj, K, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ state
 // that no object has. The reconciler calls it only once the table is
 // initialized, i.e. every producer of desired state has spoken.
 func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
+	o.pruned, o.pinned = true, nil
 	desired := map[K]struct{}{}
 	for obj := range objects {
 		desired[o.key(obj)] = struct{}{}
@@ -182,6 +214,9 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 	if len(keys) == 0 {
 		return
 	}
+	if o.writeOrder != nil {
+		sortTogether(keys, values, o.writeOrder)
+	}
 	n, err := o.m().BatchUpdate(keys, values, nil)
 	o.stats.Written.Add(uint64(max(n, 0)))
 	if err == nil {
@@ -229,4 +264,22 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 	for i := done; i < len(batch); i++ {
 		batch[i].Result = o.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
 	}
+}
+
+// sortTogether sorts keys by order, moving each value with its key.
+func sortTogether[K, V any](keys []K, values []V, order func(a, b K) int) {
+	if slices.IsSortedFunc(keys, order) {
+		return
+	}
+	perm := make([]int, len(keys))
+	for i := range perm {
+		perm[i] = i
+	}
+	slices.SortFunc(perm, func(a, b int) int { return order(keys[a], keys[b]) })
+	sortedKeys, sortedValues := make([]K, len(keys)), make([]V, len(values))
+	for i, j := range perm {
+		sortedKeys[i], sortedValues[i] = keys[j], values[j]
+	}
+	copy(keys, sortedKeys)
+	copy(values, sortedValues)
 }

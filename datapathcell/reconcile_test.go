@@ -19,7 +19,7 @@ type testEntry struct {
 
 func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheKey, IPCacheValue], *ebpf.Map) {
 	privileged.Test(t)
-	m, err := ebpf.NewMap(ipcacheMapSpec(maxEntries))
+	m, err := ebpf.NewMap(IPCacheMapSpec(maxEntries))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	return &mapOps[*testEntry, IPCacheKey, IPCacheValue]{

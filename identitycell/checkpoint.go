@@ -39,6 +39,9 @@ const (
 	// defaultCheckpointInterval is the shortest time between two checkpoint
 	// writes: changes in between are coalesced into one write.
 	defaultCheckpointInterval = 200 * time.Millisecond
+
+	// maxCheckpointRetryInterval bounds the backoff between failed writes.
+	maxCheckpointRetryInterval = 30 * time.Second
 )
 
 // ErrCorruptCheckpoint is returned (wrapped) for a checkpoint file that
@@ -346,6 +349,10 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 	// The first write happens even when nothing changed, so that the file
 	// exists (and is known writable) from the first run on.
 	dirty := true
+	var (
+		failures  int    // consecutive failed writes
+		lastError string // logged once until it changes
+	)
 	for {
 		// Whatever was committed before the stop is in this last read.
 		stopping := ctx.Err() != nil
@@ -361,10 +368,20 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 			start := time.Now()
 			err := writeCheckpoint(c.path, c.identities(snapshot))
 			if err != nil {
-				c.log.Error("Cannot write identity checkpoint, will retry", "error", err)
+				failures++
+				if err.Error() != lastError {
+					c.log.Error("Cannot write identity checkpoint, will retry", "error", err)
+					lastError = err.Error()
+				}
 				health.Degraded("Cannot write identity checkpoint", err)
+				// Retry with backoff: a read-only or full disk does not
+				// heal in 200 ms.
+				wait = min(c.interval<<min(failures, 8), maxCheckpointRetryInterval)
 			} else {
-				dirty = false
+				if failures > 0 {
+					c.log.Info("Identity checkpoint written again", "after-failures", failures)
+				}
+				failures, lastError, dirty = 0, "", false
 				health.OK(fmt.Sprintf("Checkpointed %d identities", c.table.NumObjects(snapshot)))
 			}
 			// Spend at most a fifth of the time writing: a million

@@ -1,0 +1,172 @@
+package datapathcell_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/hive/script/scripttest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/internal/agenttest"
+	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// TestPrivilegedScript runs the datapath scenarios (testdata/*.txtar) with
+// the agent's whole control plane over real pinned maps in a private bpffs
+// mount, restarting the agent inside the scripts. Beside the agenttest
+// commands, test/map-check compares a pinned map with its desired table.
+func TestPrivilegedScript(t *testing.T) {
+	privileged.Test(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	scripttest.Test(t, ctx, func(t testing.TB, args []string) *script.Engine {
+		return agenttest.NewEngine(t, args, func(extra ...cell.Cell) *hive.Hive {
+			return cells.NewHive(append([]cell.Cell{cells.ControlPlane, mapCheckCell}, extra...)...)
+		})
+	}, nil, "testdata/*.txtar")
+}
+
+// mapCheckCell provides test/map-check.
+var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config,
+	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{"test/map-check": mapCheckCmd(db, cfg.BPFRoot, entries, policies)})
+})
+
+// desiredRow is a row of a desired table, as the map would hold it.
+type desiredRow struct {
+	key, value string
+	status     reconciler.StatusKind
+	err        string
+}
+
+// mapCheck is what a pinned map holds against its desired table.
+type mapCheck struct {
+	done, errored, pending int
+	// problems are the ways the map disagrees with the rows' statuses.
+	problems []string
+}
+
+// compare checks that the map holds exactly the rows whose status is Done,
+// with their values, and none of the rows whose status is Error.
+func compare(rows []desiredRow, pinned map[string]string) mapCheck {
+	var c mapCheck
+	want := map[string]bool{}
+	for _, row := range rows {
+		got, inMap := pinned[row.key]
+		switch row.status {
+		case reconciler.StatusKindDone:
+			c.done++
+			want[row.key] = true
+			if got != row.value {
+				c.problems = append(c.problems, fmt.Sprintf("%s is Done but the map has %q, want %q", row.key, got, row.value))
+			}
+		case reconciler.StatusKindError:
+			c.errored++
+			if inMap && got == row.value {
+				c.problems = append(c.problems, fmt.Sprintf("%s is in the map but its status is Error: %s", row.key, row.err))
+			}
+		default:
+			c.pending++
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(pinned)) {
+		if !want[k] {
+			c.problems = append(c.problems, fmt.Sprintf("%s is in the map but no row is Done for it", k))
+		}
+	}
+	return c
+}
+
+// mapCheckCmd waits until a pinned map holds exactly the rows of its
+// desired table whose status is Done (with their values), none whose
+// status is Error, nothing else, and the counts of Done and Error rows are
+// the given ones.
+func mapCheckCmd(db *statedb.DB, bpfRoot string, entries statedb.Table[*ipcachecell.Entry],
+	policies statedb.Table[*policycell.PolicyEntry]) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "Wait until a pinned map holds exactly the Done rows of its table, and count Done and Error rows",
+			Args:    "ipcache|policy done=N error=N",
+			Flags: func(fs *pflag.FlagSet) {
+				fs.Duration("timeout", 20*time.Second, "How long to wait")
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 3 {
+				return nil, script.ErrUsage
+			}
+			wantDone, err1 := strconv.Atoi(strings.TrimPrefix(args[1], "done="))
+			wantErrors, err2 := strconv.Atoi(strings.TrimPrefix(args[2], "error="))
+			if err1 != nil || err2 != nil {
+				return nil, script.ErrUsage
+			}
+			var read func() ([]desiredRow, map[string]string, error)
+			switch args[0] {
+			case "ipcache":
+				read = func() ([]desiredRow, map[string]string, error) {
+					var rows []desiredRow
+					for e := range entries.All(db.ReadTxn()) {
+						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), e.Status.Kind, e.Status.GetError()})
+					}
+					m, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+					pinned := map[string]string{}
+					for p, id := range m {
+						pinned[p.String()] = strconv.FormatUint(uint64(id), 10)
+					}
+					return rows, pinned, err
+				}
+			case "policy":
+				read = func() ([]desiredRow, map[string]string, error) {
+					var rows []desiredRow
+					for e := range policies.All(db.ReadTxn()) {
+						k := e.Key
+						key := fmt.Sprintf("%d/%d/%d/%d", k.Identity, k.Direction, k.Protocol, k.Port)
+						rows = append(rows, desiredRow{key, strconv.FormatUint(uint64(e.Verdict), 10), e.Status.Kind, e.Status.GetError()})
+					}
+					m, err := datapathcell.ReadPinnedPolicy(bpfRoot)
+					pinned := map[string]string{}
+					for k, verdict := range m {
+						id, dir, proto, port := k.Fields()
+						pinned[fmt.Sprintf("%d/%d/%d/%d", id, dir, proto, port)] = strconv.FormatUint(uint64(verdict), 10)
+					}
+					return rows, pinned, err
+				}
+			default:
+				return nil, script.ErrUsage
+			}
+			timeout, _ := s.Flags.GetDuration("timeout")
+			deadline := time.Now().Add(timeout)
+			for {
+				rows, pinned, err := read()
+				c := compare(rows, pinned)
+				if err == nil && len(c.problems) == 0 && c.pending == 0 && c.done == wantDone && c.errored == wantErrors {
+					return scriptcmd.Result(fmt.Sprintf("done=%d error=%d map=%d\n", c.done, c.errored, len(pinned)), nil)
+				}
+				if time.Now().After(deadline) {
+					return scriptcmd.Result("", fmt.Errorf("%s: done=%d error=%d pending=%d map=%d (err %v), want done=%d error=%d; problems: %s",
+						args[0], c.done, c.errored, c.pending, len(pinned), err, wantDone, wantErrors, strings.Join(c.problems, "; ")))
+				}
+				select {
+				case <-s.Context().Done():
+					return nil, s.Context().Err()
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		})
+}
