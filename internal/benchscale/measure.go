@@ -38,10 +38,10 @@ type result struct {
 	restartSkipped         uint64        // writes skipped because the map held the value
 	restartRenumbered      int           // prefixes whose identity changed
 
-	graceRelease       time.Duration // step 4
-	idleP99, graceP99  time.Duration // until in the datapath
-	graceTableP99      time.Duration // until in the `ipcache` table
-	idleN, graceN      int
+	graceRelease      time.Duration // step 4
+	idleP99, graceP99 time.Duration // until in the datapath
+	graceTableP99     time.Duration // until in the `ipcache` table
+	idleN, graceN     int
 }
 
 func (r result) endToEndRatio() float64 { return ratio(r.endToEnd, r.floorRandom) }
