@@ -78,6 +78,7 @@ func newRestorerCell(p restorerParams) *Restorer {
 		log:          p.Log,
 		db:           p.DB,
 		metadata:     p.Metadata,
+		entries:      p.Entries,
 		pinned:       p.Datapath,
 		checkpoint:   p.Checkpointer,
 		allocator:    p.Allocator,

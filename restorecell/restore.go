@@ -41,6 +41,7 @@ type Restorer struct {
 	log        *slog.Logger
 	db         *statedb.DB
 	metadata   statedb.Table[*ipcachecell.PrefixMetadata]
+	entries    statedb.Table[*ipcachecell.Entry]
 	pinned     pinnedState
 	checkpoint checkpoint
 	allocator  *identitycell.Allocator
@@ -143,9 +144,10 @@ func (r *Restorer) markIdentitiesInitialized(ctx context.Context, entries stated
 	}
 }
 
-// releaseAfterGracePeriod waits the grace period, then releases the
-// restore handle and un-withholds the numbers. Stopping first releases
-// nothing.
+// releaseAfterGracePeriod waits the grace period and until every owner has
+// re-asserted its prefixes (the `ipcache` table is initialized), then
+// releases the restore handle and un-withholds the numbers. Stopping first
+// releases nothing.
 func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
 	ticker := time.NewTicker(healthInterval)
 	defer ticker.Stop()
@@ -166,6 +168,21 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 		case <-timer.C:
 		}
 		timer.Stop()
+	}
+
+	// The grace period is over, but an owner that has not re-asserted its
+	// prefixes yet (a policy directory read late, a volume mounted late)
+	// would find them released, deleted from the map and renumbered. The
+	// `ipcache` table is initialized once every producer has spoken.
+	if _, initialized := r.entries.Initialized(r.db.ReadTxn()); !isClosed(initialized) {
+		r.log.Info("Restore grace period over, but not every owner has re-asserted its prefixes yet: " +
+			"keeping the restored prefixes until the ipcache table is initialized")
+		health.OK("Grace period over; waiting for every owner before releasing")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-initialized:
+		}
 	}
 
 	status := r.Status()
@@ -249,4 +266,13 @@ func (r *Restorer) heldOnlyByRestore() int {
 	}
 	count()
 	return n
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
