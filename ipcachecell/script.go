@@ -2,6 +2,7 @@ package ipcachecell
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -33,11 +34,26 @@ type identityOwners struct {
 	identities statedb.Table[*identitycell.Identity]
 }
 
-// owners returns the prefixes that resolved to id and, per prefix, the
-// resources that own it.
-func (o identityOwners) owners(txn statedb.ReadTxn, id identitycell.NumericIdentity) (prefixes []string, resources []string) {
+// entriesOf returns the entries that map to a local identity. Every entry
+// holding a local identity has its own prefix's cidr label in the
+// identity's labels, so looking up those prefixes finds them all: no index
+// by identity (which would cost a million index entries) is needed.
+func (o identityOwners) entriesOf(txn statedb.ReadTxn, identity *identitycell.Identity) iter.Seq[*Entry] {
+	return func(yield func(*Entry) bool) {
+		for prefix := range identity.Labels.Prefixes() {
+			entry, _, found := o.entries.Get(txn, EntryIndex.Query(prefix))
+			if found && !entry.Explicit && entry.Identity == identity.ID && !yield(entry) {
+				return
+			}
+		}
+	}
+}
+
+// owners returns the prefixes that resolved to the identity and, per
+// prefix, the resources that own it.
+func (o identityOwners) owners(txn statedb.ReadTxn, identity *identitycell.Identity) (prefixes []string, resources []string) {
 	seen := map[string]bool{}
-	for entry := range o.entries.List(txn, EntryIdentityIndex.Query(id)) {
+	for entry := range o.entriesOf(txn, identity) {
 		prefixes = append(prefixes, entry.Prefix.String())
 		for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
 			if !seen[row.Resource] {
@@ -64,7 +80,7 @@ func (o identityOwners) listCommand() script.Cmd {
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
 			for identity := range o.identities.All(txn) {
-				prefixes, resources := o.owners(txn, identity.ID)
+				prefixes, resources := o.owners(txn, identity)
 				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References,
 					strings.Join(prefixes, ","), strings.Join(resources, ","), identity.Labels)
 			}
@@ -93,7 +109,7 @@ func (o identityOwners) showCommand() script.Cmd {
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References)
-			for entry := range o.entries.List(txn, EntryIdentityIndex.Query(id)) {
+			for entry := range o.entriesOf(txn, identity) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
 				for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
 					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource, row.Source)

@@ -166,17 +166,6 @@ var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 	Unique:     true,
 }
 
-// EntryIdentityIndex finds the prefixes that map to an identity.
-var EntryIdentityIndex = statedb.Index[*Entry, identitycell.NumericIdentity]{
-	Name: "identity",
-	FromObject: func(e *Entry) index.KeySet {
-		return index.NewKeySet(index.Uint32(uint32(e.Identity)))
-	},
-	FromKey:    func(id identitycell.NumericIdentity) index.Key { return index.Uint32(uint32(id)) },
-	FromString: index.Uint32String,
-	Unique:     false,
-}
-
 // NewMetadataTable creates and registers `ipcache-metadata`.
 func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) {
 	return statedb.NewTable(db, MetadataTableName, MetadataIndex, MetadataResourceIndex)
@@ -184,7 +173,7 @@ func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) 
 
 // NewEntriesTable creates and registers the desired `ipcache` table.
 func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
-	return statedb.NewTable(db, EntriesTableName, EntryIndex, EntryIdentityIndex)
+	return statedb.NewTable(db, EntriesTableName, EntryIndex)
 }
 
 // EntriesWithin returns the entries whose prefix lies inside cidr, in
