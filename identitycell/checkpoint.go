@@ -346,6 +346,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 	if err != nil {
 		return fmt.Errorf("observe identities: %w", err)
 	}
+	defer changes.Close()
 	// The first write happens even when nothing changed, so that the file
 	// exists (and is known writable) from the first run on.
 	dirty := true

@@ -21,9 +21,15 @@ import (
 )
 
 const (
-	// resolveChunkSize bounds the prefixes resolved in one write
-	// transaction of the identities and ipcache tables.
-	resolveChunkSize = 4096
+	// A chunk is the prefixes resolved in one write transaction of the
+	// identities and ipcache tables. Its size adapts so that a chunk takes
+	// about resolveChunkTime: large enough to amortize the commit, short
+	// enough that a new change (resolved in the next chunk, see
+	// resolveQueue) and the other writers of these tables (the
+	// reconciler's status write-back) never wait long.
+	resolveChunkTime    = 10 * time.Millisecond
+	minResolveChunkSize = 256
+	maxResolveChunkSize = 16384
 
 	minRetryBackoff = 100 * time.Millisecond
 	maxRetryBackoff = 10 * time.Second
@@ -53,6 +59,9 @@ type resolver struct {
 	failed     map[netip.Prefix]error
 	retryDue   bool
 	retryAfter time.Duration
+
+	// chunkSize is the prefixes to resolve in the next transaction.
+	chunkSize int
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
@@ -70,6 +79,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
 		retryAfter:      minRetryBackoff,
+		chunkSize:       minResolveChunkSize,
 	}
 }
 
@@ -87,6 +97,16 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 		case <-r.restore.wait():
 		}
 	}
+	// Closed when the job ends, not left to a runtime cleanup (which
+	// fires outside a synctest bubble that ran the hive).
+	defer func() {
+		if r.changes != nil {
+			r.changes.Close()
+		}
+	}()
+	// One retry timer while prefixes fail: re-armed per round, changes
+	// that come more often than the backoff would starve the retry.
+	var retry <-chan time.Time
 	for {
 		watch, err := r.round()
 		if err != nil {
@@ -100,8 +120,10 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 			_, producersDone = r.metadata.Initialized(r.db.ReadTxn())
 		}
 
-		var retry <-chan time.Time
-		if len(r.failed) > 0 {
+		switch {
+		case len(r.failed) == 0:
+			retry = nil
+		case retry == nil:
 			retry = time.After(r.retryAfter)
 		}
 		select {
@@ -110,6 +132,7 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 		case <-watch:
 		case <-producersDone:
 		case <-retry:
+			retry = nil
 			r.retryDue = true
 			r.retryAfter = min(2*r.retryAfter, maxRetryBackoff)
 		}
@@ -117,8 +140,8 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 }
 
 // round resolves every prefix whose metadata changed since the last round
-// (and the failed ones, when a retry is due), in transactions of at most
-// resolveChunkSize prefixes. Between two chunks it takes in what changed
+// (and the failed ones, when a retry is due), in transactions of about
+// resolveChunkTime each. Between two chunks it takes in what changed
 // meanwhile, and resolves new changes alongside the backlog (see
 // resolveQueue): an owner's single upsert is not stuck behind a
 // million-prefix release. Prefixes are
@@ -156,10 +179,11 @@ func (r *resolver) round() (<-chan struct{}, error) {
 			arrived = append(arrived, change.Object.Prefix)
 		}
 		queue.add(arrived)
-		chunk := queue.next(resolveChunkSize)
+		chunk := queue.next(r.chunkSize)
 		if len(chunk) == 0 {
 			break
 		}
+		chunkStart := time.Now()
 		txn := r.allocator.WriteTxn(r.entries)
 		for _, prefix := range chunk {
 			if err := r.resolve(txn, prefix); err != nil {
@@ -172,6 +196,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 			}
 		}
 		txn.Commit()
+		r.adaptChunkSize(len(chunk), time.Since(chunkStart))
 	}
 	r.logFailures(newFailures)
 	if hadFailures && len(r.failed) == 0 {
@@ -194,10 +219,10 @@ func (r *resolver) round() (<-chan struct{}, error) {
 }
 
 // resolveQueue is the prefixes a round has yet to resolve, in groups as
-// they arrived (each group in address order). A chunk takes up to half its
-// size from the newest group and the rest from the oldest: a small new
-// change waits for at most one chunk, whatever the backlog, and the
-// backlog always progresses. Each prefix is queued once.
+// they arrived, each in change order. A chunk takes up to half its size
+// from the newest changes (the end of the newest group) and the rest from
+// the oldest: a small new change waits for at most one chunk, whatever the
+// backlog, and the backlog always progresses. Each prefix is queued once.
 type resolveQueue struct {
 	groups [][]netip.Prefix
 	queued map[netip.Prefix]struct{}
@@ -216,29 +241,31 @@ func (q *resolveQueue) add(prefixes []netip.Prefix) {
 		}
 	}
 	if len(fresh) > 0 {
-		slices.SortFunc(fresh, comparePrefixes)
 		q.groups = append(q.groups, fresh)
 	}
 }
 
-// next takes up to n prefixes.
+// next takes up to n prefixes, in address order: the order in which their
+// entries reach the datapath, and in which the kernel's LPM trie inserts
+// fastest.
 func (q *resolveQueue) next(n int) []netip.Prefix {
 	var chunk []netip.Prefix
-	take := func(group int, limit int) {
-		k := min(limit, len(q.groups[group]))
-		chunk = append(chunk, q.groups[group][:k]...)
-		q.groups[group] = q.groups[group][k:]
-	}
 	if len(q.groups) > 1 {
-		take(len(q.groups)-1, n/2)
+		newest := q.groups[len(q.groups)-1]
+		k := min(n/2, len(newest))
+		chunk = append(chunk, newest[len(newest)-k:]...)
+		q.groups[len(q.groups)-1] = newest[:len(newest)-k]
 	}
 	for i := 0; i < len(q.groups) && len(chunk) < n; i++ {
-		take(i, n-len(chunk))
+		k := min(n-len(chunk), len(q.groups[i]))
+		chunk = append(chunk, q.groups[i][:k]...)
+		q.groups[i] = q.groups[i][k:]
 	}
 	q.groups = slices.DeleteFunc(q.groups, func(g []netip.Prefix) bool { return len(g) == 0 })
 	for _, prefix := range chunk {
 		delete(q.queued, prefix)
 	}
+	slices.SortFunc(chunk, comparePrefixes)
 	return chunk
 }
 
@@ -248,6 +275,16 @@ func comparePrefixes(a, b netip.Prefix) int {
 		return c
 	}
 	return a.Bits() - b.Bits()
+}
+
+// adaptChunkSize sizes the next chunk from how long a full one took.
+func (r *resolver) adaptChunkSize(resolved int, took time.Duration) {
+	if resolved < r.chunkSize || took <= 0 {
+		return // a partial chunk says little about a full one
+	}
+	scaled := int(float64(r.chunkSize) * float64(resolveChunkTime) / float64(took))
+	// Move halfway: one slow chunk (a GC pause) does not collapse the size.
+	r.chunkSize = min(max((r.chunkSize+scaled)/2, minResolveChunkSize), maxResolveChunkSize)
 }
 
 // resolution is the merge of all resources' metadata for one prefix.

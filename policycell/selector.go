@@ -130,6 +130,15 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 
 // run processes changes as they come.
 func (e *selectorEngine) run(ctx context.Context, health cell.Health) error {
+	// Closed when the job ends, not left to a runtime cleanup (which
+	// fires outside a synctest bubble that ran the hive).
+	defer func() {
+		for _, changes := range []interface{ Close() }{e.policyChanges, e.identityChanges} {
+			if changes != nil {
+				changes.Close()
+			}
+		}
+	}()
 	for {
 		watch, err := e.round()
 		if err != nil {
