@@ -1,6 +1,8 @@
 package datapathcell
 
 import (
+	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"testing"
 )
@@ -27,7 +29,40 @@ func FuzzIPCacheKey(f *testing.F) {
 	})
 }
 
-// FuzzPolicyKey: encoding the decoded fields gives the key back.
+// FuzzIPCacheValue: any 24 bytes read from a pinned map decode to the
+// sec_identity of the layout (little-endian u32 at offset 0), never a
+// panic; an identity encodes to a value with everything else zero (no
+// tunnel endpoint, key or flags) that decodes to it again.
+func FuzzIPCacheValue(f *testing.F) {
+	v := NewIPCacheValue(16777217)
+	f.Add(v[:])
+	var tunneled IPCacheValue
+	for i := range tunneled {
+		tunneled[i] = byte(i + 1)
+	}
+	f.Add(tunneled[:])
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) != ipcacheValueSize {
+			return
+		}
+		value := IPCacheValue(data)
+		id := value.Identity()
+		if want := binary.LittleEndian.Uint32(data[0:4]); id != want {
+			t.Fatalf("value %x: identity %d, want %d (little-endian u32 at 0)", data, id, want)
+		}
+		encoded := NewIPCacheValue(id)
+		if encoded.Identity() != id || !bytes.Equal(encoded[4:], make([]byte, ipcacheValueSize-4)) {
+			t.Fatalf("identity %d encodes to %x", id, encoded)
+		}
+		if rest := bytes.Equal(data[4:], make([]byte, ipcacheValueSize-4)); rest != (encoded == value) {
+			t.Fatalf("value %x: encoding its identity gives %x", data, encoded)
+		}
+	})
+}
+
+// FuzzPolicyKey: encoding the decoded fields gives the key back, and the
+// fields sit where the layout says (identity little-endian at 0, direction
+// at 4, protocol at 5, dport big-endian at 6).
 func FuzzPolicyKey(f *testing.F) {
 	k := NewPolicyKey(16777217, DirectionEgress, 17, 53)
 	f.Add(k[:])
@@ -38,6 +73,37 @@ func FuzzPolicyKey(f *testing.F) {
 		key := PolicyKey(data)
 		if NewPolicyKey(key.Fields()) != key {
 			t.Fatalf("key %x does not round trip", data)
+		}
+		id, dir, proto, dport := key.Fields()
+		if id != binary.LittleEndian.Uint32(data[0:4]) || dir != data[4] || proto != data[5] ||
+			dport != binary.BigEndian.Uint16(data[6:8]) {
+			t.Fatalf("key %x decodes to %d/%d/%d/%d, not the layout's fields", data, id, dir, proto, dport)
+		}
+	})
+}
+
+// FuzzPolicyValue: any 8 bytes decode to the verdict of the layout
+// (little-endian u32 at 0; the pad is ignored), and a verdict encodes to a
+// value with a zero pad that decodes to it again.
+func FuzzPolicyValue(f *testing.F) {
+	v := NewPolicyValue(VerdictAllow)
+	f.Add(v[:])
+	f.Add([]byte{1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) != policyValueSize {
+			return
+		}
+		value := PolicyValue(data)
+		verdict := value.Verdict()
+		if want := binary.LittleEndian.Uint32(data[0:4]); verdict != want {
+			t.Fatalf("value %x: verdict %d, want %d", data, verdict, want)
+		}
+		encoded := NewPolicyValue(verdict)
+		if encoded.Verdict() != verdict || !bytes.Equal(encoded[4:], []byte{0, 0, 0, 0}) {
+			t.Fatalf("verdict %d encodes to %x", verdict, encoded)
+		}
+		if zeroPad := bytes.Equal(data[4:], []byte{0, 0, 0, 0}); zeroPad != (encoded == value) {
+			t.Fatalf("value %x: encoding its verdict gives %x", data, encoded)
 		}
 	})
 }

@@ -39,7 +39,12 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 	require.NoError(t, flags.Set("state-dir", t.TempDir()))
 	require.NoError(t, flags.Parse(args))
 
-	cmds, err := h.ScriptCommands(hivetest.Logger(t))
+	log := hivetest.Logger(t)
+	// A script that ends without `hive stop` must not leave the hive
+	// running (TestMain checks for leaked goroutines); Stop is a no-op on
+	// a hive that is not running.
+	t.Cleanup(func() { h.Stop(log, context.Background()) })
+	cmds, err := h.ScriptCommands(log)
 	require.NoError(t, err)
 	maps.Copy(cmds, script.DefaultCmds())
 	maps.Copy(cmds, ipcachetest.OwnerCommands(func() *ipcachecell.IPCache { return ipcache }))

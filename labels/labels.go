@@ -84,6 +84,11 @@ func validate(label string) error {
 		if prefix != prefix.Masked() {
 			return fmt.Errorf("%w %q: host bits set, want %s", ErrInvalidLabel, label, CIDRLabel(prefix))
 		}
+		// One prefix, one label: "2001:DB8::/32" or "2001:db8:0::/32"
+		// would be a label set other than ForPrefix's, so another identity.
+		if value != prefix.String() {
+			return fmt.Errorf("%w %q: not in canonical form, want %s", ErrInvalidLabel, label, CIDRLabel(prefix))
+		}
 	}
 	return nil
 }

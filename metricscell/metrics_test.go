@@ -149,11 +149,16 @@ func newMetricsOnlyHive(t *testing.T, args ...string) (start func() error, serve
 	require.NoError(t, flags.Parse(args))
 	log := hivetest.Logger(t)
 	return func() error {
-		if err := h.Start(log, context.Background()); err != nil {
-			return err
-		}
-		t.Cleanup(func() { require.NoError(t, h.Stop(log, context.Background())) })
-		return nil
+		err := h.Start(log, context.Background())
+		// A start that fails leaves the hooks it did start running (the
+		// database among them) until Stop, as hive.Run does.
+		t.Cleanup(func() {
+			stopErr := h.Stop(log, context.Background())
+			if err == nil {
+				require.NoError(t, stopErr)
+			}
+		})
+		return err
 	}, &s
 }
 

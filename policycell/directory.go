@@ -9,12 +9,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
-	// ErrOutsideDirectory rejects a policy file that is a symlink to a
-	// file outside the policy directory.
-	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory")
+	// ErrOutsideDirectory rejects a policy file that is a symlink whose
+	// resolution leaves the policy directory: a target outside it, an
+	// absolute target, or a path through a symlinked directory outside
+	// it. Such a file is not opened.
+	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
 
 	// ErrNotRegular rejects a policy file that is neither a regular file
 	// nor a symlink to one (a FIFO could block the reader).
@@ -51,13 +55,20 @@ func isPolicyFile(name string) bool {
 }
 
 // readDirectory reads the policy files directly in dir. Subdirectories
-// (and symlinks to directories) are ignored. Symlinks are followed, so that
-// Kubernetes ConfigMap mounts work, but only to files inside dir (after
-// resolving dir's own symlinks): a link out of the directory is an error
-// of that file.
+// (and symlinks to directories) are ignored, never traversed. Symlinks
+// are followed, so that Kubernetes ConfigMap mounts work, but only while
+// they stay inside dir (after resolving dir's own symlinks): every file is
+// opened relative to the directory with openat2(RESOLVE_BENEATH), so the
+// kernel refuses, at the moment of opening, a resolution that leaves the
+// directory (a relative target out of it, an absolute target, a symlinked
+// directory out of it). The file type is checked on the opened file
+// (fstat), so swapping a file for a link or a FIFO between the listing
+// and the read is no way around either check. A link out of the directory
+// is an error of that file (ErrOutsideDirectory) and is not opened.
 //
-// Possible errors: the directory cannot be resolved or listed. Errors of
-// single files are in the listing.
+// Possible errors: the directory cannot be resolved, opened or listed;
+// openat2 is not available (Linux before 5.6). Errors of single files are
+// in the listing.
 func readDirectory(dir string) (listing, error) {
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
@@ -66,10 +77,21 @@ func readDirectory(dir string) (listing, error) {
 	if root, err = filepath.Abs(root); err != nil {
 		return listing{}, err
 	}
-	entries, err := os.ReadDir(root)
+	d, err := os.Open(root)
 	if err != nil {
 		return listing{}, err
 	}
+	defer d.Close()
+	entries, err := d.ReadDir(-1)
+	if err != nil {
+		return listing{}, err
+	}
+	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	raw, err := d.SyscallConn()
+	if err != nil {
+		return listing{}, err
+	}
+
 	found := listing{files: map[string]fileContent{}, watchDirs: []string{root}}
 	for _, entry := range entries {
 		name := entry.Name()
@@ -77,45 +99,88 @@ func readDirectory(dir string) (listing, error) {
 			continue
 		}
 		path := filepath.Join(root, name)
-		if entry.Type()&fs.ModeSymlink != 0 {
-			target, err := resolveInside(root, path)
-			if err != nil {
-				found.files[name] = fileContent{err: err}
-				continue
-			}
-			path = target
-			found.watchDirs = append(found.watchDirs, filepath.Dir(target))
+		isLink := entry.Type()&fs.ModeSymlink != 0
+		if !isLink && !entry.Type().IsRegular() {
+			// Known not to be a file without opening it (opening a
+			// device can have effects); the fstat below is what counts.
+			found.files[name] = fileContent{err: fmt.Errorf("%w: %s", ErrNotRegular, entry.Type().Type())}
+			continue
 		}
-		content, isDir, err := readPolicyFile(path)
+		var f *os.File
+		var openErr error
+		if err := raw.Control(func(dirfd uintptr) { f, openErr = openBeneath(int(dirfd), root, name) }); err != nil {
+			return listing{}, err
+		}
+		switch {
+		case errors.Is(openErr, unix.ENOSYS):
+			return listing{}, fmt.Errorf("open %s: openat2 is not available (Linux 5.6 or later is needed): %w", path, openErr)
+		case errors.Is(openErr, unix.EXDEV):
+			target, _ := os.Readlink(path)
+			found.files[name] = fileContent{err: fmt.Errorf("%w: %s", ErrOutsideDirectory, target)}
+			continue
+		case openErr != nil && isLink:
+			found.files[name] = fileContent{err: fmt.Errorf("resolve symlink: %w", openErr)}
+			continue
+		case errors.Is(openErr, fs.ErrNotExist):
+			continue // removed since the listing: the next read sees the removal
+		case openErr != nil:
+			found.files[name] = fileContent{err: openErr}
+			continue
+		}
+		content, isDir, err := readOpened(f)
+		f.Close()
 		if isDir {
 			continue
 		}
 		found.files[name] = fileContent{content: content, err: err}
+		if isLink && err == nil {
+			// What to watch, not what to read: the content is what was
+			// read above, whatever the link points at by now.
+			if target, err := filepath.EvalSymlinks(path); err == nil && isInside(root, target) {
+				found.watchDirs = append(found.watchDirs, filepath.Dir(target))
+			}
+		}
 	}
 	slices.Sort(found.watchDirs)
 	found.watchDirs = slices.Compact(found.watchDirs)
 	return found, nil
 }
 
-// resolveInside resolves a symlink and checks that its target lies inside
-// root.
-func resolveInside(root, path string) (string, error) {
-	target, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", fmt.Errorf("resolve symlink: %w", err)
+// openBeneath opens name for reading relative to the directory dirfd
+// (whose path is root, for errors), following symlinks only as long as
+// they stay beneath it (EXDEV otherwise), never /proc's magic links.
+// O_NONBLOCK keeps a FIFO from blocking the open; O_NOCTTY keeps a
+// terminal from becoming the agent's.
+func openBeneath(dirfd int, root, name string) (*os.File, error) {
+	how := unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
 	}
-	rel, err := filepath.Rel(root, target)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
-		return "", fmt.Errorf("%w: %s", ErrOutsideDirectory, target)
+	path := filepath.Join(root, name)
+	for attempt := 0; ; attempt++ {
+		fd, err := unix.Openat2(dirfd, name, &how)
+		// EAGAIN: a rename elsewhere raced with a ".." in the resolution.
+		if err == unix.EINTR || err == unix.EAGAIN && attempt < 10 {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "openat2", Path: path, Err: err}
+		}
+		return os.NewFile(uintptr(fd), path), nil
 	}
-	return target, nil
 }
 
-// readPolicyFile reads a regular file of at most maxFileSize bytes. It
-// reports directories instead of reading them. The type is checked before
-// opening: opening a FIFO would block.
-func readPolicyFile(path string) (content []byte, isDir bool, err error) {
-	info, err := os.Stat(path)
+// isInside reports whether path is root or lies under it.
+func isInside(root, path string) bool {
+	rel, err := filepath.Rel(root, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+// readOpened reads an opened regular file of at most maxFileSize bytes. It
+// reports directories instead of reading them. The type is that of the
+// opened file (fstat), not of a path that may have changed since.
+func readOpened(f *os.File) (content []byte, isDir bool, err error) {
+	info, err := f.Stat()
 	switch {
 	case err != nil:
 		return nil, false, err
@@ -124,11 +189,6 @@ func readPolicyFile(path string) (content []byte, isDir bool, err error) {
 	case !info.Mode().IsRegular():
 		return nil, false, fmt.Errorf("%w: %s", ErrNotRegular, info.Mode().Type())
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, false, err
-	}
-	defer f.Close()
 	content, err = io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {
 		return nil, false, err

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -76,4 +77,90 @@ func TestReadDirectoryTooLarge(t *testing.T) {
 	found, err := readDirectory(dir)
 	require.NoError(t, err)
 	require.ErrorIs(t, found.files["huge.yaml"].err, ErrTooLarge)
+}
+
+// TestReadDirectoryAbsoluteLinkInside: an absolute symlink is outside the
+// directory even when it points into it (the resolution must stay beneath
+// the directory at every step, and an absolute path starts at /).
+func TestReadDirectoryAbsoluteLinkInside(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, ".real", "a.yaml"), "a")
+	require.NoError(t, os.Symlink(filepath.Join(dir, ".real", "a.yaml"), filepath.Join(dir, "a.yaml")))
+	require.NoError(t, os.Symlink(".real/a.yaml", filepath.Join(dir, "relative.yaml")))
+	found, err := readDirectory(dir)
+	require.NoError(t, err)
+	require.ErrorIs(t, found.files["a.yaml"].err, ErrOutsideDirectory)
+	require.NoError(t, found.files["relative.yaml"].err)
+	require.Equal(t, "a", string(found.files["relative.yaml"].content))
+}
+
+// TestReadDirectoryThroughLinkedDirectory: a symlinked directory is not
+// traversed: neither listed into, nor a way out for a link that goes
+// through it, nor read as a file when its name looks like one.
+func TestReadDirectoryThroughLinkedDirectory(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "policies")
+	writeFile(t, filepath.Join(base, "outside", "secret.yaml"), "secret")
+	writeFile(t, filepath.Join(dir, ".inside", "x.yaml"), "x")
+	require.NoError(t, os.Symlink("../outside", filepath.Join(dir, "linked")))
+	require.NoError(t, os.Symlink("linked/secret.yaml", filepath.Join(dir, "via.yaml")))
+	require.NoError(t, os.Symlink("../outside", filepath.Join(dir, "outside.yaml")))
+	require.NoError(t, os.Symlink(".inside", filepath.Join(dir, "inside.yaml")))
+
+	found, err := readDirectory(dir)
+	require.NoError(t, err)
+	require.Equal(t, []string{"outside.yaml", "via.yaml"}, slices.Sorted(maps.Keys(found.files)),
+		"a link to a directory inside is ignored, its files are not read")
+	for name, f := range found.files {
+		require.ErrorIs(t, f.err, ErrOutsideDirectory, name)
+		require.Nil(t, f.content, name)
+	}
+}
+
+// TestReadDirectorySwappedFile: a policy file that keeps being swapped
+// between a regular file and a symlink out of the directory (an attacker
+// racing the reader between listing and reading) is never read through
+// the link: the check is made by the kernel when the file is opened.
+func TestReadDirectorySwappedFile(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "policies")
+	secret := filepath.Join(base, "secret.yaml")
+	writeFile(t, secret, "secret")
+	writeFile(t, filepath.Join(dir, ".regular"), "inside")
+	require.NoError(t, os.Symlink(secret, filepath.Join(dir, ".link")))
+
+	stop := make(chan struct{})
+	swapped := make(chan struct{})
+	go func() {
+		defer close(swapped)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Hard links of the two, renamed over the policy file in turn.
+			from := []string{".regular", ".link"}[i%2]
+			tmp := filepath.Join(dir, ".swap")
+			os.Remove(tmp)
+			if err := os.Link(filepath.Join(dir, from), tmp); err == nil {
+				os.Rename(tmp, filepath.Join(dir, "flip.yaml"))
+			}
+		}
+	}()
+	defer func() { close(stop); <-swapped }()
+
+	reads := 0
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline) || reads < 100; reads++ {
+		found, err := readDirectory(dir)
+		require.NoError(t, err)
+		f, ok := found.files["flip.yaml"]
+		if !ok {
+			continue
+		}
+		require.NotEqual(t, "secret", string(f.content), "read %d: the file outside was read", reads)
+		if f.err != nil {
+			require.ErrorIs(t, f.err, ErrOutsideDirectory, "read %d", reads)
+		}
+	}
 }

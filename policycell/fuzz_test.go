@@ -1,21 +1,103 @@
 package policycell
 
 import (
+	"errors"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-// FuzzParseFile: the policy parser never panics, and an error always names
-// the file.
+// FuzzParseFile: the policy parser never panics, an error always names
+// the file and is ErrInvalidPolicy, and every prefix of an accepted policy
+// is one the ipcache can key (see checkPolicyPrefix).
 func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("name: a\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n    toPorts: [{port: 53, protocol: UDP}]\n"))
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
 	f.Add([]byte("name: [\n"))
 	f.Add([]byte("name: x\nbogus: 1\n"))
+	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, err := ParseFile("fuzz.yaml", data)
-		if err != nil && !strings.Contains(err.Error(), "fuzz.yaml") {
-			t.Fatalf("error does not name the file: %v", err)
+		policies, err := ParseFile("fuzz.yaml", data)
+		if err != nil {
+			if !strings.Contains(err.Error(), "fuzz.yaml") || !errors.Is(err, ErrInvalidPolicy) {
+				t.Fatalf("error does not name the file or is not ErrInvalidPolicy: %v", err)
+			}
+			return
+		}
+		for _, p := range policies {
+			for _, dir := range Directions() {
+				for _, rule := range p.Rules(dir) {
+					for _, peer := range rule.Peers {
+						checkPolicyPrefix(t, peer.CIDR)
+						for _, except := range peer.Except {
+							checkPolicyPrefix(t, except)
+							if !contains(peer.CIDR, except) {
+								t.Fatalf("policy %q: except %s is not inside %s", p.Name, except, peer.CIDR)
+							}
+						}
+					}
+				}
+			}
 		}
 	})
+}
+
+// FuzzParseCIDR: a CIDR as a user writes it in a policy file (toCIDR,
+// fromCIDR, cidr, except). Whatever is accepted is a valid, masked prefix
+// without zone, not IPv4-mapped, whose canonical text is accepted as the
+// same prefix and whose cidr label parses back to it; an error names the
+// file and the field.
+func FuzzParseCIDR(f *testing.F) {
+	for _, seed := range []string{"10.0.0.0/8", "10.0.0.1/8", "192.0.2.1", "0.0.0.0/0", "::/0", "2001:db8::/32",
+		"2001:DB8::/32", "::ffff:10.0.0.0/104", "::ffff:10.0.0.1", "fe80::1%eth0", "fe80::%eth0/64",
+		"10.0.0.0/33", "10.0.0.0/08", "1.2.3.4/", "", " 10.0.0.0/8", "10.0.0.0/8 "} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p := &parser{file: "fuzz.yaml", names: map[string]int{}}
+		node := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Line: 3, Column: 7}
+		prefix, err := p.cidr(node, "egress[0].toCIDR[0]")
+		if err != nil {
+			if msg := err.Error(); !strings.HasPrefix(msg, "fuzz.yaml:3:7: ") || !strings.Contains(msg, "toCIDR[0]") {
+				t.Fatalf("error does not name the file, position and field: %v", err)
+			}
+			return
+		}
+		checkPolicyPrefix(t, prefix)
+		again, err := p.cidr(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: prefix.String()}, "again")
+		if err != nil || again != prefix {
+			t.Fatalf("%q parses to %s, whose text parses to %s, %v", s, prefix, again, err)
+		}
+		if !strings.Contains(s, "/") {
+			if addr, err := netip.ParseAddr(s); err != nil || prefix != netip.PrefixFrom(addr, addr.BitLen()) {
+				t.Fatalf("bare address %q parses to %s, want its host prefix", s, prefix)
+			}
+		}
+	})
+}
+
+// checkPolicyPrefix fails unless prefix is one the ipcache keys as the
+// policy means it: valid, masked, no zone, IPv4 as IPv4, and with a cidr
+// label that names exactly it.
+func checkPolicyPrefix(t *testing.T, prefix netip.Prefix) {
+	t.Helper()
+	switch {
+	case !prefix.IsValid():
+		t.Fatalf("invalid prefix %s accepted", prefix)
+	case prefix != prefix.Masked():
+		t.Fatalf("prefix %s with host bits accepted", prefix)
+	case prefix.Addr().Zone() != "":
+		t.Fatalf("prefix %s with a zone accepted", prefix)
+	case prefix.Addr().Is4In6():
+		t.Fatalf("IPv4-mapped prefix %s accepted", prefix)
+	}
+	l, err := labels.Parse(labels.ForPrefix(prefix).String())
+	if named := slices.Collect(l.Prefixes()); err != nil || !slices.Equal(named, []netip.Prefix{prefix}) {
+		t.Fatalf("prefix %s: label %q names %v, %v", prefix, labels.ForPrefix(prefix), named, err)
+	}
 }

@@ -131,8 +131,11 @@ func (l *loader) load() (watchDirs []string, err error) {
 		}
 	}
 	l.decide()
-	l.apply()
+	// The status is published before the table changes, so that whoever
+	// sees the table's new content (a script's db/cmp, then policy/list)
+	// also sees the status that goes with it.
 	l.report()
+	l.apply()
 	if l.initialized != nil {
 		l.initialized()
 		l.initialized = nil

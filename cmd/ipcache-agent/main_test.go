@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
@@ -22,11 +23,14 @@ import (
 // and output.
 const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
 
+// TestMain runs the agent (see beAgentEnv), or the tests, failing them if
+// any goroutine outlives them (a child process not waited for leaves the
+// goroutines that copy its output).
 func TestMain(m *testing.M) {
 	if os.Getenv(beAgentEnv) != "" {
 		main()
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 func agentCommand(args ...string) *exec.Cmd {

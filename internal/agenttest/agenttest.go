@@ -118,6 +118,9 @@ func (a *Agent) start() error {
 	}
 	a.started = true
 	if err := a.hive.Start(hivetest.Logger(a.t), context.Background()); err != nil {
+		// A failed start leaves the hooks it did start running (database,
+		// jobs, reconcilers, watchers) until Stop, as hive.Run does.
+		a.hive.Stop(hivetest.Logger(a.t), context.Background())
 		return err
 	}
 	a.running = true
