@@ -459,7 +459,6 @@ func TestIdentityExhaustionRetryNotStarvedByOtherChanges(t *testing.T) {
 			"by waiting prefixes (the backoff was 100 ms)")
 }
 
-
 func comparePrefixes(a, b netip.Prefix) int {
 	if c := a.Addr().Compare(b.Addr()); c != 0 {
 		return c

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -142,10 +141,9 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 // round resolves every prefix whose metadata changed since the last round
 // (and the failed ones, when a retry is due), in transactions of about
 // resolveChunkTime each. Between two chunks it takes in what changed
-// meanwhile, and resolves new changes alongside the backlog (see
-// resolveQueue): an owner's single upsert is not stuck behind a
-// million-prefix release. Prefixes are
-// resolved in address order, so that their entries reach the datapath in
+// meanwhile, and shares each chunk among the owners with changes (see
+// resolveQueue): an owner's single upsert is not stuck behind another's
+// million-prefix release. Prefixes are resolved in address order, so that their entries reach the datapath in
 // the order the kernel's LPM trie inserts fastest. It returns a channel
 // that closes when there are further changes.
 func (r *resolver) round() (<-chan struct{}, error) {
@@ -168,17 +166,17 @@ func (r *resolver) round() (<-chan struct{}, error) {
 	hadFailures := len(r.failed) > 0
 	if r.retryDue {
 		r.retryDue = false
-		queue.add(slices.Collect(maps.Keys(r.failed)))
+		for prefix := range r.failed {
+			queue.add("", prefix) // a lane of their own
+		}
 	}
 	for {
 		snapshot = r.db.ReadTxn()
 		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
 		changed, watch = r.changes.Next(snapshot)
-		var arrived []netip.Prefix
 		for change := range changed {
-			arrived = append(arrived, change.Object.Prefix)
+			queue.add(change.Object.Resource, change.Object.Prefix)
 		}
-		queue.add(arrived)
 		chunk := queue.next(r.chunkSize)
 		if len(chunk) == 0 {
 			break
@@ -218,50 +216,60 @@ func (r *resolver) round() (<-chan struct{}, error) {
 	return watch, nil
 }
 
-// resolveQueue is the prefixes a round has yet to resolve, in groups as
-// they arrived, each in change order. A chunk takes up to half its size
-// from the newest changes (the end of the newest group) and the rest from
-// the oldest: a small new change waits for at most one chunk, whatever the
-// backlog, and the backlog always progresses. Each prefix is queued once.
+// resolveQueue is the prefixes a round has yet to resolve, in one lane per
+// resource whose metadata changed. A chunk is shared among the lanes: one
+// owner's million-prefix batch (a grace-period release, a large policy)
+// does not hold up another owner's single change, which waits for about
+// one chunk. Each lane is first in, first out; each prefix is queued once.
 type resolveQueue struct {
-	groups [][]netip.Prefix
+	lanes  map[string][]netip.Prefix
+	order  []string // lanes with prefixes, in turn order
 	queued map[netip.Prefix]struct{}
 }
 
-// add queues the prefixes not queued yet, as the newest group.
-func (q *resolveQueue) add(prefixes []netip.Prefix) {
+// add queues a prefix whose metadata of resource changed, unless queued.
+func (q *resolveQueue) add(resource string, prefix netip.Prefix) {
 	if q.queued == nil {
-		q.queued = make(map[netip.Prefix]struct{}, len(prefixes))
+		q.queued = map[netip.Prefix]struct{}{}
+		q.lanes = map[string][]netip.Prefix{}
 	}
-	fresh := prefixes[:0]
-	for _, prefix := range prefixes {
-		if _, dup := q.queued[prefix]; !dup {
-			q.queued[prefix] = struct{}{}
-			fresh = append(fresh, prefix)
-		}
+	if _, dup := q.queued[prefix]; dup {
+		return
 	}
-	if len(fresh) > 0 {
-		q.groups = append(q.groups, fresh)
+	q.queued[prefix] = struct{}{}
+	lane, active := q.lanes[resource]
+	if !active {
+		q.order = append(q.order, resource)
 	}
+	q.lanes[resource] = append(lane, prefix)
 }
 
-// next takes up to n prefixes, in address order: the order in which their
-// entries reach the datapath, and in which the kernel's LPM trie inserts
-// fastest.
+// next takes up to n prefixes, an equal share from each lane (what a lane
+// does not use goes to the others), in address order: the order in which
+// their entries reach the datapath, and in which the kernel's LPM trie
+// inserts fastest.
 func (q *resolveQueue) next(n int) []netip.Prefix {
 	var chunk []netip.Prefix
-	if len(q.groups) > 1 {
-		newest := q.groups[len(q.groups)-1]
-		k := min(n/2, len(newest))
-		chunk = append(chunk, newest[len(newest)-k:]...)
-		q.groups[len(q.groups)-1] = newest[:len(newest)-k]
+	for len(chunk) < n && len(q.order) > 0 {
+		share := max((n-len(chunk))/len(q.order), 1)
+		for _, resource := range q.order {
+			lane := q.lanes[resource]
+			k := min(share, n-len(chunk), len(lane))
+			chunk = append(chunk, lane[:k]...)
+			q.lanes[resource] = lane[k:]
+		}
+		q.order = slices.DeleteFunc(q.order, func(resource string) bool {
+			if len(q.lanes[resource]) == 0 {
+				delete(q.lanes, resource)
+				return true
+			}
+			return false
+		})
 	}
-	for i := 0; i < len(q.groups) && len(chunk) < n; i++ {
-		k := min(n-len(chunk), len(q.groups[i]))
-		chunk = append(chunk, q.groups[i][:k]...)
-		q.groups[i] = q.groups[i][k:]
+	// The next chunk starts with another lane.
+	if len(q.order) > 1 {
+		q.order = append(q.order[1:], q.order[0])
 	}
-	q.groups = slices.DeleteFunc(q.groups, func(g []netip.Prefix) bool { return len(g) == 0 })
 	for _, prefix := range chunk {
 		delete(q.queued, prefix)
 	}

@@ -17,34 +17,43 @@ func hostPrefixes(first, n int) []netip.Prefix {
 	return out
 }
 
-// A small change that arrives behind a large backlog is resolved in the
-// next chunk, and the backlog still progresses in every chunk.
-func TestResolveQueueNewChangesDoNotWaitForTheBacklog(t *testing.T) {
-	var q resolveQueue
-	q.add(hostPrefixes(0, 10_000))
-	first := q.next(100)
-	require.Equal(t, hostPrefixes(0, 100), first, "a lone group is taken from its start")
-
-	// The newest change comes last in a large arrival (a release chunk
-	// committed just before it): it still goes in the next chunk.
-	single := netip.MustParsePrefix("192.0.2.1/32")
-	q.add(append(hostPrefixes(20_000, 1000), single))
-	chunk := q.next(100)
-	require.Contains(t, chunk, single, "the newest change goes first")
-	require.Subset(t, chunk, hostPrefixes(100, 50), "the rest of the chunk is the oldest backlog")
-	require.Subset(t, chunk, hostPrefixes(20_951, 49), "half of the chunk is the newest changes")
-	require.True(t, slices.IsSortedFunc(chunk, comparePrefixes), "a chunk is in address order")
+func addAll(q *resolveQueue, resource string, prefixes []netip.Prefix) {
+	for _, p := range prefixes {
+		q.add(resource, p)
+	}
 }
 
-// A prefix queued twice is resolved once; after it is taken, it can be
-// queued again (it changed again).
+// Another owner's single change, queued behind a large release, is in the
+// next chunk; the release still progresses in every chunk.
+func TestResolveQueueSharesChunksAmongOwners(t *testing.T) {
+	var q resolveQueue
+	addAll(&q, "restore", hostPrefixes(0, 10_000))
+	require.Equal(t, hostPrefixes(0, 100), q.next(100), "a lone lane is first in, first out")
+
+	single := netip.MustParsePrefix("192.0.2.1/32")
+	q.add("policy/a", single)
+	addAll(&q, "restore", hostPrefixes(20_000, 1000)) // committed after it
+	chunk := q.next(100)
+	require.Contains(t, chunk, single)
+	require.Subset(t, chunk, hostPrefixes(100, 99), "the rest of the chunk is the release, in order")
+	require.True(t, slices.IsSortedFunc(chunk, comparePrefixes), "a chunk is in address order")
+
+	addAll(&q, "policy/b", hostPrefixes(50_000, 1000))
+	chunk = q.next(100)
+	require.Subset(t, chunk, hostPrefixes(199, 50), "two busy owners share a chunk")
+	require.Subset(t, chunk, hostPrefixes(50_000, 50))
+}
+
+// A prefix queued twice (by one owner or two) is resolved once; after it
+// is taken, it can be queued again (it changed again).
 func TestResolveQueueDeduplicates(t *testing.T) {
 	var q resolveQueue
 	p := netip.MustParsePrefix("10.0.0.1/32")
-	q.add([]netip.Prefix{p, p})
-	q.add([]netip.Prefix{p})
+	q.add("a", p)
+	q.add("a", p)
+	q.add("b", p)
 	require.Equal(t, []netip.Prefix{p}, q.next(10))
 	require.Empty(t, q.next(10))
-	q.add([]netip.Prefix{p})
+	q.add("b", p)
 	require.Equal(t, []netip.Prefix{p}, q.next(10))
 }
