@@ -4,7 +4,7 @@ GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test bench lint generate clean demo fuzz
+.PHONY: all build test bench bench-scale lint generate clean demo fuzz
 
 all: build
 
@@ -19,6 +19,15 @@ test:
 # Benchmarks only; compare runs with benchstat.
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+# The scale benchmark (as root; about 15 minutes on 2 vCPUs): 100k and 1M
+# prefixes, IPv4 and mixed, against the raw BPF write floor. Its last line
+# is the 1M IPv4 summary (see internal/benchscale/doc.go). BENCH_SCALE_FLAGS
+# picks other sizes, e.g. BENCH_SCALE_FLAGS="-sizes 100000 -families ipv4".
+BENCH_SCALE_FLAGS ?=
+bench-scale:
+	$(GO) build -o bin/bench-scale ./internal/benchscale
+	./bin/bench-scale $(BENCH_SCALE_FLAGS)
 
 # Each fuzz target for FUZZTIME (go test runs their seeds in `make test`;
 # CI runs `make fuzz FUZZTIME=10s` after it). Every Fuzz function in the
