@@ -217,20 +217,15 @@ func copyEntries(from, to *ebpf.Map) error {
 // what it cannot read.
 func dumpIPCache(m *ebpf.Map, log *slog.Logger) (ipcacheSnapshot, error) {
 	snapshot := ipcacheSnapshot{}
-	var (
-		key   IPCacheKey
-		value IPCacheValue
-	)
-	iter := m.Iterate()
-	for iter.Next(&key, &value) {
+	err := readEntries(m, func(key IPCacheKey, value IPCacheValue) {
 		prefix, err := key.Prefix()
 		if err != nil {
 			log.Warn("Skipping unreadable pinned ipcache entry", "error", err)
-			continue
+			return
 		}
 		snapshot[prefix] = value.Identity()
-	}
-	if err := iter.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("dump ipcache map: %w", err)
 	}
 	return snapshot, nil

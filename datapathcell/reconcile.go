@@ -72,15 +72,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	}
 	if o.pinned == nil {
 		o.pinned = map[K]V{}
-		var (
-			k K
-			v V
-		)
-		iter := o.m().Iterate()
-		for iter.Next(&k, &v) {
-			o.pinned[k] = v
-		}
-		if iter.Err() != nil {
+		if err := readEntries(o.m(), func(k K, v V) { o.pinned[k] = v }); err != nil {
 			o.pinned = map[K]V{} // unknown: write everything
 		}
 	}
@@ -167,19 +159,14 @@ func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects 
 	}
 	// Collect first: deleting while iterating can make the kernel's
 	// iteration restart or skip keys.
-	var (
-		stale []K
-		k     K
-		v     V
-	)
-	iter := o.m().Iterate()
-	for iter.Next(&k, &v) {
+	var stale []K
+	err := readEntries(o.m(), func(k K, _ V) {
 		if _, ok := desired[k]; !ok {
 			stale = append(stale, k)
 		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("%s map: prune: iterate: %w", o.name, err)
+	})
+	if err != nil {
+		return fmt.Errorf("%s map: prune: read: %w", o.name, err)
 	}
 	var errs []error
 	for _, k := range stale {
