@@ -116,6 +116,15 @@ func (d *Datapath) WriteStats(mapName string) (written, unchanged uint64) {
 	return 0, 0
 }
 
+// Prunes returns how many prunes of the named map its reconciler has
+// completed: the first comes once the desired table is initialized.
+func (d *Datapath) Prunes(mapName string) uint64 {
+	if s, ok := d.stats[mapName]; ok {
+		return s.Prunes.Load()
+	}
+	return 0
+}
+
 // Counters returns the enforcement program's verdict counts from the pinned
 // counters map, summed over CPUs. They count only while the program is
 // attached to a device (--devices).

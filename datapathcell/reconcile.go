@@ -61,6 +61,8 @@ type MapWriteStats struct {
 	// Unchanged counts writes skipped because the map already held the
 	// value (after a restart).
 	Unchanged atomic.Uint64
+	// Prunes counts completed prunes of the map.
+	Prunes atomic.Uint64
 }
 
 // skipUnchanged drops from batch the objects whose value the map already
@@ -179,6 +181,7 @@ func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects 
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%s map: prune %d stale keys: %w", o.name, len(stale), err)
 	}
+	o.stats.Prunes.Add(1)
 	return nil
 }
 

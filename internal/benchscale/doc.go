@@ -19,7 +19,9 @@
 //     (until the prefix is in the pinned map), against the same latency
 //     measured before the expiry;
 //  5. heap in use per prefix after step 2, after GC (all tables, the
-//     reconcilers' state, everything the agent holds).
+//     reconcilers' state, everything the agent holds), once the first
+//     prune of the map is over (it holds a set of all desired keys while
+//     it runs, and starts as the table is initialized).
 //
 // It prints one table, and as its last line, for 1M IPv4 prefixes:
 //
