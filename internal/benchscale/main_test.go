@@ -26,7 +26,10 @@ func TestPrivilegedHarnessSmall(t *testing.T) {
 	require.Positive(t, r.restart)
 	require.Zero(t, r.restartRenumbered, "renumbered by the restart")
 	require.Zero(t, r.restartUnchangedWrites, "unchanged values rewritten by the restart")
-	require.EqualValues(t, 2000, r.restartSkipped, "each unchanged value skipped once")
+	require.Zero(t, r.restartWrites, "map writes by the restart")
+	// An entry is reconciled once restored and again when its owner
+	// re-asserts it (its source changes): skipped once or twice.
+	require.GreaterOrEqual(t, r.restartSkipped, uint64(2000), "each unchanged value skipped")
 	require.Positive(t, r.graceRelease)
 	require.Positive(t, r.idleN, "upserts measured before the release")
 	require.Positive(t, r.heapPerPrefix)
