@@ -4,7 +4,9 @@
 //
 //  1. floor: one raw BatchUpdate of the N keys, in random order, into a
 //     fresh LPM trie of the ipcache map's layout (and, for reference, the
-//     same keys in address order);
+//     same keys in address order); and a second floor, in process:
+//     inserting the N entries straight into a table like `ipcache`, which
+//     bounds how close a design on statedb tables can come to the first;
 //  2. end to end: an owner upserts the N prefixes through an ipcache
 //     resource handle, until the pinned ipcache map holds them all
 //     (metadata, identities, the desired table, the reconciler, the kernel);

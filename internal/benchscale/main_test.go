@@ -22,6 +22,7 @@ func TestPrivilegedHarnessSmall(t *testing.T) {
 	r, err := runScenario(scenario{family: "mixed", n: 2000}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	require.Positive(t, r.floorRandom)
+	require.Positive(t, r.tableInsert)
 	require.Positive(t, r.endToEnd)
 	require.Positive(t, r.restart)
 	require.Zero(t, r.restartRenumbered, "renumbered by the restart")
