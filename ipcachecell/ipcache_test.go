@@ -5,8 +5,11 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -180,4 +183,73 @@ func BenchmarkLookupAddress(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A batch is written in address order, but among rows of one prefix the
+// last in the batch is what the resource says.
+func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	var batch []PrefixUpsert
+	// Many rows, out of order, each prefix three times: the sort is not
+	// trivially stable by accident of a small input.
+	for round := range 3 {
+		for i := 255; i >= 0; i-- {
+			prefix := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), 1}), 32)
+			batch = append(batch, PrefixUpsert{Prefix: prefix,
+				Metadata: Metadata{RequestedIdentity: identitycell.MinLocalIdentity + identitycell.NumericIdentity(round*256+i)}})
+		}
+	}
+	require.NoError(t, h.UpsertBatch(batch))
+	txn := f.db.ReadTxn()
+	require.Equal(t, 256, f.metadata.NumObjects(txn))
+	for row := range f.metadata.All(txn) {
+		i := int(row.Prefix.Addr().As4()[2])
+		require.Equal(t, identitycell.MinLocalIdentity+identitycell.NumericIdentity(2*256+i), row.RequestedIdentity,
+			"prefix %s", row.Prefix)
+	}
+}
+
+// An entry whose identity stays the same keeps its reconciliation status:
+// the datapath maps the prefix to the identity alone. When the identity
+// changes, the entry is pending again.
+func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
+	f := newFixture(t)
+	prefix := netip.MustParsePrefix("10.0.0.1/32")
+	restored, err := f.ipcache.NewHandle("restored", source.Restored)
+	require.NoError(t, err)
+	require.NoError(t, restored.Upsert(prefix, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 7}))
+	f.round(t)
+
+	// What the datapath's reconciler does once the entry is written.
+	txn := f.db.WriteTxn(f.entries)
+	entry, _, found := f.entries.Get(txn, EntryIndex.Query(prefix))
+	require.True(t, found)
+	require.Equal(t, reconciler.StatusKindPending, entry.Status.Kind)
+	_, _, err = f.entries.Insert(txn, entry.Clone().SetStatus(reconciler.StatusDone()))
+	require.NoError(t, err)
+	txn.Commit()
+
+	// The owner re-asserts the prefix: the source changes, the identity
+	// does not.
+	owner, err := f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, Metadata{}))
+	f.round(t)
+	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
+	require.Equal(t, source.Local, entry.Source)
+	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity)
+	require.Equal(t, reconciler.StatusKindDone, entry.Status.Kind, "same identity: nothing for the datapath to write")
+
+	// New labels, a new identity (restore no longer asks for the old
+	// number): the datapath has to write it.
+	require.NoError(t, restored.Release())
+	appX, err := labels.Parse("app:x")
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, Metadata{Labels: appX}))
+	f.round(t)
+	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
+	require.NotEqual(t, identitycell.MinLocalIdentity+7, entry.Identity)
+	require.Equal(t, reconciler.StatusKindPending, entry.Status.Kind)
 }
