@@ -78,6 +78,13 @@ func ReadCheckpoint(path string) (Checkpoint, error) {
 }
 
 func decodeCheckpoint(path string, data []byte) (Checkpoint, error) {
+	if checkpoint, ok, err := decodeCheckpointAsWritten(path, data); ok {
+		return checkpoint, err
+	}
+	return decodeCheckpointJSON(path, data)
+}
+
+func decodeCheckpointJSON(path string, data []byte) (Checkpoint, error) {
 	var file checkpointFile
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -92,16 +99,76 @@ func decodeCheckpoint(path string, data []byte) (Checkpoint, error) {
 	}
 	checkpoint := make(Checkpoint, len(file.Identities))
 	for _, entry := range file.Identities {
-		if !entry.ID.IsLocal() || entry.Labels.IsEmpty() {
-			return nil, fmt.Errorf("%w %s: entry %d %q is not a local identity with labels",
-				ErrCorruptCheckpoint, path, entry.ID, entry.Labels)
+		if err := checkpoint.add(path, entry.ID, entry.Labels); err != nil {
+			return nil, err
 		}
-		if _, dup := checkpoint[entry.ID]; dup {
-			return nil, fmt.Errorf("%w %s: identity %d listed twice", ErrCorruptCheckpoint, path, entry.ID)
-		}
-		checkpoint[entry.ID] = entry.Labels
 	}
 	return checkpoint, nil
+}
+
+// add adds a decoded entry, unless it is not a local identity with labels
+// or its number is listed already.
+func (c Checkpoint) add(path string, id NumericIdentity, lbls labels.Labels) error {
+	if !id.IsLocal() || lbls.IsEmpty() {
+		return fmt.Errorf("%w %s: entry %d %q is not a local identity with labels",
+			ErrCorruptCheckpoint, path, id, lbls)
+	}
+	if _, dup := c[id]; dup {
+		return fmt.Errorf("%w %s: identity %d listed twice", ErrCorruptCheckpoint, path, id)
+	}
+	c[id] = lbls
+	return nil
+}
+
+// decodeCheckpointAsWritten decodes a checkpoint laid out exactly as
+// encodeCheckpoint writes it, several times faster than encoding/json (a
+// million identities took 2.3 s of a restart with encoding/json). ok is
+// false for anything else (other white space, key order, escapes, a
+// version other than this one's, a syntax error): encoding/json then
+// decodes it, or says what is wrong. For any input it accepts, it gives
+// what encoding/json gives (FuzzDecodeCheckpoint checks that).
+func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint, ok bool, err error) {
+	rest, found := bytes.CutPrefix(data, fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion))
+	if !found {
+		return nil, false, nil
+	}
+	checkpoint = Checkpoint{}
+	for first := true; ; first = false {
+		if tail, found := bytes.CutPrefix(rest, []byte("\n]}\n")); found && len(tail) == 0 {
+			return checkpoint, true, nil
+		}
+		if !first {
+			if rest, found = bytes.CutPrefix(rest, []byte(",")); !found {
+				return nil, false, nil
+			}
+		}
+		if rest, found = bytes.CutPrefix(rest, []byte("\n{\"id\":")); !found {
+			return nil, false, nil
+		}
+		digits, after, found := bytes.Cut(rest, []byte(",\"labels\":\""))
+		// A JSON number has no leading zero (nor sign, fraction, exponent).
+		if !found || len(digits) == 0 || (digits[0] == '0' && len(digits) > 1) {
+			return nil, false, nil
+		}
+		id, err := strconv.ParseUint(string(digits), 10, 32)
+		if err != nil {
+			return nil, false, nil
+		}
+		text, after, found := bytes.Cut(after, []byte("\"}"))
+		// Printable ASCII but the quote and the backslash: the string
+		// holds no escape, and decodes to itself.
+		if !found || bytes.ContainsFunc(text, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '\\' || r == '"' }) {
+			return nil, false, nil
+		}
+		lbls, err := labels.Parse(string(text))
+		if err != nil {
+			return nil, false, nil // encoding/json reports it, in its words
+		}
+		if err := checkpoint.add(path, NumericIdentity(id), lbls); err != nil {
+			return nil, true, err
+		}
+		rest = after
+	}
 }
 
 // writeCheckpoint replaces the checkpoint at path atomically: it writes a

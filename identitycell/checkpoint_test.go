@@ -1,6 +1,7 @@
 package identitycell
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -32,6 +33,27 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	require.Empty(t, tempFiles(t, filepath.Dir(path)), "a write leaves no temporary file")
 }
 
+// What the writer writes is read by the fast path, not encoding/json; the
+// same checkpoint laid out otherwise is read by encoding/json, the same.
+func TestCheckpointAsWrittenTakesTheFastPath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFileName)
+	want := testCheckpoint(100)
+	require.NoError(t, writeCheckpoint(path, want.inOrder()))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	got, ok, err := decodeCheckpointAsWritten(path, data)
+	require.True(t, ok)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	indented := bytes.ReplaceAll(data, []byte("\n{"), []byte("\n  {"))
+	_, ok, _ = decodeCheckpointAsWritten(path, indented)
+	require.False(t, ok)
+	got, err = decodeCheckpoint(path, indented)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
+
 func TestCheckpointMissingIsEmpty(t *testing.T) {
 	got, err := ReadCheckpoint(filepath.Join(t.TempDir(), CheckpointFileName))
 	require.NoError(t, err)
@@ -41,14 +63,18 @@ func TestCheckpointMissingIsEmpty(t *testing.T) {
 func TestCheckpointCorrupt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFileName)
 	for name, content := range map[string]string{
-		"truncated":     `{"version":1,"identities":[{"id":16777217,"lab`,
-		"not json":      `hello`,
-		"wrong version": `{"version":9,"identities":[]}`,
-		"unknown field": `{"version":1,"identities":[],"extra":1}`,
-		"not local":     `{"version":1,"identities":[{"id":2,"labels":"reserved:world"}]}`,
-		"bad labels":    `{"version":1,"identities":[{"id":16777217,"labels":"cidr:10.0.0.1/8"}]}`,
-		"duplicate":     `{"version":1,"identities":[{"id":16777217,"labels":"a:b"},{"id":16777217,"labels":"a:c"}]}`,
-		"trailing data": `{"version":1,"identities":[]} {}`,
+		"truncated":              `{"version":1,"identities":[{"id":16777217,"lab`,
+		"not json":               `hello`,
+		"wrong version":          `{"version":9,"identities":[]}`,
+		"unknown field":          `{"version":1,"identities":[],"extra":1}`,
+		"not local":              `{"version":1,"identities":[{"id":2,"labels":"reserved:world"}]}`,
+		"bad labels":             `{"version":1,"identities":[{"id":16777217,"labels":"cidr:10.0.0.1/8"}]}`,
+		"duplicate":              `{"version":1,"identities":[{"id":16777217,"labels":"a:b"},{"id":16777217,"labels":"a:c"}]}`,
+		"trailing data":          `{"version":1,"identities":[]} {}`,
+		"duplicate, as written":  "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"},\n{\"id\":16777217,\"labels\":\"a:c\"}\n]}\n",
+		"not local, as written":  "{\"version\":1,\"identities\":[\n{\"id\":2,\"labels\":\"reserved:world\"}\n]}\n",
+		"bad labels, as written": "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"cidr:10.0.0.1/8\"}\n]}\n",
+		"truncated, as written":  "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"}\n]",
 	} {
 		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 		_, err := ReadCheckpoint(path)
