@@ -1,6 +1,7 @@
 package ipcachecell
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/cilium/statedb"
+	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -272,6 +274,27 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 //
 // Possible errors: ErrHandleReleased.
 func (h *Handle) Release() error {
+	return h.release(context.Background(), nil)
+}
+
+// ReleaseGradually is Release at no more than rowsPerSecond rows a second,
+// for a large release that nothing waits for (restore's, at the end of its
+// grace period). Every row deleted is a dead object that statedb's
+// graveyard collector removes later, in one write transaction per second
+// over all tables, which holds off every writer of the ipcache and
+// identities tables meanwhile: released at full speed, a million prefixes
+// made that transaction take up to a second. If ctx ends first (or its
+// deadline comes before the next chunk's turn), the rows not yet removed
+// and the handle stay, and an error says so.
+//
+// Possible errors: ErrHandleReleased, ctx's error or the limiter's.
+func (h *Handle) ReleaseGradually(ctx context.Context, rowsPerSecond int) error {
+	return h.release(ctx, rate.NewLimiter(rate.Limit(rowsPerSecond), releaseChunkSize))
+}
+
+// release removes the resource's rows, a chunk per transaction, each chunk
+// first waiting for the limiter (if any).
+func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
@@ -279,6 +302,11 @@ func (h *Handle) Release() error {
 	}
 	c := h.ipcache
 	for {
+		if limiter != nil {
+			if err := limiter.WaitN(ctx, releaseChunkSize); err != nil {
+				return fmt.Errorf("release %s: %w", h.resource, err)
+			}
+		}
 		txn := c.db.WriteTxn(c.metadata)
 		// Collected first: the iterator is not for a table being modified.
 		chunk := make([]*PrefixMetadata, 0, releaseChunkSize)

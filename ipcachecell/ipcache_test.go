@@ -1,9 +1,11 @@
 package ipcachecell
 
 import (
+	"context"
 	"iter"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
@@ -252,4 +254,29 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.NotEqual(t, identitycell.MinLocalIdentity+7, entry.Identity)
 	require.Equal(t, reconciler.StatusKindPending, entry.Status.Kind)
+}
+
+// A gradual release removes a chunk at a time, each within the rate; when
+// its context ends, the rows not yet removed and the handle stay.
+func TestReleaseGraduallyStopsWithItsContext(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	var prefixes []netip.Prefix
+	for i := range 3*releaseChunkSize + 10 {
+		prefixes = append(prefixes, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))
+	}
+	upsertAll(t, h, prefixes)
+
+	// The first chunk goes at once; the next would wait a second, past
+	// the deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.Error(t, h.ReleaseGradually(ctx, releaseChunkSize), "the wait would pass the deadline")
+	require.Equal(t, 2*releaseChunkSize+10, f.metadata.NumObjects(f.db.ReadTxn()))
+	require.NoError(t, h.Upsert(prefixes[0], Metadata{}), "the handle is not released")
+
+	require.NoError(t, h.ReleaseGradually(context.Background(), 1_000_000))
+	require.Zero(t, f.metadata.NumObjects(f.db.ReadTxn()))
+	require.ErrorIs(t, h.Upsert(prefixes[0], Metadata{}), ErrHandleReleased)
 }

@@ -103,8 +103,8 @@ func statusCommand(r *Restorer) hive.ScriptCmdOut {
 		script.CmdUsage{Summary: "Show the restore: prefixes restored, still held only by restore, time left"},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			st := r.Status()
-			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nTime left: %s\nReleased: %t\n",
-				st.Restored, st.HeldOnlyByRestore, st.TimeLeft.Round(time.Millisecond), st.Released)
+			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
+				st.Restored, st.HeldOnlyByRestore, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
 			return scriptcmd.Result(out, nil)
 		}))
 }

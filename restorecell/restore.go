@@ -25,6 +25,16 @@ const Resource = "restore"
 // held only by restore) is refreshed during the grace period.
 const healthInterval = 5 * time.Second
 
+// releaseRate is how many restored prefixes a second are released once the
+// grace period is over: 100k in 5 s, a million in 50 s. Released at full
+// speed, a million took 16 s, and meanwhile an unrelated upsert waited up
+// to a second (p99 600 to 700 ms) for statedb's graveyard collector, whose
+// one transaction a second removed 200k dead rows at a time from the
+// ipcache and identities tables; at this rate its p99 was 30 ms
+// (internal/benchscale, step 4). Nothing waits for the release: the
+// prefixes are stale, and their numbers stay withheld until it is done.
+const releaseRate = 20_000
+
 // pinnedState is what the previous run left behind.
 type pinnedState interface {
 	IPCacheSnapshot() map[netip.Prefix]uint32
@@ -55,6 +65,7 @@ type Restorer struct {
 	withheld  []identitycell.NumericIdentity
 	restored  int
 	startedAt time.Time // when restore was marked done: the grace period starts
+	releasing bool      // the grace period is over, the release under way
 	released  bool
 	releaseAt time.Time
 }
@@ -197,19 +208,25 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 	}
 
 	status := r.Status()
-	// Hold the lock across the release, so that Status never shows the
-	// restore metadata gone while saying it is not released.
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.handle == nil {
+	handle := r.handle
+	r.releasing = handle != nil
+	r.mu.Unlock()
+	if handle == nil {
 		return nil // restore never ran (start failed)
 	}
-	if err := r.handle.Release(); err != nil {
+	health.OK(fmt.Sprintf("Grace period over: releasing %d restored prefixes", status.Restored))
+	if err := handle.ReleaseGradually(ctx, releaseRate); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopping: the next run restores again
+		}
 		health.Degraded("Cannot release restored prefixes", err)
 		return fmt.Errorf("release restored prefixes: %w", err)
 	}
 	r.allocator.Unwithhold(r.withheld...)
-	r.released = true
+	r.mu.Lock()
+	r.released, r.releasing = true, false
+	r.mu.Unlock()
 	r.log.Info("Restore grace period over: released restored prefixes",
 		"restored", status.Restored, "released-unowned", status.HeldOnlyByRestore,
 		"kept-by-other-owners", status.Restored-status.HeldOnlyByRestore)
@@ -223,13 +240,20 @@ type Status struct {
 	Restored          int           // prefixes restored at start
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
-	Released          bool
+	// Releasing is set while the restored prefixes are being released
+	// (at releaseRate, so a million take about a minute); Released once
+	// they all are.
+	Releasing bool
+	Released  bool
 }
 
 // String summarizes the status in one line (as health shows it).
 func (s Status) String() string {
 	if s.Released {
 		return fmt.Sprintf("released %d restored prefixes", s.Restored)
+	}
+	if s.Releasing {
+		return fmt.Sprintf("releasing %d restored prefixes, %d still held only by restore", s.Restored, s.HeldOnlyByRestore)
 	}
 	return fmt.Sprintf("%d restored, %d held only by restore, %s left",
 		s.Restored, s.HeldOnlyByRestore, s.TimeLeft.Round(time.Second))
@@ -240,7 +264,7 @@ func (r *Restorer) Status() Status { return r.status(true) }
 
 func (r *Restorer) status(countHeld bool) Status {
 	r.mu.Lock()
-	status := Status{Restored: r.restored, Released: r.released}
+	status := Status{Restored: r.restored, Releasing: r.releasing, Released: r.released}
 	if !r.released && !r.releaseAt.IsZero() {
 		status.TimeLeft = max(time.Until(r.releaseAt), 0)
 	}
