@@ -286,13 +286,15 @@ func graceExpiry(r *result, cfg agentConfig, log *slog.Logger) error {
 	}()
 
 	// Released: the map's reconciler deleted the n restored keys (and
-	// wrote the unrelated ones), and the table holds only the unrelated.
+	// wrote the unrelated ones), the table holds only the unrelated, and
+	// restore says it is done (it un-withholds the numbers last).
 	written0, _ := third.datapath.WriteStats(datapathcell.IPCacheMapName)
 	err = waitFor("the restored prefixes released", convergeTimeout+cfg.gracePeriod, func() bool {
 		written, _ := third.datapath.WriteStats(datapathcell.IPCacheMapName)
 		upserted := sampler.count()
 		return written-written0 >= uint64(r.scenario.n+upserted) &&
-			third.entries.NumObjects(third.db.ReadTxn()) <= upserted
+			third.entries.NumObjects(third.db.ReadTxn()) <= upserted &&
+			third.restorer.Status().Released // last: it counts rows until released
 	})
 	releasedAt := time.Now()
 	close(done)
@@ -302,9 +304,6 @@ func graceExpiry(r *result, cfg agentConfig, log *slog.Logger) error {
 	}
 	if sampler.err != nil {
 		return sampler.err
-	}
-	if !third.restorer.Status().Released {
-		return fmt.Errorf("restored prefixes gone, but restore does not say released")
 	}
 	r.graceRelease = releasedAt.Sub(releaseAt)
 	idle, during := sampler.split(releaseAt, releasedAt)
