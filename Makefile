@@ -20,7 +20,7 @@ test:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
-# The scale benchmark (as root; about 15 minutes on 2 vCPUs): 100k and 1M
+# The scale benchmark (as root; about 6 minutes on 2 vCPUs): 100k and 1M
 # prefixes, IPv4 and mixed, against the raw BPF write floor. Its last line
 # is the 1M IPv4 summary (see internal/benchscale/doc.go). BENCH_SCALE_FLAGS
 # picks other sizes, e.g. BENCH_SCALE_FLAGS="-sizes 100000 -families ipv4".
