@@ -115,10 +115,7 @@ func TestLargeBatchIsChunkedAndComplete(t *testing.T) {
 	f := newFixture(t)
 	h, err := f.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
-	var prefixes []netip.Prefix
-	for i := range 3*writeChunkSize + 7 {
-		prefixes = append(prefixes, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))
-	}
+	prefixes := hostPrefixes(0, 3*writeChunkSize+7)
 	upsertAll(t, h, prefixes)
 	f.round(t)
 	txn := f.db.ReadTxn()
@@ -262,10 +259,7 @@ func TestReleaseGraduallyStopsWithItsContext(t *testing.T) {
 	f := newFixture(t)
 	h, err := f.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
-	var prefixes []netip.Prefix
-	for i := range 3*releaseChunkSize + 10 {
-		prefixes = append(prefixes, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))
-	}
+	prefixes := hostPrefixes(0, 3*releaseChunkSize+10)
 	upsertAll(t, h, prefixes)
 
 	// The first chunk goes at once; the next would wait a second, past
