@@ -28,10 +28,10 @@ const healthInterval = 5 * time.Second
 // releaseRate is how many restored prefixes a second are released once the
 // grace period is over: 100k in 5 s, a million in 50 s. Released at full
 // speed, a million took 16 s, and meanwhile an unrelated upsert waited up
-// to a second (p99 600 to 700 ms) for statedb's graveyard collector, whose
+// to a second (p99 0.4 to 1.1 s) for statedb's graveyard collector, whose
 // one transaction a second removed 200k dead rows at a time from the
-// ipcache and identities tables; at this rate its p99 was 30 ms
-// (internal/benchscale, step 4). Nothing waits for the release: the
+// ipcache and identities tables; at this rate its p99 was 24 to 40 ms
+// (internal/benchscale, step 4; docs/SCALE.md). Nothing waits for the release: the
 // prefixes are stale, and their numbers stay withheld until it is done.
 const releaseRate = 20_000
 
@@ -215,6 +215,8 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 	if handle == nil {
 		return nil // restore never ran (start failed)
 	}
+	r.log.Info("Restore grace period over: releasing restored prefixes",
+		"restored", status.Restored, "held-only-by-restore", status.HeldOnlyByRestore, "prefixes-per-second", releaseRate)
 	health.OK(fmt.Sprintf("Grace period over: releasing %d restored prefixes", status.Restored))
 	if err := handle.ReleaseGradually(ctx, releaseRate); err != nil {
 		if ctx.Err() != nil {
@@ -269,10 +271,24 @@ func (r *Restorer) status(countHeld bool) Status {
 		status.TimeLeft = max(time.Until(r.releaseAt), 0)
 	}
 	r.mu.Unlock()
+	// The release is gradual; once its last chunk is gone, it is over as
+	// far as anyone can see (only un-withholding the numbers is left), so
+	// the prefixes are never gone while the status says not released.
+	if status.Releasing && !r.holdsMetadata() {
+		status.Releasing, status.Released = false, true
+	}
 	if !status.Released && countHeld {
 		status.HeldOnlyByRestore = r.heldOnlyByRestore()
 	}
 	return status
+}
+
+// holdsMetadata reports whether restore's handle still has rows.
+func (r *Restorer) holdsMetadata() bool {
+	for range r.metadata.List(r.db.ReadTxn(), ipcachecell.MetadataResourceIndex.Query(Resource)) {
+		return true
+	}
+	return false
 }
 
 // heldOnlyByRestore counts the restored prefixes that have no other owner:
