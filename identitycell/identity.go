@@ -42,10 +42,13 @@ func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id)
 
 // Identity is a row of the `identities` table: an allocated local identity.
 // Rows are immutable once inserted.
+//
+// The two numbers come first, side by side: the row is then 24 bytes, not
+// 32 (one row per prefix at a million prefixes).
 type Identity struct {
 	ID         NumericIdentity `json:"id" yaml:"id"`
-	Labels     labels.Labels   `json:"labels" yaml:"labels"`
 	References uint32          `json:"references" yaml:"references"`
+	Labels     labels.Labels   `json:"labels" yaml:"labels"`
 }
 
 // TableHeader implements statedb.TableWritable.

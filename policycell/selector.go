@@ -322,13 +322,14 @@ func (e *selectorEngine) prefixesOf(id identitycell.NumericIdentity) []netip.Pre
 // followed by the identity: the identities inside a CIDR are one key
 // range starting at the CIDR's address with length 0.
 func identityPrefixKey(prefix netip.Prefix, id identitycell.NumericIdentity) []byte {
-	key := make([]byte, 0, 22)
+	// Sized for the family: the tree keeps the key, one per indexed prefix.
+	var key []byte
 	if prefix.Addr().Is4() {
 		a := prefix.Addr().As4()
-		key = append(append(key, 4), a[:]...)
+		key = append(append(make([]byte, 0, 1+4+1+4), 4), a[:]...)
 	} else {
 		a := prefix.Addr().As16()
-		key = append(append(key, 6), a[:]...)
+		key = append(append(make([]byte, 0, 1+16+1+4), 6), a[:]...)
 	}
 	key = append(key, byte(prefix.Bits()))
 	return binary.BigEndian.AppendUint32(key, uint32(id))
