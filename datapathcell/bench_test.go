@@ -94,7 +94,7 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 		for start := 0; start < len(prefixes); start += 4096 {
 			txn := db.WriteTxn(entries)
 			for _, p := range prefixes[start:min(start+4096, len(prefixes))] {
-				_, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: 16777217, Source: source.Local, Explicit: true, Status: reconciler.StatusPending()})
+				_, _, err := entries.Insert(txn, (&ipcachecell.Entry{Prefix: p, Identity: 16777217, Source: source.Local, Explicit: true}).SetStatus(reconciler.StatusPending()))
 				require.NoError(b, err)
 			}
 			txn.Commit()
@@ -104,7 +104,7 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 		last := prefixes[len(prefixes)-1]
 		for {
 			entry, _, _ := entries.Get(db.ReadTxn(), ipcachecell.EntryIndex.Query(last))
-			if entry.Status.Kind == reconciler.StatusKindDone {
+			if entry.GetStatus().Kind == reconciler.StatusKindDone {
 				break
 			}
 			time.Sleep(time.Millisecond)

@@ -122,7 +122,7 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, entries statedb.Table[*ipcachec
 				read = func() ([]desiredRow, map[string]string, error) {
 					var rows []desiredRow
 					for e := range entries.All(db.ReadTxn()) {
-						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), e.Status.Kind, e.Status.GetError()})
+						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), e.GetStatus().Kind, e.GetStatus().GetError()})
 					}
 					m, err := datapathcell.ReadPinnedIPCache(bpfRoot)
 					pinned := map[string]string{}

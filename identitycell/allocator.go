@@ -190,6 +190,15 @@ func (a *Allocator) inRange(id NumericIdentity) bool {
 	return id >= a.first && id <= a.last
 }
 
+// LabelsTxn returns the labels of an allocated identity.
+func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id NumericIdentity) (labels.Labels, bool) {
+	identity, _, found := a.table.Get(txn, IdentityIndex.Query(id))
+	if !found {
+		return labels.Labels{}, false
+	}
+	return identity.Labels, true
+}
+
 func (a *Allocator) isFree(txn statedb.ReadTxn, id NumericIdentity) bool {
 	_, _, found := a.table.Get(txn, IdentityIndex.Query(id))
 	return !found

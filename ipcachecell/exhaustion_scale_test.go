@@ -326,23 +326,33 @@ func TestIdentityExhaustionAtScale(t *testing.T) {
 	require.Equal(t, entriesRev, x.entries.Revision(txn), "ipcache table written for the relabelled prefixes")
 	require.Equal(t, identitiesRev, x.identities.Revision(txn), "identities table written for the relabelled prefixes")
 
-	// Owners remove prefixes: pods 600 of its own resolved prefixes (600
-	// numbers free up), policy/b 300 shared resolved ones (pods still has
-	// them: nothing frees), and both 200 shared waiting ones (they stop
-	// waiting without an identity).
-	var podsOnlyResolved, sharedResolved, sharedWaiting []netip.Prefix
+	// Owners remove prefixes: 600 resolved prefixes that have one owner,
+	// by that owner (600 numbers free up), policy/b 300 shared resolved ones
+	// (pods still has them: nothing frees), and both 200 shared waiting ones
+	// (they stop waiting without an identity). Which prefixes resolved
+	// depends on which owner's batches came first, so the sole owners' are
+	// taken together: about two thirds of the resolved ones, whatever the
+	// order.
+	soleResolved := map[*ipcachecell.Handle][]netip.Prefix{}
+	var numSoleResolved int
+	var sharedResolved, sharedWaiting []netip.Prefix
 	for i, p := range prefixes {
 		_, resolved := before[p]
 		switch {
-		case i%3 == 0 && resolved:
-			podsOnlyResolved = append(podsOnlyResolved, p)
+		case i%3 != 1 && resolved && numSoleResolved < 600:
+			owner := pods
+			if i%3 == 2 {
+				owner = policy
+			}
+			soleResolved[owner] = append(soleResolved[owner], p)
+			numSoleResolved++
 		case i%3 == 1 && resolved:
 			sharedResolved = append(sharedResolved, p)
 		case i%3 == 1 && !resolved:
 			sharedWaiting = append(sharedWaiting, p)
 		}
 	}
-	require.GreaterOrEqual(t, len(podsOnlyResolved), 600)
+	require.Equal(t, 600, numSoleResolved)
 	require.GreaterOrEqual(t, len(sharedResolved), 300)
 	require.GreaterOrEqual(t, len(sharedWaiting), 200)
 	removed := map[netip.Prefix]bool{}
@@ -355,7 +365,8 @@ func TestIdentityExhaustionAtScale(t *testing.T) {
 			}
 		}
 	}
-	remove(pods, podsOnlyResolved[:600])
+	remove(pods, soleResolved[pods])
+	remove(policy, soleResolved[policy])
 	remove(policy, sharedResolved[:300])
 	remove(pods, sharedWaiting[:200])
 	remove(policy, sharedWaiting[:200])

@@ -225,7 +225,7 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	txn := f.db.WriteTxn(f.entries)
 	entry, _, found := f.entries.Get(txn, EntryIndex.Query(prefix))
 	require.True(t, found)
-	require.Equal(t, reconciler.StatusKindPending, entry.Status.Kind)
+	require.Equal(t, reconciler.StatusKindPending, entry.GetStatus().Kind)
 	_, _, err = f.entries.Insert(txn, entry.Clone().SetStatus(reconciler.StatusDone()))
 	require.NoError(t, err)
 	txn.Commit()
@@ -239,7 +239,7 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.Equal(t, source.Local, entry.Source)
 	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity)
-	require.Equal(t, reconciler.StatusKindDone, entry.Status.Kind, "same identity: nothing for the datapath to write")
+	require.Equal(t, reconciler.StatusKindDone, entry.GetStatus().Kind, "same identity: nothing for the datapath to write")
 
 	// New labels, a new identity (restore no longer asks for the old
 	// number): the datapath has to write it.
@@ -250,7 +250,7 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	f.round(t)
 	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.NotEqual(t, identitycell.MinLocalIdentity+7, entry.Identity)
-	require.Equal(t, reconciler.StatusKindPending, entry.Status.Kind)
+	require.Equal(t, reconciler.StatusKindPending, entry.GetStatus().Kind)
 }
 
 // A gradual release removes a chunk at a time, each within the rate; when

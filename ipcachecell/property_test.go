@@ -222,10 +222,9 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 			continue
 		}
 		require.False(t, entry.Explicit, "step %d: %s", step, entry.Prefix)
-		require.Equal(t, w.labels, entry.Labels, "step %d: labels of %s", step, entry.Prefix)
 		identity, _, found := f.identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity))
 		require.True(t, found, "step %d: %s maps to unallocated identity %d", step, entry.Prefix, entry.Identity)
-		require.Equal(t, entry.Labels, identity.Labels, "step %d: %s", step, entry.Prefix)
+		require.Equal(t, w.labels, identity.Labels, "step %d: labels of %s's identity", step, entry.Prefix)
 		references[entry.Identity]++
 	}
 	require.Equal(t, len(wants), entries, "step %d: every owned prefix has an entry", step)

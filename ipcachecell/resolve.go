@@ -346,13 +346,20 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	// A prefix's identity always carries its own cidr label, so that CIDR
 	// selectors find it and two prefixes never share a local identity.
 	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
-	desired := &Entry{Prefix: prefix, Source: res.source, Status: reconciler.StatusPending()}
+	desired := &Entry{Prefix: prefix, Source: res.source}
+	desired.SetStatus(reconciler.StatusPending())
+	// The labels the current entry's identity was allocated for (the
+	// entry does not keep them: see Entry).
+	var currentLabels labels.Labels
+	if hasCurrent && !current.Explicit {
+		currentLabels, _ = r.allocator.LabelsTxn(txn, current.Identity)
+	}
 	switch {
 	case res.explicit != identitycell.IdentityUnknown:
 		desired.Identity, desired.Explicit = res.explicit, true
-	case hasCurrent && !current.Explicit && current.Labels == wantLabels:
+	case hasCurrent && !current.Explicit && currentLabels == wantLabels:
 		// Same labels, same identity: keep the reference we hold.
-		desired.Identity, desired.Labels = current.Identity, current.Labels
+		desired.Identity = current.Identity
 	default:
 		// Allocate the new identity before releasing the old one, so that
 		// an identity both map to never drops to zero references. Except
@@ -370,14 +377,14 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 			if releasedFirst {
 				// Take the reference back: the number was freed in this
 				// transaction, so nothing else can have taken it.
-				if _, err := r.allocator.AllocateTxn(txn, current.Labels, current.Identity); err != nil {
+				if _, err := r.allocator.AllocateTxn(txn, currentLabels, current.Identity); err != nil {
 					r.log.Error("BUG: cannot take back the identity reference of a prefix",
 						"prefix", prefix, "identity", current.Identity, "error", err)
 				}
 			}
 			return fmt.Errorf("identity for %s: %w", prefix, err)
 		}
-		desired.Identity, desired.Labels = id, wantLabels
+		desired.Identity = id
 		if releasedFirst {
 			current = nil // its reference is released
 			hasCurrent = false
@@ -395,7 +402,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		// restored prefixes that their owner re-asserts, the reconciler
 		// then handles each entry once, not twice (internal/benchscale:
 		// the restart took 19.5 s instead of 26.9 s).
-		desired.Status = current.Status
+		desired.keepStatusOf(current)
 	}
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {
 		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)

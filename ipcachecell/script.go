@@ -19,7 +19,7 @@ func newScriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], 
 	identities statedb.Table[*identitycell.Identity]) map[string]script.Cmd {
 	owners := identityOwners{db, metadata, entries, identities}
 	return map[string]script.Cmd{
-		"ipcache/lookup": lookupCommand(db, metadata, entries),
+		"ipcache/lookup": lookupCommand(db, metadata, entries, identities),
 		"identity/list":  owners.listCommand(),
 		"identity/show":  owners.showCommand(),
 	}
@@ -122,7 +122,8 @@ func (o identityOwners) showCommand() script.Cmd {
 
 // lookupCommand shows the entry of the longest prefix that contains an
 // address, and every resource that owns metadata for it.
-func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry]) script.Cmd {
+func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
+	identities statedb.Table[*identitycell.Identity]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Look up the ipcache entry of an address (longest prefix match) and its owners",
@@ -146,10 +147,15 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			if !found {
 				return scriptcmd.Result("", fmt.Errorf("no ipcache entry contains %s (identity world)", addr))
 			}
+			// An explicit identity is not in the table: no labels shown.
+			var lbls string
+			if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
+				lbls = identity.Labels.String()
+			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "Prefix:\t%s\nIdentity:\t%s\nSource:\t%s\nLabels:\t%s\nExplicit:\t%t\nOwners:\n",
-				entry.Prefix, entry.Identity, entry.Source, entry.Labels, entry.Explicit)
+				entry.Prefix, entry.Identity, entry.Source, lbls, entry.Explicit)
 			for row := range metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
 				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource, row.Source, row.Labels,
 					optionalIdentity(row.RequestedIdentity), optionalIdentity(row.ExplicitIdentity))

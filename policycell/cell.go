@@ -117,6 +117,7 @@ func registerSelectorEngine(p selectorParams) {
 }
 
 func scriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
-	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry]) hive.ScriptCmdsOut {
-	return hive.NewScriptCmds(newScriptCommands(db, l, policies, entries, enforcement, ipcache))
+	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
+	identities statedb.Table[*identitycell.Identity]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(newScriptCommands(db, l, policies, entries, enforcement, ipcache, identities))
 }

@@ -13,13 +13,15 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
-	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry]) map[string]script.Cmd {
+	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
+	identities statedb.Table[*identitycell.Identity]) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"policy/list":    listCommand(db, l, policies),
-		"policy/explain": explainCommand(db, entries, enforcement, ipcache),
+		"policy/explain": explainCommand(db, entries, enforcement, ipcache, identities),
 	}
 }
 
@@ -73,7 +75,7 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy]) scr
 // explainCommand says whether the policies allow traffic of an address in
 // a direction, and why.
 func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
-	ipcache statedb.Table[*ipcachecell.Entry]) script.Cmd {
+	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Explain the desired verdict for traffic with an address",
@@ -106,7 +108,7 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 					return scriptcmd.Result("", err)
 				}
 			}
-			return scriptcmd.Result(explain(db.ReadTxn(), entries, enforcement, ipcache, addr, dir, exact), nil)
+			return scriptcmd.Result(explain(db.ReadTxn(), entries, enforcement, ipcache, identities, addr, dir, exact), nil)
 		},
 	)
 }
@@ -126,12 +128,16 @@ func parsePortProtocol(s string) (PolicyKey, error) {
 }
 
 func explain(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
-	ipcache statedb.Table[*ipcachecell.Entry], addr netip.Addr, dir Direction, exact PolicyKey) string {
+	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity], addr netip.Addr, dir Direction, exact PolicyKey) string {
 	var out strings.Builder
 	id := identitycell.IdentityWorld
 	if entry, found := ipcachecell.LookupAddress(txn, ipcache, addr); found {
 		id = entry.Identity
-		fmt.Fprintf(&out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, entry.Labels)
+		var lbls labels.Labels
+		if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
+			lbls = identity.Labels
+		}
+		fmt.Fprintf(&out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
 	} else {
 		fmt.Fprintf(&out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}

@@ -374,7 +374,7 @@ func (s *upsertSampler) run(done <-chan struct{}) {
 // reconciler wrote it to the map.
 func (s *upsertSampler) state(prefix netip.Prefix) (inTable, inDatapath bool) {
 	entry, _, found := s.agent.entries.Get(s.agent.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
-	return found, found && entry.Status.Kind == reconciler.StatusKindDone
+	return found, found && entry.GetStatus().Kind == reconciler.StatusKindDone
 }
 
 func (s *upsertSampler) count() int {

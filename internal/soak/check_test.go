@@ -25,9 +25,8 @@ import (
 // resolver writes the `ipcache` table and the identities in one
 // transaction): every identity's reference count is the number of
 // non-explicit entries mapped to it (in the whole agent, the ipcache is the
-// only holder of references), an entry's labels are its identity's, and no
-// identity is allocated that no entry uses. It returns "" or the first
-// violation.
+// only holder of references), and no identity is allocated that no entry
+// uses. It returns "" or the first violation.
 func (a *agent) checkReferences() string {
 	txn := a.db.ReadTxn()
 	refs := map[identitycell.NumericIdentity]uint32{}
@@ -35,12 +34,8 @@ func (a *agent) checkReferences() string {
 		if e.Explicit {
 			continue
 		}
-		id, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity))
-		if !found {
+		if _, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found {
 			return fmt.Sprintf("entry %s maps to identity %d, which is not allocated", e.Prefix, e.Identity)
-		}
-		if id.Labels != e.Labels {
-			return fmt.Sprintf("entry %s has labels %s, its identity %d has %s", e.Prefix, e.Labels, e.Identity, id.Labels)
 		}
 		refs[e.Identity]++
 	}
@@ -169,6 +164,13 @@ func (a *agent) checkConverged(m *model) string {
 	}
 
 	// Entries, their identities and the pinned ipcache map.
+	labelsOf := func(id identitycell.NumericIdentity) labels.Labels {
+		identity, _, _ := a.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+		if identity == nil {
+			return labels.Labels{}
+		}
+		return identity.Labels
+	}
 	n = 0
 	for e := range a.entries.All(txn) {
 		n++
@@ -180,10 +182,10 @@ func (a *agent) checkConverged(m *model) string {
 			return fmt.Sprintf("ipcache entry %s has source %s, want %s", e.Prefix, e.Source, w.source)
 		case w.explicit != 0 && (!e.Explicit || e.Identity != w.explicit):
 			return fmt.Sprintf("ipcache entry %s is %d (explicit %t), want explicit %d", e.Prefix, e.Identity, e.Explicit, w.explicit)
-		case w.explicit == 0 && (e.Explicit || e.Labels != w.labels):
-			return fmt.Sprintf("ipcache entry %s has labels %s (explicit %t), want %s", e.Prefix, e.Labels, e.Explicit, w.labels)
-		case e.Status.Kind != reconciler.StatusKindDone:
-			return fmt.Sprintf("ipcache entry %s not reconciled: %s", e.Prefix, e.Status)
+		case w.explicit == 0 && (e.Explicit || labelsOf(e.Identity) != w.labels):
+			return fmt.Sprintf("ipcache entry %s has identity %d with labels %s (explicit %t), want %s", e.Prefix, e.Identity, labelsOf(e.Identity), e.Explicit, w.labels)
+		case e.GetStatus().Kind != reconciler.StatusKindDone:
+			return fmt.Sprintf("ipcache entry %s not reconciled: %s", e.Prefix, e.GetStatus())
 		}
 	}
 	if n != len(m.entries) {
