@@ -181,17 +181,6 @@ var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 	Unique:     true,
 }
 
-// MetadataResourceIndex finds every row of a resource.
-var MetadataResourceIndex = statedb.Index[*PrefixMetadata, string]{
-	Name: "resource",
-	FromObject: func(m *PrefixMetadata) index.KeySet {
-		return index.NewKeySet(index.String(m.Resource))
-	},
-	FromKey:    index.String,
-	FromString: index.FromString,
-	Unique:     false,
-}
-
 // EntryIndex is the primary index of `ipcache`: the prefix.
 var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 	Name: "prefix",
@@ -205,7 +194,7 @@ var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 
 // NewMetadataTable creates and registers `ipcache-metadata`.
 func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) {
-	return statedb.NewTable(db, MetadataTableName, MetadataIndex, MetadataResourceIndex)
+	return statedb.NewTable(db, MetadataTableName, MetadataIndex)
 }
 
 // NewEntriesTable creates and registers the desired `ipcache` table.

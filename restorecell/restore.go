@@ -270,25 +270,18 @@ func (r *Restorer) status(countHeld bool) Status {
 	if !r.released && !r.releaseAt.IsZero() {
 		status.TimeLeft = max(time.Until(r.releaseAt), 0)
 	}
+	handle := r.handle
 	r.mu.Unlock()
 	// The release is gradual; once its last chunk is gone, it is over as
-	// far as anyone can see (only un-withholding the numbers is left), so
-	// the prefixes are never gone while the status says not released.
-	if status.Releasing && !r.holdsMetadata() {
+	// far as anyone can see (only un-withholding the numbers is left): the
+	// status says released as soon as the handle has no row left.
+	if status.Releasing && handle.NumPrefixes() == 0 {
 		status.Releasing, status.Released = false, true
 	}
 	if !status.Released && countHeld {
 		status.HeldOnlyByRestore = r.heldOnlyByRestore()
 	}
 	return status
-}
-
-// holdsMetadata reports whether restore's handle still has rows.
-func (r *Restorer) holdsMetadata() bool {
-	for range r.metadata.List(r.db.ReadTxn(), ipcachecell.MetadataResourceIndex.Query(Resource)) {
-		return true
-	}
-	return false
 }
 
 // heldOnlyByRestore counts the restored prefixes that have no other owner:
