@@ -60,14 +60,14 @@ func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], resto
 // handle: releasing the handle removes it all, and the table lives in
 // memory.
 //
-// Possible errors: ErrResourceInUse, source.ErrUnknownSource,
+// Possible errors: ErrResourceInUse, source.ErrUnknownSource (no valid source),
 // ErrInvalidMetadata (empty resource name).
 func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error) {
 	if resource == "" {
 		return nil, fmt.Errorf("%w: empty resource name", ErrInvalidMetadata)
 	}
-	if _, err := source.Parse(string(src)); err != nil {
-		return nil, fmt.Errorf("handle for %s: %w", resource, err)
+	if !src.Valid() {
+		return nil, fmt.Errorf("handle for %s: %w %s", resource, source.ErrUnknownSource, src)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -91,7 +91,7 @@ func TestHandleErrors(t *testing.T) {
 	require.ErrorIs(t, err, ErrResourceInUse)
 	_, err = f.ipcache.NewHandle("", source.Directory)
 	require.ErrorIs(t, err, ErrInvalidMetadata)
-	_, err = f.ipcache.NewHandle("x", source.Source("nowhere"))
+	_, err = f.ipcache.NewHandle("x", source.Source(0))
 	require.ErrorIs(t, err, source.ErrUnknownSource)
 
 	// A batch with one bad entry writes nothing.

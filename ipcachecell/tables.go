@@ -52,7 +52,7 @@ func (*PrefixMetadata) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (m *PrefixMetadata) TableRow() []string {
-	return []string{m.Prefix.String(), m.Resource, string(m.Source), m.Labels.String(),
+	return []string{m.Prefix.String(), m.Resource, m.Source.String(), m.Labels.String(),
 		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
 }
 
@@ -66,12 +66,11 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 // Entry is a row of the desired `ipcache` table: the identity a prefix
 // resolved to. The identity's labels are in the `identities` table.
 //
-// There is an entry per prefix, so its size counts: 80 bytes, where the
+// There is an entry per prefix, so its size counts: 64 bytes, where the
 // obvious layout (labels kept here too, reconciler.Status as it is) took
 // 128 (internal/benchscale, heap per prefix).
 type Entry struct {
-	Prefix netip.Prefix  `json:"prefix" yaml:"prefix"`
-	Source source.Source `json:"source" yaml:"source"`
+	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 
 	// The reconciliation status, a reconciler.Status in 25 bytes instead
 	// of 48 (see GetStatus), its one-byte kind beside the other small
@@ -82,6 +81,7 @@ type Entry struct {
 	statusError     *string
 
 	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
+	Source   source.Source                `json:"source" yaml:"source"`
 
 	statusKind reconciler.StatusKind
 
@@ -117,7 +117,7 @@ func (*Entry) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (e *Entry) TableRow() []string {
-	return []string{e.Prefix.String(), e.Identity.String(), string(e.Source),
+	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(),
 		strconv.FormatBool(e.Explicit), e.GetStatus().String()}
 }
 

@@ -114,7 +114,7 @@ func (c *ipcacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *ipcacheCollector) Collect(ch chan<- prometheus.Metric) {
 	bySource := map[string]int{}
 	for e := range c.entries.All(c.db.ReadTxn()) {
-		bySource[string(e.Source)]++
+		bySource[e.Source.String()]++
 	}
 	for src, n := range bySource {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), src)

@@ -6,31 +6,43 @@ package source
 import (
 	"errors"
 	"fmt"
-	"slices"
+	"strconv"
 )
 
-// Source is where metadata came from.
-type Source string
+// Source is where metadata came from. It is a small number, not a name:
+// every metadata row and ipcache entry holds one (a million of each at
+// scale), and precedence is then a comparison. The zero value is no
+// source, which Parse never returns and handles refuse.
+type Source uint8
 
 // The sources, highest precedence first.
 const (
-	KubeAPIServer  Source = "kube-apiserver"
-	Local          Source = "local"
-	KVStore        Source = "kvstore"
-	CustomResource Source = "custom-resource"
-	Kubernetes     Source = "k8s"
-	ClusterMesh    Source = "clustermesh"
-	Directory      Source = "directory"
-	API            Source = "api"
-	Generated      Source = "generated"
-	Restored       Source = "restored"
-	Unspec         Source = "unspec"
+	KubeAPIServer Source = iota + 1
+	Local
+	KVStore
+	CustomResource
+	Kubernetes
+	ClusterMesh
+	Directory
+	API
+	Generated
+	Restored
+	Unspec
 )
 
-// byPrecedence lists every source, highest precedence first.
-var byPrecedence = []Source{
-	KubeAPIServer, Local, KVStore, CustomResource, Kubernetes, ClusterMesh,
-	Directory, API, Generated, Restored, Unspec,
+// names are the sources' names, by number.
+var names = [...]string{
+	KubeAPIServer:  "kube-apiserver",
+	Local:          "local",
+	KVStore:        "kvstore",
+	CustomResource: "custom-resource",
+	Kubernetes:     "k8s",
+	ClusterMesh:    "clustermesh",
+	Directory:      "directory",
+	API:            "api",
+	Generated:      "generated",
+	Restored:       "restored",
+	Unspec:         "unspec",
 }
 
 // ErrUnknownSource is returned (wrapped) by Parse for a name that is not a
@@ -41,23 +53,45 @@ var ErrUnknownSource = errors.New("unknown source")
 //
 // Possible errors: ErrUnknownSource (wrapped, listing the known names).
 func Parse(name string) (Source, error) {
-	s := Source(name)
-	if !slices.Contains(byPrecedence, s) {
-		return "", fmt.Errorf("%w %q, want one of %v", ErrUnknownSource, name, byPrecedence)
+	for s := KubeAPIServer; s <= Unspec; s++ {
+		if names[s] == name {
+			return s, nil
+		}
 	}
-	return s, nil
+	return 0, fmt.Errorf("%w %q, want one of %v", ErrUnknownSource, name, names[KubeAPIServer:])
 }
 
-// rank is 0 for the highest precedence; unknown sources rank last.
-func (s Source) rank() int {
-	if i := slices.Index(byPrecedence, s); i >= 0 {
-		return i
-	}
-	return len(byPrecedence)
-}
+// Valid reports whether s is one of the sources.
+func (s Source) Valid() bool { return s >= KubeAPIServer && s <= Unspec }
 
 // Overrides reports whether s has strictly higher precedence than other.
-func (s Source) Overrides(other Source) bool { return s.rank() < other.rank() }
+// An invalid source has the lowest precedence.
+func (s Source) Overrides(other Source) bool {
+	return s.Valid() && (!other.Valid() || s < other)
+}
 
 // String returns the source's name.
-func (s Source) String() string { return string(s) }
+func (s Source) String() string {
+	if !s.Valid() {
+		return "source(" + strconv.Itoa(int(s)) + ")"
+	}
+	return names[s]
+}
+
+// MarshalText implements encoding.TextMarshaler: the name (JSON, YAML).
+func (s Source) MarshalText() ([]byte, error) {
+	if !s.Valid() {
+		return nil, fmt.Errorf("%w %d", ErrUnknownSource, s)
+	}
+	return []byte(names[s]), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *Source) UnmarshalText(text []byte) error {
+	parsed, err := Parse(string(text))
+	if err != nil {
+		return err
+	}
+	*s = parsed
+	return nil
+}
