@@ -2,11 +2,14 @@ package identitycell
 
 import (
 	"fmt"
+	"iter"
+	"net/netip"
 	"strconv"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -82,22 +85,89 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 	Unique: true,
 }
 
-// LabelsIndex finds the identity of a label set. It is unique: a label set
+// LabelsIndex finds the identity of a label set, and the identities with a
+// cidr prefix inside a CIDR (IdentitiesWithin). It is unique: a label set
 // has at most one identity.
+//
+// A label set's keys are, for each of its cidr prefixes, the prefix's key
+// (package prefixkey) followed by the labels' canonical form; a set
+// without cidr labels has one key, a zero byte and the canonical form.
+// Querying by labels looks up the first key. The identities whose cidr
+// prefixes lie inside a CIDR are then one range of keys, so the policy
+// selectors need no index of their own (one per identity cost about 140
+// bytes at a million prefixes; the prefix in this key costs 8).
 var LabelsIndex = statedb.Index[*Identity, labels.Labels]{
 	Name: "labels",
 	FromObject: func(i *Identity) index.KeySet {
-		return index.NewKeySet(index.String(i.Labels.String()))
+		return labelsKeys(i.Labels)
 	},
-	FromKey: func(l labels.Labels) index.Key { return index.String(l.String()) },
+	FromKey: firstLabelsKey,
 	FromString: func(s string) (index.Key, error) {
 		l, err := labels.Parse(s)
 		if err != nil {
 			return nil, err
 		}
-		return index.String(l.String()), nil
+		return firstLabelsKey(l), nil
 	},
 	Unique: true,
+}
+
+// noPrefixKey starts the key of a label set without cidr labels; prefix
+// keys start with the family (4 or 6).
+const noPrefixKey = 0
+
+func labelsKey(prefix netip.Prefix, l labels.Labels) index.Key {
+	if !prefix.IsValid() {
+		return append(append(make(index.Key, 0, 1+len(l.String())), noPrefixKey), l.String()...)
+	}
+	key := make(index.Key, 0, prefixkey.Len(prefix)+len(l.String()))
+	return append(prefixkey.Append(key, prefix), l.String()...)
+}
+
+func firstLabelsKey(l labels.Labels) index.Key {
+	for prefix := range l.Prefixes() {
+		return labelsKey(prefix, l)
+	}
+	return labelsKey(netip.Prefix{}, l)
+}
+
+func labelsKeys(l labels.Labels) index.KeySet {
+	var first index.Key
+	var more []index.Key
+	for prefix := range l.Prefixes() {
+		if key := labelsKey(prefix, l); first == nil {
+			first = key
+		} else {
+			more = append(more, key)
+		}
+	}
+	if first == nil {
+		first = labelsKey(netip.Prefix{}, l)
+	}
+	return index.NewKeySet(first, more...)
+}
+
+// IdentitiesWithin returns the identities with a cidr prefix inside cidr
+// (cidr itself included); one with several such prefixes comes once per
+// prefix. cidr must be masked.
+func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], cidr netip.Prefix) iter.Seq[*Identity] {
+	return func(yield func(*Identity) bool) {
+		for identity := range identities.LowerBound(txn, LabelsIndex.QueryFromKey(prefixkey.RangeStart(cidr))) {
+			// The key that found the identity is one of its prefixes': if
+			// none is in the CIDR's range, that key is past the range.
+			inRange, inside := false, false
+			for prefix := range identity.Labels.Prefixes() {
+				inRange = inRange || prefixkey.InRange(cidr, prefix)
+				inside = inside || prefixkey.Inside(cidr, prefix)
+			}
+			if !inRange {
+				return
+			}
+			if inside && !yield(identity) {
+				return
+			}
+		}
+	}
 }
 
 // NewIdentitiesTable creates and registers the `identities` table. Only the

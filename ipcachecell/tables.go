@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -165,7 +166,8 @@ var (
 // metadataKey is the prefix key followed by the resource: the rows of one
 // prefix are adjacent, and a prefix query on the prefix key finds them.
 func metadataKey(prefix netip.Prefix, resource string) index.Key {
-	return append(prefixKey(prefix), resource...)
+	key := make(index.Key, 0, prefixkey.Len(prefix)+len(resource))
+	return append(prefixkey.Append(key, prefix), resource...)
 }
 
 // MetadataIndex is the primary index of `ipcache-metadata`: (prefix,

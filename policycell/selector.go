@@ -2,7 +2,6 @@ package policycell
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -12,12 +11,10 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/part"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 // writeChunkSize bounds the identities whose entries are written in one
@@ -47,14 +44,18 @@ type selector struct {
 //     are found by probing each prefix length of each of its cidr prefixes
 //     (only lengths some selector has): the cost of an identity appearing
 //     does not grow with the policies that do not select it.
-//   - identities by cidr prefix, in a radix tree keyed like the ipcache
-//     (family, address, length, then identity), so the identities inside a
-//     CIDR are one key range: a policy change looks up only the identities
-//     inside its CIDRs.
+//   - identities by cidr prefix: the `identities` table's labels index is
+//     keyed by cidr prefix first (identitycell.IdentitiesWithin), so the
+//     identities inside a CIDR are one key range: a policy change looks up
+//     only the identities inside its CIDRs. The engine keeps no copy of it
+//     (a copy cost about 140 bytes per identity at a million prefixes).
 //
 // Each change marks identities dirty; the entries of a dirty identity are
-// recomputed from the indexes and written as a diff, so an unchanged entry
-// keeps its reconciliation status.
+// recomputed from its labels in the table and the selectors, and written
+// as a diff, so an unchanged entry keeps its reconciliation status. A
+// changed identity row is dirty whatever changed: a number freed and taken
+// again by other labels between two rounds is one change, not a deletion
+// and an insertion, and recomputing is what keeps that right.
 type selectorEngine struct {
 	db          *statedb.DB
 	policies    statedb.Table[*Policy]
@@ -76,14 +77,6 @@ type selectorEngine struct {
 	// selector CIDRs of each family (IPv4, IPv6) and prefix length.
 	selectors map[netip.Prefix][]*selector
 	lengths   [2][129]int
-
-	// labelsOf are the labels of each identity that has cidr prefixes
-	// (not world, whose prefixes are worldPrefixes); byPrefix indexes the
-	// prefixes of all, world included. Labels, not prefixes, are kept: an
-	// identity row changes on every reference, and comparing its labels
-	// with the kept ones costs nothing.
-	labelsOf map[identitycell.NumericIdentity]labels.Labels
-	byPrefix part.Tree[identitycell.NumericIdentity]
 
 	// rulesIn counts the policies with rules in each direction.
 	rulesIn [2]int
@@ -116,15 +109,8 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 		},
 		indexed:   map[string]*Policy{},
 		selectors: map[netip.Prefix][]*selector{},
-		labelsOf:  map[identitycell.NumericIdentity]labels.Labels{},
-		byPrefix:  part.New[identitycell.NumericIdentity](part.RootOnlyWatch),
 		dirty:     map[identitycell.NumericIdentity]struct{}{},
 	}
-	tree := e.byPrefix.Txn()
-	for _, prefix := range worldPrefixes() {
-		tree.Insert(identityPrefixKey(prefix, identitycell.IdentityWorld), identitycell.IdentityWorld)
-	}
-	e.byPrefix = tree.Commit()
 	return e
 }
 
@@ -171,14 +157,14 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	snapshot := e.db.ReadTxn()
 	policyChanges, policyWatch := e.policyChanges.Next(snapshot)
 	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
-	tree := e.byPrefix.Txn()
 	for change := range policyChanges {
-		e.policyChanged(tree, change.Object, change.Deleted)
+		e.policyChanged(snapshot, change.Object, change.Deleted)
 	}
 	for change := range identityChanges {
-		e.identityChanged(tree, change.Object, change.Deleted)
+		if id := change.Object.ID; id != identitycell.IdentityWorld {
+			e.dirty[id] = struct{}{}
+		}
 	}
-	e.byPrefix = tree.Commit()
 
 	watch := statedb.NewWatchSet()
 	watch.Add(policyWatch, identityWatch)
@@ -211,14 +197,14 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 
 // policyChanged re-indexes a policy's selectors and marks the identities
 // inside its old and new CIDRs dirty.
-func (e *selectorEngine) policyChanged(tree *part.Txn[identitycell.NumericIdentity], p *Policy, deleted bool) {
+func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *Policy, deleted bool) {
 	old := e.indexed[p.Name]
 	if !deleted && old != nil && old.sameRules(p) {
 		e.indexed[p.Name] = p
 		return
 	}
 	if old != nil {
-		e.unindexPolicy(tree, old)
+		e.unindexPolicy(txn, old)
 	}
 	if deleted {
 		delete(e.indexed, p.Name)
@@ -239,13 +225,13 @@ func (e *selectorEngine) policyChanged(tree *part.Txn[identitycell.NumericIdenti
 					e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
 				}
 				e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], s)
-				e.markWithin(tree, peer.CIDR)
+				e.markWithin(txn, peer.CIDR)
 			}
 		}
 	}
 }
 
-func (e *selectorEngine) unindexPolicy(tree *part.Txn[identitycell.NumericIdentity], p *Policy) {
+func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *Policy) {
 	for _, dir := range Directions() {
 		rules := p.Rules(dir)
 		if len(rules) > 0 {
@@ -264,7 +250,7 @@ func (e *selectorEngine) unindexPolicy(tree *part.Txn[identitycell.NumericIdenti
 				} else {
 					e.selectors[peer.CIDR] = at
 				}
-				e.markWithin(tree, peer.CIDR)
+				e.markWithin(txn, peer.CIDR)
 			}
 		}
 	}
@@ -278,79 +264,25 @@ func family(p netip.Prefix) int {
 	return 1
 }
 
-// identityChanged indexes an identity's cidr prefixes. Only a change of
-// labels matters (rows change on every reference).
-func (e *selectorEngine) identityChanged(tree *part.Txn[identitycell.NumericIdentity], identity *identitycell.Identity, deleted bool) {
-	id := identity.ID
-	if id == identitycell.IdentityWorld {
-		return // world is not allocated; it is always indexed
-	}
-	old := e.labelsOf[id] // empty if not indexed
-	var current labels.Labels
-	if !deleted {
-		current = identity.Labels
-	}
-	if current == old {
-		return // a reference changed, or the labels name no prefix either way
-	}
-	for prefix := range old.Prefixes() {
-		tree.Delete(identityPrefixKey(prefix, id))
-	}
-	delete(e.labelsOf, id)
-	indexed := false
-	for prefix := range current.Prefixes() {
-		tree.Insert(identityPrefixKey(prefix, id), id)
-		indexed = true
-	}
-	if indexed {
-		e.labelsOf[id] = current
-	}
-	if indexed || !old.IsEmpty() {
-		e.dirty[id] = struct{}{}
-	}
-}
-
 // prefixesOf returns the cidr prefixes of an identity.
-func (e *selectorEngine) prefixesOf(id identitycell.NumericIdentity) []netip.Prefix {
+func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identitycell.NumericIdentity) []netip.Prefix {
 	if id == identitycell.IdentityWorld {
 		return worldPrefixes()
 	}
-	return slices.Collect(e.labelsOf[id].Prefixes())
-}
-
-// identityPrefixKey is the ipcache's prefix key (family, address, length)
-// followed by the identity: the identities inside a CIDR are one key
-// range starting at the CIDR's address with length 0.
-func identityPrefixKey(prefix netip.Prefix, id identitycell.NumericIdentity) []byte {
-	// Sized for the family: the tree keeps the key, one per indexed prefix.
-	var key []byte
-	if prefix.Addr().Is4() {
-		a := prefix.Addr().As4()
-		key = append(append(make([]byte, 0, 1+4+1+4), 4), a[:]...)
-	} else {
-		a := prefix.Addr().As16()
-		key = append(append(make([]byte, 0, 1+16+1+4), 6), a[:]...)
+	identity, _, found := e.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+	if !found {
+		return nil
 	}
-	key = append(key, byte(prefix.Bits()))
-	return binary.BigEndian.AppendUint32(key, uint32(id))
+	return slices.Collect(identity.Labels.Prefixes())
 }
 
 // markWithin marks dirty the identities with a cidr prefix inside cidr.
-func (e *selectorEngine) markWithin(tree *part.Txn[identitycell.NumericIdentity], cidr netip.Prefix) {
-	start := identityPrefixKey(netip.PrefixFrom(cidr.Addr(), 0), 0)
-	addrLen := len(start) - 6 // family byte; length byte and identity follow
-	iter := tree.LowerBound(start[:1+addrLen])
-	for key, id, ok := iter.Next(); ok; key, id, ok = iter.Next() {
-		if key[0] != start[0] {
-			return
-		}
-		addr, _ := netip.AddrFromSlice(key[1 : 1+addrLen])
-		if !cidr.Contains(addr) {
-			return // past the CIDR's range of keys
-		}
-		if int(key[1+addrLen]) >= cidr.Bits() {
-			e.dirty[id] = struct{}{}
-		}
+func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
+	if cidr.Bits() == 0 {
+		e.dirty[identitycell.IdentityWorld] = struct{}{}
+	}
+	for identity := range identitycell.IdentitiesWithin(txn, e.identities, cidr) {
+		e.dirty[identity.ID] = struct{}{}
 	}
 }
 
@@ -374,7 +306,7 @@ func (e *selectorEngine) write(initializing bool) error {
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
 		txn := e.db.WriteTxn(e.entries, e.enforcement)
 		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
-			scratch = e.allowances(id, scratch[:0])
+			scratch = e.allowances(txn, id, scratch[:0])
 			if err := e.writeIdentity(txn, id, scratch); err != nil {
 				txn.Abort()
 				return err
@@ -403,8 +335,8 @@ type allowance struct {
 
 // allowances appends what the policies in force allow for an identity,
 // sorted by key and policy, without duplicates.
-func (e *selectorEngine) allowances(id identitycell.NumericIdentity, out []allowance) []allowance {
-	prefixes := e.prefixesOf(id)
+func (e *selectorEngine) allowances(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []allowance) []allowance {
+	prefixes := e.prefixesOf(txn, id)
 	for _, prefix := range prefixes {
 		lengths := &e.lengths[family(prefix)]
 		for bits := prefix.Bits(); bits >= 0; bits-- {

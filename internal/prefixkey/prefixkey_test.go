@@ -1,0 +1,41 @@
+package prefixkey
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestKeysOrderByFamilyAddressLength(t *testing.T) {
+	ordered := []string{"0.0.0.0/0", "10.0.0.0/8", "10.0.0.0/16", "10.0.0.1/32", "10.255.255.255/32",
+		"11.0.0.0/8", "::/0", "::a00:0/104", "2001:db8::/32", "2001:db8:1::/48"}
+	var keys [][]byte
+	for _, s := range ordered {
+		p := netip.MustParsePrefix(s)
+		key := Append(nil, p)
+		require.Len(t, key, Len(p), s)
+		keys = append(keys, key)
+	}
+	require.True(t, slices.IsSortedFunc(keys, bytes.Compare))
+}
+
+func TestRangeOfACIDR(t *testing.T) {
+	cidr := netip.MustParsePrefix("10.0.0.0/16")
+	start := RangeStart(cidr)
+	for s, want := range map[string][2]bool{ // in range, inside
+		"10.0.0.0/8":    {true, false},
+		"10.0.0.0/16":   {true, true},
+		"10.0.255.1/32": {true, true},
+		"10.1.0.0/16":   {false, false},
+		"::a00:0/104":   {false, false},
+	} {
+		p := netip.MustParsePrefix(s)
+		require.GreaterOrEqual(t, bytes.Compare(Append(nil, p), start), 0, s)
+		require.Equal(t, want[0], InRange(cidr, p), s)
+		require.Equal(t, want[1], Inside(cidr, p), s)
+	}
+	require.Negative(t, bytes.Compare(Append(nil, netip.MustParsePrefix("9.255.255.255/32")), start))
+}
