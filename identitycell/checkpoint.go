@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -67,17 +66,29 @@ type checkpointIdentity struct {
 // Possible errors: ErrCorruptCheckpoint (wrapped), and errors reading the
 // file.
 func ReadCheckpoint(path string) (Checkpoint, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return Checkpoint{}, nil
-	}
+	data, err := readCheckpointFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read identity checkpoint: %w", err)
+		return nil, err
 	}
 	return decodeCheckpoint(path, data)
 }
 
+// readCheckpointFile reads the file; a missing file reads as empty.
+func readCheckpointFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read identity checkpoint: %w", err)
+	}
+	return data, nil
+}
+
 func decodeCheckpoint(path string, data []byte) (Checkpoint, error) {
+	if data == nil {
+		return Checkpoint{}, nil
+	}
 	if checkpoint, ok, err := decodeCheckpointAsWritten(path, data); ok {
 		return checkpoint, err
 	}
@@ -301,14 +312,19 @@ type Checkpointer struct {
 	path     string // empty: checkpointing is off
 	interval time.Duration
 
-	mu       sync.Mutex
-	previous Checkpoint
+	// previous is what the previous run saved, once previousDecoded is
+	// closed: Start reads the file and decodes it in the background.
+	previous        Checkpoint
+	previousDecoded chan struct{}
 }
 
 func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger, stateDir string) *Checkpointer {
-	c := &Checkpointer{db: db, table: table, log: log, interval: defaultCheckpointInterval, previous: Checkpoint{}}
+	c := &Checkpointer{db: db, table: table, log: log, interval: defaultCheckpointInterval,
+		previous: Checkpoint{}, previousDecoded: make(chan struct{})}
 	if stateDir != "" {
 		c.path = filepath.Join(stateDir, CheckpointFileName)
+	} else {
+		close(c.previousDecoded)
 	}
 	return c
 }
@@ -327,18 +343,23 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity
 // Path returns the checkpoint file's path, or "" if checkpointing is off.
 func (c *Checkpointer) Path() string { return c.path }
 
-// Previous returns what the previous run checkpointed. It is read when the
-// hive starts, before the first write; before that it is empty.
+// Previous returns what the previous run checkpointed, read when the hive
+// started. It waits for Start to have decoded it; call it only from a
+// start hook after the Checkpointer's (restore's), or after the hive has
+// started. The checkpoint is shared: do not modify it.
 func (c *Checkpointer) Previous() Checkpoint {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return maps.Clone(c.previous)
+	<-c.previousDecoded
+	return c.previous
 }
 
 // Start implements cell.HookInterface: it prepares the state directory and
-// reads the previous checkpoint. A corrupt checkpoint is moved aside (with
-// suffix .corrupt) and treated as empty: restore then falls back to the cidr
-// labels of the pinned entries.
+// reads the previous checkpoint, which it decodes in the background
+// (Previous waits for it): a million identities take about a second to
+// decode, which then overlaps the datapath's start (reading the pinned
+// map). What can make the start fail is found first: an unusable state
+// directory, a checkpoint that cannot be read. A corrupt checkpoint is
+// moved aside (with suffix .corrupt) and treated as empty: restore then
+// falls back to the cidr labels of the pinned entries.
 func (c *Checkpointer) Start(cell.HookContext) error {
 	if c.path == "" {
 		return nil
@@ -357,24 +378,26 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 		return fmt.Errorf("state directory %s (--state-dir) is not writable, so the identity checkpoint cannot be saved: "+
 			"make it writable or choose another --state-dir: %w", dir, err)
 	}
-	previous, err := ReadCheckpoint(c.path)
-	switch {
-	case errors.Is(err, ErrCorruptCheckpoint):
-		aside := c.path + ".corrupt"
-		c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
-			"path", c.path, "moved-to", aside, "error", err)
-		if err := os.Rename(c.path, aside); err != nil {
-			return fmt.Errorf("move corrupt identity checkpoint %s aside to %s: %w", c.path, aside, err)
-		}
-		previous = Checkpoint{}
-	case err != nil:
+	data, err := readCheckpointFile(c.path)
+	if err != nil {
 		return fmt.Errorf("%w (--state-dir %s)", err, dir)
-	default:
-		c.log.Info("Read identity checkpoint", "path", c.path, "identities", len(previous))
 	}
-	c.mu.Lock()
-	c.previous = previous
-	c.mu.Unlock()
+	go func() {
+		defer close(c.previousDecoded)
+		previous, err := decodeCheckpoint(c.path, data)
+		if err != nil { // ErrCorruptCheckpoint: decoding fails with nothing else
+			aside := c.path + ".corrupt"
+			c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
+				"path", c.path, "moved-to", aside, "error", err)
+			if err := os.Rename(c.path, aside); err != nil {
+				// The next checkpoint replaces it: only the evidence is lost.
+				c.log.Error("Cannot move the corrupt identity checkpoint aside", "path", c.path, "error", err)
+			}
+			return
+		}
+		c.log.Info("Read identity checkpoint", "path", c.path, "identities", len(previous))
+		c.previous = previous
+	}()
 	return nil
 }
 
