@@ -86,3 +86,64 @@ func TestPrivilegedPerKeyFallback(t *testing.T) {
 	require.NoError(t, del[1].Result, "deleting a key the map does not have is fine")
 	require.Error(t, m.Lookup(NewIPCacheKey(a.prefix), &v))
 }
+
+// TestPrivilegedPruneRemovesWhatNoObjectHas: the first prune finds stale
+// keys without reading the map (from what was read before the first write
+// and written since), later ones read it; both leave exactly the desired
+// keys, a key whose write failed included.
+func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
+	ops, m := newTestOps(t, 3)
+	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900} // the previous run's
+	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
+	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
+	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
+	batch := batchOf(a, b, c)
+	ops.UpdateBatch(context.Background(), nil, batch)
+	require.Error(t, batch[2].Result, "the map is full: c's write fails")
+	gone := batchOf(b)
+	ops.DeleteBatch(context.Background(), nil, gone)
+	require.NoError(t, gone[0].Result)
+
+	dump := func() map[netip.Prefix]uint32 {
+		out := map[netip.Prefix]uint32{}
+		require.NoError(t, readEntries(m, func(k IPCacheKey, v IPCacheValue) {
+			prefix, err := k.Prefix()
+			require.NoError(t, err)
+			out[prefix] = v.Identity()
+		}))
+		return out
+	}
+	desired := func(entries ...*testEntry) func(func(*testEntry, uint64) bool) {
+		return func(yield func(*testEntry, uint64) bool) {
+			for _, e := range entries {
+				if !yield(e, 0) {
+					return
+				}
+			}
+		}
+	}
+	require.NoError(t, ops.Prune(context.Background(), nil, desired(a, c)))
+	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 100}, dump(), "stale key pruned, a kept")
+	require.Equal(t, uint64(1), ops.stats.Prunes.Load())
+
+	// Now there is room for c; something else put a key in (a later prune
+	// reads the map).
+	retry := batchOf(c)
+	ops.UpdateBatch(context.Background(), nil, retry)
+	require.NoError(t, retry[0].Result)
+	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	require.NoError(t, ops.Prune(context.Background(), nil, desired(a, c)))
+	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 100, c.prefix: 300}, dump())
+}
+
+// TestPrivilegedFirstPruneBeforeAnyWrite: with nothing written yet, the
+// first prune reads the map.
+func TestPrivilegedFirstPruneBeforeAnyWrite(t *testing.T) {
+	ops, m := newTestOps(t, 3)
+	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900}
+	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	require.NoError(t, ops.Prune(context.Background(), nil, func(func(*testEntry, uint64) bool) {}))
+	var v IPCacheValue
+	require.Error(t, m.Lookup(NewIPCacheKey(stale.prefix), &v), "pruned")
+}
