@@ -22,8 +22,8 @@
 //     measured before the expiry;
 //  5. heap in use per prefix after step 2, after GC (all tables, the
 //     reconcilers' state, everything the agent holds), once the first
-//     prune of the map is over (it holds a set of all desired keys while
-//     it runs, and starts as the table is initialized).
+//     prune of the map is over (until then the reconciler keeps a copy of
+//     what the map holds; the prune starts as the table is initialized).
 //
 // It prints one table, and as its last line, for 1M IPv4 prefixes:
 //

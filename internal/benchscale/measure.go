@@ -182,8 +182,9 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 		return r, err
 	}
 	r.endToEnd = time.Since(start)
-	// The heap the agent keeps, not what its first prune (right after the
-	// table is initialized) holds while it runs: a set of the desired keys.
+	// The heap the agent keeps, not what it holds until its first prune
+	// (right after the table is initialized): the reconciler's copy of the
+	// map's content, which the prune uses and drops.
 	if err := waitFor("the first prune of the ipcache map", convergeTimeout, func() bool {
 		return first.datapath.Prunes(datapathcell.IPCacheMapName) > 0
 	}); err != nil {
