@@ -23,13 +23,16 @@ import (
 // After a restart the pinned map already holds most of what the table will
 // ask for. Until the first prune (which comes once the desired table is
 // initialized), a write whose value the map already holds is skipped: the
-// map's content is read once, before the first write, and kept up to date
-// with what this reconciler writes (nothing else writes the map). A restart
-// then costs no map writes for entries that did not change, even when an
-// entry is reconciled several times while its owners re-assert it (its
-// source changes from restored to its owner's, its value does not). After
-// the first prune the copy is dropped: from then on the table changes only
-// when the desired value does.
+// map's content is read once, before the first write, and the values of
+// those keys are kept up to date with what this reconciler writes (nothing
+// else writes the map). A restart then costs no map writes for entries
+// that did not change, even when an entry is reconciled several times
+// while its owners re-assert it (its source changes from restored to its
+// owner's, its value does not). Keys the map did not hold are not added:
+// at a first start over an empty map there is nothing to skip, and a copy
+// of a million written keys cost a second of CPU. After the first prune
+// the copy is dropped: from then on the table changes only when the
+// desired value does.
 //
 // Its methods are called from the reconciler's goroutine only.
 type mapOps[Obj any, K comparable, V comparable] struct {
@@ -46,8 +49,10 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	// noBatch is set once the kernel said the map has no batch operations.
 	noBatch bool
 
-	// pinned is what the map holds, read before the first write and kept
-	// up to date until the first prune; nil until read, and after.
+	// pinned is what the map held before the first write, with the values
+	// written since to those keys, until the first prune; nil until read,
+	// and after. The map holds no other key than these and those of
+	// objects written (or deleted) by this reconciler.
 	pinned map[K]V
 	// pruned is set by the first prune: pinned is no longer kept.
 	pruned bool
@@ -81,14 +86,17 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	}
 	n := 0
 	for i := range keys {
-		if old, known := o.pinned[keys[i]]; known && old == values[i] {
+		old, known := o.pinned[keys[i]]
+		if known && old == values[i] {
 			o.stats.Unchanged.Add(1)
 			continue
 		}
 		// Recorded before the write: should the write fail, the entry is
 		// retried, and a retry must not be skipped, so forget on failure
-		// (see written and failedWrite).
-		o.pinned[keys[i]] = values[i]
+		// (see failedWrite).
+		if known {
+			o.pinned[keys[i]] = values[i]
+		}
 		keys[n], values[n] = keys[i], values[i]
 		n++
 	}
@@ -155,12 +163,12 @@ func (o *mapOps[Obj, K, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ state
 // that no object has. The reconciler calls it only once the table is
 // initialized, i.e. every producer of desired state has spoken.
 //
-// Until the first prune, pinned is what the map holds (read before the
-// first write, kept up to date with every write; nothing else writes the
-// map), so the first prune finds the stale keys among pinned's without
-// reading the map again: at a million keys, the read took about a second
-// of the reconciler's time, in which it wrote nothing (internal/benchscale,
-// end to end and restart). Later prunes read the map.
+// Until the first prune, the map holds pinned's keys and those of the
+// objects this reconciler wrote; a written key whose object went was
+// deleted by Delete. So the first prune finds the stale keys among
+// pinned's, without reading the map again: at a million keys, the read
+// took about a second of the reconciler's time, in which it wrote nothing
+// (internal/benchscale, end to end and restart). Later prunes read the map.
 func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
 	pinned := o.pinned
 	o.pruned, o.pinned = true, nil
