@@ -75,7 +75,7 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[prefixSetKey]struct{}{}}, nil
+	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{}}, nil
 }
 
 // RegisterProducer registers a producer of metadata (restore, the policy
@@ -166,30 +166,10 @@ type Handle struct {
 	// about 130 bytes a row (its tree leaf, a key holding resource and
 	// prefix, inner nodes); this set costs about 25 (internal/benchscale,
 	// heap per prefix). Written under mu, after each commit.
-	prefixes map[prefixSetKey]struct{}
+	prefixes map[compactPrefix]struct{}
 	// numPrefixes is len(prefixes), readable without mu (a gradual release
 	// holds mu for minutes).
 	numPrefixes atomic.Int64
-}
-
-// prefixSetKey is a prefix without netip.Addr's zone pointer: a set of
-// them is a flat table the garbage collector does not scan.
-type prefixSetKey struct {
-	addr [16]byte
-	bits uint8
-	is4  bool
-}
-
-func setKeyOf(prefix netip.Prefix) prefixSetKey {
-	return prefixSetKey{addr: prefix.Addr().As16(), bits: uint8(prefix.Bits()), is4: prefix.Addr().Is4()}
-}
-
-func (k prefixSetKey) prefix() netip.Prefix {
-	addr := netip.AddrFrom16(k.addr)
-	if k.is4 {
-		addr = addr.Unmap()
-	}
-	return netip.PrefixFrom(addr, int(k.bits))
 }
 
 // NumPrefixes returns the number of prefixes the resource has metadata for.
@@ -235,7 +215,7 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 		_, _, err := h.ipcache.metadata.Insert(txn, rows[i])
 		return err
 	}, func(i int) {
-		h.prefixes[setKeyOf(rows[i].Prefix)] = struct{}{}
+		h.prefixes[compact(rows[i].Prefix)] = struct{}{}
 	})
 }
 
@@ -302,7 +282,7 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 		_, _, err := h.ipcache.metadata.Delete(txn, rows[i])
 		return err
 	}, func(i int) {
-		delete(h.prefixes, setKeyOf(rows[i].Prefix))
+		delete(h.prefixes, compact(rows[i].Prefix))
 	})
 }
 
@@ -362,7 +342,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		}
 		txn.Commit()
 		for _, prefix := range chunk {
-			delete(h.prefixes, setKeyOf(prefix))
+			delete(h.prefixes, compact(prefix))
 		}
 		h.numPrefixes.Store(int64(len(h.prefixes)))
 	}

@@ -223,20 +223,21 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // one chunk. Each lane is first in, first out; each prefix is queued once.
 type resolveQueue struct {
 	lanes  map[string][]netip.Prefix
-	order  []string // lanes with prefixes, in turn order
-	queued map[netip.Prefix]struct{}
+	order  []string                   // lanes with prefixes, in turn order
+	queued map[compactPrefix]struct{} // a million at a large batch
 }
 
 // add queues a prefix whose metadata of resource changed, unless queued.
 func (q *resolveQueue) add(resource string, prefix netip.Prefix) {
 	if q.queued == nil {
-		q.queued = map[netip.Prefix]struct{}{}
+		q.queued = map[compactPrefix]struct{}{}
 		q.lanes = map[string][]netip.Prefix{}
 	}
-	if _, dup := q.queued[prefix]; dup {
+	key := compact(prefix)
+	if _, dup := q.queued[key]; dup {
 		return
 	}
-	q.queued[prefix] = struct{}{}
+	q.queued[key] = struct{}{}
 	lane, active := q.lanes[resource]
 	if !active {
 		q.order = append(q.order, resource)
@@ -271,7 +272,7 @@ func (q *resolveQueue) next(n int) []netip.Prefix {
 		q.order = append(q.order[1:], q.order[0])
 	}
 	for _, prefix := range chunk {
-		delete(q.queued, prefix)
+		delete(q.queued, compact(prefix))
 	}
 	slices.SortFunc(chunk, comparePrefixes)
 	return chunk
