@@ -107,6 +107,17 @@ func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	return d.snapshot
 }
 
+// pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
+// own key and value types, a copy the reconciler keeps up to date.
+func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
+	snapshot := d.IPCacheSnapshot()
+	pinned := make(map[IPCacheKey]IPCacheValue, len(snapshot))
+	for prefix, id := range snapshot {
+		pinned[NewIPCacheKey(prefix)] = NewIPCacheValue(id)
+	}
+	return pinned
+}
+
 // WriteStats returns how many keys the reconciler of the named map has
 // written, and how many writes it skipped because the pinned map already
 // held the value (after a restart).

@@ -49,6 +49,10 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	// noBatch is set once the kernel said the map has no batch operations.
 	noBatch bool
 
+	// readPinned, if set, returns what the map holds before the first
+	// write, known without reading it (the ipcache map's snapshot, taken
+	// at start); otherwise skipUnchanged reads the map.
+	readPinned func() map[K]V
 	// pinned is what the map held before the first write, with the values
 	// written since to those keys, until the first prune; nil until read,
 	// and after. The map holds no other key than these and those of
@@ -77,6 +81,9 @@ type MapWriteStats struct {
 func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	if o.pruned {
 		return keys, values
+	}
+	if o.pinned == nil && o.readPinned != nil {
+		o.pinned = o.readPinned()
 	}
 	if o.pinned == nil {
 		o.pinned = map[K]V{}
