@@ -300,7 +300,7 @@ func (e *selectorEngine) write(initializing bool) error {
 	e.dirty = map[identitycell.NumericIdentity]struct{}{}
 	writeEnforcement := initializing || e.markInitialized == nil
 	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
-		return nil // e.g. only reference counts changed
+		return nil // nothing changed that the entries depend on
 	}
 	var scratch []allowance
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
