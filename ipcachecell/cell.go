@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 )
 
 // Cell provides the [IPCache] (for handles), the read-only
@@ -43,10 +44,11 @@ type ipcacheParams struct {
 
 func newIPCacheCell(p ipcacheParams) *IPCache {
 	restore := newRestoreGate()
-	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, restore)
+	resolved := progress.New[statedb.Revision](0)
+	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, restore, resolved)
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	group.Add(job.OneShot("resolve", r.run))
-	return newIPCache(p.DB, p.Metadata, restore)
+	return newIPCache(p.DB, p.Metadata, restore, resolved)
 }
 
 func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -46,13 +47,31 @@ type IPCache struct {
 	db       *statedb.DB
 	metadata statedb.RWTable[*PrefixMetadata]
 	restore  *restoreGate
+	// resolved is the `ipcache-metadata` revision up to which the resolver
+	// has resolved every change.
+	resolved *progress.Tracker[statedb.Revision]
 
 	mu        sync.Mutex
 	resources map[string]struct{} // resources with a live handle
 }
 
-func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], restore *restoreGate) *IPCache {
-	return &IPCache{db: db, metadata: metadata, restore: restore, resources: map[string]struct{}{}}
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], restore *restoreGate,
+	resolved *progress.Tracker[statedb.Revision]) *IPCache {
+	return &IPCache{db: db, metadata: metadata, restore: restore, resolved: resolved, resources: map[string]struct{}{}}
+}
+
+// WaitResolved blocks until the resolver has resolved all metadata written
+// before the call: the `ipcache` table then has an entry (or the failure to
+// resolve one) for every prefix upserted before, and none for a prefix
+// removed before. An owner that wants its prefixes to have identities
+// before it acts on them (the policy directory, before a policy is in
+// force) waits on it.
+//
+// Possible errors: ctx's.
+func (c *IPCache) WaitResolved(ctx context.Context) error {
+	want := c.metadata.Revision(c.db.ReadTxn())
+	_, err := c.resolved.Wait(ctx, func(rev statedb.Revision) bool { return rev >= want })
+	return err
 }
 
 // NewHandle returns the handle of a resource (e.g. "policy/allow-dns"), whose

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -53,8 +54,9 @@ func newFixture(tb testing.TB) *fixture {
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })
 	gate := newRestoreGate()
-	f.ipcache = newIPCache(f.db, f.metadata, gate)
-	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, gate)
+	resolved := progress.New[statedb.Revision](0)
+	f.ipcache = newIPCache(f.db, f.metadata, gate, resolved)
+	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, gate, resolved)
 	return &f
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -48,6 +49,8 @@ type resolver struct {
 	allocator *identitycell.Allocator
 	log       *slog.Logger
 	restore   *restoreGate
+	// resolved publishes the metadata revision resolved up to.
+	resolved *progress.Tracker[statedb.Revision]
 
 	// markInitialized marks the `ipcache` table initialized; nil once done.
 	markInitialized func(statedb.WriteTxn)
@@ -64,7 +67,8 @@ type resolver struct {
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
-	allocator *identitycell.Allocator, log *slog.Logger, restore *restoreGate) *resolver {
+	allocator *identitycell.Allocator, log *slog.Logger, restore *restoreGate,
+	resolved *progress.Tracker[statedb.Revision]) *resolver {
 	txn := db.WriteTxn(entries)
 	markInitialized := entries.RegisterInitializer(txn, "ipcache-resolver")
 	txn.Commit()
@@ -75,6 +79,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		allocator:       allocator,
 		log:             log,
 		restore:         restore,
+		resolved:        resolved,
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
 		retryAfter:      minRetryBackoff,
@@ -196,6 +201,8 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		txn.Commit()
 		r.adaptChunkSize(len(chunk), time.Since(chunkStart))
 	}
+	// Everything up to the snapshot is resolved (or failed, and is retried).
+	r.resolved.Set(r.metadata.Revision(snapshot))
 	r.logFailures(newFailures)
 	if hadFailures && len(r.failed) == 0 {
 		r.log.Info("All prefixes resolved after earlier failures")

@@ -213,7 +213,20 @@ func EntriesWithin(txn statedb.ReadTxn, entries statedb.Table[*Entry], cidr neti
 // LookupAddress returns the entry of the longest prefix that contains addr.
 func LookupAddress(txn statedb.ReadTxn, entries statedb.Table[*Entry], addr netip.Addr) (*Entry, bool) {
 	addr = addr.WithZone("")
-	for bits := addr.BitLen(); bits >= 0; bits-- {
+	return longestMatch(txn, entries, addr, addr.BitLen())
+}
+
+// LookupCovering returns the entry of the longest prefix that strictly
+// contains prefix: what a longest-prefix match of prefix's addresses finds
+// once prefix's own entry is gone.
+func LookupCovering(txn statedb.ReadTxn, entries statedb.Table[*Entry], prefix netip.Prefix) (*Entry, bool) {
+	return longestMatch(txn, entries, prefix.Addr().WithZone(""), prefix.Bits()-1)
+}
+
+// longestMatch returns the entry of the longest prefix of at most bits
+// that contains addr.
+func longestMatch(txn statedb.ReadTxn, entries statedb.Table[*Entry], addr netip.Addr, bits int) (*Entry, bool) {
+	for ; bits >= 0; bits-- {
 		prefix, _ := addr.Prefix(bits)
 		if entry, _, found := entries.Get(txn, EntryIndex.Query(prefix)); found {
 			return entry, true

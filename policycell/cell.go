@@ -36,6 +36,7 @@ var Cell = cell.Module(
 		func(t statedb.RWTable[*PolicyEntry]) PolicyReconcilerTable { return PolicyReconcilerTable{t} },
 		func(t statedb.RWTable[*Enforcement]) EnforcementReconcilerTable { return EnforcementReconcilerTable{t} },
 		scriptCommands,
+		newSelectorProgress,
 	),
 	// The jobs run even when no cell asks for what they produce.
 	cell.Invoke(func(*loader) {}),
@@ -105,13 +106,14 @@ type selectorParams struct {
 	IPCache     statedb.Table[*ipcachecell.Entry]
 	Entries     statedb.RWTable[*PolicyEntry]
 	Enforcement statedb.RWTable[*Enforcement]
+	Progress    *SelectorProgress
 	Log         *slog.Logger
 	Jobs        job.Registry
 	Health      cell.Health
 }
 
 func registerSelectorEngine(p selectorParams) {
-	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Log)
+	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log)
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	group.Add(job.OneShot("policy-selectors", e.run))
 }

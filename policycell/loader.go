@@ -1,6 +1,7 @@
 package policycell
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -98,7 +99,7 @@ func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ip
 // directories to watch.
 //
 // Possible errors: the directory cannot be read; nothing changes then.
-func (l *loader) load() (watchDirs []string, err error) {
+func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 	found, err := readDirectory(l.dir)
 	if err != nil {
 		err = fmt.Errorf("read policy directory %s: %w", l.dir, err)
@@ -135,7 +136,7 @@ func (l *loader) load() (watchDirs []string, err error) {
 	// sees the table's new content (a script's db/cmp, then policy/list)
 	// also sees the status that goes with it.
 	l.report()
-	l.apply()
+	l.apply(ctx)
 	if l.initialized != nil {
 		l.initialized()
 		l.initialized = nil
@@ -226,10 +227,12 @@ func policyNames(policies []*Policy) []string {
 }
 
 // apply writes the policies in force to the handles and the `policies`
-// table. New prefixes go to the ipcache before the table changes, and
-// prefixes are removed after, so that an edit never leaves a prefix
-// without metadata while a policy still selects it.
-func (l *loader) apply() {
+// table. New prefixes go to the ipcache, and are resolved into identities,
+// before the table changes; prefixes are removed after. So a policy is in
+// force only once its prefixes have identities (its policy entries exist
+// before the datapath's enforcement of it switches on), and an edit never
+// leaves a prefix without metadata while a policy still selects it.
+func (l *loader) apply(ctx context.Context) {
 	want := map[string]*Policy{}
 	for _, f := range l.files {
 		for _, p := range f.inForce {
@@ -255,6 +258,11 @@ func (l *loader) apply() {
 
 	for _, e := range edits {
 		l.upsertPrefixes(e.old, e.new)
+	}
+	if len(edits) > 0 {
+		if err := l.ipcache.WaitResolved(ctx); err != nil {
+			return // stopping
+		}
 	}
 	txn := l.db.WriteTxn(l.policies)
 	for _, e := range edits {

@@ -61,7 +61,7 @@ func (f *loaderFixture) write(t *testing.T, name, content string) {
 
 func (f *loaderFixture) load(t *testing.T) {
 	t.Helper()
-	_, err := f.loader.load()
+	_, err := f.loader.load(context.Background())
 	require.NoError(t, err)
 }
 
@@ -173,7 +173,7 @@ func TestLoaderBadFileKeepsPrevious(t *testing.T) {
 func TestLoaderUnreadableDirectory(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "later")
 	f := newLoaderFixture(t, dir)
-	_, err := f.loader.load()
+	_, err := f.loader.load(context.Background())
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.ErrorContains(t, err, "read policy directory "+dir)
 	require.Zero(t, f.initialized.Load())

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
@@ -138,6 +139,10 @@ func explain(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforceme
 			lbls = identity.Labels
 		}
 		fmt.Fprintf(&out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
+		if status := entry.GetStatus(); status.Kind == reconciler.StatusKindError {
+			// Held or failed: the datapath still has what the map had.
+			fmt.Fprintf(&out, "Datapath: the ipcache map does not have this entry yet, it keeps the prefix's previous value (%s)\n", status)
+		}
 	} else {
 		fmt.Fprintf(&out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}

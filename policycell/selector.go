@@ -63,6 +63,7 @@ type selectorEngine struct {
 	ipcache     statedb.Table[*ipcachecell.Entry]
 	entries     statedb.RWTable[*PolicyEntry]
 	enforcement statedb.RWTable[*Enforcement]
+	progress    *SelectorProgress
 	log         *slog.Logger
 
 	// markInitialized marks both tables initialized; nil once done.
@@ -90,7 +91,7 @@ type selectorEngine struct {
 
 func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identities statedb.Table[*identitycell.Identity],
 	ipcache statedb.Table[*ipcachecell.Entry], entries statedb.RWTable[*PolicyEntry], enforcement statedb.RWTable[*Enforcement],
-	log *slog.Logger) *selectorEngine {
+	progress *SelectorProgress, log *slog.Logger) *selectorEngine {
 	txn := db.WriteTxn(entries, enforcement)
 	markEntries := entries.RegisterInitializer(txn, "policy-selectors")
 	markEnforcement := enforcement.RegisterInitializer(txn, "policy-selectors")
@@ -102,6 +103,7 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 		ipcache:     ipcache,
 		entries:     entries,
 		enforcement: enforcement,
+		progress:    progress,
 		log:         log,
 		markInitialized: func(txn statedb.WriteTxn) {
 			markEntries(txn)
@@ -188,6 +190,11 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	if err := e.write(initializing); err != nil {
 		return nil, err
 	}
+	written := e.db.ReadTxn()
+	e.progress.computed.Set(Computed{
+		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
+		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
+	})
 	if initializing {
 		e.markInitialized = nil
 		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()))
@@ -292,7 +299,11 @@ func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
 //
 // Enforcement is written only from initialization on: until then the
 // datapath keeps the enforcement it has (after a restart, the previous
-// run's), rather than switching it off before the policies are known.
+// run's), rather than switching it off before the policies are known. A
+// direction that stops being enforced is written in the first transaction,
+// before the entries it no longer needs go; one that starts being enforced
+// in the last, after the entries it needs: the datapath applies them in
+// that order (make before break).
 func (e *selectorEngine) write(initializing bool) error {
 	// A fresh set each round: iterating or clearing a map costs its
 	// capacity, which the first round makes as large as all identities.
@@ -305,6 +316,12 @@ func (e *selectorEngine) write(initializing bool) error {
 	var scratch []allowance
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
 		txn := e.db.WriteTxn(e.entries, e.enforcement)
+		if start == 0 && writeEnforcement {
+			if err := e.writeEnforcement(txn, false); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
 		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
 			scratch = e.allowances(txn, id, scratch[:0])
 			if err := e.writeIdentity(txn, id, scratch); err != nil {
@@ -312,9 +329,8 @@ func (e *selectorEngine) write(initializing bool) error {
 				return err
 			}
 		}
-		// Enforcement goes last, after the entries it makes necessary.
 		if start+writeChunkSize >= len(dirty) && writeEnforcement {
-			if err := e.writeEnforcement(txn); err != nil {
+			if err := e.writeEnforcement(txn, true); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -421,11 +437,14 @@ func (e *selectorEngine) deleteEntry(txn statedb.WriteTxn, entry *PolicyEntry) e
 	return nil
 }
 
-// writeEnforcement writes each direction's row where it changed: a
-// direction is enforced when a policy in force has a rule in it.
-func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn) error {
+// writeEnforcement writes the row of each direction that changed to
+// enforced (or to not enforced): a direction is enforced when a policy in
+// force has a rule in it.
+func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, enforced bool) error {
 	for _, dir := range Directions() {
-		enforced := e.rulesIn[dir] > 0
+		if (e.rulesIn[dir] > 0) != enforced {
+			continue
+		}
 		if row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir)); found && row.Enforced == enforced {
 			continue
 		}

@@ -52,7 +52,8 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })
 	f.policiesRead = registerInitializer(f.db, f.policies)
 	f.ipcacheResolved = registerInitializer(f.db, ipcache)
-	f.engine = newSelectorEngine(f.db, f.policies, f.identities, ipcache, f.entries, f.enforcement, hivetest.Logger(tb))
+	f.engine = newSelectorEngine(f.db, f.policies, f.identities, ipcache, f.entries, f.enforcement,
+		newSelectorProgress(f.db, f.policies, f.identities), hivetest.Logger(tb))
 	return f
 }
 

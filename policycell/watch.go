@@ -103,7 +103,7 @@ func (l *loader) watchDirectory(ctx context.Context, health cell.Health, timing 
 					l.addWatch(watcher, watched, root)
 				}
 			}
-			dirs, err := l.load()
+			dirs, err := l.load(ctx)
 			if err != nil {
 				if msg := err.Error(); msg != lastErr {
 					lastErr = msg
