@@ -7,11 +7,13 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // Cell provides the [Datapath]: the pinned BPF maps, the reconcilers that
@@ -28,7 +30,7 @@ var Cell = cell.Module(
 		},
 	),
 	cell.Provide(newDatapathCell, scriptCommands),
-	cell.Invoke(registerIPCacheReconciler, registerPolicyReconcilers),
+	cell.Invoke(registerWriters),
 )
 
 // Config is the datapath's configuration.
@@ -96,8 +98,37 @@ func reconcilerOptions(name string) []reconciler.Option {
 	}
 }
 
-func registerIPCacheReconciler(params reconciler.Params, d *Datapath, entries ipcachecell.ReconcilerTable) error {
-	ops := &mapOps[*ipcachecell.Entry, IPCacheKey, IPCacheValue]{
+type writersParams struct {
+	cell.In
+
+	Reconciler  reconciler.Params
+	Datapath    *Datapath
+	IPCache     ipcachecell.ReconcilerTable
+	Policy      policycell.PolicyReconcilerTable
+	Enforcement policycell.EnforcementReconcilerTable
+	Selectors   *policycell.SelectorProgress
+	Jobs        job.Group
+	Log         *slog.Logger
+}
+
+// registerWriters registers the writers of the three maps, in the order
+// that make before break needs (see ordering): the policy writer, whose
+// progress the ipcache writer waits on, then the ipcache writer, then the
+// jobs that wait on both.
+func registerWriters(p writersParams) error {
+	d := p.Datapath
+	order := newOrdering(p.Log, p.Selectors, p.IPCache.RWTable, p.Policy.RWTable, p.Enforcement.RWTable)
+
+	policy := newPolicyOps(d.policyMap, d.writeStats(PolicyMapName), order, p.Log)
+	var err error
+	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
+		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,
+		policy, policy, reconcilerOptions(PolicyMapName)...)
+	if err != nil {
+		return fmt.Errorf("register policy reconciler: %w", err)
+	}
+
+	ipcache := &mapOps[*ipcachecell.Entry, IPCacheKey, IPCacheValue]{
 		name:       IPCacheMapName,
 		m:          d.ipcacheMap,
 		stats:      d.writeStats(IPCacheMapName),
@@ -105,15 +136,48 @@ func registerIPCacheReconciler(params reconciler.Params, d *Datapath, entries ip
 		value:      func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
 		writeOrder: IPCacheKey.compare,
 		// The map as the datapath read it at start, before anything
-		// wrote to it: at a million entries, reading the map again took
-		// a second of the reconciler's first round after a restart.
+		// wrote to it: reading the map again would cost the first round
+		// after a restart a read of the whole map.
 		readPinned: d.pinnedIPCache,
+		gate:       order.beforeIPCacheWrite,
+		hold:       order.holdIPCache,
+		fallbacks: func(txn statedb.ReadTxn, k IPCacheKey, yield func(IPCacheKey, IPCacheValue, bool)) {
+			prefix, err := k.Prefix()
+			if err != nil {
+				return
+			}
+			entry := func(e *ipcachecell.Entry) {
+				yield(NewIPCacheKey(e.Prefix), NewIPCacheValue(uint32(e.Identity)), e.GetStatus().Kind != reconciler.StatusKindDone)
+			}
+			if e, found := ipcachecell.LookupCovering(txn, p.IPCache.RWTable, prefix); found {
+				entry(e)
+			}
+			if prefix.Bits() < prefix.Addr().BitLen() {
+				for e := range ipcachecell.EntriesWithin(txn, p.IPCache.RWTable, prefix) {
+					if e.Prefix != prefix {
+						entry(e)
+					}
+				}
+			}
+		},
+		failed:  func(k IPCacheKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
+		written: order.ipcacheWritten,
 	}
-	_, err := reconciler.Register(params, entries.RWTable,
+	order.ipcacheWriter, err = reconciler.Register(p.Reconciler, p.IPCache.RWTable,
 		(*ipcachecell.Entry).Clone, (*ipcachecell.Entry).SetStatus, (*ipcachecell.Entry).GetStatus,
-		ops, ops, reconcilerOptions(IPCacheMapName)...)
+		ipcache, ipcache, reconcilerOptions(IPCacheMapName)...)
 	if err != nil {
 		return fmt.Errorf("register ipcache reconciler: %w", err)
 	}
+
+	enforcement := &enforcementWriter{
+		db: p.Reconciler.DB, table: p.Enforcement.RWTable, m: d.enforcementMap, order: order,
+		stats: d.writeStats(EnforcementMapName), log: p.Log,
+	}
+	p.Jobs.Add(
+		job.OneShot("write-enforcement-map", enforcement.run),
+		job.OneShot("drain-policy-map", policy.drain),
+	)
+	d.order, d.policyOps = order, policy
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 )
 
@@ -26,6 +25,20 @@ type Datapath struct {
 	maps     *pinnedMaps
 	snapshot ipcacheSnapshot
 	enforcer *enforcer
+
+	// order and policyOps are the map writers' shared state, set at
+	// registration.
+	order     *ordering
+	policyOps *policyOps
+
+	// fakeMaps, set by tests before start, are written instead of the
+	// pinned maps; nothing is pinned or attached then.
+	fakeMaps *writtenMaps
+}
+
+// writtenMaps are the maps the writers write.
+type writtenMaps struct {
+	ipcache, policy, enforcement kernelMap
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
@@ -36,6 +49,9 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 
 // Start implements cell.HookInterface.
 func (d *Datapath) Start(cell.HookContext) error {
+	if d.fakeMaps != nil {
+		return nil
+	}
 	mounted, err := ensureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
@@ -154,9 +170,17 @@ func (d *Datapath) Counters() (Counters, error) {
 
 func (d *Datapath) writeStats(mapName string) *MapWriteStats { return d.stats[mapName] }
 
-// ipcacheMap is for the reconciler, which runs only between start and stop.
-func (d *Datapath) ipcacheMap() *ebpf.Map {
+// written returns the maps the writers write, which run only between start
+// and stop.
+func (d *Datapath) written() writtenMaps {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.maps.IPCache
+	if d.fakeMaps != nil {
+		return *d.fakeMaps
+	}
+	return writtenMaps{ipcache: d.maps.IPCache, policy: d.maps.Policy, enforcement: d.maps.Enforcement}
 }
+
+func (d *Datapath) ipcacheMap() kernelMap     { return d.written().ipcache }
+func (d *Datapath) policyMap() kernelMap      { return d.written().policy }
+func (d *Datapath) enforcementMap() kernelMap { return d.written().enforcement }

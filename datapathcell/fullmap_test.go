@@ -68,7 +68,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	type policyEntry struct{ identity, verdict uint32 }
 	ops := &mapOps[*policyEntry, PolicyKey, PolicyValue]{
 		name:  PolicyMapName,
-		m:     func() *ebpf.Map { return m },
+		m:     func() kernelMap { return m },
 		key:   func(e *policyEntry) PolicyKey { return NewPolicyKey(e.identity, DirectionEgress, 0, 0) },
 		value: func(e *policyEntry) PolicyValue { return NewPolicyValue(e.verdict) },
 		stats: &MapWriteStats{},

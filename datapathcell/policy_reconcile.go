@@ -2,86 +2,221 @@ package datapathcell
 
 import (
 	"context"
-	"fmt"
 	"iter"
+	"log/slog"
+	"sync"
 
-	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
-// enforcementValue is the enforcement map's value: 1 when enforced.
-type enforcementValue uint32
+// policyOps writes the `policy` table into the policy map. Updates go at
+// once; a deleted key (a row deleted, or a stale key pruned) drains: it is
+// deleted from the map only once nothing the map's users depend on still
+// points at it (see ordering), by the drain job or by a later call.
+type policyOps struct {
+	ops   *mapOps[*policycell.PolicyEntry, PolicyKey, PolicyValue]
+	order *ordering
+	log   *slog.Logger
 
-func (d *Datapath) policyMap() *ebpf.Map {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.maps.Policy
+	// mu serializes the reconciler's calls with the drain job's.
+	mu sync.Mutex
+	// draining are the keys to delete, with what must be written first.
+	draining map[PolicyKey]drainAfter
+	// queued wakes the drain job (buffered, one).
+	queued chan struct{}
 }
 
-func (d *Datapath) enforcementMap() *ebpf.Map {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.maps.Enforcement
+// drainAfter is what must be written before a policy key may go: the
+// `ipcache` table up to ipcache, and the switch off of every direction
+// not enforced in `policy-enforcement` up to enforcement.
+type drainAfter struct {
+	ipcache, enforcement statedb.Revision
 }
 
-func registerPolicyReconcilers(params reconciler.Params, d *Datapath,
-	policies policycell.PolicyReconcilerTable, enforcement policycell.EnforcementReconcilerTable) error {
-	policyOps := &mapOps[*policycell.PolicyEntry, PolicyKey, PolicyValue]{
+func newPolicyOps(m func() kernelMap, stats *MapWriteStats, order *ordering, log *slog.Logger) *policyOps {
+	p := &policyOps{
+		order:    order,
+		log:      log,
+		draining: map[PolicyKey]drainAfter{},
+		queued:   make(chan struct{}, 1),
+	}
+	p.ops = &mapOps[*policycell.PolicyEntry, PolicyKey, PolicyValue]{
 		name:  PolicyMapName,
-		m:     d.policyMap,
-		stats: d.writeStats(PolicyMapName),
+		m:     m,
+		stats: stats,
 		key: func(e *policycell.PolicyEntry) PolicyKey {
 			return NewPolicyKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
 		},
-		value: func(e *policycell.PolicyEntry) PolicyValue { return NewPolicyValue(uint32(e.Verdict)) },
+		value:   func(e *policycell.PolicyEntry) PolicyValue { return NewPolicyValue(uint32(e.Verdict)) },
+		failed:  order.policyFailed,
+		written: order.policyWritten,
 	}
-	if _, err := reconciler.Register(params, policies.RWTable,
-		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,
-		policyOps, policyOps, reconcilerOptions(PolicyMapName)...); err != nil {
-		return fmt.Errorf("register policy reconciler: %w", err)
-	}
+	return p
+}
 
-	// The enforcement map is an array: every index always exists, so it is
-	// never pruned and "deleting" a direction writes 0 (not enforced).
-	enforcementOps := &mapOps[*policycell.Enforcement, uint32, enforcementValue]{
-		name:  EnforcementMapName,
-		m:     d.enforcementMap,
-		stats: d.writeStats(EnforcementMapName),
-		key:   func(e *policycell.Enforcement) uint32 { return uint32(e.Direction) },
-		value: func(e *policycell.Enforcement) enforcementValue {
-			if e.Enforced {
-				return 1
+var (
+	_ reconciler.Operations[*policycell.PolicyEntry]      = (*policyOps)(nil)
+	_ reconciler.BatchOperations[*policycell.PolicyEntry] = (*policyOps)(nil)
+)
+
+// Update implements reconciler.Operations.
+func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policycell.PolicyEntry) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.draining, p.ops.key(e)) // wanted again: the map has it
+	return p.ops.Update(ctx, txn, rev, e)
+}
+
+// UpdateBatch implements reconciler.BatchOperations.
+func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.draining) > 0 {
+		for i := range batch {
+			delete(p.draining, p.ops.key(batch[i].Object))
+		}
+	}
+	p.ops.UpdateBatch(ctx, txn, batch)
+}
+
+// Delete implements reconciler.Operations: the key drains.
+func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policycell.PolicyEntry) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drainLocked(txn, []PolicyKey{p.ops.key(e)})
+	return nil
+}
+
+// DeleteBatch implements reconciler.BatchOperations: the keys drain.
+func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keys := make([]PolicyKey, len(batch))
+	for i := range batch {
+		keys[i] = p.ops.key(batch[i].Object)
+	}
+	p.drainLocked(txn, keys)
+}
+
+// Prune implements reconciler.Operations: the stale keys drain.
+func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.Seq2[*policycell.PolicyEntry, statedb.Revision]) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	stale, err := p.ops.staleKeys(objects)
+	if err != nil {
+		return err
+	}
+	p.drainLocked(txn, stale)
+	p.ops.stats.Prunes.Add(1)
+	return nil
+}
+
+// drainLocked queues keys to delete once the tables as txn has them are
+// written, and deletes at once those that may go.
+func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []PolicyKey) {
+	after := drainAfter{ipcache: p.order.ipcache.Revision(txn), enforcement: p.order.enforcement.Revision(txn)}
+	for _, k := range keys {
+		p.order.policyWritten(k) // no longer wanted: not a missing entry
+		if _, ok := p.draining[k]; !ok {
+			p.draining[k] = after
+		}
+	}
+	if left, _, _ := p.deleteDrainedLocked(); left > 0 {
+		select {
+		case p.queued <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deleteDrainedLocked deletes the draining keys that may go now. It
+// returns how many are left and, if some wait for a revision (not only for
+// a held ipcache key), the oldest revisions they wait for.
+func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions bool) {
+	if len(p.draining) == 0 {
+		return 0, wait, false
+	}
+	ipcacheWritten := written(p.order.ipcacheWriter)
+	switchedOff, _ := p.order.switchedOff.Get()
+	var ready []PolicyKey
+	for k, after := range p.draining {
+		if after.ipcache > ipcacheWritten || after.enforcement > switchedOff {
+			if !revisions || after.ipcache < wait.ipcache {
+				wait.ipcache = after.ipcache
 			}
-			return 0
-		},
+			if !revisions || after.enforcement < wait.enforcement {
+				wait.enforcement = after.enforcement
+			}
+			revisions = true
+			continue
+		}
+		id, _, _, _ := k.Fields()
+		if held, _ := p.order.heldIdentity(id); held {
+			continue
+		}
+		ready = append(ready, k)
 	}
-	if _, err := reconciler.Register(params, enforcement.RWTable,
-		(*policycell.Enforcement).Clone, (*policycell.Enforcement).SetStatus, (*policycell.Enforcement).GetStatus,
-		arrayOps[*policycell.Enforcement, enforcementValue]{enforcementOps}, nil,
-		reconciler.WithName(EnforcementMapName), reconciler.WithoutPruning()); err != nil {
-		return fmt.Errorf("register enforcement reconciler: %w", err)
+	for _, k := range ready {
+		delete(p.draining, k)
 	}
-	return nil
+	if err := p.ops.deleteKeys(ready); err != nil {
+		// The keys have no row: the next prune finds them again.
+		p.log.Error("Cannot delete policy map entries; the next prune retries", "error", err)
+	}
+	return len(p.draining), wait, revisions
 }
 
-// arrayOps reconciles a table into an array map, whose entries always exist
-// and cannot be deleted: deleting an object resets its entry to the zero
-// value, and there is nothing to prune.
-type arrayOps[Obj any, V comparable] struct {
-	*mapOps[Obj, uint32, V]
+// drain is the job that deletes the draining keys as they may go.
+func (p *policyOps) drain(ctx context.Context, _ cell.Health) error {
+	for {
+		// Taken before the keys are looked at: a held key written after
+		// it closes it.
+		_, heldGone := p.order.heldIdentity(0)
+		p.mu.Lock()
+		left, after, revisions := p.deleteDrainedLocked()
+		p.mu.Unlock()
+		if left == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-p.queued:
+			}
+			continue
+		}
+		reached := make(chan struct{})
+		wctx, cancel := context.WithCancel(ctx)
+		go func() {
+			defer close(reached)
+			if !revisions {
+				<-wctx.Done() // only held keys: woken by heldGone
+				return
+			}
+			if _, _, err := p.order.ipcacheWriter.WaitUntilReconciled(wctx, after.ipcache); err != nil {
+				return
+			}
+			p.order.switchedOff.Wait(wctx, func(rev statedb.Revision) bool { return rev >= after.enforcement })
+		}()
+		select {
+		case <-ctx.Done():
+		case <-reached:
+		case <-heldGone:
+		case <-p.queued:
+		}
+		cancel()
+		<-reached
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
 }
 
-// Delete implements reconciler.Operations.
-func (o arrayOps[Obj, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
-	k := o.key(obj)
-	var zero V
-	return o.put(k, zero)
-}
-
-// Prune implements reconciler.Operations.
-func (o arrayOps[Obj, V]) Prune(context.Context, statedb.ReadTxn, iter.Seq2[Obj, statedb.Revision]) error {
-	return nil
+// numDraining returns the number of keys waiting to be deleted.
+func (p *policyOps) numDraining() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.draining)
 }

@@ -42,6 +42,28 @@ func ReadPinnedPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
 	return out, nil
 }
 
+// ReadPinnedEnforcement reads the enforcement map pinned under bpfRoot:
+// whether each direction is enforced, indexed by direction (0 ingress, 1
+// egress).
+//
+// Possible errors: no map pinned there, or no permission.
+func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
+	var enforced [2]bool
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(bpfRoot), EnforcementMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return enforced, fmt.Errorf("open pinned enforcement map: %w", err)
+	}
+	defer m.Close()
+	for dir := range enforced {
+		var v enforcementValue
+		if err := m.Lookup(uint32(dir), &v); err != nil {
+			return enforced, fmt.Errorf("read pinned enforcement map: %w", err)
+		}
+		enforced[dir] = v == 1
+	}
+	return enforced, nil
+}
+
 // readBatchSize is the entries read per batch lookup.
 const readBatchSize = 4096
 
@@ -51,7 +73,7 @@ const readBatchSize = 4096
 // is seconds), else key by key. The map must not change meanwhile: the
 // callers read before anything writes, or from the reconciler that alone
 // writes the map.
-func readEntries[K, V any](m *ebpf.Map, fn func(K, V)) error {
+func readEntries[K, V any](m kernelMap, fn func(K, V)) error {
 	var cursor ebpf.MapBatchCursor
 	keys := make([]K, readBatchSize)
 	values := make([]V, readBatchSize)

@@ -15,6 +15,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// kernelMap is what the map writers use of a BPF map: an *ebpf.Map, or in
+// tests a fake that records the order of writes across maps.
+type kernelMap interface {
+	Put(key, value any) error
+	Lookup(key, valueOut any) error
+	Delete(key any) error
+	BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error)
+	BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error)
+	BatchLookup(cursor *ebpf.MapBatchCursor, keysOut, valuesOut any, opts *ebpf.BatchOptions) (int, error)
+	Iterate() *ebpf.MapIterator
+	MaxEntries() uint32
+}
+
+var _ kernelMap = (*ebpf.Map)(nil)
+
 // mapOps reconciles a statedb table into a BPF map: each object is one
 // key/value. It implements the reconciler's per-object and batch
 // operations; batches fall back to per-key writes when the kernel has no
@@ -34,12 +49,30 @@ import (
 // the copy is dropped: from then on the table changes only when the
 // desired value does.
 //
-// Its methods are called from the reconciler's goroutine only.
+// Its methods are called from one goroutine at a time: the reconciler's
+// (and, for the policy map, the drain's under policyOps' lock).
 type mapOps[Obj any, K comparable, V comparable] struct {
 	name  string
-	m     func() *ebpf.Map // set once the maps are open (start hook)
+	m     func() kernelMap // set once the maps are open (start hook)
 	key   func(Obj) K
 	value func(Obj) V
+
+	// gate, if set, is called before the map is written: it waits until
+	// what must be in the other maps first is there (make before break;
+	// see ordering).
+	gate func(ctx context.Context, txn statedb.ReadTxn) error
+	// hold, if set, says why a value must not be written yet; the key
+	// keeps what the map has.
+	hold func(V) error
+	// fallbacks, if set, yields the keys that take k's lookups once k is
+	// deleted (for an LPM trie: the longest prefix strictly containing
+	// k's, and the prefixes inside k's), the value each must have, and
+	// whether the map may not have it yet. Those are written before k
+	// goes; k stays while one of their values is held.
+	fallbacks func(txn statedb.ReadTxn, k K, yield func(fk K, fv V, pending bool))
+	// failed and written, if set, are told of each key whose write failed
+	// (or was held) and of each key written or deleted.
+	failed, written func(K)
 
 	// writeOrder, if set, is the order in which a batch's keys are
 	// written: the LPM trie inserts keys in address order several times
@@ -116,6 +149,17 @@ func (o *mapOps[Obj, K, V]) failedWrite(k K) {
 	if o.pinned != nil {
 		delete(o.pinned, k)
 	}
+	if o.failed != nil {
+		o.failed(k)
+	}
+}
+
+// wrote counts a key written.
+func (o *mapOps[Obj, K, V]) wrote(k K) {
+	o.stats.Written.Add(1)
+	if o.written != nil {
+		o.written(k)
+	}
 }
 
 // forget marks keys as deleted (or pruned).
@@ -123,7 +167,70 @@ func (o *mapOps[Obj, K, V]) forget(k K) {
 	if o.pinned != nil {
 		delete(o.pinned, k)
 	}
-	o.stats.Written.Add(1)
+	o.wrote(k)
+}
+
+// waitGate waits for the gate, if any.
+func (o *mapOps[Obj, K, V]) waitGate(ctx context.Context, txn statedb.ReadTxn) error {
+	if o.gate == nil {
+		return nil
+	}
+	if err := o.gate(ctx, txn); err != nil {
+		return fmt.Errorf("%s map: wait for the maps it depends on: %w", o.name, err)
+	}
+	return nil
+}
+
+// beforeDelete waits for the gate and writes what the keys' lookups fall
+// back to once they are gone (see fallbacks), so that a key that goes
+// never leaves its lookups to a fallback not yet written. It returns the
+// keys that must stay, with why: a fallback's value is held.
+func (o *mapOps[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTxn, keys []K) (map[K]error, error) {
+	if err := o.waitGate(ctx, txn); err != nil || o.fallbacks == nil {
+		return nil, err
+	}
+	var (
+		stay   map[K]error
+		seen   = map[K]struct{}{}
+		first  []K
+		values []V
+	)
+	for _, k := range keys {
+		o.fallbacks(txn, k, func(fk K, fv V, pending bool) {
+			if err := o.held(fv); err != nil {
+				if stay == nil {
+					stay = map[K]error{}
+				}
+				stay[k] = err
+				return
+			}
+			if _, dup := seen[fk]; pending && !dup {
+				seen[fk] = struct{}{}
+				first, values = append(first, fk), append(values, fv)
+			}
+		})
+		if stay[k] != nil {
+			o.failedWrite(k)
+		}
+	}
+	for i := range first {
+		if o.pinned != nil {
+			if _, known := o.pinned[first[i]]; known {
+				o.pinned[first[i]] = values[i]
+			}
+		}
+		// A failure is the fallback's own to retry.
+		_ = o.put(first[i], values[i])
+	}
+	return stay, nil
+}
+
+// held returns why v must not be written yet, or nil.
+func (o *mapOps[Obj, K, V]) held(v V) error {
+	if o.hold == nil {
+		return nil
+	}
+	return o.hold(v)
 }
 
 var (
@@ -132,10 +239,18 @@ var (
 )
 
 // Update implements reconciler.Operations.
-func (o *mapOps[Obj, K, V]) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+func (o *mapOps[Obj, K, V]) Update(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
 	keys, values := o.skipUnchanged([]K{o.key(obj)}, []V{o.value(obj)})
 	if len(keys) == 0 {
 		return nil
+	}
+	err := o.waitGate(ctx, txn)
+	if err == nil {
+		err = o.held(values[0])
+	}
+	if err != nil {
+		o.failedWrite(keys[0])
+		return err
 	}
 	return o.put(keys[0], values[0])
 }
@@ -151,14 +266,25 @@ func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 		}
 		return fmt.Errorf("%s map: update: %w", o.name, err)
 	}
-	o.stats.Written.Add(1)
+	o.wrote(k)
 	return nil
 }
 
 // Delete implements reconciler.Operations. Deleting a key the map does not
 // have is not an error.
-func (o *mapOps[Obj, K, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+func (o *mapOps[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
 	k := o.key(obj)
+	stay, err := o.beforeDelete(ctx, txn, []K{k})
+	if err != nil {
+		return err
+	}
+	if err := stay[k]; err != nil {
+		return err
+	}
+	return o.deleteKey(k)
+}
+
+func (o *mapOps[Obj, K, V]) deleteKey(k K) error {
 	if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("%s map: delete: %w", o.name, err)
 	}
@@ -169,14 +295,34 @@ func (o *mapOps[Obj, K, V]) Delete(_ context.Context, _ statedb.ReadTxn, _ state
 // Prune implements reconciler.Operations: it deletes every key of the map
 // that no object has. The reconciler calls it only once the table is
 // initialized, i.e. every producer of desired state has spoken.
+func (o *mapOps[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
+	stale, err := o.staleKeys(objects)
+	if err != nil {
+		return err
+	}
+	if len(stale) > 0 {
+		stay, err := o.beforeDelete(ctx, txn, stale)
+		if err != nil {
+			return err
+		}
+		// A stale key that must stay goes at a later prune.
+		stale = slices.DeleteFunc(stale, func(k K) bool { return stay[k] != nil })
+	}
+	if err := o.deleteKeys(stale); err != nil {
+		return fmt.Errorf("%s map: prune %d stale keys: %w", o.name, len(stale), err)
+	}
+	o.stats.Prunes.Add(1)
+	return nil
+}
+
+// staleKeys returns the keys of the map that no object has.
 //
 // Until the first prune, the map holds pinned's keys and those of the
 // objects this reconciler wrote; a written key whose object went was
 // deleted by Delete. So the first prune finds the stale keys among
-// pinned's, without reading the map again: at a million keys, the read
-// took about a second of the reconciler's time, in which it wrote nothing
-// (internal/benchscale, end to end and restart). Later prunes read the map.
-func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
+// pinned's, without reading the map again (a read of a large map is
+// time in which the reconciler writes nothing). Later prunes read the map.
+func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) ([]K, error) {
 	pinned := o.pinned
 	o.pruned, o.pinned = true, nil
 	var stale []K
@@ -186,36 +332,36 @@ func (o *mapOps[Obj, K, V]) Prune(_ context.Context, _ statedb.ReadTxn, objects 
 		for obj := range objects {
 			delete(pinned, o.key(obj))
 		}
-		stale = slices.Collect(maps.Keys(pinned))
-	} else {
-		desired := map[K]struct{}{}
-		for obj := range objects {
-			desired[o.key(obj)] = struct{}{}
-		}
-		// Collect first: deleting while iterating can make the kernel's
-		// iteration restart or skip keys.
-		err := readEntries(o.m(), func(k K, _ V) {
-			if _, ok := desired[k]; !ok {
-				stale = append(stale, k)
-			}
-		})
-		if err != nil {
-			return fmt.Errorf("%s map: prune: read: %w", o.name, err)
-		}
+		return slices.Collect(maps.Keys(pinned)), nil
 	}
+	desired := map[K]struct{}{}
+	for obj := range objects {
+		desired[o.key(obj)] = struct{}{}
+	}
+	// Collect first: deleting while iterating can make the kernel's
+	// iteration restart or skip keys.
+	err := readEntries(o.m(), func(k K, _ V) {
+		if _, ok := desired[k]; !ok {
+			stale = append(stale, k)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s map: prune: read: %w", o.name, err)
+	}
+	return stale, nil
+}
+
+// deleteKeys deletes keys from the map; keys it does not have are no error.
+func (o *mapOps[Obj, K, V]) deleteKeys(keys []K) error {
 	var errs []error
-	for _, k := range stale {
+	for _, k := range keys {
 		if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 			continue
 		}
 		o.forget(k)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%s map: prune %d stale keys: %w", o.name, len(stale), err)
-	}
-	o.stats.Prunes.Add(1)
-	return nil
+	return errors.Join(errs...)
 }
 
 // UpdateBatch implements reconciler.BatchOperations. On a partial failure
@@ -237,11 +383,42 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 	if len(keys) == 0 {
 		return
 	}
+	// The result of each object is that of its key.
+	failed := map[K]error{}
+	defer func() {
+		if len(failed) > 0 {
+			for i := range batch {
+				batch[i].Result = failed[o.key(batch[i].Object)]
+			}
+		}
+	}()
+	if err := o.waitGate(ctx, txn); err != nil {
+		for _, k := range keys {
+			o.failedWrite(k)
+			failed[k] = err
+		}
+		return
+	}
+	if o.hold != nil {
+		n := 0
+		for i := range keys {
+			if err := o.hold(values[i]); err != nil {
+				o.failedWrite(keys[i])
+				failed[keys[i]] = err
+				continue
+			}
+			keys[n], values[n] = keys[i], values[i]
+			n++
+		}
+		keys, values = keys[:n], values[:n]
+	}
 	if o.writeOrder != nil {
 		sortTogether(keys, values, o.writeOrder)
 	}
 	n, err := o.m().BatchUpdate(keys, values, nil)
-	o.stats.Written.Add(uint64(max(n, 0)))
+	for _, k := range keys[:max(n, 0)] {
+		o.wrote(k)
+	}
 	if err == nil {
 		return
 	}
@@ -249,27 +426,41 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 		o.noBatch = true
 		n = 0
 	}
-	// Retry what the kernel did not take one by one, and give each object
-	// the result of its own key.
-	failed := map[K]error{}
+	// Retry what the kernel did not take one by one.
 	for i := max(n, 0); i < len(keys); i++ {
 		if err := o.put(keys[i], values[i]); err != nil {
 			failed[keys[i]] = err
 		}
 	}
-	for i := range batch {
-		batch[i].Result = failed[o.key(batch[i].Object)]
-	}
 }
 
 // DeleteBatch implements reconciler.BatchOperations.
 func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
+	keys := make([]K, len(batch))
+	for i := range batch {
+		keys[i] = o.key(batch[i].Object)
+	}
+	stay, err := o.beforeDelete(ctx, txn, keys)
+	if err != nil {
+		for i := range batch {
+			batch[i].Result = err
+		}
+		return
+	}
+	if len(stay) > 0 {
+		n := 0
+		for i := range batch {
+			if err := stay[keys[i]]; err != nil {
+				batch[i].Result = err
+				continue
+			}
+			batch[n], keys[n] = batch[i], keys[i]
+			n++
+		}
+		batch, keys = batch[:n], keys[:n]
+	}
 	done := 0
 	if !o.noBatch {
-		keys := make([]K, len(batch))
-		for i := range batch {
-			keys[i] = o.key(batch[i].Object)
-		}
 		n, err := o.m().BatchDelete(keys, nil)
 		for _, k := range keys[:max(n, 0)] {
 			o.forget(k)
@@ -285,7 +476,7 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 		}
 	}
 	for i := done; i < len(batch); i++ {
-		batch[i].Result = o.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
+		batch[i].Result = o.deleteKey(o.key(batch[i].Object))
 	}
 }
 

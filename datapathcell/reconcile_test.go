@@ -24,7 +24,7 @@ func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheKey
 	t.Cleanup(func() { m.Close() })
 	return &mapOps[*testEntry, IPCacheKey, IPCacheValue]{
 		name:  "test",
-		m:     func() *ebpf.Map { return m },
+		m:     func() kernelMap { return m },
 		key:   func(e *testEntry) IPCacheKey { return NewIPCacheKey(e.prefix) },
 		value: func(e *testEntry) IPCacheValue { return NewIPCacheValue(e.identity) },
 		stats: &MapWriteStats{},

@@ -1,0 +1,195 @@
+package datapathcell
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// enforcementValue is the enforcement map's value: 1 when enforced.
+type enforcementValue uint32
+
+// enforcementWriter writes the `policy-enforcement` table into the
+// enforcement map (an array: index = direction). It is not a statedb
+// reconciler because a direction's switch on waits, without blocking the
+// switch off of the other, until the ipcache and policy writers have
+// written the tables as they were when the row said so (see ordering).
+type enforcementWriter struct {
+	db    *statedb.DB
+	table statedb.RWTable[*policycell.Enforcement]
+	m     func() kernelMap
+	order *ordering
+	stats *MapWriteStats
+	log   *slog.Logger
+}
+
+// enforcementRetry bounds the wait before a failed write is tried again.
+const (
+	enforcementRetryMin = 100 * time.Millisecond
+	enforcementRetryMax = 10 * time.Second
+)
+
+// run writes the table into the map as it changes.
+func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
+	// The map keeps the previous run's switches until the table says
+	// otherwise (it has no rows before the policies are known).
+	var inMap [2]bool
+	for dir := range inMap {
+		var v enforcementValue
+		key := uint32(dir)
+		if err := w.m().Lookup(&key, &v); err == nil {
+			inMap[dir] = v == 1
+		}
+	}
+	backoff := enforcementRetryMin
+	for {
+		txn := w.db.ReadTxn()
+		rows, watch := w.table.AllWatch(txn)
+		var (
+			waiting bool
+			errs    []error
+			done    []revisioned
+		)
+		for row, rev := range rows {
+			dir := row.Direction
+			var err error
+			switch {
+			case row.Enforced == inMap[dir]:
+			case !row.Enforced:
+				err = w.put(dir, false)
+			case w.onReady(txn):
+				err = w.put(dir, true)
+			default:
+				waiting = true
+				continue
+			}
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			inMap[dir] = row.Enforced
+			if row.Status.Kind != reconciler.StatusKindDone {
+				done = append(done, revisioned{row, rev})
+			}
+		}
+		if len(errs) == 0 {
+			w.order.switchedOff.Set(w.table.Revision(txn))
+			backoff = enforcementRetryMin
+		}
+		w.markDone(done)
+		w.report(health, inMap, waiting, errs)
+
+		var retry <-chan time.Time
+		if len(errs) > 0 {
+			retry = time.After(backoff)
+			backoff = min(2*backoff, enforcementRetryMax)
+		}
+		ready := make(chan struct{})
+		wctx, cancel := context.WithCancel(ctx)
+		go func() {
+			defer close(ready)
+			if waiting {
+				w.waitOnReady(wctx, txn)
+			} else {
+				<-wctx.Done()
+			}
+		}()
+		select {
+		case <-ctx.Done():
+		case <-watch:
+		case <-retry:
+		case <-ready:
+		}
+		cancel()
+		<-ready
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// onReady reports whether the ipcache and policy writers have written the
+// tables as txn has them: then the entries of every policy in force, which
+// txn has (a policy is in force only once its prefixes are resolved), are
+// in both maps.
+func (w *enforcementWriter) onReady(txn statedb.ReadTxn) bool {
+	return written(w.order.policyWriter) >= w.order.entries.Revision(txn) &&
+		written(w.order.ipcacheWriter) >= w.order.ipcache.Revision(txn)
+}
+
+func (w *enforcementWriter) waitOnReady(ctx context.Context, txn statedb.ReadTxn) {
+	if _, _, err := w.order.policyWriter.WaitUntilReconciled(ctx, w.order.entries.Revision(txn)); err != nil {
+		return
+	}
+	w.order.ipcacheWriter.WaitUntilReconciled(ctx, w.order.ipcache.Revision(txn))
+}
+
+func (w *enforcementWriter) put(dir policycell.Direction, enforced bool) error {
+	key, value := uint32(dir), enforcementValue(0)
+	if enforced {
+		value = 1
+	}
+	if err := w.m().Put(&key, &value); err != nil {
+		return fmt.Errorf("%s map: switch %s enforcement: %w", EnforcementMapName, dir, err)
+	}
+	w.stats.Written.Add(1)
+	if enforced {
+		w.log.Info("Enforcing policy", "direction", dir.String())
+	} else {
+		w.log.Info("Not enforcing policy", "direction", dir.String())
+	}
+	return nil
+}
+
+// revisioned is a row and its revision.
+type revisioned struct {
+	row *policycell.Enforcement
+	rev statedb.Revision
+}
+
+// markDone sets the status of rows that are in the map, unless they
+// changed meanwhile (then the next round sees them).
+func (w *enforcementWriter) markDone(rows []revisioned) {
+	if len(rows) == 0 {
+		return
+	}
+	txn := w.db.WriteTxn(w.table)
+	defer txn.Commit()
+	for _, r := range rows {
+		_, _, err := w.table.CompareAndSwap(txn, r.rev, r.row.Clone().SetStatus(reconciler.StatusDone()))
+		if err != nil && !errors.Is(err, statedb.ErrRevisionNotEqual) && !errors.Is(err, statedb.ErrObjectNotFound) {
+			row := r.row
+			w.log.Error("BUG: cannot write the enforcement status", "direction", row.Direction.String(), "error", err)
+		}
+	}
+}
+
+func (w *enforcementWriter) report(health cell.Health, inMap [2]bool, waiting bool, errs []error) {
+	if len(errs) > 0 {
+		health.Degraded("Enforcement map not written", errors.Join(errs...))
+		return
+	}
+	var on []string
+	for _, dir := range policycell.Directions() {
+		if inMap[dir] {
+			on = append(on, dir.String())
+		}
+	}
+	if len(on) == 0 {
+		on = []string{"none"}
+	}
+	msg := "Enforced: " + strings.Join(on, ", ")
+	if waiting {
+		msg += " (switching on once the policy entries are written)"
+	}
+	health.OK(msg)
+}

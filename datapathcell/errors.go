@@ -1,0 +1,12 @@
+package datapathcell
+
+import "errors"
+
+var (
+	// ErrPolicyEntriesNotWritten is the error of an ipcache entry that is
+	// held back because some policy entry of its identity could not be
+	// written to the policy map (a full map): the ipcache map keeps the
+	// prefix's old value, which the policy map still allows, until the
+	// policy entry is written.
+	ErrPolicyEntriesNotWritten = errors.New("policy entries of the identity are not in the policy map")
+)
