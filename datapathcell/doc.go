@@ -15,6 +15,13 @@
 // entries only once their table is initialized, so a restart never removes
 // an entry that is still wanted.
 //
+// The three map writers keep make before break (README.md): policy entries
+// are written before the ipcache entries that point at their identity,
+// ipcache entries stop pointing at an identity before its policy entries
+// are deleted, and a direction's enforcement switches on last and off
+// first. They wait on each other's progress (ordering), and on how far the
+// policy selectors have computed ([policycell.SelectorProgress]).
+//
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
 // `policy-enforcement` tables (policycell). Writes: the pinned maps and
 // links; reconciliation status in those tables.

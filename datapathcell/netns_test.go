@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/netnstest"
 )
 
 // endpointNetwork is an endpoint behind a veth, as the agent sees one: the
@@ -143,39 +143,7 @@ func parsePingReceived(t *testing.T, out string) int {
 	return 0
 }
 
-// inNetns runs fn with the calling goroutine's thread in the named network
-// namespace, then moves the thread back. Sockets and netlink queries made by
-// fn (including net.InterfaceByName and TCX attach by ifindex) see that
-// namespace.
-func inNetns(t *testing.T, ns string, fn func() error) error {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter netns %s: %w", ns, err)
-	}
-	fnErr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays locked, so the runtime ends it with the goroutine
-		// rather than reusing a thread in the wrong namespace.
-		t.Errorf("return from netns %s: %v", ns, err)
-		return fnErr
-	}
-	runtime.UnlockOSThread()
-	return fnErr
-}
+func inNetns(t *testing.T, ns string, fn func() error) error { return netnstest.InNetns(t, ns, fn) }
 
 // ifindex returns the index of device in the host namespace.
 func (nw *endpointNetwork) ifindex(t *testing.T, device string) int {

@@ -32,6 +32,8 @@ type e2e struct {
 	agent             *exec.Cmd
 	agentLog          *syncBuffer
 	gracePeriod       string
+	// extraArgs are more flags for the agent.
+	extraArgs []string
 }
 
 const (
@@ -99,6 +101,7 @@ func (e *e2e) startAgent() {
 		"--bpf-root=" + e.bpfRoot, "--state-dir=" + e.stateDir, "--policy-dir=" + e.policyDir,
 		"--devices=" + e2eDevice, "--identity-restore-grace-period=" + e.gracePeriod,
 		"--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}
+	args = append(args, e.extraArgs...)
 	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
 	e.agentLog = &syncBuffer{}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/internal/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// Make before break through the real binary: a ping every millisecond
+// through the enforcement program while a policy change that keeps the
+// address allowed is applied, and not one probe lost, round after round.
+
+// mbbAfter is how long the probes go on once the change is applied.
+const mbbAfter = 200 * time.Millisecond
+
+// epAddr is the endpoint's address, which the host side pings in the
+// ingress tests; hostSideAddr is the source of those pings.
+const (
+	epAddr       = "10.201.0.2"
+	hostSideAddr = "10.201.0.1"
+)
+
+// policyFile writes a policy file atomically.
+func (e *e2e) policyFile(name, content string) {
+	e.t.Helper()
+	tmp := filepath.Join(e.policyDir, ".tmp")
+	require.NoError(e.t, os.WriteFile(tmp, []byte(content), 0o600))
+	require.NoError(e.t, os.Rename(tmp, filepath.Join(e.policyDir, name)))
+}
+
+func (e *e2e) removePolicyFile(name string) {
+	e.t.Helper()
+	require.NoError(e.t, os.Remove(filepath.Join(e.policyDir, name)))
+}
+
+// mbbPolicy is a policy file of one rule in dir (egress: toCIDR, ingress:
+// fromCIDR) with cidrs and n other /32s in 10.240.0.0/12.
+func mbbPolicy(name string, dir policycell.Direction, n int, cidrs ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: %s\n", name)
+	field := "toCIDR"
+	if dir == policycell.Ingress {
+		field = "fromCIDR"
+	}
+	fmt.Fprintf(&b, "%s:\n  - %s:\n", dir, field)
+	for _, c := range cidrs {
+		fmt.Fprintf(&b, "      - %q\n", c)
+	}
+	for i := range n {
+		fmt.Fprintf(&b, "      - \"10.%d.%d.%d/32\"\n", 240+i/65536, i/256%256, i%256)
+	}
+	return b.String()
+}
+
+// state is what the pinned maps say: the ipcache entries and the
+// enforcement switches.
+func (e *e2e) state() (map[netip.Prefix]uint32, [2]bool) {
+	ipcache, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
+	require.NoError(e.t, err)
+	enforced, err := datapathcell.ReadPinnedEnforcement(e.bpfRoot)
+	require.NoError(e.t, err)
+	return ipcache, enforced
+}
+
+// pingDuring pings to from the namespace from, one probe a millisecond,
+// from before change is made until mbbAfter after applied says the pinned
+// maps show it. It fails unless every probe is answered.
+func (e *e2e) pingDuring(what, from, to string, change func(), applied func(map[netip.Prefix]uint32, [2]bool) bool) {
+	e.t.Helper()
+	pinger := netnstest.StartPinger(e.t, from, to, time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	change()
+	deadline := start.Add(time.Minute)
+	for !applied(e.state()) {
+		if time.Now().After(deadline) {
+			pinger.Stop()
+			e.t.Fatalf("%s: not applied after a minute; agent log:\n%s", what, e.agentLog)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(start)
+	time.Sleep(mbbAfter)
+	sent, answered, longest := pinger.Stop()
+	e.t.Logf("%s: applied after %s; %d probes, %d answered", what, took.Round(time.Millisecond), sent, answered)
+	require.Greater(e.t, sent, int(took/(2*time.Millisecond)), "%s: too few probes to tell", what)
+	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row; agent log:\n%s", what, longest, e.agentLog)
+}
+
+func prefixOf(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// TestPrivilegedMakeBeforeBreakFirstAndLastPolicy: the first egress
+// policy, with 20,000 other prefixes, allows the pinged address; then it
+// is deleted. Before, in between and after, the address is allowed.
+func TestPrivilegedMakeBeforeBreakFirstAndLastPolicy(t *testing.T) {
+	e := newE2E(t)
+	e.extraArgs = []string{"--policy-map-max-entries=65536"}
+	e.startAgent()
+	const others = 20000
+	for round := range 5 {
+		e.pingDuring(fmt.Sprintf("round %d: first policy", round), e.epNS, allowedIP,
+			func() { e.policyFile("first.yaml", mbbPolicy("first", policycell.Egress, others, "10.201.0.0/16")) },
+			func(ipcache map[netip.Prefix]uint32, enforced [2]bool) bool {
+				return enforced[policycell.Egress] && len(ipcache) == others+1
+			})
+		e.pingDuring(fmt.Sprintf("round %d: policy deleted", round), e.epNS, allowedIP,
+			func() { e.removePolicyFile("first.yaml") },
+			func(ipcache map[netip.Prefix]uint32, enforced [2]bool) bool {
+				return !enforced[policycell.Egress] && len(ipcache) == 0
+			})
+	}
+}
+
+// narrowerComesAndGoes: inside an allowed /16, a second policy names the
+// pinged address's /32 with 8,000 other /32s (the address gets an identity
+// of its own), and is deleted again (the address falls back to the /16).
+func narrowerComesAndGoes(t *testing.T, dir policycell.Direction, fromHost bool, to, narrow string) {
+	e := newE2E(t)
+	from := e.epNS
+	if fromHost {
+		from = e.hostNS
+	}
+	e.policyFile("wide.yaml", mbbPolicy("wide", dir, 0, "10.201.0.0/16"))
+	e.startAgent()
+	require.Eventually(t, func() bool {
+		ipcache, enforced := e.state()
+		return enforced[dir] && len(ipcache) == 1
+	}, 20*time.Second, 10*time.Millisecond, "wide policy in force")
+	const others = 8000
+	for round := range 5 {
+		e.pingDuring(fmt.Sprintf("round %d: narrow /32 appears", round), from, to,
+			func() { e.policyFile("narrow.yaml", mbbPolicy("narrow", dir, others, narrow+"/32")) },
+			func(ipcache map[netip.Prefix]uint32, _ [2]bool) bool {
+				_, ok := ipcache[prefixOf(narrow+"/32")]
+				return ok && len(ipcache) == others+2
+			})
+		e.pingDuring(fmt.Sprintf("round %d: narrow /32 goes", round), from, to,
+			func() { e.removePolicyFile("narrow.yaml") },
+			func(ipcache map[netip.Prefix]uint32, _ [2]bool) bool { return len(ipcache) == 1 })
+	}
+}
+
+// TestPrivilegedMakeBeforeBreakNarrowerPrefix: egress, the endpoint pings.
+func TestPrivilegedMakeBeforeBreakNarrowerPrefix(t *testing.T) {
+	narrowerComesAndGoes(t, policycell.Egress, false, allowedIP, allowedIP)
+}
+
+// TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress: ingress, the host
+// side pings the endpoint.
+func TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress(t *testing.T) {
+	narrowerComesAndGoes(t, policycell.Ingress, true, epAddr, hostSideAddr)
+}
+
+// TestPrivilegedMakeBeforeBreakPolicyEdit: an edit swaps the allowing CIDR
+// for another that covers the same address: narrower, wider, narrower.
+func TestPrivilegedMakeBeforeBreakPolicyEdit(t *testing.T) {
+	e := newE2E(t)
+	e.policyFile("p.yaml", mbbPolicy("p", policycell.Egress, 0, "10.201.0.0/16"))
+	e.startAgent()
+	require.Eventually(t, func() bool {
+		ipcache, enforced := e.state()
+		_, ok := ipcache[prefixOf("10.201.0.0/16")]
+		return enforced[policycell.Egress] && ok
+	}, 20*time.Second, 10*time.Millisecond, "policy in force")
+	for round, cidr := range []string{"10.201.1.0/24", "10.0.0.0/8", "10.201.1.1/32", "10.201.0.0/16"} {
+		e.pingDuring(fmt.Sprintf("round %d: to %s", round, cidr), e.epNS, allowedIP,
+			func() { e.policyFile("p.yaml", mbbPolicy("p", policycell.Egress, 0, cidr)) },
+			func(ipcache map[netip.Prefix]uint32, _ [2]bool) bool {
+				_, ok := ipcache[prefixOf(cidr)]
+				return ok && len(ipcache) == 1
+			})
+	}
+}
+
+// TestPrivilegedMakeBeforeBreakFullPolicyMap: the policy map is full when
+// the pinged address gets a /32 of its own: the address keeps its old,
+// working identity, the failure shows; once room appears the address moves
+// to its own identity, and no probe is lost throughout.
+func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
+	e := newE2E(t)
+	e.extraArgs = []string{"--policy-map-max-entries=3"}
+	e.policyFile("wide.yaml", mbbPolicy("wide", policycell.Egress, 0, "10.201.0.0/16"))
+	e.policyFile("other.yaml", mbbPolicy("other", policycell.Egress, 0, "10.9.0.0/16", "10.8.0.0/16"))
+	e.startAgent()
+	require.Eventually(t, func() bool {
+		ipcache, enforced := e.state()
+		return enforced[policycell.Egress] && len(ipcache) == 3
+	}, 20*time.Second, 10*time.Millisecond, "the map is full")
+	ipcache, _ := e.state()
+	wide := ipcache[prefixOf("10.201.0.0/16")]
+
+	e.pingDuring("map full", e.epNS, allowedIP,
+		func() { e.policyFile("narrow.yaml", mbbPolicy("narrow", policycell.Egress, 0, allowedIP+"/32")) },
+		func(map[netip.Prefix]uint32, [2]bool) bool {
+			return strings.Contains(e.shell("db/show", "ipcache"), "policy entries of the identity are not in the policy map")
+		})
+	ipcache, _ = e.state()
+	_, own := ipcache[prefixOf(allowedIP+"/32")]
+	require.False(t, own, "the /32 is held while its identity's policy entry is not in the map")
+	require.Equal(t, wide, ipcache[prefixOf("10.201.0.0/16")])
+	require.Contains(t, e.shell("policy/explain", allowedIP, "egress"), "not in the policy map")
+	require.Regexp(t, `ipcache.*level=Degraded`, e.shell("health"))
+
+	e.pingDuring("room appears", e.epNS, allowedIP,
+		func() { e.removePolicyFile("other.yaml") },
+		func(ipcache map[netip.Prefix]uint32, _ [2]bool) bool {
+			_, own := ipcache[prefixOf(allowedIP+"/32")]
+			return own && len(ipcache) == 2
+		})
+}
