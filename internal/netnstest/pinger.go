@@ -18,10 +18,10 @@ import (
 // replies of every probe sent, so a probe in flight at the end is not
 // counted as lost.
 type Pinger struct {
-	t    testing.TB
-	fd   int
-	dst  unix.SockaddrInet4
-	id   uint16
+	t   testing.TB
+	fd  int
+	dst unix.SockaddrInet4
+	id  uint16
 	// stop ends the sending; quit the waiting for replies.
 	stop, quit chan struct{}
 	done       sync.WaitGroup
