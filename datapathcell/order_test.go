@@ -591,3 +591,29 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 	require.Len(t, r.takeViolations(), 1)
 	require.True(t, errors.Is(m.policy.Delete(&pk), ebpf.ErrKeyNotExist))
 }
+
+// TestOrderReleasedHandle: an owner other than the policies (restore, an
+// embedding agent) holds the address's /32 and 2,000 others inside an
+// allowed /16, then releases its handle at once, as restore does after the
+// grace period: the address falls back to the /16 without a drop.
+func TestOrderReleasedHandle(t *testing.T) {
+	f := newOrderFixture(t, 16384)
+	f.writePolicy("wide.yaml", egressPolicy("wide", `"10.1.0.0/16"`))
+	f.converged("wide policy", all(f.has("10.1.0.0/16"), f.enforced(policycell.Egress, true)))
+	wide := f.identityOf(pinged)
+	f.maps.watch(pinged, uint8(policycell.Egress))
+	for round := range 3 {
+		h, err := f.ipcache.NewHandle("test/owner", source.Restored)
+		require.NoError(t, err)
+		batch := []ipcachecell.PrefixUpsert{{Prefix: netip.MustParsePrefix(pinged + "/32")}}
+		for i := range 2000 {
+			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: netip.MustParsePrefix(fmt.Sprintf("10.1.%d.%d/32", 100+i/250, i%250+1))})
+		}
+		require.NoError(t, h.UpsertBatch(batch))
+		f.converged("owner's prefixes", all(f.size(2002), func() bool { return f.identityOf(pinged) != wide }))
+		require.NoError(t, h.Release())
+		f.converged("released", f.has("10.1.0.0/16"))
+		require.Equal(t, wide, f.identityOf(pinged))
+		f.noViolations(fmt.Sprintf("round %d", round))
+	}
+}
