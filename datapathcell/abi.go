@@ -97,6 +97,17 @@ func NewIPCacheKey(prefix netip.Prefix) IPCacheKey {
 // Possible errors: the key is not in canonical form (unknown family, bad
 // prefix length, nonzero cluster_id, pad or host bits).
 func (k IPCacheKey) Prefix() (netip.Prefix, error) {
+	prefix, err := k.decode()
+	if err == nil && prefix.Masked() != prefix {
+		return netip.Prefix{}, fmt.Errorf("ipcache key %x: host bits set", k[:])
+	}
+	return prefix, err
+}
+
+// decode decodes the key, host bits and all: the kernel's trie matches only
+// the prefix's bits, so a key with host bits set is the entry of its
+// masked prefix.
+func (k IPCacheKey) decode() (netip.Prefix, error) {
 	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
 	if k[4] != 0 || k[5] != 0 || k[6] != 0 {
 		return netip.Prefix{}, fmt.Errorf("ipcache key %x: nonzero cluster_id or pad", k[:])
@@ -118,11 +129,7 @@ func (k IPCacheKey) Prefix() (netip.Prefix, error) {
 	if bits < 0 || bits > addr.BitLen() {
 		return netip.Prefix{}, fmt.Errorf("ipcache key %x: prefix length %d out of range", k[:], bits)
 	}
-	prefix := netip.PrefixFrom(addr, bits)
-	if prefix.Masked() != prefix {
-		return netip.Prefix{}, fmt.Errorf("ipcache key %x: host bits set", k[:])
-	}
-	return prefix, nil
+	return netip.PrefixFrom(addr, bits), nil
 }
 
 // compare orders keys by family and address, then prefix length: the

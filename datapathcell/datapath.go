@@ -63,7 +63,8 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("open pinned maps in %s: %w", pinDir(d.cfg.BPFRoot), err)
 	}
-	d.log.Info("Pinned maps open", "dir", pinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot))
+	d.log.Info("Pinned maps open", "dir", pinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.prefixes),
+		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
 	d.mu.Lock()
 	d.maps, d.snapshot = opened, snapshot
 	d.mu.Unlock()
@@ -120,16 +121,22 @@ func (d *Datapath) Stop(cell.HookContext) error {
 func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.snapshot
+	return d.snapshot.prefixes
 }
 
 // pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
-// own key and value types, a copy the reconciler keeps up to date.
+// own key and value types, a copy the reconciler keeps up to date. The
+// unreadable keys are in it, so that the first prune deletes them.
 func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
-	snapshot := d.IPCacheSnapshot()
-	pinned := make(map[IPCacheKey]IPCacheValue, len(snapshot))
-	for prefix, id := range snapshot {
+	d.mu.Lock()
+	snapshot := d.snapshot
+	d.mu.Unlock()
+	pinned := make(map[IPCacheKey]IPCacheValue, len(snapshot.prefixes)+len(snapshot.unreadable))
+	for prefix, id := range snapshot.prefixes {
 		pinned[NewIPCacheKey(prefix)] = NewIPCacheValue(id)
+	}
+	for k, v := range snapshot.unreadable {
+		pinned[k] = v
 	}
 	return pinned
 }

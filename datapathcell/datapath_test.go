@@ -252,3 +252,72 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 		return written == 2 && unchanged == 299
 	}, 5*time.Second, 10*time.Millisecond)
 }
+
+// rawIPCacheKey builds an ipcache map key field by field, canonical or not.
+func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) datapathcell.IPCacheKey {
+	var k datapathcell.IPCacheKey
+	k[0], k[1], k[2], k[3] = byte(prefixLen), byte(prefixLen>>8), byte(prefixLen>>16), byte(prefixLen>>24)
+	k[4], k[5] = byte(clusterID), byte(clusterID>>8)
+	k[7] = family
+	copy(k[8:], ip)
+	return k
+}
+
+// TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune: keys of the pinned
+// map that are no prefix (unknown family, nonzero cluster_id, a length
+// that makes a family-0 key match every IPv4 lookup) are not restored and
+// go at the first prune; a key with host bits set is its masked prefix's
+// entry: kept, not renumbered, not rewritten.
+func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "")
+	first.stop()
+
+	m, err := ebpf.LoadPinnedMap(e.pinPath(datapathcell.IPCacheMapName), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	bad := []datapathcell.IPCacheKey{
+		rawIPCacheKey(32+8, 0, 7, 10),           // unknown family
+		rawIPCacheKey(64, 1, 1, 10, 0, 9, 9),    // nonzero cluster_id
+		rawIPCacheKey(31, 0, 0),                 // family 0, matches every IPv4 lookup
+		rawIPCacheKey(32+33, 0, 1, 10, 0, 8, 8), // length out of range for IPv4
+	}
+	value := datapathcell.NewIPCacheValue(7001)
+	for _, k := range bad {
+		require.NoError(t, m.Put(&k, &value), "put %x", k)
+	}
+	hostBits := rawIPCacheKey(32+24, 0, 1, 10, 0, 5, 7)
+	kept := datapathcell.NewIPCacheValue(7000)
+	require.NoError(t, m.Put(&hostBits, &kept))
+
+	second, done := e.start(t, "slow-producer")
+	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, second.datapath.IPCacheSnapshot(),
+		"only the readable entry is restored, as its masked prefix")
+	h, err := second.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	upsert(t, h, prefixes("10.0.5.0/24"), ipcachecell.Metadata{ExplicitIdentity: 7000})
+	require.Eventually(t, func() bool {
+		_, unchanged := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+		return unchanged == 1
+	}, 10*time.Second, 10*time.Millisecond, "the host-bits entry is the wanted one: not written again")
+	require.Equal(t, 1+len(bad), countPinned(t, m), "nothing pruned before initialization")
+
+	done()
+	require.Eventually(t, func() bool { return countPinned(t, m) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the unreadable keys go at the first prune")
+	require.Equal(t, uint64(1), second.datapath.Prunes(datapathcell.IPCacheMapName), "at the first prune, not a later one")
+	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, e.dumpIPCache(t))
+}
+
+func countPinned(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var k datapathcell.IPCacheKey
+	var v datapathcell.IPCacheValue
+	n := 0
+	iter := m.Iterate()
+	for iter.Next(&k, &v) {
+		n++
+	}
+	require.NoError(t, iter.Err())
+	return n
+}

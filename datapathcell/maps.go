@@ -34,8 +34,17 @@ func (m *pinnedMaps) Close() error {
 }
 
 // ipcacheSnapshot is what the pinned ipcache map held when the agent
-// started, before anything wrote to it: prefix -> identity.
-type ipcacheSnapshot map[netip.Prefix]uint32
+// started, before anything wrote to it.
+type ipcacheSnapshot struct {
+	// prefixes are the entries restore reads: prefix -> identity. A key
+	// with host bits set is read as its masked prefix (the kernel's trie
+	// matches only the prefix's bits: it is that prefix's entry).
+	prefixes map[netip.Prefix]uint32
+	// unreadable are the keys that are no prefix (unknown family, nonzero
+	// cluster_id or pad, a length out of range): no row can want them,
+	// and the first prune deletes them.
+	unreadable map[IPCacheKey]IPCacheValue
+}
 
 // openPinnedMaps opens (or creates) the pinned maps in dir. A pinned map of
 // the expected layout is reused as it is; one that differs only in max
@@ -53,15 +62,15 @@ type ipcacheSnapshot map[netip.Prefix]uint32
 // (nothing is changed then).
 func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, ipcacheSnapshot, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("create pin directory %s: %w", dir, err)
+		return nil, ipcacheSnapshot{}, fmt.Errorf("create pin directory %s: %w", dir, err)
 	}
 	// Whoever can write here can change what is enforced: the pins are
 	// the owner's only, also when the directory was made with a wider mode.
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
+		return nil, ipcacheSnapshot{}, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
 	maps := &pinnedMaps{}
-	snapshot := ipcacheSnapshot{}
+	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheKey]IPCacheValue{}}
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
 		snapshot, err = dumpIPCache(old, log)
@@ -78,7 +87,7 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	}
 	if err != nil {
 		maps.Close()
-		return nil, nil, err
+		return nil, ipcacheSnapshot{}, err
 	}
 	return maps, snapshot, nil
 }
@@ -212,21 +221,26 @@ func copyEntries(from, to *ebpf.Map) error {
 	return iter.Err()
 }
 
-// dumpIPCache reads every entry of an ipcache map. Entries whose key is not
-// in canonical form are skipped with a warning: restore must not act on
-// what it cannot read.
-func dumpIPCache(m *ebpf.Map, log *slog.Logger) (ipcacheSnapshot, error) {
-	snapshot := ipcacheSnapshot{}
+// dumpIPCache reads every entry of an ipcache map. Entries whose key is no
+// prefix are kept apart with a warning: restore must not act on what it
+// cannot read, and the first prune deletes them.
+func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
+	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheKey]IPCacheValue{}}
 	err := readEntries(m, func(key IPCacheKey, value IPCacheValue) {
-		prefix, err := key.Prefix()
+		prefix, err := key.decode()
 		if err != nil {
-			log.Warn("Skipping unreadable pinned ipcache entry", "error", err)
+			log.Warn("Unreadable pinned ipcache entry: not restored, deleted at the first prune", "error", err)
+			snapshot.unreadable[key] = value
 			return
 		}
-		snapshot[prefix] = value.Identity()
+		if masked := prefix.Masked(); masked != prefix {
+			log.Warn("Pinned ipcache entry with host bits set: read as its prefix", "key", prefix, "prefix", masked)
+			prefix = masked
+		}
+		snapshot.prefixes[prefix] = value.Identity()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("dump ipcache map: %w", err)
+		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
 	return snapshot, nil
 }

@@ -22,7 +22,8 @@ func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
 		return nil, fmt.Errorf("open pinned ipcache map: %w", err)
 	}
 	defer m.Close()
-	return dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	snapshot, err := dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return snapshot.prefixes, err
 }
 
 // ReadPinnedPolicy reads the policy map pinned under bpfRoot: key ->
