@@ -76,6 +76,10 @@ func newE2E(t *testing.T) *e2e {
 	// namespace of its own) outlives each agent process.
 	require.NoError(t, os.MkdirAll(e.bpfRoot, 0o700))
 	require.NoError(t, unix.Mount("bpf", e.bpfRoot, "bpf", 0, "mode=0700"))
+	// A fresh veth takes a moment before it carries traffic (longer on a
+	// busy machine); tests start from a network that works.
+	require.Eventually(t, func() bool { return e.reachable(allowedIP) }, 10*time.Second, 50*time.Millisecond,
+		"the endpoint reaches %s before any agent runs", allowedIP)
 	return e
 }
 

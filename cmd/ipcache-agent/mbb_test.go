@@ -93,7 +93,8 @@ func (e *e2e) pingDuring(what, from, to string, change func(), applied func(map[
 	time.Sleep(mbbAfter)
 	sent, answered, longest := pinger.Stop()
 	e.t.Logf("%s: applied after %s; %d probes, %d answered", what, took.Round(time.Millisecond), sent, answered)
-	require.Greater(e.t, sent, int(took/(2*time.Millisecond)), "%s: too few probes to tell", what)
+	// A probe every millisecond, or not far from it on a busy machine.
+	require.Greater(e.t, sent, int(took/(5*time.Millisecond)), "%s: too few probes to tell", what)
 	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row; agent log:\n%s", what, longest, e.agentLog)
 }
 
