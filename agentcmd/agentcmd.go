@@ -50,7 +50,9 @@ func UsageArgs(validate cobra.PositionalArgs) cobra.PositionalArgs {
 // NewRootCommand returns the root command of an agent: without a
 // subcommand it runs the hive; `hive` and `hive dot-graph` inspect it. The
 // hive's flags and the logging flags are registered; flag errors are
-// UsageErrors. use, short and long are the command's usage texts.
+// UsageErrors. Every flag of the command that runs, its subcommands'
+// included, can also be set in the environment (see envName); the command
+// line wins. use, short and long are the command's usage texts.
 func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Writer) *cobra.Command {
 	logging := cells.DefaultLogging
 	root := &cobra.Command{
@@ -60,9 +62,13 @@ func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Wri
 		Args:          UsageArgs(cobra.NoArgs),
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := setFromEnvironment(cmd.Flags()); err != nil {
+				return UsageError{err}
+			}
 			// The hive's own inspection commands log through the default.
 			slog.SetDefault(logging.NewLogger(stderr))
+			return nil
 		},
 		RunE: func(*cobra.Command, []string) error {
 			return Run(h, slog.Default())
