@@ -6,7 +6,7 @@
 //	ipcache-agent shell [cmd]    talk to a running agent
 //	ipcache-agent cleanup        detach programs, unpin maps and links, remove state
 //
-// Exit codes: 0 clean stop (SIGTERM, SIGINT), 1 runtime failure, 2 bad flags
+// Exit codes: 0 clean stop (SIGTERM, SIGINT; SIGHUP is ignored), 1 runtime failure, 2 bad flags
 // or configuration.
 package main
 

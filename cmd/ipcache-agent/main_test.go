@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,12 +10,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/agentcmd/stopsignal"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
 
@@ -25,12 +28,29 @@ const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
 
 // TestMain runs the agent (see beAgentEnv), or the tests, failing them if
 // any goroutine outlives them (a child process not waited for leaves the
-// goroutines that copy its output).
+// goroutines that copy its output). The tests get the default signal
+// behaviour back (package stopsignal set it up in this process too): Ctrl-C
+// stops them, and the agents they start do not inherit SIGHUP ignored,
+// which would hide whether the agent ignores it itself.
 func TestMain(m *testing.M) {
 	if os.Getenv(beAgentEnv) != "" {
 		main()
 	}
+	stopsignal.Release()
+	defaultSIGHUP()
 	goleak.VerifyTestMain(m)
+}
+
+// defaultSIGHUP sets SIGHUP's disposition to SIG_DFL, which os/signal
+// cannot do once it has ignored it. Nothing in the test process handles
+// SIGHUP, so the runtime has nothing to lose; an all-zero sigaction is
+// SIG_DFL whatever the architecture's layout.
+func defaultSIGHUP() {
+	var action [64]byte
+	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(unix.SIGHUP),
+		uintptr(unsafe.Pointer(&action)), 0, 8, 0, 0); errno != 0 {
+		panic(fmt.Sprintf("rt_sigaction(SIGHUP, SIG_DFL): %v", errno))
+	}
 }
 
 func agentCommand(args ...string) *exec.Cmd {
