@@ -30,8 +30,10 @@ var Infrastructure = cell.Group(
 	healthCell,
 )
 
-// ControlPlane is the project's own cells.
+// ControlPlane is the project's own cells, after the owner lock of their
+// state directory and pins (see [AcquireOwner]).
 var ControlPlane = cell.Group(
+	ownerCell,
 	identitycell.Cell,
 	ipcachecell.Cell,
 	datapathcell.Cell,

@@ -1,0 +1,7 @@
+package cells
+
+import "errors"
+
+// ErrOwned is returned when another running agent owns the state directory
+// or the pins under the bpffs root (see [AcquireOwner]).
+var ErrOwned = errors.New("owned by another running agent")
