@@ -145,6 +145,23 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 	}
 }
 
+// TestPolicyDirNotADirectoryExitsTwo: a --policy-dir that is a file (or a
+// symlink to one) is bad configuration: exit 2 at start, naming the flag.
+func TestPolicyDirNotADirectoryExitsTwo(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("name: p\n"), 0o600))
+	link := filepath.Join(t.TempDir(), "policies")
+	require.NoError(t, os.Symlink(file, link))
+	for _, dir := range []string{file, link} {
+		stateDir := t.TempDir()
+		_, stderr, code := runAgentCommand(t, "--policy-dir="+dir, "--state-dir="+stateDir, "--shell-sock-path=")
+		require.Equal(t, agentcmd.ExitUsage, code, stderr)
+		require.Contains(t, stderr, "--policy-dir "+dir+": not a directory")
+		_, err := os.Stat(filepath.Join(stateDir, "owner.lock"))
+		require.ErrorIs(t, err, os.ErrNotExist, "nothing started")
+	}
+}
+
 func TestRuntimeFailureExitsOne(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "not-a-dir")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
