@@ -162,6 +162,19 @@ func TestPolicyDirNotADirectoryExitsTwo(t *testing.T) {
 	}
 }
 
+// TestShellWithoutAgentFailsFast: `shell` with no agent on the socket exits
+// 1 at once, with one message naming the socket.
+func TestShellWithoutAgentFailsFast(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	for _, args := range [][]string{{"health"}, nil} {
+		start := time.Now()
+		stdout, stderr, code := runAgentCommand(t, append([]string{"shell", "--shell-sock-path=" + sock}, args...)...)
+		require.Equal(t, agentcmd.ExitFailure, code, stderr)
+		require.Less(t, time.Since(start), 5*time.Second, "no retries")
+		require.Equal(t, 1, strings.Count(stdout+stderr, "no agent is listening on "+sock), "once: %s%s", stdout, stderr)
+	}
+}
+
 func TestRuntimeFailureExitsOne(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "not-a-dir")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
