@@ -1,9 +1,10 @@
 // Package agentcmd is the command line of an agent built from the
 // project's cells: ipcache-agent's own, and that of a larger agent that
 // embeds the cells (examples/embed). It runs the hive until SIGTERM or
-// SIGINT (caught from the process's first moments; SIGHUP and SIGPIPE are
-// ignored: see package stopsignal), inspects it (`hive`, `hive dot-graph`), sets up logging
-// (--log-level, --log-format) and maps errors to exit codes.
+// SIGINT (caught from the process's first moments; SIGHUP and SIGPIPE do
+// not stop it: see package stopsignal), inspects it (`hive`, `hive
+// dot-graph`), sets up logging (--log-level, --log-format), sets flags from
+// the environment and maps errors to exit codes.
 package agentcmd
 
 import (
