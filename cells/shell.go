@@ -98,7 +98,12 @@ func registerShellServer(cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logge
 		return
 	}
 	s := &shellServer{path: cfg.ShellSockPath, log: log, engine: &script.Engine{Cmds: servedCommands(cmds.Map())}}
-	lc.Append(cell.Hook{OnStart: s.listen})
+	lc.Append(cell.Hook{OnStart: s.listen, OnStop: func(cell.HookContext) error {
+		// The listener job closes it; this is for a start that failed
+		// before the job ran.
+		s.listener.Close()
+		return nil
+	}})
 	jobs.NewGroup(health, job.WithLogger(log)).Add(job.OneShot("listener", s.serve))
 }
 
