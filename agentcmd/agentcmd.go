@@ -1,8 +1,10 @@
 // Package agentcmd is the command line of an agent built from the
 // project's cells: ipcache-agent's own, and that of a larger agent that
 // embeds the cells (examples/embed). It runs the hive until SIGTERM or
-// SIGINT, inspects it (`hive`, `hive dot-graph`), sets up logging
-// (--log-level, --log-format) and maps errors to exit codes.
+// SIGINT (caught from the process's first moments; SIGHUP and SIGPIPE do
+// not stop it: see package stopsignal), inspects it (`hive`, `hive
+// dot-graph`), sets up logging (--log-level, --log-format), sets flags from
+// the environment and maps errors to exit codes.
 package agentcmd
 
 import (
@@ -10,14 +12,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"syscall"
 
 	"github.com/cilium/hive"
 	"github.com/spf13/cobra"
 	"go.uber.org/dig"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd/stopsignal"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 )
 
@@ -50,7 +51,9 @@ func UsageArgs(validate cobra.PositionalArgs) cobra.PositionalArgs {
 // NewRootCommand returns the root command of an agent: without a
 // subcommand it runs the hive; `hive` and `hive dot-graph` inspect it. The
 // hive's flags and the logging flags are registered; flag errors are
-// UsageErrors. use, short and long are the command's usage texts.
+// UsageErrors. Every flag of the command that runs, its subcommands'
+// included, can also be set in the environment (see envName); the command
+// line wins. use, short and long are the command's usage texts.
 func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Writer) *cobra.Command {
 	logging := cells.DefaultLogging
 	root := &cobra.Command{
@@ -60,9 +63,17 @@ func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Wri
 		Args:          UsageArgs(cobra.NoArgs),
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd != cmd.Root() {
+				// Only the agent itself keeps the signals caught.
+				stopsignal.Release()
+			}
+			if err := setFromEnvironment(cmd.Flags()); err != nil {
+				return UsageError{err}
+			}
 			// The hive's own inspection commands log through the default.
 			slog.SetDefault(logging.NewLogger(stderr))
+			return nil
 		},
 		RunE: func(*cobra.Command, []string) error {
 			return Run(h, slog.Default())
@@ -97,7 +108,10 @@ func Execute(root *cobra.Command, args []string, stderr io.Writer) int {
 }
 
 // Run runs the hive until SIGTERM, SIGINT or a fatal error. A hive that
-// cannot be built from its configuration is a UsageError.
+// cannot be built from its configuration is a UsageError. A signal caught
+// before the hive starts (see package stopsignal: from the process's first
+// moments) stops the agent before it touches anything; one caught while it
+// starts stops it right after the start, cleanly. SIGHUP is ignored.
 func Run(h *hive.Hive, log *slog.Logger) error {
 	// What the agent creates (state files, the shell socket, pins) is for
 	// root only.
@@ -105,13 +119,14 @@ func Run(h *hive.Hive, log *slog.Logger) error {
 	if err := h.Populate(log); err != nil {
 		return UsageError{fmt.Errorf("invalid configuration: %w", dig.RootCause(err))}
 	}
-	// Catch SIGTERM and SIGINT from here on, not only once the hive has
-	// started (where hive.Run starts listening): a signal that arrives
-	// during start then stops the hive cleanly right after it has started,
-	// instead of killing the process.
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(signals)
+	signals := stopsignal.Caught()
+	select {
+	case sig := <-signals:
+		log.Info("Signal received before start, not starting", "signal", sig)
+		return nil
+	default:
+	}
+	// hive.Run listens for signals only once the hive has started.
 	done := make(chan struct{})
 	defer close(done)
 	go func() {

@@ -16,9 +16,11 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
-// EnvPrefix is the prefix of environment variables that set flags, e.g.
-// IPCACHE_AGENT_STATE_DIR for --state-dir.
-const EnvPrefix = "IPCACHE_AGENT"
+// EnvPrefix is the prefix of environment variables that set flags: the
+// flag's name follows it in upper case with dashes as underscores, e.g.
+// IPCACHE_AGENT_STATE_DIR for --state-dir. The hive prepends it verbatim,
+// hence the trailing underscore.
+const EnvPrefix = "IPCACHE_AGENT_"
 
 // Infrastructure is what the project's cells run on: the state database,
 // jobs and health reporting.
@@ -28,8 +30,10 @@ var Infrastructure = cell.Group(
 	healthCell,
 )
 
-// ControlPlane is the project's own cells.
+// ControlPlane is the project's own cells, after the owner lock of their
+// state directory and pins (see [AcquireOwner]).
 var ControlPlane = cell.Group(
+	ownerCell,
 	identitycell.Cell,
 	ipcachecell.Cell,
 	datapathcell.Cell,

@@ -1,5 +1,7 @@
 // Package cells composes ipcache-agent from its cells and holds the small
-// cells every agent needs and no cell owns: logging and health.
+// cells every agent needs and no cell owns: logging, health, the shell, and
+// the owner lock that makes one agent at a time the owner of a state
+// directory and of the pins under a bpffs root.
 //
 // [NewHive] builds a hive from [Infrastructure] and the given cells; the
 // agent runs [ControlPlane].

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 )
@@ -34,13 +35,51 @@ func (l *Logging) AddFlags(flags *pflag.FlagSet) {
 	flags.Var((*formatValue)(&l.Format), "log-format", "Log format: text, json")
 }
 
-// NewLogger returns a logger writing to w.
+// MaxLogAttrLen is the most bytes a log line shows of a string attribute,
+// the message and an error's or a Stringer's text included: input the agent
+// reports (a label, a file's content in an error) can be arbitrarily
+// large, and one line must not be. What is cut is marked with
+// "...[truncated, N bytes]", N the full length.
+const MaxLogAttrLen = 4 << 10
+
+// NewLogger returns a logger writing to w, its attributes bounded by
+// MaxLogAttrLen.
 func (l Logging) NewLogger(w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: l.Level}
+	opts := &slog.HandlerOptions{Level: l.Level, ReplaceAttr: truncateAttr}
 	if l.Format == LogFormatJSON {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// truncateAttr bounds a's text to MaxLogAttrLen. Other values (numbers,
+// slices, structs) are left as the handler writes them.
+func truncateAttr(_ []string, a slog.Attr) slog.Attr {
+	var text string
+	switch a.Value.Kind() {
+	case slog.KindString:
+		text = a.Value.String()
+	case slog.KindAny:
+		switch v := a.Value.Any().(type) {
+		case error:
+			text = v.Error()
+		case fmt.Stringer:
+			text = v.String()
+		default:
+			return a
+		}
+	default:
+		return a
+	}
+	if len(text) <= MaxLogAttrLen {
+		return a
+	}
+	cut := MaxLogAttrLen
+	for cut > 0 && !utf8.RuneStart(text[cut]) {
+		cut-- // not inside a character
+	}
+	a.Value = slog.StringValue(fmt.Sprintf("%s...[truncated, %d bytes]", text[:cut], len(text)))
+	return a
 }
 
 type levelValue slog.Level

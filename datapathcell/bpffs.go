@@ -21,15 +21,17 @@ func isBPFFS(path string) (bpffs, readOnly bool, err error) {
 	return uint32(st.Type) == bpffsMagic, st.Flags&unix.ST_RDONLY != 0, nil
 }
 
-// ensureBPFFS makes sure root is a writable bpffs mount, mounting one there
+// EnsureBPFFS makes sure root is a writable bpffs mount, mounting one there
 // (mode 0700) if it is not, creating the directory if needed. It reports
-// whether it mounted one. Every error names root and says what to do.
+// whether it mounted one. Every error names root and says what to do. The
+// owner lock (package cells) calls it before the datapath starts, to lock
+// the pin directory on the mount rather than beneath it.
 //
 // Possible errors: root cannot be created (a path component is a file, or
 // the file system is read-only); root cannot be mounted on (typically: not
 // root, or no CAP_SYS_ADMIN); root is a read-only bpffs mount, where
 // nothing can be pinned.
-func ensureBPFFS(root string) (mounted bool, err error) {
+func EnsureBPFFS(root string) (mounted bool, err error) {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return false, fmt.Errorf("--bpf-root %s: cannot create the directory to mount bpffs on: %w", root, err)
 	}

@@ -15,7 +15,7 @@ func Cleanup(bpfRoot string) error {
 	if err := detachAll(linksDir(bpfRoot)); err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
-	if err := os.RemoveAll(pinDir(bpfRoot)); err != nil {
+	if err := os.RemoveAll(PinDir(bpfRoot)); err != nil {
 		return fmt.Errorf("cleanup: unpin maps: %w", err)
 	}
 	return nil

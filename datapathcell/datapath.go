@@ -52,18 +52,18 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		return nil
 	}
-	mounted, err := ensureBPFFS(d.cfg.BPFRoot)
+	mounted, err := EnsureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
 	}
 	if mounted {
 		d.log.Info("Mounted bpffs", "bpf-root", d.cfg.BPFRoot)
 	}
-	opened, snapshot, err := openPinnedMaps(pinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
+	opened, snapshot, err := openPinnedMaps(PinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
 	if err != nil {
-		return fmt.Errorf("open pinned maps in %s: %w", pinDir(d.cfg.BPFRoot), err)
+		return fmt.Errorf("open pinned maps in %s: %w", PinDir(d.cfg.BPFRoot), err)
 	}
-	d.log.Info("Pinned maps open", "dir", pinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.prefixes),
+	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.prefixes),
 		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
 	d.mu.Lock()
 	d.maps, d.snapshot = opened, snapshot

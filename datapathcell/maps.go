@@ -12,11 +12,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pinDir returns the directory of the agent's pinned objects.
-func pinDir(bpfRoot string) string { return filepath.Join(bpfRoot, "ipcache-agent") }
+// PinDir returns the directory of the agent's pinned objects under a bpffs
+// root: <bpf-root>/ipcache-agent.
+func PinDir(bpfRoot string) string { return filepath.Join(bpfRoot, "ipcache-agent") }
 
 // linksDir returns the directory of the pinned TCX links.
-func linksDir(bpfRoot string) string { return filepath.Join(pinDir(bpfRoot), "links") }
+func linksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "links") }
 
 // pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type pinnedMaps struct {

@@ -17,7 +17,7 @@ import (
 //
 // Possible errors: no map pinned there, or no permission.
 func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(bpfRoot), IPCacheMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), IPCacheMapName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned ipcache map: %w", err)
 	}
@@ -31,7 +31,7 @@ func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
 //
 // Possible errors: no map pinned there, or no permission.
 func ReadPinnedPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(bpfRoot), PolicyMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyMapName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned policy map: %w", err)
 	}
@@ -50,7 +50,7 @@ func ReadPinnedPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
 // Possible errors: no map pinned there, or no permission.
 func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
 	var enforced [2]bool
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir(bpfRoot), EnforcementMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), EnforcementMapName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return enforced, fmt.Errorf("open pinned enforcement map: %w", err)
 	}

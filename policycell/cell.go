@@ -2,7 +2,10 @@ package policycell
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"syscall"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
@@ -23,6 +26,7 @@ var Cell = cell.Module(
 	"CIDR policies from files and the desired policy map",
 
 	cell.Config(DefaultConfig),
+	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(
 		NewPoliciesTable,
 		NewPolicyTable,
@@ -56,6 +60,22 @@ var DefaultConfig = Config{PolicyDir: ""}
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("policy-dir", def.PolicyDir,
 		"Directory of CIDR policy files (*.yaml, *.yml), watched for changes; empty for no policies")
+}
+
+// Validate reports a --policy-dir that exists and is not a directory: it
+// can never hold policy files, so it is bad configuration (exit 2), found
+// before anything starts. It runs as an Invoke (for `hive` too), where
+// nothing may change the disk: a stat changes nothing. One that does not
+// exist (yet) is fine: the directory job waits for it.
+func (c Config) Validate() error {
+	if c.PolicyDir == "" {
+		return nil
+	}
+	info, err := os.Stat(c.PolicyDir)
+	if err != nil || info.IsDir() {
+		return nil
+	}
+	return fmt.Errorf("--policy-dir %s: %w", c.PolicyDir, syscall.ENOTDIR)
 }
 
 type loaderParams struct {

@@ -6,16 +6,13 @@
 //	ipcache-agent shell [cmd]    talk to a running agent
 //	ipcache-agent cleanup        detach programs, unpin maps and links, remove state
 //
-// Exit codes: 0 clean stop (SIGTERM, SIGINT), 1 runtime failure, 2 bad flags
+// Exit codes: 0 clean stop (SIGTERM, SIGINT; SIGHUP is ignored), 1 runtime failure, 2 bad flags
 // or configuration.
 package main
 
 import (
-	"fmt"
 	"io"
 	"os"
-
-	"github.com/cilium/hive/shell"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/cells"
@@ -36,10 +33,6 @@ ipcache map and keeps the same numbers for the same prefixes across restarts.
 Run without a command, it runs the agent until SIGTERM or SIGINT.
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 		stdout, stderr)
-	shellCmd := shell.ShellCmd(cells.DefaultShellSockPath, "ipcache-agent> ", func(w io.Writer) {
-		fmt.Fprintln(w, "ipcache-agent shell: 'help' lists the commands; db/show <table> shows a table.")
-	})
-	shellCmd.Short = "Talk to a running agent: statedb tables (db/...) and the agent's commands"
-	root.AddCommand(newCleanupCommand(stdout), shellCmd)
+	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout))
 	return agentcmd.Execute(root, args, stderr)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,12 +10,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/agentcmd/stopsignal"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
 )
 
@@ -25,12 +28,29 @@ const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
 
 // TestMain runs the agent (see beAgentEnv), or the tests, failing them if
 // any goroutine outlives them (a child process not waited for leaves the
-// goroutines that copy its output).
+// goroutines that copy its output). The tests get the default signal
+// behaviour back (package stopsignal set it up in this process too): Ctrl-C
+// stops them, and the agents they start do not inherit SIGHUP ignored,
+// which would hide whether the agent ignores it itself.
 func TestMain(m *testing.M) {
 	if os.Getenv(beAgentEnv) != "" {
 		main()
 	}
+	stopsignal.Release()
+	defaultSIGHUP()
 	goleak.VerifyTestMain(m)
+}
+
+// defaultSIGHUP sets SIGHUP's disposition to SIG_DFL, which os/signal
+// cannot do once it has ignored it. Nothing in the test process handles
+// SIGHUP, so the runtime has nothing to lose; an all-zero sigaction is
+// SIG_DFL whatever the architecture's layout.
+func defaultSIGHUP() {
+	var action [64]byte
+	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(unix.SIGHUP),
+		uintptr(unsafe.Pointer(&action)), 0, 8, 0, 0); errno != 0 {
+		panic(fmt.Sprintf("rt_sigaction(SIGHUP, SIG_DFL): %v", errno))
+	}
 }
 
 func agentCommand(args ...string) *exec.Cmd {
@@ -122,6 +142,36 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 		require.NoError(t, err, "checkpoint written")
 		_, err = os.Stat(filepath.Join(bpfRoot, "ipcache-agent", "ipcache"))
 		require.NoError(t, err, "ipcache map stays pinned after the agent stops")
+	}
+}
+
+// TestPolicyDirNotADirectoryExitsTwo: a --policy-dir that is a file (or a
+// symlink to one) is bad configuration: exit 2 at start, naming the flag.
+func TestPolicyDirNotADirectoryExitsTwo(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "policies.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("name: p\n"), 0o600))
+	link := filepath.Join(t.TempDir(), "policies")
+	require.NoError(t, os.Symlink(file, link))
+	for _, dir := range []string{file, link} {
+		stateDir := t.TempDir()
+		_, stderr, code := runAgentCommand(t, "--policy-dir="+dir, "--state-dir="+stateDir, "--shell-sock-path=")
+		require.Equal(t, agentcmd.ExitUsage, code, stderr)
+		require.Contains(t, stderr, "--policy-dir "+dir+": not a directory")
+		_, err := os.Stat(filepath.Join(stateDir, "owner.lock"))
+		require.ErrorIs(t, err, os.ErrNotExist, "nothing started")
+	}
+}
+
+// TestShellWithoutAgentFailsFast: `shell` with no agent on the socket exits
+// 1 at once, with one message naming the socket.
+func TestShellWithoutAgentFailsFast(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	for _, args := range [][]string{{"health"}, nil} {
+		start := time.Now()
+		stdout, stderr, code := runAgentCommand(t, append([]string{"shell", "--shell-sock-path=" + sock}, args...)...)
+		require.Equal(t, agentcmd.ExitFailure, code, stderr)
+		require.Less(t, time.Since(start), 5*time.Second, "no retries")
+		require.Equal(t, 1, strings.Count(stdout+stderr, "no agent is listening on "+sock), "once: %s%s", stdout, stderr)
 	}
 }
 

@@ -1,0 +1,11 @@
+package cells
+
+import "errors"
+
+// ErrOwned is returned when another running agent owns the state directory
+// or the pins under the bpffs root (see [AcquireOwner]).
+var ErrOwned = errors.New("owned by another running agent")
+
+// ErrNoAgent is returned by [ShellExchange] when no agent listens on the
+// shell socket.
+var ErrNoAgent = errors.New("no agent is listening")

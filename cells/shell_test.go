@@ -1,0 +1,133 @@
+package cells
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+)
+
+// lockedBuffer is a log destination the test reads while the hive writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startShell runs a hive of the infrastructure and the shell on a private
+// socket, with two health scopes that report and one that does not, and
+// returns the socket's path and the hive's log (text, all levels).
+func startShell(t *testing.T) (string, *lockedBuffer) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	h := NewHive(Shell, cell.Module("zeta", "Reports OK", cell.Invoke(func(health cell.Health) {
+		health.NewScope("b").OK("fine")
+		health.NewScope("a").Degraded("broken", nil)
+		health.NewScope("silent")
+	})))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Parse([]string{"--shell-sock-path=" + sock}))
+	var log lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	require.NoError(t, h.Start(logger, context.Background()))
+	t.Cleanup(func() { require.NoError(t, h.Stop(hivetest.Logger(t), context.Background())) })
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "Shell listening") },
+		5*time.Second, 5*time.Millisecond)
+	return sock, &log
+}
+
+func exchange(t *testing.T, sock, command string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := ShellExchange(sock, command, &out)
+	return out.String(), err
+}
+
+// TestShellServesNoWrites: table writes and programs are not served; the
+// read commands are.
+func TestShellServesNoWrites(t *testing.T) {
+	sock, _ := startShell(t)
+	for _, command := range []string{"db/insert health x.yaml", "db/delete health x.yaml", "exec /bin/true"} {
+		_, err := exchange(t, sock, command)
+		require.ErrorContains(t, err, "unknown command", command)
+	}
+	_, err := exchange(t, sock, "db/get --delete health x")
+	require.ErrorContains(t, err, "--delete is not served")
+	out, err := exchange(t, sock, "help")
+	require.NoError(t, err)
+	for _, name := range []string{"db/show", "db/get", "health"} {
+		require.Contains(t, out, name)
+	}
+	for _, name := range []string{"db/insert", "db/delete", "exec"} {
+		require.NotRegexp(t, `(?m)^`+name+`\b`, out)
+	}
+	_, err = exchange(t, sock, "db")
+	require.NoError(t, err)
+}
+
+// TestShellHealthSortedWithoutEmptyRows: `health` lists the scopes that
+// reported, sorted, and no empty line; an error comes back once, as the
+// error, not also as output.
+func TestShellHealthSortedWithoutEmptyRows(t *testing.T) {
+	sock, _ := startShell(t)
+	out, err := exchange(t, sock, "health")
+	require.NoError(t, err)
+	rows := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.True(t, slices.IsSorted(rows), "sorted: %q", rows)
+	require.NotContains(t, rows, "")
+	require.Contains(t, rows, "zeta.a: level=Degraded message=broken error=")
+	require.Contains(t, rows, "zeta.b: level=OK message=fine error=")
+	for _, row := range rows {
+		require.NotContains(t, row, "level= ", "a scope that never reported")
+	}
+
+	out, err = exchange(t, sock, "db/show nosuch")
+	require.ErrorContains(t, err, `table "nosuch" not found`)
+	require.Empty(t, out, "the error is not also output")
+}
+
+// TestShellConnectionLogsAtDebug: a client connecting and leaving logs
+// nothing at info.
+func TestShellConnectionLogsAtDebug(t *testing.T) {
+	sock, log := startShell(t)
+	before := strings.Count(log.String(), "level=INFO")
+	_, err := exchange(t, sock, "health")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "Shell client disconnected") },
+		5*time.Second, 5*time.Millisecond)
+	require.Equal(t, before, strings.Count(log.String(), "level=INFO"), "log: %s", log)
+	require.Contains(t, log.String(), `level=DEBUG msg="Shell client connected"`)
+}
+
+// TestShellExchangeNoAgentFailsAtOnce: no agent on the socket is ErrNoAgent
+// naming the path, without waiting.
+func TestShellExchangeNoAgentFailsAtOnce(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	start := time.Now()
+	_, err := exchange(t, sock, "health")
+	require.ErrorIs(t, err, ErrNoAgent)
+	require.ErrorContains(t, err, sock)
+	require.Less(t, time.Since(start), time.Second)
+}
