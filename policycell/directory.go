@@ -13,21 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var (
-	// ErrOutsideDirectory rejects a policy file that is a symlink whose
-	// resolution leaves the policy directory: a target outside it, an
-	// absolute target, or a path through a symlinked directory outside
-	// it. Such a file is not opened.
-	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
-
-	// ErrNotRegular rejects a policy file that is neither a regular file
-	// nor a symlink to one (a FIFO could block the reader).
-	ErrNotRegular = errors.New("not a regular file")
-
-	// ErrTooLarge rejects a policy file larger than maxFileSize.
-	ErrTooLarge = errors.New("policy file too large")
-)
-
 // maxFileSize bounds what is read of one policy file.
 const maxFileSize = 64 << 20
 

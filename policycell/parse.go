@@ -13,16 +13,6 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-var (
-	// ErrInvalidPolicy is wrapped by every error that rejects a policy
-	// file for its content.
-	ErrInvalidPolicy = errors.New("invalid policy file")
-
-	// ErrNameInUse is wrapped by the error that rejects a policy file
-	// because another file in force already has a policy of that name.
-	ErrNameInUse = errors.New("policy name already in use")
-)
-
 // maxNameLength bounds policy names, as Kubernetes bounds object names.
 const maxNameLength = 253
 

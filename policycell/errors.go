@@ -1,0 +1,28 @@
+package policycell
+
+import "errors"
+
+// The errors a policy file is rejected for. Each comes wrapped in a
+// *FileError that names the file (and the position, where there is one).
+var (
+	// ErrInvalidPolicy is wrapped by every error that rejects a policy
+	// file for its content.
+	ErrInvalidPolicy = errors.New("invalid policy file")
+
+	// ErrNameInUse is wrapped by the error that rejects a policy file
+	// because another file in force already has a policy of that name.
+	ErrNameInUse = errors.New("policy name already in use")
+
+	// ErrOutsideDirectory rejects a policy file that is a symlink whose
+	// resolution leaves the policy directory: a target outside it, an
+	// absolute target, or a path through a symlinked directory outside
+	// it. Such a file is not opened.
+	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
+
+	// ErrNotRegular rejects a policy file that is neither a regular file
+	// nor a symlink to one (a FIFO could block the reader).
+	ErrNotRegular = errors.New("not a regular file")
+
+	// ErrTooLarge rejects a policy file larger than maxFileSize.
+	ErrTooLarge = errors.New("policy file too large")
+)
