@@ -7,7 +7,9 @@
 // and the version of it that was in force stays in force. Each policy in
 // force owns an ipcache resource handle, "policy/<name>" with source
 // directory, for its CIDRs and except prefixes, and is a row of the
-// `policies` table.
+// `policies` table. A file that becomes empty keeps its policies in force
+// (an editor truncates a file before writing it again); removing the file
+// removes them.
 //
 // The selector job matches the policies' CIDR selectors against the
 // identities table: a CIDR selects every identity with a cidr label inside

@@ -13,6 +13,13 @@ var (
 	// because another file in force already has a policy of that name.
 	ErrNameInUse = errors.New("policy name already in use")
 
+	// ErrEmptyFile rejects a file that has no policies (it is empty, or
+	// holds only white space, comments and document separators) while a
+	// version of it with policies is in force, which stays in force: an
+	// editor that truncates a file and then writes it again must not
+	// remove its policies in between. Removing the file removes them.
+	ErrEmptyFile = errors.New("no policies in the file, its policies stay in force until it has content again or is removed")
+
 	// ErrOutsideDirectory rejects a policy file that is a symlink whose
 	// resolution leaves the policy directory: a target outside it, an
 	// absolute target, or a path through a symlinked directory outside

@@ -164,6 +164,11 @@ func (l *loader) decide() {
 			f.rejected = f.readErr
 		case f.parseErr != nil:
 			f.rejected = f.parseErr
+		case len(f.parsed) == 0 && len(f.inForce) > 0:
+			// Truncated by an editor before it writes the file again, or
+			// emptied by mistake: removing the file is how its policies
+			// are removed.
+			f.rejected = &FileError{File: name, Err: ErrEmptyFile}
 		case !f.hasInForce || f.inForceDigest != f.digest:
 			pending = append(pending, name)
 		}

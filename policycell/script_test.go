@@ -102,6 +102,40 @@ func policyDirCommands(dir string) map[string]script.Cmd {
 				}
 				return nil, os.Rename(temp, path)
 			}),
+		"test/policy-truncate": script.Command(
+			script.CmdUsage{
+				Summary: "Truncate a file of the policy directory to zero bytes in place, as an editor does before it writes the file again",
+				Args:    "path-in-policy-dir",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.Truncate(path, 0)
+			}),
+		"test/policy-write-in-place": script.Command(
+			script.CmdUsage{
+				Summary: "Write a script file over a file of the policy directory in place (same inode, not atomic)",
+				Args:    "path-in-policy-dir file",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				content, err := os.ReadFile(s.Path(args[1]))
+				if err != nil {
+					return nil, err
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.WriteFile(path, content, 0o644)
+			}),
 		"test/policy-remove": script.Command(
 			script.CmdUsage{Summary: "Remove a file or directory of the policy directory", Args: "path-in-policy-dir"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
