@@ -199,6 +199,18 @@ func TestLoaderEmptyFileKeepsPrevious(t *testing.T) {
 	require.Empty(t, f.rejected())
 }
 
+// TestLoaderFileTooLarge: a file over the cap is rejected with an error
+// that names it and the cap.
+func TestLoaderFileTooLarge(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	f.write(t, "huge.yaml", "name: a\n")
+	f.load(t)
+	require.NoError(t, os.Truncate(filepath.Join(f.dir, "huge.yaml"), maxFileSize+1))
+	f.load(t)
+	require.EqualError(t, f.rejected()["huge.yaml"], "huge.yaml: policy file too large: more than the cap of 4194304 bytes (4 MiB)")
+	require.Equal(t, map[string]string{"a": "huge.yaml"}, f.inForce(), "its previous version stays in force")
+}
+
 // TestLoaderUnreadableDirectory: until the directory has been read once,
 // the loader is not initialized (nothing may be pruned on its account).
 func TestLoaderUnreadableDirectory(t *testing.T) {
