@@ -20,7 +20,13 @@
 // direction has rules), incrementally: a change costs what it selects, not
 // the number of policies or identities.
 //
-// Reads: --policy-dir, the `identities` and `ipcache` tables.
-// Writes: `policies`, `policy`, `policy-enforcement`; ipcache metadata
-// through the policies' handles.
+// The versions of the files in force are saved in the state directory, so
+// that after a restart a file that is invalid then keeps the version in
+// force before it, and a policy name stays with the file that held it.
+//
+// Reads: --policy-dir, --state-dir/policies-in-force.json, the
+// `identities` and `ipcache` tables.
+// Writes: `policies`, `policy`, `policy-enforcement`;
+// --state-dir/policies-in-force.json; ipcache metadata through the
+// policies' handles.
 package policycell

@@ -33,3 +33,17 @@ var (
 	// ErrTooLarge rejects a policy file larger than maxFileSize.
 	ErrTooLarge = errors.New("policy file too large")
 )
+
+// The errors of the saved policies in force (in the state directory).
+var (
+	// ErrCorruptInForce is wrapped by the error for a saved file of the
+	// policies in force (in the state directory) that cannot be restored.
+	// It is moved aside, and the policy files alone decide what is in
+	// force.
+	ErrCorruptInForce = errors.New("corrupt saved policies in force")
+
+	// ErrInForceTooLarge is wrapped by the error for policy files whose
+	// versions in force do not fit into the saved file's cap: they are not
+	// saved.
+	ErrInForceTooLarge = errors.New("the saved policies in force would be over their cap")
+)
