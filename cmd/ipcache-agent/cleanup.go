@@ -13,12 +13,15 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // stateFiles are the files the agent makes in the state directory.
 var stateFiles = []string{
 	identitycell.CheckpointFileName,
 	identitycell.CheckpointFileName + ".corrupt",
+	policycell.InForceFileName,
+	policycell.InForceFileName + ".corrupt",
 	"shell.sock",
 }
 
@@ -31,7 +34,7 @@ func newCleanupCommand(stdout io.Writer) *cobra.Command {
 		Long: `cleanup removes everything a stopped agent leaves behind: it detaches the
 enforcement program from every device, removes <bpf-root>/ipcache-agent/ (maps
 and links) and the files the agent made in the state directory (identity
-checkpoint, shell socket). After it, the next agent starts from nothing:
+checkpoint, saved policies in force, shell socket). After it, the next agent starts from nothing:
 identity numbers are not restored. Do not run it while an agent is running.`,
 		Args: agentcmd.UsageArgs(cobra.NoArgs),
 		RunE: func(*cobra.Command, []string) error {
