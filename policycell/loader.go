@@ -55,7 +55,8 @@ type loader struct {
 // policyFile is what the loader knows of one file.
 type policyFile struct {
 	// digest identifies the content last read; parsed and parseErr are the
-	// outcome of parsing it.
+	// outcome of parsing it. content is kept while it may come into force
+	// (and be saved): not when it does not parse.
 	digest   [sha256.Size]byte
 	content  []byte
 	parsed   []*Policy
@@ -152,6 +153,9 @@ func (l *loader) load() (watchDirs []string, err error) {
 		if f.parsed == nil && f.parseErr == nil || digest != f.digest {
 			f.digest, f.content = digest, read.content
 			f.parsed, f.parseErr = ParseFile(name, read.content)
+			if f.parseErr != nil {
+				f.content = nil
+			}
 		}
 	}
 	l.decide()
