@@ -9,7 +9,8 @@
 // directory, for its CIDRs and except prefixes, and is a row of the
 // `policies` table. A file that becomes empty keeps its policies in force
 // (an editor truncates a file before writing it again); removing the file
-// removes them.
+// removes them. A file is capped at 4 MiB, and its parse's memory is a
+// bounded multiple of its size.
 //
 // The selector job matches the policies' CIDR selectors against the
 // identities table: a CIDR selects every identity with a cidr label inside
