@@ -21,6 +21,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -29,11 +30,6 @@ const (
 	CheckpointFileName = "local-identities.json"
 
 	checkpointVersion = 1
-
-	// checkpointTempPattern names the temporary files a checkpoint is
-	// written to before it is renamed into place. A crash can leave one
-	// behind, half-written; it is never read, and removed at the next start.
-	checkpointTempPattern = "." + CheckpointFileName + ".tmp-*"
 
 	// defaultCheckpointInterval is the shortest time between two checkpoint
 	// writes: changes in between are coalesced into one write.
@@ -182,34 +178,15 @@ func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint,
 	}
 }
 
-// writeCheckpoint replaces the checkpoint at path atomically: it writes a
-// temporary file in the same directory, syncs it, renames it over path and
-// syncs the directory. A reader sees the old or the new file, never a part.
+// writeCheckpoint replaces the checkpoint at path atomically
+// (atomicfile.Write): a reader sees the old or the new file, never a part.
 // identities must come in ascending number order, as the `identities`
 // table's primary index lists them. The encoding streams: a million
 // identities are written without building the file in memory first.
 func writeCheckpoint(path string, identities iter.Seq2[NumericIdentity, labels.Labels]) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, checkpointTempPattern)
+	err := atomicfile.Write(path, func(w io.Writer) error { return encodeCheckpoint(w, identities) })
 	if err != nil {
 		return fmt.Errorf("write identity checkpoint: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op once renamed
-	err = encodeCheckpoint(tmp, identities)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if closeErr := tmp.Close(); err == nil {
-		err = closeErr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		return fmt.Errorf("write identity checkpoint %s: %w", path, err)
 	}
 	return nil
 }
@@ -270,37 +247,15 @@ func (c Checkpoint) inOrder() iter.Seq2[NumericIdentity, labels.Labels] {
 	}
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 // probeWritable creates and removes a temporary file in dir, named as the
 // checkpoint's temporary files are (so that one a crash leaves behind is
 // removed at the next start).
 func probeWritable(dir string) error {
-	probe, err := os.CreateTemp(dir, checkpointTempPattern)
+	probe, err := os.CreateTemp(dir, atomicfile.TempPattern(CheckpointFileName))
 	if err != nil {
 		return err
 	}
 	return errors.Join(probe.Close(), os.Remove(probe.Name()))
-}
-
-// removeStaleTemps removes temporary files that a crash left behind.
-func removeStaleTemps(dir string) error {
-	stale, err := filepath.Glob(filepath.Join(dir, checkpointTempPattern))
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, name := range stale {
-		errs = append(errs, os.Remove(name))
-	}
-	return errors.Join(errs...)
 }
 
 // Checkpointer keeps <state-dir>/local-identities.json in step with the
@@ -368,7 +323,7 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create state directory %s (--state-dir): %w", dir, err)
 	}
-	if err := removeStaleTemps(dir); err != nil {
+	if err := atomicfile.RemoveTemps(c.path); err != nil {
 		c.log.Warn("Cannot remove stale checkpoint temporary files", "dir", dir, "error", err)
 	}
 	// Find out now, not at the first checkpoint, that the directory is not
@@ -386,10 +341,10 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 		defer close(c.previousDecoded)
 		previous, err := decodeCheckpoint(c.path, data)
 		if err != nil { // ErrCorruptCheckpoint: decoding fails with nothing else
-			aside := c.path + ".corrupt"
+			aside, moveErr := atomicfile.MoveAside(c.path)
 			c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
 				"path", c.path, "moved-to", aside, "error", err)
-			if err := os.Rename(c.path, aside); err != nil {
+			if err := moveErr; err != nil {
 				// The next checkpoint replaces it: only the evidence is lost.
 				c.log.Error("Cannot move the corrupt identity checkpoint aside", "path", c.path, "error", err)
 			}

@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
 )
 
 func testCheckpoint(n int) Checkpoint {
@@ -85,7 +87,7 @@ func TestCheckpointCorrupt(t *testing.T) {
 
 func tempFiles(t *testing.T, dir string) []string {
 	t.Helper()
-	matches, err := filepath.Glob(filepath.Join(dir, checkpointTempPattern))
+	matches, err := filepath.Glob(filepath.Join(dir, atomicfile.TempPattern(CheckpointFileName)))
 	require.NoError(t, err)
 	return matches
 }

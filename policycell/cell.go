@@ -88,6 +88,7 @@ type loaderParams struct {
 	Log      *slog.Logger
 	Jobs     job.Registry
 	Health   cell.Health
+	Identity identitycell.Config // for --state-dir
 }
 
 // newLoaderCell registers the policy directory as an ipcache producer and
@@ -109,6 +110,7 @@ func newLoaderCell(p loaderParams) *loader {
 		producerDone()
 	}
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, initialized)
+	l.saveInForceIn(p.Identity.StateDir) // the versions in force survive a restart
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	timing := defaultWatchTiming()
 	group.Add(job.OneShot("policy-directory", func(ctx context.Context, health cell.Health) error {

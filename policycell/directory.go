@@ -13,23 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var (
-	// ErrOutsideDirectory rejects a policy file that is a symlink whose
-	// resolution leaves the policy directory: a target outside it, an
-	// absolute target, or a path through a symlinked directory outside
-	// it. Such a file is not opened.
-	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
-
-	// ErrNotRegular rejects a policy file that is neither a regular file
-	// nor a symlink to one (a FIFO could block the reader).
-	ErrNotRegular = errors.New("not a regular file")
-
-	// ErrTooLarge rejects a policy file larger than maxFileSize.
-	ErrTooLarge = errors.New("policy file too large")
-)
-
-// maxFileSize bounds what is read of one policy file.
-const maxFileSize = 64 << 20
+// maxFileSize caps a policy file: a larger one is rejected without being
+// read further, so that what one file can make the agent read and parse
+// stays bounded. 4 MiB holds some 200,000 CIDRs.
+const maxFileSize = 4 << 20
 
 // listing is what one read of the policy directory found.
 type listing struct {
@@ -176,9 +163,10 @@ func isInside(root, path string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
-// readOpened reads an opened regular file of at most maxFileSize bytes. It
-// reports directories instead of reading them. The type is that of the
-// opened file (fstat), not of a path that may have changed since.
+// readOpened reads an opened regular file of at most maxFileSize bytes,
+// and no more than one byte over that of a larger file. It reports
+// directories instead of reading them. The type is that of the opened
+// file (fstat), not of a path that may have changed since.
 func readOpened(f *os.File) (content []byte, isDir bool, err error) {
 	info, err := f.Stat()
 	switch {
@@ -189,12 +177,25 @@ func readOpened(f *os.File) (content []byte, isDir bool, err error) {
 	case !info.Mode().IsRegular():
 		return nil, false, fmt.Errorf("%w: %s", ErrNotRegular, info.Mode().Type())
 	}
-	content, err = io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, false, err
+	// One allocation of the size fstat gives, plus the byte that tells a
+	// file over the cap; a file that grows meanwhile grows it, up to that.
+	content = make([]byte, 0, min(info.Size(), maxFileSize)+1)
+	for len(content) <= maxFileSize {
+		if len(content) == cap(content) {
+			content = slices.Grow(content, 1)
+		}
+		n, err := f.Read(content[len(content):min(cap(content), maxFileSize+1)])
+		content = content[:len(content)+n]
+		if errors.Is(err, io.EOF) {
+			return content, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
 	}
-	if len(content) > maxFileSize {
-		return nil, false, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, maxFileSize)
-	}
-	return content, false, nil
+	return nil, false, errTooLarge()
+}
+
+func errTooLarge() error {
+	return fmt.Errorf("%w: more than the cap of %d bytes (%d MiB)", ErrTooLarge, maxFileSize, maxFileSize>>20)
 }

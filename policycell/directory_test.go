@@ -4,6 +4,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"syscall"
 	"testing"
@@ -77,6 +78,29 @@ func TestReadDirectoryTooLarge(t *testing.T) {
 	found, err := readDirectory(dir)
 	require.NoError(t, err)
 	require.ErrorIs(t, found.files["huge.yaml"].err, ErrTooLarge)
+	require.EqualError(t, found.files["huge.yaml"].err, "policy file too large: more than the cap of 4194304 bytes (4 MiB)")
+
+	// At the cap, a file is read.
+	require.NoError(t, os.Truncate(filepath.Join(dir, "huge.yaml"), maxFileSize))
+	found, err = readDirectory(dir)
+	require.NoError(t, err)
+	require.NoError(t, found.files["huge.yaml"].err)
+	require.Len(t, found.files["huge.yaml"].content, maxFileSize)
+}
+
+// TestReadDirectoryTooLargeNotRead: what is read of a file far over the cap
+// is bounded by the cap, not by the file.
+func TestReadDirectoryTooLargeNotRead(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "huge.yaml"), nil, 0o644))
+	require.NoError(t, os.Truncate(filepath.Join(dir, "huge.yaml"), 1<<30)) // sparse
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	found, err := readDirectory(dir)
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.ErrorIs(t, found.files["huge.yaml"].err, ErrTooLarge)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(maxFileSize+1<<20), "allocated while reading a 1 GiB file")
 }
 
 // TestReadDirectoryAbsoluteLinkInside: an absolute symlink is outside the

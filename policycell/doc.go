@@ -7,7 +7,10 @@
 // and the version of it that was in force stays in force. Each policy in
 // force owns an ipcache resource handle, "policy/<name>" with source
 // directory, for its CIDRs and except prefixes, and is a row of the
-// `policies` table.
+// `policies` table. A file that becomes empty keeps its policies in force
+// (an editor truncates a file before writing it again); removing the file
+// removes them. A file is capped at 4 MiB, and its parse's memory is a
+// bounded multiple of its size.
 //
 // The selector job matches the policies' CIDR selectors against the
 // identities table: a CIDR selects every identity with a cidr label inside
@@ -18,7 +21,13 @@
 // direction has rules), incrementally: a change costs what it selects, not
 // the number of policies or identities.
 //
-// Reads: --policy-dir, the `identities` and `ipcache` tables.
-// Writes: `policies`, `policy`, `policy-enforcement`; ipcache metadata
-// through the policies' handles.
+// The versions of the files in force are saved in the state directory, so
+// that after a restart a file that is invalid then keeps the version in
+// force before it, and a policy name stays with the file that held it.
+//
+// Reads: --policy-dir, --state-dir/policies-in-force.json, the
+// `identities` and `ipcache` tables.
+// Writes: `policies`, `policy`, `policy-enforcement`;
+// --state-dir/policies-in-force.json; ipcache metadata through the
+// policies' handles.
 package policycell

@@ -13,15 +13,20 @@ import (
 )
 
 // FuzzParseFile: the policy parser never panics, an error always names
-// the file and is ErrInvalidPolicy, and every prefix of an accepted policy
-// is one the ipcache can key (see checkPolicyPrefix).
+// the file and is ErrInvalidPolicy, every prefix of an accepted policy
+// is one the ipcache can key (see checkPolicyPrefix), and the count that
+// bounds the decoder's memory is never below the nodes it builds.
 func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("name: a\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n    toPorts: [{port: 53, protocol: UDP}]\n"))
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
 	f.Add([]byte("name: [\n"))
 	f.Add([]byte("name: x\nbogus: 1\n"))
 	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))
+	f.Add([]byte("{a, b: c, \"d: e\"}\n---\n? x\n: [y: , -1]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if count, _ := countNodes(data, 1<<30); count < decodedNodes(data) {
+			t.Fatalf("countNodes counts %d, the decoder builds %d", count, decodedNodes(data))
+		}
 		policies, err := ParseFile("fuzz.yaml", data)
 		if err != nil {
 			if !strings.Contains(err.Error(), "fuzz.yaml") || !errors.Is(err, ErrInvalidPolicy) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"sync"
 
@@ -42,6 +43,11 @@ type loader struct {
 	handles    map[string]*ipcachecell.Handle // by policy name
 	handleErrs map[string]error               // policies whose handle could not be obtained
 
+	// saved is the versions in force saved in the state directory, which
+	// the first load restores (readOnce: done).
+	saved    savedInForce
+	readOnce bool
+
 	mu     sync.Mutex
 	status []FileStatus // for the shell, sorted by file
 	err    error        // why the directory could not be read, if it could not
@@ -50,17 +56,23 @@ type loader struct {
 // policyFile is what the loader knows of one file.
 type policyFile struct {
 	// digest identifies the content last read; parsed and parseErr are the
-	// outcome of parsing it.
+	// outcome of parsing it. content is kept while it may come into force
+	// (and be saved): not when it does not parse.
 	digest   [sha256.Size]byte
+	content  []byte
 	parsed   []*Policy
 	parseErr error
 	readErr  error
 
 	// inForce is the version of the file's policies in force, and
-	// inForceDigest the content it came from (hasInForce: any).
-	inForce       []*Policy
-	inForceDigest [sha256.Size]byte
-	hasInForce    bool
+	// inForceDigest and inForceContent the content it came from
+	// (hasInForce: any). restored: that version was restored from the
+	// save of the previous run and not read since.
+	inForce        []*Policy
+	inForceDigest  [sha256.Size]byte
+	inForceContent []byte
+	hasInForce     bool
+	restored       bool
 
 	// rejected is why the current content is not in force.
 	rejected error
@@ -94,12 +106,25 @@ func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ip
 	}
 }
 
+// saveInForceIn makes the loader save the versions in force in stateDir
+// and restore them at its first load. Call it before the first load.
+func (l *loader) saveInForceIn(stateDir string) {
+	if stateDir != "" {
+		l.saved.path = filepath.Join(stateDir, InForceFileName)
+	}
+}
+
 // load reads the directory and brings the policies in force, the
 // `policies` table and the handles in line with it. It returns the
-// directories to watch.
+// directories to watch. The first load starts from the versions in force
+// that the previous run saved.
 //
 // Possible errors: the directory cannot be read; nothing changes then.
 func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
+	if !l.readOnce {
+		l.readOnce = true
+		l.restoreInForce()
+	}
 	found, err := readDirectory(l.dir)
 	if err != nil {
 		err = fmt.Errorf("read policy directory %s: %w", l.dir, err)
@@ -127,11 +152,17 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		}
 		digest := sha256.Sum256(read.content)
 		if f.parsed == nil && f.parseErr == nil || digest != f.digest {
-			f.digest = digest
+			f.digest, f.content = digest, read.content
 			f.parsed, f.parseErr = ParseFile(name, read.content)
+			if f.parseErr != nil {
+				f.content = nil
+			}
 		}
 	}
 	l.decide()
+	// Saved before the ipcache and the table change: a restart from here
+	// on starts from what was just decided.
+	l.saveInForce()
 	// The status is published before the table changes, so that whoever
 	// sees the table's new content (a script's db/cmp, then policy/list)
 	// also sees the status that goes with it.
@@ -165,6 +196,11 @@ func (l *loader) decide() {
 			f.rejected = f.readErr
 		case f.parseErr != nil:
 			f.rejected = f.parseErr
+		case len(f.parsed) == 0 && len(f.inForce) > 0:
+			// Truncated by an editor before it writes the file again, or
+			// emptied by mistake: removing the file is how its policies
+			// are removed.
+			f.rejected = &FileError{File: name, Err: ErrEmptyFile}
 		case !f.hasInForce || f.inForceDigest != f.digest:
 			pending = append(pending, name)
 		}
@@ -188,8 +224,8 @@ func (l *loader) decide() {
 			for _, p := range f.parsed {
 				holder[p.Name] = name
 			}
-			f.inForce, f.inForceDigest, f.hasInForce = f.parsed, f.digest, true
-			f.rejected = nil
+			f.inForce, f.inForceDigest, f.inForceContent, f.hasInForce = f.parsed, f.digest, f.content, true
+			f.rejected, f.restored = nil, false
 			progress = true
 			l.log.Info("Policy file in force", "file", name, "policies", policyNames(f.inForce))
 		}
@@ -200,8 +236,14 @@ func (l *loader) decide() {
 			f.logged = ""
 		} else if msg := f.rejected.Error(); msg != f.logged {
 			f.logged = msg
-			l.log.Warn("Policy file rejected, its previous version stays in force",
-				"file", name, "in-force", policyNames(f.inForce), "error", f.rejected)
+			what := "Policy file rejected, its previous version stays in force"
+			switch {
+			case len(f.inForce) == 0:
+				what = "Policy file rejected, none of its policies are in force"
+			case f.restored:
+				what = "Policy file rejected, its version in force before the restart stays in force"
+			}
+			l.log.Warn(what, "file", name, "in-force", policyNames(f.inForce), "error", f.rejected)
 		}
 	}
 }
@@ -391,6 +433,9 @@ func (l *loader) reportHealth(health cell.Health) {
 	rejected := len(errs)
 	for _, name := range slices.Sorted(maps.Keys(l.handleErrs)) {
 		errs = append(errs, l.handleErrs[name])
+	}
+	if l.saved.err != nil {
+		errs = append(errs, l.saved.err)
 	}
 	if len(errs) > 0 {
 		health.Degraded(fmt.Sprintf("%d policies in force from %d files; %d files rejected (their previous versions stay in force), %d policies without ipcache handle",

@@ -168,6 +168,49 @@ func TestLoaderBadFileKeepsPrevious(t *testing.T) {
 	require.Empty(t, f.owned("policy/a"), "the handle is released")
 }
 
+// TestLoaderEmptyFileKeepsPrevious: a file that has no policies any more
+// keeps the version in force until it has content again or is removed.
+func TestLoaderEmptyFileKeepsPrevious(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/8]}]\n")
+	f.load(t)
+	for _, empty := range []string{"", " \n   \n", "# later\n", "---\n---\n", "---\n# a comment\n...\n", "~\n"} {
+		f.write(t, "a.yaml", empty)
+		f.load(t)
+		require.ErrorIs(t, f.rejected()["a.yaml"], ErrEmptyFile, "%q", empty)
+		require.EqualError(t, f.rejected()["a.yaml"], "a.yaml: "+ErrEmptyFile.Error())
+		require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce(), "%q", empty)
+		require.Equal(t, []string{"10.0.0.0/8"}, f.owned("policy/a"), "%q", empty)
+	}
+
+	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [172.16.0.0/12]}]\n")
+	f.load(t)
+	require.Empty(t, f.rejected())
+	require.Equal(t, []string{"172.16.0.0/12"}, f.owned("policy/a"))
+
+	require.NoError(t, os.Remove(filepath.Join(f.dir, "a.yaml")))
+	f.load(t)
+	require.Empty(t, f.inForce(), "removing the file removes its policies")
+	require.Empty(t, f.owned("policy/a"))
+
+	// Nothing to keep: a new empty file is in force with no policies.
+	f.write(t, "b.yaml", "")
+	f.load(t)
+	require.Empty(t, f.rejected())
+}
+
+// TestLoaderFileTooLarge: a file over the cap is rejected with an error
+// that names it and the cap.
+func TestLoaderFileTooLarge(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	f.write(t, "huge.yaml", "name: a\n")
+	f.load(t)
+	require.NoError(t, os.Truncate(filepath.Join(f.dir, "huge.yaml"), maxFileSize+1))
+	f.load(t)
+	require.EqualError(t, f.rejected()["huge.yaml"], "huge.yaml: policy file too large: more than the cap of 4194304 bytes (4 MiB)")
+	require.Equal(t, map[string]string{"a": "huge.yaml"}, f.inForce(), "its previous version stays in force")
+}
+
 // TestLoaderUnreadableDirectory: until the directory has been read once,
 // the loader is not initialized (nothing may be pruned on its account).
 func TestLoaderUnreadableDirectory(t *testing.T) {

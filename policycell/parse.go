@@ -13,16 +13,6 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-var (
-	// ErrInvalidPolicy is wrapped by every error that rejects a policy
-	// file for its content.
-	ErrInvalidPolicy = errors.New("invalid policy file")
-
-	// ErrNameInUse is wrapped by the error that rejects a policy file
-	// because another file in force already has a policy of that name.
-	ErrNameInUse = errors.New("policy name already in use")
-)
-
 // maxNameLength bounds policy names, as Kubernetes bounds object names.
 const maxNameLength = 253
 
@@ -60,9 +50,20 @@ func (e *FileError) Unwrap() error { return e.Err }
 // than TCP or UDP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP.
 //
+// Memory is bounded by the content's size: a document with more YAML
+// nodes than the content's size allows (one per 4 bytes, plus 4096) is an
+// error, found before it is decoded.
+//
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
 func ParseFile(file string, content []byte) ([]*Policy, error) {
 	p := &parser{file: file, names: map[string]int{}}
+	// Before decoding: the decoder's memory is that of the nodes.
+	budget := nodeBudget(len(content))
+	if count, line := countNodes(content, budget); count > budget {
+		return nil, &FileError{File: file, Line: line, Err: fmt.Errorf(
+			"%w: more YAML values, lists and mappings in a document than a file of %d bytes may have (%d: one per %d bytes, plus %d)",
+			ErrInvalidPolicy, len(content), budget, nodeBytes, nodeAllowance)}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(content))
 	policies := []*Policy{}
 	for {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/script"
@@ -33,35 +34,111 @@ func TestScript(t *testing.T) {
 }
 
 // newScriptEngine builds a hive of the identity, ipcache and policy cells
-// with --policy-dir in a temporary directory (the script's $WORK is not
-// known yet), test commands that change files there, and test commands
-// that act as another owner of ipcache metadata.
+// with --policy-dir and --state-dir in temporary directories (the script's
+// $WORK is not known yet), test commands that change files there, and test
+// commands that act as another owner of ipcache metadata. test/restart
+// replaces the hive with a new one over the same directories, as a
+// restarted agent; the hive's commands act on the current one.
 func newScriptEngine(t testing.TB, args []string) *script.Engine {
-	var ipcache *ipcachecell.IPCache
-	h := cells.NewHive(
-		identitycell.Cell,
-		ipcachecell.Cell,
-		policycell.Cell,
-		cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
-	)
-	policyDir := t.TempDir()
-	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
-	h.RegisterFlags(flags)
-	require.NoError(t, flags.Set("state-dir", t.TempDir()))
-	require.NoError(t, flags.Set("policy-dir", policyDir))
-	require.NoError(t, flags.Parse(args))
-
+	policyDir, stateDir := t.TempDir(), t.TempDir()
 	log := hivetest.Logger(t)
+	var (
+		ipcache  *ipcachecell.IPCache
+		h        *hive.Hive
+		hiveCmds map[string]script.Cmd
+	)
+	build := func() {
+		h = cells.NewHive(
+			identitycell.Cell,
+			ipcachecell.Cell,
+			policycell.Cell,
+			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
+		)
+		flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+		h.RegisterFlags(flags)
+		require.NoError(t, flags.Set("state-dir", stateDir))
+		require.NoError(t, flags.Set("policy-dir", policyDir))
+		require.NoError(t, flags.Parse(args))
+		var err error
+		hiveCmds, err = h.ScriptCommands(log)
+		require.NoError(t, err)
+	}
+	build()
 	// A script that ends without `hive stop` must not leave the hive
 	// running (TestMain checks for leaked goroutines); Stop is a no-op on
 	// a hive that is not running.
 	t.Cleanup(func() { h.Stop(log, context.Background()) })
-	cmds, err := h.ScriptCommands(log)
-	require.NoError(t, err)
+
+	cmds := map[string]script.Cmd{}
+	for name := range hiveCmds {
+		cmds[name] = currentHiveCmd{name: name, cmds: &hiveCmds}
+	}
 	maps.Copy(cmds, script.DefaultCmds())
 	maps.Copy(cmds, policyDirCommands(policyDir))
+	maps.Copy(cmds, stateDirCommands(stateDir))
 	maps.Copy(cmds, ownerCommands(func() *ipcachecell.IPCache { return ipcache }))
+	cmds["test/restart"] = script.Command(
+		script.CmdUsage{Summary: "Stop the hive (if it runs) and start a new one over the same policy and state directories"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 0 {
+				return nil, script.ErrUsage
+			}
+			if err := h.Stop(log, context.Background()); err != nil {
+				return nil, err
+			}
+			build()
+			return nil, h.Start(log, context.Background())
+		})
 	return &script.Engine{Cmds: cmds}
+}
+
+// currentHiveCmd runs the command of that name of the current hive.
+type currentHiveCmd struct {
+	name string
+	cmds *map[string]script.Cmd
+}
+
+func (c currentHiveCmd) Run(s *script.State, args ...string) (script.WaitFunc, error) {
+	return (*c.cmds)[c.name].Run(s, args...)
+}
+
+func (c currentHiveCmd) Usage() *script.CmdUsage { return (*c.cmds)[c.name].Usage() }
+
+// stateDirCommands show and change the files of the state directory.
+func stateDirCommands(dir string) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"test/state-ls": script.Command(
+			script.CmdUsage{Summary: "List the files of the state directory"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				entries, err := os.ReadDir(dir)
+				var out strings.Builder
+				for _, e := range entries {
+					fmt.Fprintln(&out, e.Name())
+				}
+				return scriptcmd.Result(out.String(), err)
+			}),
+		"test/state-cat": script.Command(
+			script.CmdUsage{Summary: "Print a file of the state directory", Args: "name"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 || strings.ContainsRune(args[0], '/') {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(filepath.Join(dir, args[0]))
+				return scriptcmd.Result(string(data), err)
+			}),
+		"test/state-write": script.Command(
+			script.CmdUsage{Summary: "Write a script file into the state directory", Args: "name file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 || strings.ContainsRune(args[0], '/') {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[1]))
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.WriteFile(filepath.Join(dir, args[0]), data, 0o600)
+			}),
+	}
 }
 
 // inPolicyDir resolves a path relative to the policy directory; it must
@@ -101,6 +178,40 @@ func policyDirCommands(dir string) map[string]script.Cmd {
 					return nil, err
 				}
 				return nil, os.Rename(temp, path)
+			}),
+		"test/policy-truncate": script.Command(
+			script.CmdUsage{
+				Summary: "Truncate a file of the policy directory to zero bytes in place, as an editor does before it writes the file again",
+				Args:    "path-in-policy-dir",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.Truncate(path, 0)
+			}),
+		"test/policy-write-in-place": script.Command(
+			script.CmdUsage{
+				Summary: "Write a script file over a file of the policy directory in place (same inode, not atomic)",
+				Args:    "path-in-policy-dir file",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				content, err := os.ReadFile(s.Path(args[1]))
+				if err != nil {
+					return nil, err
+				}
+				path, err := inPolicyDir(dir, args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, os.WriteFile(path, content, 0o644)
 			}),
 		"test/policy-remove": script.Command(
 			script.CmdUsage{Summary: "Remove a file or directory of the policy directory", Args: "path-in-policy-dir"},

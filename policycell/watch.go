@@ -124,8 +124,9 @@ func (l *loader) watchDirectory(ctx context.Context, health cell.Health, timing 
 				changed()
 			}
 			l.reportHealth(health)
-			if len(l.handleErrs) > 0 {
-				// Some policy's resource is taken: try again soon.
+			if len(l.handleErrs) > 0 || l.saved.failed {
+				// Some policy's resource is taken, or the policies in
+				// force could not be saved: try again soon.
 				read.Reset(retry)
 				retry = min(2*retry, timing.maxRetry)
 			} else {

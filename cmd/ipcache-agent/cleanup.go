@@ -14,6 +14,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // stateFiles are the files the agent makes in the state directory, but for
@@ -21,6 +22,8 @@ import (
 var stateFiles = []string{
 	identitycell.CheckpointFileName,
 	identitycell.CheckpointFileName + ".corrupt",
+	policycell.InForceFileName,
+	policycell.InForceFileName + ".corrupt",
 	"shell.sock",
 }
 
@@ -33,9 +36,10 @@ func newCleanupCommand(stdout io.Writer) *cobra.Command {
 		Long: `cleanup removes everything a stopped agent leaves behind: it detaches the
 enforcement program from every device, removes <bpf-root>/ipcache-agent/ (maps
 and links) and the files the agent made in the state directory (identity
-checkpoint, shell socket, owner lock). After it, the next agent starts from
-nothing: identity numbers are not restored. While an agent owns the state
-directory or the pins, cleanup refuses (exit 1), naming the agent's pid.`,
+checkpoint, saved policies in force, shell socket, owner lock). After it,
+the next agent starts from nothing: identity numbers are not restored.
+While an agent owns the state directory or the pins, cleanup refuses (exit
+1), naming the agent's pid.`,
 		Args: agentcmd.UsageArgs(cobra.NoArgs),
 		RunE: func(*cobra.Command, []string) error {
 			// Lock only what exists: cleanup creates nothing, and without a pin

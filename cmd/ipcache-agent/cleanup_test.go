@@ -17,6 +17,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 func tcxPrograms(t *testing.T, device string, attach ebpf.AttachType) int {
@@ -40,11 +41,12 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	require.NoError(t, exec.Command("ip", "link", "set", device, "up").Run())
 
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
-	stateDir := t.TempDir()
+	stateDir, policyDir := t.TempDir(), t.TempDir()
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+	require.NoError(t, os.WriteFile(filepath.Join(policyDir, "a.yaml"), []byte("name: a\n"), 0o644))
 
 	cmd := agentCommand("--bpf-root="+bpfRoot, "--state-dir="+stateDir, "--devices="+device,
-		"--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
+		"--policy-dir="+policyDir, "--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
@@ -58,6 +60,7 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 		_, err := os.Stat(filepath.Join(pins, name))
 		require.NoError(t, err, "%s pinned after the agent stopped", name)
 	}
+	require.FileExists(t, filepath.Join(stateDir, policycell.InForceFileName))
 	require.Equal(t, 1, tcxPrograms(t, device, ebpf.AttachTCXIngress), "enforcement outlives the agent")
 	require.Equal(t, 1, tcxPrograms(t, device, ebpf.AttachTCXEgress))
 
@@ -70,6 +73,8 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	require.Zero(t, tcxPrograms(t, device, ebpf.AttachTCXEgress))
 	_, err = os.Stat(filepath.Join(stateDir, "local-identities.json"))
 	require.ErrorIs(t, err, os.ErrNotExist, "checkpoint removed")
+	_, err = os.Stat(filepath.Join(stateDir, policycell.InForceFileName))
+	require.ErrorIs(t, err, os.ErrNotExist, "saved policies in force removed")
 
 	// Cleaning up what is already clean is fine.
 	_, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)

@@ -1,0 +1,49 @@
+package policycell
+
+import "errors"
+
+// The errors a policy file is rejected for. Each comes wrapped in a
+// *FileError that names the file (and the position, where there is one).
+var (
+	// ErrInvalidPolicy is wrapped by every error that rejects a policy
+	// file for its content.
+	ErrInvalidPolicy = errors.New("invalid policy file")
+
+	// ErrNameInUse is wrapped by the error that rejects a policy file
+	// because another file in force already has a policy of that name.
+	ErrNameInUse = errors.New("policy name already in use")
+
+	// ErrEmptyFile rejects a file that has no policies (it is empty, or
+	// holds only white space, comments and document separators) while a
+	// version of it with policies is in force, which stays in force: an
+	// editor that truncates a file and then writes it again must not
+	// remove its policies in between. Removing the file removes them.
+	ErrEmptyFile = errors.New("no policies in the file, its policies stay in force until it has content again or is removed")
+
+	// ErrOutsideDirectory rejects a policy file that is a symlink whose
+	// resolution leaves the policy directory: a target outside it, an
+	// absolute target, or a path through a symlinked directory outside
+	// it. Such a file is not opened.
+	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
+
+	// ErrNotRegular rejects a policy file that is neither a regular file
+	// nor a symlink to one (a FIFO could block the reader).
+	ErrNotRegular = errors.New("not a regular file")
+
+	// ErrTooLarge rejects a policy file larger than maxFileSize.
+	ErrTooLarge = errors.New("policy file too large")
+)
+
+// The errors of the saved policies in force (in the state directory).
+var (
+	// ErrCorruptInForce is wrapped by the error for a saved file of the
+	// policies in force (in the state directory) that cannot be restored.
+	// It is moved aside, and the policy files alone decide what is in
+	// force.
+	ErrCorruptInForce = errors.New("corrupt saved policies in force")
+
+	// ErrInForceTooLarge is wrapped by the error for policy files whose
+	// versions in force do not fit into the saved file's cap: they are not
+	// saved.
+	ErrInForceTooLarge = errors.New("the saved policies in force would be over their cap")
+)
