@@ -194,13 +194,14 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		case "stop", "exit", "quit":
 			return
 		}
+		var written error
 		if err := s.execute(state, line, out); err != nil {
-			_, err = fmt.Fprintf(out, "%s%s\n", err, errorMarker)
+			_, written = fmt.Fprintf(out, "%s%s\n", err, errorMarker)
 		} else {
-			_, err = fmt.Fprintln(out, endMarker)
+			_, written = fmt.Fprintln(out, endMarker)
 		}
-		if err != nil {
-			return
+		if written != nil {
+			return // the client went away
 		}
 	}
 }

@@ -209,9 +209,6 @@ func (o *ordering) policyWritten(k PolicyKey) {
 	}
 }
 
-// unwrittenPolicyKeys returns the number of policy keys whose write failed.
-func (o *ordering) unwrittenPolicyKeys() int { return int(o.numUnwritten.Load()) }
-
 // progressOf is what a statedb reconciler tells of its progress.
 type progressOf interface {
 	WaitUntilReconciled(ctx context.Context, untilRevision statedb.Revision) (statedb.Revision, statedb.Revision, error)

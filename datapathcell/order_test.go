@@ -73,12 +73,6 @@ func (r *recordingMaps) watch(addr string, direction uint8) {
 	r.watched[netip.MustParseAddr(addr)] = direction
 }
 
-func (r *recordingMaps) unwatch() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	clear(r.watched)
-}
-
 // identityOf is the ipcache map's answer for addr: the identity of the
 // longest prefix that holds it, or world.
 func (r *recordingMaps) identityOf(addr netip.Addr) uint32 {
