@@ -14,12 +14,14 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/shell"
+	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 )
 
@@ -56,10 +58,15 @@ var Shell = cell.Module(
 var unservedCommands = []string{"db/insert", "db/delete", "exec"}
 
 // servedCommands are the hive's commands the agent's shell serves, plus
-// help.
-func servedCommands(all map[string]script.Cmd) map[string]script.Cmd {
+// help, each writing its output to the client as it goes (see
+// shellstream.go).
+func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script.Cmd {
 	cmds := map[string]script.Cmd{"help": script.DefaultCmds()["help"]}
 	for name, cmd := range all {
+		cmds[name] = streamedStdout{cmd}
+	}
+	newStreamedQueries(db, cmds)
+	for name, cmd := range cmds {
 		cmds[name] = withoutDelete{cmd}
 	}
 	for _, name := range unservedCommands {
@@ -92,12 +99,19 @@ func (c withoutDelete) Run(s *script.State, args ...string) (script.WaitFunc, er
 	return c.Cmd.Run(s, args...)
 }
 
-func registerShellServer(cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	if cfg.ShellSockPath == "" {
 		log.Info("No --shell-sock-path: not serving the shell")
 		return
 	}
-	s := &shellServer{path: cfg.ShellSockPath, log: log, engine: &script.Engine{Cmds: servedCommands(cmds.Map())}}
+	s := &shellServer{
+		path:     cfg.ShellSockPath,
+		log:      log,
+		engine:   &script.Engine{Cmds: servedCommands(db, cmds.Map())},
+		clients:  make(chan struct{}, maxShellClients),
+		commands: make(chan struct{}, maxShellCommands),
+		watches:  make(chan struct{}, maxShellWatches),
+	}
 	lc.Append(cell.Hook{OnStart: s.listen, OnStop: func(cell.HookContext) error {
 		// The listener job closes it; this is for a start that failed
 		// before the job ran.
@@ -107,11 +121,37 @@ func registerShellServer(cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logge
 	jobs.NewGroup(health, job.WithLogger(log)).Add(job.OneShot("listener", s.serve))
 }
 
+// What the shell costs is bounded: memory and CPU by how many commands
+// run at once (most stream their output, see shellstream.go, but the
+// cells' commands build theirs in memory), goroutines, sockets and line
+// buffers by how many clients are served. A command waits for its turn
+// while its client is connected, up to shellCommandWait; a client beyond
+// maxShellClients is told the shell is busy and let go.
+const (
+	maxShellClients  = 64
+	maxShellCommands = 2
+	shellCommandWait = time.Minute
+	// db/watch runs until its client leaves, so it takes no turn; it has
+	// its own limit instead, as its first listing (statedb's) is the whole
+	// table, in memory.
+	maxShellWatches = 2
+	// A client that reads nothing for this long is let go: its command
+	// would hold its turn, and its read transaction the table's old
+	// objects.
+	shellWriteTimeout = 10 * time.Second
+)
+
+// watchCommand runs until its client leaves.
+const watchCommand = "db/watch"
+
 type shellServer struct {
 	path     string
 	log      *slog.Logger
 	engine   *script.Engine
 	listener net.Listener
+
+	// Tokens, one per client served, command running and db/watch.
+	clients, commands, watches chan struct{}
 }
 
 // listen makes the socket, root only, at start: a failure fails the start.
@@ -160,8 +200,29 @@ func (s *shellServer) serve(ctx context.Context, health cell.Health) error {
 			}
 			return fmt.Errorf("shell: accept: %w", err)
 		}
-		clients.Go(func() { s.serveClient(ctx, conn) })
+		select {
+		case s.clients <- struct{}{}:
+			clients.Go(func() {
+				defer func() { <-s.clients }()
+				s.serveClient(ctx, conn)
+			})
+		default:
+			s.log.Debug("Shell busy: client refused", "clients", maxShellClients)
+			clients.Go(func() { s.refuse(conn) })
+		}
 	}
+}
+
+// refuse tells a client beyond maxShellClients that the shell is busy,
+// as the error of its first command.
+func (s *shellServer) refuse(conn net.Conn) {
+	defer conn.Close()
+	// Read its command first: a client whose command found the socket
+	// closed would see a broken pipe, not why.
+	conn.SetDeadline(time.Now().Add(time.Second))
+	bufio.NewReaderSize(conn, 4096).ReadSlice('\n')
+	fmt.Fprintf(conn, "%v: %d clients connected, the most it serves at once; try again later%s\n",
+		ErrShellBusy, maxShellClients, errorMarker)
 }
 
 func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
@@ -173,13 +234,10 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		<-ctx.Done()
 		conn.Close()
 	}()
-	state, err := script.NewState(ctx, os.TempDir(), nil)
-	if err != nil {
-		s.log.Error("Shell: new script state", "error", err)
-		return
-	}
-	// A failed write means the client is gone: stop its command.
+	// A failed write means the client is gone, or reads nothing: stop its
+	// command.
 	out := writerFunc(func(p []byte) (int, error) {
+		conn.SetWriteDeadline(time.Now().Add(shellWriteTimeout))
 		n, err := conn.Write(p)
 		if err != nil {
 			cancel()
@@ -194,8 +252,9 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		case "stop", "exit", "quit":
 			return
 		}
-		if err := s.execute(state, line, out); err != nil {
-			_, err = fmt.Fprintf(out, "%s%s\n", err, errorMarker)
+		var err error
+		if cmdErr := s.execute(ctx, line, out); cmdErr != nil {
+			_, err = fmt.Fprintf(out, "%s%s\n", cmdErr, errorMarker)
 		} else {
 			_, err = fmt.Fprintln(out, endMarker)
 		}
@@ -205,9 +264,21 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 	}
 }
 
-// execute runs one command line; a command that panics fails, it does not
-// take the agent down.
-func (s *shellServer) execute(state *script.State, line string, out io.Writer) (err error) {
+// execute runs one command line in its turn, in a State of its own: what
+// a command made the State hold (the engine's log buffer keeps the size of
+// the largest output written through it) goes with it. A command that
+// panics fails, it does not take the agent down.
+func (s *shellServer) execute(ctx context.Context, line string, out io.Writer) (err error) {
+	release, err := s.turn(ctx, line)
+	if err != nil {
+		return err
+	}
+	defer release()
+	state, err := script.NewState(ctx, os.TempDir(), nil)
+	if err != nil {
+		return fmt.Errorf("new script state: %w", err)
+	}
+	defer state.CloseAndWait(io.Discard)
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("Panic in a shell command", "command", line, "panic", p, "stack", string(debug.Stack()))
@@ -215,6 +286,34 @@ func (s *shellServer) execute(state *script.State, line string, out io.Writer) (
 		}
 	}()
 	return s.engine.ExecuteLine(state, line, out)
+}
+
+// turn waits for the command's turn to run; the caller calls release when
+// it is done.
+//
+// Possible errors: ErrShellBusy when no turn came within shellCommandWait,
+// or when maxShellWatches db/watch run already; ctx's.
+func (s *shellServer) turn(ctx context.Context, line string) (release func(), err error) {
+	if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); name == watchCommand {
+		select {
+		case s.watches <- struct{}{}:
+			return func() { <-s.watches }, nil
+		default:
+			return nil, fmt.Errorf("%w: %d %s already running, the most it serves at once; try again later",
+				ErrShellBusy, maxShellWatches, watchCommand)
+		}
+	}
+	wait := time.NewTimer(shellCommandWait)
+	defer wait.Stop()
+	select {
+	case s.commands <- struct{}{}:
+		return func() { <-s.commands }, nil
+	case <-wait.C:
+		return nil, fmt.Errorf("%w: %d commands running for over %s; try again later",
+			ErrShellBusy, maxShellCommands, shellCommandWait)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 type writerFunc func([]byte) (int, error)
