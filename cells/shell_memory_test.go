@@ -231,3 +231,34 @@ func TestShellBusy(t *testing.T) {
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
 }
+
+// TestShellWatchesBounded: db/watch takes no command turn (it runs until
+// its client leaves) but at most maxShellWatches run at once; other
+// commands still run meanwhile.
+func TestShellWatchesBounded(t *testing.T) {
+	sock, _ := startShellWithPrefixes(t, 10)
+	for range maxShellWatches {
+		conn, err := DialShell(sock)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = fmt.Fprintln(conn, "db/watch ipcache")
+		require.NoError(t, err)
+		// Its first listing: the watch runs.
+		reply := bufio.NewReader(conn)
+		for {
+			line, err := reply.ReadString('\n')
+			require.NoError(t, err)
+			require.NotContains(t, line, errorMarker)
+			if strings.HasPrefix(line, "10.0.0.9/32") {
+				break
+			}
+		}
+	}
+	_, err := exchange(t, sock, "db/watch ipcache")
+	// The client has the agent's message, not its sentinel.
+	require.ErrorContains(t, err, "shell busy: 2 db/watch already running", "a watch beyond maxShellWatches")
+	for range maxShellCommands + 1 {
+		_, err = exchange(t, sock, "health")
+		require.NoError(t, err)
+	}
+}
