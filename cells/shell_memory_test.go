@@ -285,12 +285,13 @@ func TestShellWatchesBounded(t *testing.T) {
 // output in memory), over prefixes of a CIDR identity each (a larger
 // steady heap, 865 B a prefix): the live heap stays within the bound over
 // the steady state, the heap in use within twice that live heap, and it
-// returns to the steady state.
-// Scaled as TestShellMemoryManyClients under the race detector.
+// returns to the steady state. Under the race detector, as in
+// TestShellMemoryManyClients, 10k prefixes, and a bound of 20 MB (the
+// shell before it streamed: 27 MB live, 67 MB in use there).
 func TestShellMemoryMixedClients(t *testing.T) {
 	prefixes, clients, bound := 200_000, 50, int64(shellMemoryBound)
 	if raceEnabled {
-		prefixes, bound = 10_000, 50<<20
+		prefixes, bound = 10_000, 20<<20
 	}
 	sock, _ := startShellWith(t, prefixes, ipcachecell.Metadata{})
 	commands := []string{
