@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cilium/hive"
@@ -23,6 +24,7 @@ import (
 	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultShellSockPath is where the agent's shell listens.
@@ -139,10 +141,17 @@ const (
 	// would hold its turn, and its read transaction the table's old
 	// objects.
 	shellWriteTimeout = 10 * time.Second
+	// How often a running command's client is checked for having left.
+	shellHangupCheck = 200 * time.Millisecond
 )
 
 // watchCommand runs until its client leaves.
 const watchCommand = "db/watch"
+
+// waitingCommands mostly wait (health for a row that matches its pattern,
+// db/initialized for tables), holding little: they take no turn, which
+// they could hold as long as they wait.
+var waitingCommands = map[string]bool{"health": true, "db/initialized": true}
 
 type shellServer struct {
 	path     string
@@ -253,7 +262,7 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 			return
 		}
 		var err error
-		if cmdErr := s.execute(ctx, line, out); cmdErr != nil {
+		if cmdErr := s.executeWhileConnected(ctx, cancel, conn, line, out); cmdErr != nil {
 			_, err = fmt.Fprintf(out, "%s%s\n", cmdErr, errorMarker)
 		} else {
 			_, err = fmt.Fprintln(out, endMarker)
@@ -262,6 +271,46 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 			return
 		}
 	}
+}
+
+// executeWhileConnected runs one command line, and calls hangup if the
+// client closes its connection meanwhile: a command that waits (health
+// with a pattern, db/watch) would otherwise notice only when it next
+// writes, and hold its client's place until then.
+func (s *shellServer) executeWhileConnected(ctx context.Context, hangup func(), conn net.Conn, line string, out io.Writer) error {
+	done := make(chan struct{})
+	defer close(done)
+	if raw, err := conn.(syscall.Conn).SyscallConn(); err == nil {
+		go func() {
+			ticker := time.NewTicker(shellHangupCheck)
+			defer ticker.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-ticker.C:
+				}
+				if hungUp(raw) {
+					hangup()
+					return
+				}
+			}
+		}()
+	}
+	return s.execute(ctx, line, out)
+}
+
+// hungUp reports whether the peer closed the connection (POLLHUP: a client
+// that only shut its writing side down still reads the output).
+func hungUp(raw syscall.RawConn) bool {
+	var hup bool
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd)}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hup = fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return hup
 }
 
 // execute runs one command line in its turn, in a State of its own: what
@@ -302,6 +351,9 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 			return nil, fmt.Errorf("%w: %d %s already running, the most it serves at once; try again later",
 				ErrShellBusy, maxShellWatches, watchCommand)
 		}
+	}
+	if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); waitingCommands[name] {
+		return func() {}, nil
 	}
 	wait := time.NewTimer(shellCommandWait)
 	defer wait.Stop()

@@ -325,3 +325,29 @@ func TestShellMemoryMixedClients(t *testing.T) {
 	require.Less(t, int64(peak), 2*(int64(steady)+bound), "heap in use: twice the bounded live heap")
 	require.Less(t, int64(after)-int64(steady), int64(10<<20), "after, over the steady state")
 }
+
+// TestShellWaitingCommandsTakeNoTurnAndEndWithTheirClient: commands that
+// wait (health for a pattern) let other commands run, and end when their
+// client leaves, though they write nothing.
+func TestShellWaitingCommandsTakeNoTurnAndEndWithTheirClient(t *testing.T) {
+	sock, log := startShell(t)
+	var conns []net.Conn
+	for range maxShellCommands + 1 {
+		conn, err := DialShell(sock)
+		require.NoError(t, err)
+		conns = append(conns, conn)
+		_, err = fmt.Fprintln(conn, "health nosuchrow")
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	_, err := exchange(t, sock, "db")
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), shellCommandWait/2, "db ran in its turn")
+	connected := strings.Count(log.String(), "Shell client connected")
+	for _, conn := range conns {
+		conn.Close()
+	}
+	require.Eventually(t, func() bool {
+		return strings.Count(log.String(), "Shell client disconnected") == connected
+	}, 5*time.Second, 10*time.Millisecond, "the waiting commands ended with their clients")
+}
