@@ -343,7 +343,8 @@ func (s *shellServer) execute(ctx context.Context, line string, out io.Writer) (
 // Possible errors: ErrShellBusy when no turn came within shellCommandWait,
 // or when maxShellWatches db/watch run already; ctx's.
 func (s *shellServer) turn(ctx context.Context, line string) (release func(), err error) {
-	if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); name == watchCommand {
+	name := commandName(line)
+	if name == watchCommand {
 		select {
 		case s.watches <- struct{}{}:
 			return func() { <-s.watches }, nil
@@ -352,7 +353,7 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 				ErrShellBusy, maxShellWatches, watchCommand)
 		}
 	}
-	if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); waitingCommands[name] {
+	if waitingCommands[name] {
 		return func() {}, nil
 	}
 	wait := time.NewTimer(shellCommandWait)
@@ -366,6 +367,19 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// commandName is the name of a line's command, past the script engine's
+// prefixes ("! ", "? ", "[condition] "), so that none of them takes a
+// command out of its limit.
+func commandName(line string) string {
+	for _, field := range strings.Fields(line) {
+		if field == "!" || field == "?" || strings.HasPrefix(field, "[") {
+			continue
+		}
+		return field
+	}
+	return ""
 }
 
 type writerFunc func([]byte) (int, error)
