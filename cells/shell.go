@@ -113,6 +113,8 @@ func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, cfg shell.Config,
 		clients:  make(chan struct{}, maxShellClients),
 		commands: make(chan struct{}, maxShellCommands),
 		watches:  make(chan struct{}, maxShellWatches),
+
+		commandWait: shellCommandWait,
 	}
 	lc.Append(cell.Hook{OnStart: s.listen, OnStop: func(cell.HookContext) error {
 		// The listener job closes it; this is for a start that failed
@@ -161,6 +163,8 @@ type shellServer struct {
 
 	// Tokens, one per client served, command running and db/watch.
 	clients, commands, watches chan struct{}
+	// How long a command waits for its turn: shellCommandWait.
+	commandWait time.Duration
 }
 
 // listen makes the socket, root only, at start: a failure fails the start.
@@ -340,7 +344,7 @@ func (s *shellServer) execute(ctx context.Context, line string, out io.Writer) (
 // turn waits for the command's turn to run; the caller calls release when
 // it is done.
 //
-// Possible errors: ErrShellBusy when no turn came within shellCommandWait,
+// Possible errors: ErrShellBusy when no turn came within commandWait,
 // or when maxShellWatches db/watch run already; ctx's.
 func (s *shellServer) turn(ctx context.Context, line string) (release func(), err error) {
 	name := commandName(line)
@@ -356,14 +360,14 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 	if waitingCommands[name] {
 		return func() {}, nil
 	}
-	wait := time.NewTimer(shellCommandWait)
+	wait := time.NewTimer(s.commandWait)
 	defer wait.Stop()
 	select {
 	case s.commands <- struct{}{}:
 		return func() { <-s.commands }, nil
 	case <-wait.C:
 		return nil, fmt.Errorf("%w: %d commands running for over %s; try again later",
-			ErrShellBusy, maxShellCommands, shellCommandWait)
+			ErrShellBusy, cap(s.commands), s.commandWait)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

@@ -353,3 +353,39 @@ func TestShellWaitingCommandsTakeNoTurnAndEndWithTheirClient(t *testing.T) {
 		return strings.Count(log.String(), "Shell client disconnected") == connected
 	}, 5*time.Second, 10*time.Millisecond, "the waiting commands ended with their clients")
 }
+
+// TestShellCommandTurns: at most maxShellCommands commands run at once; the
+// next one waits its turn, and fails as busy if none comes in time, or
+// with its client's context.
+func TestShellCommandTurns(t *testing.T) {
+	s := &shellServer{commands: make(chan struct{}, maxShellCommands), watches: make(chan struct{}, maxShellWatches),
+		commandWait: 50 * time.Millisecond}
+	ctx := context.Background()
+	var releases []func()
+	for range maxShellCommands {
+		release, err := s.turn(ctx, "db/show ipcache")
+		require.NoError(t, err)
+		releases = append(releases, release)
+	}
+	_, err := s.turn(ctx, "db/show ipcache")
+	require.ErrorIs(t, err, ErrShellBusy)
+	require.ErrorContains(t, err, "2 commands running for over 50ms")
+	release, err := s.turn(ctx, "health")
+	require.NoError(t, err, "a waiting command takes no turn")
+	release()
+
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		releases[0]()
+	}()
+	release, err = s.turn(ctx, "db/show ipcache")
+	require.NoError(t, err, "a turn freed while waiting")
+	release()
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	s.commandWait = time.Minute
+	s.commands <- struct{}{}
+	_, err = s.turn(cancelled, "db/show ipcache")
+	require.ErrorIs(t, err, context.Canceled)
+}
