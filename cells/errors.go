@@ -9,3 +9,7 @@ var ErrOwned = errors.New("owned by another running agent")
 // ErrNoAgent is returned by [ShellExchange] when no agent listens on the
 // shell socket.
 var ErrNoAgent = errors.New("no agent is listening")
+
+// ErrShellBusy is the error of a shell command, or client, beyond what the
+// shell serves at once: try again later.
+var ErrShellBusy = errors.New("shell busy")

@@ -14,13 +14,17 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/shell"
+	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultShellSockPath is where the agent's shell listens.
@@ -56,10 +60,15 @@ var Shell = cell.Module(
 var unservedCommands = []string{"db/insert", "db/delete", "exec"}
 
 // servedCommands are the hive's commands the agent's shell serves, plus
-// help.
-func servedCommands(all map[string]script.Cmd) map[string]script.Cmd {
+// help, each writing its output to the client as it goes (see
+// shellstream.go).
+func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script.Cmd {
 	cmds := map[string]script.Cmd{"help": script.DefaultCmds()["help"]}
 	for name, cmd := range all {
+		cmds[name] = streamedStdout{cmd}
+	}
+	newStreamedQueries(db, cmds)
+	for name, cmd := range cmds {
 		cmds[name] = withoutDelete{cmd}
 	}
 	for _, name := range unservedCommands {
@@ -92,12 +101,21 @@ func (c withoutDelete) Run(s *script.State, args ...string) (script.WaitFunc, er
 	return c.Cmd.Run(s, args...)
 }
 
-func registerShellServer(cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	if cfg.ShellSockPath == "" {
 		log.Info("No --shell-sock-path: not serving the shell")
 		return
 	}
-	s := &shellServer{path: cfg.ShellSockPath, log: log, engine: &script.Engine{Cmds: servedCommands(cmds.Map())}}
+	s := &shellServer{
+		path:     cfg.ShellSockPath,
+		log:      log,
+		engine:   &script.Engine{Cmds: servedCommands(db, cmds.Map())},
+		clients:  make(chan struct{}, maxShellClients),
+		commands: make(chan struct{}, maxShellCommands),
+		watches:  make(chan struct{}, maxShellWatches),
+
+		commandWait: shellCommandWait,
+	}
 	lc.Append(cell.Hook{OnStart: s.listen, OnStop: func(cell.HookContext) error {
 		// The listener job closes it; this is for a start that failed
 		// before the job ran.
@@ -107,11 +125,46 @@ func registerShellServer(cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logge
 	jobs.NewGroup(health, job.WithLogger(log)).Add(job.OneShot("listener", s.serve))
 }
 
+// What the shell costs is bounded: memory and CPU by how many commands
+// run at once (most stream their output, see shellstream.go, but the
+// cells' commands build theirs in memory), goroutines, sockets and line
+// buffers by how many clients are served. A command waits for its turn
+// while its client is connected, up to shellCommandWait; a client beyond
+// maxShellClients is told the shell is busy and let go.
+const (
+	maxShellClients  = 64
+	maxShellCommands = 2
+	shellCommandWait = time.Minute
+	// db/watch runs until its client leaves, so it takes no turn; it has
+	// its own limit instead, as its first listing (statedb's) is the whole
+	// table, in memory.
+	maxShellWatches = 2
+	// A client that reads nothing for this long is let go: its command
+	// would hold its turn, and its read transaction the table's old
+	// objects.
+	shellWriteTimeout = 10 * time.Second
+	// How often a running command's client is checked for having left.
+	shellHangupCheck = 200 * time.Millisecond
+)
+
+// watchCommand runs until its client leaves.
+const watchCommand = "db/watch"
+
+// waitingCommands mostly wait (health for a row that matches its pattern,
+// db/initialized for tables), holding little: they take no turn, which
+// they could hold as long as they wait.
+var waitingCommands = map[string]bool{"health": true, "db/initialized": true}
+
 type shellServer struct {
 	path     string
 	log      *slog.Logger
 	engine   *script.Engine
 	listener net.Listener
+
+	// Tokens, one per client served, command running and db/watch.
+	clients, commands, watches chan struct{}
+	// How long a command waits for its turn: shellCommandWait.
+	commandWait time.Duration
 }
 
 // listen makes the socket, root only, at start: a failure fails the start.
@@ -160,8 +213,29 @@ func (s *shellServer) serve(ctx context.Context, health cell.Health) error {
 			}
 			return fmt.Errorf("shell: accept: %w", err)
 		}
-		clients.Go(func() { s.serveClient(ctx, conn) })
+		select {
+		case s.clients <- struct{}{}:
+			clients.Go(func() {
+				defer func() { <-s.clients }()
+				s.serveClient(ctx, conn)
+			})
+		default:
+			s.log.Debug("Shell busy: client refused", "clients", maxShellClients)
+			clients.Go(func() { s.refuse(conn) })
+		}
 	}
+}
+
+// refuse tells a client beyond maxShellClients that the shell is busy,
+// as the error of its first command.
+func (s *shellServer) refuse(conn net.Conn) {
+	defer conn.Close()
+	// Read its command first: a client whose command found the socket
+	// closed would see a broken pipe, not why.
+	conn.SetDeadline(time.Now().Add(time.Second))
+	bufio.NewReaderSize(conn, 4096).ReadSlice('\n')
+	fmt.Fprintf(conn, "%v: %d clients connected, the most it serves at once; try again later%s\n",
+		ErrShellBusy, maxShellClients, errorMarker)
 }
 
 func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
@@ -173,13 +247,10 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		<-ctx.Done()
 		conn.Close()
 	}()
-	state, err := script.NewState(ctx, os.TempDir(), nil)
-	if err != nil {
-		s.log.Error("Shell: new script state", "error", err)
-		return
-	}
-	// A failed write means the client is gone: stop its command.
+	// A failed write means the client is gone, or reads nothing: stop its
+	// command.
 	out := writerFunc(func(p []byte) (int, error) {
+		conn.SetWriteDeadline(time.Now().Add(shellWriteTimeout))
 		n, err := conn.Write(p)
 		if err != nil {
 			cancel()
@@ -195,7 +266,7 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 			return
 		}
 		var written error
-		if err := s.execute(state, line, out); err != nil {
+		if err := s.executeWhileConnected(ctx, cancel, conn, line, out); err != nil {
 			_, written = fmt.Fprintf(out, "%s%s\n", err, errorMarker)
 		} else {
 			_, written = fmt.Fprintln(out, endMarker)
@@ -206,9 +277,61 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 	}
 }
 
-// execute runs one command line; a command that panics fails, it does not
-// take the agent down.
-func (s *shellServer) execute(state *script.State, line string, out io.Writer) (err error) {
+// executeWhileConnected runs one command line, and calls hangup if the
+// client closes its connection meanwhile: a command that waits (health
+// with a pattern, db/watch) would otherwise notice only when it next
+// writes, and hold its client's place until then.
+func (s *shellServer) executeWhileConnected(ctx context.Context, hangup func(), conn net.Conn, line string, out io.Writer) error {
+	done := make(chan struct{})
+	defer close(done)
+	if raw, err := conn.(syscall.Conn).SyscallConn(); err == nil {
+		go func() {
+			ticker := time.NewTicker(shellHangupCheck)
+			defer ticker.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-ticker.C:
+				}
+				if hungUp(raw) {
+					hangup()
+					return
+				}
+			}
+		}()
+	}
+	return s.execute(ctx, line, out)
+}
+
+// hungUp reports whether the peer closed the connection (POLLHUP: a client
+// that only shut its writing side down still reads the output).
+func hungUp(raw syscall.RawConn) bool {
+	var hup bool
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd)}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hup = fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return hup
+}
+
+// execute runs one command line in its turn, in a State of its own: what
+// a command made the State hold (the engine's log buffer keeps the size of
+// the largest output written through it) goes with it. A command that
+// panics fails, it does not take the agent down.
+func (s *shellServer) execute(ctx context.Context, line string, out io.Writer) (err error) {
+	release, err := s.turn(ctx, line)
+	if err != nil {
+		return err
+	}
+	defer release()
+	state, err := script.NewState(ctx, os.TempDir(), nil)
+	if err != nil {
+		return fmt.Errorf("new script state: %w", err)
+	}
+	defer state.CloseAndWait(io.Discard)
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("Panic in a shell command", "command", line, "panic", p, "stack", string(debug.Stack()))
@@ -216,6 +339,51 @@ func (s *shellServer) execute(state *script.State, line string, out io.Writer) (
 		}
 	}()
 	return s.engine.ExecuteLine(state, line, out)
+}
+
+// turn waits for the command's turn to run; the caller calls release when
+// it is done.
+//
+// Possible errors: ErrShellBusy when no turn came within commandWait,
+// or when maxShellWatches db/watch run already; ctx's.
+func (s *shellServer) turn(ctx context.Context, line string) (release func(), err error) {
+	name := commandName(line)
+	if name == watchCommand {
+		select {
+		case s.watches <- struct{}{}:
+			return func() { <-s.watches }, nil
+		default:
+			return nil, fmt.Errorf("%w: %d %s already running, the most it serves at once; try again later",
+				ErrShellBusy, maxShellWatches, watchCommand)
+		}
+	}
+	if waitingCommands[name] {
+		return func() {}, nil
+	}
+	wait := time.NewTimer(s.commandWait)
+	defer wait.Stop()
+	select {
+	case s.commands <- struct{}{}:
+		return func() { <-s.commands }, nil
+	case <-wait.C:
+		return nil, fmt.Errorf("%w: %d commands running for over %s; try again later",
+			ErrShellBusy, cap(s.commands), s.commandWait)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// commandName is the name of a line's command, past the script engine's
+// prefixes ("! ", "? ", "[condition] "), so that none of them takes a
+// command out of its limit.
+func commandName(line string) string {
+	for _, field := range strings.Fields(line) {
+		if field == "!" || field == "?" || strings.HasPrefix(field, "[") {
+			continue
+		}
+		return field
+	}
+	return ""
 }
 
 type writerFunc func([]byte) (int, error)
