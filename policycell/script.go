@@ -2,7 +2,10 @@ package policycell
 
 import (
 	"fmt"
+	"iter"
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,20 +24,25 @@ func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy
 	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
 	identities statedb.Table[*identitycell.Identity]) map[string]script.Cmd {
 	return map[string]script.Cmd{
-		"policy/list":    listCommand(db, l, policies),
+		"policy/list":    listCommand(db, l, policies, entries),
 		"policy/explain": explainCommand(db, entries, enforcement, ipcache, identities),
 	}
 }
 
-// listCommand shows each policy file: its policies in force and, if its
-// current content is rejected, why.
-func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy]) script.Cmd {
+// listCommand shows each policy file: its policies in force, how many of
+// their entries the datapath could not write and why, and, if its current
+// content is rejected, why.
+func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "List the policy files, their policies in force and their errors",
 			Detail: []string{
 				"A rejected file keeps the policies it had in force before;",
 				"its error follows on an indented line.",
+				"A file whose policies have entries the datapath could not write",
+				"to the policy map (a full map) says how many in its status, and",
+				"why on an indented line: the traffic those entries allow is",
+				"dropped until they are written (they are retried).",
 				"Fails if the policy directory cannot be read.",
 			},
 		},
@@ -47,13 +55,18 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy]) scr
 			}
 			status, err := l.Status()
 			txn := db.ReadTxn()
+			notWritten := notWrittenByFile(status, entries.All(txn))
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "File\tStatus\tPolicies\n")
-			for _, f := range status {
+			for i, f := range status {
 				state := "in force"
 				if f.Error != nil {
 					state = "rejected"
+				}
+				n := notWritten[i]
+				if n.entries > 0 {
+					state += ", " + n.count()
 				}
 				var names []string
 				for _, name := range f.Policies {
@@ -63,6 +76,9 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy]) scr
 					names = append(names, name)
 				}
 				fmt.Fprintf(w, "%s\t%s\t%s\n", f.File, state, strings.Join(names, " "))
+				if n.entries > 0 {
+					fmt.Fprintf(w, "  %s\n", n)
+				}
 				if f.Error != nil {
 					fmt.Fprintf(w, "  %s\n", f.Error)
 				}
@@ -71,6 +87,78 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy]) scr
 			return scriptcmd.Result(out.String(), err)
 		},
 	)
+}
+
+// unwrittenEntries are the entries of a file's policies that the datapath
+// could not write to the policy map, with the distinct errors why.
+type unwrittenEntries struct {
+	entries int
+	errors  []string // sorted
+}
+
+// maxListedErrors is how many distinct errors policy/list shows per file:
+// a full map gives every entry the same one, other failures may differ.
+const maxListedErrors = 3
+
+// count is what the file's status column says.
+func (u unwrittenEntries) count() string {
+	if u.entries == 1 {
+		return "1 policy entry not in the policy map"
+	}
+	return fmt.Sprintf("%d policy entries not in the policy map", u.entries)
+}
+
+// String is the line below the file's: the count and why.
+func (u unwrittenEntries) String() string {
+	errs := u.errors
+	more := ""
+	if len(errs) > maxListedErrors {
+		more = fmt.Sprintf("; %d more errors", len(errs)-maxListedErrors)
+		errs = errs[:maxListedErrors]
+	}
+	return fmt.Sprintf("%s (%s%s)", u.count(), strings.Join(errs, "; "), more)
+}
+
+// notWrittenByFile counts, for each file (by its index in status), the
+// `policy` rows of its policies in force whose reconciliation status is
+// Error: the datapath's writer failed to put them into the policy map
+// (statedb's reconciler sets Error only on a failed write, and the policy
+// writer never holds a key back). A row that several of a file's policies
+// share counts once for the file.
+func notWrittenByFile(status []FileStatus, rows iter.Seq2[*PolicyEntry, statedb.Revision]) []unwrittenEntries {
+	fileOf := map[string]int{}
+	for i, f := range status {
+		for _, name := range f.Policies {
+			fileOf[name] = i
+		}
+	}
+	out := make([]unwrittenEntries, len(status))
+	errs := make([]map[string]struct{}, len(status))
+	seen := map[int]struct{}{}
+	for e := range rows {
+		if e.Status.Kind != reconciler.StatusKindError {
+			continue
+		}
+		clear(seen)
+		for _, name := range e.Policies {
+			i, ok := fileOf[name]
+			if _, dup := seen[i]; !ok || dup {
+				continue
+			}
+			seen[i] = struct{}{}
+			out[i].entries++
+			if errs[i] == nil {
+				errs[i] = map[string]struct{}{}
+			}
+			errs[i][e.Status.GetError()] = struct{}{}
+		}
+	}
+	for i := range out {
+		if errs[i] != nil {
+			out[i].errors = slices.Sorted(maps.Keys(errs[i]))
+		}
+	}
+	return out
 }
 
 // explainCommand says whether the policies allow traffic of an address in
