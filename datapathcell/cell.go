@@ -29,7 +29,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newDatapathCell, scriptCommands),
+	cell.Provide(newDatapathCell, scriptCommands, newMapsReader),
 	cell.Invoke(registerWriters),
 )
 
