@@ -232,12 +232,15 @@ func explain(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforceme
 
 // explainDesired writes what the tables say of the traffic (the identity,
 // the direction's enforcement, the entries, the verdict) and returns
-// whether the verdict is allow. An entry the datapath could not write (its
-// status is Error) does not allow: the program finds no such key.
+// whether the policies allow it. An entry the datapath could not write (its
+// status is Error) does not allow: the program finds no such key, unless
+// the address's ipcache entry is held too, and the program still finds
+// the prefix's previous identity.
 func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
 	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity], datapath DatapathMaps,
 	addr netip.Addr, dir Direction, exact PolicyKey) bool {
 	id := identitycell.IdentityWorld
+	held := false
 	if entry, found := ipcachecell.LookupAddress(txn, ipcache, addr); found {
 		id = entry.Identity
 		var lbls labels.Labels
@@ -247,6 +250,7 @@ func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.T
 		fmt.Fprintf(out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
 		if status := entry.GetStatus(); status.Kind == reconciler.StatusKindError {
 			// Held or failed: the datapath still has what the map had.
+			held = true
 			fmt.Fprintf(out, "Datapath: the ipcache map does not have this entry yet, it keeps the prefix's previous value (%s)", status)
 			if datapath != nil {
 				if inMap, found, err := datapath.LookupIdentity(addr); err == nil && found {
@@ -298,9 +302,14 @@ func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.T
 		fmt.Fprintf(out, "Verdict: allow (entry %s of %s)\n", k, strings.Join(e.Policies, ", "))
 		return true
 	}
-	if len(unwritten) > 0 {
+	switch {
+	case len(unwritten) > 0 && held:
+		fmt.Fprintf(out, "Verdict: the policies allow it, but %s; the datapath still uses the prefix's previous value (Datapath above)\n",
+			strings.Join(unwritten, "; "))
+		return true
+	case len(unwritten) > 0:
 		fmt.Fprintf(out, "Verdict: drop (the policies allow it, but %s)\n", strings.Join(unwritten, "; "))
-		return false
+		return true
 	}
 	fmt.Fprintf(out, "Verdict: drop (no entry allows it)\n")
 	return false
