@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
 // TestNotWrittenByFile: a file counts the rows of its policies whose
@@ -104,4 +105,71 @@ func TestExplainMaps(t *testing.T) {
 	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, Ingress, PolicyKey{}, true))
 	maps.err = errors.New("the pinned maps are not open")
 	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, Egress, PolicyKey{}, true))
+}
+
+// TestExplainEntryNotWritten: an entry whose status is Error allows
+// nothing (the program finds no such key), another entry still may; a
+// held ipcache entry leaves the address its previous identity, which the
+// maps name; without the datapath there is no Maps line.
+func TestExplainEntryNotWritten(t *testing.T) {
+	db := statedb.New()
+	ipcache, err := ipcachecell.NewEntriesTable(db)
+	require.NoError(t, err)
+	identities, err := identitycell.NewIdentitiesTable(db)
+	require.NoError(t, err)
+	entries, err := NewPolicyTable(db)
+	require.NoError(t, err)
+	enforcement, err := NewEnforcementTable(db)
+	require.NoError(t, err)
+	require.NoError(t, db.Start())
+	t.Cleanup(func() { require.NoError(t, db.Stop()) })
+
+	full := reconciler.StatusError(errors.New("policy map is full"))
+	held := reconciler.StatusError(errors.New("policy entries of the identity are not in the policy map"))
+	txn := db.WriteTxn(ipcache, entries, enforcement)
+	for _, e := range []*ipcachecell.Entry{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/24"), Identity: 16777217},
+		{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Identity: 16777218},
+		(&ipcachecell.Entry{Prefix: netip.MustParsePrefix("10.0.2.0/24"), Identity: 16777217}).SetStatus(held),
+	} {
+		_, _, err := ipcache.Insert(txn, e)
+		require.NoError(t, err)
+	}
+	for _, e := range []*PolicyEntry{
+		{Key: PolicyKey{Identity: 16777217, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}, Verdict: VerdictAllow, Policies: []string{"q"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: reconciler.StatusDone()},
+	} {
+		_, _, err := entries.Insert(txn, e)
+		require.NoError(t, err)
+	}
+	_, _, err = enforcement.Insert(txn, &Enforcement{Direction: Egress, Enforced: true})
+	require.NoError(t, err)
+	txn.Commit()
+
+	maps := &fakeDatapathMaps{
+		identities: map[netip.Addr]identitycell.NumericIdentity{
+			netip.MustParseAddr("10.0.0.1"): 16777217,
+			netip.MustParseAddr("10.0.2.1"): 16777220, // the held prefix's previous identity
+		},
+		policy:   map[PolicyKey]Verdict{{Identity: 16777220, Direction: Egress}: VerdictAllow},
+		enforced: map[Direction]bool{Egress: true},
+	}
+	run := func(datapath DatapathMaps, addr string, exact PolicyKey) string {
+		return explain(db.ReadTxn(), entries, enforcement, ipcache, identities, datapath, netip.MustParseAddr(addr), Egress, exact)
+	}
+
+	out := run(maps, "10.0.0.1", PolicyKey{})
+	require.Contains(t, out, "  any/any allow: p (not in the policy map: policy map is full)\n")
+	require.Contains(t, out, "Verdict: drop (the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full)\n")
+	require.Contains(t, out, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n")
+
+	out = run(nil, "10.0.1.1", PolicyKey{Protocol: ProtocolTCP, Port: 443})
+	require.Contains(t, out, "Verdict: allow (entry 16777218/egress/any/0 of p)\n", "the any entry allows what the port's unwritten entry does not")
+	require.NotContains(t, out, "Maps:")
+
+	out = run(maps, "10.0.2.1", PolicyKey{})
+	require.Contains(t, out, "; the datapath uses identity 16777220 for 10.0.2.1\n")
+	require.Contains(t, out, "Verdict: the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full; the datapath still uses the prefix's previous value")
+	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/0: allow\n")
 }
