@@ -29,7 +29,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newDatapathCell, scriptCommands),
+	cell.Provide(newDatapathCell, scriptCommands, newMapsReader),
 	cell.Invoke(registerWriters),
 )
 
@@ -132,6 +132,7 @@ func registerWriters(p writersParams) error {
 		name:       IPCacheMapName,
 		m:          d.ipcacheMap,
 		stats:      d.writeStats(IPCacheMapName),
+		log:        p.Log,
 		key:        func(e *ipcachecell.Entry) IPCacheKey { return NewIPCacheKey(e.Prefix) },
 		value:      func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
 		writeOrder: IPCacheKey.compare,

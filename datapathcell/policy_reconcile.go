@@ -48,6 +48,7 @@ func newPolicyOps(m func() kernelMap, stats *MapWriteStats, order *ordering, log
 		name:  PolicyMapName,
 		m:     m,
 		stats: stats,
+		log:   log,
 		key: func(e *policycell.PolicyEntry) PolicyKey {
 			return NewPolicyKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
 		},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync/atomic"
@@ -94,6 +95,15 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	// pruned is set by the first prune: pinned is no longer kept.
 	pruned bool
 
+	// log, if set, says once when the map becomes full (the first key
+	// that does not fit) and once when it has room again (every such key
+	// written or gone): a full map retries thousands of keys, and a line
+	// per retry would drown the log while saying nothing new.
+	log *slog.Logger
+	// noRoom are the keys whose last write failed for lack of room and
+	// that were not written or deleted since; stats.NoRoom counts them.
+	noRoom map[K]struct{}
+
 	stats *MapWriteStats
 }
 
@@ -106,6 +116,11 @@ type MapWriteStats struct {
 	Unchanged atomic.Uint64
 	// Prunes counts completed prunes of the map.
 	Prunes atomic.Uint64
+	// NoRoom counts the keys that are not in the map because it was full
+	// when they were last written (they are retried). Written only by the
+	// map's writer; the writer reads it to skip a lookup on every write
+	// while the map has room, which is almost always.
+	NoRoom atomic.Int64
 }
 
 // skipUnchanged drops from batch the objects whose value the map already
@@ -157,8 +172,39 @@ func (o *mapOps[Obj, K, V]) failedWrite(k K) {
 // wrote counts a key written.
 func (o *mapOps[Obj, K, V]) wrote(k K) {
 	o.stats.Written.Add(1)
+	if o.stats.NoRoom.Load() != 0 {
+		o.roomFor(k)
+	}
 	if o.written != nil {
 		o.written(k)
+	}
+}
+
+// noRoomFor records that k did not fit, and logs the map becoming full.
+func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
+	if o.noRoom == nil {
+		o.noRoom = map[K]struct{}{}
+	}
+	if _, ok := o.noRoom[k]; ok {
+		return
+	}
+	o.noRoom[k] = struct{}{}
+	if o.stats.NoRoom.Add(1) == 1 && o.log != nil {
+		o.log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (db/show %s says which)", o.name, o.name),
+			"map", o.name, "max-entries", o.m().MaxEntries(), "flag", "--"+o.name+"-map-max-entries", "error", err)
+	}
+}
+
+// roomFor records that k, if it did not fit before, is written or gone,
+// and logs the map having room again once no key is left out.
+func (o *mapOps[Obj, K, V]) roomFor(k K) {
+	if _, ok := o.noRoom[k]; !ok {
+		return
+	}
+	delete(o.noRoom, k)
+	if o.stats.NoRoom.Add(-1) == 0 && o.log != nil {
+		o.log.Info(fmt.Sprintf("The %s map has room again: every entry that did not fit is written or no longer wanted", o.name),
+			"map", o.name)
 	}
 }
 
@@ -261,8 +307,10 @@ func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
 			// What the kernel says of a full map (ENOSPC for an LPM trie,
 			// E2BIG for a hash map) does not say so.
-			return fmt.Errorf("%s map is full (max entries %d; raise --%s-map-max-entries): %w",
+			err = fmt.Errorf("%s map is full (max entries %d; raise --%s-map-max-entries): %w",
 				o.name, o.m().MaxEntries(), o.name, err)
+			o.noRoomFor(k, err)
+			return err
 		}
 		return fmt.Errorf("%s map: update: %w", o.name, err)
 	}

@@ -45,8 +45,48 @@ func TestPrivilegedScript(t *testing.T) {
 // mapCheckCell provides test/map-check.
 var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config,
 	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
-	return hive.NewScriptCmds(map[string]script.Cmd{"test/map-check": mapCheckCmd(db, cfg.BPFRoot, entries, policies)})
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"test/map-check":    mapCheckCmd(db, cfg.BPFRoot, entries, policies),
+		"test/bpf-enforced": bpfEnforcedCmd(cfg.BPFRoot),
+	})
 })
+
+// bpfEnforcedCmd waits until the pinned enforcement map enforces the
+// given directions and no other: the enforcement writer switches a
+// direction on only after both map writers have written, so a script
+// that asserts what the maps do waits for it.
+func bpfEnforcedCmd(bpfRoot string) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "Wait until the pinned enforcement map enforces exactly the given directions",
+			Args:    "[ingress] [egress]",
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			var want [2]bool
+			for _, arg := range args {
+				dir, err := policycell.ParseDirection(arg)
+				if err != nil {
+					return nil, err
+				}
+				want[dir] = true
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				got, err := datapathcell.ReadPinnedEnforcement(bpfRoot)
+				if err == nil && got == want {
+					return nil, nil
+				}
+				if time.Now().After(deadline) {
+					return nil, fmt.Errorf("enforcement map: %v (err %v), want %v", got, err, want)
+				}
+				select {
+				case <-s.Context().Done():
+					return nil, s.Context().Err()
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		})
+}
 
 // desiredRow is a row of a desired table, as the map would hold it.
 type desiredRow struct {

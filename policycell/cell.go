@@ -140,8 +140,21 @@ func registerSelectorEngine(p selectorParams) {
 	group.Add(job.OneShot("policy-selectors", e.run))
 }
 
-func scriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
-	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
-	identities statedb.Table[*identitycell.Identity]) hive.ScriptCmdsOut {
-	return hive.NewScriptCmds(newScriptCommands(db, l, policies, entries, enforcement, ipcache, identities))
+type scriptParams struct {
+	cell.In
+
+	DB          *statedb.DB
+	Loader      *loader
+	Policies    statedb.Table[*Policy]
+	Entries     statedb.Table[*PolicyEntry]
+	Enforcement statedb.Table[*Enforcement]
+	IPCache     statedb.Table[*ipcachecell.Entry]
+	Identities  statedb.Table[*identitycell.Identity]
+	// Datapath is provided by the datapath cell, if the hive has one.
+	Datapath DatapathMaps `optional:"true"`
+}
+
+func scriptCommands(p scriptParams) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(newScriptCommands(p.DB, p.Loader, p.Policies, p.Entries, p.Enforcement, p.IPCache,
+		p.Identities, p.Datapath))
 }

@@ -209,7 +209,12 @@ func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
 	_, own := ipcache[prefixOf(allowedIP+"/32")]
 	require.False(t, own, "the /32 is held while its identity's policy entry is not in the map")
 	require.Equal(t, wide, ipcache[prefixOf("10.201.0.0/16")])
-	require.Contains(t, e.shell("policy/explain", allowedIP, "egress"), "not in the policy map")
+	explained := e.shell("policy/explain", allowedIP, "egress")
+	require.Contains(t, explained, "not in the policy map")
+	// What the datapath really does: the held /32 leaves the address the
+	// wide prefix's identity, whose entry allows it.
+	require.Contains(t, explained, fmt.Sprintf("the datapath uses identity %d for %s", wide, allowedIP))
+	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: identity %d, egress enforced, policy map entry %d/egress/\S+: allow$`, wide, wide), explained)
 	require.Regexp(t, `ipcache.*level=Degraded`, e.shell("health"))
 
 	e.pingDuring("room appears", e.epNS, allowedIP,

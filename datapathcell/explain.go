@@ -1,0 +1,80 @@
+package datapathcell
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// mapsReader reads the maps the enforcement program looks up, for
+// policycell's policy/explain: what the datapath really does with a
+// packet, which differs from the desired tables while entries cannot be
+// written (a full policy map) or are held.
+type mapsReader struct{ d *Datapath }
+
+var _ policycell.DatapathMaps = mapsReader{}
+
+func newMapsReader(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
+
+// lookup looks key up in the map that which picks, under the datapath's
+// lock so that a stop does not close the map meanwhile. found is false if
+// the map has no such key.
+func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (found bool, err error) {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	var m kernelMap
+	switch {
+	case r.d.fakeMaps != nil:
+		m = which(*r.d.fakeMaps)
+	case r.d.maps != nil:
+		m = which(writtenMaps{ipcache: r.d.maps.IPCache, policy: r.d.maps.Policy, enforcement: r.d.maps.Enforcement})
+	}
+	if m == nil {
+		return false, errors.New("the pinned maps are not open")
+	}
+	err = m.Lookup(key, value)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// LookupIdentity implements policycell.DatapathMaps: a lookup of the
+// address's full-length key in the LPM trie finds the longest prefix
+// containing it, as the program's does.
+func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
+	k := NewIPCacheKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
+	var v IPCacheValue
+	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
+	if err != nil {
+		return 0, false, fmt.Errorf("ipcache map: lookup %s: %w", addr, err)
+	}
+	return identitycell.NumericIdentity(v.Identity()), found, nil
+}
+
+// LookupPolicy implements policycell.DatapathMaps.
+func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.Verdict, bool, error) {
+	k := NewPolicyKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
+	var v PolicyValue
+	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
+	if err != nil {
+		return 0, false, fmt.Errorf("policy map: lookup %s: %w", key, err)
+	}
+	return policycell.Verdict(v.Verdict()), found, nil
+}
+
+// Enforced implements policycell.DatapathMaps.
+func (r mapsReader) Enforced(dir policycell.Direction) (bool, error) {
+	k := uint32(dir)
+	var v enforcementValue
+	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
+	if err != nil {
+		return false, fmt.Errorf("enforcement map: lookup %s: %w", dir, err)
+	}
+	return found && v == 1, nil
+}

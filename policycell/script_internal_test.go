@@ -1,0 +1,175 @@
+package policycell
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+)
+
+// TestNotWrittenByFile: a file counts the rows of its policies whose
+// status is Error, once per row even if several of its policies share it,
+// with each distinct error once; rows Done or Pending do not count.
+func TestNotWrittenByFile(t *testing.T) {
+	full := reconciler.StatusError(errors.New("policy map is full"))
+	other := reconciler.StatusError(errors.New("permission denied"))
+	row := func(id uint32, status reconciler.Status, policies ...string) *PolicyEntry {
+		return &PolicyEntry{Key: PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: Egress}, Policies: policies, Status: status}
+	}
+	rows := []*PolicyEntry{
+		row(1, full, "a1"),
+		row(2, full, "a1", "a2"), // both of a.yaml's: counts once
+		row(3, other, "a2", "b1"),
+		row(4, reconciler.StatusDone(), "b1"),
+		row(5, reconciler.StatusPending(), "b1"),
+		row(6, full, "gone"), // no file has it (any more)
+	}
+	seq := func(yield func(*PolicyEntry, statedb.Revision) bool) {
+		for i, r := range rows {
+			if !yield(r, statedb.Revision(i)) {
+				return
+			}
+		}
+	}
+	status := []FileStatus{
+		{File: "a.yaml", Policies: []string{"a1", "a2"}},
+		{File: "b.yaml", Policies: []string{"b1"}},
+		{File: "c.yaml", Policies: []string{"c1"}},
+	}
+	got := notWrittenByFile(status, seq)
+	require.Equal(t, []unwrittenEntries{
+		{entries: 3, errors: []string{"permission denied", "policy map is full"}},
+		{entries: 1, errors: []string{"permission denied"}},
+		{},
+	}, got)
+	require.Equal(t, "3 policy entries not in the policy map (permission denied; policy map is full)", got[0].String())
+	require.Equal(t, "1 policy entry not in the policy map", got[1].count())
+
+	many := unwrittenEntries{entries: 5, errors: []string{"e1", "e2", "e3", "e4", "e5"}}
+	require.Equal(t, "5 policy entries not in the policy map (e1; e2; e3; 2 more errors)", many.String())
+}
+
+// fakeDatapathMaps answers as the datapath's maps would.
+type fakeDatapathMaps struct {
+	identities map[netip.Addr]identitycell.NumericIdentity
+	policy     map[PolicyKey]Verdict
+	enforced   map[Direction]bool
+	err        error
+}
+
+func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
+	id, found := m.identities[addr]
+	return id, found, m.err
+}
+
+func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (Verdict, bool, error) {
+	v, found := m.policy[k]
+	return v, found, m.err
+}
+
+func (m *fakeDatapathMaps) Enforced(dir Direction) (bool, error) { return m.enforced[dir], m.err }
+
+// TestExplainMaps: the Maps line follows the program's lookups (exact
+// port, the protocol's any port, any protocol; world when no ipcache entry
+// covers the address) and says when the maps do not do what the policies
+// want.
+func TestExplainMaps(t *testing.T) {
+	addr := netip.MustParseAddr("10.0.0.1")
+	maps := &fakeDatapathMaps{
+		identities: map[netip.Addr]identitycell.NumericIdentity{addr: 16777217},
+		policy: map[PolicyKey]Verdict{
+			{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP}: VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: Egress}:      VerdictAllow,
+		},
+		enforced: map[Direction]bool{Egress: true},
+	}
+	explainLine := func(addr netip.Addr, dir Direction, exact PolicyKey, desired bool) string {
+		var out strings.Builder
+		explainMaps(&out, maps, addr, dir, exact, desired)
+		return out.String()
+	}
+	tcp443 := PolicyKey{Protocol: ProtocolTCP, Port: 443}
+	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/0: allow\n",
+		explainLine(addr, Egress, tcp443, true))
+	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
+		explainLine(addr, Egress, PolicyKey{}, true), "without a port only the any-protocol entry is looked up")
+	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/0: allow, not what the policies want\n",
+		explainLine(netip.MustParseAddr("192.0.2.1"), Egress, PolicyKey{}, false), "no ipcache entry: world")
+	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, Ingress, PolicyKey{}, true))
+	maps.err = errors.New("the pinned maps are not open")
+	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, Egress, PolicyKey{}, true))
+}
+
+// TestExplainEntryNotWritten: an entry whose status is Error allows
+// nothing (the program finds no such key), another entry still may; a
+// held ipcache entry leaves the address its previous identity, which the
+// maps name; without the datapath there is no Maps line.
+func TestExplainEntryNotWritten(t *testing.T) {
+	db := statedb.New()
+	ipcache, err := ipcachecell.NewEntriesTable(db)
+	require.NoError(t, err)
+	identities, err := identitycell.NewIdentitiesTable(db)
+	require.NoError(t, err)
+	entries, err := NewPolicyTable(db)
+	require.NoError(t, err)
+	enforcement, err := NewEnforcementTable(db)
+	require.NoError(t, err)
+	require.NoError(t, db.Start())
+	t.Cleanup(func() { require.NoError(t, db.Stop()) })
+
+	full := reconciler.StatusError(errors.New("policy map is full"))
+	held := reconciler.StatusError(errors.New("policy entries of the identity are not in the policy map"))
+	txn := db.WriteTxn(ipcache, entries, enforcement)
+	for _, e := range []*ipcachecell.Entry{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/24"), Identity: 16777217},
+		{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Identity: 16777218},
+		(&ipcachecell.Entry{Prefix: netip.MustParsePrefix("10.0.2.0/24"), Identity: 16777217}).SetStatus(held),
+	} {
+		_, _, err := ipcache.Insert(txn, e)
+		require.NoError(t, err)
+	}
+	for _, e := range []*PolicyEntry{
+		{Key: PolicyKey{Identity: 16777217, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}, Verdict: VerdictAllow, Policies: []string{"q"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: reconciler.StatusDone()},
+	} {
+		_, _, err := entries.Insert(txn, e)
+		require.NoError(t, err)
+	}
+	_, _, err = enforcement.Insert(txn, &Enforcement{Direction: Egress, Enforced: true})
+	require.NoError(t, err)
+	txn.Commit()
+
+	maps := &fakeDatapathMaps{
+		identities: map[netip.Addr]identitycell.NumericIdentity{
+			netip.MustParseAddr("10.0.0.1"): 16777217,
+			netip.MustParseAddr("10.0.2.1"): 16777220, // the held prefix's previous identity
+		},
+		policy:   map[PolicyKey]Verdict{{Identity: 16777220, Direction: Egress}: VerdictAllow},
+		enforced: map[Direction]bool{Egress: true},
+	}
+	run := func(datapath DatapathMaps, addr string, exact PolicyKey) string {
+		return explain(db.ReadTxn(), entries, enforcement, ipcache, identities, datapath, netip.MustParseAddr(addr), Egress, exact)
+	}
+
+	out := run(maps, "10.0.0.1", PolicyKey{})
+	require.Contains(t, out, "  any/any allow: p (not in the policy map: policy map is full)\n")
+	require.Contains(t, out, "Verdict: drop (the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full)\n")
+	require.Contains(t, out, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n")
+
+	out = run(nil, "10.0.1.1", PolicyKey{Protocol: ProtocolTCP, Port: 443})
+	require.Contains(t, out, "Verdict: allow (entry 16777218/egress/any/0 of p)\n", "the any entry allows what the port's unwritten entry does not")
+	require.NotContains(t, out, "Maps:")
+
+	out = run(maps, "10.0.2.1", PolicyKey{})
+	require.Contains(t, out, "; the datapath uses identity 16777220 for 10.0.2.1\n")
+	require.Contains(t, out, "Verdict: the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full; the datapath still uses the prefix's previous value")
+	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/0: allow\n")
+}
