@@ -18,6 +18,9 @@ type Computed struct {
 	// Entries and Enforcement are revisions of the `policy` and
 	// `policy-enforcement` tables at which they reflect them.
 	Entries, Enforcement statedb.Revision
+	// Selectors is the number of CIDR selectors of the policies in force.
+	// Without any, an identity has no policy entries whatever its labels.
+	Selectors int
 }
 
 // SelectorProgress tells how far the selectors have computed the policy
@@ -46,6 +49,9 @@ func newSelectorProgress(db *statedb.DB, policies statedb.Table[*Policy],
 func (p *SelectorProgress) WaitComputed(ctx context.Context, txn statedb.ReadTxn) (Computed, error) {
 	policies, identities := p.policies.Revision(txn), p.identities.Revision(txn)
 	return p.computed.Wait(ctx, func(c Computed) bool {
-		return c.Policies >= policies && c.Identities >= identities
+		// Without selectors, identities the selectors have not seen yet
+		// have no entries to wait for: with no policy naming a CIDR, the
+		// ipcache does not wait for the selectors' round.
+		return c.Policies >= policies && (c.Identities >= identities || c.Selectors == 0)
 	})
 }

@@ -194,6 +194,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	e.progress.computed.Set(Computed{
 		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
+		Selectors: len(e.selectors),
 	})
 	if initializing {
 		e.markInitialized = nil
