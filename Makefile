@@ -22,11 +22,11 @@ bench:
 
 # The scale benchmark (as root; about 6 minutes on 2 vCPUs): 100k and 1M
 # prefixes, IPv4 and mixed, against the raw BPF write floor. Its last line
-# is the 1M IPv4 summary (see internal/benchscale/doc.go). BENCH_SCALE_FLAGS
+# is the 1M IPv4 summary (see cmd/bench-scale/doc.go). BENCH_SCALE_FLAGS
 # picks other sizes, e.g. BENCH_SCALE_FLAGS="-sizes 100000 -families ipv4".
 BENCH_SCALE_FLAGS ?=
 bench-scale:
-	$(GO) build -o bin/bench-scale ./internal/benchscale
+	$(GO) build -o bin/bench-scale ./cmd/bench-scale
 	./bin/bench-scale $(BENCH_SCALE_FLAGS)
 
 # Each fuzz target for FUZZTIME (go test runs their seeds in `make test`;

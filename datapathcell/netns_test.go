@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/internal/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
 // endpointNetwork is an endpoint behind a veth, as the agent sees one: the

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 )
 
 type testEntry struct {

@@ -38,7 +38,7 @@ const writeChunkSize = 4096
 // releaseChunkSize bounds the rows a release deletes in one transaction.
 // It is smaller than writeChunkSize: a grace-period release of a million
 // rows runs while other owners write, and each of its transactions holds
-// their writes off (measured with internal/benchscale, step 4).
+// their writes off (measured with cmd/bench-scale, step 4).
 const releaseChunkSize = 1024
 
 // IPCache is the entry point for owners of prefix metadata: each obtains a
@@ -183,7 +183,7 @@ type Handle struct {
 	// only writer of its rows, so it knows them, and Release needs them.
 	// A statedb index of the table by resource would know them too, at
 	// about 130 bytes a row (its tree leaf, a key holding resource and
-	// prefix, inner nodes); this set costs about 25 (internal/benchscale,
+	// prefix, inner nodes); this set costs about 25 (cmd/bench-scale,
 	// heap per prefix). Written under mu, after each commit.
 	prefixes map[compactPrefix]struct{}
 	// numPrefixes is len(prefixes), readable without mu (a gradual release

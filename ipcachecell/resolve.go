@@ -408,7 +408,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		// identity alone, so the entry keeps its reconciliation status
 		// and the reconciler has nothing to do. At a restart over 1M
 		// restored prefixes that their owner re-asserts, the reconciler
-		// then handles each entry once, not twice (internal/benchscale:
+		// then handles each entry once, not twice (cmd/bench-scale:
 		// the restart took 19.5 s instead of 26.9 s).
 		desired.keepStatusOf(current)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/internal/ipcachetest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 

@@ -15,7 +15,7 @@ import (
 )
 
 // There is a metadata row and an entry per prefix: at a million prefixes,
-// each byte of them is a megabyte (internal/benchscale, heap per prefix).
+// each byte of them is a megabyte (cmd/bench-scale, heap per prefix).
 // A field added in the wrong place grows them by a whole size class.
 func TestRowSizes(t *testing.T) {
 	require.EqualValues(t, 64, unsafe.Sizeof(Entry{}), "Entry")

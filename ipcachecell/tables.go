@@ -69,7 +69,7 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 //
 // There is an entry per prefix, so its size counts: 64 bytes, where the
 // obvious layout (labels kept here too, reconciler.Status as it is) took
-// 128 (internal/benchscale, heap per prefix).
+// 128 (cmd/bench-scale, heap per prefix).
 type Entry struct {
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 

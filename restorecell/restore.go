@@ -31,7 +31,7 @@ const healthInterval = 5 * time.Second
 // to a second (p99 0.4 to 1.1 s) for statedb's graveyard collector, whose
 // one transaction a second removed 200k dead rows at a time from the
 // ipcache and identities tables; at this rate its p99 was 24 to 40 ms
-// (internal/benchscale, step 4; docs/SCALE.md). Nothing waits for the release: the
+// (cmd/bench-scale, step 4; docs/SCALE.md). Nothing waits for the release: the
 // prefixes are stale, and their numbers stay withheld until it is done.
 const releaseRate = 20_000
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/internal/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 

@@ -6,7 +6,7 @@
 // The tests are privileged (root: bpffs, BPF maps): they skip with a
 // message when not root, except under CI=true. How long the churn runs:
 //
-//	go test -race ./internal/soak/ -soak.duration=2m -soak.seed=42
+//	go test -race ./test/soak/ -soak.duration=2m -soak.seed=42
 //
 // or IPCACHE_SOAK_DURATION and IPCACHE_SOAK_SEED in the environment. The
 // default is 60 s, 5 s with -short; the seed is logged, and the same seed
