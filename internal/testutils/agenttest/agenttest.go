@@ -27,8 +27,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
-	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
