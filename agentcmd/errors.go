@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package agentcmd
 
 // UsageError is a bad flag, argument, environment variable or
