@@ -15,7 +15,8 @@
 //     ignores SIGHUP, from the process's first moments (see stopsignal for
 //     why it cannot wait). A command of the root built by [NewRootCommand]
 //     other than the agent itself gives SIGTERM, SIGINT and SIGPIPE their
-//     default behaviour back before it runs (stopsignal.Release).
+//     default behaviour back before it runs (stopsignal.Release). While
+//     the agent runs, hive's Run also listens for SIGINT and SIGTERM.
 //   - Running the agent (the root command without a subcommand) sets the
 //     process's umask to 077 before it builds the hive, so that what the
 //     agent creates (state files, the shell socket, pins) is for root only
