@@ -2,6 +2,7 @@ package agentcmd
 
 import (
 	"bytes"
+	"log/slog"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -104,4 +105,23 @@ func TestHiveBindsTheSameVariables(t *testing.T) {
 	t.Setenv("IPCACHE_AGENT_STATE_DIR", "/from/env")
 	h := cells.NewHive(cells.ControlPlane)
 	require.Equal(t, "/from/env", h.Viper().GetString("state-dir"))
+}
+
+// TestInspectLeavesDefaultLogger: `hive` and `hive dot-graph` log through
+// the logger of --log-level and --log-format, and slog's default logger,
+// the process's, is left as the embedder set it.
+func TestInspectLeavesDefaultLogger(t *testing.T) {
+	var embedders bytes.Buffer
+	before := slog.New(slog.NewTextHandler(&embedders, nil))
+	previous := slog.Default()
+	slog.SetDefault(before)
+	t.Cleanup(func() { slog.SetDefault(previous) })
+
+	var stdout, stderr bytes.Buffer
+	root := NewRootCommand(cells.NewHive(cells.ControlPlane, cells.Shell), "agent", "", "", &stdout, &stderr)
+	require.Equal(t, ExitOK, Execute(root, []string{"hive", "--log-level=debug", "--log-format=json"}, &stderr), stderr.String())
+	require.Same(t, before, slog.Default(), "slog's default logger replaced")
+	require.Contains(t, stdout.String(), "Cells:", "the listing goes to the command's stdout")
+	require.Contains(t, stderr.String(), `"level":"DEBUG"`, "the hive logs through --log-level and --log-format")
+	require.Empty(t, embedders.String(), "nothing logged through the default logger")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
@@ -79,4 +82,92 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	// Cleaning up what is already clean is fine.
 	_, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
 	require.Equal(t, agentcmd.ExitOK, code, errOut)
+}
+
+// killedAgent runs an agent with args and SIGKILLs it once started: its
+// shell socket is left behind, as by an agent that did not stop cleanly.
+func killedAgent(t *testing.T, sockPath string, args ...string) {
+	t.Helper()
+	a := startAgentProcess(t, agentCommand(args...))
+	a.waitStarted(t)
+	require.NoError(t, a.cmd.Process.Kill())
+	a.requireExit(t, -1)
+	requireSocket(t, sockPath, "left behind by the killed agent")
+}
+
+func requireSocket(t *testing.T, path, why string) {
+	t.Helper()
+	info, err := os.Lstat(path)
+	require.NoError(t, err, "%s: %s", path, why)
+	require.Equal(t, os.ModeSocket, info.Mode().Type(), "%s: %s", path, why)
+}
+
+// TestPrivilegedCleanupRemovesShellSocket: cleanup removes the socket that
+// --shell-sock-path names, and only that one; without the flag, it removes
+// <state-dir>/shell.sock, which is the agent's default socket for the
+// default state directory. A socket an agent listens on, or a path that is
+// not a socket, is left alone (exit 1).
+func TestPrivilegedCleanupRemovesShellSocket(t *testing.T) {
+	privileged.Test(t)
+	require.Equal(t, filepath.Join(identitycell.DefaultConfig.StateDir, defaultShellSockName), cells.DefaultShellSockPath,
+		"without the flag, cleanup removes the agent's default socket of the default state directory")
+
+	t.Run("flag", func(t *testing.T) {
+		d := newAgentDirs(t)
+		custom := filepath.Join(t.TempDir(), "elsewhere", "agent.sock")
+		killedAgent(t, custom, "--state-dir="+d.stateDir, "--bpf-root="+d.bpfRoot, "--shell-sock-path="+custom)
+		// A socket where cleanup would look without the flag, which is not
+		// the agent's this time.
+		decoy, err := net.ListenUnix("unix", &net.UnixAddr{Name: d.sockPath(), Net: "unix"})
+		require.NoError(t, err)
+		decoy.SetUnlinkOnClose(false)
+		decoy.Close()
+
+		_, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+d.bpfRoot, "--state-dir="+d.stateDir,
+			"--shell-sock-path="+custom)
+		require.Equal(t, agentcmd.ExitOK, code, errOut)
+		_, err = os.Lstat(custom)
+		require.ErrorIs(t, err, os.ErrNotExist, "the --shell-sock-path socket is removed")
+		requireSocket(t, d.sockPath(), "not the one --shell-sock-path names: kept")
+	})
+
+	t.Run("default", func(t *testing.T) {
+		d := newAgentDirs(t)
+		killedAgent(t, d.sockPath(), d.args()...)
+		_, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+d.bpfRoot, "--state-dir="+d.stateDir)
+		require.Equal(t, agentcmd.ExitOK, code, errOut)
+		_, err := os.Lstat(d.sockPath())
+		require.ErrorIs(t, err, os.ErrNotExist, "<state-dir>/shell.sock is removed without the flag")
+		_, err = os.Stat(filepath.Join(d.stateDir, cells.OwnerLockFileName))
+		require.ErrorIs(t, err, os.ErrNotExist, "the rest of the state is removed as before")
+	})
+
+	t.Run("listening", func(t *testing.T) {
+		running := newAgentDirs(t)
+		a := startAgentProcess(t, agentCommand(running.args()...))
+		a.waitStarted(t)
+		other := newAgentDirs(t)
+		require.NoError(t, os.MkdirAll(other.stateDir, 0o700))
+		_, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+other.bpfRoot, "--state-dir="+other.stateDir,
+			"--shell-sock-path="+running.sockPath())
+		require.Equal(t, agentcmd.ExitFailure, code, errOut)
+		require.Contains(t, errOut, running.sockPath())
+		require.Contains(t, errOut, errShellSocketInUse.Error())
+		requireSocket(t, running.sockPath(), "an agent listens on it")
+		var out bytes.Buffer
+		require.NoError(t, cells.ShellExchange(running.sockPath(), "health", &out), "the agent still serves its shell")
+		a.stop(t)
+	})
+
+	t.Run("not a socket", func(t *testing.T) {
+		d := newAgentDirs(t)
+		require.NoError(t, os.MkdirAll(d.stateDir, 0o700))
+		file := filepath.Join(t.TempDir(), "precious")
+		require.NoError(t, os.WriteFile(file, []byte("keep me\n"), 0o600))
+		_, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+d.bpfRoot, "--state-dir="+d.stateDir,
+			"--shell-sock-path="+file)
+		require.Equal(t, agentcmd.ExitFailure, code, errOut)
+		require.Contains(t, errOut, errNotASocket.Error())
+		require.FileExists(t, file, "a file that is not a socket is left alone")
+	})
 }

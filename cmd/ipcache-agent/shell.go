@@ -19,7 +19,7 @@ func newShellCommand(stdout io.Writer) *cobra.Command {
 		fmt.Fprintln(w, "ipcache-agent shell: 'help' lists the commands; db/show <table> shows a table.")
 	})
 	cmd.Short = "Talk to a running agent: statedb tables (db/...) and the agent's commands"
-	// Flags after the command are the command's (db/show -o json).
+	// Flags after the command are the command's (db/show --format=json).
 	cmd.Flags().SetInterspersed(false)
 	interactive := cmd.Run
 	cmd.Run = nil
