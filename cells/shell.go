@@ -44,8 +44,9 @@ const maxShellLine = 64 << 10
 
 // Shell serves the shell on the --shell-sock-path UNIX socket, for
 // `ipcache-agent shell`: statedb's db/... commands and the cells' commands,
-// but none that writes a table or runs a program (db/insert, db/delete,
-// the --delete of the query commands, exec): ownership goes through handles
+// but none that writes a table, a file or runs a program (db/insert,
+// db/delete, the --delete of the query commands, the --out of db/show,
+// db/dump and the query commands, exec): ownership goes through handles
 // only. The socket is for root only: its directory is made mode 0700, the
 // socket 0600. Clients connect and leave at debug level.
 var Shell = cell.Module(
@@ -69,7 +70,7 @@ func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script
 	}
 	newStreamedQueries(db, cmds)
 	for name, cmd := range cmds {
-		cmds[name] = withoutDelete{cmd}
+		cmds[name] = withoutWrites{cmd}
 	}
 	for _, name := range unservedCommands {
 		delete(cmds, name)
@@ -77,26 +78,40 @@ func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script
 	return cmds
 }
 
-// withoutDelete refuses statedb's query commands' --delete (db/get,
-// db/prefix, db/list, db/lowerbound), which deletes what the query matched.
-type withoutDelete struct{ script.Cmd }
+// unservedFlags write: statedb's query commands' --delete (db/get,
+// db/prefix, db/list, db/lowerbound) deletes what the query matched, and
+// the --out of db/show, db/dump and the query commands writes a file, as
+// root, wherever the client names.
+var unservedFlags = map[string]string{
+	"delete": "--delete is not served: the agent's shell does not write tables",
+	"out":    "--out (-o) is not served: the agent's shell writes no files; redirect the output of `ipcache-agent shell` instead",
+}
 
-func (c withoutDelete) Usage() *script.CmdUsage {
+// withoutWrites refuses unservedFlags, and hides them from the usage.
+type withoutWrites struct{ script.Cmd }
+
+func (c withoutWrites) Usage() *script.CmdUsage {
 	usage := *c.Cmd.Usage()
 	if register := usage.Flags; register != nil {
 		usage.Flags = func(fs *pflag.FlagSet) {
 			register(fs)
-			if fs.Lookup("delete") != nil {
-				fs.MarkHidden("delete")
+			for name := range unservedFlags {
+				if fs.Lookup(name) != nil {
+					fs.MarkHidden(name)
+				}
 			}
 		}
 	}
 	return &usage
 }
 
-func (c withoutDelete) Run(s *script.State, args ...string) (script.WaitFunc, error) {
-	if s.Flags != nil && s.Flags.Changed("delete") {
-		return nil, errors.New("--delete is not served: the agent's shell does not write tables")
+func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, error) {
+	if s.Flags != nil {
+		for name, refusal := range unservedFlags {
+			if s.Flags.Lookup(name) != nil && s.Flags.Changed(name) {
+				return nil, errors.New(refusal)
+			}
+		}
 	}
 	return c.Cmd.Run(s, args...)
 }
