@@ -25,6 +25,7 @@ var stateFiles = []string{
 	policycell.InForceFileName,
 	policycell.InForceFileName + ".corrupt",
 	"shell.sock",
+	"shell.sock" + cells.ShellLockSuffix,
 }
 
 func newCleanupCommand(stdout io.Writer) *cobra.Command {
