@@ -12,8 +12,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -160,6 +162,14 @@ const (
 	shellWriteTimeout = 10 * time.Second
 	// How often a running command's client is checked for having left.
 	shellHangupCheck = 200 * time.Millisecond
+	// Commands that wrote this much since the last time make the shell
+	// return their memory to the system once none runs (returnMemory): a
+	// few `db/show ipcache` at 200k prefixes, not a `health` loop.
+	returnMemoryAfter = 16 << 20
+	// What the runtime may use over what it used when the shell's
+	// commands started, while they run (limitMemory): the documented bound
+	// is 200 MB over the steady state.
+	shellMemoryHeadroom = 150 << 20
 )
 
 // watchCommand runs until its client leaves.
@@ -178,6 +188,15 @@ type shellServer struct {
 
 	// Tokens, one per client served, command running and db/watch.
 	clients, commands, watches chan struct{}
+	// What the commands wrote since the memory was last returned, and
+	// whether it is being returned (see returnMemory).
+	written   atomic.Int64
+	returning atomic.Bool
+	// Commands running, and the memory limit before the first (see
+	// limitMemory).
+	limitMu     sync.Mutex
+	running     int
+	limitBefore int64
 	// How long a command waits for its turn: shellCommandWait.
 	commandWait time.Duration
 }
@@ -267,6 +286,7 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 	out := writerFunc(func(p []byte) (int, error) {
 		conn.SetWriteDeadline(time.Now().Add(shellWriteTimeout))
 		n, err := conn.Write(p)
+		s.written.Add(int64(n))
 		if err != nil {
 			cancel()
 		}
@@ -286,10 +306,59 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		} else {
 			_, written = fmt.Fprintln(out, endMarker)
 		}
+		s.returnMemory()
 		if written != nil {
 			return // the client went away
 		}
 	}
+}
+
+// limitMemory bounds the memory the runtime may use while commands run to
+// what it used when the first of them started plus shellMemoryHeadroom
+// (the Go runtime's soft limit, debug.SetMemoryLimit: the collector runs
+// more often as it nears it), and sets the limit back once the last one
+// ended. Without it, the collector lets the heap grow to twice the live
+// heap, and the live heap of the control plane at 200k prefixes is over
+// 250 MB: the garbage of the commands' output alone would take the agent
+// that far over its steady state. A lower limit set by the embedder (or
+// GOMEMLIMIT) stays.
+func (s *shellServer) limitMemory(delta int) {
+	s.limitMu.Lock()
+	defer s.limitMu.Unlock()
+	s.running += delta
+	switch {
+	case delta > 0 && s.running == 1:
+		samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"},
+			{Name: "/memory/classes/heap/released:bytes"}, {Name: "/gc/heap/goal:bytes"}}
+		metrics.Read(samples)
+		// From what the runtime uses, or the heap the collector lets grow
+		// anyway (twice the live heap) if that is more: right after a
+		// collection, what it uses is the live heap alone, and a limit
+		// close to it would have the collector run all the time.
+		used := max(samples[0].Value.Uint64()-samples[1].Value.Uint64(), samples[2].Value.Uint64())
+		s.limitBefore = debug.SetMemoryLimit(-1)
+		debug.SetMemoryLimit(min(s.limitBefore, int64(used)+shellMemoryHeadroom))
+	case delta < 0 && s.running == 0:
+		debug.SetMemoryLimit(s.limitBefore)
+	}
+}
+
+// returnMemory gives the memory of the shell's commands back to the
+// system once the last running command is done, if they wrote at least
+// returnMemoryAfter since the last time: the runtime returns free memory
+// to the system only slowly (its scavenger), and the output of large
+// commands leaves tens of megabytes of garbage each, on top of the
+// control plane's steady heap. One forced collection (debug.FreeOSMemory)
+// at a time, off the client's path.
+func (s *shellServer) returnMemory() {
+	if len(s.commands) > 0 || s.written.Load() < returnMemoryAfter || !s.returning.CompareAndSwap(false, true) {
+		return
+	}
+	s.written.Store(0)
+	go func() {
+		defer s.returning.Store(false)
+		debug.FreeOSMemory()
+	}()
 }
 
 // executeWhileConnected runs one command line, and calls hangup if the
@@ -379,7 +448,11 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 	defer wait.Stop()
 	select {
 	case s.commands <- struct{}{}:
-		return func() { <-s.commands }, nil
+		s.limitMemory(+1)
+		return func() {
+			s.limitMemory(-1)
+			<-s.commands
+		}, nil
 	case <-wait.C:
 		return nil, fmt.Errorf("%w: %d commands running for over %s; try again later",
 			ErrShellBusy, cap(s.commands), s.commandWait)
