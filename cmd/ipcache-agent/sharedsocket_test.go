@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -45,9 +46,11 @@ func TestPrivilegedSecondAgentSameSocketExitsOne(t *testing.T) {
 
 	other := newAgentDirs(t)
 	secondArgs := other.args("--shell-sock-path=" + dirs.sockPath())
-	_, stderr, code := runAgentCommand(t, secondArgs...)
-	requireFailure(t, stderr, code, "--shell-sock-path "+dirs.sockPath(), "owned by another running agent",
-		"pid "+strconv.Itoa(first.cmd.Process.Pid))
+	refused := startAgentProcess(t, agentCommand(secondArgs...))
+	// Started, it would run until stopped: this fails within its wait.
+	refused.requireExit(t, agentcmd.ExitFailure)
+	requireFailure(t, refused.log.String(), agentcmd.ExitFailure, "--shell-sock-path "+dirs.sockPath(),
+		"owned by another running agent", "pid "+strconv.Itoa(first.cmd.Process.Pid))
 	requireTouchedNothing(t, other)
 	require.Equal(t, inode, socketInode(t, dirs.sockPath()), "the first agent's socket")
 	require.False(t, first.hasExited())
@@ -72,9 +75,10 @@ func TestPrivilegedLiveSocketWithoutLockNotStolen(t *testing.T) {
 	defer l.Close()
 	inode := socketInode(t, dirs.sockPath())
 
-	_, stderr, code := runAgentCommand(t, dirs.args()...)
-	requireFailure(t, stderr, code, "--shell-sock-path "+dirs.sockPath(), "owned by another running agent",
-		"pid "+strconv.Itoa(os.Getpid())+", listening on it")
+	refused := startAgentProcess(t, agentCommand(dirs.args()...))
+	refused.requireExit(t, agentcmd.ExitFailure)
+	requireFailure(t, refused.log.String(), agentcmd.ExitFailure, "--shell-sock-path "+dirs.sockPath(),
+		"owned by another running agent", "pid "+strconv.Itoa(os.Getpid())+", listening on it")
 	require.NoDirExists(t, datapathcell.PinDir(dirs.bpfRoot), "no pins")
 	require.Equal(t, inode, socketInode(t, dirs.sockPath()), "the listener's socket")
 
