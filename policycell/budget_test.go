@@ -91,9 +91,10 @@ func TestCountNodesPolicies(t *testing.T) {
 // checked, and a file may have one node per nodeBytes bytes. Measured at
 // 2026-12-03: 58 to 60 for flow lists of CIDRs and for a flow mapping of
 // keys at the node budget (the worst adversarial file), 69 for a file of
-// many small documents (whose peak heap is 26: each document's tree is
-// garbage once it is checked), 39 for block lists.
-const parseAllocMultiple = 72
+// many small documents (74 under the race detector; their peak heap is
+// 26: each document's tree is garbage once it is checked), 39 for block
+// lists.
+const parseAllocMultiple = 80
 
 // TestParseFileMemoryBounded: what a parse allocates (garbage included, so
 // more than its peak) is at most parseAllocMultiple times the file's size.

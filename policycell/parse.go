@@ -54,7 +54,7 @@ func (e *FileError) Unwrap() error { return e.Err }
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
 // error, found before it is decoded, so that a parse allocates at most
-// about 72 times the content's size whatever the content (README).
+// about 80 times the content's size whatever the content (README).
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
 func ParseFile(file string, content []byte) ([]*Policy, error) {
