@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/shell"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
@@ -27,24 +30,41 @@ const OwnerLockFileName = "owner.lock"
 // links, checkpoint or socket.
 var ownerCell = cell.Invoke(registerOwner)
 
-func registerOwner(lc cell.Lifecycle, log *slog.Logger, identity identitycell.Config, datapath datapathcell.Config) {
+type ownerParams struct {
+	cell.In
+
+	Lifecycle cell.Lifecycle
+	Log       *slog.Logger
+	Identity  identitycell.Config
+	Datapath  datapathcell.Config
+	// The shell's, when the hive serves it (an embedding agent may not).
+	Shell shell.Config `optional:"true"`
+}
+
+func registerOwner(p ownerParams) {
 	var owner *Owner
-	lc.Append(cell.Hook{
+	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
 			// The pin directory is locked on the bpffs mount, so it is mounted
-			// first; a state directory that is not ours must stop us before
-			// even that.
+			// first; a state directory or shell socket that is not ours must
+			// stop us before even that.
 			var err error
-			owner, err = AcquireOwner(identity.StateDir, "")
+			owner, err = AcquireOwner(p.Identity.StateDir, "")
 			if err != nil {
 				return err
 			}
-			mounted, err := datapathcell.EnsureBPFFS(datapath.BPFRoot)
+			if p.Shell.ShellSockPath != "" {
+				if err := owner.lockShellSocket(p.Shell.ShellSockPath); err != nil {
+					owner.Release()
+					return err
+				}
+			}
+			mounted, err := datapathcell.EnsureBPFFS(p.Datapath.BPFRoot)
 			if err == nil && mounted {
-				log.Info("Mounted bpffs", "bpf-root", datapath.BPFRoot)
+				p.Log.Info("Mounted bpffs", "bpf-root", p.Datapath.BPFRoot)
 			}
 			if err == nil {
-				err = owner.lockPins(datapath.BPFRoot)
+				err = owner.lockPins(p.Datapath.BPFRoot)
 			}
 			if err != nil {
 				owner.Release()
@@ -63,6 +83,7 @@ func registerOwner(lc cell.Lifecycle, log *slog.Logger, identity identitycell.Co
 type Owner struct {
 	stateLock *os.File // <state-dir>/owner.lock
 	pinDir    *os.File // <bpf-root>/ipcache-agent, the directory itself
+	shellLock *os.File // <shell-sock-path>.lock
 }
 
 // AcquireOwner makes the caller the owner of stateDir and of the pins under
@@ -133,6 +154,61 @@ func (o *Owner) lockPins(bpfRoot string) error {
 	return nil
 }
 
+// ShellLockSuffix names the lock file of a shell socket: the socket's path
+// and this suffix.
+const ShellLockSuffix = ".lock"
+
+// lockShellSocket makes the agent the owner of the shell socket's path:
+// two agents of different state directories and bpffs roots with the same
+// --shell-sock-path would otherwise replace each other's socket (the shell
+// removes a stale one before it listens). The lock is a file next to the
+// socket. A socket that answers though nobody holds the lock is an agent's
+// that does not take it (an older version): it is not ours either.
+func (o *Owner) lockShellSocket(path string) error {
+	what := "--shell-sock-path " + path
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("%s: create its directory: %w", what, err)
+	}
+	f, err := os.OpenFile(path+ShellLockSuffix, os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("%s: create its lock file: %w", what, err)
+	}
+	if err := lock(f, what); err != nil {
+		f.Close()
+		return err
+	}
+	if pid, live := socketListener(path); live {
+		f.Close()
+		if pid > 0 {
+			return fmt.Errorf("%s is %w (pid %d, listening on it): stop it first", what, ErrOwned, pid)
+		}
+		return fmt.Errorf("%s is %w (listening on it): stop it first", what, ErrOwned)
+	}
+	o.shellLock = f
+	return nil
+}
+
+// socketListener reports whether a process listens on the UNIX socket at
+// path and, when the kernel tells (SO_PEERCRED), its pid.
+func socketListener(path string) (pid int, live bool) {
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return 0, false
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, true
+	}
+	raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cred.Pid)
+		}
+	})
+	return pid, true
+}
+
 // Release gives up the locks. The lock file keeps the pid: that of the
 // last owner, once none runs. A nil Owner holds none.
 //
@@ -142,12 +218,12 @@ func (o *Owner) Release() error {
 		return nil
 	}
 	var errs []error
-	for _, f := range []*os.File{o.stateLock, o.pinDir} {
+	for _, f := range []*os.File{o.stateLock, o.pinDir, o.shellLock} {
 		if f != nil {
 			errs = append(errs, f.Close())
 		}
 	}
-	o.stateLock, o.pinDir = nil, nil
+	o.stateLock, o.pinDir, o.shellLock = nil, nil, nil
 	return errors.Join(errs...)
 }
 

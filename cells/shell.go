@@ -12,8 +12,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,8 +46,9 @@ const maxShellLine = 64 << 10
 
 // Shell serves the shell on the --shell-sock-path UNIX socket, for
 // `ipcache-agent shell`: statedb's db/... commands and the cells' commands,
-// but none that writes a table or runs a program (db/insert, db/delete,
-// the --delete of the query commands, exec): ownership goes through handles
+// but none that writes a table, a file or runs a program (db/insert,
+// db/delete, the --delete of the query commands, the --out of db/show,
+// db/dump and the query commands, exec): ownership goes through handles
 // only. The socket is for root only: its directory is made mode 0700, the
 // socket 0600. Clients connect and leave at debug level.
 var Shell = cell.Module(
@@ -69,7 +72,7 @@ func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script
 	}
 	newStreamedQueries(db, cmds)
 	for name, cmd := range cmds {
-		cmds[name] = withoutDelete{cmd}
+		cmds[name] = withoutWrites{cmd}
 	}
 	for _, name := range unservedCommands {
 		delete(cmds, name)
@@ -77,26 +80,40 @@ func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script
 	return cmds
 }
 
-// withoutDelete refuses statedb's query commands' --delete (db/get,
-// db/prefix, db/list, db/lowerbound), which deletes what the query matched.
-type withoutDelete struct{ script.Cmd }
+// unservedFlags write: statedb's query commands' --delete (db/get,
+// db/prefix, db/list, db/lowerbound) deletes what the query matched, and
+// the --out of db/show, db/dump and the query commands writes a file, as
+// root, wherever the client names.
+var unservedFlags = map[string]string{
+	"delete": "--delete is not served: the agent's shell does not write tables",
+	"out":    "--out (-o) is not served: the agent's shell writes no files; redirect the output of `ipcache-agent shell` instead",
+}
 
-func (c withoutDelete) Usage() *script.CmdUsage {
+// withoutWrites refuses unservedFlags, and hides them from the usage.
+type withoutWrites struct{ script.Cmd }
+
+func (c withoutWrites) Usage() *script.CmdUsage {
 	usage := *c.Cmd.Usage()
 	if register := usage.Flags; register != nil {
 		usage.Flags = func(fs *pflag.FlagSet) {
 			register(fs)
-			if fs.Lookup("delete") != nil {
-				fs.MarkHidden("delete")
+			for name := range unservedFlags {
+				if fs.Lookup(name) != nil {
+					fs.MarkHidden(name)
+				}
 			}
 		}
 	}
 	return &usage
 }
 
-func (c withoutDelete) Run(s *script.State, args ...string) (script.WaitFunc, error) {
-	if s.Flags != nil && s.Flags.Changed("delete") {
-		return nil, errors.New("--delete is not served: the agent's shell does not write tables")
+func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, error) {
+	if s.Flags != nil {
+		for name, refusal := range unservedFlags {
+			if s.Flags.Lookup(name) != nil && s.Flags.Changed(name) {
+				return nil, errors.New(refusal)
+			}
+		}
 	}
 	return c.Cmd.Run(s, args...)
 }
@@ -145,6 +162,14 @@ const (
 	shellWriteTimeout = 10 * time.Second
 	// How often a running command's client is checked for having left.
 	shellHangupCheck = 200 * time.Millisecond
+	// Commands that wrote this much since the last time make the shell
+	// return their memory to the system once none runs (returnMemory): a
+	// few `db/show ipcache` at 200k prefixes, not a `health` loop.
+	returnMemoryAfter = 16 << 20
+	// What the runtime may use over what it used when the shell's
+	// commands started, while they run (limitMemory): the documented bound
+	// is 200 MB over the steady state.
+	shellMemoryHeadroom = 150 << 20
 )
 
 // watchCommand runs until its client leaves.
@@ -163,6 +188,15 @@ type shellServer struct {
 
 	// Tokens, one per client served, command running and db/watch.
 	clients, commands, watches chan struct{}
+	// What the commands wrote since the memory was last returned, and
+	// whether it is being returned (see returnMemory).
+	written   atomic.Int64
+	returning atomic.Bool
+	// Commands running, and the memory limit before the first (see
+	// limitMemory).
+	limitMu     sync.Mutex
+	running     int
+	limitBefore int64
 	// How long a command waits for its turn: shellCommandWait.
 	commandWait time.Duration
 }
@@ -252,6 +286,7 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 	out := writerFunc(func(p []byte) (int, error) {
 		conn.SetWriteDeadline(time.Now().Add(shellWriteTimeout))
 		n, err := conn.Write(p)
+		s.written.Add(int64(n))
 		if err != nil {
 			cancel()
 		}
@@ -271,10 +306,59 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		} else {
 			_, written = fmt.Fprintln(out, endMarker)
 		}
+		s.returnMemory()
 		if written != nil {
 			return // the client went away
 		}
 	}
+}
+
+// limitMemory bounds the memory the runtime may use while commands run to
+// what it used when the first of them started plus shellMemoryHeadroom
+// (the Go runtime's soft limit, debug.SetMemoryLimit: the collector runs
+// more often as it nears it), and sets the limit back once the last one
+// ended. Without it, the collector lets the heap grow to twice the live
+// heap, and the live heap of the control plane at 200k prefixes is over
+// 250 MB: the garbage of the commands' output alone would take the agent
+// that far over its steady state. A lower limit set by the embedder (or
+// GOMEMLIMIT) stays.
+func (s *shellServer) limitMemory(delta int) {
+	s.limitMu.Lock()
+	defer s.limitMu.Unlock()
+	s.running += delta
+	switch {
+	case delta > 0 && s.running == 1:
+		samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"},
+			{Name: "/memory/classes/heap/released:bytes"}, {Name: "/gc/heap/goal:bytes"}}
+		metrics.Read(samples)
+		// From what the runtime uses, or the heap the collector lets grow
+		// anyway (twice the live heap) if that is more: right after a
+		// collection, what it uses is the live heap alone, and a limit
+		// close to it would have the collector run all the time.
+		used := max(samples[0].Value.Uint64()-samples[1].Value.Uint64(), samples[2].Value.Uint64())
+		s.limitBefore = debug.SetMemoryLimit(-1)
+		debug.SetMemoryLimit(min(s.limitBefore, int64(used)+shellMemoryHeadroom))
+	case delta < 0 && s.running == 0:
+		debug.SetMemoryLimit(s.limitBefore)
+	}
+}
+
+// returnMemory gives the memory of the shell's commands back to the
+// system once the last running command is done, if they wrote at least
+// returnMemoryAfter since the last time: the runtime returns free memory
+// to the system only slowly (its scavenger), and the output of large
+// commands leaves tens of megabytes of garbage each, on top of the
+// control plane's steady heap. One forced collection (debug.FreeOSMemory)
+// at a time, off the client's path.
+func (s *shellServer) returnMemory() {
+	if len(s.commands) > 0 || s.written.Load() < returnMemoryAfter || !s.returning.CompareAndSwap(false, true) {
+		return
+	}
+	s.written.Store(0)
+	go func() {
+		defer s.returning.Store(false)
+		debug.FreeOSMemory()
+	}()
 }
 
 // executeWhileConnected runs one command line, and calls hangup if the
@@ -364,7 +448,11 @@ func (s *shellServer) turn(ctx context.Context, line string) (release func(), er
 	defer wait.Stop()
 	select {
 	case s.commands <- struct{}{}:
-		return func() { <-s.commands }, nil
+		s.limitMemory(+1)
+		return func() {
+			s.limitMemory(-1)
+			<-s.commands
+		}, nil
 	case <-wait.C:
 		return nil, fmt.Errorf("%w: %d commands running for over %s; try again later",
 			ErrShellBusy, cap(s.commands), s.commandWait)

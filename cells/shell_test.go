@@ -3,6 +3,7 @@ package cells
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -85,6 +86,28 @@ func TestShellServesNoWrites(t *testing.T) {
 	}
 	_, err = exchange(t, sock, "db")
 	require.NoError(t, err)
+}
+
+// TestShellWritesNoFiles: the --out (-o) of db/show, db/dump and the query
+// commands, which would write a file as root inside the agent, is
+// refused; without it the output goes to the client.
+func TestShellWritesNoFiles(t *testing.T) {
+	sock, _ := startShellWithPrefixes(t, 3)
+	dir := t.TempDir()
+	for _, command := range []string{"db/show -o %s ipcache", "db/show --out=%s ipcache", "db/dump --out %s",
+		"db/get -o %s ipcache 10.0.0.1/32", "db/prefix --out=%s ipcache 10.0.0.0/8", "db/list -o %s ipcache 10.0.0.1/32",
+		"db/lowerbound -o %s ipcache 10.0.0.0/32"} {
+		file := filepath.Join(dir, "out")
+		_, err := exchange(t, sock, fmt.Sprintf(command, file))
+		require.ErrorContains(t, err, "--out (-o) is not served", command)
+		require.NoFileExists(t, file, command)
+	}
+	out, err := exchange(t, sock, "db/show ipcache")
+	require.NoError(t, err)
+	require.Contains(t, out, "10.0.0.2/32", "without --out, to the client")
+	out, err = exchange(t, sock, "help db/show")
+	require.NoError(t, err)
+	require.NotContains(t, out, "File to write to", "not among the flags of the usage")
 }
 
 // TestShellHealthSortedWithoutEmptyRows: `health` lists the scopes that

@@ -93,8 +93,8 @@ func writeStdout(s *script.State, stdout string) error {
 
 // streamedQuery is statedb's db/show, db/get, db/prefix, db/list or
 // db/lowerbound (which it wraps, for its usage and its flags) writing its
-// objects to the client as it goes. With --out (a file) the original runs:
-// it writes to the file as it goes.
+// objects to the client as it goes. (Its --out is not served: see
+// withoutWrites.)
 type streamedQuery struct {
 	script.Cmd
 	db    *statedb.DB
@@ -144,9 +144,6 @@ func firstObject(objs iter.Seq2[any, statedb.Revision]) iter.Seq2[any, statedb.R
 }
 
 func (c streamedQuery) Run(s *script.State, args ...string) (script.WaitFunc, error) {
-	if file, _ := s.Flags.GetString("out"); file != "" {
-		return c.Cmd.Run(s, args...)
-	}
 	columns, err := s.Flags.GetStringSlice("columns")
 	if err != nil {
 		return nil, err
@@ -297,16 +294,13 @@ next:
 }
 
 // streamedDump is statedb's db/dump writing the JSON to the client as it
-// goes; with --out the original runs.
+// goes.
 type streamedDump struct {
 	script.Cmd
 	db *statedb.DB
 }
 
 func (c streamedDump) Run(s *script.State, args ...string) (script.WaitFunc, error) {
-	if file, _ := s.Flags.GetString("out"); file != "" {
-		return c.Cmd.Run(s, args...)
-	}
 	w := &logStream{s: s}
 	io.WriteString(w, "[stdout]\n")
 	if err := c.db.ReadTxn().WriteJSON(w); err != nil {

@@ -189,6 +189,7 @@ func (l *loader) decide() {
 		}
 	}
 	var pending []string
+	accepted := map[string]bool{}
 	for name, f := range l.files {
 		f.rejected = nil
 		switch {
@@ -227,12 +228,19 @@ func (l *loader) decide() {
 			f.inForce, f.inForceDigest, f.inForceContent, f.hasInForce = f.parsed, f.digest, f.content, true
 			f.rejected, f.restored = nil, false
 			progress = true
+			accepted[name] = true
 			l.log.Info("Policy file in force", "file", name, "policies", policyNames(f.inForce))
 		}
 		pending = remaining
 	}
 	for name, f := range l.files {
 		if f.rejected == nil {
+			if f.logged != "" && !accepted[name] {
+				// Rejected (emptied, say) and now back to the version in
+				// force: the warning had its line, so has its end.
+				l.log.Info("Policy file valid again, its version in force is unchanged",
+					"file", name, "policies", policyNames(f.inForce))
+			}
 			f.logged = ""
 		} else if msg := f.rejected.Error(); msg != f.logged {
 			f.logged = msg

@@ -1,11 +1,14 @@
 package policycell
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -274,4 +277,33 @@ func TestWatchDirectoryAppears(t *testing.T) {
 	// Changes are seen through the watch (the periodic read is an hour away).
 	f.write(t, "b.yaml", "name: b\n")
 	require.Eventually(t, func() bool { return len(f.inForce()) == 2 }, 5*time.Second, 5*time.Millisecond)
+}
+
+// TestLoaderEmptiedFileValidAgainLogged: a file that was emptied (its
+// version in force kept, with a warning) and has content again says so in
+// the log, once, whether it is the version in force again or a new one.
+func TestLoaderEmptiedFileValidAgainLogged(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	var log bytes.Buffer
+	f.loader.log = slog.New(slog.NewTextHandler(&log, nil))
+	v1, v2 := "name: a\negress: [{toCIDR: [10.0.0.0/8]}]\n", "name: a\negress: [{toCIDR: [172.16.0.0/12]}]\n"
+	f.write(t, "a.yaml", v1)
+	f.load(t)
+	for _, tc := range []struct{ content, want string }{
+		{v1, `msg="Policy file valid again, its version in force is unchanged" file=a.yaml policies=[a]`},
+		{v2, `msg="Policy file in force" file=a.yaml policies=[a]`},
+	} {
+		f.write(t, "a.yaml", "")
+		f.load(t)
+		require.Contains(t, log.String(), "Policy file rejected, its previous version stays in force")
+		log.Reset()
+		f.write(t, "a.yaml", tc.content)
+		f.load(t)
+		require.Empty(t, f.rejected())
+		require.Equal(t, 1, strings.Count(log.String(), "\n"), "one line: %s", log.String())
+		require.Contains(t, log.String(), tc.want)
+		log.Reset()
+		f.load(t)
+		require.Empty(t, log.String(), "said once")
+	}
 }

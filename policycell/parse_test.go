@@ -165,3 +165,55 @@ func TestParseBareAddresses(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, prefixes("192.0.2.1/32", "2001:db8::1/128"), policies[0].Prefixes())
 }
+
+// TestParseCutMidWrite: a file cut at a line boundary while an editor
+// rewrites it in place is rejected wherever the cut leaves a rule list key
+// without its value or a rule without its CIDRs, so the version before
+// stays in force; `egress: []` is still a policy with no rules.
+func TestParseCutMidWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"after egress", "name: e2e\negress:\n", `bad.yaml:2:8: invalid policy file: policy "e2e": egress: no rules (write ` + "`egress: []`" + ` for none)`},
+		{"after ingress", "name: e2e\ningress:\n", `bad.yaml:2:9: invalid policy file: policy "e2e": ingress: no rules (write ` + "`ingress: []`" + ` for none)`},
+		{"after egress, second document", "name: a\negress: []\n---\nname: e2e\negress:\n", `bad.yaml:5:8: invalid policy file: policy "e2e": egress: no rules`},
+		{"explicit null", "name: e2e\negress: null\n", `policy "e2e": egress: no rules`},
+		{"after the item marker", "name: e2e\negress:\n  -\n", `bad.yaml:3:4: invalid policy file: policy "e2e": egress[0]: want a mapping, got nothing`},
+		{"after toCIDR", "name: e2e\negress:\n  - toCIDR:\n", `policy "e2e": egress[0].toCIDR: empty list, omit the field instead`},
+		{"mid flow toCIDR list", "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8,\n", `invalid policy file: YAML: did not find expected node content`},
+		{"after toCIDRSet", "name: e2e\negress:\n  - toCIDRSet:\n", `policy "e2e": egress[0].toCIDRSet: empty list, omit the field instead`},
+		{"after cidr", "name: e2e\negress:\n  - toCIDRSet:\n    - cidr:\n", `egress[0].toCIDRSet[0].cidr: want a value, got nothing`},
+		{"after except", "name: e2e\negress:\n  - toCIDRSet:\n    - cidr: 10.0.0.0/8\n      except:\n", `egress[0].toCIDRSet[0].except: empty list, omit the field instead`},
+		{"after toPorts", "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts:\n", `egress[0].toPorts: empty list, omit the field instead`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseFile("bad.yaml", []byte(tc.content))
+			require.ErrorIs(t, err, ErrInvalidPolicy)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	policies, err := ParseFile("a.yaml", []byte("name: e2e\negress: []\ningress: []\n"))
+	require.NoError(t, err)
+	require.Len(t, policies, 1)
+	require.Empty(t, policies[0].Egress)
+	require.Empty(t, policies[0].Ingress)
+
+	// Every cut of a file whose lists are on one line each is rejected,
+	// but the one before the rules (a policy without rules fields, which
+	// no value can tell from one written that way).
+	full := "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8, 192.0.2.1]\n    toPorts: [{port: 53, protocol: UDP}]\ningress:\n  - fromCIDR: [203.0.113.0/24]\n"
+	for i := range len(full) {
+		if i == 0 || full[i-1] != '\n' {
+			continue
+		}
+		cut := full[:i]
+		_, err := ParseFile("a.yaml", []byte(cut))
+		if cut == "name: e2e\n" || cut == "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8, 192.0.2.1]\n" ||
+			cut == "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8, 192.0.2.1]\n    toPorts: [{port: 53, protocol: UDP}]\n" {
+			// A cut between whole rules or fields: a valid policy.
+			require.NoError(t, err, "%q", cut)
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidPolicy, "%q", cut)
+	}
+}

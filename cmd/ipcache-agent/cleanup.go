@@ -79,8 +79,10 @@ left alone (exit 1).`,
 				return err
 			}
 			var errs []error
-			if err := os.Remove(sockPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
+			for _, path := range []string{sockPath, sockPath + cells.ShellLockSuffix} {
+				if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					errs = append(errs, err)
+				}
 			}
 			// The lock file goes last, while it is still locked: an agent that
 			// starts meanwhile is refused rather than locking a new one.
