@@ -19,7 +19,7 @@ type Datapath struct {
 	log *slog.Logger
 
 	// stats of each map's reconciler, by map name; fixed at construction.
-	stats map[string]*MapWriteStats
+	stats map[string]*mapStats
 
 	mu       sync.Mutex
 	maps     *pinnedMaps
@@ -42,7 +42,7 @@ type writtenMaps struct {
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	return &Datapath{cfg: cfg, log: log, stats: map[string]*MapWriteStats{
+	return &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
 		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
 	}}
 }
@@ -127,13 +127,13 @@ func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 // pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
 // own key and value types, a copy the reconciler keeps up to date. The
 // unreadable keys are in it, so that the first prune deletes them.
-func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
+func (d *Datapath) pinnedIPCache() map[IPCacheMapKey]IPCacheMapValue {
 	d.mu.Lock()
 	snapshot := d.snapshot
 	d.mu.Unlock()
-	pinned := make(map[IPCacheKey]IPCacheValue, len(snapshot.prefixes)+len(snapshot.unreadable))
+	pinned := make(map[IPCacheMapKey]IPCacheMapValue, len(snapshot.prefixes)+len(snapshot.unreadable))
 	for prefix, id := range snapshot.prefixes {
-		pinned[NewIPCacheKey(prefix)] = NewIPCacheValue(id)
+		pinned[NewIPCacheMapKey(prefix)] = NewIPCacheMapValue(id)
 	}
 	for k, v := range snapshot.unreadable {
 		pinned[k] = v
@@ -141,10 +141,10 @@ func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
 	return pinned
 }
 
-// WriteStats returns how many keys the reconciler of the named map has
+// MapWrites returns how many keys the reconciler of the named map has
 // written, and how many writes it skipped because the pinned map already
 // held the value (after a restart).
-func (d *Datapath) WriteStats(mapName string) (written, unchanged uint64) {
+func (d *Datapath) MapWrites(mapName string) (written, unchanged uint64) {
 	if s, ok := d.stats[mapName]; ok {
 		return s.Written.Load(), s.Unchanged.Load()
 	}
@@ -175,7 +175,7 @@ func (d *Datapath) Counters() (Counters, error) {
 	return readCounters(d.maps.Counters)
 }
 
-func (d *Datapath) writeStats(mapName string) *MapWriteStats { return d.stats[mapName] }
+func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }
 
 // written returns the maps the writers write, which run only between start
 // and stop.

@@ -20,9 +20,9 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/agenttest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
