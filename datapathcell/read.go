@@ -70,8 +70,7 @@ const readBatchSize = 4096
 
 // readEntries calls fn for every key and value of m. It reads in batches
 // where the kernel can (LPM trie and hash maps: one system call per 4096
-// entries, where iterating takes two per entry; at a million entries that
-// is seconds), else key by key. The map must not change meanwhile: the
+// entries, where iterating takes two per entry), else key by key. The map must not change meanwhile: the
 // callers read before anything writes, or from the reconciler that alone
 // writes the map.
 func readEntries[K, V any](m kernelMap, fn func(K, V)) error {

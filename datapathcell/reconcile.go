@@ -46,7 +46,7 @@ var _ kernelMap = (*ebpf.Map)(nil)
 // while its owners re-assert it (its source changes from restored to its
 // owner's, its value does not). Keys the map did not hold are not added:
 // at a first start over an empty map there is nothing to skip, and a copy
-// of a million written keys cost a second of CPU. After the first prune
+// of every written key costs CPU (docs/SCALE.md). After the first prune
 // the copy is dropped: from then on the table changes only when the
 // desired value does.
 //
