@@ -29,7 +29,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newDatapathCell, scriptCommands, newMapsReader),
+	cell.Provide(newLifecycleDatapath, scriptCommands, newDatapathMaps),
 	cell.Invoke(registerWriters),
 )
 
@@ -57,6 +57,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: an empty --bpf-root, a zero --ipcache-map-max-entries or
+// --policy-map-max-entries, a --devices name that is not a device name.
 func (c Config) Validate() error {
 	switch {
 	case c.BPFRoot == "":
@@ -74,7 +77,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func newDatapathCell(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath {
+// newLifecycleDatapath returns the Datapath with its start and stop hooks
+// appended to the lifecycle.
+func newLifecycleDatapath(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath {
 	d := newDatapath(cfg, log)
 	lc.Append(d)
 	return d
@@ -82,9 +87,8 @@ func newDatapathCell(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath 
 
 // reconcilerRoundSize is the most objects the reconcilers write per round:
 // one batch operation and one status write-back transaction each. Larger
-// rounds amortize the write-back (BenchmarkReconcilerThroughput: 1000 ->
-// 10000 raised throughput markedly) at the cost of a longer write
-// transaction on the table.
+// rounds amortize the write-back (docs/SCALE.md) at the cost of a longer
+// write transaction on the table.
 const reconcilerRoundSize = 10000
 
 // reconcilerOptions are shared by the map reconcilers. Pruning happens once

@@ -47,7 +47,12 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 	}}
 }
 
-// Start implements cell.HookInterface.
+// Start implements cell.HookInterface: it mounts bpffs if needed, opens
+// the pinned maps and attaches the enforcement program to the devices.
+//
+// Possible errors: those of EnsureBPFFS; the pinned maps cannot be opened,
+// migrated or replaced (a map too small for what it holds names the flag
+// to raise); the program cannot be loaded or attached to a device.
 func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		return nil
@@ -98,6 +103,8 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 
 // Stop implements cell.HookInterface. The maps stay pinned: the datapath
 // outlives the agent.
+//
+// Possible errors: the program's or the maps' descriptors cannot be closed.
 func (d *Datapath) Stop(cell.HookContext) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -116,8 +123,8 @@ func (d *Datapath) Stop(cell.HookContext) error {
 // IPCacheSnapshot returns what the pinned ipcache map held when the agent
 // started, before anything wrote to it: prefix -> identity. It is empty if
 // there was no usable pinned map, and before the hive has started. The map
-// is shared, not copied (a million entries took a quarter of a second to
-// copy at restart): do not modify it.
+// is shared, not copied (a copy costs restart time: docs/SCALE.md): do not
+// modify it.
 func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

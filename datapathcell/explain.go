@@ -19,7 +19,7 @@ type mapsReader struct{ d *Datapath }
 
 var _ policycell.DatapathMaps = mapsReader{}
 
-func newMapsReader(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
+func newDatapathMaps(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
 
 // lookup looks key up in the map that which picks, under the datapath's
 // lock so that a stop does not close the map meanwhile. found is false if
