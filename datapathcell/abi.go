@@ -29,8 +29,8 @@ import (
 //	key   (8 bytes): sec_identity u32 | direction u8 | protocol u8 | dport be16
 //	value (8 bytes): verdict u32 | pad u32
 //
-// direction: 0 ingress, 1 egress. protocol 0 and dport 0 mean any.
-// verdict 1 is allow.
+// direction: 0 ingress, 1 egress (policycell.Direction). protocol 0 and
+// dport 0 mean any. verdict 1 is allow (policycell.VerdictAllow).
 //
 // enforcement (array, 2 entries, index = direction): value u32, 1 when the
 // direction is enforced (some policy has a rule in it), else 0: traffic in
@@ -51,31 +51,23 @@ const (
 
 	familyIPv4 = 1
 	familyIPv6 = 2
-
-	// DirectionIngress and DirectionEgress are the direction field of a
-	// policy key and the index of the enforcement map.
-	DirectionIngress = 0
-	DirectionEgress  = 1
-
-	// VerdictAllow is the verdict of a policy-map entry that allows.
-	VerdictAllow = 1
 )
 
-// IPCacheKey is the key of the ipcache map.
-type IPCacheKey [ipcacheKeySize]byte
+// IPCacheMapKey is the key of the ipcache map.
+type IPCacheMapKey [ipcacheKeySize]byte
 
-// IPCacheValue is the value of the ipcache map.
-type IPCacheValue [ipcacheValueSize]byte
+// IPCacheMapValue is the value of the ipcache map.
+type IPCacheMapValue [ipcacheValueSize]byte
 
-// PolicyKey is the key of the policy map.
-type PolicyKey [policyKeySize]byte
+// PolicyMapKey is the key of the policy map.
+type PolicyMapKey [policyKeySize]byte
 
-// PolicyValue is the value of the policy map.
-type PolicyValue [policyValueSize]byte
+// PolicyMapValue is the value of the policy map.
+type PolicyMapValue [policyValueSize]byte
 
-// NewIPCacheKey encodes a prefix in canonical form.
-func NewIPCacheKey(prefix netip.Prefix) IPCacheKey {
-	var k IPCacheKey
+// NewIPCacheMapKey encodes a prefix in canonical form.
+func NewIPCacheMapKey(prefix netip.Prefix) IPCacheMapKey {
+	var k IPCacheMapKey
 	prefix = prefix.Masked()
 	binary.LittleEndian.PutUint32(k[0:4], uint32(ipcacheKeyStaticPrefixBits+prefix.Bits()))
 	// k[4:6] cluster_id = 0, k[6] pad = 0
@@ -96,7 +88,7 @@ func NewIPCacheKey(prefix netip.Prefix) IPCacheKey {
 //
 // Possible errors: the key is not in canonical form (unknown family, bad
 // prefix length, nonzero cluster_id, pad or host bits).
-func (k IPCacheKey) Prefix() (netip.Prefix, error) {
+func (k IPCacheMapKey) Prefix() (netip.Prefix, error) {
 	prefix, err := k.decode()
 	if err == nil && prefix.Masked() != prefix {
 		return netip.Prefix{}, fmt.Errorf("ipcache key %x: host bits set", k[:])
@@ -107,7 +99,7 @@ func (k IPCacheKey) Prefix() (netip.Prefix, error) {
 // decode decodes the key, host bits and all: the kernel's trie matches only
 // the prefix's bits, so a key with host bits set is the entry of its
 // masked prefix.
-func (k IPCacheKey) decode() (netip.Prefix, error) {
+func (k IPCacheMapKey) decode() (netip.Prefix, error) {
 	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
 	if k[4] != 0 || k[5] != 0 || k[6] != 0 {
 		return netip.Prefix{}, fmt.Errorf("ipcache key %x: nonzero cluster_id or pad", k[:])
@@ -134,28 +126,28 @@ func (k IPCacheKey) decode() (netip.Prefix, error) {
 
 // compare orders keys by family and address, then prefix length: the
 // order of a trie walk, in which the kernel's LPM trie inserts fastest.
-func (k IPCacheKey) compare(other IPCacheKey) int {
+func (k IPCacheMapKey) compare(other IPCacheMapKey) int {
 	if c := bytes.Compare(k[4:], other[4:]); c != 0 {
 		return c
 	}
 	return cmp.Compare(binary.LittleEndian.Uint32(k[0:4]), binary.LittleEndian.Uint32(other[0:4]))
 }
 
-// NewIPCacheValue encodes an identity. The tunnel endpoint, key and flags
+// NewIPCacheMapValue encodes an identity. The tunnel endpoint, key and flags
 // are zero: this agent does not tunnel.
-func NewIPCacheValue(identity uint32) IPCacheValue {
-	var v IPCacheValue
+func NewIPCacheMapValue(identity uint32) IPCacheMapValue {
+	var v IPCacheMapValue
 	binary.LittleEndian.PutUint32(v[0:4], identity)
 	return v
 }
 
 // Identity returns the value's sec_identity.
-func (v IPCacheValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+func (v IPCacheMapValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
 
-// NewPolicyKey encodes a policy key. dport is in host order; it is stored
+// NewPolicyMapKey encodes a policy key. dport is in host order; it is stored
 // in network order.
-func NewPolicyKey(identity uint32, direction, protocol uint8, dport uint16) PolicyKey {
-	var k PolicyKey
+func NewPolicyMapKey(identity uint32, direction, protocol uint8, dport uint16) PolicyMapKey {
+	var k PolicyMapKey
 	binary.LittleEndian.PutUint32(k[0:4], identity)
 	k[4] = direction
 	k[5] = protocol
@@ -164,16 +156,16 @@ func NewPolicyKey(identity uint32, direction, protocol uint8, dport uint16) Poli
 }
 
 // Fields decodes the key; dport is returned in host order.
-func (k PolicyKey) Fields() (identity uint32, direction, protocol uint8, dport uint16) {
+func (k PolicyMapKey) Fields() (identity uint32, direction, protocol uint8, dport uint16) {
 	return binary.LittleEndian.Uint32(k[0:4]), k[4], k[5], binary.BigEndian.Uint16(k[6:8])
 }
 
-// NewPolicyValue encodes a verdict.
-func NewPolicyValue(verdict uint32) PolicyValue {
-	var v PolicyValue
+// NewPolicyMapValue encodes a verdict.
+func NewPolicyMapValue(verdict uint32) PolicyMapValue {
+	var v PolicyMapValue
 	binary.LittleEndian.PutUint32(v[0:4], verdict)
 	return v
 }
 
 // Verdict returns the value's verdict.
-func (v PolicyValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+func (v PolicyMapValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }

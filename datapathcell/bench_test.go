@@ -48,10 +48,10 @@ func benchPrefixes(n int) []netip.Prefix {
 func BenchmarkRawBatchUpdate(b *testing.B) {
 	privileged.Test(b)
 	prefixes := benchPrefixes(benchEntries)
-	keys := make([]datapathcell.IPCacheKey, len(prefixes))
-	values := make([]datapathcell.IPCacheValue, len(prefixes))
+	keys := make([]datapathcell.IPCacheMapKey, len(prefixes))
+	values := make([]datapathcell.IPCacheMapValue, len(prefixes))
 	for i, p := range prefixes {
-		keys[i], values[i] = datapathcell.NewIPCacheKey(p), datapathcell.NewIPCacheValue(16777217)
+		keys[i], values[i] = datapathcell.NewIPCacheMapKey(p), datapathcell.NewIPCacheMapValue(16777217)
 	}
 	for range b.N {
 		b.StopTimer()
@@ -123,11 +123,11 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 
 func countEntries(m *ebpf.Map) int {
 	var (
-		k datapathcell.IPCacheKey
+		k datapathcell.IPCacheMapKey
 		n int
 	)
 	for {
-		var next datapathcell.IPCacheKey
+		var next datapathcell.IPCacheMapKey
 		var err error
 		if n == 0 {
 			err = m.NextKey(nil, &next)

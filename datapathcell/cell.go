@@ -29,7 +29,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newDatapathCell, scriptCommands, newMapsReader),
+	cell.Provide(newLifecycleDatapath, scriptCommands, newDatapathMaps),
 	cell.Invoke(registerWriters),
 )
 
@@ -57,6 +57,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: an empty --bpf-root, a zero --ipcache-map-max-entries or
+// --policy-map-max-entries, a --devices name that is not a device name.
 func (c Config) Validate() error {
 	switch {
 	case c.BPFRoot == "":
@@ -74,7 +77,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func newDatapathCell(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath {
+// newLifecycleDatapath returns the Datapath with its start and stop hooks
+// appended to the lifecycle.
+func newLifecycleDatapath(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath {
 	d := newDatapath(cfg, log)
 	lc.Append(d)
 	return d
@@ -82,9 +87,8 @@ func newDatapathCell(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath 
 
 // reconcilerRoundSize is the most objects the reconcilers write per round:
 // one batch operation and one status write-back transaction each. Larger
-// rounds amortize the write-back (BenchmarkReconcilerThroughput: 1000 ->
-// 10000 raised throughput markedly) at the cost of a longer write
-// transaction on the table.
+// rounds amortize the write-back (docs/SCALE.md) at the cost of a longer
+// write transaction on the table.
 const reconcilerRoundSize = 10000
 
 // reconcilerOptions are shared by the map reconcilers. Pruning happens once
@@ -119,7 +123,7 @@ func registerWriters(p writersParams) error {
 	d := p.Datapath
 	order := newOrdering(p.Log, p.Selectors, p.IPCache.RWTable, p.Policy.RWTable, p.Enforcement.RWTable)
 
-	policy := newPolicyOps(d.policyMap, d.writeStats(PolicyMapName), order, p.Log)
+	policy := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
 	var err error
 	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
 		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,
@@ -128,27 +132,27 @@ func registerWriters(p writersParams) error {
 		return fmt.Errorf("register policy reconciler: %w", err)
 	}
 
-	ipcache := &mapOps[*ipcachecell.Entry, IPCacheKey, IPCacheValue]{
+	ipcache := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
 		name:       IPCacheMapName,
-		m:          d.ipcacheMap,
-		stats:      d.writeStats(IPCacheMapName),
+		target:     d.ipcacheMap,
+		stats:      d.statsOf(IPCacheMapName),
 		log:        p.Log,
-		key:        func(e *ipcachecell.Entry) IPCacheKey { return NewIPCacheKey(e.Prefix) },
-		value:      func(e *ipcachecell.Entry) IPCacheValue { return NewIPCacheValue(uint32(e.Identity)) },
-		writeOrder: IPCacheKey.compare,
+		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
+		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
+		writeOrder: IPCacheMapKey.compare,
 		// The map as the datapath read it at start, before anything
 		// wrote to it: reading the map again would cost the first round
 		// after a restart a read of the whole map.
 		readPinned: d.pinnedIPCache,
 		gate:       order.beforeIPCacheWrite,
 		hold:       order.holdIPCache,
-		fallbacks: func(txn statedb.ReadTxn, k IPCacheKey, yield func(IPCacheKey, IPCacheValue, bool)) {
+		fallbacks: func(txn statedb.ReadTxn, k IPCacheMapKey, yield func(IPCacheMapKey, IPCacheMapValue, bool)) {
 			prefix, err := k.Prefix()
 			if err != nil {
 				return
 			}
 			entry := func(e *ipcachecell.Entry) {
-				yield(NewIPCacheKey(e.Prefix), NewIPCacheValue(uint32(e.Identity)), e.GetStatus().Kind != reconciler.StatusKindDone)
+				yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity)), e.GetStatus().Kind != reconciler.StatusKindDone)
 			}
 			if e, found := ipcachecell.LookupCovering(txn, p.IPCache.RWTable, prefix); found {
 				entry(e)
@@ -161,7 +165,7 @@ func registerWriters(p writersParams) error {
 				}
 			}
 		},
-		failed:  func(k IPCacheKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
+		failed:  func(k IPCacheMapKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
 		written: order.ipcacheWritten,
 	}
 	order.ipcacheWriter, err = reconciler.Register(p.Reconciler, p.IPCache.RWTable,
@@ -172,8 +176,8 @@ func registerWriters(p writersParams) error {
 	}
 
 	enforcement := &enforcementWriter{
-		db: p.Reconciler.DB, table: p.Enforcement.RWTable, m: d.enforcementMap, order: order,
-		stats: d.writeStats(EnforcementMapName), log: p.Log,
+		db: p.Reconciler.DB, table: p.Enforcement.RWTable, target: d.enforcementMap, order: order,
+		stats: d.statsOf(EnforcementMapName), log: p.Log,
 	}
 	p.Jobs.Add(
 		job.OneShot("write-enforcement-map", enforcement.run),

@@ -19,7 +19,7 @@ type Datapath struct {
 	log *slog.Logger
 
 	// stats of each map's reconciler, by map name; fixed at construction.
-	stats map[string]*MapWriteStats
+	stats map[string]*mapStats
 
 	mu       sync.Mutex
 	maps     *pinnedMaps
@@ -42,12 +42,17 @@ type writtenMaps struct {
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	return &Datapath{cfg: cfg, log: log, stats: map[string]*MapWriteStats{
+	return &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
 		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
 	}}
 }
 
-// Start implements cell.HookInterface.
+// Start implements cell.HookInterface: it mounts bpffs if needed, opens
+// the pinned maps and attaches the enforcement program to the devices.
+//
+// Possible errors: those of EnsureBPFFS; the pinned maps cannot be opened,
+// migrated or replaced (a map too small for what it holds names the flag
+// to raise); the program cannot be loaded or attached to a device.
 func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		return nil
@@ -98,6 +103,8 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 
 // Stop implements cell.HookInterface. The maps stay pinned: the datapath
 // outlives the agent.
+//
+// Possible errors: the program's or the maps' descriptors cannot be closed.
 func (d *Datapath) Stop(cell.HookContext) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -116,8 +123,8 @@ func (d *Datapath) Stop(cell.HookContext) error {
 // IPCacheSnapshot returns what the pinned ipcache map held when the agent
 // started, before anything wrote to it: prefix -> identity. It is empty if
 // there was no usable pinned map, and before the hive has started. The map
-// is shared, not copied (a million entries took a quarter of a second to
-// copy at restart): do not modify it.
+// is shared, not copied (a copy costs restart time: docs/SCALE.md): do not
+// modify it.
 func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -127,13 +134,13 @@ func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
 // pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
 // own key and value types, a copy the reconciler keeps up to date. The
 // unreadable keys are in it, so that the first prune deletes them.
-func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
+func (d *Datapath) pinnedIPCache() map[IPCacheMapKey]IPCacheMapValue {
 	d.mu.Lock()
 	snapshot := d.snapshot
 	d.mu.Unlock()
-	pinned := make(map[IPCacheKey]IPCacheValue, len(snapshot.prefixes)+len(snapshot.unreadable))
+	pinned := make(map[IPCacheMapKey]IPCacheMapValue, len(snapshot.prefixes)+len(snapshot.unreadable))
 	for prefix, id := range snapshot.prefixes {
-		pinned[NewIPCacheKey(prefix)] = NewIPCacheValue(id)
+		pinned[NewIPCacheMapKey(prefix)] = NewIPCacheMapValue(id)
 	}
 	for k, v := range snapshot.unreadable {
 		pinned[k] = v
@@ -141,10 +148,10 @@ func (d *Datapath) pinnedIPCache() map[IPCacheKey]IPCacheValue {
 	return pinned
 }
 
-// WriteStats returns how many keys the reconciler of the named map has
+// MapWrites returns how many keys the reconciler of the named map has
 // written, and how many writes it skipped because the pinned map already
 // held the value (after a restart).
-func (d *Datapath) WriteStats(mapName string) (written, unchanged uint64) {
+func (d *Datapath) MapWrites(mapName string) (written, unchanged uint64) {
 	if s, ok := d.stats[mapName]; ok {
 		return s.Written.Load(), s.Unchanged.Load()
 	}
@@ -175,7 +182,7 @@ func (d *Datapath) Counters() (Counters, error) {
 	return readCounters(d.maps.Counters)
 }
 
-func (d *Datapath) writeStats(mapName string) *MapWriteStats { return d.stats[mapName] }
+func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }
 
 // written returns the maps the writers write, which run only between start
 // and stop.

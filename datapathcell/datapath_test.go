@@ -230,7 +230,7 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	require.NoError(t, err)
 	ps, want := upsertHosts(t, h, 10, 1, 300, 8000)
 	e.waitIPCache(t, want)
-	written, unchanged := first.datapath.WriteStats(datapathcell.IPCacheMapName)
+	written, unchanged := first.datapath.MapWrites(datapathcell.IPCacheMapName)
 	require.Equal(t, uint64(300), written)
 	require.Zero(t, unchanged)
 	first.stop()
@@ -248,14 +248,14 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	done()
 	e.waitIPCache(t, want)
 	require.Eventually(t, func() bool {
-		written, unchanged := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+		written, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
 		return written == 2 && unchanged == 299
 	}, 5*time.Second, 10*time.Millisecond)
 }
 
 // rawIPCacheKey builds an ipcache map key field by field, canonical or not.
-func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) datapathcell.IPCacheKey {
-	var k datapathcell.IPCacheKey
+func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) datapathcell.IPCacheMapKey {
+	var k datapathcell.IPCacheMapKey
 	k[0], k[1], k[2], k[3] = byte(prefixLen), byte(prefixLen>>8), byte(prefixLen>>16), byte(prefixLen>>24)
 	k[4], k[5] = byte(clusterID), byte(clusterID>>8)
 	k[7] = family
@@ -276,18 +276,18 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 	m, err := ebpf.LoadPinnedMap(e.pinPath(datapathcell.IPCacheMapName), nil)
 	require.NoError(t, err)
 	defer m.Close()
-	bad := []datapathcell.IPCacheKey{
+	bad := []datapathcell.IPCacheMapKey{
 		rawIPCacheKey(32+8, 0, 7, 10),           // unknown family
 		rawIPCacheKey(64, 1, 1, 10, 0, 9, 9),    // nonzero cluster_id
 		rawIPCacheKey(31, 0, 0),                 // family 0, matches every IPv4 lookup
 		rawIPCacheKey(32+33, 0, 1, 10, 0, 8, 8), // length out of range for IPv4
 	}
-	value := datapathcell.NewIPCacheValue(7001)
+	value := datapathcell.NewIPCacheMapValue(7001)
 	for _, k := range bad {
 		require.NoError(t, m.Put(&k, &value), "put %x", k)
 	}
 	hostBits := rawIPCacheKey(32+24, 0, 1, 10, 0, 5, 7)
-	kept := datapathcell.NewIPCacheValue(7000)
+	kept := datapathcell.NewIPCacheMapValue(7000)
 	require.NoError(t, m.Put(&hostBits, &kept))
 
 	second, done := e.start(t, "slow-producer")
@@ -297,7 +297,7 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 	require.NoError(t, err)
 	upsert(t, h, prefixes("10.0.5.0/24"), ipcachecell.Metadata{ExplicitIdentity: 7000})
 	require.Eventually(t, func() bool {
-		_, unchanged := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+		_, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
 		return unchanged == 1
 	}, 10*time.Second, 10*time.Millisecond, "the host-bits entry is the wanted one: not written again")
 	require.Equal(t, 1+len(bad), countPinned(t, m), "nothing pruned before initialization")
@@ -311,8 +311,8 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 
 func countPinned(t *testing.T, m *ebpf.Map) int {
 	t.Helper()
-	var k datapathcell.IPCacheKey
-	var v datapathcell.IPCacheValue
+	var k datapathcell.IPCacheMapKey
+	var v datapathcell.IPCacheMapValue
 	n := 0
 	iter := m.Iterate()
 	for iter.Next(&k, &v) {

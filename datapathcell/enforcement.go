@@ -24,12 +24,12 @@ type enforcementValue uint32
 // switch off of the other, until the ipcache and policy writers have
 // written the tables as they were when the row said so (see ordering).
 type enforcementWriter struct {
-	db    *statedb.DB
-	table statedb.RWTable[*policycell.Enforcement]
-	m     func() kernelMap
-	order *ordering
-	stats *MapWriteStats
-	log   *slog.Logger
+	db     *statedb.DB
+	table  statedb.RWTable[*policycell.Enforcement]
+	target func() kernelMap
+	order  *ordering
+	stats  *mapStats
+	log    *slog.Logger
 }
 
 // enforcementRetry bounds the wait before a failed write is tried again.
@@ -46,7 +46,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 	for dir := range inMap {
 		var v enforcementValue
 		key := uint32(dir)
-		if err := w.m().Lookup(&key, &v); err == nil {
+		if err := w.target().Lookup(&key, &v); err == nil {
 			inMap[dir] = v == 1
 		}
 	}
@@ -138,7 +138,7 @@ func (w *enforcementWriter) put(dir policycell.Direction, enforced bool) error {
 	if enforced {
 		value = 1
 	}
-	if err := w.m().Put(&key, &value); err != nil {
+	if err := w.target().Put(&key, &value); err != nil {
 		return fmt.Errorf("%s map: switch %s enforcement: %w", EnforcementMapName, dir, err)
 	}
 	w.stats.Written.Add(1)

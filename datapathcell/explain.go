@@ -19,7 +19,7 @@ type mapsReader struct{ d *Datapath }
 
 var _ policycell.DatapathMaps = mapsReader{}
 
-func newMapsReader(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
+func newDatapathMaps(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
 
 // lookup looks key up in the map that which picks, under the datapath's
 // lock so that a stop does not close the map meanwhile. found is false if
@@ -48,8 +48,8 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 // address's full-length key in the LPM trie finds the longest prefix
 // containing it, as the program's does.
 func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
-	k := NewIPCacheKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
-	var v IPCacheValue
+	k := NewIPCacheMapKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
+	var v IPCacheMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
 	if err != nil {
 		return 0, false, fmt.Errorf("ipcache map: lookup %s: %w", addr, err)
@@ -59,8 +59,8 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentit
 
 // LookupPolicy implements policycell.DatapathMaps.
 func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.Verdict, bool, error) {
-	k := NewPolicyKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
-	var v PolicyValue
+	k := NewPolicyMapKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
+	var v PolicyMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
 	if err != nil {
 		return 0, false, fmt.Errorf("policy map: lookup %s: %w", key, err)

@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // These extend reconcile_test.go (TestPrivilegedBatchUpdatePartialFailure,
@@ -66,12 +68,12 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	type policyEntry struct{ identity, verdict uint32 }
-	ops := &mapOps[*policyEntry, PolicyKey, PolicyValue]{
-		name:  PolicyMapName,
-		m:     func() kernelMap { return m },
-		key:   func(e *policyEntry) PolicyKey { return NewPolicyKey(e.identity, DirectionEgress, 0, 0) },
-		value: func(e *policyEntry) PolicyValue { return NewPolicyValue(e.verdict) },
-		stats: &MapWriteStats{},
+	ops := &mapOps[*policyEntry, PolicyMapKey, PolicyMapValue]{
+		name:   PolicyMapName,
+		target: func() kernelMap { return m },
+		key:    func(e *policyEntry) PolicyMapKey { return NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		value:  func(e *policyEntry) PolicyMapValue { return NewPolicyMapValue(e.verdict) },
+		stats:  &mapStats{},
 	}
 	entries := []*policyEntry{{16777217, 1}, {16777218, 1}, {16777219, 1}, {16777220, 1}}
 	batch := make([]reconciler.BatchEntry[*policyEntry], len(entries))
@@ -86,9 +88,9 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.Contains(t, batch[2].Result.Error(), "policy map")
 	require.Equal(t, uint64(2), ops.stats.Written.Load())
 
-	var v PolicyValue
+	var v PolicyMapValue
 	for _, e := range entries[:2] {
-		require.NoError(t, m.Lookup(NewPolicyKey(e.identity, DirectionEgress, 0, 0), &v), "kept: %d", e.identity)
+		require.NoError(t, m.Lookup(NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v), "kept: %d", e.identity)
 	}
 
 	del := []reconciler.BatchEntry[*policyEntry]{{Object: entries[0]}, {Object: entries[1]}}
@@ -100,7 +102,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, retry[0].Result, "room appeared")
 	require.NoError(t, retry[1].Result)
 	for _, e := range entries[2:] {
-		require.NoError(t, m.Lookup(NewPolicyKey(e.identity, DirectionEgress, 0, 0), &v))
+		require.NoError(t, m.Lookup(NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v))
 	}
 }
 
@@ -113,7 +115,7 @@ func TestPrivilegedFullMapAfterRestartSkipsUnchanged(t *testing.T) {
 	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
 	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
 	for _, e := range []*testEntry{a, b} {
-		k, v := NewIPCacheKey(e.prefix), NewIPCacheValue(e.identity)
+		k, v := NewIPCacheMapKey(e.prefix), NewIPCacheMapValue(e.identity)
 		require.NoError(t, m.Put(&k, &v), "written by the previous run")
 	}
 	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
@@ -130,8 +132,8 @@ func dumpTestMap(t *testing.T, m *ebpf.Map) map[netip.Prefix]uint32 {
 	t.Helper()
 	got := map[netip.Prefix]uint32{}
 	var (
-		k IPCacheKey
-		v IPCacheValue
+		k IPCacheMapKey
+		v IPCacheMapValue
 	)
 	iter := m.Iterate()
 	for iter.Next(&k, &v) {

@@ -5,26 +5,28 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // FuzzIPCacheKey: any 24 bytes either decode to a prefix whose encoding is
 // those very bytes, or are refused; never a panic.
 func FuzzIPCacheKey(f *testing.F) {
-	k := NewIPCacheKey(netip.MustParsePrefix("10.0.0.0/8"))
+	k := NewIPCacheMapKey(netip.MustParsePrefix("10.0.0.0/8"))
 	f.Add(k[:])
-	k6 := NewIPCacheKey(netip.MustParsePrefix("2001:db8::/32"))
+	k6 := NewIPCacheMapKey(netip.MustParsePrefix("2001:db8::/32"))
 	f.Add(k6[:])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != ipcacheKeySize {
 			return
 		}
-		key := IPCacheKey(data)
+		key := IPCacheMapKey(data)
 		prefix, err := key.Prefix()
 		if err != nil {
 			return
 		}
-		if NewIPCacheKey(prefix) != key {
-			t.Fatalf("key %x decodes to %s, which encodes to %x", data, prefix, NewIPCacheKey(prefix))
+		if NewIPCacheMapKey(prefix) != key {
+			t.Fatalf("key %x decodes to %s, which encodes to %x", data, prefix, NewIPCacheMapKey(prefix))
 		}
 	})
 }
@@ -34,9 +36,9 @@ func FuzzIPCacheKey(f *testing.F) {
 // panic; an identity encodes to a value with everything else zero (no
 // tunnel endpoint, key or flags) that decodes to it again.
 func FuzzIPCacheValue(f *testing.F) {
-	v := NewIPCacheValue(16777217)
+	v := NewIPCacheMapValue(16777217)
 	f.Add(v[:])
-	var tunneled IPCacheValue
+	var tunneled IPCacheMapValue
 	for i := range tunneled {
 		tunneled[i] = byte(i + 1)
 	}
@@ -45,12 +47,12 @@ func FuzzIPCacheValue(f *testing.F) {
 		if len(data) != ipcacheValueSize {
 			return
 		}
-		value := IPCacheValue(data)
+		value := IPCacheMapValue(data)
 		id := value.Identity()
 		if want := binary.LittleEndian.Uint32(data[0:4]); id != want {
 			t.Fatalf("value %x: identity %d, want %d (little-endian u32 at 0)", data, id, want)
 		}
-		encoded := NewIPCacheValue(id)
+		encoded := NewIPCacheMapValue(id)
 		if encoded.Identity() != id || !bytes.Equal(encoded[4:], make([]byte, ipcacheValueSize-4)) {
 			t.Fatalf("identity %d encodes to %x", id, encoded)
 		}
@@ -64,14 +66,14 @@ func FuzzIPCacheValue(f *testing.F) {
 // fields sit where the layout says (identity little-endian at 0, direction
 // at 4, protocol at 5, dport big-endian at 6).
 func FuzzPolicyKey(f *testing.F) {
-	k := NewPolicyKey(16777217, DirectionEgress, 17, 53)
+	k := NewPolicyMapKey(16777217, uint8(policycell.Egress), 17, 53)
 	f.Add(k[:])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != policyKeySize {
 			return
 		}
-		key := PolicyKey(data)
-		if NewPolicyKey(key.Fields()) != key {
+		key := PolicyMapKey(data)
+		if NewPolicyMapKey(key.Fields()) != key {
 			t.Fatalf("key %x does not round trip", data)
 		}
 		id, dir, proto, dport := key.Fields()
@@ -86,19 +88,19 @@ func FuzzPolicyKey(f *testing.F) {
 // (little-endian u32 at 0; the pad is ignored), and a verdict encodes to a
 // value with a zero pad that decodes to it again.
 func FuzzPolicyValue(f *testing.F) {
-	v := NewPolicyValue(VerdictAllow)
+	v := NewPolicyMapValue(uint32(policycell.VerdictAllow))
 	f.Add(v[:])
 	f.Add([]byte{1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != policyValueSize {
 			return
 		}
-		value := PolicyValue(data)
+		value := PolicyMapValue(data)
 		verdict := value.Verdict()
 		if want := binary.LittleEndian.Uint32(data[0:4]); verdict != want {
 			t.Fatalf("value %x: verdict %d, want %d", data, verdict, want)
 		}
-		encoded := NewPolicyValue(verdict)
+		encoded := NewPolicyMapValue(verdict)
 		if encoded.Verdict() != verdict || !bytes.Equal(encoded[4:], []byte{0, 0, 0, 0}) {
 			t.Fatalf("verdict %d encodes to %x", verdict, encoded)
 		}

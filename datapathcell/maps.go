@@ -44,7 +44,7 @@ type ipcacheSnapshot struct {
 	// unreadable are the keys that are no prefix (unknown family, nonzero
 	// cluster_id or pad, a length out of range): no row can want them,
 	// and the first prune deletes them.
-	unreadable map[IPCacheKey]IPCacheValue
+	unreadable map[IPCacheMapKey]IPCacheMapValue
 }
 
 // openPinnedMaps opens (or creates) the pinned maps in dir. A pinned map of
@@ -71,7 +71,7 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		return nil, ipcacheSnapshot{}, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
 	maps := &pinnedMaps{}
-	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheKey]IPCacheValue{}}
+	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
 		snapshot, err = dumpIPCache(old, log)
@@ -226,8 +226,8 @@ func copyEntries(from, to *ebpf.Map) error {
 // prefix are kept apart with a warning: restore must not act on what it
 // cannot read, and the first prune deletes them.
 func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
-	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheKey]IPCacheValue{}}
-	err := readEntries(m, func(key IPCacheKey, value IPCacheValue) {
+	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+	err := readEntries(m, func(key IPCacheMapKey, value IPCacheMapValue) {
 		prefix, err := key.decode()
 		if err != nil {
 			log.Warn("Unreadable pinned ipcache entry: not restored, deleted at the first prune", "error", err)

@@ -53,11 +53,11 @@ type ordering struct {
 
 	mu sync.Mutex
 	// unwritten are, by identity, its policy keys whose write failed.
-	unwritten map[uint32]map[PolicyKey]struct{}
+	unwritten map[uint32]map[PolicyMapKey]struct{}
 	// held are the ipcache keys whose write failed or was held, with the
 	// identity the map still gives their addresses (0: none); heldBy
 	// counts them by that identity.
-	held   map[IPCacheKey]uint32
+	held   map[IPCacheMapKey]uint32
 	heldBy map[uint32]int
 	// heldGone is closed and replaced when a held key is written.
 	heldGone chan struct{}
@@ -71,8 +71,8 @@ func newOrdering(log *slog.Logger, selectors *policycell.SelectorProgress, ipcac
 	return &ordering{
 		log: log, selectors: selectors, ipcache: ipcache, entries: entries, enforcement: enforcement,
 		switchedOff: progress.New[statedb.Revision](0),
-		unwritten:   map[uint32]map[PolicyKey]struct{}{},
-		held:        map[IPCacheKey]uint32{},
+		unwritten:   map[uint32]map[PolicyMapKey]struct{}{},
+		held:        map[IPCacheMapKey]uint32{},
 		heldBy:      map[uint32]int{},
 		heldGone:    make(chan struct{}),
 	}
@@ -98,7 +98,7 @@ func (o *ordering) beforeIPCacheWrite(ctx context.Context, txn statedb.ReadTxn) 
 
 // holdIPCache says why an ipcache value must not be written yet: some
 // policy entry of its identity is not in the policy map.
-func (o *ordering) holdIPCache(v IPCacheValue) error {
+func (o *ordering) holdIPCache(v IPCacheMapValue) error {
 	if o.numUnwritten.Load() == 0 {
 		return nil
 	}
@@ -113,8 +113,8 @@ func (o *ordering) holdIPCache(v IPCacheValue) error {
 // ipcacheFailed records that the map keeps its value for k, and which
 // identity that gives k's addresses (a lookup of an LPM trie finds the
 // longest prefix that covers the key: k itself or what it falls back to).
-func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheKey) {
-	var v IPCacheValue
+func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheMapKey) {
+	var v IPCacheMapValue
 	id := uint32(0)
 	if err := m.Lookup(&k, &v); err == nil {
 		id = v.Identity()
@@ -132,7 +132,7 @@ func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheKey) {
 }
 
 // ipcacheWritten records that k has its desired value (or is deleted).
-func (o *ordering) ipcacheWritten(k IPCacheKey) {
+func (o *ordering) ipcacheWritten(k IPCacheMapKey) {
 	if o.numHeld.Load() == 0 {
 		return
 	}
@@ -158,7 +158,7 @@ func (o *ordering) unheldLocked(id uint32) {
 }
 
 // prefixOf is k's prefix for a log line.
-func prefixOf(k IPCacheKey) string {
+func prefixOf(k IPCacheMapKey) string {
 	p, err := k.Prefix()
 	if err != nil {
 		return fmt.Sprintf("%x", k)
@@ -175,13 +175,13 @@ func (o *ordering) heldIdentity(id uint32) (bool, <-chan struct{}) {
 }
 
 // policyFailed records a policy key whose write failed.
-func (o *ordering) policyFailed(k PolicyKey) {
+func (o *ordering) policyFailed(k PolicyMapKey) {
 	id, _, _, _ := k.Fields()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	keys := o.unwritten[id]
 	if keys == nil {
-		keys = map[PolicyKey]struct{}{}
+		keys = map[PolicyMapKey]struct{}{}
 		o.unwritten[id] = keys
 	}
 	if _, ok := keys[k]; !ok {
@@ -191,7 +191,7 @@ func (o *ordering) policyFailed(k PolicyKey) {
 }
 
 // policyWritten records a policy key written or deleted.
-func (o *ordering) policyWritten(k PolicyKey) {
+func (o *ordering) policyWritten(k PolicyMapKey) {
 	if o.numUnwritten.Load() == 0 {
 		return
 	}

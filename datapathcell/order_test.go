@@ -39,8 +39,8 @@ type recordingMaps struct {
 	t  testing.TB
 	mu sync.Mutex
 
-	ipcache     map[IPCacheKey]IPCacheValue
-	policy      map[PolicyKey]PolicyValue
+	ipcache     map[IPCacheMapKey]IPCacheMapValue
+	policy      map[PolicyMapKey]PolicyMapValue
 	policyMax   int
 	enforcement [2]uint32
 
@@ -53,15 +53,15 @@ type recordingMaps struct {
 
 func newRecordingMaps(t testing.TB, policyMax int) *recordingMaps {
 	return &recordingMaps{
-		t: t, ipcache: map[IPCacheKey]IPCacheValue{}, policy: map[PolicyKey]PolicyValue{}, policyMax: policyMax,
+		t: t, ipcache: map[IPCacheMapKey]IPCacheMapValue{}, policy: map[PolicyMapKey]PolicyMapValue{}, policyMax: policyMax,
 		watched: map[netip.Addr]uint8{},
 	}
 }
 
 func (r *recordingMaps) maps() *writtenMaps {
 	return &writtenMaps{
-		ipcache:     &fakeMap[IPCacheKey, IPCacheValue]{r: r, entries: r.ipcache},
-		policy:      &fakeMap[PolicyKey, PolicyValue]{r: r, entries: r.policy, max: func() int { return r.policyMax }},
+		ipcache:     &fakeMap[IPCacheMapKey, IPCacheMapValue]{r: r, entries: r.ipcache},
+		policy:      &fakeMap[PolicyMapKey, PolicyMapValue]{r: r, entries: r.policy, max: func() int { return r.policyMax }},
 		enforcement: &fakeEnforcement{r: r},
 	}
 }
@@ -82,7 +82,7 @@ func (r *recordingMaps) identityOf(addr netip.Addr) uint32 {
 	}
 	for ; bits >= 0; bits-- {
 		p, _ := addr.Prefix(bits)
-		if v, ok := r.ipcache[NewIPCacheKey(p)]; ok {
+		if v, ok := r.ipcache[NewIPCacheMapKey(p)]; ok {
 			return v.Identity()
 		}
 	}
@@ -95,7 +95,7 @@ func (r *recordingMaps) allowed(addr netip.Addr, direction uint8) bool {
 		return true
 	}
 	for _, id := range []uint32{r.identityOf(addr), 0} {
-		if v, ok := r.policy[NewPolicyKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policycell.VerdictAllow) {
+		if v, ok := r.policy[NewPolicyMapKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policycell.VerdictAllow) {
 			return true
 		}
 	}
@@ -347,7 +347,7 @@ func (f *orderFixture) has(prefixes ...string) func() bool {
 		f.maps.mu.Lock()
 		defer f.maps.mu.Unlock()
 		for _, p := range prefixes {
-			if _, ok := f.maps.ipcache[NewIPCacheKey(netip.MustParsePrefix(p))]; !ok {
+			if _, ok := f.maps.ipcache[NewIPCacheMapKey(netip.MustParsePrefix(p))]; !ok {
 				return false
 			}
 		}
@@ -405,12 +405,12 @@ func (f *orderFixture) unconverged() string {
 	}
 	f.maps.mu.Lock()
 	defer f.maps.mu.Unlock()
-	wantIPCache := map[IPCacheKey]IPCacheValue{}
+	wantIPCache := map[IPCacheMapKey]IPCacheMapValue{}
 	for e := range f.entries.All(txn) {
 		if status := e.GetStatus(); status.Kind != reconciler.StatusKindDone {
 			return fmt.Sprintf("ipcache %s is %s", e.Prefix, status)
 		}
-		wantIPCache[NewIPCacheKey(e.Prefix)] = NewIPCacheValue(uint32(e.Identity))
+		wantIPCache[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
 	}
 	if len(wantIPCache) != len(f.maps.ipcache) {
 		return fmt.Sprintf("ipcache map has %d entries, the table %d", len(f.maps.ipcache), len(wantIPCache))
@@ -574,9 +574,9 @@ func TestOrderFullPolicyMap(t *testing.T) {
 func TestRecordingMapsSeeADrop(t *testing.T) {
 	r := newRecordingMaps(t, 10)
 	m := r.maps()
-	k, v := NewIPCacheKey(netip.MustParsePrefix("10.1.0.0/16")), NewIPCacheValue(16777217)
+	k, v := NewIPCacheMapKey(netip.MustParsePrefix("10.1.0.0/16")), NewIPCacheMapValue(16777217)
 	require.NoError(t, m.ipcache.Put(&k, &v))
-	pk, pv := NewPolicyKey(16777217, uint8(policycell.Egress), 0, 0), NewPolicyValue(uint32(policycell.VerdictAllow))
+	pk, pv := NewPolicyMapKey(16777217, uint8(policycell.Egress), 0, 0), NewPolicyMapValue(uint32(policycell.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
 	dir, on := uint32(policycell.Egress), enforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))

@@ -18,14 +18,14 @@ import (
 // deleted from the map only once nothing the map's users depend on still
 // points at it (see ordering), by the drain job or by a later call.
 type policyOps struct {
-	ops   *mapOps[*policycell.PolicyEntry, PolicyKey, PolicyValue]
+	ops   *mapOps[*policycell.PolicyEntry, PolicyMapKey, PolicyMapValue]
 	order *ordering
 	log   *slog.Logger
 
 	// mu serializes the reconciler's calls with the drain job's.
 	mu sync.Mutex
 	// draining are the keys to delete, with what must be written first.
-	draining map[PolicyKey]drainAfter
+	draining map[PolicyMapKey]drainAfter
 	// queued wakes the drain job (buffered, one).
 	queued chan struct{}
 }
@@ -37,22 +37,22 @@ type drainAfter struct {
 	ipcache, enforcement statedb.Revision
 }
 
-func newPolicyOps(m func() kernelMap, stats *MapWriteStats, order *ordering, log *slog.Logger) *policyOps {
+func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slog.Logger) *policyOps {
 	p := &policyOps{
 		order:    order,
 		log:      log,
-		draining: map[PolicyKey]drainAfter{},
+		draining: map[PolicyMapKey]drainAfter{},
 		queued:   make(chan struct{}, 1),
 	}
-	p.ops = &mapOps[*policycell.PolicyEntry, PolicyKey, PolicyValue]{
-		name:  PolicyMapName,
-		m:     m,
-		stats: stats,
-		log:   log,
-		key: func(e *policycell.PolicyEntry) PolicyKey {
-			return NewPolicyKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+	p.ops = &mapOps[*policycell.PolicyEntry, PolicyMapKey, PolicyMapValue]{
+		name:   PolicyMapName,
+		target: m,
+		stats:  stats,
+		log:    log,
+		key: func(e *policycell.PolicyEntry) PolicyMapKey {
+			return NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
 		},
-		value:   func(e *policycell.PolicyEntry) PolicyValue { return NewPolicyValue(uint32(e.Verdict)) },
+		value:   func(e *policycell.PolicyEntry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
 		failed:  order.policyFailed,
 		written: order.policyWritten,
 	}
@@ -88,7 +88,7 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policycell.PolicyEntry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.drainLocked(txn, []PolicyKey{p.ops.key(e)})
+	p.drainLocked(txn, []PolicyMapKey{p.ops.key(e)})
 	return nil
 }
 
@@ -96,7 +96,7 @@ func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	keys := make([]PolicyKey, len(batch))
+	keys := make([]PolicyMapKey, len(batch))
 	for i := range batch {
 		keys[i] = p.ops.key(batch[i].Object)
 	}
@@ -118,7 +118,7 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 
 // drainLocked queues keys to delete once the tables as txn has them are
 // written, and deletes at once those that may go.
-func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []PolicyKey) {
+func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []PolicyMapKey) {
 	after := drainAfter{ipcache: p.order.ipcache.Revision(txn), enforcement: p.order.enforcement.Revision(txn)}
 	for _, k := range keys {
 		p.order.policyWritten(k) // no longer wanted: not a missing entry
@@ -143,7 +143,7 @@ func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions 
 	}
 	ipcacheWritten := written(p.order.ipcacheWriter)
 	switchedOff, _ := p.order.switchedOff.Get()
-	var ready []PolicyKey
+	var ready []PolicyMapKey
 	for k, after := range p.draining {
 		if after.ipcache > ipcacheWritten || after.enforcement > switchedOff {
 			if !revisions || after.ipcache < wait.ipcache {

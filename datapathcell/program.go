@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The enforcement program (bpf/enforce.c) runs on both TCX hooks of every
@@ -296,7 +298,7 @@ type Counters struct {
 }
 
 // counterIndex is the index of a verdict in the counters map (abi.go).
-func counterIndex(direction uint8, allowed bool) uint32 {
+func counterIndex(direction policycell.Direction, allowed bool) uint32 {
 	index := uint32(direction) * 2
 	if allowed {
 		index++
@@ -310,14 +312,14 @@ func counterIndex(direction uint8, allowed bool) uint32 {
 func readCounters(m *ebpf.Map) (Counters, error) {
 	var c Counters
 	for _, counter := range []struct {
-		direction uint8
+		direction policycell.Direction
 		allowed   bool
 		sum       *uint64
 	}{
-		{DirectionIngress, true, &c.IngressAllowed},
-		{DirectionIngress, false, &c.IngressDropped},
-		{DirectionEgress, true, &c.EgressAllowed},
-		{DirectionEgress, false, &c.EgressDropped},
+		{policycell.Ingress, true, &c.IngressAllowed},
+		{policycell.Ingress, false, &c.IngressDropped},
+		{policycell.Egress, true, &c.EgressAllowed},
+		{policycell.Egress, false, &c.EgressDropped},
 	} {
 		var perCPU []uint64
 		if err := m.Lookup(counterIndex(counter.direction, counter.allowed), &perCPU); err != nil {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 const (
@@ -56,10 +58,10 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 
 func TestCounterIndex(t *testing.T) {
 	// abi.go: 0 ingress dropped, 1 ingress allowed, 2 egress dropped, 3 egress allowed.
-	require.Equal(t, uint32(0), counterIndex(DirectionIngress, false))
-	require.Equal(t, uint32(1), counterIndex(DirectionIngress, true))
-	require.Equal(t, uint32(2), counterIndex(DirectionEgress, false))
-	require.Equal(t, uint32(3), counterIndex(DirectionEgress, true))
+	require.Equal(t, uint32(0), counterIndex(policycell.Ingress, false))
+	require.Equal(t, uint32(1), counterIndex(policycell.Ingress, true))
+	require.Equal(t, uint32(2), counterIndex(policycell.Egress, false))
+	require.Equal(t, uint32(3), counterIndex(policycell.Egress, true))
 }
 
 // newTestEnforcerMaps creates unpinned maps from the agent's specs, with
@@ -109,19 +111,19 @@ func (nw *endpointNetwork) attach(t *testing.T, e *enforcer, linksDir string) {
 
 func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32) {
 	t.Helper()
-	require.NoError(t, maps.IPCache.Put(NewIPCacheKey(netip.MustParsePrefix(prefix)), NewIPCacheValue(identity)))
+	require.NoError(t, maps.IPCache.Put(NewIPCacheMapKey(netip.MustParsePrefix(prefix)), NewIPCacheMapValue(identity)))
 }
 
-func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction, protocol uint8, dport uint16) {
+func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policycell.Direction, protocol uint8, dport uint16) {
 	t.Helper()
-	require.NoError(t, maps.Policy.Put(NewPolicyKey(identity, direction, protocol, dport), NewPolicyValue(VerdictAllow)))
+	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
 }
 
 func clearPolicyMap(t *testing.T, maps enforcerMaps) {
 	t.Helper()
-	var keys []PolicyKey
-	var k PolicyKey
-	var v PolicyValue
+	var keys []PolicyMapKey
+	var k PolicyMapKey
+	var v PolicyMapValue
 	it := maps.Policy.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
@@ -132,13 +134,13 @@ func clearPolicyMap(t *testing.T, maps enforcerMaps) {
 	}
 }
 
-func putEnforced(t *testing.T, maps enforcerMaps, direction uint32, enforced bool) {
+func putEnforced(t *testing.T, maps enforcerMaps, direction policycell.Direction, enforced bool) {
 	t.Helper()
 	var v uint32
 	if enforced {
 		v = 1
 	}
-	require.NoError(t, maps.Enforcement.Put(direction, v))
+	require.NoError(t, maps.Enforcement.Put(uint32(direction), v))
 }
 
 func readTestCounters(t *testing.T, maps enforcerMaps) Counters {
@@ -195,9 +197,9 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 	})
 
 	t.Run("egress enforced: destination identity decides", func(t *testing.T) {
-		putEnforced(t, maps, DirectionEgress, true)
-		putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
-		t.Cleanup(func() { putEnforced(t, maps, DirectionEgress, false); clearPolicyMap(t, maps) })
+		putEnforced(t, maps, policycell.Egress, true)
+		putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, policycell.Egress, false); clearPolicyMap(t, maps) })
 
 		before := readTestCounters(t, maps)
 		require.Equal(t, map[string]bool{
@@ -209,17 +211,17 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 		require.Zero(t, after.IngressDropped-before.IngressDropped)
 
 		// An address in no ipcache entry is world.
-		putAllow(t, maps, testIdentityWorld, DirectionEgress, 0, 0)
+		putAllow(t, maps, testIdentityWorld, policycell.Egress, 0, 0)
 		require.True(t, nw.pingOnce(t, world4))
 		require.False(t, nw.pingOnce(t, denied4))
 	})
 
 	t.Run("ingress enforced: source identity decides", func(t *testing.T) {
-		putEnforced(t, maps, DirectionIngress, true)
-		putAllow(t, maps, testIdentityAllowed, DirectionIngress, 0, 0)
+		putEnforced(t, maps, policycell.Ingress, true)
+		putAllow(t, maps, testIdentityAllowed, policycell.Ingress, 0, 0)
 		// An egress rule must not allow ingress.
-		putAllow(t, maps, testIdentityDenied, DirectionEgress, 0, 0)
-		t.Cleanup(func() { putEnforced(t, maps, DirectionIngress, false); clearPolicyMap(t, maps) })
+		putAllow(t, maps, testIdentityDenied, policycell.Egress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, policycell.Ingress, false); clearPolicyMap(t, maps) })
 
 		before := readTestCounters(t, maps)
 		require.Equal(t, map[string]bool{
@@ -285,9 +287,9 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 			return err == nil && string(buf[:n]) == "probe"
 		}
 
-		putEnforced(t, maps, DirectionEgress, true)
-		putAllow(t, maps, testIdentityAllowed, DirectionEgress, testProtoTCP, openPort)
-		t.Cleanup(func() { putEnforced(t, maps, DirectionEgress, false); clearPolicyMap(t, maps) })
+		putEnforced(t, maps, policycell.Egress, true)
+		putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoTCP, openPort)
+		t.Cleanup(func() { putEnforced(t, maps, policycell.Egress, false); clearPolicyMap(t, maps) })
 
 		require.NoError(t, dial(openPort), "TCP to the allowed port")
 		require.Error(t, dial(closedPort), "TCP to another port")
@@ -295,12 +297,12 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 		require.False(t, nw.pingOnce(t, allowed4), "ICMP with only a TCP rule")
 
 		// A protocol rule without port allows every port of that protocol.
-		putAllow(t, maps, testIdentityAllowed, DirectionEgress, testProtoUDP, 0)
+		putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoUDP, 0)
 		require.True(t, udpArrives(), "UDP with a UDP rule for any port")
 		require.Error(t, dial(closedPort), "a UDP rule must not allow TCP")
 
 		// A rule without protocol allows everything.
-		putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+		putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
 		require.NoError(t, dial(closedPort))
 		require.True(t, nw.pingOnce(t, allowed4))
 	})
@@ -338,8 +340,8 @@ func TestPrivilegedAttachUpdatesPinnedLinksInPlace(t *testing.T) {
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
 	putIdentity(t, maps, denied4+"/32", testIdentityDenied)
-	putEnforced(t, maps, DirectionEgress, true)
-	putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+	putEnforced(t, maps, policycell.Egress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
 	linksDir := newTestLinksDir(t)
 	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
 	egressPin := filepath.Join(linksDir, testHostDevice+"-egress")
@@ -392,7 +394,7 @@ func TestPrivilegedAttachReplacesStaleLink(t *testing.T) {
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
-	putEnforced(t, maps, DirectionEgress, true) // no rules: everything dropped
+	putEnforced(t, maps, policycell.Egress, true) // no rules: everything dropped
 	linksDir := newTestLinksDir(t)
 	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
 	e := loadTestEnforcer(t, maps)
@@ -434,7 +436,7 @@ func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
-	putEnforced(t, maps, DirectionEgress, true)
+	putEnforced(t, maps, policycell.Egress, true)
 	linksDir := newTestLinksDir(t)
 	e := loadTestEnforcer(t, maps)
 	nw.attach(t, e, linksDir)
@@ -507,8 +509,8 @@ func TestPrivilegedProgramPlaceInTheTCXChain(t *testing.T) {
 	nw := newEndpointNetwork(t, allowed4, denied4)
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
-	putEnforced(t, maps, DirectionEgress, true)
-	putAllow(t, maps, testIdentityAllowed, DirectionEgress, 0, 0)
+	putEnforced(t, maps, policycell.Egress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
 
 	attachFixed := func(verdict int32) link.Link {
 		var l link.Link

@@ -30,14 +30,14 @@ func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
 // verdict.
 //
 // Possible errors: no map pinned there, or no permission.
-func ReadPinnedPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
+func ReadPinnedPolicy(bpfRoot string) (map[PolicyMapKey]uint32, error) {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyMapName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned policy map: %w", err)
 	}
 	defer m.Close()
-	out := map[PolicyKey]uint32{}
-	if err := readEntries(m, func(k PolicyKey, v PolicyValue) { out[k] = v.Verdict() }); err != nil {
+	out := map[PolicyMapKey]uint32{}
+	if err := readEntries(m, func(k PolicyMapKey, v PolicyMapValue) { out[k] = v.Verdict() }); err != nil {
 		return nil, fmt.Errorf("read pinned policy map: %w", err)
 	}
 	return out, nil
@@ -70,8 +70,7 @@ const readBatchSize = 4096
 
 // readEntries calls fn for every key and value of m. It reads in batches
 // where the kernel can (LPM trie and hash maps: one system call per 4096
-// entries, where iterating takes two per entry; at a million entries that
-// is seconds), else key by key. The map must not change meanwhile: the
+// entries, where iterating takes two per entry), else key by key. The map must not change meanwhile: the
 // callers read before anything writes, or from the reconciler that alone
 // writes the map.
 func readEntries[K, V any](m kernelMap, fn func(K, V)) error {

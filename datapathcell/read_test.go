@@ -19,27 +19,27 @@ func TestPrivilegedReadEntriesInBatches(t *testing.T) {
 	trie, err := ebpf.NewMap(IPCacheMapSpec(n))
 	require.NoError(t, err)
 	defer trie.Close()
-	want := map[IPCacheKey]IPCacheValue{}
+	want := map[IPCacheMapKey]IPCacheMapValue{}
 	for i := range n {
-		k := NewIPCacheKey(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32-i%3))
-		v := NewIPCacheValue(uint32(i))
+		k := NewIPCacheMapKey(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32-i%3))
+		v := NewIPCacheMapValue(uint32(i))
 		require.NoError(t, trie.Put(&k, &v))
 		want[k] = v
 	}
-	got := map[IPCacheKey]IPCacheValue{}
-	require.NoError(t, readEntries(trie, func(k IPCacheKey, v IPCacheValue) { got[k] = v }))
+	got := map[IPCacheMapKey]IPCacheMapValue{}
+	require.NoError(t, readEntries(trie, func(k IPCacheMapKey, v IPCacheMapValue) { got[k] = v }))
 	require.Equal(t, want, got)
 
 	hash, err := ebpf.NewMap(policyMapSpec(n))
 	require.NoError(t, err)
 	defer hash.Close()
-	wantPolicy := map[PolicyKey]PolicyValue{}
+	wantPolicy := map[PolicyMapKey]PolicyMapValue{}
 	for i := range n {
-		k, v := NewPolicyKey(uint32(i), 0, 6, uint16(i)), NewPolicyValue(1)
+		k, v := NewPolicyMapKey(uint32(i), 0, 6, uint16(i)), NewPolicyMapValue(1)
 		require.NoError(t, hash.Put(&k, &v))
 		wantPolicy[k] = v
 	}
-	gotPolicy := map[PolicyKey]PolicyValue{}
-	require.NoError(t, readEntries(hash, func(k PolicyKey, v PolicyValue) { gotPolicy[k] = v }))
+	gotPolicy := map[PolicyMapKey]PolicyMapValue{}
+	require.NoError(t, readEntries(hash, func(k PolicyMapKey, v PolicyMapValue) { gotPolicy[k] = v }))
 	require.Equal(t, wantPolicy, gotPolicy)
 }

@@ -46,17 +46,17 @@ var _ kernelMap = (*ebpf.Map)(nil)
 // while its owners re-assert it (its source changes from restored to its
 // owner's, its value does not). Keys the map did not hold are not added:
 // at a first start over an empty map there is nothing to skip, and a copy
-// of a million written keys cost a second of CPU. After the first prune
+// of every written key costs CPU (docs/SCALE.md). After the first prune
 // the copy is dropped: from then on the table changes only when the
 // desired value does.
 //
 // Its methods are called from one goroutine at a time: the reconciler's
 // (and, for the policy map, the drain's under policyOps' lock).
 type mapOps[Obj any, K comparable, V comparable] struct {
-	name  string
-	m     func() kernelMap // set once the maps are open (start hook)
-	key   func(Obj) K
-	value func(Obj) V
+	name   string
+	target func() kernelMap // set once the maps are open (start hook)
+	key    func(Obj) K
+	value  func(Obj) V
 
 	// gate, if set, is called before the map is written: it waits until
 	// what must be in the other maps first is there (make before break;
@@ -104,11 +104,11 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	// that were not written or deleted since; stats.NoRoom counts them.
 	noRoom map[K]struct{}
 
-	stats *MapWriteStats
+	stats *mapStats
 }
 
-// MapWriteStats counts a reconciler's writes to its map.
-type MapWriteStats struct {
+// mapStats counts a reconciler's writes to its map.
+type mapStats struct {
 	// Written counts keys written (updated or deleted).
 	Written atomic.Uint64
 	// Unchanged counts writes skipped because the map already held the
@@ -135,7 +135,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	}
 	if o.pinned == nil {
 		o.pinned = map[K]V{}
-		if err := readEntries(o.m(), func(k K, v V) { o.pinned[k] = v }); err != nil {
+		if err := readEntries(o.target(), func(k K, v V) { o.pinned[k] = v }); err != nil {
 			o.pinned = map[K]V{} // unknown: write everything
 		}
 	}
@@ -191,7 +191,7 @@ func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
 	o.noRoom[k] = struct{}{}
 	if o.stats.NoRoom.Add(1) == 1 && o.log != nil {
 		o.log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (db/show %s says which)", o.name, o.name),
-			"map", o.name, "max-entries", o.m().MaxEntries(), "flag", "--"+o.name+"-map-max-entries", "error", err)
+			"map", o.name, "max-entries", o.target().MaxEntries(), "flag", "--"+o.name+"-map-max-entries", "error", err)
 	}
 }
 
@@ -302,13 +302,13 @@ func (o *mapOps[Obj, K, V]) Update(ctx context.Context, txn statedb.ReadTxn, _ s
 }
 
 func (o *mapOps[Obj, K, V]) put(k K, v V) error {
-	if err := o.m().Put(&k, &v); err != nil {
+	if err := o.target().Put(&k, &v); err != nil {
 		o.failedWrite(k)
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
 			// What the kernel says of a full map (ENOSPC for an LPM trie,
 			// E2BIG for a hash map) does not say so.
 			err = fmt.Errorf("%s map is full (max entries %d; raise --%s-map-max-entries): %w",
-				o.name, o.m().MaxEntries(), o.name, err)
+				o.name, o.target().MaxEntries(), o.name, err)
 			o.noRoomFor(k, err)
 			return err
 		}
@@ -333,7 +333,7 @@ func (o *mapOps[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ s
 }
 
 func (o *mapOps[Obj, K, V]) deleteKey(k K) error {
-	if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := o.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("%s map: delete: %w", o.name, err)
 	}
 	o.forget(k)
@@ -388,7 +388,7 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 	}
 	// Collect first: deleting while iterating can make the kernel's
 	// iteration restart or skip keys.
-	err := readEntries(o.m(), func(k K, _ V) {
+	err := readEntries(o.target(), func(k K, _ V) {
 		if _, ok := desired[k]; !ok {
 			stale = append(stale, k)
 		}
@@ -403,7 +403,7 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 func (o *mapOps[Obj, K, V]) deleteKeys(keys []K) error {
 	var errs []error
 	for _, k := range keys {
-		if err := o.m().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := o.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 			continue
 		}
@@ -463,7 +463,7 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 	if o.writeOrder != nil {
 		sortTogether(keys, values, o.writeOrder)
 	}
-	n, err := o.m().BatchUpdate(keys, values, nil)
+	n, err := o.target().BatchUpdate(keys, values, nil)
 	for _, k := range keys[:max(n, 0)] {
 		o.wrote(k)
 	}
@@ -509,7 +509,7 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 	}
 	done := 0
 	if !o.noBatch {
-		n, err := o.m().BatchDelete(keys, nil)
+		n, err := o.target().BatchDelete(keys, nil)
 		for _, k := range keys[:max(n, 0)] {
 			o.forget(k)
 		}

@@ -14,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 type testEntry struct {
@@ -21,17 +23,17 @@ type testEntry struct {
 	identity uint32
 }
 
-func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheKey, IPCacheValue], *ebpf.Map) {
+func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheMapKey, IPCacheMapValue], *ebpf.Map) {
 	privileged.Test(t)
 	m, err := ebpf.NewMap(IPCacheMapSpec(maxEntries))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
-	return &mapOps[*testEntry, IPCacheKey, IPCacheValue]{
-		name:  "test",
-		m:     func() kernelMap { return m },
-		key:   func(e *testEntry) IPCacheKey { return NewIPCacheKey(e.prefix) },
-		value: func(e *testEntry) IPCacheValue { return NewIPCacheValue(e.identity) },
-		stats: &MapWriteStats{},
+	return &mapOps[*testEntry, IPCacheMapKey, IPCacheMapValue]{
+		name:   "test",
+		target: func() kernelMap { return m },
+		key:    func(e *testEntry) IPCacheMapKey { return NewIPCacheMapKey(e.prefix) },
+		value:  func(e *testEntry) IPCacheMapValue { return NewIPCacheMapValue(e.identity) },
+		stats:  &mapStats{},
 	}, m
 }
 
@@ -66,10 +68,10 @@ func TestPrivilegedBatchUpdatePartialFailure(t *testing.T) {
 	ops.UpdateBatch(context.Background(), nil, retry)
 	require.NoError(t, retry[0].Result, "room appeared")
 
-	var v IPCacheValue
-	require.NoError(t, m.Lookup(NewIPCacheKey(c.prefix), &v))
+	var v IPCacheMapValue
+	require.NoError(t, m.Lookup(NewIPCacheMapKey(c.prefix), &v))
 	require.Equal(t, uint32(300), v.Identity())
-	require.Error(t, m.Lookup(NewIPCacheKey(a.prefix), &v), "deleted")
+	require.Error(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v), "deleted")
 }
 
 // TestPrivilegedPerKeyFallback: once the kernel says a map has no batch
@@ -81,14 +83,14 @@ func TestPrivilegedPerKeyFallback(t *testing.T) {
 	batch := batchOf(a)
 	ops.UpdateBatch(context.Background(), nil, batch)
 	require.NoError(t, batch[0].Result)
-	var v IPCacheValue
-	require.NoError(t, m.Lookup(NewIPCacheKey(a.prefix), &v))
+	var v IPCacheMapValue
+	require.NoError(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v))
 
 	del := batchOf(a, &testEntry{netip.MustParsePrefix("192.0.2.0/24"), 2})
 	ops.DeleteBatch(context.Background(), nil, del)
 	require.NoError(t, del[0].Result)
 	require.NoError(t, del[1].Result, "deleting a key the map does not have is fine")
-	require.Error(t, m.Lookup(NewIPCacheKey(a.prefix), &v))
+	require.Error(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v))
 }
 
 // TestPrivilegedPruneRemovesWhatNoObjectHas: the first prune finds stale
@@ -98,7 +100,7 @@ func TestPrivilegedPerKeyFallback(t *testing.T) {
 func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 	ops, m := newTestOps(t, 3)
 	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900} // the previous run's
-	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
 	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
 	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
 	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
@@ -111,7 +113,7 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 
 	dump := func() map[netip.Prefix]uint32 {
 		out := map[netip.Prefix]uint32{}
-		require.NoError(t, readEntries(m, func(k IPCacheKey, v IPCacheValue) {
+		require.NoError(t, readEntries(m, func(k IPCacheMapKey, v IPCacheMapValue) {
 			prefix, err := k.Prefix()
 			require.NoError(t, err)
 			out[prefix] = v.Identity()
@@ -136,7 +138,7 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 	retry := batchOf(c)
 	ops.UpdateBatch(context.Background(), nil, retry)
 	require.NoError(t, retry[0].Result)
-	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
 	require.NoError(t, ops.Prune(context.Background(), nil, desired(a, c)))
 	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 100, c.prefix: 300}, dump())
 }
@@ -146,10 +148,10 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 func TestPrivilegedFirstPruneBeforeAnyWrite(t *testing.T) {
 	ops, m := newTestOps(t, 3)
 	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900}
-	require.NoError(t, m.Put(NewIPCacheKey(stale.prefix), NewIPCacheValue(stale.identity)))
+	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
 	require.NoError(t, ops.Prune(context.Background(), nil, func(func(*testEntry, uint64) bool) {}))
-	var v IPCacheValue
-	require.Error(t, m.Lookup(NewIPCacheKey(stale.prefix), &v), "pruned")
+	var v IPCacheMapValue
+	require.Error(t, m.Lookup(NewIPCacheMapKey(stale.prefix), &v), "pruned")
 }
 
 // TestFullMapLogsOncePerTransition: a full map logs one line when the
@@ -160,13 +162,13 @@ func TestFullMapLogsOncePerTransition(t *testing.T) {
 	r := newRecordingMaps(t, 2)
 	policyMap := r.maps().policy
 	var logged bytes.Buffer
-	ops := &mapOps[*testEntry, PolicyKey, PolicyValue]{
-		name:  PolicyMapName,
-		m:     func() kernelMap { return policyMap },
-		key:   func(e *testEntry) PolicyKey { return NewPolicyKey(e.identity, DirectionEgress, 0, 0) },
-		value: func(*testEntry) PolicyValue { return NewPolicyValue(1) },
-		stats: &MapWriteStats{},
-		log:   slog.New(slog.NewTextHandler(&logged, nil)),
+	ops := &mapOps[*testEntry, PolicyMapKey, PolicyMapValue]{
+		name:   PolicyMapName,
+		target: func() kernelMap { return policyMap },
+		key:    func(e *testEntry) PolicyMapKey { return NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		value:  func(*testEntry) PolicyMapValue { return NewPolicyMapValue(1) },
+		stats:  &mapStats{},
+		log:    slog.New(slog.NewTextHandler(&logged, nil)),
 	}
 	entries := make([]*testEntry, 6)
 	for i := range entries {

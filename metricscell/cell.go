@@ -22,11 +22,11 @@ var Cell = cell.Module(
 	cell.Config(DefaultConfig),
 	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(newRegistry),
-	cell.Provide(newReconcilerMetricsCell, newServerCell),
+	cell.Provide(newRegisteredReconcilerMetrics, newConfiguredServer),
 	cell.Invoke(registerStateCollectors),
-	// The server is constructed even when nobody asks for it; it listens
+	// The server is registered even when nobody asks for it; it listens
 	// only if --prometheus-serve-addr is set.
-	cell.Invoke(func(*Server) {}),
+	cell.Invoke(registerServer),
 )
 
 // Config is the metrics cell's configuration.
@@ -46,6 +46,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: --prometheus-serve-addr is not host:port.
 func (c Config) Validate() error {
 	if c.PrometheusServeAddr == "" {
 		return nil
@@ -68,7 +70,9 @@ func newRegistry() *prometheus.Registry {
 	return registry
 }
 
-func newReconcilerMetricsCell(registry *prometheus.Registry) (reconciler.Metrics, error) {
+// newRegisteredReconcilerMetrics returns the reconcilers' metrics, registered
+// with the hive's registry.
+func newRegisteredReconcilerMetrics(registry *prometheus.Registry) (reconciler.Metrics, error) {
 	m := newReconcilerMetrics()
 	if err := registry.Register(m); err != nil {
 		return nil, fmt.Errorf("register reconciler metrics: %w", err)
@@ -76,9 +80,15 @@ func newReconcilerMetricsCell(registry *prometheus.Registry) (reconciler.Metrics
 	return m, nil
 }
 
-func newServerCell(cfg Config, registry *prometheus.Registry, log *slog.Logger,
-	lc cell.Lifecycle, jobs job.Registry, health cell.Health) *Server {
-	s := newServer(cfg.PrometheusServeAddr, registry, log)
+// newConfiguredServer returns the Server of --prometheus-serve-addr; it
+// does not listen until its start hook runs (registerServer).
+func newConfiguredServer(cfg Config, registry *prometheus.Registry, log *slog.Logger) *Server {
+	return newServer(cfg.PrometheusServeAddr, registry, log)
+}
+
+// registerServer appends the server's start hook and, when an address is
+// set, adds its serve job.
+func registerServer(cfg Config, s *Server, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	// The start hook listens before the serve job starts: jobs added
 	// before start run after the hooks appended before them.
 	lc.Append(s)
@@ -86,5 +96,4 @@ func newServerCell(cfg Config, registry *prometheus.Registry, log *slog.Logger,
 		group := jobs.NewGroup(health, job.WithLogger(log))
 		group.Add(job.OneShot("serve", s.serve))
 	}
-	return s
 }

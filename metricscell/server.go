@@ -76,6 +76,8 @@ func (s *Server) Start(cell.HookContext) error {
 // Stop implements cell.HookInterface. The serve job has shut the server
 // down by now; this closes the listener if it never served (a later start
 // hook failed).
+//
+// Possible errors: the listener cannot be closed.
 func (s *Server) Stop(cell.HookContext) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -204,7 +204,7 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 // out while the pinned maps are closed (before start, after stop).
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, name := range datapathMaps() {
-		written, unchanged := c.datapath.WriteStats(name)
+		written, unchanged := c.datapath.MapWrites(name)
 		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
 		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
 	}

@@ -28,10 +28,15 @@ var Cell = cell.Module(
 	cell.Config(DefaultConfig),
 	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(
-		NewPoliciesTable,
-		NewPolicyTable,
-		NewEnforcementTable,
-		newLoaderCell,
+		newPoliciesTable,
+		newPolicyTable,
+		newEnforcementTable,
+		newConfiguredLoader,
+		newSelectorEngineOf,
+		// One job group for the module's jobs.
+		func(jobs job.Registry, health cell.Health, log *slog.Logger) job.Group {
+			return jobs.NewGroup(health, job.WithLogger(log))
+		},
 	),
 	cell.Provide(
 		statedb.RWTable[*Policy].ToTable,
@@ -43,8 +48,7 @@ var Cell = cell.Module(
 		newSelectorProgress,
 	),
 	// The jobs run even when no cell asks for what they produce.
-	cell.Invoke(func(*loader) {}),
-	cell.Invoke(registerSelectorEngine),
+	cell.Invoke(registerJobs),
 )
 
 // Config is the policy cell's configuration.
@@ -67,6 +71,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 // before anything starts. It runs as an Invoke (for `hive` too), where
 // nothing may change the disk: a stat changes nothing. One that does not
 // exist (yet) is fine: the directory job waits for it.
+//
+// Possible errors: --policy-dir is not a directory (wrapping
+// syscall.ENOTDIR).
 func (c Config) Validate() error {
 	if c.PolicyDir == "" {
 		return nil
@@ -86,36 +93,16 @@ type loaderParams struct {
 	Policies statedb.RWTable[*Policy]
 	IPCache  *ipcachecell.IPCache
 	Log      *slog.Logger
-	Jobs     job.Registry
-	Health   cell.Health
 	Identity identitycell.Config // for --state-dir
 }
 
-// newLoaderCell registers the policy directory as an ipcache producer and
-// an initializer of the `policies` table, both done once the first
-// complete read is applied. Without --policy-dir there is nothing to
-// wait for: neither is registered and no job runs.
-func newLoaderCell(p loaderParams) *loader {
-	if p.Config.PolicyDir == "" {
-		return newLoader("", p.DB, p.Policies, p.IPCache, p.Log, nil)
+// newConfiguredLoader returns the loader of --policy-dir, saving the
+// versions in force in --state-dir (they survive a restart).
+func newConfiguredLoader(p loaderParams) *loader {
+	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
+	if p.Config.PolicyDir != "" {
+		l.saveInForceIn(p.Identity.StateDir)
 	}
-	producerDone := p.IPCache.RegisterProducer("policy-directory")
-	txn := p.DB.WriteTxn(p.Policies)
-	markPolicies := p.Policies.RegisterInitializer(txn, "policy-directory")
-	txn.Commit()
-	initialized := func() {
-		txn := p.DB.WriteTxn(p.Policies)
-		markPolicies(txn)
-		txn.Commit()
-		producerDone()
-	}
-	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, initialized)
-	l.saveInForceIn(p.Identity.StateDir) // the versions in force survive a restart
-	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
-	timing := defaultWatchTiming()
-	group.Add(job.OneShot("policy-directory", func(ctx context.Context, health cell.Health) error {
-		return l.watchDirectory(ctx, health, timing)
-	}))
 	return l
 }
 
@@ -130,14 +117,48 @@ type selectorParams struct {
 	Enforcement statedb.RWTable[*Enforcement]
 	Progress    *SelectorProgress
 	Log         *slog.Logger
-	Jobs        job.Registry
-	Health      cell.Health
 }
 
-func registerSelectorEngine(p selectorParams) {
-	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log)
-	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
-	group.Add(job.OneShot("policy-selectors", e.run))
+// newSelectorEngineOf returns the selector engine over the cell's tables.
+func newSelectorEngineOf(p selectorParams) *selectorEngine {
+	return newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log)
+}
+
+type jobsParams struct {
+	cell.In
+
+	Config    Config
+	DB        *statedb.DB
+	Policies  statedb.RWTable[*Policy]
+	IPCache   *ipcachecell.IPCache
+	Loader    *loader
+	Selectors *selectorEngine
+	Group     job.Group
+}
+
+// registerJobs adds the selector job and, with --policy-dir, the directory
+// job, registering the directory as an ipcache producer and an initializer
+// of the `policies` table, both done once the first complete read is
+// applied. Without --policy-dir there is nothing to wait for: neither is
+// registered and no directory job runs.
+func registerJobs(p jobsParams) {
+	if p.Config.PolicyDir != "" {
+		producerDone := p.IPCache.RegisterProducer("policy-directory")
+		txn := p.DB.WriteTxn(p.Policies)
+		markPolicies := p.Policies.RegisterInitializer(txn, "policy-directory")
+		txn.Commit()
+		p.Loader.initialized = func() {
+			txn := p.DB.WriteTxn(p.Policies)
+			markPolicies(txn)
+			txn.Commit()
+			producerDone()
+		}
+		timing := defaultWatchTiming()
+		p.Group.Add(job.OneShot("policy-directory", func(ctx context.Context, health cell.Health) error {
+			return p.Loader.watchDirectory(ctx, health, timing)
+		}))
+	}
+	p.Group.Add(job.OneShot("policy-selectors", p.Selectors.run))
 }
 
 type scriptParams struct {

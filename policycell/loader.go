@@ -49,7 +49,7 @@ type loader struct {
 	readOnce bool
 
 	mu     sync.Mutex
-	status []FileStatus // for the shell, sorted by file
+	status []fileStatus // for the shell, sorted by file
 	err    error        // why the directory could not be read, if it could not
 }
 
@@ -80,8 +80,8 @@ type policyFile struct {
 	logged string
 }
 
-// FileStatus is one policy file as the loader last saw it.
-type FileStatus struct {
+// fileStatus is one policy file as the loader last saw it.
+type fileStatus struct {
 	File string
 	// Policies are the names of the file's policies in force.
 	Policies []string
@@ -405,10 +405,10 @@ func (l *loader) release(p *Policy) {
 
 // report publishes the files' status for Status and health.
 func (l *loader) report() {
-	status := make([]FileStatus, 0, len(l.files))
+	status := make([]fileStatus, 0, len(l.files))
 	for _, name := range slices.Sorted(maps.Keys(l.files)) {
 		f := l.files[name]
-		status = append(status, FileStatus{File: name, Policies: policyNames(f.inForce), Error: f.rejected})
+		status = append(status, fileStatus{File: name, Policies: policyNames(f.inForce), Error: f.rejected})
 	}
 	l.mu.Lock()
 	l.status, l.err = status, nil
@@ -418,7 +418,7 @@ func (l *loader) report() {
 // Status returns the status of each policy file, sorted by name, and
 // the error that kept the loader from reading the directory (nil if the
 // last read worked).
-func (l *loader) Status() ([]FileStatus, error) {
+func (l *loader) Status() ([]fileStatus, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.status, l.err

@@ -45,7 +45,7 @@ func newLoaderFixture(t *testing.T, dir string) *loaderFixture {
 		ipcachecell.Cell,
 		cell.Invoke(func(db *statedb.DB, c *ipcachecell.IPCache, m statedb.Table[*ipcachecell.PrefixMetadata]) (err error) {
 			f.db, ipcache, f.metadata = db, c, m
-			f.policies, err = NewPoliciesTable(db)
+			f.policies, err = newPoliciesTable(db)
 			return err
 		}),
 	)

@@ -125,7 +125,7 @@ func (u unwrittenEntries) String() string {
 // (statedb's reconciler sets Error only on a failed write, and the policy
 // writer never holds a key back). A row that several of a file's policies
 // share counts once for the file.
-func notWrittenByFile(status []FileStatus, rows iter.Seq2[*PolicyEntry, statedb.Revision]) []unwrittenEntries {
+func notWrittenByFile(status []fileStatus, rows iter.Seq2[*PolicyEntry, statedb.Revision]) []unwrittenEntries {
 	fileOf := map[string]int{}
 	for i, f := range status {
 		for _, name := range f.Policies {

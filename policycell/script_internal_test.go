@@ -38,7 +38,7 @@ func TestNotWrittenByFile(t *testing.T) {
 			}
 		}
 	}
-	status := []FileStatus{
+	status := []fileStatus{
 		{File: "a.yaml", Policies: []string{"a1", "a2"}},
 		{File: "b.yaml", Policies: []string{"b1"}},
 		{File: "c.yaml", Policies: []string{"c1"}},
@@ -117,9 +117,9 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	require.NoError(t, err)
 	identities, err := identitycell.NewIdentitiesTable(db)
 	require.NoError(t, err)
-	entries, err := NewPolicyTable(db)
+	entries, err := newPolicyTable(db)
 	require.NoError(t, err)
-	enforcement, err := NewEnforcementTable(db)
+	enforcement, err := newEnforcementTable(db)
 	require.NoError(t, err)
 	require.NoError(t, db.Start())
 	t.Cleanup(func() { require.NoError(t, db.Stop()) })

@@ -48,7 +48,7 @@ type selector struct {
 //     keyed by cidr prefix first (identitycell.IdentitiesWithin), so the
 //     identities inside a CIDR are one key range: a policy change looks up
 //     only the identities inside its CIDRs. The engine keeps no copy of it
-//     (a copy cost about 140 bytes per identity at a million prefixes).
+//     (a copy's memory grows with the identities: docs/SCALE.md).
 //
 // Each change marks identities dirty; the entries of a dirty identity are
 // recomputed from its labels in the table and the selectors, and written

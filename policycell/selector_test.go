@@ -38,15 +38,15 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	tb.Helper()
 	f := &engineFixture{db: statedb.New()}
 	var err error
-	f.policies, err = NewPoliciesTable(f.db)
+	f.policies, err = newPoliciesTable(f.db)
 	require.NoError(tb, err)
 	f.identities, err = identitycell.NewIdentitiesTable(f.db)
 	require.NoError(tb, err)
 	ipcache, err := ipcachecell.NewEntriesTable(f.db)
 	require.NoError(tb, err)
-	f.entries, err = NewPolicyTable(f.db)
+	f.entries, err = newPolicyTable(f.db)
 	require.NoError(tb, err)
-	f.enforcement, err = NewEnforcementTable(f.db)
+	f.enforcement, err = newEnforcementTable(f.db)
 	require.NoError(tb, err)
 	require.NoError(tb, f.db.Start())
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })

@@ -32,9 +32,9 @@ var PolicyNameIndex = statedb.Index[*Policy, string]{
 	Unique:     true,
 }
 
-// NewPoliciesTable creates and registers the `policies` table. Only the
+// newPoliciesTable creates and registers the `policies` table. Only the
 // directory reader writes it.
-func NewPoliciesTable(db *statedb.DB) (statedb.RWTable[*Policy], error) {
+func newPoliciesTable(db *statedb.DB) (statedb.RWTable[*Policy], error) {
 	return statedb.NewTable(db, PoliciesTableName, PolicyNameIndex)
 }
 
@@ -202,10 +202,10 @@ func identityKey(id identitycell.NumericIdentity) index.Key {
 	return index.Uint32(uint32(id))
 }
 
-// NewPolicyTable creates and registers the desired `policy` table. Only
+// newPolicyTable creates and registers the desired `policy` table. Only
 // the selector job writes its entries; the datapath reconciler writes
 // their status through [PolicyReconcilerTable].
-func NewPolicyTable(db *statedb.DB) (statedb.RWTable[*PolicyEntry], error) {
+func newPolicyTable(db *statedb.DB) (statedb.RWTable[*PolicyEntry], error) {
 	return statedb.NewTable(db, PolicyTableName, PolicyKeyIndex)
 }
 
@@ -268,9 +268,9 @@ var EnforcementDirectionIndex = statedb.Index[*Enforcement, Direction]{
 	Unique: true,
 }
 
-// NewEnforcementTable creates and registers the `policy-enforcement`
+// newEnforcementTable creates and registers the `policy-enforcement`
 // table.
-func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
+func newEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
 	return statedb.NewTable(db, EnforcementTableName, EnforcementDirectionIndex)
 }
 

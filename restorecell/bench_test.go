@@ -53,7 +53,7 @@ func startBenchAgent(b *testing.B, bpfRoot, stateDir string) (*benchAgent, time.
 // (written or skipped as unchanged).
 func (a *benchAgent) waitReconciled(n uint64) {
 	for {
-		written, unchanged := a.datapath.WriteStats(datapathcell.IPCacheMapName)
+		written, unchanged := a.datapath.MapWrites(datapathcell.IPCacheMapName)
 		if written+unchanged >= n {
 			return
 		}
@@ -95,7 +95,7 @@ func BenchmarkRestart(b *testing.B) {
 		toReconciled := time.Since(begin)
 		b.StopTimer()
 
-		written, unchanged := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+		written, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
 		require.Equal(b, restartPrefixes, len(second.datapath.IPCacheSnapshot()))
 		b.ReportMetric(float64(startDuration.Milliseconds()), "ms-start-to-restored")
 		b.ReportMetric(float64(toInitialized.Milliseconds()), "ms-to-ipcache-initialized")

@@ -94,7 +94,7 @@ func waitFor(what string, timeout time.Duration, cond func() bool) error {
 // keys since start: written, or skipped because the map held the value.
 func (a *agent) waitReconciled(n uint64, timeout time.Duration) error {
 	return waitFor(fmt.Sprintf("%d ipcache map keys reconciled", n), timeout, func() bool {
-		written, unchanged := a.datapath.WriteStats(datapathcell.IPCacheMapName)
+		written, unchanged := a.datapath.MapWrites(datapathcell.IPCacheMapName)
 		return written+unchanged >= n
 	})
 }

@@ -97,10 +97,10 @@ func floor(prefixes []netip.Prefix) (time.Duration, error) {
 		return 0, fmt.Errorf("floor: create LPM trie: %w", err)
 	}
 	defer m.Close()
-	ks := make([]datapathcell.IPCacheKey, len(prefixes))
-	vs := make([]datapathcell.IPCacheValue, len(prefixes))
+	ks := make([]datapathcell.IPCacheMapKey, len(prefixes))
+	vs := make([]datapathcell.IPCacheMapValue, len(prefixes))
 	for i, p := range prefixes {
-		ks[i], vs[i] = datapathcell.NewIPCacheKey(p), datapathcell.NewIPCacheValue(uint32(i+1))
+		ks[i], vs[i] = datapathcell.NewIPCacheMapKey(p), datapathcell.NewIPCacheMapValue(uint32(i+1))
 	}
 	start := time.Now()
 	n, err := m.BatchUpdate(ks, vs, nil)
@@ -226,7 +226,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 		return r, err
 	}
 	r.restart = time.Since(start)
-	written, skipped := second.datapath.WriteStats(datapathcell.IPCacheMapName)
+	written, skipped := second.datapath.MapWrites(datapathcell.IPCacheMapName)
 	r.restartWrites, r.restartSkipped = written, skipped
 	if err := second.stop(); err != nil {
 		return r, err
@@ -289,9 +289,9 @@ func graceExpiry(r *result, cfg agentConfig, log *slog.Logger) error {
 	// Released: the map's reconciler deleted the n restored keys (and
 	// wrote the unrelated ones), the table holds only the unrelated, and
 	// restore says it is done (it un-withholds the numbers last).
-	written0, _ := third.datapath.WriteStats(datapathcell.IPCacheMapName)
+	written0, _ := third.datapath.MapWrites(datapathcell.IPCacheMapName)
 	err = waitFor("the restored prefixes released", convergeTimeout+cfg.gracePeriod, func() bool {
-		written, _ := third.datapath.WriteStats(datapathcell.IPCacheMapName)
+		written, _ := third.datapath.MapWrites(datapathcell.IPCacheMapName)
 		upserted := sampler.count()
 		return written-written0 >= uint64(r.scenario.n+upserted) &&
 			third.entries.NumObjects(third.db.ReadTxn()) <= upserted &&

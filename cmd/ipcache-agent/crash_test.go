@@ -296,7 +296,7 @@ func (r *crashRig) mutate(iteration int) {
 // previousEntry is an entry the previous run left, ready to look up.
 type previousEntry struct {
 	prefix netip.Prefix
-	key    datapathcell.IPCacheKey
+	key    datapathcell.IPCacheMapKey
 	id     uint32
 	wanted bool
 }
@@ -345,7 +345,7 @@ func (r *crashRig) start(label string) *crashRun {
 	for prefix, id := range run.prev {
 		run.expect[prefix] = true
 		run.prevKeys = append(run.prevKeys, previousEntry{
-			prefix: prefix, key: datapathcell.NewIPCacheKey(prefix), id: id, wanted: run.wanted[prefix]})
+			prefix: prefix, key: datapathcell.NewIPCacheMapKey(prefix), id: id, wanted: run.wanted[prefix]})
 	}
 	run.cmd = agentCommand("--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir, "--policy-dir="+r.policyDir,
 		"--identity-restore-grace-period="+crashGrace.String(), "--log-format=json",
@@ -664,8 +664,8 @@ func (run *crashRun) openPinnedMap(at time.Time) bool {
 // can.
 func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 	out := map[netip.Prefix]uint32{}
-	keys := make([]datapathcell.IPCacheKey, 4096)
-	values := make([]datapathcell.IPCacheValue, len(keys))
+	keys := make([]datapathcell.IPCacheMapKey, 4096)
+	values := make([]datapathcell.IPCacheMapValue, len(keys))
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, values, nil)
@@ -680,8 +680,8 @@ func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 		case errors.Is(err, ebpf.ErrNotSupported):
 			clear(out)
 			var (
-				key   datapathcell.IPCacheKey
-				value datapathcell.IPCacheValue
+				key   datapathcell.IPCacheMapKey
+				value datapathcell.IPCacheMapValue
 			)
 			it := m.Iterate()
 			for it.Next(&key, &value) {
@@ -705,7 +705,7 @@ func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 // shorter one, with another number: that is caught too.)
 func (run *crashRun) checkPrevious(at time.Time, walk map[netip.Prefix]uint32, graceEnd time.Time) {
 	var missing []string
-	var value datapathcell.IPCacheValue
+	var value datapathcell.IPCacheMapValue
 	for i := range run.prevKeys {
 		prev := &run.prevKeys[i]
 		if !prev.wanted && !at.Before(graceEnd) {

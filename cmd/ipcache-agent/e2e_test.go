@@ -164,7 +164,7 @@ func (e *e2e) shell(command ...string) string {
 }
 
 // pinnedPolicy reads the pinned policy map: key -> verdict.
-func (e *e2e) pinnedPolicy() map[datapathcell.PolicyKey]uint32 {
+func (e *e2e) pinnedPolicy() map[datapathcell.PolicyMapKey]uint32 {
 	e.t.Helper()
 	m, err := datapathcell.ReadPinnedPolicy(e.bpfRoot)
 	require.NoError(e.t, err)

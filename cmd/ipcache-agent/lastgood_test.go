@@ -36,7 +36,7 @@ var keeperPolicy = "name: keeper\negress:\n  - toCIDR: [\"10.9.0.0/16\"]\n"
 // are strings so that a failure's diff is readable.
 type pinned struct {
 	ipcache  map[string]uint32
-	policy   map[datapathcell.PolicyKey]uint32
+	policy   map[datapathcell.PolicyMapKey]uint32
 	enforced [2]bool
 }
 

@@ -235,7 +235,7 @@ func (a *agent) checkConverged(m *model) string {
 		return err.Error()
 	}
 	for e := range a.policy.All(txn) {
-		k := datapathcell.NewPolicyKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+		k := datapathcell.NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
 		if v, ok := pinnedPolicy[k]; !ok || v != uint32(policycell.VerdictAllow) {
 			return fmt.Sprintf("pinned policy map has %s -> %d (present %t)", e.Key, v, ok)
 		}

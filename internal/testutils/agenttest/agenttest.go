@@ -236,7 +236,7 @@ func (a *Agent) bpfIPCachePutCmd() script.Cmd {
 				return nil, err
 			}
 			defer m.Close()
-			k, v := datapathcell.NewIPCacheKey(prefix), datapathcell.NewIPCacheValue(id)
+			k, v := datapathcell.NewIPCacheMapKey(prefix), datapathcell.NewIPCacheMapValue(id)
 			return nil, m.Put(&k, &v)
 		})
 }
