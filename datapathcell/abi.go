@@ -10,7 +10,7 @@ import (
 
 // The BPF map layouts are an ABI shared with the enforcement program
 // (bpf/enforce.c) and with other tools that read the pinned maps; see
-// DESIGN.md section 8. All integers are little-endian (host order on the
+// docs/CONTRACT.md, "BPF maps and pins". All integers are little-endian (host order on the
 // supported architectures) except addresses and ports, which are in network
 // order. Keys are written in canonical form: host bits zero, cluster_id 0.
 //

@@ -1,6 +1,6 @@
 // Package policycell turns CIDR policy files into the desired policy map.
 //
-// The directory job reads --policy-dir (DESIGN.md sections 6 and 7) at start
+// The directory job reads --policy-dir (docs/CONTRACT.md, "Policy files") at start
 // and whenever it changes. A file is the unit of validity: a file that
 // cannot be read or parsed, or that reuses the name of a policy another file
 // has in force, is rejected as a whole, reported with its name and position,

@@ -17,7 +17,7 @@ func prefixes(s ...string) []netip.Prefix {
 
 func TestParseMultiDocument(t *testing.T) {
 	content := `
-# The example of DESIGN.md section 7.
+# The example of docs/CONTRACT.md, "Format".
 name: allow-dns-and-web
 egress:
   - toCIDR: ["10.96.0.0/12", "192.0.2.10/32"]

@@ -52,7 +52,7 @@ func (v Verdict) String() string {
 	return strconv.FormatUint(uint64(v), 10)
 }
 
-// PolicyKey is the key of a policy-map entry (DESIGN.md section 8). Port
+// PolicyKey is the key of a policy-map entry (docs/CONTRACT.md, "BPF maps and pins"). Port
 // is in host order here; the datapath writes it in network order. A rule
 // without ports gives Protocol and Port 0 (any); a rule with ports gives
 // one key per port and protocol.

@@ -17,9 +17,9 @@ import (
 )
 
 // The last good policy through the real binary (issue 16, items 3, 4 and
-// 12; DESIGN.md 1.7 and 6): what the operator's mistakes and an editor's
-// save do to the pinned maps and to traffic through the enforcement
-// program.
+// 12; docs/ARCHITECTURE.md "Last good policy", docs/CONTRACT.md "Policy
+// files"): what the operator's mistakes and an editor's save do to the
+// pinned maps and to traffic through the enforcement program.
 
 // allowedOnly allows allowedIP and not otherIP: a /31 rather than a /32, so
 // that the policy's prefix is not the pinged address itself.
