@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,16 +32,32 @@ func echoTCP(t *testing.T, ns, addr string) {
 	t.Helper()
 	var l net.Listener
 	require.NoError(t, inNetns(t, ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }))
-	t.Cleanup(func() { l.Close() })
-	go func() {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { io.Copy(c, c) })
 		}
-	}()
+	})
 }
 
 // echoUDP serves UDP on addr in namespace ns: every datagram is sent back.
@@ -48,8 +65,9 @@ func echoUDP(t *testing.T, ns, addr string) {
 	t.Helper()
 	var c net.PacketConn
 	require.NoError(t, inNetns(t, ns, func() (err error) { c, err = net.ListenPacket("udp", addr); return err }))
-	t.Cleanup(func() { c.Close() })
-	go func() {
+	var wg sync.WaitGroup
+	t.Cleanup(func() { c.Close(); wg.Wait() })
+	wg.Go(func() {
 		buf := make([]byte, 1500)
 		for {
 			n, from, err := c.ReadFrom(buf)
@@ -58,7 +76,7 @@ func echoUDP(t *testing.T, ns, addr string) {
 			}
 			c.WriteTo(buf[:n], from)
 		}
-	}()
+	})
 }
 
 // dialIn dials TCP addr from namespace ns (from local, if set).
