@@ -100,9 +100,10 @@
 //     with no port and not tracked; so is an ICMP echo too short for its
 //     identifier.
 //
-// Headers are read with bpf_skb_load_bytes rather than direct packet access,
-// so that headers outside the linear part of the skb are read correctly
-// without pulling data.
+// Headers are read directly from the linear part of the skb when they lie
+// in it (the common case, and several times cheaper than a helper call),
+// and with bpf_skb_load_bytes otherwise, so that headers outside the linear
+// part are read correctly without pulling data.
 //
 // The build needs clang and libbpf's bpf_helpers.h only; the few kernel UAPI
 // values used are defined below so that no kernel headers for the target
@@ -123,6 +124,29 @@ typedef __u32 __wsum;
 
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+
+// The start of struct __sk_buff (include/uapi/linux/bpf.h), up to the
+// fields this program reads; the verifier checks context accesses by
+// offset, so a prefix of the UAPI layout is enough.
+struct __sk_buff {
+	__u32 len;
+	__u32 pkt_type;
+	__u32 mark;
+	__u32 queue_mapping;
+	__u32 protocol;
+	__u32 vlan_present;
+	__u32 vlan_tci;
+	__u32 vlan_proto;
+	__u32 priority;
+	__u32 ingress_ifindex;
+	__u32 ifindex;
+	__u32 tc_index;
+	__u32 cb[5];
+	__u32 hash;
+	__u32 tc_classid;
+	__u32 data;
+	__u32 data_end;
+};
 
 // Kernel UAPI values (include/uapi/linux/bpf.h, if_ether.h, in.h, pkt_cls.h,
 // icmp.h, icmpv6.h, tcp.h).
@@ -332,6 +356,21 @@ enum parse_result {
 	PARSE_MALFORMED, // drop when enforced
 };
 
+// load copies len bytes at off of the packet into to: straight from the
+// linear data if they are there, else through the helper. Returns 0, or
+// a negative value if the packet is shorter.
+static __always_inline int load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (off < 0xffff && data + off + len <= data_end) {
+		__builtin_memcpy(to, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, to, len);
+}
+
 static __always_inline void count(__u8 direction, int allowed)
 {
 	__u32 index = direction * 2 + (allowed ? 1 : 0);
@@ -372,14 +411,14 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
 		if (flow->protocol == IPPROTO_TCP && !quoted_pkt) {
-			if (bpf_skb_load_bytes(skb, l4_off, l4, 14) == 0) {
+			if (load(skb, l4_off, l4, 14) == 0) {
 				flow->tcp_flags = l4[13];
 				flow->tracked = 1;
-			} else if (bpf_skb_load_bytes(skb, l4_off, l4, 4) < 0) {
+			} else if (load(skb, l4_off, l4, 4) < 0) {
 				break;
 			}
 		} else {
-			if (bpf_skb_load_bytes(skb, l4_off, l4, 4) < 0)
+			if (load(skb, l4_off, l4, 4) < 0)
 				break;
 			flow->tracked = 1;
 		}
@@ -395,7 +434,7 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
-		if (bpf_skb_load_bytes(skb, l4_off, l4, 8) < 0)
+		if (load(skb, l4_off, l4, 8) < 0)
 			break;
 		if (flow->protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 						   : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
@@ -429,7 +468,7 @@ static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, 
 		__u8 hdr[IPV4_HLEN];
 		__u32 ihl;
 
-		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+		if (load(skb, off, hdr, sizeof(hdr)) < 0)
 			return;
 		ihl = (hdr[0] & 0x0f) * 4;
 		if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
@@ -440,7 +479,7 @@ static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, 
 	} else {
 		__u8 hdr[IPV6_HLEN];
 
-		if (bpf_skb_load_bytes(skb, off, hdr, sizeof(hdr)) < 0)
+		if (load(skb, off, hdr, sizeof(hdr)) < 0)
 			return;
 		if ((hdr[0] >> 4) != 6)
 			return;
@@ -463,7 +502,7 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 
 	__u32 ihl;
 	__be16 frag;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
 		return PARSE_MALFORMED;
 	ihl = (hdr[0] & 0x0f) * 4;
 	if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
@@ -493,7 +532,7 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 	__u8 nexthdr;
 	int first_fragment = 1;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
 		return PARSE_MALFORMED;
 	if ((hdr[0] >> 4) != 6)
 		return PARSE_MALFORMED;
@@ -514,7 +553,7 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 		    nexthdr != IPPROTO_DSTOPTS && nexthdr != IPPROTO_FRAGMENT &&
 		    nexthdr != IPPROTO_AH)
 			break;
-		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
+		if (load(skb, off, ext, sizeof(ext)) < 0)
 			return PARSE_MALFORMED;
 		if (nexthdr == IPPROTO_FRAGMENT) {
 			__be16 frag;
@@ -537,7 +576,7 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 		__u8 type;
 
 		// 133 router solicitation .. 137 redirect.
-		if (bpf_skb_load_bytes(skb, off, &type, sizeof(type)) == 0 && type >= 133 && type <= 137)
+		if (load(skb, off, &type, sizeof(type)) == 0 && type >= 133 && type <= 137)
 			return PARSE_NDP;
 	}
 	if (first_fragment)
@@ -639,7 +678,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	int enforced, other_enforced;
 	__be16 ethertype;
 
-	if (bpf_skb_load_bytes(skb, 12, &ethertype, sizeof(ethertype)) < 0)
+	if (load(skb, 12, &ethertype, sizeof(ethertype)) < 0)
 		return TCX_NEXT;
 	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
 		return TCX_NEXT;
