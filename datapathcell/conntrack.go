@@ -30,7 +30,7 @@ import (
 // The endpoint is the side behind the device, the remote the other one;
 // IPv4 addresses take the first 4 bytes. ICMP and ICMPv6 echo put the echo
 // identifier in endpoint_port, remote_port is 0. expires is in
-// CLOCK_MONOTONIC nanoseconds (bpf_ktime_get_ns). origin is the direction
+// CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns). origin is the direction
 // of the packet that created the entry (0 ingress, 1 egress): packets the
 // other way are its replies. flags: ConntrackEstablished,
 // ConntrackFINOrigin, ConntrackFINReply, ConntrackRST, ConntrackReplySeen.
@@ -97,7 +97,7 @@ func (k ConntrackKey) Fields() (endpoint, remote netip.AddrPort, protocol uint8,
 		netip.AddrPortFrom(b, binary.BigEndian.Uint16(k[34:36])), k[36], nil
 }
 
-// NewConntrackValue encodes an entry's value; expires is CLOCK_MONOTONIC.
+// NewConntrackValue encodes an entry's value; expires is CLOCK_MONOTONIC_COARSE.
 func NewConntrackValue(expires time.Duration, origin, flags uint8) ConntrackValue {
 	var v ConntrackValue
 	binary.LittleEndian.PutUint64(v[0:8], uint64(expires))
@@ -106,7 +106,7 @@ func NewConntrackValue(expires time.Duration, origin, flags uint8) ConntrackValu
 	return v
 }
 
-// Expires is the CLOCK_MONOTONIC time after which the entry is dead.
+// Expires is the CLOCK_MONOTONIC_COARSE time after which the entry is dead.
 func (v ConntrackValue) Expires() time.Duration {
 	return time.Duration(binary.LittleEndian.Uint64(v[0:8]))
 }
@@ -117,11 +117,12 @@ func (v ConntrackValue) Origin() uint8 { return v[8] }
 // Flags are the entry's Conntrack* flags.
 func (v ConntrackValue) Flags() uint8 { return v[9] }
 
-// monotonicNow is CLOCK_MONOTONIC, the program's bpf_ktime_get_ns.
+// monotonicNow is CLOCK_MONOTONIC_COARSE, the program's
+// bpf_ktime_get_coarse_ns.
 func monotonicNow() time.Duration {
 	var ts unix.Timespec
-	// CLOCK_MONOTONIC cannot fail on Linux.
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	// CLOCK_MONOTONIC_COARSE cannot fail on Linux.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
 	return time.Duration(ts.Nano())
 }
 
@@ -176,7 +177,7 @@ type ConntrackEntry struct {
 	// Origin is the direction that opened the connection.
 	Origin uint8
 	Flags  uint8
-	// Expires is the CLOCK_MONOTONIC time after which the entry is dead.
+	// Expires is the CLOCK_MONOTONIC_COARSE time after which the entry is dead.
 	Expires time.Duration
 }
 
@@ -327,7 +328,7 @@ func (d *Datapath) ConntrackStats() ConntrackStats {
 }
 
 // Conntrack returns the entries of the conntrack map, expired ones
-// included (until collected), and the CLOCK_MONOTONIC time they were read
+// included (until collected), and the CLOCK_MONOTONIC_COARSE time they were read
 // at, to compare Expires with.
 //
 // Possible errors: the pinned maps are not open; the map cannot be read.

@@ -24,7 +24,9 @@
 //     endpoint's and the remote's address and port, protocol and family:
 //     both directions of a connection find the same entry. The entry says
 //     which direction opened it (`origin`), its TCP state and when it
-//     expires (bpf_ktime_get_ns, CLOCK_MONOTONIC).
+//     expires (bpf_ktime_get_coarse_ns, CLOCK_MONOTONIC_COARSE: a tick's
+//     resolution is plenty for timeouts in seconds, and reading it costs a
+//     fraction of bpf_ktime_get_ns, which was most of a reply's cost).
 //   - Tracked: TCP and UDP (by ports), ICMP and ICMPv6 echo (by the echo
 //     identifier, in the endpoint port; remote port 0). Nothing else is
 //     tracked: every packet of another protocol, and every packet without
@@ -274,7 +276,7 @@ struct ct_key {
 };
 
 struct ct_value {
-	__u64 expires; // bpf_ktime_get_ns() after which the entry is dead
+	__u64 expires; // bpf_ktime_get_coarse_ns() after which the entry is dead
 	__u8 origin;   // direction of the packet that created it
 	__u8 flags;    // CT_*
 	__u16 pad;
@@ -651,7 +653,7 @@ static __always_inline void ct_update(struct ct_value *ct, const struct flow *fl
 // the one it has.
 static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
 	struct ct_value created = {.origin = direction};
 
 	if (ct) {
@@ -709,7 +711,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (flow.tracked) {
 		ct = bpf_map_lookup_elem(&conntrack, &flow.ct);
 		if (ct && ct->origin != direction && !flow.echo_request) {
-			ct_update(ct, &flow, 1, bpf_ktime_get_ns());
+			ct_update(ct, &flow, 1, bpf_ktime_get_coarse_ns());
 			count(direction, 1);
 			return TCX_NEXT;
 		}
