@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -346,4 +348,52 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 		require.Greater(t, v.Expires(), now)
 	}
 	require.Len(t, conntrackEntries(t, m), alive)
+}
+
+// The pinned conntrack map is reused as it is, migrated (entries kept)
+// when only its size differs, and replaced by an empty map when its layout
+// differs, like the other maps.
+func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
+	privileged.Test(t)
+	dir := filepath.Join(newTestLinksDir(t), "..")
+	require.NoError(t, os.MkdirAll(dir, 0o700)) // openPinnedMaps makes it before
+	log := hivetest.Logger(t)
+	open := func(maxEntries uint32) *ebpf.Map {
+		t.Helper()
+		maps := &pinnedMaps{}
+		require.NoError(t, openConntrackMap(maps, dir, Config{ConntrackMapMaxEntries: maxEntries}, log))
+		t.Cleanup(func() { maps.Close() })
+		return maps.Conntrack
+	}
+	key := NewConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	value := NewConntrackValue(monotonicNow()+time.Hour, DirectionEgress, ConntrackEstablished)
+
+	first := open(1024)
+	require.NoError(t, first.Put(key, value))
+	id := func(m *ebpf.Map) ebpf.MapID {
+		info, err := m.Info()
+		require.NoError(t, err)
+		id, _ := info.ID()
+		return id
+	}
+	again := open(1024)
+	require.Equal(t, id(first), id(again), "reused")
+
+	migrated := open(2048)
+	require.NotEqual(t, id(first), id(migrated))
+	require.EqualValues(t, 2048, migrated.MaxEntries())
+	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackEntries(t, migrated), "entries kept")
+
+	// A map of the previous layout (say, a smaller value) is replaced.
+	pin := filepath.Join(dir, ConntrackMapName)
+	require.NoError(t, os.Remove(pin))
+	spec := conntrackMapSpec(2048)
+	spec.ValueSize = 8
+	old, err := ebpf.NewMap(spec)
+	require.NoError(t, err)
+	defer old.Close()
+	require.NoError(t, old.Pin(pin))
+	replaced := open(2048)
+	require.Equal(t, uint32(conntrackValueSize), replaced.ValueSize())
+	require.Empty(t, conntrackEntries(t, replaced))
 }
