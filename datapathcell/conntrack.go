@@ -132,8 +132,9 @@ type ConntrackTimeouts struct {
 }
 
 // DefaultConntrackTimeouts are Cilium's defaults, which the program
-// declares: Cilium's CT lifetimes for TCP SYN 60 s, TCP 6 h, TCP close
-// (FIN) 10 s and non-TCP 60 s.
+// declares: cilium-agent's --bpf-ct-timeout-regular-tcp-syn (1m),
+// -regular-tcp (6h), -regular-tcp-fin (10s) and -regular-any (1m), as its
+// command reference (Documentation/cmdref/cilium-agent.md) gives them.
 var DefaultConntrackTimeouts = ConntrackTimeouts{
 	TCPOpening:     time.Minute,
 	TCPEstablished: 6 * time.Hour,
