@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -257,4 +259,22 @@ func TestPrivilegedConntrackCollection(t *testing.T) {
 	require.Equal(t, 1, entries(2048))
 	require.Eventually(t, func() bool { return entries(2048) == 0 }, 20*time.Second, 100*time.Millisecond,
 		"expired entry not collected; agent log:\n%s", e.agentLog)
+}
+
+// --conntrack-map-max-entries is a documented flag, checked at start; the
+// test flags are hidden.
+func TestConntrackFlags(t *testing.T) {
+	stdout, _, code := runAgentCommand(t, "--help")
+	require.Equal(t, agentcmd.ExitOK, code)
+	require.Contains(t, stdout, "--conntrack-map-max-entries uint32")
+	require.Contains(t, stdout, "(default 262144)")
+	require.NotContains(t, stdout, "conntrack-test-timeout")
+	require.NotContains(t, stdout, "conntrack-gc-interval")
+	for _, args := range [][]string{
+		{"--conntrack-map-max-entries=0"}, {"--conntrack-map-max-entries=lots"}, {"--conntrack-gc-interval=0s"},
+	} {
+		_, stderr, code := runAgentCommand(t, args...)
+		require.Equal(t, agentcmd.ExitUsage, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, strings.SplitN(args[0], "=", 2)[0], "%v", args)
+	}
 }
