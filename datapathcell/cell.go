@@ -29,8 +29,8 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, scriptCommands, newDatapathMaps),
-	cell.Invoke(registerWriters),
+	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, newDatapathMaps),
+	cell.Invoke(registerWriters, registerConntrackGC),
 )
 
 // Config is the datapath's configuration.
@@ -39,6 +39,12 @@ type Config struct {
 	Devices              []string
 	IPCacheMapMaxEntries uint32
 	PolicyMapMaxEntries  uint32
+
+	// Conntrack (conntrack.go). ConntrackGCInterval and
+	// ConntrackTestTimeout are hidden flags, for tests.
+	ConntrackMapMaxEntries uint32
+	ConntrackGCInterval    time.Duration
+	ConntrackTestTimeout   time.Duration
 }
 
 // DefaultConfig is the configuration on the defaults.
@@ -46,6 +52,9 @@ var DefaultConfig = Config{
 	BPFRoot:              "/sys/fs/bpf",
 	IPCacheMapMaxEntries: 512000,
 	PolicyMapMaxEntries:  16384,
+
+	ConntrackMapMaxEntries: 262144,
+	ConntrackGCInterval:    10 * time.Second,
 }
 
 // Flags implements cell.Flagger.
@@ -54,6 +63,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("devices", def.Devices, "Host-side devices of endpoints to enforce policy on (comma-separated)")
 	flags.Uint32("ipcache-map-max-entries", def.IPCacheMapMaxEntries, "Maximum entries of the ipcache map")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
+	conntrackFlags(def, flags)
 }
 
 // Validate reports configuration errors, naming the flag.
@@ -68,6 +78,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--ipcache-map-max-entries must be positive")
 	case c.PolicyMapMaxEntries == 0:
 		return fmt.Errorf("--policy-map-max-entries must be positive")
+	}
+	if err := c.validateConntrack(); err != nil {
+		return err
 	}
 	for _, d := range c.Devices {
 		if d == "" || len(d) > 15 {

@@ -34,6 +34,8 @@ type Datapath struct {
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
 	fakeMaps *writtenMaps
+
+	conntrackGC *conntrackGC
 }
 
 // writtenMaps are the maps the writers write.
@@ -42,9 +44,11 @@ type writtenMaps struct {
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	return &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
+	d := &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
 		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
 	}}
+	d.conntrackGC = newConntrackGC(d.conntrackMap, log)
+	return d
 }
 
 // Start implements cell.HookInterface: it mounts bpffs if needed, opens
@@ -68,6 +72,9 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("open pinned maps in %s: %w", PinDir(d.cfg.BPFRoot), err)
 	}
+	if err := openConntrackMap(opened, PinDir(d.cfg.BPFRoot), d.cfg, d.log); err != nil {
+		return err
+	}
 	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.prefixes),
 		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
 	d.mu.Lock()
@@ -84,7 +91,8 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
-	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters})
+	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters,
+		Conntrack: m.Conntrack, ConntrackTimeouts: d.cfg.conntrackTimeouts()})
 	if err != nil {
 		return err
 	}

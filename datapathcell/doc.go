@@ -2,7 +2,8 @@
 // and keeps enforcing while the agent is down.
 //
 // It owns the BPF maps pinned under <bpf-root>/ipcache-agent/ (ipcache,
-// policy, enforcement, counters; layouts in abi.go, an ABI), the statedb
+// policy, enforcement, counters, layouts in abi.go, an ABI; conntrack,
+// layout in conntrack.go, written by the program), the statedb
 // reconcilers that write them from the desired tables, and the enforcement
 // program (bpf/) attached with TCX to every --devices interface through
 // pinned links.
@@ -21,6 +22,10 @@
 // are deleted, and a direction's enforcement switches on last and off
 // first. They wait on each other's progress (ordering), and on how far the
 // policy selectors have computed ([policycell.SelectorProgress]).
+//
+// Enforcement is stateful: replies of connections the policy allowed pass
+// (bpf/enforce.c; README.md, Connection tracking); the conntrack-gc job
+// deletes expired entries in bounded rounds.
 //
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
 // `policy-enforcement` tables (policycell). Writes: the pinned maps and

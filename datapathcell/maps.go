@@ -21,12 +21,12 @@ func linksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 
 // pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type pinnedMaps struct {
-	IPCache, Policy, Enforcement, Counters *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack *ebpf.Map
 }
 
 func (m *pinnedMaps) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}

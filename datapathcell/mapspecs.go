@@ -11,6 +11,7 @@ const (
 	PolicyMapName      = "policy"
 	EnforcementMapName = "enforcement"
 	CountersMapName    = "counters"
+	ConntrackMapName   = "conntrack"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
@@ -59,5 +60,18 @@ func countersMapSpec() *ebpf.MapSpec {
 		KeySize:    4,
 		ValueSize:  8,
 		MaxEntries: 4,
+	}
+}
+
+// conntrackMapSpec: an LRU hash, so that a full map evicts the least
+// recently used connections rather than refusing new ones (layout in
+// conntrack.go).
+func conntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       ConntrackMapName,
+		Type:       ebpf.LRUHash,
+		KeySize:    conntrackKeySize,
+		ValueSize:  conntrackValueSize,
+		MaxEntries: maxEntries,
 	}
 }

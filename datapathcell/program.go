@@ -32,7 +32,9 @@ import (
 // enforcerMaps are the maps the enforcement program uses in place of the
 // ones it declares: the agent's pinned maps, of the layouts in mapspecs.go.
 type enforcerMaps struct {
-	IPCache, Policy, Enforcement, Counters *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack *ebpf.Map
+	// ConntrackTimeouts are set in the program; zero keeps its defaults.
+	ConntrackTimeouts ConntrackTimeouts
 }
 
 // enforcer is the enforcement program loaded into the kernel, not yet
@@ -61,6 +63,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		bpf.EnforceMapPolicy:      maps.Policy,
 		bpf.EnforceMapEnforcement: maps.Enforcement,
 		bpf.EnforceMapCounters:    maps.Counters,
+		bpf.EnforceMapConntrack:   maps.Conntrack,
 	}
 	for name, m := range replacements {
 		if m == nil {
@@ -72,6 +75,10 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	// sizes stay as declared and a different map is rejected.
 	spec.Maps[bpf.EnforceMapIpcache].MaxEntries = maps.IPCache.MaxEntries()
 	spec.Maps[bpf.EnforceMapPolicy].MaxEntries = maps.Policy.MaxEntries()
+	spec.Maps[bpf.EnforceMapConntrack].MaxEntries = maps.Conntrack.MaxEntries()
+	if err := setConntrackTimeouts(spec, maps.ConntrackTimeouts); err != nil {
+		return nil, err
+	}
 
 	var programs bpf.EnforcePrograms
 	if err := spec.LoadAndAssign(&programs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {

@@ -37,7 +37,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec()} {
+	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec(), conntrackMapSpec(1)} {
 		got, ok := spec.Maps[want.Name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
@@ -51,6 +51,18 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	// The C defaults are DESIGN.md's flag defaults.
 	require.EqualValues(t, 512000, spec.Maps[IPCacheMapName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[PolicyMapName].MaxEntries)
+	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[ConntrackMapName].MaxEntries)
+	// The program's timeouts are the documented defaults.
+	for name, want := range map[string]time.Duration{
+		bpf.EnforceVarCtTimeoutTcpOpening:     DefaultConntrackTimeouts.TCPOpening,
+		bpf.EnforceVarCtTimeoutTcpEstablished: DefaultConntrackTimeouts.TCPEstablished,
+		bpf.EnforceVarCtTimeoutTcpClosing:     DefaultConntrackTimeouts.TCPClosing,
+		bpf.EnforceVarCtTimeoutOther:          DefaultConntrackTimeouts.Other,
+	} {
+		var got uint64
+		require.NoError(t, spec.Variables[name].Get(&got), name)
+		require.EqualValues(t, want, got, name)
+	}
 
 	require.Equal(t, ebpf.AttachTCXIngress, spec.Programs[bpf.EnforceProgEnforceFromEndpoint].AttachType)
 	require.Equal(t, ebpf.AttachTCXEgress, spec.Programs[bpf.EnforceProgEnforceToEndpoint].AttachType)
@@ -79,6 +91,7 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		Policy:      newMap(policyMapSpec(512)),
 		Enforcement: newMap(enforcementMapSpec()),
 		Counters:    newMap(countersMapSpec()),
+		Conntrack:   newMap(conntrackMapSpec(4096)),
 	}
 }
 
@@ -223,12 +236,18 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 		putAllow(t, maps, testIdentityDenied, policycell.Egress, 0, 0)
 		t.Cleanup(func() { putEnforced(t, maps, policycell.Ingress, false); clearPolicyMap(t, maps) })
 
+		// The endpoint's own pings are tracked at egress (not enforced,
+		// but ingress is): their replies pass whatever their source.
+		got := nw.reachable(t, all...)
+		for _, a := range all {
+			require.True(t, got[a], "reply from %s dropped", a)
+		}
+		// Requests toward the endpoint are decided by their source.
 		before := readTestCounters(t, maps)
 		require.Equal(t, map[string]bool{
 			allowed4: true, denied4: false, world4: false, allowed6: true, denied6: false,
-		}, nw.reachable(t, all...))
+		}, nw.reachableFromHost(t, all...))
 		after := readTestCounters(t, maps)
-		// The requests went out (egress not enforced); the replies were dropped.
 		require.GreaterOrEqual(t, after.IngressDropped-before.IngressDropped, uint64(3))
 		require.Zero(t, after.EgressDropped-before.EgressDropped)
 	})

@@ -114,6 +114,10 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		`ipcache_agent_reconciler_errors_total` + ipcacheRound:                        0,
 		`ipcache_agent_datapath_packets_total{direction="ingress",verdict="allowed"}`: 0,
 		`ipcache_agent_datapath_packets_total{direction="egress",verdict="dropped"}`:  0,
+		// No device: nothing tracked.
+		`ipcache_agent_conntrack_entries`:         0,
+		`ipcache_agent_conntrack_collected_total`: 0,
+		`ipcache_agent_conntrack_map_pressure`:    0,
 	} {
 		got, ok := s[series]
 		if assert.True(t, ok, "series %s missing", series) {

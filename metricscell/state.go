@@ -170,6 +170,8 @@ type datapathCollector struct {
 	datapath                   *datapathcell.Datapath
 	log                        *slog.Logger
 	writes, unchanged, packets *prometheus.Desc
+
+	conntrackEntries, conntrackCollected, conntrackPressure *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*datapathCollector)(nil)
@@ -190,6 +192,12 @@ func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathC
 		packets: prometheus.NewDesc(metricPrefix+"datapath_packets_total",
 			"IP packets the enforcement program passed or dropped on the devices, by direction and verdict, since the pinned counters map was created",
 			[]string{"direction", "verdict"}, nil),
+		conntrackEntries: prometheus.NewDesc(metricPrefix+"conntrack_entries",
+			"Live entries of the conntrack map, as counted by the last complete collection pass", nil, nil),
+		conntrackCollected: prometheus.NewDesc(metricPrefix+"conntrack_collected_total",
+			"Expired conntrack entries deleted by the collector since start", nil, nil),
+		conntrackPressure: prometheus.NewDesc(metricPrefix+"conntrack_map_pressure",
+			"Live conntrack entries over the map's max entries (at 1 the LRU evicts live connections)", nil, nil),
 	}
 }
 
@@ -198,6 +206,9 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.writes
 	ch <- c.unchanged
 	ch <- c.packets
+	ch <- c.conntrackEntries
+	ch <- c.conntrackCollected
+	ch <- c.conntrackPressure
 }
 
 // Collect implements prometheus.Collector. The packet counters are left
@@ -207,6 +218,12 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		written, unchanged := c.datapath.MapWrites(name)
 		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
 		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
+	}
+	ct := c.datapath.ConntrackStats()
+	ch <- prometheus.MustNewConstMetric(c.conntrackEntries, prometheus.GaugeValue, float64(ct.Entries))
+	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected))
+	if ct.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.conntrackPressure, prometheus.GaugeValue, float64(ct.Entries)/float64(ct.MaxEntries))
 	}
 	counters, err := c.datapath.Counters()
 	if err != nil {

@@ -14,10 +14,64 @@
 //
 // For an IP packet, the remote address's identity is the longest-prefix
 // match in `ipcache` (world, 2, when nothing matches). When the direction is
-// enforced (`enforcement`[direction] == 1) the packet passes only if
-// `policy` allows the identity for (protocol, port), (protocol, any port) or
-// (any protocol); otherwise it is dropped. Every verdict on IP traffic is
-// counted in `counters`.
+// enforced (`enforcement`[direction] == 1) the packet passes only if it
+// replies to a tracked connection (below) or `policy` allows the identity
+// for (protocol, port), (protocol, any port) or (any protocol); otherwise it
+// is dropped. Every verdict on IP traffic is counted in `counters`.
+//
+// Connection tracking (DESIGN.md section 6, map layout in ../abi.go):
+//   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
+//     endpoint's and the remote's address and port, protocol and family:
+//     both directions of a connection find the same entry. The entry says
+//     which direction opened it (`origin`), its TCP state and when it
+//     expires (bpf_ktime_get_coarse_ns, CLOCK_MONOTONIC_COARSE: a tick's
+//     resolution is plenty for timeouts in seconds, and reading it costs a
+//     fraction of bpf_ktime_get_ns, which was most of a reply's cost).
+//   - Tracked: TCP and UDP (by ports), ICMP and ICMPv6 echo (by the echo
+//     identifier, in the endpoint port; remote port 0). Nothing else is
+//     tracked: every packet of another protocol, and every packet without
+//     ports (non-first fragments, unknown IPv6 headers, short L4 headers),
+//     is decided by policy alone, in both directions.
+//   - A reply is a packet whose entry was opened in the other direction
+//     (an echo request never is one). It passes whatever its own
+//     direction's policy says, and refreshes the entry.
+//   - Any other packet in an enforced direction is checked against policy,
+//     every packet, also when its connection is tracked. Allowed: its entry
+//     is created (any TCP packet creates one, not only a SYN, so that a
+//     connection that predates enforcement is picked up by its next
+//     packet) or refreshed. Dropped: its connection's entry is deleted, so
+//     that the replies of a connection whose policy went stop at once.
+//   - In a direction that is not enforced, packets pass. They are tracked
+//     (entries created and refreshed as above) only while the other
+//     direction is enforced, since an entry matters only to replies in an
+//     enforced direction; with neither direction enforced, nothing is
+//     parsed past the EtherType. So when a direction becomes enforced, the
+//     connections opened while neither was have no entry: one whose origin
+//     direction becomes enforced gets its entry from its next forward
+//     packet that policy allows; one whose reply direction becomes
+//     enforced gets it from its next forward packet (which now is tracked),
+//     and its replies before that are dropped.
+//   - ICMP destination unreachable (including IPv4's fragmentation needed)
+//     and time exceeded, and ICMPv6 destination unreachable, packet too
+//     big and time exceeded, pass in either direction when the packet they
+//     quote (the inner IP header and the first 8 bytes after it: ports or
+//     echo identifier) belongs to a tracked connection. The inner IPv6
+//     header's extension headers are not walked: a quoted packet with any
+//     is not matched (policy decides).
+//   - TCP states: opening (only SYNs seen so far) 60 s; established (a
+//     packet without SYN seen) 6 h; closing (a RST, or a FIN from both
+//     sides) 10 s. A SYN without ACK in the origin direction on a closing
+//     entry starts it again as opening (the port pair is being reused). A
+//     FIN from one side only keeps the established timeout: a half-closed
+//     connection may go on carrying data. UDP and ICMP echo: 60 s. These
+//     are Cilium's defaults; the loader may set others (the globals
+//     ct_timeout_*). An entry's expiry is rewritten only when it moves by
+//     more than CT_REFRESH_NS or gets shorter, so that a busy connection
+//     does not write its cache line on every packet.
+//   - A full map evicts the least recently used entries (LRU): a packet is
+//     never dropped because the map is full, and an insertion that fails
+//     anyway is ignored (the packet passes, its replies are then decided by
+//     policy). The agent deletes expired entries (conntrack.go).
 //
 // What is parsed, and what is not:
 //   - Only Ethernet framing is understood: the program reads the EtherType at
@@ -33,9 +87,10 @@
 //     IPv4, and dropping it would cut an enforced endpoint off its link.
 //   - IPv4 non-first fragments and IPv6 fragments with a nonzero offset carry
 //     no L4 header: they are matched with "no port", i.e. only by rules for
-//     the whole protocol or for any protocol. A rule with ports therefore
-//     passes the first fragment of a datagram and drops the rest
-//     (fail-closed; the agent does not track fragments).
+//     the whole protocol or for any protocol, and are not tracked (so a
+//     fragmented reply's later fragments need such a rule too). A rule with
+//     ports therefore passes the first fragment of a datagram and drops the
+//     rest (fail-closed; the agent does not track fragments).
 //   - IPv6 extension headers (hop-by-hop, routing, fragment, destination
 //     options, AH) are walked, at most MAX_IPV6_EXT_HDRS of them. A packet
 //     with more, or with another header this program does not know (ESP,
@@ -43,11 +98,14 @@
 //     protocol and no port: only any-protocol rules pass it.
 //   - A packet too short for its IP header is dropped in an enforced
 //     direction (counted) and passed in a non-enforced one. A TCP or UDP
-//     header too short to hold the port is matched with no port.
+//     header too short to hold the ports (for TCP: the flags) is matched
+//     with no port and not tracked; so is an ICMP echo too short for its
+//     identifier.
 //
-// Headers are read with bpf_skb_load_bytes rather than direct packet access,
-// so that headers outside the linear part of the skb are read correctly
-// without pulling data.
+// Headers are read directly from the linear part of the skb when they lie
+// in it (the common case, and several times cheaper than a helper call),
+// and with bpf_skb_load_bytes otherwise, so that headers outside the linear
+// part are read correctly without pulling data.
 //
 // The build needs clang and libbpf's bpf_helpers.h only; the few kernel UAPI
 // values used are defined below so that no kernel headers for the target
@@ -69,18 +127,45 @@ typedef __u32 __wsum;
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-// Kernel UAPI values (include/uapi/linux/bpf.h, if_ether.h, in.h, pkt_cls.h).
+// The start of struct __sk_buff (include/uapi/linux/bpf.h), up to the
+// fields this program reads; the verifier checks context accesses by
+// offset, so a prefix of the UAPI layout is enough.
+struct __sk_buff {
+	__u32 len;
+	__u32 pkt_type;
+	__u32 mark;
+	__u32 queue_mapping;
+	__u32 protocol;
+	__u32 vlan_present;
+	__u32 vlan_tci;
+	__u32 vlan_proto;
+	__u32 priority;
+	__u32 ingress_ifindex;
+	__u32 ifindex;
+	__u32 tc_index;
+	__u32 cb[5];
+	__u32 hash;
+	__u32 tc_classid;
+	__u32 data;
+	__u32 data_end;
+};
+
+// Kernel UAPI values (include/uapi/linux/bpf.h, if_ether.h, in.h, pkt_cls.h,
+// icmp.h, icmpv6.h, tcp.h).
 #define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_ARRAY 2
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
+#define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_LPM_TRIE 11
 #define BPF_F_NO_PREALLOC 1
+#define BPF_ANY 0
 
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
 
 #define IPPROTO_HOPOPTS 0
+#define IPPROTO_ICMP 1
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IPPROTO_ROUTING 43
@@ -88,6 +173,21 @@ typedef __u32 __wsum;
 #define IPPROTO_AH 51
 #define IPPROTO_ICMPV6 58
 #define IPPROTO_DSTOPTS 60
+
+#define ICMP_ECHOREPLY 0
+#define ICMP_DEST_UNREACH 3
+#define ICMP_ECHO 8
+#define ICMP_TIME_EXCEEDED 11
+#define ICMPV6_DEST_UNREACH 1
+#define ICMPV6_PKT_TOOBIG 2
+#define ICMPV6_TIME_EXCEED 3
+#define ICMPV6_ECHO_REQUEST 128
+#define ICMPV6_ECHO_REPLY 129
+
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
 
 // TCX verdicts. TCX_NEXT hands the packet to the next program attached to
 // the hook (or, after the last one, to the rest of the stack, including any
@@ -116,6 +216,26 @@ typedef __u32 __wsum;
 
 #define MAX_IPV6_EXT_HDRS 4
 
+#define NSEC_PER_SEC 1000000000ULL
+
+// Conntrack entry flags (ct_value.flags).
+#define CT_ESTABLISHED 0x01 // TCP: a packet without SYN seen
+#define CT_FIN_ORIGIN 0x02  // TCP: FIN from the origin side
+#define CT_FIN_REPLY 0x04   // TCP: FIN from the reply side
+#define CT_RST 0x08         // TCP: RST from either side
+#define CT_REPLY_SEEN 0x10  // a reply passed
+
+// An entry's expiry is rewritten only when it moves by more than this.
+#define CT_REFRESH_NS NSEC_PER_SEC
+
+// Timeouts, Cilium's defaults. The loader may rewrite them (the agent's
+// hidden test flag does, to shorten them); volatile const keeps them in
+// .rodata where it can, and the verifier still sees them as constants.
+volatile const __u64 ct_timeout_tcp_opening = 60 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_tcp_established = 21600 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_tcp_closing = 10 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_other = 60 * NSEC_PER_SEC;
+
 struct ipcache_key {
 	__u32 prefixlen;
 	__u16 cluster_id;
@@ -142,6 +262,25 @@ struct policy_key {
 struct policy_value {
 	__u32 verdict;
 	__u32 pad;
+};
+
+// IPv4 addresses take the first 4 bytes of an address, the rest is zero.
+struct ct_key {
+	__u8 endpoint_addr[16];
+	__u8 remote_addr[16];
+	__be16 endpoint_port;
+	__be16 remote_port;
+	__u8 protocol;
+	__u8 family;
+	__u16 pad;
+};
+
+struct ct_value {
+	__u64 expires; // bpf_ktime_get_coarse_ns() after which the entry is dead
+	__u8 origin;   // direction of the packet that created it
+	__u8 flags;    // CT_*
+	__u16 pad;
+	__u32 pad2;
 };
 
 struct {
@@ -173,12 +312,24 @@ struct {
 	__uint(max_entries, 4);
 } counters SEC(".maps");
 
-// What the policy lookup needs from a packet.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 262144);
+} conntrack SEC(".maps");
+
+// What the policy lookup and connection tracking need from a packet.
 struct flow {
 	struct ipcache_key remote; // prefixlen, family and ip set
 	__u8 protocol;
 	__u8 has_port;
 	__be16 dport;
+	struct ct_key ct; // valid when tracked
+	__u8 tracked;     // a TCP, UDP or ICMP echo packet with its ports or identifier
+	__u8 tcp_flags;
+	__u8 echo_request;
+	__u8 icmp_error; // ct is then the quoted packet's connection, if it has one
 };
 
 // Offsets in the IPv4 header.
@@ -197,12 +348,30 @@ struct flow {
 #define IPV6_OFF_DADDR 24
 #define IPV6_FRAG_OFFSET_MASK 0xfff8
 
+// The ICMP and ICMPv6 header before the quoted packet of an error.
+#define ICMP_HLEN 8
+
 enum parse_result {
 	PARSE_OK,
 	PARSE_NOT_IP,    // pass, not counted
 	PARSE_NDP,       // pass, counted as allowed
 	PARSE_MALFORMED, // drop when enforced
 };
+
+// load copies len bytes at off of the packet into to: straight from the
+// linear data if they are there, else through the helper. Returns 0, or
+// a negative value if the packet is shorter.
+static __always_inline int load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (off < 0xffff && data + off + len <= data_end) {
+		__builtin_memcpy(to, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, to, len);
+}
 
 static __always_inline void count(__u8 direction, int allowed)
 {
@@ -214,27 +383,128 @@ static __always_inline void count(__u8 direction, int allowed)
 		*value += 1;
 }
 
-// read_dport sets the flow's destination port from the TCP or UDP header at
-// l4_off (both have it at offset 2), if the packet is long enough.
-static __always_inline void read_dport(struct __sk_buff *skb, __u32 l4_off, struct flow *flow)
+// set_ct_addrs fills the key's addresses from a packet's source and
+// destination (len bytes each) seen in direction: the endpoint sends at
+// egress and receives at ingress.
+static __always_inline void set_ct_addrs(struct ct_key *ct, __u8 direction, const __u8 *saddr,
+					 const __u8 *daddr, __u32 len)
 {
-	__be16 dport;
-
-	if (flow->protocol != IPPROTO_TCP && flow->protocol != IPPROTO_UDP)
-		return;
-	if (bpf_skb_load_bytes(skb, l4_off + 2, &dport, sizeof(dport)) < 0)
-		return;
-	flow->dport = dport;
-	flow->has_port = 1;
+	if (direction == DIRECTION_EGRESS) {
+		__builtin_memcpy(ct->endpoint_addr, saddr, len);
+		__builtin_memcpy(ct->remote_addr, daddr, len);
+	} else {
+		__builtin_memcpy(ct->endpoint_addr, daddr, len);
+		__builtin_memcpy(ct->remote_addr, saddr, len);
+	}
 }
 
-static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 direction, struct flow *flow)
+// read_l4 reads what policy and tracking need from the L4 header at l4_off
+// of a packet seen in direction: the destination port (TCP, UDP), and for
+// tracking the ports and TCP flags, or the ICMP type and echo identifier.
+// An ICMP error sets icmp_error and returns the offset of the quoted IP
+// header in *quoted. In a quoted packet (quoted_pkt) only the first 8
+// bytes are there for certain, so TCP flags are not read.
+static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32 l4_off,
+				    struct flow *flow, __u32 *quoted, int quoted_pkt)
+{
+	__u8 l4[14];
+
+	switch (flow->protocol) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		if (flow->protocol == IPPROTO_TCP && !quoted_pkt) {
+			if (load(skb, l4_off, l4, 14) == 0) {
+				flow->tcp_flags = l4[13];
+				flow->tracked = 1;
+			} else if (load(skb, l4_off, l4, 4) < 0) {
+				break;
+			}
+		} else {
+			if (load(skb, l4_off, l4, 4) < 0)
+				break;
+			flow->tracked = 1;
+		}
+		__builtin_memcpy(&flow->dport, &l4[2], 2);
+		flow->has_port = 1;
+		if (direction == DIRECTION_EGRESS) {
+			__builtin_memcpy(&flow->ct.endpoint_port, &l4[0], 2);
+			__builtin_memcpy(&flow->ct.remote_port, &l4[2], 2);
+		} else {
+			__builtin_memcpy(&flow->ct.endpoint_port, &l4[2], 2);
+			__builtin_memcpy(&flow->ct.remote_port, &l4[0], 2);
+		}
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (load(skb, l4_off, l4, 8) < 0)
+			break;
+		if (flow->protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
+						   : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
+			flow->echo_request = flow->protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
+									    : l4[0] == ICMPV6_ECHO_REQUEST;
+			__builtin_memcpy(&flow->ct.endpoint_port, &l4[4], 2);
+			flow->tracked = 1;
+		} else if (flow->protocol == IPPROTO_ICMP
+				   ? (l4[0] == ICMP_DEST_UNREACH || l4[0] == ICMP_TIME_EXCEEDED)
+				   : (l4[0] == ICMPV6_DEST_UNREACH || l4[0] == ICMPV6_PKT_TOOBIG ||
+				      l4[0] == ICMPV6_TIME_EXCEED)) {
+			flow->icmp_error = 1;
+			*quoted = l4_off + ICMP_HLEN;
+		}
+		break;
+	}
+}
+
+// parse_quoted sets flow->ct to the connection of the packet an ICMP error
+// quotes at off, and flow->tracked if it has one. The quoted packet went
+// the other way: the endpoint sent it if the error comes to the endpoint.
+static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, __u32 off, struct flow *flow)
+{
+	__u8 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
+	__u32 l4_off;
+	__u32 unused;
+
+	flow->protocol = 0;
+	flow->tracked = 0;
+	if (flow->remote.family == FAMILY_IPV4) {
+		__u8 hdr[IPV4_HLEN];
+		__u32 ihl;
+
+		if (load(skb, off, hdr, sizeof(hdr)) < 0)
+			return;
+		ihl = (hdr[0] & 0x0f) * 4;
+		if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
+			return;
+		set_ct_addrs(&flow->ct, other, &hdr[IPV4_OFF_SADDR], &hdr[IPV4_OFF_DADDR], 4);
+		flow->protocol = hdr[IPV4_OFF_PROTO];
+		l4_off = off + ihl;
+	} else {
+		__u8 hdr[IPV6_HLEN];
+
+		if (load(skb, off, hdr, sizeof(hdr)) < 0)
+			return;
+		if ((hdr[0] >> 4) != 6)
+			return;
+		set_ct_addrs(&flow->ct, other, &hdr[IPV6_OFF_SADDR], &hdr[IPV6_OFF_DADDR], 16);
+		flow->protocol = hdr[IPV6_OFF_NEXTHDR];
+		l4_off = off + IPV6_HLEN;
+	}
+	flow->ct.protocol = flow->protocol;
+	flow->ct.endpoint_port = 0;
+	flow->ct.remote_port = 0;
+	read_l4(skb, other, l4_off, flow, &unused, 1);
+	// Only the quoted packet's connection is wanted, not its kind.
+	flow->icmp_error = 1;
+}
+
+static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 direction, struct flow *flow,
+						     __u32 *quoted)
 {
 	__u8 hdr[IPV4_HLEN];
 	__u32 ihl;
 	__be16 frag;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
 		return PARSE_MALFORMED;
 	ihl = (hdr[0] & 0x0f) * 4;
 	if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
@@ -245,22 +515,26 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 
 	__builtin_memcpy(flow->remote.ip,
 			 &hdr[direction == DIRECTION_EGRESS ? IPV4_OFF_DADDR : IPV4_OFF_SADDR], 4);
 	flow->protocol = hdr[IPV4_OFF_PROTO];
+	flow->ct.family = FAMILY_IPV4;
+	flow->ct.protocol = flow->protocol;
+	set_ct_addrs(&flow->ct, direction, &hdr[IPV4_OFF_SADDR], &hdr[IPV4_OFF_DADDR], 4);
 
 	__builtin_memcpy(&frag, &hdr[IPV4_OFF_FRAG], sizeof(frag));
 	if (bpf_ntohs(frag) & IPV4_FRAG_OFFSET_MASK)
 		return PARSE_OK; // non-first fragment: no L4 header
-	read_dport(skb, ETH_HLEN + ihl, flow);
+	read_l4(skb, direction, ETH_HLEN + ihl, flow, quoted, 0);
 	return PARSE_OK;
 }
 
-static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 direction, struct flow *flow)
+static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 direction, struct flow *flow,
+						     __u32 *quoted)
 {
 	__u8 hdr[IPV6_HLEN];
 	__u32 off = ETH_HLEN + IPV6_HLEN;
 	__u8 nexthdr;
 	int first_fragment = 1;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
 		return PARSE_MALFORMED;
 	if ((hdr[0] >> 4) != 6)
 		return PARSE_MALFORMED;
@@ -269,6 +543,8 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 	flow->remote.prefixlen = IPCACHE_STATIC_PREFIX_BITS + 128;
 	__builtin_memcpy(flow->remote.ip,
 			 &hdr[direction == DIRECTION_EGRESS ? IPV6_OFF_DADDR : IPV6_OFF_SADDR], 16);
+	flow->ct.family = FAMILY_IPV6;
+	set_ct_addrs(&flow->ct, direction, &hdr[IPV6_OFF_SADDR], &hdr[IPV6_OFF_DADDR], 16);
 	nexthdr = hdr[IPV6_OFF_NEXTHDR];
 
 #pragma unroll
@@ -279,7 +555,7 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 		    nexthdr != IPPROTO_DSTOPTS && nexthdr != IPPROTO_FRAGMENT &&
 		    nexthdr != IPPROTO_AH)
 			break;
-		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
+		if (load(skb, off, ext, sizeof(ext)) < 0)
 			return PARSE_MALFORMED;
 		if (nexthdr == IPPROTO_FRAGMENT) {
 			__be16 frag;
@@ -296,16 +572,17 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 		nexthdr = ext[0];
 	}
 	flow->protocol = nexthdr;
+	flow->ct.protocol = nexthdr;
 
 	if (nexthdr == IPPROTO_ICMPV6 && first_fragment && hdr[IPV6_OFF_HOPLIMIT] == 255) {
 		__u8 type;
 
 		// 133 router solicitation .. 137 redirect.
-		if (bpf_skb_load_bytes(skb, off, &type, sizeof(type)) == 0 && type >= 133 && type <= 137)
+		if (load(skb, off, &type, sizeof(type)) == 0 && type >= 133 && type <= 137)
 			return PARSE_NDP;
 	}
 	if (first_fragment)
-		read_dport(skb, off, flow);
+		read_l4(skb, direction, off, flow, quoted, 0);
 	return PARSE_OK;
 }
 
@@ -334,27 +611,95 @@ static __always_inline int policy_allows(__u32 identity, __u8 direction, const s
 	return value && value->verdict == VERDICT_ALLOW;
 }
 
+// ct_update sets what a packet of flow tells about its connection (TCP
+// state, reply seen) and refreshes the expiry. reply says whether the
+// packet goes against the entry's origin.
+static __always_inline void ct_update(struct ct_value *ct, const struct flow *flow, int reply, __u64 now)
+{
+	__u8 flags = ct->flags;
+	__u64 timeout = ct_timeout_other;
+	__u64 expires;
+
+	if (reply)
+		flags |= CT_REPLY_SEEN;
+	if (flow->protocol == IPPROTO_TCP) {
+		__u8 tcp = flow->tcp_flags;
+
+		if (!reply && (tcp & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+		    (flags & (CT_RST | CT_FIN_ORIGIN | CT_FIN_REPLY)))
+			flags = 0; // a new connection on the same ports
+		if (!(tcp & TCP_FLAG_SYN))
+			flags |= CT_ESTABLISHED;
+		if (tcp & TCP_FLAG_FIN)
+			flags |= reply ? CT_FIN_REPLY : CT_FIN_ORIGIN;
+		if (tcp & TCP_FLAG_RST)
+			flags |= CT_RST;
+
+		if ((flags & CT_RST) || (flags & (CT_FIN_ORIGIN | CT_FIN_REPLY)) == (CT_FIN_ORIGIN | CT_FIN_REPLY))
+			timeout = ct_timeout_tcp_closing;
+		else if (flags & CT_ESTABLISHED)
+			timeout = ct_timeout_tcp_established;
+		else
+			timeout = ct_timeout_tcp_opening;
+	}
+	if (flags != ct->flags)
+		ct->flags = flags;
+	expires = now + timeout;
+	if (expires < ct->expires || expires - ct->expires > CT_REFRESH_NS)
+		ct->expires = expires;
+}
+
+// ct_forward creates the entry of an allowed forward packet, or refreshes
+// the one it has.
+static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction)
+{
+	__u64 now = bpf_ktime_get_coarse_ns();
+	struct ct_value created = {.origin = direction};
+
+	if (ct) {
+		ct_update(ct, flow, 0, now);
+		return;
+	}
+	ct_update(&created, flow, 0, now);
+	// An LRU map makes room by evicting; should the insertion fail anyway,
+	// the packet still passes (see the top of the file).
+	bpf_map_update_elem(&conntrack, &flow->ct, &created, BPF_ANY);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
 	enum parse_result parsed;
 	struct remote_endpoint_info *info;
+	struct ct_value *ct = 0;
 	__u32 identity = IDENTITY_WORLD;
 	__u32 index = direction;
-	__u32 *enforced;
+	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
+	__u32 quoted = 0;
+	__u32 *value;
+	int enforced, other_enforced;
 	__be16 ethertype;
 
-	if (bpf_skb_load_bytes(skb, 12, &ethertype, sizeof(ethertype)) < 0)
+	if (load(skb, 12, &ethertype, sizeof(ethertype)) < 0)
 		return TCX_NEXT;
-	if (ethertype == bpf_htons(ETH_P_IP))
-		parsed = parse_ipv4(skb, direction, &flow);
-	else if (ethertype == bpf_htons(ETH_P_IPV6))
-		parsed = parse_ipv6(skb, direction, &flow);
-	else
+	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
 		return TCX_NEXT;
 
-	enforced = bpf_map_lookup_elem(&enforcement, &index);
-	if (!enforced || *enforced != 1 || parsed == PARSE_NDP) {
+	value = bpf_map_lookup_elem(&enforcement, &index);
+	enforced = value && *value == 1;
+	value = bpf_map_lookup_elem(&enforcement, &other);
+	other_enforced = value && *value == 1;
+	if (!enforced && !other_enforced) {
+		// Nothing to enforce, and no reply to track for.
+		count(direction, 1);
+		return TCX_NEXT;
+	}
+
+	if (ethertype == bpf_htons(ETH_P_IP))
+		parsed = parse_ipv4(skb, direction, &flow, &quoted);
+	else
+		parsed = parse_ipv6(skb, direction, &flow, &quoted);
+	if (parsed == PARSE_NDP || (parsed != PARSE_OK && !enforced)) {
 		count(direction, 1);
 		return TCX_NEXT;
 	}
@@ -363,13 +708,49 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return TCX_DROP;
 	}
 
+	if (flow.tracked) {
+		ct = bpf_map_lookup_elem(&conntrack, &flow.ct);
+		if (ct && ct->origin != direction && !flow.echo_request) {
+			ct_update(ct, &flow, 1, bpf_ktime_get_coarse_ns());
+			count(direction, 1);
+			return TCX_NEXT;
+		}
+		// An echo request against an entry of the other direction is a
+		// connection of its own that cannot have an entry (same key):
+		// policy alone decides on it.
+		if (ct && ct->origin != direction) {
+			flow.tracked = 0;
+			ct = 0;
+		}
+	}
+	if (!enforced) {
+		if (flow.tracked)
+			ct_forward(ct, &flow, direction);
+		count(direction, 1);
+		return TCX_NEXT;
+	}
+	if (flow.icmp_error && quoted) {
+		// Decided by the connection it is about, if that is tracked.
+		struct flow about = flow;
+
+		parse_quoted(skb, direction, quoted, &about);
+		if (about.tracked && bpf_map_lookup_elem(&conntrack, &about.ct)) {
+			count(direction, 1);
+			return TCX_NEXT;
+		}
+	}
+
 	info = bpf_map_lookup_elem(&ipcache, &flow.remote);
 	if (info)
 		identity = info->sec_identity;
 	if (policy_allows(identity, direction, &flow)) {
+		if (flow.tracked)
+			ct_forward(ct, &flow, direction);
 		count(direction, 1);
 		return TCX_NEXT;
 	}
+	if (ct)
+		bpf_map_delete_elem(&conntrack, &flow.ct);
 	count(direction, 0);
 	return TCX_DROP;
 }

@@ -17,12 +17,17 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	EnforceMapCounters             = "counters"
-	EnforceMapEnforcement          = "enforcement"
-	EnforceMapIpcache              = "ipcache"
-	EnforceMapPolicy               = "policy"
-	EnforceProgEnforceFromEndpoint = "enforce_from_endpoint"
-	EnforceProgEnforceToEndpoint   = "enforce_to_endpoint"
+	EnforceMapConntrack               = "conntrack"
+	EnforceMapCounters                = "counters"
+	EnforceMapEnforcement             = "enforcement"
+	EnforceMapIpcache                 = "ipcache"
+	EnforceMapPolicy                  = "policy"
+	EnforceProgEnforceFromEndpoint    = "enforce_from_endpoint"
+	EnforceProgEnforceToEndpoint      = "enforce_to_endpoint"
+	EnforceVarCtTimeoutOther          = "ct_timeout_other"
+	EnforceVarCtTimeoutTcpClosing     = "ct_timeout_tcp_closing"
+	EnforceVarCtTimeoutTcpEstablished = "ct_timeout_tcp_established"
+	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
 )
 
 // LoadEnforce returns the embedded CollectionSpec for Enforce.
@@ -75,6 +80,7 @@ type EnforceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EnforceMapSpecs struct {
+	Conntrack   *ebpf.MapSpec `ebpf:"conntrack"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
@@ -85,6 +91,10 @@ type EnforceMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EnforceVariableSpecs struct {
+	CtTimeoutOther          *ebpf.VariableSpec `ebpf:"ct_timeout_other"`
+	CtTimeoutTcpClosing     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_closing"`
+	CtTimeoutTcpEstablished *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_established"`
+	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
 }
 
 // EnforceObjects contains all objects after they have been loaded into the kernel.
@@ -107,6 +117,7 @@ func (o *EnforceObjects) Close() error {
 //
 // It can be passed to LoadEnforceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EnforceMaps struct {
+	Conntrack   *ebpf.Map `ebpf:"conntrack"`
 	Counters    *ebpf.Map `ebpf:"counters"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
@@ -115,6 +126,7 @@ type EnforceMaps struct {
 
 func (m *EnforceMaps) Close() error {
 	return _EnforceClose(
+		m.Conntrack,
 		m.Counters,
 		m.Enforcement,
 		m.Ipcache,
@@ -126,6 +138,10 @@ func (m *EnforceMaps) Close() error {
 //
 // It can be passed to LoadEnforceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EnforceVariables struct {
+	CtTimeoutOther          *ebpf.Variable `ebpf:"ct_timeout_other"`
+	CtTimeoutTcpClosing     *ebpf.Variable `ebpf:"ct_timeout_tcp_closing"`
+	CtTimeoutTcpEstablished *ebpf.Variable `ebpf:"ct_timeout_tcp_established"`
+	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
 }
 
 // EnforcePrograms contains all programs after they have been loaded into the kernel.

@@ -1,0 +1,436 @@
+package datapathcell
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/job"
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+)
+
+// conntrack (LRU hash, --conntrack-map-max-entries), written by the
+// enforcement program (bpf/enforce.c says when), read and collected by the
+// agent:
+//
+//	key   (40 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
+//	                  remote_port be16 | protocol u8 | family u8 | pad u16
+//	value (16 bytes): expires u64 | origin u8 | flags u8 | pad u16 | pad u32
+//
+// The endpoint is the side behind the device, the remote the other one;
+// IPv4 addresses take the first 4 bytes. ICMP and ICMPv6 echo put the echo
+// identifier in endpoint_port, remote_port is 0. expires is in
+// CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns). origin is the direction
+// of the packet that created the entry (0 ingress, 1 egress): packets the
+// other way are its replies. flags: ConntrackEstablished,
+// ConntrackFINOrigin, ConntrackFINReply, ConntrackRST, ConntrackReplySeen.
+const (
+	conntrackKeySize   = 40
+	conntrackValueSize = 16
+)
+
+// Flags of a conntrack entry.
+const (
+	// ConntrackEstablished: TCP, a packet without SYN was seen.
+	ConntrackEstablished = 0x01
+	// ConntrackFINOrigin: TCP, the origin side sent a FIN.
+	ConntrackFINOrigin = 0x02
+	// ConntrackFINReply: TCP, the reply side sent a FIN.
+	ConntrackFINReply = 0x04
+	// ConntrackRST: TCP, either side sent a RST.
+	ConntrackRST = 0x08
+	// ConntrackReplySeen: a reply passed.
+	ConntrackReplySeen = 0x10
+)
+
+// ConntrackKey is the key of the conntrack map.
+type ConntrackKey [conntrackKeySize]byte
+
+// ConntrackValue is the value of the conntrack map.
+type ConntrackValue [conntrackValueSize]byte
+
+// NewConntrackKey encodes a connection's key. Both addresses must be of
+// the same family; ports are in host order.
+func NewConntrackKey(endpoint, remote netip.AddrPort, protocol uint8) ConntrackKey {
+	var k ConntrackKey
+	if endpoint.Addr().Is4() {
+		a, b := endpoint.Addr().As4(), remote.Addr().As4()
+		copy(k[0:4], a[:])
+		copy(k[16:20], b[:])
+		k[37] = familyIPv4
+	} else {
+		a, b := endpoint.Addr().As16(), remote.Addr().As16()
+		copy(k[0:16], a[:])
+		copy(k[16:32], b[:])
+		k[37] = familyIPv6
+	}
+	binary.BigEndian.PutUint16(k[32:34], endpoint.Port())
+	binary.BigEndian.PutUint16(k[34:36], remote.Port())
+	k[36] = protocol
+	return k
+}
+
+// Fields decodes the key.
+//
+// Possible errors: unknown family.
+func (k ConntrackKey) Fields() (endpoint, remote netip.AddrPort, protocol uint8, err error) {
+	var a, b netip.Addr
+	switch k[37] {
+	case familyIPv4:
+		a, b = netip.AddrFrom4([4]byte(k[0:4])), netip.AddrFrom4([4]byte(k[16:20]))
+	case familyIPv6:
+		a, b = netip.AddrFrom16([16]byte(k[0:16])), netip.AddrFrom16([16]byte(k[16:32]))
+	default:
+		return netip.AddrPort{}, netip.AddrPort{}, 0, fmt.Errorf("conntrack key %x: unknown family %d", k[:], k[37])
+	}
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(k[32:34])),
+		netip.AddrPortFrom(b, binary.BigEndian.Uint16(k[34:36])), k[36], nil
+}
+
+// NewConntrackValue encodes an entry's value; expires is CLOCK_MONOTONIC_COARSE.
+func NewConntrackValue(expires time.Duration, origin, flags uint8) ConntrackValue {
+	var v ConntrackValue
+	binary.LittleEndian.PutUint64(v[0:8], uint64(expires))
+	v[8] = origin
+	v[9] = flags
+	return v
+}
+
+// Expires is the CLOCK_MONOTONIC_COARSE time after which the entry is dead.
+func (v ConntrackValue) Expires() time.Duration {
+	return time.Duration(binary.LittleEndian.Uint64(v[0:8]))
+}
+
+// Origin is the direction of the packet that created the entry.
+func (v ConntrackValue) Origin() uint8 { return v[8] }
+
+// Flags are the entry's Conntrack* flags.
+func (v ConntrackValue) Flags() uint8 { return v[9] }
+
+// monotonicNow is CLOCK_MONOTONIC_COARSE, the program's
+// bpf_ktime_get_coarse_ns.
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	// CLOCK_MONOTONIC_COARSE cannot fail on Linux.
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// ConntrackTimeouts are how long an entry lives after its last packet.
+type ConntrackTimeouts struct {
+	TCPOpening, TCPEstablished, TCPClosing, Other time.Duration
+}
+
+// DefaultConntrackTimeouts are Cilium's defaults, which the program
+// declares: cilium-agent's --bpf-ct-timeout-regular-tcp-syn (1m),
+// -regular-tcp (6h), -regular-tcp-fin (10s) and -regular-any (1m), as its
+// command reference (Documentation/cmdref/cilium-agent.md) gives them.
+var DefaultConntrackTimeouts = ConntrackTimeouts{
+	TCPOpening:     time.Minute,
+	TCPEstablished: 6 * time.Hour,
+	TCPClosing:     10 * time.Second,
+	Other:          time.Minute,
+}
+
+// uniformConntrackTimeouts gives every state the same timeout (the hidden
+// test flag).
+func uniformConntrackTimeouts(d time.Duration) ConntrackTimeouts {
+	return ConntrackTimeouts{TCPOpening: d, TCPEstablished: d, TCPClosing: d, Other: d}
+}
+
+// setConntrackTimeouts writes t into the program's timeout constants; a
+// zero t leaves the declared defaults.
+func setConntrackTimeouts(spec *ebpf.CollectionSpec, t ConntrackTimeouts) error {
+	if t == (ConntrackTimeouts{}) {
+		return nil
+	}
+	for name, d := range map[string]time.Duration{
+		bpf.EnforceVarCtTimeoutTcpOpening:     t.TCPOpening,
+		bpf.EnforceVarCtTimeoutTcpEstablished: t.TCPEstablished,
+		bpf.EnforceVarCtTimeoutTcpClosing:     t.TCPClosing,
+		bpf.EnforceVarCtTimeoutOther:          t.Other,
+	} {
+		v, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("set conntrack timeouts: program has no variable %s", name)
+		}
+		if err := v.Set(uint64(d)); err != nil {
+			return fmt.Errorf("set conntrack timeout %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// ConntrackEntry is a conntrack map entry, decoded.
+type ConntrackEntry struct {
+	Endpoint, Remote netip.AddrPort
+	Protocol         uint8
+	// Origin is the direction that opened the connection.
+	Origin uint8
+	Flags  uint8
+	// Expires is the CLOCK_MONOTONIC_COARSE time after which the entry is dead.
+	Expires time.Duration
+}
+
+// conntrackGCBatch is how many entries one batch lookup reads. A hash map's
+// batch lookup needs room for a whole bucket; buckets hold a handful.
+const conntrackGCBatch = 4096
+
+// conntrackGCRoundEntries bounds the work of one collection round: at most
+// this many entries are read (and their expired ones deleted) per round,
+// so that a full default map (262144) takes 4 rounds.
+const conntrackGCRoundEntries = 65536
+
+// ConntrackStats are the collector's counts.
+type ConntrackStats struct {
+	// Entries is how many entries the last complete pass over the map
+	// found alive (0 before the first pass ends).
+	Entries uint64
+	// MaxEntries is the map's size.
+	MaxEntries uint32
+	// Collected counts the expired entries deleted since start.
+	Collected uint64
+	// Passes counts complete passes over the map since start.
+	Passes uint64
+}
+
+// conntrackGC deletes expired entries of the conntrack map, a bounded
+// number of entries per round, continuing where the last round stopped.
+type conntrackGC struct {
+	log        *slog.Logger
+	m          func() *ebpf.Map
+	now        func() time.Duration
+	roundLimit int
+
+	mu     sync.Mutex // one round at a time
+	cursor ebpf.MapBatchCursor
+	live   uint64 // alive so far in this pass
+	keys   []ConntrackKey
+	values []ConntrackValue
+
+	entries, collected, passes atomic.Uint64
+}
+
+func newConntrackGC(m func() *ebpf.Map, log *slog.Logger) *conntrackGC {
+	return &conntrackGC{log: log, m: m, now: monotonicNow, roundLimit: conntrackGCRoundEntries,
+		keys: make([]ConntrackKey, conntrackGCBatch), values: make([]ConntrackValue, conntrackGCBatch)}
+}
+
+// round reads up to roundLimit entries, deletes the expired ones and
+// reports whether it finished a pass over the map. An entry refreshed by a
+// packet between the read and the delete is deleted too (it had been idle
+// for its whole timeout): its connection's next forward packet that policy
+// allows creates it again.
+//
+// Possible errors: the map cannot be read or an entry cannot be deleted.
+func (g *conntrackGC) round(ctx context.Context) (passDone bool, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m := g.m()
+	if m == nil {
+		return false, nil
+	}
+	now := g.now()
+	var expired []ConntrackKey
+	read := 0
+	for read < g.roundLimit && ctx.Err() == nil {
+		n, err := m.BatchLookup(&g.cursor, g.keys, g.values, nil)
+		for i := range n {
+			if g.values[i].Expires() < now {
+				expired = append(expired, g.keys[i])
+			} else {
+				g.live++
+			}
+		}
+		read += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			passDone = true
+			break
+		}
+		if err != nil {
+			return false, fmt.Errorf("read conntrack map: %w", err)
+		}
+	}
+	deleted, err := deleteConntrackKeys(m, expired)
+	g.collected.Add(uint64(deleted))
+	if err != nil {
+		return false, err
+	}
+	if passDone {
+		g.entries.Store(g.live)
+		g.passes.Add(1)
+		g.live = 0
+		g.cursor = ebpf.MapBatchCursor{}
+	}
+	return passDone, nil
+}
+
+// deleteConntrackKeys deletes keys and returns how many it deleted; a key
+// the LRU evicted meanwhile is not an error.
+func deleteConntrackKeys(m *ebpf.Map, keys []ConntrackKey) (int, error) {
+	deleted := 0
+	for len(keys) > 0 {
+		n, err := m.BatchDelete(keys, nil)
+		deleted += n
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return deleted, fmt.Errorf("delete conntrack entries: %w", err)
+		}
+		// keys[n] is gone already: skip it.
+		keys = keys[n+1:]
+	}
+	return deleted, nil
+}
+
+func (g *conntrackGC) stats(maxEntries uint32) ConntrackStats {
+	return ConntrackStats{Entries: g.entries.Load(), MaxEntries: maxEntries,
+		Collected: g.collected.Load(), Passes: g.passes.Load()}
+}
+
+// registerConntrackGC adds the collection job: a round every
+// --conntrack-gc-interval.
+func registerConntrackGC(cfg Config, d *Datapath, jobs job.Group) {
+	jobs.Add(job.Timer("conntrack-gc", func(ctx context.Context) error {
+		_, err := d.conntrackGC.round(ctx)
+		return err
+	}, cfg.ConntrackGCInterval))
+}
+
+// conntrackMap returns the pinned conntrack map, nil while the maps are
+// not open.
+func (d *Datapath) conntrackMap() *ebpf.Map {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil {
+		return nil
+	}
+	return d.maps.Conntrack
+}
+
+// ConntrackStats returns the collector's counts and the map's size.
+func (d *Datapath) ConntrackStats() ConntrackStats {
+	var maxEntries uint32
+	if m := d.conntrackMap(); m != nil {
+		maxEntries = m.MaxEntries()
+	}
+	return d.conntrackGC.stats(maxEntries)
+}
+
+// Conntrack returns the entries of the conntrack map, expired ones
+// included (until collected), and the CLOCK_MONOTONIC_COARSE time they were read
+// at, to compare Expires with.
+//
+// Possible errors: the pinned maps are not open; the map cannot be read.
+func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
+	m := d.conntrackMap()
+	if m == nil {
+		return nil, 0, errors.New("read conntrack map: pinned maps are not open")
+	}
+	now := monotonicNow()
+	var out []ConntrackEntry
+	var k ConntrackKey
+	var v ConntrackValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		endpoint, remote, protocol, err := k.Fields()
+		if err != nil {
+			continue // not the program's: skip it
+		}
+		out = append(out, ConntrackEntry{Endpoint: endpoint, Remote: remote, Protocol: protocol,
+			Origin: v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
+	}
+	if err := it.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read conntrack map: %w", err)
+	}
+	return out, now, nil
+}
+
+// FlushConntrack deletes every conntrack entry and returns how many it
+// deleted. Replies of the flushed connections are then decided by policy
+// until their next forward packet recreates the entry.
+//
+// Possible errors: the pinned maps are not open; the map cannot be read
+// or written.
+func (d *Datapath) FlushConntrack() (int, error) {
+	m := d.conntrackMap()
+	if m == nil {
+		return 0, errors.New("flush conntrack map: pinned maps are not open")
+	}
+	var keys []ConntrackKey
+	var k ConntrackKey
+	var v ConntrackValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("flush conntrack map: %w", err)
+	}
+	deleted, err := deleteConntrackKeys(m, keys)
+	if err != nil {
+		return deleted, fmt.Errorf("flush conntrack map: %w", err)
+	}
+	return deleted, nil
+}
+
+func conntrackFlags(def Config, flags *pflag.FlagSet) {
+	flags.Uint32("conntrack-map-max-entries", def.ConntrackMapMaxEntries,
+		"Maximum entries of the conntrack map (LRU: the least recently used connections are evicted when it is full)")
+	flags.Duration("conntrack-gc-interval", def.ConntrackGCInterval, "Interval of the rounds that delete expired conntrack entries")
+	flags.Duration("conntrack-test-timeout", def.ConntrackTestTimeout, "If set, every conntrack timeout is this (tests only)")
+	// Hidden: for tests, not for users.
+	_ = flags.MarkHidden("conntrack-gc-interval")
+	_ = flags.MarkHidden("conntrack-test-timeout")
+}
+
+func (c Config) validateConntrack() error {
+	switch {
+	case c.ConntrackMapMaxEntries == 0:
+		return fmt.Errorf("--conntrack-map-max-entries must be positive")
+	case c.ConntrackGCInterval <= 0:
+		return fmt.Errorf("--conntrack-gc-interval must be positive")
+	case c.ConntrackTestTimeout < 0:
+		return fmt.Errorf("--conntrack-test-timeout must not be negative")
+	}
+	return nil
+}
+
+// conntrackTimeouts are the program's timeouts: zero (its defaults) unless
+// the test flag is set.
+func (c Config) conntrackTimeouts() ConntrackTimeouts {
+	if c.ConntrackTestTimeout == 0 {
+		return ConntrackTimeouts{}
+	}
+	return uniformConntrackTimeouts(c.ConntrackTestTimeout)
+}
+
+// openConntrackMap opens, creates, migrates or replaces the pinned
+// conntrack map as openPinnedMaps does the others, so that established
+// connections keep their entries across restarts. A migration copies the
+// entries (into a smaller map, the LRU keeps what fits); entries the
+// program creates in the old map while the copy runs are lost, and those
+// connections' replies are decided by policy until their next forward
+// packet.
+//
+// Possible errors: as openPinnedMaps (maps is closed then).
+func openConntrackMap(maps *pinnedMaps, dir string, cfg Config, log *slog.Logger) error {
+	m, err := openPinnedMap(dir, conntrackMapSpec(cfg.ConntrackMapMaxEntries), log, nil)
+	if err != nil {
+		maps.Close()
+		return fmt.Errorf("open pinned maps in %s: %w", dir, err)
+	}
+	maps.Conntrack = m
+	return nil
+}

@@ -1,0 +1,244 @@
+package datapathcell
+
+import (
+	"encoding/binary"
+	"fmt"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"math/rand/v2"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+)
+
+// The per-packet cost of enforcement, measured with BPF_PROG_RUN on
+// crafted packets against maps holding 100k ipcache entries:
+//
+//	go test -run '^$' -bench EnforcementPerPacket -benchtime=1x ./datapathcell/
+//
+// The stateless baseline is the program as it was before connection
+// tracking (testdata/enforce_stateless_bpfel.o, the committed object of
+// that time), run on the same maps.
+
+const (
+	benchIPCacheEntries = 100_000
+	benchRepeat         = 1_000_000
+	benchRounds         = 5
+	// benchNewConnections is how many single runs measure a new
+	// connection: each needs its entry deleted first.
+	benchNewConnections = 20_000
+	tcxNextRet          = 0xffffffff // TCX_NEXT (-1)
+	tcxDropRet          = 2
+)
+
+var (
+	benchEndpoint = netip.MustParseAddr("10.0.0.1")
+	benchPeer     = netip.MustParseAddr("192.0.2.10")
+)
+
+const benchPeerPort, benchEndpointPort = 5978, 40000
+
+// tcpPacket is an Ethernet, IPv4 and TCP header from src to dst.
+func tcpPacket(src, dst netip.AddrPort, flags uint8) []byte {
+	p := make([]byte, 14+20+20)
+	binary.BigEndian.PutUint16(p[12:14], 0x0800)
+	ip := p[14:34]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:4], 40)
+	binary.BigEndian.PutUint16(ip[6:8], 0x4000) // DF
+	ip[8] = 64
+	ip[9] = testProtoTCP
+	s, d := src.Addr().As4(), dst.Addr().As4()
+	copy(ip[12:16], s[:])
+	copy(ip[16:20], d[:])
+	tcp := p[34:]
+	binary.BigEndian.PutUint16(tcp[0:2], src.Port())
+	binary.BigEndian.PutUint16(tcp[2:4], dst.Port())
+	tcp[12] = 0x50
+	tcp[13] = flags
+	binary.BigEndian.PutUint16(tcp[14:16], 65535)
+	return p
+}
+
+// benchMaps are maps of the agent's specs with 100k /32s in the ipcache,
+// the peer among them, and an egress rule that allows the peer on TCP
+// benchPeerPort.
+func benchMaps(tb testing.TB) enforcerMaps {
+	tb.Helper()
+	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
+		m, err := ebpf.NewMap(spec)
+		require.NoError(tb, err, spec.Name)
+		tb.Cleanup(func() { m.Close() })
+		return m
+	}
+	maps := enforcerMaps{
+		IPCache:     newMap(IPCacheMapSpec(benchIPCacheEntries + 1)),
+		Policy:      newMap(policyMapSpec(16384)),
+		Enforcement: newMap(enforcementMapSpec()),
+		Counters:    newMap(countersMapSpec()),
+		Conntrack:   newMap(conntrackMapSpec(262144)),
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	seen := map[netip.Addr]bool{benchPeer: true, benchEndpoint: true}
+	keys := []IPCacheMapKey{NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))}
+	values := []IPCacheMapValue{NewIPCacheMapValue(testIdentityAllowed)}
+	for len(keys) < benchIPCacheEntries {
+		a := netip.AddrFrom4([4]byte(binary.BigEndian.AppendUint32(nil, rng.Uint32())))
+		if seen[a] {
+			continue
+		}
+		seen[a] = true
+		keys = append(keys, NewIPCacheMapKey(netip.PrefixFrom(a, 32)))
+		values = append(values, NewIPCacheMapValue(testIdentityDenied+uint32(len(keys)%1000)))
+	}
+	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
+	require.NoError(tb, err)
+	require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	return maps
+}
+
+func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
+	tb.Helper()
+	for d, on := range map[uint32]bool{uint32(policycell.Ingress): ingress, uint32(policycell.Egress): egress} {
+		var v uint32
+		if on {
+			v = 1
+		}
+		require.NoError(tb, maps.Enforcement.Put(d, v))
+	}
+}
+
+// runPerPacket runs prog on pkt repeat times in the kernel and returns the
+// time per run, checking the verdict.
+func runPerPacket(tb testing.TB, prog *ebpf.Program, pkt []byte, repeat int, want uint32) time.Duration {
+	tb.Helper()
+	ret, d, err := prog.Benchmark(pkt, repeat, nil)
+	require.NoError(tb, err)
+	require.Equal(tb, want, ret, "verdict")
+	return d
+}
+
+func BenchmarkEnforcementPerPacket(b *testing.B) {
+	privileged.Test(b)
+	maps := benchMaps(b)
+	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	const syn, ack = 0x02, 0x10
+	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
+	replyACK := tcpPacket(peer, out, ack)
+	key := NewConntrackKey(out, peer, testProtoTCP)
+
+	passThrough := passThroughProgram(b)
+	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))
+	require.NoError(b, err)
+	stateless.Maps[IPCacheMapName].MaxEntries = maps.IPCache.MaxEntries()
+	var old struct {
+		FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
+		ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
+	}
+	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement, CountersMapName: maps.Counters,
+	}}))
+	b.Cleanup(func() { old.FromEndpoint.Close(); old.ToEndpoint.Close() })
+	enf, err := loadEnforcer(maps)
+	require.NoError(b, err)
+	b.Cleanup(func() { enf.Close() })
+
+	type row struct {
+		name string
+		ns   float64
+		base float64 // pass-through measured the same way
+	}
+	// Rounds measure every case in turn; the table shows each case's
+	// median round, so that a burst of load on a shared machine moves
+	// no case alone.
+	var rounds [][]row
+	for range b.N * benchRounds {
+		var rows []row
+		base := float64(runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet).Nanoseconds())
+		add := func(name string, d time.Duration) {
+			rows = append(rows, row{name, float64(d.Nanoseconds()), base})
+		}
+		add("pass-through (TCX_NEXT)", time.Duration(base))
+
+		setEnforced(b, maps, true, true)
+		add("stateless: allowed", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("stateless: dropped (the reply)", runPerPacket(b, old.ToEndpoint, replyACK, benchRepeat, tcxDropRet))
+		setEnforced(b, maps, false, false)
+		add("stateless: not enforced", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+
+		// A new connection: the SYN finds no entry and creates one. Each
+		// run needs the entry gone, so runs are single; the pass-through
+		// program is measured the same way for its ratio.
+		setEnforced(b, maps, true, true)
+		var single, newConn time.Duration
+		for range benchNewConnections {
+			single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
+			if err := maps.Conntrack.Delete(key); err != nil {
+				require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
+			}
+			newConn += runPerPacket(b, enf.fromEndpoint, forwardSYN, 1, tcxNextRet)
+		}
+		var v ConntrackValue
+		require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
+		rows = append(rows, row{"tracking: new connection (SYN; single runs, ratio to single runs)",
+			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+
+		add("tracking: established, forward", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		require.NoError(b, maps.Conntrack.Lookup(key, &v))
+		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
+		add("tracking: established, reply", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxNextRet))
+		require.NoError(b, maps.Conntrack.Delete(key))
+		add("tracking: untracked reply (dropped)", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxDropRet))
+
+		setEnforced(b, maps, false, false)
+		add("tracking: not enforced, neither direction", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		setEnforced(b, maps, true, false)
+		require.NoError(b, maps.Conntrack.Put(key, NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
+		add("tracking: not enforced, other direction enforced (established)", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		rounds = append(rounds, rows)
+	}
+	var sb strings.Builder
+	w := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "Case\tns/packet\tx pass-through\n")
+	for i := range rounds[0] {
+		ratios := make([]float64, 0, len(rounds))
+		for _, rows := range rounds {
+			ratios = append(ratios, rows[i].ns/rows[i].base)
+		}
+		slices.Sort(ratios)
+		median := ratios[len(ratios)/2]
+		var ns float64
+		for _, rows := range rounds {
+			if rows[i].ns/rows[i].base == median {
+				ns = rows[i].ns
+			}
+		}
+		fmt.Fprintf(w, "%s\t%.0f\t%.2f\n", rounds[0][i].name, ns, median)
+	}
+	w.Flush()
+	fmt.Printf("%d ipcache entries, BPF_PROG_RUN, median of %d rounds:\n%s", benchIPCacheEntries, len(rounds), sb.String())
+}
+
+// passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.
+func passThroughProgram(tb testing.TB) *ebpf.Program {
+	tb.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		AttachType:   ebpf.AttachTCXIngress,
+		License:      "Dual MIT/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+	})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { p.Close() })
+	return p
+}

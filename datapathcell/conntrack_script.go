@@ -1,0 +1,156 @@
+package datapathcell
+
+import (
+	"encoding/json"
+	"fmt"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+)
+
+func conntrackScriptCommands(d *Datapath) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"conntrack/list":  conntrackListCommand(d),
+		"conntrack/flush": conntrackFlushCommand(d),
+	})
+}
+
+// conntrackJSON is an entry of conntrack/list -o json.
+type conntrackJSON struct {
+	Protocol string `json:"protocol"`
+	Endpoint string `json:"endpoint"`
+	Remote   string `json:"remote"`
+	// Origin is the direction that opened the connection, from the
+	// endpoint's side: egress (it connected out) or ingress.
+	Origin string `json:"origin"`
+	// State is TCP's (opening, established, closing); "" for others.
+	State     string `json:"state,omitempty"`
+	ReplySeen bool   `json:"replySeen"`
+	// ExpiresIn is the time left in seconds, negative when expired and
+	// not yet collected.
+	ExpiresIn float64 `json:"expiresIn"`
+}
+
+func protocolName(p uint8) string {
+	switch p {
+	case 1:
+		return "ICMP"
+	case 6:
+		return "TCP"
+	case 17:
+		return "UDP"
+	case 58:
+		return "ICMPv6"
+	}
+	return fmt.Sprint(p)
+}
+
+// tcpState names an entry's TCP state as the program decides its timeout.
+func tcpState(flags uint8) string {
+	switch {
+	case flags&ConntrackRST != 0, flags&(ConntrackFINOrigin|ConntrackFINReply) == ConntrackFINOrigin|ConntrackFINReply:
+		return "closing"
+	case flags&ConntrackEstablished != 0:
+		return "established"
+	}
+	return "opening"
+}
+
+func conntrackListCommand(d *Datapath) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "List the tracked connections of the enforcement program",
+			Detail: []string{
+				"One line per conntrack map entry: protocol, endpoint and remote",
+				"address (port, or echo identifier for ICMP), the direction that",
+				"opened it, TCP state, whether a reply passed, and time left.",
+				"Expired entries show a negative time left until collected.",
+			},
+			Flags: func(fs *pflag.FlagSet) {
+				fs.StringP("output", "o", "text", "Output format: text or json")
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 0 {
+				return nil, script.ErrUsage
+			}
+			format, err := s.Flags.GetString("output")
+			if err != nil {
+				return nil, err
+			}
+			if format != "text" && format != "json" {
+				return nil, fmt.Errorf("-o %s: want text or json", format)
+			}
+			entries, now, err := d.Conntrack()
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
+			rows := make([]conntrackJSON, 0, len(entries))
+			for _, e := range entries {
+				row := conntrackJSON{
+					Protocol: protocolName(e.Protocol), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
+					Origin: policycell.Direction(e.Origin).String(), ReplySeen: e.Flags&ConntrackReplySeen != 0,
+					ExpiresIn: (e.Expires - now).Round(time.Millisecond).Seconds(),
+				}
+				if e.Protocol == 1 || e.Protocol == 58 {
+					row.Endpoint = fmt.Sprintf("%s id %d", e.Endpoint.Addr(), e.Endpoint.Port())
+					row.Remote = e.Remote.Addr().String()
+				}
+				if e.Protocol == 6 {
+					row.State = tcpState(e.Flags)
+				}
+				rows = append(rows, row)
+			}
+			slices.SortFunc(rows, func(a, b conntrackJSON) int {
+				return strings.Compare(a.Protocol+a.Endpoint+a.Remote, b.Protocol+b.Endpoint+b.Remote)
+			})
+			if format == "json" {
+				out, err := json.MarshalIndent(rows, "", "  ")
+				if err != nil {
+					return nil, err
+				}
+				return scriptcmd.Result(string(out)+"\n", nil)
+			}
+			var out strings.Builder
+			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "Protocol\tEndpoint\tRemote\tOrigin\tState\tReply\tExpires in\n")
+			for _, r := range rows {
+				state := r.State
+				if state == "" {
+					state = "-"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%t\t%.0fs\n", r.Protocol, r.Endpoint, r.Remote, r.Origin, state, r.ReplySeen, r.ExpiresIn)
+			}
+			w.Flush()
+			return scriptcmd.Result(out.String(), nil)
+		},
+	)
+}
+
+func conntrackFlushCommand(d *Datapath) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "Delete every tracked connection",
+			Detail: []string{
+				"Replies of the flushed connections are then decided by their",
+				"direction's policy until the connection's next forward packet",
+				"that policy allows tracks it again.",
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 0 {
+				return nil, script.ErrUsage
+			}
+			n, err := d.FlushConntrack()
+			return scriptcmd.Result(fmt.Sprintf("Flushed %d entries\n", n), err)
+		},
+	)
+}

@@ -1,0 +1,400 @@
+package datapathcell
+
+import (
+	"context"
+	"errors"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/hivetest"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+)
+
+const (
+	ctPeer4, ctPeer6, ctOther4 = "10.200.0.2", "fd00:200::2", "10.200.0.3"
+	ctEndpoint4                = "10.200.0.1"
+	ctTCPPort, ctUDPPort       = 5978, 5353
+	ctClosedUDPPort            = 5354
+	ctEndpointPort             = 6379
+)
+
+// echoTCP serves TCP on addr in namespace ns: every connection gets back
+// what it sends.
+func echoTCP(t *testing.T, ns, addr string) {
+	t.Helper()
+	var l net.Listener
+	require.NoError(t, inNetns(t, ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }))
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { io.Copy(c, c) })
+		}
+	})
+}
+
+// echoUDP serves UDP on addr in namespace ns: every datagram is sent back.
+func echoUDP(t *testing.T, ns, addr string) {
+	t.Helper()
+	var c net.PacketConn
+	require.NoError(t, inNetns(t, ns, func() (err error) { c, err = net.ListenPacket("udp", addr); return err }))
+	var wg sync.WaitGroup
+	t.Cleanup(func() { c.Close(); wg.Wait() })
+	wg.Go(func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			c.WriteTo(buf[:n], from)
+		}
+	})
+}
+
+// dialIn dials TCP addr from namespace ns (from local, if set).
+func dialIn(t *testing.T, ns, local, addr string) (net.Conn, error) {
+	t.Helper()
+	var c net.Conn
+	err := inNetns(t, ns, func() (err error) {
+		d := net.Dialer{Timeout: time.Second}
+		if local != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
+		}
+		c, err = d.Dial("tcp", addr)
+		return err
+	})
+	if c != nil {
+		t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// exchange writes msg on c and reports whether it comes back within a
+// second.
+func exchange(c net.Conn, msg string) error {
+	if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
+		return err
+	}
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return errors.New("echo differs")
+	}
+	return nil
+}
+
+// udpExchange sends msg from the endpoint to addr on a connected socket
+// and returns the error of reading the answer (nil: the echo came back).
+func udpExchange(t *testing.T, ns, addr, msg string) error {
+	t.Helper()
+	var c net.Conn
+	require.NoError(t, inNetns(t, ns, func() (err error) { c, err = net.Dial("udp", addr); return err }))
+	defer c.Close()
+	return exchange(c, msg)
+}
+
+func hostPort(addr string, port int) string {
+	return netip.AddrPortFrom(netip.MustParseAddr(addr), uint16(port)).String()
+}
+
+// conntrackEntries reads the conntrack map.
+func conntrackEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackValue {
+	t.Helper()
+	out := map[ConntrackKey]ConntrackValue{}
+	var k ConntrackKey
+	var v ConntrackValue
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	require.NoError(t, it.Err())
+	return out
+}
+
+// Both directions enforced: egress allows the peer, ingress allows only
+// another identity. What the endpoint opens toward the peer gets its
+// replies; what the peer opens toward the endpoint is dropped; removing
+// the egress rule stops an established connection.
+func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t, ctPeer4, ctPeer6, ctOther4)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
+	putIdentity(t, maps, ctPeer6+"/128", testIdentityAllowed)
+	putIdentity(t, maps, ctOther4+"/32", testIdentityDenied)
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	echoTCP(t, nw.host, hostPort(ctPeer4, ctTCPPort))
+	echoTCP(t, nw.host, hostPort(ctPeer6, ctTCPPort))
+	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
+	echoUDP(t, nw.host, hostPort(ctPeer6, ctUDPPort))
+	echoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
+
+	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+	// Ingress allows something else entirely.
+	putAllow(t, maps, testIdentityDenied, policycell.Ingress, testProtoTCP, 80)
+
+	var conns []net.Conn
+	parent := t // the connections outlive the first subtest
+	t.Run("egress allows: TCP, UDP and ping get their replies", func(t *testing.T) {
+		for _, peer := range []string{ctPeer4, ctPeer6} {
+			c, err := dialIn(parent, nw.ep, "", hostPort(peer, ctTCPPort))
+			require.NoError(t, err, "TCP to %s", peer)
+			require.NoError(t, exchange(c, "hello"), "TCP data to %s", peer)
+			conns = append(conns, c)
+			require.NoError(t, udpExchange(t, nw.ep, hostPort(peer, ctUDPPort), "datagram"), "UDP to %s", peer)
+			require.True(t, nw.pingOnce(t, peer), "ping %s", peer)
+		}
+		entries := conntrackEntries(t, maps.Conntrack)
+		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
+		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
+		v, ok := entries[key]
+		require.True(t, ok, "no entry for the TCP connection in %v", entries)
+		require.Equal(t, uint8(policycell.Egress), v.Origin())
+		require.Equal(t, uint8(ConntrackEstablished|ConntrackReplySeen), v.Flags())
+		require.Greater(t, v.Expires(), monotonicNow()+5*time.Hour, "established: 6 h")
+	})
+
+	t.Run("an ICMP error about a tracked connection passes", func(t *testing.T) {
+		// The peer answers a datagram to a closed port with ICMP port
+		// unreachable, which ingress policy alone would drop.
+		err := udpExchange(t, nw.ep, hostPort(ctPeer4, ctClosedUDPPort), "anyone?")
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	})
+
+	t.Run("the peer opening toward the endpoint is dropped", func(t *testing.T) {
+		_, err := dialIn(t, nw.host, ctPeer4, hostPort(ctEndpoint4, ctEndpointPort))
+		require.Error(t, err)
+		require.False(t, nw.pingFromHost(t, ctPeer4))
+		require.False(t, nw.pingFromHost(t, ctPeer6))
+	})
+
+	t.Run("removing the allowing rule stops the established connection", func(t *testing.T) {
+		require.NotEmpty(t, conns)
+		require.NoError(t, exchange(conns[0], "before"))
+		require.NoError(t, maps.Policy.Delete(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), 0, 0)))
+		require.Error(t, exchange(conns[0], "after"), "data passed without a rule")
+		// The dropped forward packet took the entry with it: the replies
+		// stop too.
+		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
+		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
+		_, ok := conntrackEntries(t, maps.Conntrack)[key]
+		require.False(t, ok, "entry of a connection policy now drops")
+	})
+}
+
+// A connection the peer opens, allowed by ingress policy, gets its replies
+// through an egress that allows nothing.
+func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t, ctPeer4)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	echoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
+	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, ctEndpointPort)
+
+	c, err := dialIn(t, nw.host, ctPeer4, hostPort(ctEndpoint4, ctEndpointPort))
+	require.NoError(t, err)
+	require.NoError(t, exchange(c, "hello"))
+	// The endpoint cannot open anything itself.
+	_, err = dialIn(t, nw.ep, "", hostPort(ctPeer4, 22))
+	require.Error(t, err)
+	require.False(t, nw.pingOnce(t, ctPeer4))
+}
+
+// A full LRU map evicts: every allowed exchange still gets its reply, and
+// the map holds no more than its size.
+func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t, ctPeer4)
+	maps := newTestEnforcerMaps(t)
+	small, err := ebpf.NewMap(conntrackMapSpec(64))
+	require.NoError(t, err)
+	t.Cleanup(func() { small.Close() })
+	maps.Conntrack = small
+	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
+	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoUDP, ctUDPPort)
+
+	const flows = 300 // each from a port of its own
+	for i := range flows {
+		require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"), "exchange %d", i)
+	}
+	n := len(conntrackEntries(t, small))
+	require.LessOrEqual(t, n, 64)
+	require.Positive(t, n)
+}
+
+// Entries live as long as their timeout after their last packet, and the
+// collector deletes them once expired.
+func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t, ctPeer4)
+	maps := newTestEnforcerMaps(t)
+	const timeout = 2 * time.Second
+	maps.ConntrackTimeouts = uniformConntrackTimeouts(timeout)
+	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
+	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
+	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+
+	start := monotonicNow()
+	require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"))
+	require.True(t, nw.pingOnce(t, ctPeer4))
+	entries := conntrackEntries(t, maps.Conntrack)
+	require.Len(t, entries, 2, "the UDP exchange and the ping")
+	for _, v := range entries {
+		require.LessOrEqual(t, v.Expires(), monotonicNow()+timeout, "the test timeout applies")
+		require.GreaterOrEqual(t, v.Expires(), start+timeout)
+	}
+
+	gc := newConntrackGC(func() *ebpf.Map { return maps.Conntrack }, hivetest.Logger(t))
+	done, err := gc.round(context.Background())
+	require.NoError(t, err)
+	require.True(t, done)
+	require.Equal(t, ConntrackStats{Entries: 2, MaxEntries: 4096, Passes: 1}, gc.stats(4096), "nothing expired yet")
+
+	require.Eventually(t, func() bool {
+		_, err := gc.round(context.Background())
+		require.NoError(t, err)
+		return len(conntrackEntries(t, maps.Conntrack)) == 0
+	}, 10*time.Second, 100*time.Millisecond, "expired entries not collected")
+	st := gc.stats(4096)
+	require.EqualValues(t, 2, st.Collected)
+	require.Zero(t, st.Entries)
+}
+
+// A round reads a bounded number of entries and the next one goes on from
+// there; only expired entries are deleted.
+func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
+	privileged.Test(t)
+	m, err := ebpf.NewMap(conntrackMapSpec(1024))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	now := monotonicNow()
+	const expired, alive = 300, 200
+	for i := range expired + alive {
+		k := NewConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
+			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
+		expires := now - time.Second
+		if i >= expired {
+			expires = now + time.Hour
+		}
+		require.NoError(t, m.Put(k, NewConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
+	}
+	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
+	gc.roundLimit, gc.keys, gc.values = 100, make([]ConntrackKey, 50), make([]ConntrackValue, 50)
+	rounds := 0
+	for {
+		done, err := gc.round(context.Background())
+		require.NoError(t, err)
+		rounds++
+		if done {
+			break
+		}
+		require.Less(t, rounds, 20)
+	}
+	require.GreaterOrEqual(t, rounds, (expired+alive)/100, "a round read more than its limit")
+	st := gc.stats(m.MaxEntries())
+	require.EqualValues(t, expired, st.Collected)
+	require.EqualValues(t, alive, st.Entries)
+	for _, v := range conntrackEntries(t, m) {
+		require.Greater(t, v.Expires(), now)
+	}
+	require.Len(t, conntrackEntries(t, m), alive)
+}
+
+// The pinned conntrack map is reused as it is, migrated (entries kept)
+// when only its size differs, and replaced by an empty map when its layout
+// differs, like the other maps.
+func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
+	privileged.Test(t)
+	dir := filepath.Join(newTestLinksDir(t), "..")
+	require.NoError(t, os.MkdirAll(dir, 0o700)) // openPinnedMaps makes it before
+	log := hivetest.Logger(t)
+	open := func(maxEntries uint32) *ebpf.Map {
+		t.Helper()
+		maps := &pinnedMaps{}
+		require.NoError(t, openConntrackMap(maps, dir, Config{ConntrackMapMaxEntries: maxEntries}, log))
+		t.Cleanup(func() { maps.Close() })
+		return maps.Conntrack
+	}
+	key := NewConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	value := NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
+
+	first := open(1024)
+	require.NoError(t, first.Put(key, value))
+	id := func(m *ebpf.Map) ebpf.MapID {
+		info, err := m.Info()
+		require.NoError(t, err)
+		id, _ := info.ID()
+		return id
+	}
+	again := open(1024)
+	require.Equal(t, id(first), id(again), "reused")
+
+	migrated := open(2048)
+	require.NotEqual(t, id(first), id(migrated))
+	require.EqualValues(t, 2048, migrated.MaxEntries())
+	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackEntries(t, migrated), "entries kept")
+
+	// A map of the previous layout (say, a smaller value) is replaced.
+	pin := filepath.Join(dir, ConntrackMapName)
+	require.NoError(t, os.Remove(pin))
+	spec := conntrackMapSpec(2048)
+	spec.ValueSize = 8
+	old, err := ebpf.NewMap(spec)
+	require.NoError(t, err)
+	defer old.Close()
+	require.NoError(t, old.Pin(pin))
+	replaced := open(2048)
+	require.Equal(t, uint32(conntrackValueSize), replaced.ValueSize())
+	require.Empty(t, conntrackEntries(t, replaced))
+}
