@@ -73,13 +73,13 @@ func (a *Allocator) WriteTxn(tables ...statedb.TableMeta) statedb.WriteTxn {
 	return a.db.WriteTxn(append([]statedb.TableMeta{a.table}, tables...)...)
 }
 
-// Allocate takes a reference to the identity of lbls, allocating one if the
+// allocate takes a reference to the identity of lbls, allocating one if the
 // label set has none. If an identity is allocated, the requested number is
 // used if it is in range and free (withheld numbers included); otherwise the
 // next free, non-withheld number is. requested may be IdentityUnknown.
 //
 // Possible errors: ErrNoLabels, ErrExhausted.
-func (a *Allocator) Allocate(lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
+func (a *Allocator) allocate(lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
 	txn := a.WriteTxn()
 	id, err := a.AllocateTxn(txn, lbls, requested)
 	if err != nil {
@@ -90,11 +90,11 @@ func (a *Allocator) Allocate(lbls labels.Labels, requested NumericIdentity) (Num
 	return id, nil
 }
 
-// Release drops one reference to id, freeing the number when it was the
+// release drops one reference to id, freeing the number when it was the
 // last. It reports whether the number was freed.
 //
 // Possible errors: ErrNotAllocated.
-func (a *Allocator) Release(id NumericIdentity) (freed bool, err error) {
+func (a *Allocator) release(id NumericIdentity) (freed bool, err error) {
 	txn := a.WriteTxn()
 	freed, err = a.ReleaseTxn(txn, id)
 	if err != nil {
@@ -105,7 +105,13 @@ func (a *Allocator) Release(id NumericIdentity) (freed bool, err error) {
 	return freed, nil
 }
 
-// AllocateTxn is [Allocator.Allocate] inside the caller's write transaction.
+// AllocateTxn takes a reference to the identity of lbls inside the
+// caller's write transaction, allocating one if the label set has none. If
+// an identity is allocated, the requested number is used if it is in range
+// and free (withheld numbers included); otherwise the next free,
+// non-withheld number is. requested may be IdentityUnknown.
+//
+// Possible errors: ErrNoLabels, ErrExhausted (wrapped).
 func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
 	if lbls.IsEmpty() {
 		return IdentityUnknown, ErrNoLabels
@@ -137,7 +143,11 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 	return id, nil
 }
 
-// ReleaseTxn is [Allocator.Release] inside the caller's write transaction.
+// ReleaseTxn drops one reference to id inside the caller's write
+// transaction, freeing the number when it was the last. It reports whether
+// the number was freed.
+//
+// Possible errors: ErrNotAllocated (wrapped).
 func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed bool, err error) {
 	existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
 	if !found {

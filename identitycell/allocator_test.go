@@ -42,14 +42,14 @@ func tableState(db *statedb.DB, table statedb.Table[*Identity]) map[labels.Label
 
 func TestSameLabelsSameNumber(t *testing.T) {
 	a, db, table := newTestAllocator(t, 100)
-	first, err := a.Allocate(cidr(1), 0)
+	first, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
-	again, err := a.Allocate(cidr(1), 0)
+	again, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
 	require.Equal(t, first, again)
 	require.True(t, first.IsLocal())
 
-	other, err := a.Allocate(cidr(2), 0)
+	other, err := a.allocate(cidr(2), 0)
 	require.NoError(t, err)
 	require.NotEqual(t, first, other)
 
@@ -58,20 +58,20 @@ func TestSameLabelsSameNumber(t *testing.T) {
 
 func TestLastReleaseFrees(t *testing.T) {
 	a, db, table := newTestAllocator(t, 100)
-	id, _ := a.Allocate(cidr(1), 0)
-	_, _ = a.Allocate(cidr(1), 0)
+	id, _ := a.allocate(cidr(1), 0)
+	_, _ = a.allocate(cidr(1), 0)
 
-	freed, err := a.Release(id)
+	freed, err := a.release(id)
 	require.NoError(t, err)
 	require.False(t, freed, "one reference is left")
 	require.Equal(t, uint32(1), tableState(db, table)[cidr(1)].References)
 
-	freed, err = a.Release(id)
+	freed, err = a.release(id)
 	require.NoError(t, err)
 	require.True(t, freed)
 	require.Empty(t, tableState(db, table))
 
-	_, err = a.Release(id)
+	_, err = a.release(id)
 	require.ErrorIs(t, err, ErrNotAllocated, "a reference nobody holds cannot be released")
 }
 
@@ -79,45 +79,45 @@ func TestFreedNumberIsReusable(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 3)
 	var ids []NumericIdentity
 	for n := range 3 {
-		id, err := a.Allocate(cidr(n), 0)
+		id, err := a.allocate(cidr(n), 0)
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	_, err := a.Release(ids[1])
+	_, err := a.release(ids[1])
 	require.NoError(t, err)
 
-	id, err := a.Allocate(cidr(99), 0)
+	id, err := a.allocate(cidr(99), 0)
 	require.NoError(t, err)
 	require.Equal(t, ids[1], id, "the only free number is the freed one")
 }
 
 func TestFreedNumberIsNotReusedAtOnce(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
-	first, _ := a.Allocate(cidr(1), 0)
-	_, _ = a.Release(first)
-	second, _ := a.Allocate(cidr(2), 0)
+	first, _ := a.allocate(cidr(1), 0)
+	_, _ = a.release(first)
+	second, _ := a.allocate(cidr(2), 0)
 	require.NotEqual(t, first, second, "a number just freed is handed out again only after the search wraps")
 }
 
 func TestRequestedFreeNumberIsHonoured(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
 	want := MinLocalIdentity + 42
-	id, err := a.Allocate(cidr(1), want)
+	id, err := a.allocate(cidr(1), want)
 	require.NoError(t, err)
 	require.Equal(t, want, id)
 }
 
 func TestRequestedTakenNumberFallsBack(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
-	taken, _ := a.Allocate(cidr(1), 0)
+	taken, _ := a.allocate(cidr(1), 0)
 
-	id, err := a.Allocate(cidr(2), taken)
+	id, err := a.allocate(cidr(2), taken)
 	require.NoError(t, err)
 	require.NotEqual(t, taken, id)
 	require.True(t, id.IsLocal())
 
 	for _, outOfRange := range []NumericIdentity{IdentityWorld, MinLocalIdentity + 100, MaxLocalIdentity + 1} {
-		id, err := a.Allocate(labels.ForPrefix(netipPrefix(t, outOfRange)), outOfRange)
+		id, err := a.allocate(labels.ForPrefix(netipPrefix(t, outOfRange)), outOfRange)
 		require.NoError(t, err)
 		require.NotEqual(t, outOfRange, id, "a number outside the space is not handed out")
 	}
@@ -125,8 +125,8 @@ func TestRequestedTakenNumberFallsBack(t *testing.T) {
 
 func TestRequestIgnoredForLabelsThatHaveAnIdentity(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
-	id, _ := a.Allocate(cidr(1), 0)
-	again, err := a.Allocate(cidr(1), MinLocalIdentity+50)
+	id, _ := a.allocate(cidr(1), 0)
+	again, err := a.allocate(cidr(1), MinLocalIdentity+50)
 	require.NoError(t, err)
 	require.Equal(t, id, again, "labels determine the identity")
 }
@@ -137,57 +137,57 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	a.Withhold(withheld)
 	require.Equal(t, 1, a.NumWithheld())
 
-	x, err := a.Allocate(cidr(1), 0)
+	x, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
-	y, err := a.Allocate(cidr(2), 0)
+	y, err := a.allocate(cidr(2), 0)
 	require.NoError(t, err)
 	require.NotContains(t, []NumericIdentity{x, y}, withheld)
 
-	_, err = a.Allocate(cidr(3), 0)
+	_, err = a.allocate(cidr(3), 0)
 	require.ErrorIs(t, err, ErrExhausted, "the withheld number is not free for unrelated requests")
 
-	got, err := a.Allocate(cidr(4), withheld)
+	got, err := a.allocate(cidr(4), withheld)
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "a request naming a withheld number gets it")
 
-	_, _ = a.Release(got)
+	_, _ = a.release(got)
 	a.Unwithhold(withheld)
 	require.Zero(t, a.NumWithheld())
-	got, err = a.Allocate(cidr(5), 0)
+	got, err = a.allocate(cidr(5), 0)
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "after unwithholding, the number is free for anyone")
 }
 
 func TestExhaustionFailsOnlyThatRequest(t *testing.T) {
 	a, db, table := newTestAllocator(t, 2)
-	x, _ := a.Allocate(cidr(1), 0)
-	_, _ = a.Allocate(cidr(2), 0)
+	x, _ := a.allocate(cidr(1), 0)
+	_, _ = a.allocate(cidr(2), 0)
 	before := tableState(db, table)
 
-	_, err := a.Allocate(cidr(3), 0)
+	_, err := a.allocate(cidr(3), 0)
 	require.ErrorIs(t, err, ErrExhausted)
 	require.ErrorContains(t, err, "cidr:10.0.3.0/24", "the error names the labels")
 	require.Equal(t, before, tableState(db, table), "a failed request changes nothing")
 
-	again, err := a.Allocate(cidr(1), 0)
+	again, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err, "labels that have an identity still get references")
 	require.Equal(t, x, again)
 
-	_, _ = a.Release(x)
-	_, _ = a.Release(x)
-	_, err = a.Allocate(cidr(3), 0)
+	_, _ = a.release(x)
+	_, _ = a.release(x)
+	_, err = a.allocate(cidr(3), 0)
 	require.NoError(t, err, "room appears when a number is freed")
 }
 
 func TestEmptyLabels(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 10)
-	_, err := a.Allocate(labels.Labels{}, 0)
+	_, err := a.allocate(labels.Labels{}, 0)
 	require.ErrorIs(t, err, ErrNoLabels)
 }
 
 func TestAbortedTransactionLeavesNothing(t *testing.T) {
 	a, db, table := newTestAllocator(t, 10)
-	kept, _ := a.Allocate(cidr(1), 0)
+	kept, _ := a.allocate(cidr(1), 0)
 
 	txn := a.WriteTxn()
 	_, err := a.AllocateTxn(txn, cidr(2), 0)
@@ -222,14 +222,14 @@ func TestConcurrentAllocateRelease(t *testing.T) {
 			for range rounds {
 				lbls := cidr(rng.IntN(labelSets))
 				if refs := held[lbls]; len(refs) > 0 && rng.IntN(2) == 0 {
-					_, err := a.Release(refs[len(refs)-1])
+					_, err := a.release(refs[len(refs)-1])
 					if !assert.NoError(t, err) {
 						return
 					}
 					held[lbls] = refs[:len(refs)-1]
 					continue
 				}
-				id, err := a.Allocate(lbls, 0)
+				id, err := a.allocate(lbls, 0)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -285,7 +285,7 @@ func TestTableEqualsModel(t *testing.T) {
 		entry, exists := model[lbls]
 		switch {
 		case exists && rng.IntN(2) == 0:
-			freed, err := a.Release(entry.id)
+			freed, err := a.release(entry.id)
 			require.NoError(t, err)
 			entry.refs--
 			require.Equal(t, entry.refs == 0, freed, "step %d", step)
@@ -303,7 +303,7 @@ func TestTableEqualsModel(t *testing.T) {
 			for _, e := range model {
 				requestedFree = requestedFree && e.id != requested
 			}
-			id, err := a.Allocate(lbls, requested)
+			id, err := a.allocate(lbls, requested)
 			if !exists && len(model) == size {
 				require.ErrorIs(t, err, ErrExhausted, "step %d", step)
 				break

@@ -37,11 +37,11 @@ func BenchmarkAllocateRelease(b *testing.B) {
 	lbls := cidr(20_000)
 	b.ReportAllocs()
 	for b.Loop() {
-		id, err := a.Allocate(lbls, 0)
+		id, err := a.allocate(lbls, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := a.Release(id); err != nil {
+		if _, err := a.release(id); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -52,16 +52,16 @@ func BenchmarkAllocateRelease(b *testing.B) {
 func BenchmarkAllocateReleaseReferenced(b *testing.B) {
 	a, _, _ := newTestAllocator(b, 1<<20)
 	lbls := cidr(1)
-	if _, err := a.Allocate(lbls, 0); err != nil {
+	if _, err := a.allocate(lbls, 0); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		id, err := a.Allocate(lbls, 0)
+		id, err := a.allocate(lbls, 0)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := a.Release(id); err != nil {
+		if _, err := a.release(id); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -295,9 +295,6 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity
 	}
 }
 
-// Path returns the checkpoint file's path, or "" if checkpointing is off.
-func (c *Checkpointer) Path() string { return c.path }
-
 // Previous returns what the previous run checkpointed, read when the hive
 // started. It waits for Start to have decoded it; call it only from a
 // start hook after the Checkpointer's (restore's), or after the hive has

@@ -206,7 +206,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	_, health := cell.NewSimpleHealth()
 	go func() { stopped <- c.run(ctx, health) }()
 
-	id, err := a.Allocate(cidr(7), 0)
+	id, err := a.allocate(cidr(7), 0)
 	require.NoError(t, err)
 	time.Sleep(50 * time.Millisecond)
 	got, err := ReadCheckpoint(path)
@@ -220,7 +220,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 
 	// A change made just before stopping is in the final checkpoint.
-	id2, err := a.Allocate(cidr(8), 0)
+	id2, err := a.allocate(cidr(8), 0)
 	require.NoError(t, err)
 	cancel()
 	require.NoError(t, <-stopped)

@@ -74,7 +74,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 					return nil, err
 				}
 			}
-			id, err := allocator.Allocate(lbls, NumericIdentity(requested))
+			id, err := allocator.allocate(lbls, NumericIdentity(requested))
 			return scriptcmd.Result(id.String()+"\n", err)
 		})
 	cmds["identity/release"] = script.Command(
@@ -87,7 +87,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			if err != nil {
 				return nil, err
 			}
-			_, err = allocator.Release(NumericIdentity(id))
+			_, err = allocator.release(NumericIdentity(id))
 			return nil, err
 		})
 	cmds["identity/withhold"] = script.Command(
@@ -117,7 +117,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			}
 			var got string
 			for s.Context().Err() == nil {
-				checkpoint, err := ReadCheckpoint(checkpointer.Path())
+				checkpoint, err := ReadCheckpoint(checkpointer.path)
 				if err != nil {
 					return nil, err
 				}

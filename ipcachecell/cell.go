@@ -43,12 +43,12 @@ type ipcacheParams struct {
 }
 
 func newIPCacheCell(p ipcacheParams) *IPCache {
-	restore := newRestoreGate()
+	gate := newResolutionGate()
 	resolved := progress.New[statedb.Revision](0)
-	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, restore, resolved)
+	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, gate, resolved)
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	group.Add(job.OneShot("resolve", r.run))
-	return newIPCache(p.DB, p.Metadata, restore, resolved)
+	return newIPCache(p.DB, p.Metadata, gate, resolved)
 }
 
 func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],

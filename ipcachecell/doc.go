@@ -1,9 +1,9 @@
 // Package ipcachecell maps IP prefixes to security identities from the
 // metadata of many owners.
 //
-// Owners (policies, restore, an embedding agent) each obtain a [Handle] for
-// their resource and upsert and remove metadata for prefixes through it:
-// labels, a requested identity number, or an explicit identity allocated
+// Owners (policies, the previous run's prefixes, an embedding agent) each
+// obtain a [Handle] for their resource and upsert and remove metadata for
+// prefixes through it: labels, a requested identity number, or an explicit identity allocated
 // elsewhere. The metadata lives in the `ipcache-metadata` table, one row per
 // (prefix, resource).
 //
@@ -15,6 +15,10 @@
 // not explicit; it changes it by allocating the new identity before
 // releasing the old one, and releases it when the prefix's last metadata
 // goes. Nobody else releases these references.
+//
+// Producers register with [IPCache.RegisterProducer]; the `ipcache` table is
+// initialized once all are done and resolved. A producer registered with
+// [HoldsResolution] holds the resolver back until it is done.
 //
 // Reads: identities (through the allocator). Writes: `ipcache-metadata`
 // (through handles), `ipcache`, identity references.

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -46,7 +47,7 @@ const releaseChunkSize = 1024
 type IPCache struct {
 	db       *statedb.DB
 	metadata statedb.RWTable[*PrefixMetadata]
-	restore  *restoreGate
+	gate     *resolutionGate
 	// resolved is the `ipcache-metadata` revision up to which the resolver
 	// has resolved every change.
 	resolved *progress.Tracker[statedb.Revision]
@@ -55,9 +56,9 @@ type IPCache struct {
 	resources map[string]struct{} // resources with a live handle
 }
 
-func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], restore *restoreGate,
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, restore: restore, resolved: resolved, resources: map[string]struct{}{}}
+	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{}}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -97,18 +98,43 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{}}, nil
 }
 
-// RegisterProducer registers a producer of metadata (restore, the policy
-// directory, an embedding agent's sources): the `ipcache` table is
-// initialized, and reconcilers may prune, only once every registered
-// producer has called done and resolution has caught up with what they
-// wrote. Register before the hive starts.
-func (c *IPCache) RegisterProducer(name string) (done func()) {
+// ProducerOption changes how a registered producer takes part in start-up.
+type ProducerOption func(*producerOptions)
+
+type producerOptions struct {
+	holdsResolution bool
+}
+
+// HoldsResolution makes the producer block resolution: the resolver
+// resolves nothing until every such producer is done. A producer that
+// asks for identity numbers by name (RequestedIdentity) for prefixes that
+// other owners also assert uses it, so that its request is seen before an
+// owner's row would take a fresh number.
+func HoldsResolution() ProducerOption {
+	return func(o *producerOptions) { o.holdsResolution = true }
+}
+
+// RegisterProducer registers a producer of metadata (the policy directory,
+// an embedding agent's sources, ...): the `ipcache` table is initialized,
+// and reconcilers may prune, only once every registered producer has called
+// done and resolution has caught up with what they wrote. Register before
+// the hive starts.
+func (c *IPCache) RegisterProducer(name string, opts ...ProducerOption) (done func()) {
+	var o producerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	txn := c.db.WriteTxn(c.metadata)
 	markDone := c.metadata.RegisterInitializer(txn, name)
 	txn.Commit()
+	gateDone := func() {}
+	if o.holdsResolution {
+		gateDone = c.gate.register()
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			gateDone()
 			txn := c.db.WriteTxn(c.metadata)
 			markDone(txn)
 			txn.Commit()
@@ -116,31 +142,17 @@ func (c *IPCache) RegisterProducer(name string) (done func()) {
 	}
 }
 
-// RegisterRestorer registers a producer that restores the previous run's
-// prefixes with their old identity numbers (the restore cell). Nothing is
-// resolved until every restorer is done: otherwise a prefix that another
-// owner re-asserts first would get a fresh number before restore could ask
-// for the old one, and the datapath would churn. A restorer is also a
-// producer (see RegisterProducer). Register before the hive starts.
-func (c *IPCache) RegisterRestorer(name string) (done func()) {
-	producerDone := c.RegisterProducer(name)
-	gateDone := c.restore.register()
-	return func() {
-		gateDone()
-		producerDone()
-	}
-}
-
-// restoreGate holds resolution back until every restorer is done.
-type restoreGate struct {
+// resolutionGate holds resolution back until every producer registered
+// with HoldsResolution is done.
+type resolutionGate struct {
 	mu      sync.Mutex
 	pending int
 	open    chan struct{} // closed when pending drops to zero
 }
 
-func newRestoreGate() *restoreGate { return &restoreGate{open: make(chan struct{})} }
+func newResolutionGate() *resolutionGate { return &resolutionGate{open: make(chan struct{})} }
 
-func (g *restoreGate) register() (done func()) {
+func (g *resolutionGate) register() (done func()) {
 	g.mu.Lock()
 	g.pending++
 	g.mu.Unlock()
@@ -156,8 +168,9 @@ func (g *restoreGate) register() (done func()) {
 	}
 }
 
-// wait returns a channel that is closed once no restorer is pending.
-func (g *restoreGate) wait() <-chan struct{} {
+// wait returns a channel that is closed once no holding producer is
+// pending.
+func (g *resolutionGate) wait() <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.pending == 0 {
@@ -248,7 +261,7 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 // ties, so that an unstable sort (several times faster than a stable one
 // at 1M rows) keeps the batch's order.
 func sortByPrefix(rows []*PrefixMetadata) {
-	byPrefix := func(a, b *PrefixMetadata) int { return comparePrefixes(a.Prefix, b.Prefix) }
+	byPrefix := func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) }
 	if slices.IsSortedFunc(rows, byPrefix) {
 		return
 	}
@@ -316,8 +329,8 @@ func (h *Handle) Release() error {
 }
 
 // ReleaseGradually is Release at no more than rowsPerSecond rows a second,
-// for a large release that nothing waits for (restore's, at the end of its
-// grace period). Every row deleted is a dead object that statedb's
+// for a large release that nothing waits for (stale prefixes dropped at
+// the end of a grace period). Every row deleted is a dead object that statedb's
 // graveyard collector removes later, in one write transaction per second
 // over all tables, which holds off every writer of the ipcache and
 // identities tables meanwhile: released at full speed, a million prefixes
@@ -344,7 +357,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	for key := range h.prefixes {
 		prefixes = append(prefixes, key.prefix())
 	}
-	slices.SortFunc(prefixes, comparePrefixes)
+	slices.SortFunc(prefixes, prefixkey.Compare)
 	for start := 0; start < len(prefixes); start += releaseChunkSize {
 		chunk := prefixes[start:min(start+releaseChunkSize, len(prefixes))]
 		if limiter != nil {

@@ -53,7 +53,7 @@ func newFixture(tb testing.TB) *fixture {
 	log := hivetest.Logger(tb)
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })
-	gate := newRestoreGate()
+	gate := newResolutionGate()
 	resolved := progress.New[statedb.Revision](0)
 	f.ipcache = newIPCache(f.db, f.metadata, gate, resolved)
 	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, gate, resolved)
@@ -145,13 +145,17 @@ func TestRandomOwnershipKeepsReferencesExact(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				lbls = lbls.Union(randomMetadata().Labels)
 			}
-			id, err := f.allocator.Allocate(lbls, 0)
+			txn := f.allocator.WriteTxn()
+			id, err := f.allocator.AllocateTxn(txn, lbls, 0)
 			require.NoError(t, err)
+			txn.Commit()
 			heldElsewhere[id]++
 		default:
 			for id := range heldElsewhere {
-				_, err := f.allocator.Release(id)
+				txn := f.allocator.WriteTxn()
+				_, err := f.allocator.ReleaseTxn(txn, id)
 				require.NoError(t, err)
+				txn.Commit()
 				if heldElsewhere[id]--; heldElsewhere[id] == 0 {
 					delete(heldElsewhere, id)
 				}
@@ -167,8 +171,10 @@ func TestRandomOwnershipKeepsReferencesExact(t *testing.T) {
 	}
 	for id, n := range heldElsewhere {
 		for range n {
-			_, err := f.allocator.Release(id)
+			txn := f.allocator.WriteTxn()
+			_, err := f.allocator.ReleaseTxn(txn, id)
 			require.NoError(t, err)
+			txn.Commit()
 		}
 	}
 	f.round(t)

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -48,7 +49,7 @@ type resolver struct {
 	entries   statedb.RWTable[*Entry]
 	allocator *identitycell.Allocator
 	log       *slog.Logger
-	restore   *restoreGate
+	gate      *resolutionGate
 	// resolved publishes the metadata revision resolved up to.
 	resolved *progress.Tracker[statedb.Revision]
 
@@ -67,7 +68,7 @@ type resolver struct {
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
-	allocator *identitycell.Allocator, log *slog.Logger, restore *restoreGate,
+	allocator *identitycell.Allocator, log *slog.Logger, gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *resolver {
 	txn := db.WriteTxn(entries)
 	markInitialized := entries.RegisterInitializer(txn, "ipcache-resolver")
@@ -78,7 +79,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		entries:         entries,
 		allocator:       allocator,
 		log:             log,
-		restore:         restore,
+		gate:            gate,
 		resolved:        resolved,
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
@@ -92,13 +93,13 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 	select {
 	case <-ctx.Done():
 		return nil
-	case <-r.restore.wait():
+	case <-r.gate.wait():
 	default:
-		health.OK("Waiting for restore")
+		health.OK("Waiting for the producers that hold resolution")
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-r.restore.wait():
+		case <-r.gate.wait():
 		}
 	}
 	// Closed when the job ends, not left to a runtime cleanup (which
@@ -281,16 +282,8 @@ func (q *resolveQueue) next(n int) []netip.Prefix {
 	for _, prefix := range chunk {
 		delete(q.queued, compact(prefix))
 	}
-	slices.SortFunc(chunk, comparePrefixes)
+	slices.SortFunc(chunk, prefixkey.Compare)
 	return chunk
-}
-
-// comparePrefixes orders prefixes as their keys: family, address, length.
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }
 
 // adaptChunkSize sizes the next chunk from how long a full one took.
@@ -371,9 +364,9 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	default:
 		// Allocate the new identity before releasing the old one, so that
 		// an identity both map to never drops to zero references. Except
-		// when the number requested is the one the prefix holds (restore
-		// asked for it with the cidr label only, and the owner's labels
-		// arrive after): then the reference is given up first, in this
+		// when the number requested is the one the prefix holds (a
+		// producer asked for it with the cidr label only, and another
+		// owner's labels arrive after): then the reference is given up first, in this
 		// same transaction, so that the new labels can take the number if
 		// nobody else holds it, and the datapath keeps it.
 		releasedFirst := hasCurrent && !current.Explicit && res.requested == current.Identity
@@ -404,12 +397,10 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	}
 	if hasCurrent && current.Identity == desired.Identity {
 		// Only the source or the labels changed (an owner re-asserting a
-		// restored prefix, for one): the datapath maps the prefix to the
-		// identity alone, so the entry keeps its reconciliation status
-		// and the reconciler has nothing to do. At a restart over 1M
-		// restored prefixes that their owner re-asserts, the reconciler
-		// then handles each entry once, not twice (cmd/bench-scale:
-		// the restart took 19.5 s instead of 26.9 s).
+		// prefix another producer holds, for one): the datapath maps the
+		// prefix to the identity alone, so the entry keeps its
+		// reconciliation status and the reconciler has nothing to do
+		// (docs/SCALE.md, restart: each entry reconciled once, not twice).
 		desired.keepStatusOf(current)
 	}
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {

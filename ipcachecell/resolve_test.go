@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 func hostPrefixes(first, n int) []netip.Prefix {
@@ -36,7 +38,7 @@ func TestResolveQueueSharesChunksAmongOwners(t *testing.T) {
 	chunk := q.next(100)
 	require.Contains(t, chunk, single)
 	require.Subset(t, chunk, hostPrefixes(100, 99), "the rest of the chunk is the release, in order")
-	require.True(t, slices.IsSortedFunc(chunk, comparePrefixes), "a chunk is in address order")
+	require.True(t, slices.IsSortedFunc(chunk, prefixkey.Compare), "a chunk is in address order")
 
 	addAll(&q, "policy/b", hostPrefixes(50_000, 1000))
 	chunk = q.next(100)

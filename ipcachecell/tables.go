@@ -29,7 +29,8 @@ type Metadata struct {
 	Labels labels.Labels `json:"labels,omitempty" yaml:"labels,omitempty"`
 
 	// RequestedIdentity is the number wanted if an identity has to be
-	// allocated (restore asks for the old one). Zero: no preference.
+	// allocated (a producer keeping numbers across restarts asks for the old
+	// one). Zero: no preference.
 	RequestedIdentity identitycell.NumericIdentity `json:"requested-identity,omitempty" yaml:"requested-identity,omitempty"`
 
 	// ExplicitIdentity is an identity allocated elsewhere; if set, the

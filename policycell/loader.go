@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -361,7 +362,7 @@ func (l *loader) upsertPrefixes(old, p *Policy) {
 	}
 	var batch []ipcachecell.PrefixUpsert
 	for _, prefix := range p.Prefixes() {
-		if _, found := slices.BinarySearchFunc(had, prefix, comparePrefixes); !found {
+		if _, found := slices.BinarySearchFunc(had, prefix, prefixkey.Compare); !found {
 			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix,
 				Metadata: ipcachecell.Metadata{Labels: labels.ForPrefix(prefix)}})
 		}
@@ -380,7 +381,7 @@ func (l *loader) removePrefixes(old, p *Policy) {
 	has := p.Prefixes()
 	var gone []netip.Prefix
 	for _, prefix := range old.Prefixes() {
-		if _, found := slices.BinarySearchFunc(has, prefix, comparePrefixes); !found {
+		if _, found := slices.BinarySearchFunc(has, prefix, prefixkey.Compare); !found {
 			gone = append(gone, prefix)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 // maxNameLength bounds policy names, as Kubernetes bounds object names.
@@ -382,7 +384,7 @@ func (p *parser) cidrSet(n *yaml.Node, what string) (CIDRSelector, error) {
 			}
 			set.Except = append(set.Except, except)
 		}
-		slices.SortFunc(set.Except, comparePrefixes)
+		slices.SortFunc(set.Except, prefixkey.Compare)
 		set.Except = slices.Compact(set.Except)
 	}
 	return set, nil

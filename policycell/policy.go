@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 // Direction is the direction of traffic a rule applies to, seen from the
@@ -183,15 +185,8 @@ func (p *Policy) Prefixes() []netip.Prefix {
 			}
 		}
 	}
-	slices.SortFunc(prefixes, comparePrefixes)
+	slices.SortFunc(prefixes, prefixkey.Compare)
 	return slices.Compact(prefixes)
-}
-
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }
 
 // sameRules reports whether two policies allow the same traffic (whatever

@@ -83,7 +83,7 @@ func newRestorerCell(p restorerParams) *Restorer {
 		checkpoint:   p.Checkpointer,
 		allocator:    p.Allocator,
 		ipcache:      p.IPCache,
-		restorerDone: p.IPCache.RegisterRestorer(Resource),
+		restorerDone: p.IPCache.RegisterProducer(Resource, ipcachecell.HoldsResolution()),
 		identityDone: p.Allocator.RegisterInitializer(Resource),
 	}
 	p.Lifecycle.Append(r)

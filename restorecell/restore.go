@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -144,12 +145,7 @@ func sortedEntries(snapshot map[netip.Prefix]uint32) []pinnedEntry {
 	for prefix, id := range snapshot {
 		out = append(out, pinnedEntry{prefix, identitycell.NumericIdentity(id)})
 	}
-	slices.SortFunc(out, func(a, b pinnedEntry) int {
-		if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
-			return c
-		}
-		return a.prefix.Bits() - b.prefix.Bits()
-	})
+	slices.SortFunc(out, func(a, b pinnedEntry) int { return prefixkey.Compare(a.prefix, b.prefix) })
 	return out
 }
 

@@ -39,3 +39,18 @@ func TestRangeOfACIDR(t *testing.T) {
 	}
 	require.Negative(t, bytes.Compare(Append(nil, netip.MustParsePrefix("9.255.255.255/32")), start))
 }
+
+// Compare is the order of the keys: sorting prefixes with it sorts their
+// keys.
+func TestCompareIsKeyOrder(t *testing.T) {
+	var prefixes []netip.Prefix
+	for _, s := range []string{"10.0.0.0/8", "10.0.0.0/16", "9.1.2.3/32", "::1/128", "::/0", "10.0.0.1/32", "0.0.0.0/0", "fd00::/8"} {
+		prefixes = append(prefixes, netip.MustParsePrefix(s))
+	}
+	for i := range prefixes {
+		for j := range prefixes {
+			a, b := prefixes[i], prefixes[j]
+			require.Equal(t, bytes.Compare(Append(nil, a), Append(nil, b)), max(-1, min(1, Compare(a, b))), "%s vs %s", a, b)
+		}
+	}
+}
