@@ -48,7 +48,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	// Sizes that are not configuration.
 	require.Equal(t, enforcementMapSpec().MaxEntries, spec.Maps[EnforcementMapName].MaxEntries)
 	require.Equal(t, countersMapSpec().MaxEntries, spec.Maps[CountersMapName].MaxEntries)
-	// The C defaults are DESIGN.md's flag defaults.
+	// The C defaults are the flags' defaults (docs/CONTRACT.md).
 	require.EqualValues(t, 512000, spec.Maps[IPCacheMapName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[PolicyMapName].MaxEntries)
 	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[ConntrackMapName].MaxEntries)

@@ -40,7 +40,7 @@ func (e *FileError) Error() string {
 // Unwrap returns the error the file was rejected for.
 func (e *FileError) Unwrap() error { return e.Err }
 
-// ParseFile parses a policy file (DESIGN.md section 7): one or more YAML
+// ParseFile parses a policy file (docs/CONTRACT.md, "Format"): one or more YAML
 // documents, each one policy; empty documents are skipped. file is the
 // file's name, for the policies and for errors. The whole file is
 // validated: the first error rejects it.

@@ -11,7 +11,7 @@ import (
 )
 
 // Direction is the direction of traffic a rule applies to, seen from the
-// endpoint. Its values are the policy map's (DESIGN.md section 8).
+// endpoint. Its values are the policy map's (docs/CONTRACT.md, "BPF maps and pins").
 type Direction uint8
 
 const (

@@ -14,5 +14,5 @@
 // EnforceProgEnforceToEndpoint at TCX egress of a device).
 //
 // Only little-endian architectures are built: the maps' integers are
-// little-endian by contract (DESIGN.md section 8).
+// little-endian by contract (docs/CONTRACT.md, "BPF maps and pins").
 package bpf

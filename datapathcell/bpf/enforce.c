@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+
 //go:build ignore
 
 // Enforcement program of ipcache-agent: CIDR policy by security identity on
-// the host side of an endpoint's link (DESIGN.md sections 6 and 8).
+// the host side of an endpoint's link (docs/CONTRACT.md).
 //
 // Two entry points, one per TCX hook of a --devices interface:
 //
@@ -19,7 +21,7 @@
 // for (protocol, port), (protocol, any port) or (any protocol); otherwise it
 // is dropped. Every verdict on IP traffic is counted in `counters`.
 //
-// Connection tracking (DESIGN.md section 6, map layout in ../abi.go):
+// Connection tracking (docs/CONTRACT.md; map layout in ../abi.go):
 //   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
 //     endpoint's and the remote's address and port, protocol and family:
 //     both directions of a connection find the same entry. The entry says
@@ -198,8 +200,8 @@ struct __sk_buff {
 #define TCX_NEXT -1
 #define TCX_DROP 2
 
-// The map layouts are the agent's ABI (datapathcell/abi.go, DESIGN.md
-// section 8); sizes and flags must match datapathcell/mapspecs.go, as the
+// The map layouts are the agent's ABI (datapathcell/abi.go, docs/CONTRACT.md
+// "BPF maps and pins"); sizes and flags must match datapathcell/mapspecs.go, as the
 // loader replaces these maps with the agent's pinned ones.
 
 #define DIRECTION_INGRESS 0
