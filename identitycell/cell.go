@@ -56,6 +56,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: one naming --identity-local-space-size when it is out of
+// range.
 func (c Config) Validate() error {
 	if max := uint32(MaxLocalIdentity - MinLocalIdentity + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
 		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)

@@ -39,10 +39,6 @@ const (
 	maxCheckpointRetryInterval = 30 * time.Second
 )
 
-// ErrCorruptCheckpoint is returned (wrapped) for a checkpoint file that
-// cannot be decoded.
-var ErrCorruptCheckpoint = errors.New("corrupt identity checkpoint")
-
 // Checkpoint is the saved number -> labels of the local identities.
 type Checkpoint map[NumericIdentity]labels.Labels
 
@@ -59,12 +55,12 @@ type checkpointIdentity struct {
 // ReadCheckpoint reads the checkpoint at path. A missing file is an empty
 // checkpoint: the agent has not run before.
 //
-// Possible errors: ErrCorruptCheckpoint (wrapped), and errors reading the
-// file.
+// Possible errors: ErrCorruptCheckpoint (wrapped), and the errors of
+// reading the file (wrapped, fs.ErrPermission for one).
 func ReadCheckpoint(path string) (Checkpoint, error) {
 	data, err := readCheckpointFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read identity checkpoint: %w", err)
 	}
 	return decodeCheckpoint(path, data)
 }
@@ -76,7 +72,7 @@ func readCheckpointFile(path string) ([]byte, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read identity checkpoint: %w", err)
+		return nil, err
 	}
 	return data, nil
 }
@@ -91,18 +87,23 @@ func decodeCheckpoint(path string, data []byte) (Checkpoint, error) {
 	return decodeCheckpointJSON(path, data)
 }
 
+// corrupt is the error of a checkpoint that cannot be decoded.
+func corrupt(path, detail string) error {
+	return fmt.Errorf("decode identity checkpoint %s: %w", path, corruptError{detail})
+}
+
 func decodeCheckpointJSON(path string, data []byte) (Checkpoint, error) {
 	var file checkpointFile
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&file); err != nil {
-		return nil, fmt.Errorf("%w %s: %w", ErrCorruptCheckpoint, path, err)
+		return nil, corrupt(path, err.Error())
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w %s: trailing data", ErrCorruptCheckpoint, path)
+		return nil, corrupt(path, "trailing data")
 	}
 	if file.Version != checkpointVersion {
-		return nil, fmt.Errorf("%w %s: version %d, want %d", ErrCorruptCheckpoint, path, file.Version, checkpointVersion)
+		return nil, corrupt(path, fmt.Sprintf("version %d, want %d", file.Version, checkpointVersion))
 	}
 	checkpoint := make(Checkpoint, len(file.Identities))
 	for _, entry := range file.Identities {
@@ -117,11 +118,10 @@ func decodeCheckpointJSON(path string, data []byte) (Checkpoint, error) {
 // or its number is listed already.
 func (c Checkpoint) add(path string, id NumericIdentity, lbls labels.Labels) error {
 	if !id.IsLocal() || lbls.IsEmpty() {
-		return fmt.Errorf("%w %s: entry %d %q is not a local identity with labels",
-			ErrCorruptCheckpoint, path, id, lbls)
+		return corrupt(path, fmt.Sprintf("entry %d %q is not a local identity with labels", id, lbls))
 	}
 	if _, dup := c[id]; dup {
-		return fmt.Errorf("%w %s: identity %d listed twice", ErrCorruptCheckpoint, path, id)
+		return corrupt(path, fmt.Sprintf("identity %d listed twice", id))
 	}
 	c[id] = lbls
 	return nil
@@ -312,6 +312,10 @@ func (c *Checkpointer) Previous() Checkpoint {
 // directory, a checkpoint that cannot be read. A corrupt checkpoint is
 // moved aside (with suffix .corrupt) and treated as empty: restore then
 // falls back to the cidr labels of the pinned entries.
+//
+// Possible errors: the errors of creating the state directory, of writing
+// a file in it, and of reading the checkpoint (wrapped, each naming
+// --state-dir). Never ErrCorruptCheckpoint.
 func (c *Checkpointer) Start(cell.HookContext) error {
 	if c.path == "" {
 		return nil
@@ -327,12 +331,12 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 	// writable: an agent that cannot checkpoint would lose the labels of
 	// its identities at the next restart.
 	if err := probeWritable(dir); err != nil {
-		return fmt.Errorf("state directory %s (--state-dir) is not writable, so the identity checkpoint cannot be saved: "+
-			"make it writable or choose another --state-dir: %w", dir, err)
+		return fmt.Errorf("probe state directory %s (--state-dir): it is not writable, so the identity checkpoint cannot be saved "+
+			"(make it writable or choose another --state-dir): %w", dir, err)
 	}
 	data, err := readCheckpointFile(c.path)
 	if err != nil {
-		return fmt.Errorf("%w (--state-dir %s)", err, dir)
+		return fmt.Errorf("read identity checkpoint (--state-dir %s): %w", dir, err)
 	}
 	go func() {
 		defer close(c.previousDecoded)
@@ -353,7 +357,8 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 	return nil
 }
 
-// Stop implements cell.HookInterface.
+// Stop implements cell.HookInterface. It returns no error: the write loop,
+// a job, writes the last checkpoint.
 func (c *Checkpointer) Stop(cell.HookContext) error { return nil }
 
 // run writes the checkpoint whenever the table changes, at most once per

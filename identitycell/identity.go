@@ -172,6 +172,9 @@ func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], 
 
 // NewIdentitiesTable creates and registers the `identities` table. Only the
 // allocator writes it.
+//
+// Possible errors: those of statedb.NewTable (a table of that name is
+// registered already, for one).
 func NewIdentitiesTable(db *statedb.DB) (statedb.RWTable[*Identity], error) {
 	return statedb.NewTable(db, IdentitiesTableName, IdentityIndex, LabelsIndex)
 }

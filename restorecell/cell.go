@@ -48,6 +48,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: one naming --identity-restore-grace-period when it is
+// negative.
 func (c Config) Validate() error {
 	if c.IdentityRestoreGracePeriod < 0 {
 		return fmt.Errorf("--identity-restore-grace-period must not be negative, got %s", c.IdentityRestoreGracePeriod)

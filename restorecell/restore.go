@@ -73,6 +73,9 @@ type Restorer struct {
 
 // Start implements cell.HookInterface: it restores, before any other
 // producer's job runs.
+//
+// Possible errors: those of ipcachecell.IPCache.NewHandle and
+// ipcachecell.Handle.UpsertBatch (wrapped), which fail the start.
 func (r *Restorer) Start(cell.HookContext) error {
 	pinned := sortedEntries(r.pinned.IPCacheSnapshot())
 	saved := r.checkpoint.Previous()
@@ -110,7 +113,7 @@ func (r *Restorer) Start(cell.HookContext) error {
 	r.allocator.Withhold(withheld...)
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return fmt.Errorf("create restore handle: %w", err)
 	}
 	if err := handle.UpsertBatch(batch); err != nil {
 		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
@@ -128,8 +131,8 @@ func (r *Restorer) Start(cell.HookContext) error {
 	return nil
 }
 
-// Stop implements cell.HookInterface. Nothing is released: the next run
-// restores again from what is pinned.
+// Stop implements cell.HookInterface. It returns no error: nothing is
+// released, the next run restores again from what is pinned.
 func (r *Restorer) Stop(cell.HookContext) error { return nil }
 
 // pinnedEntry is one entry of the pinned ipcache map.
