@@ -156,8 +156,8 @@ func sortedEntries(snapshot map[netip.Prefix]uint32) []pinnedEntry {
 // the ipcache has resolved what restore asked for (the ipcache table is
 // initialized only after every producer, restore included, is done and
 // resolved): until then a crash must find the previous checkpoint.
-func (r *Restorer) markIdentitiesInitialized(ctx context.Context, entries statedb.Table[*ipcachecell.Entry]) {
-	_, initialized := entries.Initialized(r.db.ReadTxn())
+func (r *Restorer) markIdentitiesInitialized(ctx context.Context) {
+	_, initialized := r.entries.Initialized(r.db.ReadTxn())
 	select {
 	case <-ctx.Done():
 	case <-initialized:
