@@ -88,9 +88,8 @@ func (c *Checkpointer) Previous() Checkpoint {
 
 // Start implements cell.HookInterface: it prepares the state directory and
 // reads the previous checkpoint, which it decodes in the background
-// (Previous waits for it): a million identities take about a second to
-// decode, which then overlaps the datapath's start (reading the pinned
-// map). What can make the start fail is found first: an unusable state
+// (Previous waits for it): decoding a million identities then overlaps
+// the datapath's start (reading the pinned map). What can make the start fail is found first: an unusable state
 // directory, a checkpoint that cannot be read. A corrupt checkpoint is
 // moved aside (with suffix .corrupt) and treated as empty: restore then
 // falls back to the cidr labels of the pinned entries.

@@ -27,13 +27,12 @@ const Resource = "restore"
 const healthInterval = 5 * time.Second
 
 // releaseRate is how many restored prefixes a second are released once the
-// grace period is over: 100k in 5 s, a million in 50 s. Released at full
-// speed, a million took 16 s, and meanwhile an unrelated upsert waited up
-// to a second (p99 0.4 to 1.1 s) for statedb's graveyard collector, whose
-// one transaction a second removed 200k dead rows at a time from the
-// ipcache and identities tables; at this rate its p99 was 24 to 40 ms
-// (cmd/bench-scale, step 4; docs/SCALE.md). Nothing waits for the release: the
-// prefixes are stale, and their numbers stay withheld until it is done.
+// grace period is over. Paced, statedb's graveyard collector (one write
+// transaction a second) never has so many dead rows to remove that an
+// unrelated upsert waits long for it; released at full speed, it had
+// (docs/SCALE.md, "Figures behind choices in identitycell and
+// restorecell"). Nothing waits for the release: the prefixes are stale,
+// and their numbers stay withheld until it is done.
 const releaseRate = 20_000
 
 // pinnedState is what the previous run left behind.
@@ -81,8 +80,8 @@ func (r *Restorer) Start(cell.HookContext) error {
 	saved := r.checkpoint.Previous()
 
 	// Sized up front, one label string per prefix, and the snapshot
-	// sorted as pairs (no map lookup per prefix): at a million prefixes,
-	// building the batch took 1.65 s of the restart's start, 2.6 s before.
+	// sorted as pairs (no map lookup per prefix): building the batch is a
+	// large part of the restart's start (docs/SCALE.md).
 	var (
 		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
 		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
@@ -242,7 +241,7 @@ type Status struct {
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
 	// Releasing is set while the restored prefixes are being released
-	// (at releaseRate, so a million take about a minute); Released once
+	// (at releaseRate, so a million take most of a minute); Released once
 	// they all are.
 	Releasing bool
 	Released  bool
