@@ -14,8 +14,8 @@
 // step names what it waits on; nothing relies on start-hook order except
 // where a step says "start hook, after".
 //
-//  1. Construction (before start): producers register. The restore cell
-//     registers an `identities` initializer (Allocator.RegisterInitializer)
+//  1. Construction and Invokes (before start): producers register. The
+//     restore cell's Invoke registers an `identities` initializer (Allocator.RegisterInitializer)
 //     and an ipcache producer with ipcachecell.HoldsResolution; the policy
 //     directory and any embedding agent's cells register plain producers
 //     (IPCache.RegisterProducer). The resolver registers itself as the

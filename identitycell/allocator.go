@@ -1,7 +1,6 @@
 package identitycell
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -9,20 +8,6 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/labels"
-)
-
-var (
-	// ErrExhausted is returned when every number of the local space is
-	// allocated or withheld. Only the request that hit it fails.
-	ErrExhausted = errors.New("local identity space exhausted")
-
-	// ErrNotAllocated is returned when releasing a number that is not
-	// allocated: the caller released a reference it did not hold.
-	ErrNotAllocated = errors.New("identity not allocated")
-
-	// ErrNoLabels is returned when allocating an identity for the empty
-	// label set.
-	ErrNoLabels = errors.New("identity needs at least one label")
 )
 
 // Allocator hands out local identities. It is safe for concurrent use.
@@ -243,8 +228,8 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) 
 }
 
 func (a *Allocator) exhausted() error {
-	return fmt.Errorf("%w: all numbers %d..%d are allocated or withheld (%d withheld)",
-		ErrExhausted, a.first, a.last, len(a.withheld))
+	return fmt.Errorf("search numbers %d..%d (%d withheld): %w",
+		a.first, a.last, len(a.withheld), ErrExhausted)
 }
 
 // RegisterInitializer registers a producer of identities (restore, for

@@ -20,13 +20,10 @@ var Cell = cell.Module(
 	cell.ProvidePrivate(NewIdentitiesTable),
 	cell.Provide(
 		statedb.RWTable[*Identity].ToTable,
-		newAllocatorFromConfig,
-		newCheckpointerCell,
+		newConfiguredAllocator,
+		newConfiguredCheckpointer,
 	),
-	// The checkpointer is constructed even when nobody asks for it, as it
-	// writes the checkpoint.
-	cell.Invoke(func(*Checkpointer) {}),
-	cell.Invoke(Config.Validate),
+	cell.Invoke(Config.Validate, registerCheckpointer),
 )
 
 // Config is the identity cell's configuration.
@@ -56,6 +53,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: one naming --identity-local-space-size when it is out of
+// range.
 func (c Config) Validate() error {
 	if max := uint32(MaxLocalIdentity - MinLocalIdentity + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
 		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)
@@ -63,16 +63,20 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func newAllocatorFromConfig(cfg Config, db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger) *Allocator {
+func newConfiguredAllocator(cfg Config, db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger) *Allocator {
 	last := MinLocalIdentity + NumericIdentity(cfg.IdentityLocalSpaceSize) - 1
 	return newAllocator(db, table, log, MinLocalIdentity, last)
 }
 
-func newCheckpointerCell(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger,
-	lc cell.Lifecycle, jobs job.Registry, health cell.Health) *Checkpointer {
-	c := newCheckpointer(db, table, log, cfg.StateDir)
+func newConfiguredCheckpointer(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger) *Checkpointer {
+	return newCheckpointer(db, table, log, cfg.StateDir)
+}
+
+// registerCheckpointer registers what the module runs, in its one job
+// group: the Checkpointer's start hook (it reads the previous checkpoint,
+// before restore's start hook needs it) and its write loop.
+func registerCheckpointer(c *Checkpointer, lc cell.Lifecycle, jobs job.Registry, health cell.Health, log *slog.Logger) {
 	lc.Append(c)
 	group := jobs.NewGroup(health, job.WithLogger(log))
 	group.Add(job.OneShot("checkpoint", c.run))
-	return c
 }

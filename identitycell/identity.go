@@ -46,8 +46,8 @@ func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id)
 // Identity is a row of the `identities` table: an allocated local identity.
 // Rows are immutable once inserted.
 //
-// The two numbers come first, side by side: the row is then 24 bytes, not
-// 32 (one row per prefix at a million prefixes).
+// The two numbers come first, side by side: the row is then smaller (no
+// padding), and there is one row per prefix.
 type Identity struct {
 	ID         NumericIdentity `json:"id" yaml:"id"`
 	References uint32          `json:"references" yaml:"references"`
@@ -94,8 +94,8 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 // without cidr labels has one key, a zero byte and the canonical form.
 // Querying by labels looks up the first key. The identities whose cidr
 // prefixes lie inside a CIDR are then one range of keys, so the policy
-// selectors need no index of their own (one per identity cost about 140
-// bytes at a million prefixes; the prefix in this key costs 8).
+// selectors need no index of their own, which would cost much more per
+// identity than the prefix in this key (docs/SCALE.md).
 var LabelsIndex = statedb.Index[*Identity, labels.Labels]{
 	Name: "labels",
 	FromObject: func(i *Identity) index.KeySet {
@@ -172,6 +172,9 @@ func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], 
 
 // NewIdentitiesTable creates and registers the `identities` table. Only the
 // allocator writes it.
+//
+// Possible errors: those of statedb.NewTable (a table of that name is
+// registered already, for one).
 func NewIdentitiesTable(db *statedb.DB) (statedb.RWTable[*Identity], error) {
 	return statedb.NewTable(db, IdentitiesTableName, IdentityIndex, LabelsIndex)
 }

@@ -25,9 +25,8 @@ var Cell = cell.Module(
 	"Restore of identity numbers after a restart",
 
 	cell.Config(DefaultConfig),
-	cell.Invoke(Config.Validate),
-	cell.Provide(newRestorerCell, statusCommand),
-	cell.Invoke(func(*Restorer) {}),
+	cell.Provide(newRestorer, statusCommand),
+	cell.Invoke(Config.Validate, registerRestorer),
 )
 
 // Config is the restore cell's configuration.
@@ -48,6 +47,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: one naming --identity-restore-grace-period when it is
+// negative.
 func (c Config) Validate() error {
 	if c.IdentityRestoreGracePeriod < 0 {
 		return fmt.Errorf("--identity-restore-grace-period must not be negative, got %s", c.IdentityRestoreGracePeriod)
@@ -67,35 +69,39 @@ type restorerParams struct {
 	Checkpointer *identitycell.Checkpointer
 	Allocator    *identitycell.Allocator
 	IPCache      *ipcachecell.IPCache
-	Lifecycle    cell.Lifecycle
-	Jobs         job.Registry
-	Health       cell.Health
 }
 
-func newRestorerCell(p restorerParams) *Restorer {
-	r := &Restorer{
-		cfg:          p.Config,
-		log:          p.Log,
-		db:           p.DB,
-		metadata:     p.Metadata,
-		entries:      p.Entries,
-		pinned:       p.Datapath,
-		checkpoint:   p.Checkpointer,
-		allocator:    p.Allocator,
-		ipcache:      p.IPCache,
-		restorerDone: p.IPCache.RegisterProducer(Resource, ipcachecell.HoldsResolution()),
-		identityDone: p.Allocator.RegisterInitializer(Resource),
+func newRestorer(p restorerParams) *Restorer {
+	return &Restorer{
+		cfg:        p.Config,
+		log:        p.Log,
+		db:         p.DB,
+		metadata:   p.Metadata,
+		entries:    p.Entries,
+		pinned:     p.Datapath,
+		checkpoint: p.Checkpointer,
+		allocator:  p.Allocator,
+		ipcache:    p.IPCache,
 	}
-	p.Lifecycle.Append(r)
-	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+}
+
+// registerRestorer registers what the module runs: restore as a producer
+// that holds the ipcache's resolution and as an initializer of the
+// `identities` table, its start hook (appended after the Checkpointer's
+// and the Datapath's, whose outputs it reads), and its jobs, in the
+// module's one job group.
+func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
+	r.identityDone = r.allocator.RegisterInitializer(Resource)
+	lc.Append(r)
+	group := jobs.NewGroup(health, job.WithLogger(r.log))
 	group.Add(
 		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod),
 		job.OneShot("mark-identities-initialized", func(ctx context.Context, _ cell.Health) error {
-			r.markIdentitiesInitialized(ctx, p.Entries)
+			r.markIdentitiesInitialized(ctx)
 			return nil
 		}),
 	)
-	return r
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {

@@ -27,13 +27,12 @@ const Resource = "restore"
 const healthInterval = 5 * time.Second
 
 // releaseRate is how many restored prefixes a second are released once the
-// grace period is over: 100k in 5 s, a million in 50 s. Released at full
-// speed, a million took 16 s, and meanwhile an unrelated upsert waited up
-// to a second (p99 0.4 to 1.1 s) for statedb's graveyard collector, whose
-// one transaction a second removed 200k dead rows at a time from the
-// ipcache and identities tables; at this rate its p99 was 24 to 40 ms
-// (cmd/bench-scale, step 4; docs/SCALE.md). Nothing waits for the release: the
-// prefixes are stale, and their numbers stay withheld until it is done.
+// grace period is over. Paced, statedb's graveyard collector (one write
+// transaction a second) never has so many dead rows to remove that an
+// unrelated upsert waits long for it; released at full speed, it had
+// (docs/SCALE.md, "Figures behind choices in identitycell and
+// restorecell"). Nothing waits for the release: the prefixes are stale,
+// and their numbers stay withheld until it is done.
 const releaseRate = 20_000
 
 // pinnedState is what the previous run left behind.
@@ -73,13 +72,16 @@ type Restorer struct {
 
 // Start implements cell.HookInterface: it restores, before any other
 // producer's job runs.
+//
+// Possible errors: those of ipcachecell.IPCache.NewHandle and
+// ipcachecell.Handle.UpsertBatch (wrapped), which fail the start.
 func (r *Restorer) Start(cell.HookContext) error {
 	pinned := sortedEntries(r.pinned.IPCacheSnapshot())
 	saved := r.checkpoint.Previous()
 
 	// Sized up front, one label string per prefix, and the snapshot
-	// sorted as pairs (no map lookup per prefix): at a million prefixes,
-	// building the batch took 1.65 s of the restart's start, 2.6 s before.
+	// sorted as pairs (no map lookup per prefix): building the batch is a
+	// large part of the restart's start (docs/SCALE.md).
 	var (
 		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
 		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
@@ -110,7 +112,7 @@ func (r *Restorer) Start(cell.HookContext) error {
 	r.allocator.Withhold(withheld...)
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return fmt.Errorf("create restore handle: %w", err)
 	}
 	if err := handle.UpsertBatch(batch); err != nil {
 		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
@@ -128,8 +130,8 @@ func (r *Restorer) Start(cell.HookContext) error {
 	return nil
 }
 
-// Stop implements cell.HookInterface. Nothing is released: the next run
-// restores again from what is pinned.
+// Stop implements cell.HookInterface. It returns no error: nothing is
+// released, the next run restores again from what is pinned.
 func (r *Restorer) Stop(cell.HookContext) error { return nil }
 
 // pinnedEntry is one entry of the pinned ipcache map.
@@ -153,8 +155,8 @@ func sortedEntries(snapshot map[netip.Prefix]uint32) []pinnedEntry {
 // the ipcache has resolved what restore asked for (the ipcache table is
 // initialized only after every producer, restore included, is done and
 // resolved): until then a crash must find the previous checkpoint.
-func (r *Restorer) markIdentitiesInitialized(ctx context.Context, entries statedb.Table[*ipcachecell.Entry]) {
-	_, initialized := entries.Initialized(r.db.ReadTxn())
+func (r *Restorer) markIdentitiesInitialized(ctx context.Context) {
+	_, initialized := r.entries.Initialized(r.db.ReadTxn())
 	select {
 	case <-ctx.Done():
 	case <-initialized:
@@ -239,7 +241,7 @@ type Status struct {
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
 	// Releasing is set while the restored prefixes are being released
-	// (at releaseRate, so a million take about a minute); Released once
+	// (at releaseRate, so a million take most of a minute); Released once
 	// they all are.
 	Releasing bool
 	Released  bool

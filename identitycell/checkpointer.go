@@ -1,0 +1,235 @@
+package identitycell
+
+// The Checkpointer: reads the previous checkpoint at start, and writes the
+// checkpoint as the `identities` table changes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+)
+
+const (
+	// defaultCheckpointInterval is the shortest time between two checkpoint
+	// writes: changes in between are coalesced into one write.
+	defaultCheckpointInterval = 200 * time.Millisecond
+
+	// maxCheckpointRetryInterval bounds the backoff between failed writes.
+	maxCheckpointRetryInterval = 30 * time.Second
+)
+
+// probeWritable creates and removes a temporary file in dir, named as the
+// checkpoint's temporary files are (so that one a crash leaves behind is
+// removed at the next start).
+func probeWritable(dir string) error {
+	probe, err := os.CreateTemp(dir, atomicfile.TempPattern(CheckpointFileName))
+	if err != nil {
+		return err
+	}
+	return errors.Join(probe.Close(), os.Remove(probe.Name()))
+}
+
+// Checkpointer keeps <state-dir>/local-identities.json in step with the
+// `identities` table, and keeps what the previous run saved for restore.
+type Checkpointer struct {
+	db       *statedb.DB
+	table    statedb.Table[*Identity]
+	log      *slog.Logger
+	path     string // empty: checkpointing is off
+	interval time.Duration
+
+	// previous is what the previous run saved, once previousDecoded is
+	// closed: Start reads the file and decodes it in the background.
+	previous        Checkpoint
+	previousDecoded chan struct{}
+}
+
+func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger, stateDir string) *Checkpointer {
+	c := &Checkpointer{db: db, table: table, log: log, interval: defaultCheckpointInterval,
+		previous: Checkpoint{}, previousDecoded: make(chan struct{})}
+	if stateDir != "" {
+		c.path = filepath.Join(stateDir, CheckpointFileName)
+	} else {
+		close(c.previousDecoded)
+	}
+	return c
+}
+
+// identities lists the identities of a snapshot in number order.
+func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity, labels.Labels] {
+	return func(yield func(NumericIdentity, labels.Labels) bool) {
+		for identity := range c.table.All(txn) {
+			if !yield(identity.ID, identity.Labels) {
+				return
+			}
+		}
+	}
+}
+
+// Previous returns what the previous run checkpointed, read when the hive
+// started. It waits for Start to have decoded it; call it only from a
+// start hook after the Checkpointer's (restore's), or after the hive has
+// started. The checkpoint is shared: do not modify it.
+func (c *Checkpointer) Previous() Checkpoint {
+	<-c.previousDecoded
+	return c.previous
+}
+
+// Start implements cell.HookInterface: it prepares the state directory and
+// reads the previous checkpoint, which it decodes in the background
+// (Previous waits for it): decoding a million identities then overlaps
+// the datapath's start (reading the pinned map). What can make the start fail is found first: an unusable state
+// directory, a checkpoint that cannot be read. A corrupt checkpoint is
+// moved aside (with suffix .corrupt) and treated as empty: restore then
+// falls back to the cidr labels of the pinned entries.
+//
+// Possible errors: the errors of creating the state directory, of writing
+// a file in it, and of reading the checkpoint (wrapped, each naming
+// --state-dir). Never ErrCorruptCheckpoint.
+func (c *Checkpointer) Start(cell.HookContext) error {
+	if c.path == "" {
+		return nil
+	}
+	dir := filepath.Dir(c.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create state directory %s (--state-dir): %w", dir, err)
+	}
+	if err := atomicfile.RemoveTemps(c.path); err != nil {
+		c.log.Warn("Cannot remove stale checkpoint temporary files", "dir", dir, "error", err)
+	}
+	// Find out now, not at the first checkpoint, that the directory is not
+	// writable: an agent that cannot checkpoint would lose the labels of
+	// its identities at the next restart.
+	if err := probeWritable(dir); err != nil {
+		return fmt.Errorf("probe state directory %s (--state-dir): it is not writable, so the identity checkpoint cannot be saved "+
+			"(make it writable or choose another --state-dir): %w", dir, err)
+	}
+	data, err := readCheckpointFile(c.path)
+	if err != nil {
+		return fmt.Errorf("read identity checkpoint (--state-dir %s): %w", dir, err)
+	}
+	go func() {
+		defer close(c.previousDecoded)
+		previous, err := decodeCheckpoint(c.path, data)
+		if err != nil { // ErrCorruptCheckpoint: decoding fails with nothing else
+			aside, moveErr := atomicfile.MoveAside(c.path)
+			c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
+				"path", c.path, "moved-to", aside, "error", err)
+			if err := moveErr; err != nil {
+				// The next checkpoint replaces it: only the evidence is lost.
+				c.log.Error("Cannot move the corrupt identity checkpoint aside", "path", c.path, "error", err)
+			}
+			return
+		}
+		c.log.Info("Read identity checkpoint", "path", c.path, "identities", len(previous))
+		c.previous = previous
+	}()
+	return nil
+}
+
+// Stop implements cell.HookInterface. It returns no error: the write loop,
+// a job, writes the last checkpoint.
+func (c *Checkpointer) Stop(cell.HookContext) error { return nil }
+
+// run writes the checkpoint whenever the table changes, at most once per
+// interval, and once more when stopping. It waits until the table is
+// initialized so that the previous run's checkpoint is not replaced by a
+// partial one before restore has re-allocated its identities.
+func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
+	if c.path == "" {
+		health.OK("Checkpointing off (no state directory)")
+		return nil
+	}
+	for {
+		initialized, initWatch := c.table.Initialized(c.db.ReadTxn())
+		if initialized {
+			break
+		}
+		health.OK("Waiting for identities to be initialized")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-initWatch:
+		}
+	}
+
+	// Rows change on every reference; only a row that is new or gone can
+	// change the checkpoint (an identity's labels never change: a number is
+	// freed, then allocated anew). A row with one reference is new, or
+	// lost its other references; either way it is taken as a change.
+	txn := c.db.WriteTxn(c.table)
+	changes, err := c.table.Changes(txn)
+	txn.Commit()
+	if err != nil {
+		return fmt.Errorf("observe identities: %w", err)
+	}
+	defer changes.Close()
+	// The first write happens even when nothing changed, so that the file
+	// exists (and is known writable) from the first run on.
+	dirty := true
+	var (
+		failures  int    // consecutive failed writes
+		lastError string // logged once until it changes
+	)
+	for {
+		// Whatever was committed before the stop is in this last read.
+		stopping := ctx.Err() != nil
+		snapshot := c.db.ReadTxn()
+		changed, watch := changes.Next(snapshot)
+		for change := range changed {
+			if change.Deleted || change.Object.References == 1 {
+				dirty = true
+			}
+		}
+		wait := c.interval
+		if dirty {
+			start := time.Now()
+			err := writeCheckpoint(c.path, c.identities(snapshot))
+			if err != nil {
+				failures++
+				if err.Error() != lastError {
+					c.log.Error("Cannot write identity checkpoint, will retry", "error", err)
+					lastError = err.Error()
+				}
+				health.Degraded("Cannot write identity checkpoint", err)
+				// Retry with backoff: a read-only or full disk does not
+				// heal in 200 ms.
+				wait = min(c.interval<<min(failures, 8), maxCheckpointRetryInterval)
+			} else {
+				if failures > 0 {
+					c.log.Info("Identity checkpoint written again", "after-failures", failures)
+				}
+				failures, lastError, dirty = 0, "", false
+				health.OK(fmt.Sprintf("Checkpointed %d identities", c.table.NumObjects(snapshot)))
+			}
+			// Spend at most a fifth of the time writing: a million
+			// identities take a while to write.
+			wait = max(wait, 4*time.Since(start))
+		}
+		if stopping {
+			return nil
+		}
+		if !dirty {
+			select {
+			case <-ctx.Done():
+			case <-watch:
+			}
+		}
+		// Coalesce a burst of changes into one write.
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}

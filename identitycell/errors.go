@@ -1,0 +1,32 @@
+package identitycell
+
+import "errors"
+
+var (
+	// ErrExhausted is returned (wrapped) by [Allocator.AllocateTxn] when
+	// every number of the local space is allocated or withheld. Only the
+	// request that hit it fails.
+	ErrExhausted = errors.New("local identity space exhausted")
+
+	// ErrNotAllocated is returned (wrapped) by [Allocator.ReleaseTxn] when
+	// releasing a number that is not allocated: the caller released a
+	// reference it did not hold.
+	ErrNotAllocated = errors.New("identity not allocated")
+
+	// ErrNoLabels is returned by [Allocator.AllocateTxn] when allocating an
+	// identity for the empty label set.
+	ErrNoLabels = errors.New("identity needs at least one label")
+
+	// ErrCorruptCheckpoint is returned (wrapped) by [ReadCheckpoint] for a
+	// checkpoint file that cannot be decoded. [Checkpointer.Start] does not
+	// return it: it moves such a file aside and restores without it.
+	ErrCorruptCheckpoint = errors.New("corrupt identity checkpoint")
+)
+
+// corruptError is what decoding a checkpoint fails with: it is
+// ErrCorruptCheckpoint, and says what is wrong.
+type corruptError struct{ detail string }
+
+func (e corruptError) Error() string { return "corrupt: " + e.detail }
+
+func (e corruptError) Is(target error) bool { return target == ErrCorruptCheckpoint }
