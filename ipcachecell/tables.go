@@ -107,9 +107,13 @@ func (e *Entry) encoding() entryEncoding {
 }
 
 // MarshalJSON implements json.Marshaler.
+//
+// Possible errors: none (every field encodes).
 func (e *Entry) MarshalJSON() ([]byte, error) { return json.Marshal(e.encoding()) }
 
 // MarshalYAML implements yaml.Marshaler.
+//
+// Possible errors: none.
 func (e *Entry) MarshalYAML() (any, error) { return e.encoding(), nil }
 
 // TableHeader implements statedb.TableWritable.
@@ -196,11 +200,17 @@ var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 }
 
 // NewMetadataTable creates and registers `ipcache-metadata`.
+//
+// Possible errors: statedb.ErrDuplicateTable (db has a table of that
+// name).
 func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) {
 	return statedb.NewTable(db, MetadataTableName, MetadataIndex)
 }
 
 // NewEntriesTable creates and registers the desired `ipcache` table.
+//
+// Possible errors: statedb.ErrDuplicateTable (db has a table of that
+// name).
 func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 	return statedb.NewTable(db, EntriesTableName, EntryIndex)
 }
