@@ -25,7 +25,7 @@ const writeChunkSize = 4096
 // releaseChunkSize bounds the rows a release deletes in one transaction.
 // It is smaller than writeChunkSize: a grace-period release of a million
 // rows runs while other owners write, and each of its transactions holds
-// their writes off (measured with cmd/bench-scale, step 4).
+// their writes off.
 const releaseChunkSize = 1024
 
 // IPCache is the entry point for owners of prefix metadata: each obtains a
@@ -183,9 +183,8 @@ type Handle struct {
 	// prefixes are those the resource has a row for: the handle is the
 	// only writer of its rows, so it knows them, and Release needs them.
 	// A statedb index of the table by resource would know them too, at
-	// about 130 bytes a row (its tree leaf, a key holding resource and
-	// prefix, inner nodes); this set costs about 25 (cmd/bench-scale,
-	// heap per prefix). Written under mu, after each commit.
+	// several times the memory per row (docs/SCALE.md). Written under mu,
+	// after each commit.
 	prefixes map[compactPrefix]struct{}
 	// numPrefixes is len(prefixes), readable without mu (a gradual release
 	// holds mu for minutes).
@@ -248,12 +247,10 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 // sortByPrefix orders rows by prefix, keeping the batch's order among rows
 // of the same prefix (the last one is what the resource says). Written in
 // address order, the rows of a large batch share most of the table's tree
-// nodes with their neighbours: measured at 1M random prefixes, the batch
-// writes and their resolution took half the time (ipcachecell's
-// BenchmarkUpsertPrefixes), and the entries reach the datapath in the
-// order the kernel's LPM trie inserts fastest. The batch position breaks
-// ties, so that an unstable sort (several times faster than a stable one
-// at 1M rows) keeps the batch's order.
+// nodes with their neighbours, which makes the writes and their resolution
+// faster, and the entries reach the datapath in the order the kernel's LPM
+// trie inserts fastest. The batch position breaks ties, so that an
+// unstable sort (faster than a stable one) keeps the batch's order.
 func sortByPrefix(rows []*PrefixMetadata) {
 	byPrefix := func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) }
 	if slices.IsSortedFunc(rows, byPrefix) {
@@ -336,8 +333,8 @@ func (h *Handle) Release() error {
 // the end of a grace period). Every row deleted is a dead object that statedb's
 // graveyard collector removes later, in one write transaction per second
 // over all tables, which holds off every writer of the ipcache and
-// identities tables meanwhile: released at full speed, a million prefixes
-// made that transaction take up to a second. If ctx ends first (or its
+// identities tables meanwhile: released at full speed, a large release
+// makes that transaction long. If ctx ends first (or its
 // deadline comes before the next chunk's turn), the rows not yet removed
 // and the handle stay, and an error says so.
 //

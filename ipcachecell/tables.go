@@ -68,16 +68,16 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 // Entry is a row of the desired `ipcache` table: the identity a prefix
 // resolved to. The identity's labels are in the `identities` table.
 //
-// There is an entry per prefix, so its size counts: 64 bytes, where the
-// obvious layout (labels kept here too, reconciler.Status as it is) took
-// 128 (cmd/bench-scale, heap per prefix).
+// There is an entry per prefix, so its size counts (TestRowSizes keeps
+// it): no copy of the identity's labels, the reconciliation status kept
+// compact.
 type Entry struct {
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 
-	// The reconciliation status, a reconciler.Status in 25 bytes instead
-	// of 48 (see GetStatus), its one-byte kind beside the other small
-	// fields: the time as Unix nanoseconds (the status shows how long ago,
-	// a wall-clock figure).
+	// The reconciliation status, a reconciler.Status in fewer bytes (see
+	// GetStatus), its one-byte kind beside the other small fields: the
+	// time as Unix nanoseconds (the status shows how long ago, a
+	// wall-clock figure).
 	statusUpdatedAt int64
 	statusID        uint64
 	statusError     *string
