@@ -18,19 +18,19 @@ var Cell = cell.Module(
 	"ipcache",
 	"Prefix metadata and the desired ipcache",
 
-	cell.ProvidePrivate(NewMetadataTable, NewEntriesTable),
+	cell.ProvidePrivate(NewMetadataTable, NewEntriesTable, newModuleResolver),
 	cell.Provide(
 		statedb.RWTable[*PrefixMetadata].ToTable,
 		statedb.RWTable[*Entry].ToTable,
-		newIPCacheCell,
-		scriptCommands,
-		func(entries statedb.RWTable[*Entry]) ReconcilerTable { return ReconcilerTable{entries} },
+		newModuleIPCache,
+		newReconcilerTable,
+		newScriptCmds,
 	),
 	// The resolver runs even when no cell asks for the IPCache.
-	cell.Invoke(func(*IPCache) {}),
+	cell.Invoke(registerJobs),
 )
 
-type ipcacheParams struct {
+type resolverParams struct {
 	cell.In
 
 	DB        *statedb.DB
@@ -38,20 +38,35 @@ type ipcacheParams struct {
 	Entries   statedb.RWTable[*Entry]
 	Allocator *identitycell.Allocator
 	Log       *slog.Logger
-	Jobs      job.Registry
-	Health    cell.Health
 }
 
-func newIPCacheCell(p ipcacheParams) *IPCache {
-	gate := newResolutionGate()
-	resolved := progress.New[statedb.Revision](0)
-	r := newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log, gate, resolved)
-	group := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
-	group.Add(job.OneShot("resolve", r.run))
-	return newIPCache(p.DB, p.Metadata, gate, resolved)
+// newModuleResolver returns the module's resolver, not yet running, with
+// the gate it waits on and the tracker of its progress.
+func newModuleResolver(p resolverParams) *resolver {
+	return newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log,
+		newResolutionGate(), progress.New[statedb.Revision](0))
 }
 
-func scriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
+// newModuleIPCache returns the IPCache whose handles write the metadata
+// that r resolves.
+func newModuleIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], r *resolver) *IPCache {
+	return newIPCache(db, metadata, r.gate, r.resolved)
+}
+
+// newReconcilerTable returns the `ipcache` table for the datapath's
+// reconciler.
+func newReconcilerTable(entries statedb.RWTable[*Entry]) ReconcilerTable {
+	return ReconcilerTable{entries}
+}
+
+// newScriptCmds returns the ipcache shell commands.
+func newScriptCmds(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
 	identities statedb.Table[*identitycell.Identity]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(newScriptCommands(db, metadata, entries, identities))
+}
+
+// registerJobs registers the module's job group: the resolver.
+func registerJobs(jobs job.Registry, health cell.Health, log *slog.Logger, r *resolver) {
+	group := jobs.NewGroup(health, job.WithLogger(log))
+	group.Add(job.OneShot("resolve", r.run))
 }

@@ -2,7 +2,6 @@ package ipcachecell
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -18,19 +17,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
-var (
-	// ErrResourceInUse is returned when a handle is requested for a resource
-	// that already has one: a resource has exactly one owner.
-	ErrResourceInUse = errors.New("resource already has a handle")
-
-	// ErrHandleReleased is returned by a handle's methods after Release.
-	ErrHandleReleased = errors.New("handle released")
-
-	// ErrInvalidMetadata is returned (wrapped) for metadata that cannot be
-	// applied.
-	ErrInvalidMetadata = errors.New("invalid ipcache metadata")
-)
-
 // writeChunkSize bounds the rows written in one transaction by a batch, so
 // that a large batch does not block other writers (and readers waiting for
 // a commit) for long.
@@ -39,7 +25,7 @@ const writeChunkSize = 4096
 // releaseChunkSize bounds the rows a release deletes in one transaction.
 // It is smaller than writeChunkSize: a grace-period release of a million
 // rows runs while other owners write, and each of its transactions holds
-// their writes off (measured with cmd/bench-scale, step 4).
+// their writes off.
 const releaseChunkSize = 1024
 
 // IPCache is the entry point for owners of prefix metadata: each obtains a
@@ -68,7 +54,7 @@ func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate 
 // before it acts on them (the policy directory, before a policy is in
 // force) waits on it.
 //
-// Possible errors: ctx's.
+// Possible errors: ctx.Err() when ctx ends first.
 func (c *IPCache) WaitResolved(ctx context.Context) error {
 	want := c.metadata.Revision(c.db.ReadTxn())
 	_, err := c.resolved.Wait(ctx, func(rev statedb.Revision) bool { return rev >= want })
@@ -80,14 +66,16 @@ func (c *IPCache) WaitResolved(ctx context.Context) error {
 // handle: releasing the handle removes it all, and the table lives in
 // memory.
 //
-// Possible errors: ErrResourceInUse, source.ErrUnknownSource (no valid source),
-// ErrInvalidMetadata (empty resource name).
+// Possible errors:
+//   - ErrResourceInUse: the resource has a live handle
+//   - ErrInvalidMetadata: the resource name is empty
+//   - source.ErrUnknownSource: src is not a valid source
 func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error) {
 	if resource == "" {
-		return nil, fmt.Errorf("%w: empty resource name", ErrInvalidMetadata)
+		return nil, fmt.Errorf("create handle: empty resource name: %w", ErrInvalidMetadata)
 	}
 	if !src.Valid() {
-		return nil, fmt.Errorf("handle for %s: %w %s", resource, source.ErrUnknownSource, src)
+		return nil, fmt.Errorf("handle for %s: source %s: %w", resource, src, source.ErrUnknownSource)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -195,9 +183,8 @@ type Handle struct {
 	// prefixes are those the resource has a row for: the handle is the
 	// only writer of its rows, so it knows them, and Release needs them.
 	// A statedb index of the table by resource would know them too, at
-	// about 130 bytes a row (its tree leaf, a key holding resource and
-	// prefix, inner nodes); this set costs about 25 (cmd/bench-scale,
-	// heap per prefix). Written under mu, after each commit.
+	// several times the memory per row (docs/SCALE.md). Written under mu,
+	// after each commit.
 	prefixes map[compactPrefix]struct{}
 	// numPrefixes is len(prefixes), readable without mu (a gradual release
 	// holds mu for minutes).
@@ -222,7 +209,7 @@ type PrefixUpsert struct {
 // Upsert sets the resource's metadata for a prefix, replacing what the
 // resource said of it before. Host bits of the prefix are cleared.
 //
-// Possible errors: ErrInvalidMetadata, ErrHandleReleased.
+// Possible errors: as UpsertBatch.
 func (h *Handle) Upsert(prefix netip.Prefix, md Metadata) error {
 	return h.UpsertBatch([]PrefixUpsert{{Prefix: prefix, Metadata: md}})
 }
@@ -230,6 +217,12 @@ func (h *Handle) Upsert(prefix netip.Prefix, md Metadata) error {
 // UpsertBatch is Upsert for many prefixes. It validates the whole batch
 // first, so an invalid entry writes nothing; large batches are written in
 // several transactions.
+//
+// Possible errors:
+//   - ErrInvalidMetadata: an entry's prefix or metadata is invalid; nothing
+//     is written
+//   - ErrHandleReleased: the handle is released; nothing is written
+//   - statedb's write errors (a bug): the chunks before are written
 func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	rows := make([]*PrefixMetadata, len(batch))
 	for i, u := range batch {
@@ -238,12 +231,12 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 			err = validateMetadata(u.Metadata)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrInvalidMetadata, h.resource, err)
+			return fmt.Errorf("upsert metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
 		}
 		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource, Source: h.source, Metadata: u.Metadata}
 	}
 	sortByPrefix(rows)
-	return h.writeChunked(len(rows), func(txn statedb.WriteTxn, i int) error {
+	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) error {
 		_, _, err := h.ipcache.metadata.Insert(txn, rows[i])
 		return err
 	}, func(i int) {
@@ -254,12 +247,10 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 // sortByPrefix orders rows by prefix, keeping the batch's order among rows
 // of the same prefix (the last one is what the resource says). Written in
 // address order, the rows of a large batch share most of the table's tree
-// nodes with their neighbours: measured at 1M random prefixes, the batch
-// writes and their resolution took half the time (ipcachecell's
-// BenchmarkUpsertPrefixes), and the entries reach the datapath in the
-// order the kernel's LPM trie inserts fastest. The batch position breaks
-// ties, so that an unstable sort (several times faster than a stable one
-// at 1M rows) keeps the batch's order.
+// nodes with their neighbours, which makes the writes and their resolution
+// faster, and the entries reach the datapath in the order the kernel's LPM
+// trie inserts fastest. The batch position breaks ties, so that an
+// unstable sort (faster than a stable one) keeps the batch's order.
 func sortByPrefix(rows []*PrefixMetadata) {
 	byPrefix := func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) }
 	if slices.IsSortedFunc(rows, byPrefix) {
@@ -294,23 +285,29 @@ func validateMetadata(md Metadata) error {
 // Remove removes the resource's metadata for a prefix. Removing what the
 // resource does not have is not an error.
 //
-// Possible errors: ErrInvalidMetadata, ErrHandleReleased.
+// Possible errors: as RemoveBatch.
 func (h *Handle) Remove(prefix netip.Prefix) error {
 	return h.RemoveBatch([]netip.Prefix{prefix})
 }
 
-// RemoveBatch is Remove for many prefixes.
+// RemoveBatch is Remove for many prefixes. It validates the whole batch
+// first, so an invalid prefix removes nothing.
+//
+// Possible errors:
+//   - ErrInvalidMetadata: a prefix is invalid; nothing is removed
+//   - ErrHandleReleased: the handle is released
+//   - statedb's write errors (a bug): the chunks before are removed
 func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	rows := make([]*PrefixMetadata, len(prefixes))
 	for i, p := range prefixes {
 		prefix, err := canonicalPrefix(p)
 		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrInvalidMetadata, h.resource, err)
+			return fmt.Errorf("remove metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
 		}
 		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource}
 	}
 	sortByPrefix(rows)
-	return h.writeChunked(len(rows), func(txn statedb.WriteTxn, i int) error {
+	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) error {
 		_, _, err := h.ipcache.metadata.Delete(txn, rows[i])
 		return err
 	}, func(i int) {
@@ -323,7 +320,10 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 // most releaseChunkSize rows, so that releasing a million prefixes does not
 // stall the other owners' writes.
 //
-// Possible errors: ErrHandleReleased.
+// Possible errors:
+//   - ErrHandleReleased: the handle is already released
+//   - statedb's write errors (a bug): the rows not yet removed and the
+//     handle stay
 func (h *Handle) Release() error {
 	return h.release(context.Background(), nil)
 }
@@ -333,12 +333,16 @@ func (h *Handle) Release() error {
 // the end of a grace period). Every row deleted is a dead object that statedb's
 // graveyard collector removes later, in one write transaction per second
 // over all tables, which holds off every writer of the ipcache and
-// identities tables meanwhile: released at full speed, a million prefixes
-// made that transaction take up to a second. If ctx ends first (or its
+// identities tables meanwhile: released at full speed, a large release
+// makes that transaction long. If ctx ends first (or its
 // deadline comes before the next chunk's turn), the rows not yet removed
 // and the handle stay, and an error says so.
 //
-// Possible errors: ErrHandleReleased, ctx's error or the limiter's.
+// Possible errors:
+//   - ErrHandleReleased: the handle is already released
+//   - ctx.Err(), or the limiter's error when ctx's deadline comes before
+//     the next chunk's turn: the rows not yet removed and the handle stay
+//   - statedb's write errors (a bug), as for Release
 func (h *Handle) ReleaseGradually(ctx context.Context, rowsPerSecond int) error {
 	return h.release(ctx, rate.NewLimiter(rate.Limit(rowsPerSecond), releaseChunkSize))
 }
@@ -387,12 +391,13 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 }
 
 // writeChunked calls write for 0..n-1, committing every writeChunkSize;
-// after each commit, written for each row of the chunk.
-func (h *Handle) writeChunked(n int, write func(statedb.WriteTxn, int) error, written func(int)) error {
+// after each commit, written for each row of the chunk. verb names the
+// operation in errors.
+func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, int) error, written func(int)) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return fmt.Errorf("%s: %w", h.resource, ErrHandleReleased)
+		return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
 	for start := 0; start < n; start += writeChunkSize {
@@ -401,7 +406,7 @@ func (h *Handle) writeChunked(n int, write func(statedb.WriteTxn, int) error, wr
 		for i := start; i < end; i++ {
 			if err := write(txn, i); err != nil {
 				txn.Abort()
-				return fmt.Errorf("%s: write metadata: %w", h.resource, err)
+				return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, err)
 			}
 		}
 		txn.Commit()

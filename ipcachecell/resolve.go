@@ -383,7 +383,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 						"prefix", prefix, "identity", current.Identity, "error", err)
 				}
 			}
-			return fmt.Errorf("identity for %s: %w", prefix, err)
+			return fmt.Errorf("allocate identity for %s: %w", prefix, err)
 		}
 		desired.Identity = id
 		if releasedFirst {

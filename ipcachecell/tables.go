@@ -68,16 +68,16 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 // Entry is a row of the desired `ipcache` table: the identity a prefix
 // resolved to. The identity's labels are in the `identities` table.
 //
-// There is an entry per prefix, so its size counts: 64 bytes, where the
-// obvious layout (labels kept here too, reconciler.Status as it is) took
-// 128 (cmd/bench-scale, heap per prefix).
+// There is an entry per prefix, so its size counts (TestRowSizes keeps
+// it): no copy of the identity's labels, the reconciliation status kept
+// compact.
 type Entry struct {
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 
-	// The reconciliation status, a reconciler.Status in 25 bytes instead
-	// of 48 (see GetStatus), its one-byte kind beside the other small
-	// fields: the time as Unix nanoseconds (the status shows how long ago,
-	// a wall-clock figure).
+	// The reconciliation status, a reconciler.Status in fewer bytes (see
+	// GetStatus), its one-byte kind beside the other small fields: the
+	// time as Unix nanoseconds (the status shows how long ago, a
+	// wall-clock figure).
 	statusUpdatedAt int64
 	statusID        uint64
 	statusError     *string
@@ -107,9 +107,13 @@ func (e *Entry) encoding() entryEncoding {
 }
 
 // MarshalJSON implements json.Marshaler.
+//
+// Possible errors: none (every field encodes).
 func (e *Entry) MarshalJSON() ([]byte, error) { return json.Marshal(e.encoding()) }
 
 // MarshalYAML implements yaml.Marshaler.
+//
+// Possible errors: none.
 func (e *Entry) MarshalYAML() (any, error) { return e.encoding(), nil }
 
 // TableHeader implements statedb.TableWritable.
@@ -196,11 +200,17 @@ var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 }
 
 // NewMetadataTable creates and registers `ipcache-metadata`.
+//
+// Possible errors: statedb.ErrDuplicateTable (db has a table of that
+// name).
 func NewMetadataTable(db *statedb.DB) (statedb.RWTable[*PrefixMetadata], error) {
 	return statedb.NewTable(db, MetadataTableName, MetadataIndex)
 }
 
 // NewEntriesTable creates and registers the desired `ipcache` table.
+//
+// Possible errors: statedb.ErrDuplicateTable (db has a table of that
+// name).
 func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 	return statedb.NewTable(db, EntriesTableName, EntryIndex)
 }

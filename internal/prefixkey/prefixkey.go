@@ -6,9 +6,9 @@
 // scan that stops at the first key past the CIDR.
 //
 // The `ipcache` and `ipcache-metadata` tables and the identities' labels
-// index use it. Measured at 1M prefixes (DESIGN.md section 4), statedb's
-// secondary LPM index made inserts about 4 times slower and doubled
-// memory; this key costs nothing extra.
+// index use it instead of a secondary LPM index, which made inserts slower
+// and took more memory at scale (docs/SCALE.md); this key costs nothing
+// extra.
 package prefixkey
 
 import "net/netip"

@@ -1,0 +1,22 @@
+package ipcachecell
+
+import "errors"
+
+var (
+	// ErrResourceInUse is returned (wrapped, naming the resource) by
+	// [IPCache.NewHandle] for a resource that already has a live handle: a
+	// resource has exactly one owner until its handle is released.
+	ErrResourceInUse = errors.New("resource already has a handle")
+
+	// ErrHandleReleased is returned (wrapped, naming the resource) by a
+	// [Handle]'s Upsert, UpsertBatch, Remove, RemoveBatch, Release and
+	// ReleaseGradually once the handle is released.
+	ErrHandleReleased = errors.New("handle released")
+
+	// ErrInvalidMetadata is returned (wrapped, with the cause) by
+	// [IPCache.NewHandle] for an empty resource name, and by a [Handle]'s
+	// Upsert, UpsertBatch, Remove and RemoveBatch for a prefix that is not
+	// valid or has a zone, or a requested identity that is not a local
+	// one. The batch then writes nothing.
+	ErrInvalidMetadata = errors.New("invalid ipcache metadata")
+)
