@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agentcmd is the command line of an agent built from the
 // project's cells: ipcache-agent's own, and that of a larger agent that
 // embeds the cells (examples/embed). It runs the hive until SIGTERM or

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cells composes ipcache-agent from its cells and holds the small
 // cells every agent needs and no cell owns: logging, health, the shell, and
 // the owner lock that makes one agent at a time the owner of a state

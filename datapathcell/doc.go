@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package datapathcell makes the kernel match the desired state in statedb,
 // and keeps enforcing while the agent is down.
 //

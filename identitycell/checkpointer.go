@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package identitycell
 
 // The Checkpointer: reads the previous checkpoint at start, and writes the

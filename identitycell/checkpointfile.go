@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package identitycell
 
 // The checkpoint file: its format, and its encoding and decoding.

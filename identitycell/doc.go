@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package identitycell allocates local (CIDR) security identities.
 //
 // It owns the `identities` statedb table, which is the allocator's state and

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ipcachecell maps IP prefixes to security identities from the
 // metadata of many owners.
 //

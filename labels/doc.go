@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package labels implements the label sets that determine a local security
 // identity.
 //

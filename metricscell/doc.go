@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metricscell serves the agent's Prometheus metrics on
 // --prometheus-serve-addr (off by default: nothing listens unless asked).
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package policycell
 
 // The YAML decoder builds the tree of a whole document before it can

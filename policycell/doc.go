@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package policycell turns CIDR policy files into the desired policy map.
 //
 // The directory job reads --policy-dir (docs/CONTRACT.md, "Policy files") at start

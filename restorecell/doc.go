@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package restorecell keeps identity numbers stable across restarts.
 //
 // At start it reads what the previous run left: the pinned ipcache map (the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package source names where ipcache metadata comes from, and orders the
 // sources by precedence (Cilium's order): when several owners describe one
 // prefix, the entry's source is the highest-precedence one present.

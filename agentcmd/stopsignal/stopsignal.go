@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package stopsignal catches SIGTERM and SIGINT, and keeps SIGHUP and
 // SIGPIPE from killing the process, from its first moments: an agent
 // stopped a few milliseconds after it was started exits cleanly instead of

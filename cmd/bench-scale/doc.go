@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command bench-scale is the scale benchmark behind `make bench-scale`: for
 // N prefixes (100k and 1M, IPv4 only and mixed IPv4/IPv6) it measures, in
 // one process and one run, the agent's cells against the kernel's own floor:

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command ipcache-agent runs the agent, and inspects it.
 //
 //	ipcache-agent [flags]        run the agent

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package bpf holds the agent's enforcement program: its C source
 // (enforce.c), the BPF object compiled from it for little-endian targets
 // (enforce_bpfel.o) and the Go that bpf2go generates to load it

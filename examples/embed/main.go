@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command embed is a small "larger agent" that embeds ipcache-agent: it
 // runs the project's cells (cells.ControlPlane) together with a cell of its
 // own, podcell, which publishes pod IPs with identities allocated elsewhere.

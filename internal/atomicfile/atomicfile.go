@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package atomicfile replaces the agent's state files so that whoever reads
 // one, the next start after a crash included, sees the old content or the
 // new, never a part of either.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package prefixkey encodes IP prefixes as index keys: the family (4 or
 // 6), the address bytes (4 or 16), then the prefix length. Keys order
 // prefixes by family, then address, then length, so all prefixes inside a

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package progress publishes how far a job has come, for other jobs to wait
 // on: a value that only moves forward, and a channel closed when it moves.
 //

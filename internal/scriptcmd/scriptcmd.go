@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package scriptcmd holds what the project's script (shell) commands share.
 package scriptcmd
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package soak holds the agent's long-running reliability tests: the whole
 // control plane (cells.ControlPlane) over real pinned BPF maps in a private
 // bpffs mount, driven by random policy-file and ipcache-owner churn, and

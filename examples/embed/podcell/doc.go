@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package podcell is the example embedding agent's own cell: it publishes
 // pod IPs with identities allocated elsewhere (in a real agent, by the
 // cluster's identity allocator) into the ipcache.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package agenttest runs the agent's cells in script tests across restarts:
 // each `agent/restart` stops the running hive and starts a new one over the
 // same bpffs mount and state directory, as a restarted agent process would.

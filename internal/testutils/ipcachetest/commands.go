@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ipcachetest holds script commands for tests that act as owners
 // of ipcache resource handles (as policies, restore or an embedding agent
 // do), so that cell tests can drive the ipcache without those cells.

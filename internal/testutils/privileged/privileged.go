@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package privileged gates tests that need root: BPF maps and programs,
 // bpffs mounts, TCX links, network namespaces.
 package privileged
