@@ -53,6 +53,11 @@ const maxShellLine = 64 << 10
 // db/dump and the query commands, exec): ownership goes through handles
 // only. The socket is for root only: its directory is made mode 0700, the
 // socket 0600. Clients connect and leave at debug level.
+//
+// Process-wide state: while commands run, the shell lowers the Go
+// runtime's soft memory limit (debug.SetMemoryLimit) to bound their
+// garbage, and sets it back when the last one ends; a lower limit set by
+// the embedder or GOMEMLIMIT is kept.
 var Shell = cell.Module(
 	"shell",
 	"Shell server for ipcache-agent shell",
