@@ -3,7 +3,6 @@
 package policycell
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
@@ -70,21 +67,20 @@ func ParseFile(file string, content []byte) ([]*Policy, error) {
 			"%w: more YAML values, lists and mappings in a document than a file of %d bytes may have (%d: one per %d bytes, plus %d)",
 			ErrInvalidPolicy, len(content), budget, nodeBytes, nodeAllowance)}
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(content))
+	docs := newDocumentReader(content)
 	policies := []*Policy{}
 	for {
-		var doc yaml.Node
-		err := dec.Decode(&doc)
+		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
 			return policies, nil
 		}
 		if err != nil {
 			return nil, p.syntaxError(err)
 		}
-		if len(doc.Content) == 0 || isNull(doc.Content[0]) {
+		if root == nil || isNull(root) {
 			continue
 		}
-		policy, err := p.policy(doc.Content[0])
+		policy, err := p.policy(root)
 		if err != nil {
 			return nil, err
 		}
@@ -100,21 +96,13 @@ type parser struct {
 	names map[string]int
 }
 
-// syntaxError turns the YAML parser's "yaml: line 3: ..." into a position.
+// syntaxError turns the YAML reader's error into one with a position.
 func (p *parser) syntaxError(err error) error {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	line := 0
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if number, text, ok := strings.Cut(rest, ": "); ok {
-			if n, err := strconv.Atoi(number); err == nil {
-				line, msg = n, text
-			}
-		}
-	}
+	line, msg := syntaxPosition(err)
 	return &FileError{File: p.file, Line: line, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
 }
 
-func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
+func (p *parser) errorf(n *node, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if p.current != "" {
 		msg = fmt.Sprintf("policy %q: %s", p.current, msg)
@@ -122,22 +110,18 @@ func (p *parser) errorf(n *yaml.Node, format string, args ...any) error {
 	return &FileError{File: p.file, Line: n.Line, Column: n.Column, Err: fmt.Errorf("%w: %s", ErrInvalidPolicy, msg)}
 }
 
-func isNull(n *yaml.Node) bool {
-	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
-
-func kindName(n *yaml.Node) string {
+func kindName(n *node) string {
 	switch n.Kind {
-	case yaml.MappingNode:
+	case mappingNode:
 		return "a mapping"
-	case yaml.SequenceNode:
+	case sequenceNode:
 		return "a list"
-	case yaml.ScalarNode:
+	case scalarNode:
 		if isNull(n) {
 			return "nothing"
 		}
 		return fmt.Sprintf("%q", n.Value)
-	case yaml.AliasNode:
+	case aliasNode:
 		return "an alias"
 	}
 	return "a document"
@@ -145,17 +129,17 @@ func kindName(n *yaml.Node) string {
 
 // fields returns the values of a mapping's keys. Keys must be among
 // allowed and given once.
-func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+func (p *parser) fields(n *node, what string, allowed ...string) (map[string]*node, error) {
 	if err := p.noAlias(n); err != nil {
 		return nil, err
 	}
-	if n.Kind != yaml.MappingNode {
+	if n.Kind != mappingNode {
 		return nil, p.errorf(n, "%s: want a mapping, got %s", what, kindName(n))
 	}
-	values := map[string]*yaml.Node{}
+	values := map[string]*node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		key, value := n.Content[i], n.Content[i+1]
-		if key.Kind != yaml.ScalarNode {
+		if key.Kind != scalarNode {
 			return nil, p.errorf(key, "%s: want a field name, got %s", what, kindName(key))
 		}
 		if !slices.Contains(allowed, key.Value) {
@@ -174,19 +158,19 @@ func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[strin
 
 // noAlias rejects aliases: expanding them could turn a small file into a
 // huge policy.
-func (p *parser) noAlias(n *yaml.Node) error {
-	if n.Kind == yaml.AliasNode {
+func (p *parser) noAlias(n *node) error {
+	if n.Kind == aliasNode {
 		return p.errorf(n, "YAML aliases are not supported")
 	}
 	return nil
 }
 
 // list returns the items of a sequence; null is the empty list.
-func (p *parser) list(n *yaml.Node, what string) ([]*yaml.Node, error) {
+func (p *parser) list(n *node, what string) ([]*node, error) {
 	if isNull(n) {
 		return nil, nil
 	}
-	if n.Kind != yaml.SequenceNode {
+	if n.Kind != sequenceNode {
 		return nil, p.errorf(n, "%s: want a list, got %s", what, kindName(n))
 	}
 	for _, item := range n.Content {
@@ -197,14 +181,14 @@ func (p *parser) list(n *yaml.Node, what string) ([]*yaml.Node, error) {
 	return n.Content, nil
 }
 
-func (p *parser) scalar(n *yaml.Node, what string) (string, error) {
-	if n.Kind != yaml.ScalarNode || isNull(n) {
+func (p *parser) scalar(n *node, what string) (string, error) {
+	if n.Kind != scalarNode || isNull(n) {
 		return "", p.errorf(n, "%s: want a value, got %s", what, kindName(n))
 	}
 	return n.Value, nil
 }
 
-func (p *parser) policy(n *yaml.Node) (*Policy, error) {
+func (p *parser) policy(n *node) (*Policy, error) {
 	p.current = ""
 	fields, err := p.fields(n, "policy", "name", "ingress", "egress")
 	if err != nil {
@@ -285,7 +269,7 @@ func validateName(name string) error {
 
 // rule parses one ingress (fromCIDR, fromCIDRSet, toPorts) or egress
 // (toCIDR, toCIDRSet, toPorts) rule.
-func (p *parser) rule(n *yaml.Node, dir Direction, what string) (Rule, error) {
+func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
 	peer := "to"
 	if dir == Ingress {
 		peer = "from"
@@ -348,7 +332,7 @@ func (p *parser) rule(n *yaml.Node, dir Direction, what string) (Rule, error) {
 	return rule, nil
 }
 
-func (p *parser) nonEmptyList(n *yaml.Node, what string) ([]*yaml.Node, error) {
+func (p *parser) nonEmptyList(n *node, what string) ([]*node, error) {
 	items, err := p.list(n, what)
 	if err == nil && len(items) == 0 {
 		err = p.errorf(n, "%s: empty list, omit the field instead", what)
@@ -356,7 +340,7 @@ func (p *parser) nonEmptyList(n *yaml.Node, what string) ([]*yaml.Node, error) {
 	return items, err
 }
 
-func (p *parser) cidrSet(n *yaml.Node, what string) (CIDRSelector, error) {
+func (p *parser) cidrSet(n *node, what string) (CIDRSelector, error) {
 	fields, err := p.fields(n, what, "cidr", "except")
 	if err != nil {
 		return CIDRSelector{}, err
@@ -395,7 +379,7 @@ func (p *parser) cidrSet(n *yaml.Node, what string) (CIDRSelector, error) {
 // cidr parses a CIDR or a bare address (a host prefix). Host bits must be
 // zero; zones and IPv4-mapped IPv6 addresses are rejected (the ipcache
 // keys IPv4 prefixes as IPv4).
-func (p *parser) cidr(n *yaml.Node, what string) (netip.Prefix, error) {
+func (p *parser) cidr(n *node, what string) (netip.Prefix, error) {
 	s, err := p.scalar(n, what)
 	if err != nil {
 		return netip.Prefix{}, err
@@ -424,7 +408,7 @@ func (p *parser) cidr(n *yaml.Node, what string) (netip.Prefix, error) {
 }
 
 // port parses {port, protocol}; without a protocol it is both TCP and UDP.
-func (p *parser) port(n *yaml.Node, what string) ([]PortProtocol, error) {
+func (p *parser) port(n *node, what string) ([]PortProtocol, error) {
 	fields, err := p.fields(n, what, "port", "protocol")
 	if err != nil {
 		return nil, err
