@@ -321,7 +321,7 @@ func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
 			}
 			rule.Ports = append(rule.Ports, ports...)
 		}
-		slices.SortFunc(rule.Ports, func(a, b PortProtocol) int {
+		slices.SortFunc(rule.Ports, func(a, b PortRange) int {
 			if a.Protocol != b.Protocol {
 				return cmpInt(a.Protocol, b.Protocol)
 			}
@@ -408,7 +408,7 @@ func (p *parser) cidr(n *node, what string) (netip.Prefix, error) {
 }
 
 // port parses {port, protocol}; without a protocol it is both TCP and UDP.
-func (p *parser) port(n *node, what string) ([]PortProtocol, error) {
+func (p *parser) port(n *node, what string) ([]PortRange, error) {
 	fields, err := p.fields(n, what, "port", "protocol")
 	if err != nil {
 		return nil, err
@@ -427,7 +427,7 @@ func (p *parser) port(n *node, what string) ([]PortProtocol, error) {
 	}
 	protocolNode, ok := fields["protocol"]
 	if !ok {
-		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolTCP}, {Port: uint16(port), Protocol: ProtocolUDP}}, nil
+		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}, {Port: uint16(port), Protocol: ProtocolUDP}}, nil
 	}
 	s, err = p.scalar(protocolNode, what+".protocol")
 	if err != nil {
@@ -435,9 +435,9 @@ func (p *parser) port(n *node, what string) ([]PortProtocol, error) {
 	}
 	switch s {
 	case "TCP":
-		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolTCP}}, nil
+		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}}, nil
 	case "UDP":
-		return []PortProtocol{{Port: uint16(port), Protocol: ProtocolUDP}}, nil
+		return []PortRange{{Port: uint16(port), Protocol: ProtocolUDP}}, nil
 	}
 	return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP or UDP (omit it for both)", what, s)
 }

@@ -56,7 +56,7 @@ egress:
 	require.Equal(t, []Rule{
 		{
 			Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.96.0.0/12")}, {CIDR: netip.MustParsePrefix("192.0.2.10/32")}},
-			Ports: []PortProtocol{{Port: 53, Protocol: ProtocolUDP}},
+			Ports: []PortRange{{Port: 53, Protocol: ProtocolUDP}},
 		},
 		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: prefixes("10.0.0.0/8")}}},
 	}, dns.Egress)
@@ -68,7 +68,7 @@ egress:
 	require.Equal(t, []Rule{{
 		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.1/32")}},
 		// Sorted, distinct; a port without protocol is TCP and UDP.
-		Ports: []PortProtocol{{53, ProtocolTCP}, {443, ProtocolTCP}, {53, ProtocolUDP}},
+		Ports: []PortRange{{Port: 53, Protocol: ProtocolTCP}, {Port: 443, Protocol: ProtocolTCP}, {Port: 53, Protocol: ProtocolUDP}},
 	}}, ports.Ingress)
 	require.Equal(t, []Rule{{}}, ports.Egress, "an empty rule selects nothing: it only enforces the direction")
 }

@@ -55,52 +55,75 @@ func ParseDirection(s string) (Direction, error) {
 type Protocol uint8
 
 const (
-	ProtocolAny Protocol = 0
-	ProtocolTCP Protocol = 6
-	ProtocolUDP Protocol = 17
+	ProtocolAny    Protocol = 0
+	ProtocolICMP   Protocol = 1
+	ProtocolTCP    Protocol = 6
+	ProtocolUDP    Protocol = 17
+	ProtocolICMPv6 Protocol = 58
+	ProtocolSCTP   Protocol = 132
 )
 
-// String returns the protocol's name (TCP, UDP) or "any".
+// String returns the protocol's name (TCP, UDP, SCTP, ICMP, ICMPv6) or
+// "any", else the number.
 func (p Protocol) String() string {
 	switch p {
 	case ProtocolAny:
 		return "any"
+	case ProtocolICMP:
+		return "ICMP"
 	case ProtocolTCP:
 		return "TCP"
 	case ProtocolUDP:
 		return "UDP"
+	case ProtocolICMPv6:
+		return "ICMPv6"
+	case ProtocolSCTP:
+		return "SCTP"
 	}
 	return strconv.Itoa(int(p))
 }
 
-// ParseProtocol parses "TCP", "UDP" or "any" (case-insensitive), or a
+// ParseProtocol parses a name String returns (case-insensitive) or a
 // protocol number.
 //
 // Possible errors: an unknown protocol name or a number out of range.
 func ParseProtocol(s string) (Protocol, error) {
-	switch strings.ToUpper(s) {
-	case "ANY":
-		return ProtocolAny, nil
-	case "TCP":
-		return ProtocolTCP, nil
-	case "UDP":
-		return ProtocolUDP, nil
+	for _, p := range []Protocol{ProtocolAny, ProtocolICMP, ProtocolTCP, ProtocolUDP, ProtocolICMPv6, ProtocolSCTP} {
+		if strings.EqualFold(s, p.String()) {
+			return p, nil
+		}
 	}
 	n, err := strconv.ParseUint(s, 10, 8)
 	if err != nil {
-		return 0, fmt.Errorf("protocol %q: want TCP, UDP, any or a number", s)
+		return 0, fmt.Errorf("protocol %q: want TCP, UDP, SCTP, ICMP, ICMPv6, any or a number", s)
 	}
 	return Protocol(n), nil
 }
 
-// PortProtocol is a destination port (1..65535) of TCP or UDP.
-type PortProtocol struct {
-	Port     uint16   `json:"port" yaml:"port"`
+// PortRange is what a rule matches of a packet above IP: a protocol and,
+// for TCP, UDP and SCTP, the destination ports Port..EndPort (EndPort 0:
+// Port alone; Port 0: every port of the protocol); for ICMP and ICMPv6,
+// the message type in Port (EndPort 0). Protocol is never ProtocolAny: a
+// rule's "any protocol" port is one PortRange per protocol it stands for.
+type PortRange struct {
 	Protocol Protocol `json:"protocol" yaml:"protocol"`
+	Port     uint16   `json:"port" yaml:"port"`
+	EndPort  uint16   `json:"endPort,omitempty" yaml:"endPort,omitempty"`
 }
 
-// String returns "port/protocol".
-func (pp PortProtocol) String() string { return fmt.Sprintf("%d/%s", pp.Port, pp.Protocol) }
+// String returns "port/protocol", "port-endport/protocol", "any/protocol"
+// or, for ICMP, "type N/ICMP".
+func (pr PortRange) String() string {
+	switch {
+	case pr.Protocol == ProtocolICMP || pr.Protocol == ProtocolICMPv6:
+		return fmt.Sprintf("type %d/%s", pr.Port, pr.Protocol)
+	case pr.Port == 0:
+		return "any/" + pr.Protocol.String()
+	case pr.EndPort != 0 && pr.EndPort != pr.Port:
+		return fmt.Sprintf("%d-%d/%s", pr.Port, pr.EndPort, pr.Protocol)
+	}
+	return fmt.Sprintf("%d/%s", pr.Port, pr.Protocol)
+}
 
 // CIDRSelector selects the identities with a cidr label inside CIDR, minus
 // those with a cidr label inside one of the Except prefixes (which lie
@@ -137,14 +160,33 @@ func contains(outer, inner netip.Prefix) bool {
 		outer.Contains(inner.Addr())
 }
 
-// Rule allows traffic in one direction to or from the identities its peers
-// select.
+// Rule allows (or, if Deny, drops) traffic in one direction to or from
+// the identities its peers select.
 type Rule struct {
-	Peers []CIDRSelector `json:"peers" yaml:"peers"`
+	// Deny rules drop what they match, whatever any allow rule says.
+	Deny bool `json:"deny,omitempty" yaml:"deny,omitempty"`
+
+	// Peers select remote identities by CIDR. AnyPeer selects every remote
+	// identity (a rule with ports and no peers, or the entity "all"): the
+	// policy map's identity 0. A rule with neither selects nothing; it
+	// still makes its direction enforced (Cilium's `ingress: [{}]`).
+	Peers   []CIDRSelector `json:"peers,omitempty" yaml:"peers,omitempty"`
+	AnyPeer bool           `json:"anyPeer,omitempty" yaml:"anyPeer,omitempty"`
 
 	// Ports are sorted and distinct. Empty: every protocol and port
 	// (ICMP included).
-	Ports []PortProtocol `json:"ports,omitempty" yaml:"ports,omitempty"`
+	Ports []PortRange `json:"ports,omitempty" yaml:"ports,omitempty"`
+
+	// NoDefaultDeny is set when the rule's policy (or its spec) says
+	// `enableDefaultDeny: {<direction>: false}`: the rule does not make
+	// its direction enforced (docs/CONTRACT.md, "Policy semantics").
+	NoDefaultDeny bool `json:"noDefaultDeny,omitempty" yaml:"noDefaultDeny,omitempty"`
+
+	// Name names the rule within its policy, as the file spells its place:
+	// "egress[0]", "ingressDeny[1]", "specs[2].egress[0]"; Line is the
+	// line it starts at. For explain and list.
+	Name string `json:"name,omitempty" yaml:"name,omitempty"`
+	Line int    `json:"line,omitempty" yaml:"line,omitempty"`
 }
 
 // Policy is one document of a policy file, validated. Policies are
@@ -156,10 +198,22 @@ type Policy struct {
 	// policy, and Line the line of its name there.
 	File string `json:"file" yaml:"file"`
 	Line int    `json:"line" yaml:"line"`
+	// Kind is the document's format: KindNative, KindCNP, KindCCNP or
+	// KindNetworkPolicy.
+	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
 
+	// Ingress and Egress hold the allow and deny rules of a direction.
 	Ingress []Rule `json:"ingress,omitempty" yaml:"ingress,omitempty"`
 	Egress  []Rule `json:"egress,omitempty" yaml:"egress,omitempty"`
 }
+
+// The kinds of policy documents (docs/CONTRACT.md, "Policy file formats").
+const (
+	KindNative        = "native"
+	KindCNP           = "CiliumNetworkPolicy"
+	KindCCNP          = "CiliumClusterwideNetworkPolicy"
+	KindNetworkPolicy = "NetworkPolicy"
+)
 
 // Rules returns the rules of one direction.
 func (p *Policy) Rules(dir Direction) []Rule {
@@ -206,11 +260,13 @@ func (p *Policy) equal(other *Policy) bool {
 	if p == other {
 		return true
 	}
-	return p.Name == other.Name && p.File == other.File && p.Line == other.Line && p.sameRules(other)
+	return p.Name == other.Name && p.File == other.File && p.Line == other.Line && p.Kind == other.Kind &&
+		p.sameRules(other)
 }
 
 func (r Rule) equal(other Rule) bool {
-	return slices.Equal(r.Ports, other.Ports) &&
+	return r.Deny == other.Deny && r.AnyPeer == other.AnyPeer && r.NoDefaultDeny == other.NoDefaultDeny &&
+		r.Name == other.Name && r.Line == other.Line && slices.Equal(r.Ports, other.Ports) &&
 		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
 			return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
 		})

@@ -198,7 +198,7 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 			}
 			var exact PolicyKey
 			if len(args) == 3 {
-				if exact, err = parsePortProtocol(args[2]); err != nil {
+				if exact, err = parsePortRange(args[2]); err != nil {
 					return scriptcmd.Result("", err)
 				}
 			}
@@ -207,8 +207,8 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 	)
 }
 
-// parsePortProtocol parses "TCP/443" into a key's protocol and port.
-func parsePortProtocol(s string) (PolicyKey, error) {
+// parsePortRange parses "TCP/443" into a key's protocol and port.
+func parsePortRange(s string) (PolicyKey, error) {
 	name, portText, ok := strings.Cut(s, "/")
 	protocol, err := ParseProtocol(name)
 	if !ok || err != nil || protocol != ProtocolTCP && protocol != ProtocolUDP {

@@ -35,7 +35,7 @@ type selector struct {
 	policy    string
 	direction Direction
 	peer      *CIDRSelector
-	ports     []PortProtocol
+	ports     []PortRange
 }
 
 // selectorEngine computes the desired `policy` and `policy-enforcement`

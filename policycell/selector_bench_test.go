@@ -40,7 +40,7 @@ func BenchmarkIdentityAppears(b *testing.B) {
 						"cidr:"+cidr))
 				}
 				batch = append(batch, cidrPolicy(fmt.Sprintf("policy-%d", i), Egress,
-					[]PortProtocol{{443, ProtocolTCP}}, cidrs...))
+					[]PortRange{{Port: 443, Protocol: ProtocolTCP}}, cidrs...))
 			}
 			f.upsertPolicies(b, batch...)
 			f.upsertIdentities(b, identities...)

@@ -136,7 +136,7 @@ func identity(id identitycell.NumericIdentity, lbls ...string) *identitycell.Ide
 	return &identitycell.Identity{ID: id, Labels: l, References: 1}
 }
 
-func cidrPolicy(name string, dir Direction, ports []PortProtocol, cidrs ...string) *Policy {
+func cidrPolicy(name string, dir Direction, ports []PortRange, cidrs ...string) *Policy {
 	rule := Rule{Ports: ports}
 	for _, c := range cidrs {
 		rule.Peers = append(rule.Peers, CIDRSelector{CIDR: netip.MustParsePrefix(c)})
@@ -198,7 +198,7 @@ func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[Pol
 
 func TestSelectorBasics(t *testing.T) {
 	f := newEngineFixture(t)
-	web := cidrPolicy("web", Egress, []PortProtocol{{443, ProtocolTCP}}, "10.0.0.0/8")
+	web := cidrPolicy("web", Egress, []PortRange{{Port: 443, Protocol: ProtocolTCP}}, "10.0.0.0/8")
 	web.Egress[0].Peers[0].Except = []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}
 	all := cidrPolicy("all", Ingress, nil, "0.0.0.0/0")
 	f.upsertPolicies(t, web, all)
@@ -211,13 +211,13 @@ func TestSelectorBasics(t *testing.T) {
 	)
 	f.round(t)
 	require.Equal(t, map[PolicyKey]string{
-		{2, Ingress, 0, 0}:                   "all",
-		{16777217, Ingress, 0, 0}:            "all",
-		{16777217, Egress, ProtocolTCP, 443}: "web",
-		{16777218, Ingress, 0, 0}:            "all",
-		{16777218, Egress, ProtocolTCP, 443}: "web",
-		{16777219, Ingress, 0, 0}:            "all",
-		{16777220, Ingress, 0, 0}:            "all",
+		{Identity: 2, Direction: Ingress, Protocol: 0, Port: 0}:                   "all",
+		{Identity: 16777217, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
+		{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP, Port: 443}: "web",
+		{Identity: 16777218, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
+		{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}: "web",
+		{Identity: 16777219, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
+		{Identity: 16777220, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
 	}, f.table())
 }
 
@@ -239,7 +239,7 @@ func TestSelectorInitialization(t *testing.T) {
 	f.ipcacheResolved()
 	f.round(t)
 	require.True(t, f.initialized())
-	require.Equal(t, map[PolicyKey]string{{16777217, Egress, 0, 0}: "web"}, f.table(),
+	require.Equal(t, map[PolicyKey]string{{Identity: 16777217, Direction: Egress, Protocol: 0, Port: 0}: "web"}, f.table(),
 		"what the ipcache had resolved is in the table when it is initialized")
 }
 
@@ -301,7 +301,7 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 			rule.Peers = append(rule.Peers, peer)
 		}
 		if rng.IntN(2) == 0 && len(rule.Peers) > 0 {
-			rule.Ports = []PortProtocol{{uint16(53 + rng.IntN(2)), ProtocolUDP}, {443, ProtocolTCP}}
+			rule.Ports = []PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: ProtocolUDP}, {Port: 443, Protocol: ProtocolTCP}}
 		}
 		return rule
 	}
@@ -403,7 +403,7 @@ func TestIdentityCostIndependentOfOtherPolicies(t *testing.T) {
 		before := f.engine.visited
 		f.upsertIdentities(t, identity(16777217, "cidr:10.1.2.0/24"))
 		f.round(t)
-		require.Equal(t, map[PolicyKey]string{{16777217, Egress, 0, 0}: "selects"}, f.table())
+		require.Equal(t, map[PolicyKey]string{{Identity: 16777217, Direction: Egress, Protocol: 0, Port: 0}: "selects"}, f.table())
 		return f.engine.visited - before
 	}
 	small, large := visitedFor(1_000), visitedFor(10_000)

@@ -43,35 +43,61 @@ func newPoliciesTable(db *statedb.DB) (statedb.RWTable[*Policy], error) {
 // Verdict is the value of a policy-map entry.
 type Verdict uint32
 
-// VerdictAllow is the only verdict: the map holds what is allowed.
-const VerdictAllow Verdict = 1
+const (
+	// VerdictAllow passes what the entry matches (in an enforced
+	// direction).
+	VerdictAllow Verdict = 1
+	// VerdictDeny drops what the entry matches, in any direction, whatever
+	// an allow entry says.
+	VerdictDeny Verdict = 2
+)
 
-// String returns "allow" for VerdictAllow, else the number.
+// String returns "allow", "deny", else the number.
 func (v Verdict) String() string {
-	if v == VerdictAllow {
+	switch v {
+	case VerdictAllow:
 		return "allow"
+	case VerdictDeny:
+		return "deny"
 	}
 	return strconv.FormatUint(uint64(v), 10)
 }
 
-// PolicyKey is the key of a policy-map entry (docs/CONTRACT.md, "BPF maps and pins"). Port
+// PolicyKey is the key of a policy-map entry (docs/CONTRACT.md, "BPF maps
+// and pins"): an LPM key over identity, direction, protocol and port. Port
 // is in host order here; the datapath writes it in network order. A rule
-// without ports gives Protocol and Port 0 (any); a rule with ports gives
-// one key per port and protocol.
+// without ports gives Protocol and Port 0 (any protocol, any port); a port
+// range is one key per aligned block of ports in it, each matching the
+// leading bits of Port (its last PortWildcardBits bits are any: 0 is one
+// port, 16 every port of the protocol). ICMP types are in Port's high
+// byte (PortWildcardBits 8).
 type PolicyKey struct {
 	Identity  identitycell.NumericIdentity `json:"identity" yaml:"identity"`
 	Direction Direction                    `json:"direction" yaml:"direction"`
 	Protocol  Protocol                     `json:"protocol" yaml:"protocol"`
 	Port      uint16                       `json:"port" yaml:"port"`
+
+	PortWildcardBits uint8 `json:"portWildcardBits,omitempty" yaml:"portWildcardBits,omitempty"`
+}
+
+// MapPrefixLen is the key's prefix length in the policy map: the bits of
+// identity and direction (40), then the protocol's (8), then the port's
+// that must match.
+func (k PolicyKey) MapPrefixLen() uint32 {
+	if k.Protocol == ProtocolAny {
+		return 40
+	}
+	return 48 + 16 - uint32(k.PortWildcardBits)
 }
 
 // key is the index key: the map key's fields, big-endian, so that keys
 // order by identity first and one identity's entries are one key prefix.
 func (k PolicyKey) key() index.Key {
-	key := make(index.Key, 8)
+	key := make(index.Key, 9)
 	binary.BigEndian.PutUint32(key, uint32(k.Identity))
 	key[4], key[5] = byte(k.Direction), byte(k.Protocol)
 	binary.BigEndian.PutUint16(key[6:], k.Port)
+	key[8] = k.PortWildcardBits
 	return key
 }
 
@@ -88,8 +114,10 @@ func comparePolicyKeys(a, b PolicyKey) int {
 		return cmpInt(a.Direction, b.Direction)
 	case a.Protocol != b.Protocol:
 		return cmpInt(a.Protocol, b.Protocol)
+	case a.Port != b.Port:
+		return cmpInt(a.Port, b.Port)
 	}
-	return cmpInt(a.Port, b.Port)
+	return cmpInt(a.PortWildcardBits, b.PortWildcardBits)
 }
 
 func cmpInt[T ~uint8 | ~uint16 | ~uint32](a, b T) int {
@@ -133,7 +161,7 @@ func policyKeyFromString(s string) (index.Key, error) {
 		}
 		k.Port = uint16(port)
 	}
-	return k.key()[:[]int{4, 5, 6, 8}[len(fields)-1]], nil
+	return k.key()[:[]int{4, 5, 6, 9}[len(fields)-1]], nil
 }
 
 // PolicyEntry is a row of the desired `policy` table: a policy-map entry
@@ -225,6 +253,9 @@ type PolicyReconcilerTable struct {
 type Enforcement struct {
 	Direction Direction `json:"direction" yaml:"direction"`
 	Enforced  bool      `json:"enforced" yaml:"enforced"`
+	// HasDeny: the direction has deny entries, so the datapath looks
+	// packets up even when the direction is not enforced.
+	HasDeny bool `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
 
 	// Status is the datapath's reconciliation status of the row.
 	Status reconciler.Status `json:"status" yaml:"status"`
