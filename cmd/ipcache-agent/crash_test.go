@@ -28,6 +28,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
@@ -1085,7 +1086,7 @@ func containsAll[V any](m map[netip.Prefix]V, want map[netip.Prefix]bool) bool {
 }
 
 func sortedKeys[V any](m map[netip.Prefix]V) []netip.Prefix {
-	return slices.SortedFunc(maps.Keys(m), netip.Prefix.Compare)
+	return slices.SortedFunc(maps.Keys(m), prefixkey.Compare)
 }
 
 // diffKeys says which prefixes the map lacks and which it has too many.
@@ -1101,8 +1102,8 @@ func diffKeys[V any](got map[netip.Prefix]V, want map[netip.Prefix]bool) string 
 			extra = append(extra, prefix)
 		}
 	}
-	slices.SortFunc(missing, netip.Prefix.Compare)
-	slices.SortFunc(extra, netip.Prefix.Compare)
+	slices.SortFunc(missing, prefixkey.Compare)
+	slices.SortFunc(extra, prefixkey.Compare)
 	return fmt.Sprintf("%d entries, want %d; %d missing %v; %d extra %v", len(got), len(want),
 		len(missing), missing[:min(10, len(missing))], len(extra), extra[:min(10, len(extra))])
 }
