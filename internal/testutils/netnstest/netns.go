@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package netnstest is for tests that send traffic through network
-// namespaces they create: entering a namespace, and a pinger that probes
-// every millisecond and counts what comes back (zero-loss claims are made
-// with it).
+// namespaces they create: entering a namespace, a TCP echo server, and a
+// pinger that probes every millisecond and counts what comes back
+// (zero-loss claims are made with it).
 package netnstest
 
 import (
