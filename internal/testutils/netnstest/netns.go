@@ -20,6 +20,9 @@ import (
 // Sockets and netlink queries made by fn (including net.InterfaceByName
 // and TCX attach by ifindex) see that namespace; a socket made there stays
 // in it.
+//
+// Possible errors: the namespace cannot be entered (it does not exist, or
+// not as root); fn's error.
 func InNetns(t testing.TB, ns string, fn func() error) error {
 	t.Helper()
 	runtime.LockOSThread()
