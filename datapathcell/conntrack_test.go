@@ -153,7 +153,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		}
 		entries := conntrackEntries(t, maps.Conntrack)
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := entries[key]
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
@@ -184,7 +184,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		// The dropped forward packet took the entry with it: the replies
 		// stop too.
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		_, ok := conntrackEntries(t, maps.Conntrack)[key]
 		require.False(t, ok, "entry of a connection policy now drops")
@@ -290,13 +290,13 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 	now := monotonicNow()
 	const expired, alive = 300, 200
 	for i := range expired + alive {
-		k := NewConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
+		k := newConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
 			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
 		expires := now - time.Second
 		if i >= expired {
 			expires = now + time.Hour
 		}
-		require.NoError(t, m.Put(k, NewConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
+		require.NoError(t, m.Put(k, newConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
 	}
 	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
 	gc.roundLimit, gc.keys, gc.values = 100, make([]ConntrackKey, 50), make([]ConntrackValue, 50)
@@ -335,8 +335,8 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 		t.Cleanup(func() { maps.Close() })
 		return maps.Conntrack
 	}
-	key := NewConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
-	value := NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
+	key := newConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
 
 	first := open(1024)
 	require.NoError(t, first.Put(key, value))
