@@ -30,6 +30,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -309,7 +310,7 @@ type crashRun struct {
 	r      *crashRig
 	label  string
 	cmd    *exec.Cmd
-	log    syncBuffer
+	log    syncbuf.Buffer
 	start  time.Time
 	prev   map[netip.Prefix]uint32 // the map it starts from: what it restores
 	wanted map[netip.Prefix]bool   // the policy set it reads
