@@ -170,11 +170,11 @@ func (o *Owner) lockShellSocket(path string) error {
 	what := "--shell-sock-path " + path
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("%s: create its directory: %w", what, err)
+		return fmt.Errorf("create the directory of %s: %w", what, err)
 	}
 	f, err := os.OpenFile(path+ShellLockSuffix, os.O_RDONLY|os.O_CREATE, 0o600)
 	if err != nil {
-		return fmt.Errorf("%s: create its lock file: %w", what, err)
+		return fmt.Errorf("create the lock file of %s: %w", what, err)
 	}
 	if err := lock(f, what); err != nil {
 		f.Close()
@@ -237,7 +237,7 @@ func lock(f *os.File, what string) error {
 		return nil
 	}
 	if !errors.Is(err, unix.EWOULDBLOCK) {
-		return fmt.Errorf("%s: lock %s: %w", what, f.Name(), err)
+		return fmt.Errorf("lock %s of %s: %w", f.Name(), what, err)
 	}
 	if pid, ok := lockHolder(f); ok {
 		return fmt.Errorf("%s is %w (pid %d): stop it first", what, ErrOwned, pid)

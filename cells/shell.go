@@ -212,11 +212,11 @@ type shellServer struct {
 func (s *shellServer) listen(cell.HookContext) error {
 	dir := filepath.Dir(s.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("shell socket directory: %w", err)
+		return fmt.Errorf("create shell socket directory: %w", err)
 	}
 	// An existing directory may have been made with a wider mode.
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("shell socket directory: %w", err)
+		return fmt.Errorf("make shell socket directory private (mode 0700): %w", err)
 	}
 	if err := os.Remove(s.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove stale shell socket: %w", err)
@@ -252,7 +252,7 @@ func (s *shellServer) serve(ctx context.Context, health cell.Health) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("shell: accept: %w", err)
+			return fmt.Errorf("accept shell connection: %w", err)
 		}
 		select {
 		case s.clients <- struct{}{}:
@@ -499,7 +499,7 @@ func ShellExchange(sockPath, command string, w io.Writer) error {
 	}
 	defer conn.Close()
 	if _, err := fmt.Fprintf(conn, "%s\nexit\n", command); err != nil {
-		return fmt.Errorf("shell %s: %w", sockPath, err)
+		return fmt.Errorf("send command to shell %s: %w", sockPath, err)
 	}
 	lines := bufio.NewScanner(conn)
 	lines.Buffer(nil, 1<<20)
@@ -525,9 +525,9 @@ func ShellExchange(sockPath, command string, w io.Writer) error {
 		}
 	}
 	if err := lines.Err(); err != nil {
-		return fmt.Errorf("shell %s: %w", sockPath, err)
+		return fmt.Errorf("read reply of shell %s: %w", sockPath, err)
 	}
-	return fmt.Errorf("shell %s: the agent closed the connection", sockPath)
+	return fmt.Errorf("read reply of shell %s: the agent closed the connection", sockPath)
 }
 
 // DialShell connects to the shell at sockPath, once: hive's client retries

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,30 +17,11 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
-// lockedBuffer is a log destination the test reads while the hive writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// startShell runs a hive of the infrastructure and the shell on a private
-// socket, with two health scopes that report and one that does not, and
-// returns the socket's path and the hive's log (text, all levels).
-func startShell(t *testing.T) (string, *lockedBuffer) {
+func startShell(t *testing.T) (string, *syncbuf.Buffer) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "shell.sock")
 	h := NewHive(Shell, cell.Module("zeta", "Reports OK", cell.Invoke(func(health cell.Health) {
@@ -52,7 +32,7 @@ func startShell(t *testing.T) (string, *lockedBuffer) {
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	require.NoError(t, flags.Parse([]string{"--shell-sock-path=" + sock}))
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	require.NoError(t, h.Start(logger, context.Background()))
 	t.Cleanup(func() { require.NoError(t, h.Stop(hivetest.Logger(t), context.Background())) })

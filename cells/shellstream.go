@@ -116,7 +116,7 @@ func newStreamedQueries(db *statedb.DB, cmds map[string]script.Cmd) {
 			}
 			objs, err := lookup(tbl, txn, index, args[1])
 			if err != nil {
-				return nil, fmt.Errorf("query: %w", err)
+				return nil, fmt.Errorf("query index %s: %w", index, err)
 			}
 			if first {
 				return firstObject(objs), nil
@@ -196,7 +196,7 @@ func writeObjects(tbl statedb.AnyTable, objs iter.Seq2[any, statedb.Revision], w
 			first = false
 			out, err := yaml.Marshal(obj)
 			if err != nil {
-				return fmt.Errorf("yaml.Marshal: %w", err)
+				return fmt.Errorf("encode object as YAML: %w", err)
 			}
 			if _, err := w.Write(out); err != nil {
 				return err
@@ -207,7 +207,7 @@ func writeObjects(tbl statedb.AnyTable, objs iter.Seq2[any, statedb.Revision], w
 		for obj := range objs {
 			out, err := json.MarshalIndent(obj, "", "  ")
 			if err != nil {
-				return fmt.Errorf("json.Marshal: %w", err)
+				return fmt.Errorf("encode object as JSON: %w", err)
 			}
 			out = append(out, '\n')
 			if _, err := w.Write(out); err != nil {

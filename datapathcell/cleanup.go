@@ -15,10 +15,10 @@ import (
 // Possible errors: a link cannot be detached or a pin removed.
 func Cleanup(bpfRoot string) error {
 	if err := detachAll(linksDir(bpfRoot)); err != nil {
-		return fmt.Errorf("cleanup: %w", err)
+		return fmt.Errorf("detach enforcement from every device: %w", err)
 	}
 	if err := os.RemoveAll(PinDir(bpfRoot)); err != nil {
-		return fmt.Errorf("cleanup: unpin maps: %w", err)
+		return fmt.Errorf("unpin maps in %s: %w", PinDir(bpfRoot), err)
 	}
 	return nil
 }

@@ -61,9 +61,9 @@ type ConntrackKey [conntrackKeySize]byte
 // ConntrackValue is the value of the conntrack map.
 type ConntrackValue [conntrackValueSize]byte
 
-// NewConntrackKey encodes a connection's key. Both addresses must be of
+// newConntrackKey encodes a connection's key. Both addresses must be of
 // the same family; ports are in host order.
-func NewConntrackKey(endpoint, remote netip.AddrPort, protocol uint8) ConntrackKey {
+func newConntrackKey(endpoint, remote netip.AddrPort, protocol uint8) ConntrackKey {
 	var k ConntrackKey
 	if endpoint.Addr().Is4() {
 		a, b := endpoint.Addr().As4(), remote.Addr().As4()
@@ -93,14 +93,14 @@ func (k ConntrackKey) Fields() (endpoint, remote netip.AddrPort, protocol uint8,
 	case familyIPv6:
 		a, b = netip.AddrFrom16([16]byte(k[0:16])), netip.AddrFrom16([16]byte(k[16:32]))
 	default:
-		return netip.AddrPort{}, netip.AddrPort{}, 0, fmt.Errorf("conntrack key %x: unknown family %d", k[:], k[37])
+		return netip.AddrPort{}, netip.AddrPort{}, 0, fmt.Errorf("decode conntrack key %x: unknown family %d", k[:], k[37])
 	}
 	return netip.AddrPortFrom(a, binary.BigEndian.Uint16(k[32:34])),
 		netip.AddrPortFrom(b, binary.BigEndian.Uint16(k[34:36])), k[36], nil
 }
 
-// NewConntrackValue encodes an entry's value; expires is CLOCK_MONOTONIC_COARSE.
-func NewConntrackValue(expires time.Duration, origin, flags uint8) ConntrackValue {
+// newConntrackValue encodes an entry's value; expires is CLOCK_MONOTONIC_COARSE.
+func newConntrackValue(expires time.Duration, origin, flags uint8) ConntrackValue {
 	var v ConntrackValue
 	binary.LittleEndian.PutUint64(v[0:8], uint64(expires))
 	v[8] = origin
@@ -131,17 +131,6 @@ func monotonicNow() time.Duration {
 // ConntrackTimeouts are how long an entry lives after its last packet.
 type ConntrackTimeouts struct {
 	TCPOpening, TCPEstablished, TCPClosing, Other time.Duration
-}
-
-// DefaultConntrackTimeouts are Cilium's defaults, which the program
-// declares: cilium-agent's --bpf-ct-timeout-regular-tcp-syn (1m),
-// -regular-tcp (6h), -regular-tcp-fin (10s) and -regular-any (1m), as its
-// command reference (Documentation/cmdref/cilium-agent.md) gives them.
-var DefaultConntrackTimeouts = ConntrackTimeouts{
-	TCPOpening:     time.Minute,
-	TCPEstablished: 6 * time.Hour,
-	TCPClosing:     10 * time.Second,
-	Other:          time.Minute,
 }
 
 // uniformConntrackTimeouts gives every state the same timeout (the hidden
@@ -334,11 +323,12 @@ func (d *Datapath) ConntrackStats() ConntrackStats {
 // included (until collected), and the CLOCK_MONOTONIC_COARSE time they were read
 // at, to compare Expires with.
 //
-// Possible errors: the pinned maps are not open; the map cannot be read.
+// Possible errors: ErrMapsNotOpen before start or after stop; the
+// kernel's error when the map cannot be read.
 func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
 	m := d.conntrackMap()
 	if m == nil {
-		return nil, 0, errors.New("read conntrack map: pinned maps are not open")
+		return nil, 0, fmt.Errorf("read conntrack map: %w", ErrMapsNotOpen)
 	}
 	now := monotonicNow()
 	var out []ConntrackEntry
@@ -363,12 +353,12 @@ func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
 // deleted. Replies of the flushed connections are then decided by policy
 // until their next forward packet recreates the entry.
 //
-// Possible errors: the pinned maps are not open; the map cannot be read
-// or written.
+// Possible errors: ErrMapsNotOpen before start or after stop; the
+// kernel's error when the map cannot be read or an entry deleted.
 func (d *Datapath) FlushConntrack() (int, error) {
 	m := d.conntrackMap()
 	if m == nil {
-		return 0, errors.New("flush conntrack map: pinned maps are not open")
+		return 0, fmt.Errorf("flush conntrack map: %w", ErrMapsNotOpen)
 	}
 	var keys []ConntrackKey
 	var k ConntrackKey

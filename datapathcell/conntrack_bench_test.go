@@ -137,7 +137,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	const syn, ack = 0x02, 0x10
 	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
 	replyACK := tcpPacket(peer, out, ack)
-	key := NewConntrackKey(out, peer, testProtoTCP)
+	key := newConntrackKey(out, peer, testProtoTCP)
 
 	passThrough := passThroughProgram(b)
 	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))
@@ -205,7 +205,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
 		setEnforced(b, maps, true, false)
-		require.NoError(b, maps.Conntrack.Put(key, NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
+		require.NoError(b, maps.Conntrack.Put(key, newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
 		add("tracking: not enforced, other direction enforced (established)", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
 		rounds = append(rounds, rows)
 	}

@@ -5,7 +5,6 @@ package datapathcell
 import (
 	"context"
 	"errors"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"io"
 	"net"
 	"net/netip"
@@ -20,7 +19,9 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 const (
@@ -30,40 +31,6 @@ const (
 	ctClosedUDPPort            = 5354
 	ctEndpointPort             = 6379
 )
-
-// echoTCP serves TCP on addr in namespace ns: every connection gets back
-// what it sends.
-func echoTCP(t *testing.T, ns, addr string) {
-	t.Helper()
-	var l net.Listener
-	require.NoError(t, inNetns(t, ns, func() (err error) { l, err = net.Listen("tcp", addr); return err }))
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(c, c) })
-		}
-	})
-}
 
 // echoUDP serves UDP on addr in namespace ns: every datagram is sent back.
 func echoUDP(t *testing.T, ns, addr string) {
@@ -161,11 +128,11 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 	putIdentity(t, maps, ctPeer6+"/128", testIdentityAllowed)
 	putIdentity(t, maps, ctOther4+"/32", testIdentityDenied)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
-	echoTCP(t, nw.host, hostPort(ctPeer4, ctTCPPort))
-	echoTCP(t, nw.host, hostPort(ctPeer6, ctTCPPort))
+	netnstest.EchoTCP(t, nw.host, hostPort(ctPeer4, ctTCPPort))
+	netnstest.EchoTCP(t, nw.host, hostPort(ctPeer6, ctTCPPort))
 	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
 	echoUDP(t, nw.host, hostPort(ctPeer6, ctUDPPort))
-	echoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
+	netnstest.EchoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
 
 	putEnforced(t, maps, policycell.Egress, true)
 	putEnforced(t, maps, policycell.Ingress, true)
@@ -186,7 +153,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		}
 		entries := conntrackEntries(t, maps.Conntrack)
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := entries[key]
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
@@ -217,7 +184,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		// The dropped forward packet took the entry with it: the replies
 		// stop too.
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := NewConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		_, ok := conntrackEntries(t, maps.Conntrack)[key]
 		require.False(t, ok, "entry of a connection policy now drops")
@@ -232,7 +199,7 @@ func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
-	echoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
+	netnstest.EchoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
 	putEnforced(t, maps, policycell.Egress, true)
 	putEnforced(t, maps, policycell.Ingress, true)
 	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, ctEndpointPort)
@@ -323,13 +290,13 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 	now := monotonicNow()
 	const expired, alive = 300, 200
 	for i := range expired + alive {
-		k := NewConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
+		k := newConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
 			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
 		expires := now - time.Second
 		if i >= expired {
 			expires = now + time.Hour
 		}
-		require.NoError(t, m.Put(k, NewConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
+		require.NoError(t, m.Put(k, newConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
 	}
 	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
 	gc.roundLimit, gc.keys, gc.values = 100, make([]ConntrackKey, 50), make([]ConntrackValue, 50)
@@ -368,8 +335,8 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 		t.Cleanup(func() { maps.Close() })
 		return maps.Conntrack
 	}
-	key := NewConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
-	value := NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
+	key := newConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
 
 	first := open(1024)
 	require.NoError(t, first.Put(key, value))

@@ -181,13 +181,13 @@ func (d *Datapath) Prunes(mapName string) uint64 {
 // counters map, summed over CPUs. They count only while the program is
 // attached to a device (--devices).
 //
-// Possible errors: the pinned maps are not open (before start or after
-// stop); the counters map could not be read.
+// Possible errors: ErrMapsNotOpen before start or after stop; the
+// kernel's error when the counters map cannot be read.
 func (d *Datapath) Counters() (Counters, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.maps == nil || d.maps.Counters == nil {
-		return Counters{}, errors.New("read counters: pinned maps are not open")
+		return Counters{}, fmt.Errorf("read counters: %w", ErrMapsNotOpen)
 	}
 	return readCounters(d.maps.Counters)
 }

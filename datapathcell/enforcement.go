@@ -141,7 +141,7 @@ func (w *enforcementWriter) put(dir policycell.Direction, enforced bool) error {
 		value = 1
 	}
 	if err := w.target().Put(&key, &value); err != nil {
-		return fmt.Errorf("%s map: switch %s enforcement: %w", EnforcementMapName, dir, err)
+		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, EnforcementMapName, err)
 	}
 	w.stats.Written.Add(1)
 	if enforced {

@@ -11,4 +11,10 @@ var (
 	// prefix's old value, which the policy map still allows, until the
 	// policy entry is written.
 	ErrPolicyEntriesNotWritten = errors.New("policy entries of the identity are not in the policy map")
+
+	// ErrMapsNotOpen is returned by what reads the pinned maps (Counters,
+	// Conntrack, FlushConntrack, the maps policy/explain looks up) before
+	// the datapath has opened them at start or after it closed them at
+	// stop.
+	ErrMapsNotOpen = errors.New("pinned maps are not open")
 )

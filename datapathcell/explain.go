@@ -37,7 +37,7 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 		m = which(writtenMaps{ipcache: r.d.maps.IPCache, policy: r.d.maps.Policy, enforcement: r.d.maps.Enforcement})
 	}
 	if m == nil {
-		return false, errors.New("the pinned maps are not open")
+		return false, ErrMapsNotOpen
 	}
 	err = m.Lookup(key, value)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -54,7 +54,7 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentit
 	var v IPCacheMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
 	if err != nil {
-		return 0, false, fmt.Errorf("ipcache map: lookup %s: %w", addr, err)
+		return 0, false, fmt.Errorf("look up %s in the ipcache map: %w", addr, err)
 	}
 	return identitycell.NumericIdentity(v.Identity()), found, nil
 }
@@ -65,7 +65,7 @@ func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.Verdict, 
 	var v PolicyMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
 	if err != nil {
-		return 0, false, fmt.Errorf("policy map: lookup %s: %w", key, err)
+		return 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
 	}
 	return policycell.Verdict(v.Verdict()), found, nil
 }
@@ -76,7 +76,7 @@ func (r mapsReader) Enforced(dir policycell.Direction) (bool, error) {
 	var v enforcementValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
 	if err != nil {
-		return false, fmt.Errorf("enforcement map: lookup %s: %w", dir, err)
+		return false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
 	return found && v == 1, nil
 }

@@ -54,12 +54,15 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	require.EqualValues(t, 512000, spec.Maps[IPCacheMapName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[PolicyMapName].MaxEntries)
 	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[ConntrackMapName].MaxEntries)
-	// The program's timeouts are the documented defaults.
+	// The program's timeouts are Cilium's defaults: cilium-agent's
+	// --bpf-ct-timeout-regular-tcp-syn (1m), -regular-tcp (6h),
+	// -regular-tcp-fin (10s) and -regular-any (1m), as its command
+	// reference (Documentation/cmdref/cilium-agent.md) gives them.
 	for name, want := range map[string]time.Duration{
-		bpf.EnforceVarCtTimeoutTcpOpening:     DefaultConntrackTimeouts.TCPOpening,
-		bpf.EnforceVarCtTimeoutTcpEstablished: DefaultConntrackTimeouts.TCPEstablished,
-		bpf.EnforceVarCtTimeoutTcpClosing:     DefaultConntrackTimeouts.TCPClosing,
-		bpf.EnforceVarCtTimeoutOther:          DefaultConntrackTimeouts.Other,
+		bpf.EnforceVarCtTimeoutTcpOpening:     time.Minute,
+		bpf.EnforceVarCtTimeoutTcpEstablished: 6 * time.Hour,
+		bpf.EnforceVarCtTimeoutTcpClosing:     10 * time.Second,
+		bpf.EnforceVarCtTimeoutOther:          time.Minute,
 	} {
 		var got uint64
 		require.NoError(t, spec.Variables[name].Get(&got), name)

@@ -224,7 +224,7 @@ func (o *mapOps[Obj, K, V]) waitGate(ctx context.Context, txn statedb.ReadTxn) e
 		return nil
 	}
 	if err := o.gate(ctx, txn); err != nil {
-		return fmt.Errorf("%s map: wait for the maps it depends on: %w", o.name, err)
+		return fmt.Errorf("wait for the maps the %s map depends on: %w", o.name, err)
 	}
 	return nil
 }
@@ -309,12 +309,12 @@ func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
 			// What the kernel says of a full map (ENOSPC for an LPM trie,
 			// E2BIG for a hash map) does not say so.
-			err = fmt.Errorf("%s map is full (max entries %d; raise --%s-map-max-entries): %w",
+			err = fmt.Errorf("update %s map: it is full (max entries %d; raise --%s-map-max-entries): %w",
 				o.name, o.target().MaxEntries(), o.name, err)
 			o.noRoomFor(k, err)
 			return err
 		}
-		return fmt.Errorf("%s map: update: %w", o.name, err)
+		return fmt.Errorf("update %s map: %w", o.name, err)
 	}
 	o.wrote(k)
 	return nil
@@ -336,7 +336,7 @@ func (o *mapOps[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ s
 
 func (o *mapOps[Obj, K, V]) deleteKey(k K) error {
 	if err := o.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("%s map: delete: %w", o.name, err)
+		return fmt.Errorf("delete from %s map: %w", o.name, err)
 	}
 	o.forget(k)
 	return nil
@@ -359,7 +359,7 @@ func (o *mapOps[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, obje
 		stale = slices.DeleteFunc(stale, func(k K) bool { return stay[k] != nil })
 	}
 	if err := o.deleteKeys(stale); err != nil {
-		return fmt.Errorf("%s map: prune %d stale keys: %w", o.name, len(stale), err)
+		return fmt.Errorf("prune %d stale keys of %s map: %w", len(stale), o.name, err)
 	}
 	o.stats.Prunes.Add(1)
 	return nil
@@ -396,7 +396,7 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s map: prune: read: %w", o.name, err)
+		return nil, fmt.Errorf("read %s map to prune it: %w", o.name, err)
 	}
 	return stale, nil
 }

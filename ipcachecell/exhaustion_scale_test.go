@@ -22,6 +22,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -204,7 +205,7 @@ func TestIdentityExhaustionAtScale(t *testing.T) {
 	began := time.Now()
 	var wg sync.WaitGroup
 	for _, h := range []*ipcachecell.Handle{pods, policy} {
-		mine := slices.SortedFunc(maps.Keys(owned[h]), comparePrefixes)
+		mine := slices.SortedFunc(maps.Keys(owned[h]), prefixkey.Compare)
 		wg.Go(func() {
 			for start := 0; start < len(mine); start += batchSize {
 				var batch []ipcachecell.PrefixUpsert
@@ -291,7 +292,7 @@ func TestIdentityExhaustionAtScale(t *testing.T) {
 	// numbers, and are reported (and logged) as failing, with the others.
 	labeller, err := x.ipcache.NewHandle("labeller", source.Local)
 	require.NoError(t, err)
-	relabelled := slices.SortedFunc(maps.Keys(before), comparePrefixes)[:50]
+	relabelled := slices.SortedFunc(maps.Keys(before), prefixkey.Compare)[:50]
 	appX, err := labels.New("app:x")
 	require.NoError(t, err)
 	var relabel []ipcachecell.PrefixUpsert
@@ -406,7 +407,7 @@ func TestIdentityExhaustionAtScale(t *testing.T) {
 	// Everything fits: pods releases its handle, policy/b keeps 1,500.
 	require.NoError(t, pods.Release())
 	clear(owned[pods])
-	keep := slices.SortedFunc(maps.Keys(owned[policy]), comparePrefixes)
+	keep := slices.SortedFunc(maps.Keys(owned[policy]), prefixkey.Compare)
 	remove(policy, keep[1500:])
 	removedAt = time.Now()
 	x.waitFor(retryWait, func() string {
@@ -475,13 +476,6 @@ func TestIdentityExhaustionRetryNotStarvedByOtherChanges(t *testing.T) {
 	require.Equal(t, space+1, x.entries.NumObjects(x.db.ReadTxn()),
 		"3 s after numbers were freed, with an unrelated change every 50 ms: the freed numbers should be taken "+
 			"by waiting prefixes (the backoff was 100 ms)")
-}
-
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }
 
 // resolverRounds is statedb's Metrics, recording when the resolver

@@ -77,12 +77,12 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle: empty resource name: %w", ErrInvalidMetadata)
 	}
 	if !src.Valid() {
-		return nil, fmt.Errorf("handle for %s: source %s: %w", resource, src, source.ErrUnknownSource)
+		return nil, fmt.Errorf("create handle for %s: source %s: %w", resource, src, source.ErrUnknownSource)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, taken := c.resources[resource]; taken {
-		return nil, fmt.Errorf("handle for %s: %w", resource, ErrResourceInUse)
+		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
 	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{}}, nil

@@ -100,7 +100,7 @@ func (o identityOwners) showCommand() script.Cmd {
 			}
 			n, err := strconv.ParseUint(args[0], 10, 32)
 			if err != nil {
-				return scriptcmd.Result("", fmt.Errorf("identity %q: %w", args[0], err))
+				return scriptcmd.Result("", fmt.Errorf("parse identity %q: %w", args[0], err))
 			}
 			id := identitycell.NumericIdentity(n)
 			txn := o.db.ReadTxn()
@@ -142,7 +142,7 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			}
 			addr, err := netip.ParseAddr(args[0])
 			if err != nil {
-				return scriptcmd.Result("", fmt.Errorf("address %q: %w", args[0], err))
+				return scriptcmd.Result("", fmt.Errorf("parse address %q: %w", args[0], err))
 			}
 			txn := db.ReadTxn()
 			entry, found := LookupAddress(txn, entries, addr)

@@ -3,7 +3,6 @@
 package labels
 
 import (
-	"errors"
 	"fmt"
 	"iter"
 	"net/netip"
@@ -22,10 +21,6 @@ const (
 
 	separator = ","
 )
-
-// ErrInvalidLabel is returned (wrapped) for a label that is not "source:value"
-// or whose value is not valid for its source.
-var ErrInvalidLabel = errors.New("invalid label")
 
 // Labels is an immutable set of labels. The zero value is the empty set.
 //
@@ -164,9 +159,13 @@ func (l Labels) Prefixes() iter.Seq[netip.Prefix] {
 
 // MarshalText implements encoding.TextMarshaler (JSON, YAML and the statedb
 // script commands use it).
+//
+// Possible errors: none (the error is the interface's).
 func (l Labels) MarshalText() ([]byte, error) { return []byte(l.canonical), nil }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler, as Parse.
+//
+// Possible errors: ErrInvalidLabel (wrapped, naming the label).
 func (l *Labels) UnmarshalText(text []byte) error {
 	parsed, err := Parse(string(text))
 	if err != nil {

@@ -190,7 +190,7 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 			}
 			addr, err := netip.ParseAddr(args[0])
 			if err != nil {
-				return scriptcmd.Result("", fmt.Errorf("address %q: %w", args[0], err))
+				return scriptcmd.Result("", fmt.Errorf("parse address %q: %w", args[0], err))
 			}
 			dir, err := ParseDirection(args[1])
 			if err != nil {

@@ -136,28 +136,28 @@ func cmpInt[T ~uint8 | ~uint16 | ~uint32](a, b T) int {
 func policyKeyFromString(s string) (index.Key, error) {
 	fields := strings.Split(s, "/")
 	if len(fields) > 4 {
-		return nil, fmt.Errorf("policy key %q: want identity/direction/protocol/port", s)
+		return nil, fmt.Errorf("parse policy key %q: want identity/direction/protocol/port", s)
 	}
 	id, err := strconv.ParseUint(fields[0], 10, 32)
 	if err != nil {
-		return nil, fmt.Errorf("policy key %q: identity: %w", s, err)
+		return nil, fmt.Errorf("parse policy key %q: identity: %w", s, err)
 	}
 	var k PolicyKey
 	k.Identity = identitycell.NumericIdentity(id)
 	if len(fields) > 1 {
 		if k.Direction, err = ParseDirection(fields[1]); err != nil {
-			return nil, fmt.Errorf("policy key %q: %w", s, err)
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
 		}
 	}
 	if len(fields) > 2 {
 		if k.Protocol, err = ParseProtocol(fields[2]); err != nil {
-			return nil, fmt.Errorf("policy key %q: %w", s, err)
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
 		}
 	}
 	if len(fields) > 3 {
 		port, err := strconv.ParseUint(fields[3], 10, 16)
 		if err != nil {
-			return nil, fmt.Errorf("policy key %q: port: %w", s, err)
+			return nil, fmt.Errorf("parse policy key %q: port: %w", s, err)
 		}
 		k.Port = uint16(port)
 	}

@@ -6,7 +6,6 @@
 package source
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 )
@@ -47,10 +46,6 @@ var names = [...]string{
 	Unspec:         "unspec",
 }
 
-// ErrUnknownSource is returned (wrapped) by Parse for a name that is not a
-// source.
-var ErrUnknownSource = errors.New("unknown source")
-
 // Parse returns the source of the given name.
 //
 // Possible errors: ErrUnknownSource (wrapped, listing the known names).
@@ -81,6 +76,8 @@ func (s Source) String() string {
 }
 
 // MarshalText implements encoding.TextMarshaler: the name (JSON, YAML).
+//
+// Possible errors: ErrUnknownSource (wrapped) for a value that is no source.
 func (s Source) MarshalText() ([]byte, error) {
 	if !s.Valid() {
 		return nil, fmt.Errorf("%w %d", ErrUnknownSource, s)
@@ -88,7 +85,9 @@ func (s Source) MarshalText() ([]byte, error) {
 	return []byte(names[s]), nil
 }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler, as Parse.
+//
+// Possible errors: ErrUnknownSource (wrapped) for a name that is no source.
 func (s *Source) UnmarshalText(text []byte) error {
 	parsed, err := Parse(string(text))
 	if err != nil {

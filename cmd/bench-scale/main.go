@@ -92,7 +92,7 @@ func run(sizes, families string, verbose bool, out io.Writer) error {
 		fmt.Fprintf(os.Stderr, "bench-scale: %s...\n", s)
 		r, err := runScenario(s, log)
 		if err != nil {
-			return fmt.Errorf("%s: %w", s, err)
+			return fmt.Errorf("run scenario %s: %w", s, err)
 		}
 		results = append(results, r)
 		fmt.Fprintf(os.Stderr, "bench-scale: %s done\n", s)

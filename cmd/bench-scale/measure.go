@@ -96,7 +96,7 @@ func keys(s scenario) []netip.Prefix {
 func floor(prefixes []netip.Prefix) (time.Duration, error) {
 	m, err := ebpf.NewMap(datapathcell.IPCacheMapSpec(uint32(len(prefixes))))
 	if err != nil {
-		return 0, fmt.Errorf("floor: create LPM trie: %w", err)
+		return 0, fmt.Errorf("create LPM trie for the floor: %w", err)
 	}
 	defer m.Close()
 	ks := make([]datapathcell.IPCacheMapKey, len(prefixes))
@@ -108,7 +108,7 @@ func floor(prefixes []netip.Prefix) (time.Duration, error) {
 	n, err := m.BatchUpdate(ks, vs, nil)
 	elapsed := time.Since(start)
 	if err != nil || n != len(prefixes) {
-		return 0, fmt.Errorf("floor: batch update wrote %d of %d: %w", n, len(prefixes), err)
+		return 0, fmt.Errorf("batch update the floor's LPM trie: wrote %d of %d: %w", n, len(prefixes), err)
 	}
 	return elapsed, nil
 }
@@ -127,7 +127,7 @@ func tableInsertFloor(prefixes []netip.Prefix) (time.Duration, error) {
 		for _, p := range prefixes[first:min(first+4096, len(prefixes))] {
 			if _, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: identitycell.MinLocalIdentity, Source: source.Local}); err != nil {
 				txn.Abort()
-				return 0, fmt.Errorf("table insert floor: %w", err)
+				return 0, fmt.Errorf("insert into the table for the floor: %w", err)
 			}
 		}
 		txn.Commit()
@@ -204,7 +204,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 	before, err := pinnedMatches(bpfRoot, prefixes)
 	if err != nil {
-		return r, fmt.Errorf("after end to end: %w", err)
+		return r, fmt.Errorf("check pinned map after end to end: %w", err)
 	}
 
 	// 3. Restart, the owner re-asserting the same prefixes.
@@ -235,7 +235,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 	after, err := pinnedMatches(bpfRoot, prefixes)
 	if err != nil {
-		return r, fmt.Errorf("after restart: %w", err)
+		return r, fmt.Errorf("check pinned map after restart: %w", err)
 	}
 	for p, id := range before {
 		if after[p] != id {
@@ -348,7 +348,7 @@ func (s *upsertSampler) run(done <-chan struct{}) {
 		start := time.Now()
 		if err := s.handle.Upsert(prefix, ipcachecell.Metadata{}); err != nil {
 			s.mu.Lock()
-			s.err = fmt.Errorf("unrelated upsert: %w", err)
+			s.err = fmt.Errorf("upsert unrelated prefix: %w", err)
 			s.mu.Unlock()
 			return
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
@@ -52,7 +53,7 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 
 	cmd := agentCommand("--bpf-root="+bpfRoot, "--state-dir="+stateDir, "--devices="+device,
 		"--policy-dir="+policyDir, "--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "Started hive") },

@@ -42,37 +42,7 @@ type ctConn struct {
 
 func (e *e2e) ctConnect() *ctConn {
 	e.t.Helper()
-	var l net.Listener
-	require.NoError(e.t, netnstest.InNetns(e.t, e.hostNS, func() (err error) {
-		l, err = net.Listen("tcp", net.JoinHostPort(allowedIP, ctTCPPort))
-		return err
-	}))
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	e.t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(c, c) })
-		}
-	})
+	netnstest.EchoTCP(e.t, e.hostNS, net.JoinHostPort(allowedIP, ctTCPPort))
 	var c net.Conn
 	require.NoError(e.t, netnstest.InNetns(e.t, e.epNS, func() (err error) {
 		c, err = net.DialTimeout("tcp", net.JoinHostPort(allowedIP, ctTCPPort), 2*time.Second)

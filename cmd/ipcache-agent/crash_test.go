@@ -28,7 +28,9 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -308,7 +310,7 @@ type crashRun struct {
 	r      *crashRig
 	label  string
 	cmd    *exec.Cmd
-	log    syncBuffer
+	log    syncbuf.Buffer
 	start  time.Time
 	prev   map[netip.Prefix]uint32 // the map it starts from: what it restores
 	wanted map[netip.Prefix]bool   // the policy set it reads
@@ -1085,7 +1087,7 @@ func containsAll[V any](m map[netip.Prefix]V, want map[netip.Prefix]bool) bool {
 }
 
 func sortedKeys[V any](m map[netip.Prefix]V) []netip.Prefix {
-	return slices.SortedFunc(maps.Keys(m), netip.Prefix.Compare)
+	return slices.SortedFunc(maps.Keys(m), prefixkey.Compare)
 }
 
 // diffKeys says which prefixes the map lacks and which it has too many.
@@ -1101,8 +1103,8 @@ func diffKeys[V any](got map[netip.Prefix]V, want map[netip.Prefix]bool) string 
 			extra = append(extra, prefix)
 		}
 	}
-	slices.SortFunc(missing, netip.Prefix.Compare)
-	slices.SortFunc(extra, netip.Prefix.Compare)
+	slices.SortFunc(missing, prefixkey.Compare)
+	slices.SortFunc(extra, prefixkey.Compare)
 	return fmt.Sprintf("%d entries, want %d; %d missing %v; %d extra %v", len(got), len(want),
 		len(missing), missing[:min(10, len(missing))], len(extra), extra[:min(10, len(extra))])
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 // e2e is an endpoint network namespace behind a veth whose host side is in
@@ -31,7 +32,7 @@ type e2e struct {
 	bpfRoot, stateDir string
 	policyDir         string
 	agent             *exec.Cmd
-	agentLog          *syncBuffer
+	agentLog          *syncbuf.Buffer
 	gracePeriod       string
 	// extraArgs are more flags for the agent.
 	extraArgs []string
@@ -94,10 +95,7 @@ func (e *e2e) cleanup() {
 
 func (e *e2e) writePolicy(allow string) {
 	e.t.Helper()
-	policy := fmt.Sprintf("name: e2e\negress:\n  - toCIDR: [%q]\n", allow+"/32")
-	tmp := filepath.Join(e.policyDir, ".tmp")
-	require.NoError(e.t, os.WriteFile(tmp, []byte(policy), 0o600))
-	require.NoError(e.t, os.Rename(tmp, filepath.Join(e.policyDir, policyFile)))
+	e.policyFile(policyFile, fmt.Sprintf("name: e2e\negress:\n  - toCIDR: [%q]\n", allow+"/32"))
 }
 
 func (e *e2e) startAgent() {
@@ -109,7 +107,7 @@ func (e *e2e) startAgent() {
 	args = append(args, e.extraArgs...)
 	cmd := exec.Command("ip", args...)
 	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
-	e.agentLog = &syncBuffer{}
+	e.agentLog = &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = e.agentLog, e.agentLog
 	require.NoError(e.t, cmd.Start())
 	e.agent = cmd
@@ -208,7 +206,7 @@ func TestPrivilegedEndToEnd(t *testing.T) {
 
 	// 20 pings a second for the whole restart and past the grace period.
 	ping := exec.Command("ip", "netns", "exec", e.epNS, "ping", "-i", "0.05", "-W", "1", otherIP)
-	var pingOut syncBuffer
+	var pingOut syncbuf.Buffer
 	ping.Stdout = &pingOut
 	require.NoError(t, ping.Start())
 	time.Sleep(time.Second)

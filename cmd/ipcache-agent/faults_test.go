@@ -24,6 +24,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 // The faults of docs/FAULTS.md that need the real binary: a bad --bpf-root
@@ -80,7 +81,7 @@ func (r *faultRig) writePolicy(cidrs ...string) {
 func runFailing(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	cmd := agentCommand(args...)
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
@@ -105,14 +106,14 @@ func runFailing(t *testing.T, args ...string) (string, int) {
 type faultAgent struct {
 	t   *testing.T
 	cmd *exec.Cmd
-	log *syncBuffer
+	log *syncbuf.Buffer
 }
 
 // startAgent runs the agent until it has started, with umask 0 inherited:
 // what it creates must not depend on the umask it is started with.
 func startAgent(t *testing.T, args ...string) *faultAgent {
 	t.Helper()
-	a := &faultAgent{t: t, cmd: agentCommand(args...), log: &syncBuffer{}}
+	a := &faultAgent{t: t, cmd: agentCommand(args...), log: &syncbuf.Buffer{}}
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	old := syscall.Umask(0)
 	err := a.cmd.Start()

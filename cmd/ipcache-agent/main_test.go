@@ -21,6 +21,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/agentcmd/stopsignal"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 // The test binary doubles as the agent binary: with this variable set it
@@ -131,7 +132,7 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 		t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
 		cmd := agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--log-format=json",
 			"--shell-sock-path="+filepath.Join(stateDir, "shell.sock"))
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		cmd.Stderr = &stderr
 		require.NoError(t, cmd.Start())
 		require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "Started hive") },

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 // agentDirs are the private directories of an agent process under test:
@@ -46,7 +47,7 @@ func (d agentDirs) args(extra ...string) []string {
 // agentProcess is a running agent whose exit is watched.
 type agentProcess struct {
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *syncbuf.Buffer
 	exited chan struct{}
 	err    error // of Wait, once exited is closed
 }
@@ -56,7 +57,7 @@ type agentProcess struct {
 // killed at the end of the test if it still runs.
 func startAgentProcess(t *testing.T, cmd *exec.Cmd) *agentProcess {
 	t.Helper()
-	p := &agentProcess{cmd: cmd, log: &syncBuffer{}, exited: make(chan struct{})}
+	p := &agentProcess{cmd: cmd, log: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	if cmd.Stdout == nil && cmd.Stderr == nil {
 		cmd.Stdout, cmd.Stderr = p.log, p.log
 	}

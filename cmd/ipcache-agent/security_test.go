@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 // inetSocket is an inet socket of a process, as /proc/<pid>/net/{tcp,udp}[6]
@@ -106,7 +107,7 @@ func procAddrPort(t *testing.T, s string) netip.AddrPort {
 // (bpffs, state, shell socket), which are private to the test, and with
 // extra; it returns the process and its JSON log. The agent is stopped
 // (SIGTERM, clean exit) when the test ends.
-func startPrivateAgent(t *testing.T, extra ...string) (*syncBuffer, int) {
+func startPrivateAgent(t *testing.T, extra ...string) (*syncbuf.Buffer, int) {
 	t.Helper()
 	stateDir := filepath.Join(t.TempDir(), "state")
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
@@ -114,7 +115,7 @@ func startPrivateAgent(t *testing.T, extra ...string) (*syncBuffer, int) {
 	args := append([]string{"--state-dir=" + stateDir, "--bpf-root=" + bpfRoot, "--log-format=json",
 		"--shell-sock-path=" + filepath.Join(stateDir, "shell.sock")}, extra...)
 	cmd := agentCommand(args...)
-	var log syncBuffer
+	var log syncbuf.Buffer
 	cmd.Stderr = &log
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {

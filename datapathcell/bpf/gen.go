@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package bpf
 
 // The second step puts the licence and a note on how to regenerate at the

@@ -9,6 +9,8 @@ import "github.com/cilium/hive/script"
 // tests see them: out on stdout, and err both as the command's error and
 // on stderr. (An error returned directly from a command does not reach
 // stderr, so neither a shell user nor a script's `stderr` could read it.)
+//
+// Possible errors: none; err is returned by the WaitFunc.
 func Result(out string, err error) (script.WaitFunc, error) {
 	return func(*script.State) (string, string, error) {
 		if err != nil {

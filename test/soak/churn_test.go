@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
@@ -343,7 +344,7 @@ func (c *churn) remove(o *owner) {
 		return
 	}
 	var gone []netip.Prefix
-	for _, p := range slices.SortedFunc(maps.Keys(o.said), comparePrefixes) {
+	for _, p := range slices.SortedFunc(maps.Keys(o.said), prefixkey.Compare) {
 		if c.rng.IntN(3) == 0 {
 			gone = append(gone, p)
 		}
@@ -386,11 +387,4 @@ func (c *churn) totalOps() int {
 		n += k
 	}
 	return n
-}
-
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }

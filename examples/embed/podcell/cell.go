@@ -59,6 +59,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Validate reports configuration errors, naming the flag.
+//
+// Possible errors: --pods-file-interval is not positive.
 func (c Config) Validate() error {
 	if c.PodsFileInterval <= 0 {
 		return fmt.Errorf("--pods-file-interval must be positive, got %s", c.PodsFileInterval)

@@ -3,7 +3,6 @@
 package podcell
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -20,9 +19,6 @@ const (
 	MinPodIdentity = identitycell.NumericIdentity(256)
 	MaxPodIdentity = identitycell.LocalScope - 1
 )
-
-// ErrInvalidPodsFile is wrapped by every *LineError.
-var ErrInvalidPodsFile = errors.New("invalid pods file")
 
 // LineError is an error on a line of a pods file.
 type LineError struct {
@@ -59,6 +55,9 @@ func ParseFile(path string) (map[netip.Addr]identitycell.NumericIdentity, error)
 
 // Parse parses the contents of a pods file; name is used in errors. See
 // ParseFile.
+//
+// Possible errors: a *LineError, wrapping ErrInvalidPodsFile, for the
+// first line that is not valid.
 func Parse(name, contents string) (map[netip.Addr]identitycell.NumericIdentity, error) {
 	pods := map[netip.Addr]identitycell.NumericIdentity{}
 	lineOf := map[netip.Addr]int{}

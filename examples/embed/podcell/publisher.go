@@ -34,7 +34,7 @@ var _ cell.HookInterface = (*publisher)(nil)
 func (p *publisher) Start(cell.HookContext) error {
 	handle, err := p.ipcache.NewHandle(Resource, Source)
 	if err != nil {
-		return fmt.Errorf("pods: %w", err)
+		return fmt.Errorf("start pods publisher: %w", err)
 	}
 	p.mu.Lock()
 	p.handle = handle

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package netnstest is for tests that send traffic through network
-// namespaces they create: entering a namespace, and a pinger that probes
-// every millisecond and counts what comes back (zero-loss claims are made
-// with it).
+// namespaces they create: entering a namespace, a TCP echo server, and a
+// pinger that probes every millisecond and counts what comes back
+// (zero-loss claims are made with it).
 package netnstest
 
 import (
@@ -20,6 +20,9 @@ import (
 // Sockets and netlink queries made by fn (including net.InterfaceByName
 // and TCX attach by ifindex) see that namespace; a socket made there stays
 // in it.
+//
+// Possible errors: the namespace cannot be entered (it does not exist, or
+// not as root); fn's error.
 func InNetns(t testing.TB, ns string, fn func() error) error {
 	t.Helper()
 	runtime.LockOSThread()

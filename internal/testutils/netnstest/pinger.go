@@ -137,13 +137,6 @@ func (p *Pinger) allAnswered() bool {
 	return len(p.answered) >= p.sent
 }
 
-// Sent returns the number of probes sent so far.
-func (p *Pinger) Sent() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.sent
-}
-
 // Stop stops sending, waits up to a second for the replies of what was
 // sent, and returns the probes sent, those answered, and the longest run
 // of consecutive probes lost.
