@@ -217,11 +217,11 @@ func newConntrackGC(m func() *ebpf.Map, log *slog.Logger) *conntrackGC {
 		keys: make([]ConntrackKey, conntrackGCBatch), values: make([]ConntrackValue, conntrackGCBatch)}
 }
 
-// round reads up to roundLimit entries, deletes the expired ones and
-// reports whether it finished a pass over the map. An entry refreshed by a
-// packet between the read and the delete is deleted too (it had been idle
-// for its whole timeout): its connection's next forward packet that policy
-// allows creates it again.
+// round reads up to roundLimit entries (one batch if that is more),
+// deletes the expired ones and reports whether it finished a pass over the
+// map. An entry refreshed by a packet between the read and the delete is
+// deleted too (it had been idle for its whole timeout): its connection's
+// next forward packet that policy allows creates it again.
 //
 // Possible errors: the map cannot be read or an entry cannot be deleted.
 func (g *conntrackGC) round(ctx context.Context) (passDone bool, err error) {
@@ -234,7 +234,10 @@ func (g *conntrackGC) round(ctx context.Context) (passDone bool, err error) {
 	now := g.now()
 	var expired []ConntrackKey
 	read := 0
-	for read < g.roundLimit && ctx.Err() == nil {
+	// A hash map's batch returns whole buckets, so it may hold fewer
+	// entries than the buffer: a next batch is read only while a full one
+	// still fits the round's limit, which thus is never exceeded.
+	for ctx.Err() == nil && (read == 0 || read+len(g.keys) <= g.roundLimit) {
 		n, err := m.BatchLookup(&g.cursor, g.keys, g.values, nil)
 		for i := range n {
 			if g.values[i].Expires() < now {
