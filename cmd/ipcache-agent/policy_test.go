@@ -31,7 +31,7 @@ const (
 func TestPolicyValidate(t *testing.T) {
 	dir := writeFiles(t, map[string]string{
 		"cnp.yaml": validCNP, "native.yaml": validNative, "deny.yaml": denyCNP,
-		"typo.yaml": "name: c\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPort: []\n",
+		"typo.yaml":  "name: c\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPort: []\n",
 		"again.yaml": "name: a\ningress: [{}]\n",
 	})
 	path := func(name string) string { return filepath.Join(dir, name) }
