@@ -50,6 +50,15 @@ var (
 	}
 )
 
+// ciliumRuleFields are the fields of an ingress and of an egress rule
+// (allow or deny), supported or not.
+var ciliumRuleFields = [2][]string{
+	Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "toPorts", "icmps",
+		"authentication", "fromEndpoints", "fromGroups", "fromNodes", "fromRequires"},
+	Egress: {"toCIDR", "toCIDRSet", "toEntities", "toPorts", "icmps",
+		"authentication", "toEndpoints", "toFQDNs", "toGroups", "toNodes", "toRequires", "toServices"},
+}
+
 // The ICMP and ICMPv6 type names Cilium accepts for `type` (the IANA
 // names in CamelCase).
 var (
@@ -242,12 +251,7 @@ func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rul
 		peer, unsupported = "from", ciliumIngressUnsupported
 	}
 	cidrField, setField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Entities"
-	allowed := []string{cidrField, setField, entityField, "toPorts", "icmps"}
-	for name := range unsupported {
-		allowed = append(allowed, name)
-	}
-	slices.Sort(allowed[5:])
-	fields, err := p.fields(n, what, allowed...)
+	fields, err := p.fields(n, what, ciliumRuleFields[dir]...)
 	if err != nil {
 		return Rule{}, err
 	}

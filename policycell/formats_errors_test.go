@@ -215,3 +215,19 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 		require.Empty(t, policies[0].Egress, "egress not the policy's")
 	}
 }
+
+// TestCiliumRuleFields: the fields a Cilium rule may have are the
+// supported ones and the rejected ones, nothing else.
+func TestCiliumRuleFields(t *testing.T) {
+	for _, dir := range Directions() {
+		peer, unsupported := "to", ciliumEgressUnsupported
+		if dir == Ingress {
+			peer, unsupported = "from", ciliumIngressUnsupported
+		}
+		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", "toPorts", "icmps"}
+		for name := range unsupported {
+			want = append(want, name)
+		}
+		require.ElementsMatch(t, want, ciliumRuleFields[dir], dir.String())
+	}
+}

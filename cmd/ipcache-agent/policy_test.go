@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,11 +55,13 @@ func TestPolicyValidate(t *testing.T) {
 	require.Equal(t, path("native.yaml")+`:1: policy name already in use: policy "a" is in force from `+path("again.yaml")+"\n"+
 		path("again.yaml")+": ok (1 policies: a)\n", stdout)
 
-	// A file that cannot be read is invalid too.
-	stdout, _, code = runAgentCommand(t, "policy", "validate", path("missing.yaml"), dir)
+	// A file that cannot be read is invalid too; a FIFO does not block.
+	require.NoError(t, syscall.Mkfifo(path("fifo.yaml"), 0o600))
+	stdout, _, code = runAgentCommand(t, "policy", "validate", path("missing.yaml"), dir, path("fifo.yaml"))
 	require.Equal(t, 1, code)
 	require.Contains(t, stdout, path("missing.yaml")+": open "+path("missing.yaml")+": no such file or directory\n")
 	require.Contains(t, stdout, dir+": not a regular file: a directory\n")
+	require.Contains(t, stdout, path("fifo.yaml")+": not a regular file: p---------\n")
 }
 
 func TestPolicyValidateJSON(t *testing.T) {
