@@ -60,17 +60,17 @@ func TestFormatsReject(t *testing.T) {
 		// Cilium rules.
 		{"toEndpoints", cnpHead + "spec:\n  egress:\n    - toEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toEndpoints: selecting endpoints by label is not supported`},
 		{"fromEndpoints", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromEndpoints: selecting endpoints by label is not supported`},
-		{"fromRequires", cnpHead + "spec:\n  ingressDeny:\n    - fromRequires: [{}]\n", `ingressDeny[0].fromRequires: selecting endpoints by label is not supported`},
+		{"fromRequires", cnpHead + "spec:\n  ingressDeny:\n    - fromRequires: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingressDeny[0].fromRequires: selecting endpoints by label is not supported`},
 		{"toServices", cnpHead + "spec:\n  egress:\n    - toServices: [{k8sService: {serviceName: a}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toServices: selecting services is not supported`},
 		{"toFQDNs", cnpHead + "spec:\n  egress:\n    - toFQDNs: [{matchName: a.example}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toFQDNs: DNS names are not supported`},
 		{"toGroups", cnpHead + "spec:\n  egress:\n    - toGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toGroups: cloud provider groups are not supported`},
-		{"fromGroups", cnpHead + "spec:\n  ingress:\n    - fromGroups: [{aws: {}}]\n", `ingress[0].fromGroups: cloud provider groups are not supported`},
+		{"fromGroups", cnpHead + "spec:\n  ingress:\n    - fromGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromGroups: cloud provider groups are not supported`},
 		{"toNodes", cnpHead + "spec:\n  egress:\n    - toNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toNodes: selecting nodes is not supported`},
-		{"fromNodes", cnpHead + "spec:\n  ingress:\n    - fromNodes: [{}]\n", `ingress[0].fromNodes: selecting nodes is not supported`},
+		{"fromNodes", cnpHead + "spec:\n  ingress:\n    - fromNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromNodes: selecting nodes is not supported`},
 		{"authentication", cnpHead + "spec:\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n      authentication: {mode: required}\n",
 			`bad.yaml:7:7: invalid policy file: policy "default/p": ingress[0].authentication: mutual authentication is not supported`},
 		{"other entity", cnpHead + "spec:\n  egress:\n    - toEntities: [world, cluster]\n", `bad.yaml:6:27: invalid policy file: policy "default/p": egress[0].toEntities[1]: entity "cluster" is not supported: only world and all`},
-		{"host entity", cnpHead + "spec:\n  ingress:\n    - fromEntities: [host]\n", `ingress[0].fromEntities[0]: entity "host" is not supported`},
+		{"host entity", cnpHead + "spec:\n  ingress:\n    - fromEntities: [host]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": ingress[0].fromEntities[0]: entity "host" is not supported`},
 		{"unknown rule field", cnpHead + "spec:\n  egress:\n    - toCIDRs: [10.0.0.0/8]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0]: unknown field "toCIDRs"`},
 		{"wrong direction field", cnpHead + "spec:\n  ingress:\n    - toCIDR: [10.0.0.0/8]\n", `ingress[0]: unknown field "toCIDR"`},
 		{"combined peers", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toCIDRSet: [{cidr: 11.0.0.0/8}]\n",
@@ -82,8 +82,8 @@ func TestFormatsReject(t *testing.T) {
 		{"serverNames", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - ports: [{port: \"443\", protocol: TCP}]\n          serverNames: [a.example]\n",
 			`bad.yaml:8:11: invalid policy file: policy "default/p": egress[0].toPorts[0].serverNames: TLS server names are not supported`},
 		{"listener", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - listener: {name: l}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].listener: L7 listeners are not supported`},
-		{"terminatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - terminatingTLS: {}\n", `egress[0].toPorts[0].terminatingTLS: TLS termination is not supported`},
-		{"originatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - originatingTLS: {}\n", `egress[0].toPorts[0].originatingTLS: TLS origination is not supported`},
+		{"terminatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - terminatingTLS: {}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].terminatingTLS: TLS termination is not supported`},
+		{"originatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - originatingTLS: {}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].originatingTLS: TLS origination is not supported`},
 		{"ports missing", cnpHead + "spec:\n  egress:\n    - toPorts: [{}]\n", `bad.yaml:6:17: invalid policy file: policy "default/p": egress[0].toPorts[0]: ports is required`},
 		{"named port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: http}]}]\n", `bad.yaml:6:33: invalid policy file: policy "default/p": egress[0].toPorts[0].ports[0].port: "http": named ports are not supported`},
 		{"port out of range", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"65536\"}]}]\n", `egress[0].toPorts[0].ports[0].port: "65536" is not a port number (0..65535, decimal)`},
@@ -104,7 +104,7 @@ func TestFormatsReject(t *testing.T) {
 		{"pod peer", netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {}}]\n", `bad.yaml:6:15: invalid policy file: policy "default/p": spec.ingress[0].from[0].podSelector: selecting pods by label is not supported`},
 		{"namespace peer", netpolHead + "spec:\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}, namespaceSelector: {}}]\n",
 			`bad.yaml:6:42: invalid policy file: policy "default/p": spec.egress[0].to[0].namespaceSelector: selecting namespaces is not supported`},
-		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `spec.ingress[0].from[0]: ipBlock is required`},
+		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: ipBlock is required`},
 		{"ipBlock except outside", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]\n",
 			`spec.ingress[0].from[0].ipBlock.except[0]: 11.0.0.0/8 is not inside 10.0.0.0/8`},
 		{"named NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: https}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "https": named ports are not supported`},
@@ -124,6 +124,7 @@ func TestFormatsReject(t *testing.T) {
 			var fileErr *FileError
 			require.ErrorAs(t, err, &fileErr)
 			require.NotZero(t, fileErr.Line, "the error has a position")
+			require.NotZero(t, fileErr.Column, "the error has a column")
 			require.Nil(t, policies, "the whole file is rejected")
 		})
 	}
