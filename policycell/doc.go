@@ -12,7 +12,11 @@
 // `policies` table. A file that becomes empty keeps its policies in force
 // (an editor truncates a file before writing it again); removing the file
 // removes them. A file is capped at 4 MiB, and its parse's memory is a
-// bounded multiple of its size.
+// bounded multiple of its size. A file's documents are native policies,
+// CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies, NetworkPolicies
+// or Lists of them (docs/CONTRACT.md, "Policy file formats"); what the
+// agent cannot enforce, or not yet, rejects the file. ValidateFiles checks
+// files the same way without an agent.
 //
 // The selector job matches the policies' CIDR selectors against the
 // identities table: a CIDR selects every identity with a cidr label inside

@@ -49,3 +49,10 @@ var (
 	// saved.
 	ErrInForceTooLarge = errors.New("the saved policies in force would be over their cap")
 )
+
+// ErrNotEnforced is wrapped (with ErrInvalidPolicy) by the error that
+// rejects a policy file for a construct this version reads but cannot
+// enforce yet: deny rules, enableDefaultDeny false, rules for every peer,
+// port ranges, ICMP types, SCTP ports (docs/CONTRACT.md, "Policy file
+// formats").
+var ErrNotEnforced = errors.New("not enforced by this version yet")

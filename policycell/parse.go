@@ -39,8 +39,12 @@ func (e *FileError) Error() string {
 // Unwrap returns the error the file was rejected for.
 func (e *FileError) Unwrap() error { return e.Err }
 
-// ParseFile parses a policy file (docs/CONTRACT.md, "Format"): one or more YAML
-// documents, each one policy; empty documents are skipped. file is the
+// ParseFile parses a policy file (docs/CONTRACT.md, "Policy file formats"):
+// one or more YAML documents, each a native policy, a CiliumNetworkPolicy,
+// a CiliumClusterwideNetworkPolicy, a NetworkPolicy or a List of those
+// (k8s.go, cnp.go, netpol.go); empty documents are skipped. A file with a
+// construct this version cannot enforce yet is rejected
+// (unsupportedByEnforcement). file is the
 // file's name, for the policies and for errors. The whole file is
 // validated: the first error rejects it.
 //
@@ -57,8 +61,24 @@ func (e *FileError) Unwrap() error { return e.Err }
 // error, found before it is decoded, so that a parse allocates at most
 // about 80 times the content's size whatever the content (README).
 //
-// Possible errors: *FileError wrapping ErrInvalidPolicy.
+// Possible errors: *FileError wrapping ErrInvalidPolicy (and ErrNotEnforced
+// for a construct not enforced yet).
 func ParseFile(file string, content []byte) ([]*Policy, error) {
+	policies, err := parseFile(file, content)
+	if err != nil {
+		return nil, err
+	}
+	for _, policy := range policies {
+		if err := unsupportedByEnforcement(policy); err != nil {
+			return nil, err
+		}
+	}
+	return policies, nil
+}
+
+// parseFile is ParseFile without unsupportedByEnforcement: the whole
+// model, as the formats mean it.
+func parseFile(file string, content []byte) ([]*Policy, error) {
 	p := &parser{file: file, names: map[string]int{}}
 	// Before decoding: the decoder's memory is that of the nodes.
 	budget := nodeBudget(len(content))
@@ -80,10 +100,19 @@ func ParseFile(file string, content []byte) ([]*Policy, error) {
 		if root == nil || isNull(root) {
 			continue
 		}
+		if isKubernetesDocument(root) {
+			more, err := p.kubernetesDocument(root, "")
+			if err != nil {
+				return nil, err
+			}
+			policies = append(policies, more...)
+			continue
+		}
 		policy, err := p.policy(root)
 		if err != nil {
 			return nil, err
 		}
+		policy.Kind = KindNative
 		policies = append(policies, policy)
 	}
 }

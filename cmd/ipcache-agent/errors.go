@@ -14,3 +14,7 @@ var (
 	// something that is not a socket, which it leaves alone.
 	errNotASocket = errors.New("not a socket, left alone")
 )
+
+// errInvalidPolicyFiles is returned by `policy validate` when a file
+// would be rejected (exit 1).
+var errInvalidPolicyFiles = errors.New("invalid policy files")

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func writeFiles(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
+	}
+	return dir
+}
+
+const (
+	validCNP = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: web, namespace: shop}\n" +
+		"spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n"
+	validNative = "name: a\negress:\n  - toCIDR: [192.0.2.0/24]\n---\nname: b\ningress: [{}]\n"
+	denyCNP     = "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: deny}\n" +
+		"spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n"
+)
+
+func TestPolicyValidate(t *testing.T) {
+	dir := writeFiles(t, map[string]string{
+		"cnp.yaml": validCNP, "native.yaml": validNative, "deny.yaml": denyCNP,
+		"typo.yaml":  "name: c\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPort: []\n",
+		"again.yaml": "name: a\ningress: [{}]\n",
+	})
+	path := func(name string) string { return filepath.Join(dir, name) }
+
+	stdout, stderr, code := runAgentCommand(t, "policy", "validate", path("cnp.yaml"), path("native.yaml"))
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, path("cnp.yaml")+": ok (1 policies: shop/web)\n"+path("native.yaml")+": ok (2 policies: a, b)\n", stdout)
+	require.Empty(t, stderr)
+
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("deny.yaml"))
+	require.Equal(t, 1, code)
+	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b)\n"+
+		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts`+"\n"+
+		path("deny.yaml")+`:6: invalid policy file: policy "deny": egressDeny[0]: deny rules (egressDeny) are not enforced by this version yet`+"\n", stdout)
+	require.Equal(t, "ipcache-agent: invalid policy files: 2 of 3\n", stderr)
+
+	// A name two files use: the first in name order keeps it.
+	stdout, _, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("again.yaml"))
+	require.Equal(t, 1, code)
+	require.Equal(t, path("native.yaml")+`:1: policy name already in use: policy "a" is in force from `+path("again.yaml")+"\n"+
+		path("again.yaml")+": ok (1 policies: a)\n", stdout)
+
+	// A file that cannot be read is invalid too; a FIFO does not block.
+	require.NoError(t, syscall.Mkfifo(path("fifo.yaml"), 0o600))
+	stdout, _, code = runAgentCommand(t, "policy", "validate", path("missing.yaml"), dir, path("fifo.yaml"))
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout, path("missing.yaml")+": open "+path("missing.yaml")+": no such file or directory\n")
+	require.Contains(t, stdout, dir+": not a regular file: a directory\n")
+	require.Contains(t, stdout, path("fifo.yaml")+": not a regular file: p---------\n")
+}
+
+func TestPolicyValidateJSON(t *testing.T) {
+	dir := writeFiles(t, map[string]string{"cnp.yaml": validCNP, "typo.yaml": "name: c\nnme: d\n"})
+	stdout, _, code := runAgentCommand(t, "policy", "validate", "-o", "json", filepath.Join(dir, "cnp.yaml"), filepath.Join(dir, "typo.yaml"))
+	require.Equal(t, 1, code)
+	var out struct {
+		Valid bool `json:"valid"`
+		Files []struct {
+			File     string   `json:"file"`
+			Valid    bool     `json:"valid"`
+			Policies []string `json:"policies"`
+			Kinds    []string `json:"kinds"`
+			Error    string   `json:"error"`
+			Line     int      `json:"line"`
+			Column   int      `json:"column"`
+		} `json:"files"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &out), stdout)
+	require.False(t, out.Valid)
+	require.Len(t, out.Files, 2)
+	require.True(t, out.Files[0].Valid)
+	require.Equal(t, []string{"shop/web"}, out.Files[0].Policies)
+	require.Equal(t, []string{"CiliumNetworkPolicy"}, out.Files[0].Kinds)
+	require.False(t, out.Files[1].Valid)
+	require.Equal(t, []string{}, out.Files[1].Policies)
+	require.Equal(t, 2, out.Files[1].Line)
+	require.Equal(t, 1, out.Files[1].Column)
+	require.Contains(t, out.Files[1].Error, `unknown field "nme"`)
+
+	stdout, _, code = runAgentCommand(t, "policy", "validate", "--output=json", filepath.Join(dir, "cnp.yaml"))
+	require.Equal(t, 0, code)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
+	require.True(t, out.Valid)
+}
+
+func TestPolicyValidateUsage(t *testing.T) {
+	_, stderr, code := runAgentCommand(t, "policy", "validate")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "requires at least 1 arg(s)")
+
+	dir := writeFiles(t, map[string]string{"cnp.yaml": validCNP})
+	_, stderr, code = runAgentCommand(t, "policy", "validate", "-o", "yaml", filepath.Join(dir, "cnp.yaml"))
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `-o "yaml": want text or json`)
+
+	_, _, code = runAgentCommand(t, "policy", "bogus")
+	require.Equal(t, 2, code)
+}

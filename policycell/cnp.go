@@ -1,0 +1,562 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Cilium's own bounds on a port rule (pkg/policy/api).
+const (
+	maxPortsPerRule  = 40
+	maxICMPPerRule   = 40
+	maxPortNumber    = 65535
+	maxICMPType      = 255
+	cidrGroupMessage = "CIDR groups are not supported: write the CIDRs"
+)
+
+// The fields of Cilium's rules that select or match what this agent has
+// no means to know (labels of endpoints, DNS names, services, nodes, L7),
+// with why they are rejected.
+var (
+	ciliumSpecUnsupported = map[string]string{
+		"nodeSelector": "host policies are not supported: the policies apply to the endpoints behind --devices",
+		"log":          "policy logging is not supported",
+	}
+	ciliumIngressUnsupported = map[string]string{
+		"fromEndpoints":  "selecting endpoints by label is not supported: only fromCIDR, fromCIDRSet and fromEntities world and all",
+		"fromRequires":   "selecting endpoints by label is not supported",
+		"fromGroups":     "cloud provider groups are not supported: write the CIDRs",
+		"fromNodes":      "selecting nodes is not supported: write their CIDRs",
+		"authentication": "mutual authentication is not supported",
+	}
+	ciliumEgressUnsupported = map[string]string{
+		"toEndpoints":    "selecting endpoints by label is not supported: only toCIDR, toCIDRSet and toEntities world and all",
+		"toRequires":     "selecting endpoints by label is not supported",
+		"toServices":     "selecting services is not supported: write their CIDRs",
+		"toFQDNs":        "DNS names are not supported: write the CIDRs",
+		"toGroups":       "cloud provider groups are not supported: write the CIDRs",
+		"toNodes":        "selecting nodes is not supported: write their CIDRs",
+		"authentication": "mutual authentication is not supported",
+	}
+	ciliumPortRuleUnsupported = map[string]string{
+		"rules":          "L7 rules are not supported: this agent enforces L3 and L4 only",
+		"serverNames":    "TLS server names are not supported: this agent enforces L3 and L4 only",
+		"listener":       "L7 listeners are not supported: this agent enforces L3 and L4 only",
+		"terminatingTLS": "TLS termination is not supported: this agent enforces L3 and L4 only",
+		"originatingTLS": "TLS origination is not supported: this agent enforces L3 and L4 only",
+	}
+)
+
+// ciliumRuleFields are the fields of an ingress and of an egress rule
+// (allow or deny), supported or not.
+var ciliumRuleFields = [2][]string{
+	Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "toPorts", "icmps",
+		"authentication", "fromEndpoints", "fromGroups", "fromNodes", "fromRequires"},
+	Egress: {"toCIDR", "toCIDRSet", "toEntities", "toPorts", "icmps",
+		"authentication", "toEndpoints", "toFQDNs", "toGroups", "toNodes", "toRequires", "toServices"},
+}
+
+// The ICMP and ICMPv6 type names Cilium accepts for `type` (the IANA
+// names in CamelCase).
+var (
+	icmpTypes = map[string]uint16{
+		"EchoReply": 0, "DestinationUnreachable": 3, "Redirect": 5, "Echo": 8, "EchoRequest": 8,
+		"RouterAdvertisement": 9, "RouterSelection": 10, "TimeExceeded": 11, "ParameterProblem": 12,
+		"Timestamp": 13, "TimestampReply": 14, "Photuris": 40, "ExtendedEchoRequest": 42, "ExtendedEchoReply": 43,
+	}
+	icmpv6Types = map[string]uint16{
+		"DestinationUnreachable": 1, "PacketTooBig": 2, "TimeExceeded": 3, "ParameterProblem": 4,
+		"EchoRequest": 128, "EchoReply": 129, "MulticastListenerQuery": 130, "MulticastListenerReport": 131,
+		"MulticastListenerDone": 132, "RouterSolicitation": 133, "RouterAdvertisement": 134,
+		"NeighborSolicitation": 135, "NeighborAdvertisement": 136, "RedirectMessage": 137,
+		"RouterRenumbering": 138, "ICMPNodeInformationQuery": 139, "ICMPNodeInformationResponse": 140,
+		"InverseNeighborDiscoverySolicitation": 141, "InverseNeighborDiscoveryAdvertisement": 142,
+		"HomeAgentAddressDiscoveryRequest": 144, "HomeAgentAddressDiscoveryReply": 145,
+		"MobilePrefixSolicitation": 146, "MobilePrefixAdvertisement": 147,
+		"DuplicateAddressRequestCodeSuffix": 157, "DuplicateAddressConfirmationCodeSuffix": 158,
+		"ExtendedEchoRequest": 160, "ExtendedEchoReply": 161,
+	}
+)
+
+// ciliumPolicy parses a CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy
+// into one policy holding the rules of its spec and specs.
+func (p *parser) ciliumPolicy(n *node, kind string) (*Policy, error) {
+	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status")
+	if err != nil {
+		return nil, err
+	}
+	name, line, err := p.metadata(n, fields, kind == KindCNP)
+	if err != nil {
+		return nil, err
+	}
+	policy := &Policy{Name: name, File: p.file, Line: line, Kind: kind}
+	specs, places := []*node{}, []string{}
+	if spec, ok := fields["spec"]; ok {
+		specs, places = append(specs, spec), append(places, "")
+	}
+	if value, ok := fields["specs"]; ok {
+		items, err := p.nonEmptyList(value, "specs")
+		if err != nil {
+			return nil, err
+		}
+		for i, item := range items {
+			specs, places = append(specs, item), append(places, fmt.Sprintf("specs[%d].", i))
+		}
+	}
+	if len(specs) == 0 {
+		return nil, p.errorf(n, "%s: spec or specs is required", kind)
+	}
+	for i, spec := range specs {
+		if err := p.ciliumSpec(spec, places[i], policy); err != nil {
+			return nil, err
+		}
+	}
+	return policy, nil
+}
+
+// ciliumSpec appends the rules of one spec (a Cilium rule) to policy.
+// place prefixes the rules' names ("specs[1].").
+func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
+	what := strings.TrimSuffix(place, ".")
+	if what == "" {
+		what = "spec"
+	}
+	fields, err := p.fields(n, what, "endpointSelector", "nodeSelector", "ingress", "ingressDeny", "egress",
+		"egressDeny", "enableDefaultDeny", "description", "labels", "log")
+	if err != nil {
+		return err
+	}
+	if err := p.unsupportedField(n, what, ciliumSpecUnsupported); err != nil {
+		return err
+	}
+	if value, ok := fields["endpointSelector"]; ok {
+		if err := p.emptySelector(value, what+".endpointSelector"); err != nil {
+			return err
+		}
+	}
+	if value, ok := fields["description"]; ok && !isNull(value) {
+		if _, err := p.scalar(value, what+".description"); err != nil {
+			return err
+		}
+	}
+	if value, ok := fields["labels"]; ok {
+		if err := p.ruleLabels(value, what+".labels"); err != nil {
+			return err
+		}
+	}
+	// The rules of this spec in each direction, to apply its
+	// enableDefaultDeny to.
+	var added [2]int
+	for _, field := range []struct {
+		name string
+		dir  Direction
+		deny bool
+	}{{"ingress", Ingress, false}, {"ingressDeny", Ingress, true}, {"egress", Egress, false}, {"egressDeny", Egress, true}} {
+		value, ok := fields[field.name]
+		if !ok {
+			continue
+		}
+		if isNull(value) {
+			return p.errorf(value, "%s.%s: no rules (write `%s: []` for none)", what, field.name, field.name)
+		}
+		items, err := p.list(value, what+"."+field.name)
+		if err != nil {
+			return err
+		}
+		for i, item := range items {
+			name := fmt.Sprintf("%s%s[%d]", place, field.name, i)
+			rule, err := p.ciliumRule(item, field.dir, field.deny, name)
+			if err != nil {
+				return err
+			}
+			rule.Name, rule.Line = name, item.Line
+			if field.dir == Ingress {
+				policy.Ingress = append(policy.Ingress, rule)
+			} else {
+				policy.Egress = append(policy.Egress, rule)
+			}
+			added[field.dir]++
+		}
+	}
+	if added[Ingress]+added[Egress] == 0 {
+		// Cilium rejects such a rule too.
+		return p.errorf(n, "%s: no rules: at least one of ingress, ingressDeny, egress and egressDeny needs a rule", what)
+	}
+	value, ok := fields["enableDefaultDeny"]
+	if !ok {
+		return nil
+	}
+	defaultDeny, err := p.fields(value, what+".enableDefaultDeny", "ingress", "egress")
+	if err != nil {
+		return err
+	}
+	for _, dir := range Directions() {
+		value, ok := defaultDeny[dir.String()]
+		if !ok {
+			continue
+		}
+		enabled, err := p.boolean(value, what+".enableDefaultDeny."+dir.String())
+		if err != nil {
+			return err
+		}
+		rules := &policy.Ingress
+		if dir == Egress {
+			rules = &policy.Egress
+		}
+		switch {
+		case !enabled:
+			for i := len(*rules) - added[dir]; i < len(*rules); i++ {
+				(*rules)[i].NoDefaultDeny = true
+			}
+		case added[dir] == 0:
+			// Asked for explicitly, default deny applies without rules
+			// in the direction: an enforce-only rule, as `egress: [{}]`.
+			*rules = append(*rules, Rule{Name: place + "enableDefaultDeny." + dir.String(), Line: value.Line})
+		}
+	}
+	return nil
+}
+
+// ruleLabels checks a Cilium rule's labels (a list of {key, value,
+// source}); they name the rule and select nothing, so they are ignored.
+func (p *parser) ruleLabels(n *node, what string) error {
+	items, err := p.list(n, what)
+	if err != nil {
+		return err
+	}
+	for i, item := range items {
+		itemWhat := fmt.Sprintf("%s[%d]", what, i)
+		fields, err := p.fields(item, itemWhat, "key", "value", "source")
+		if err != nil {
+			return err
+		}
+		for name, value := range fields {
+			if !isNull(value) {
+				if _, err := p.scalar(value, itemWhat+"."+name); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// ciliumRule parses one rule of ingress, ingressDeny, egress or egressDeny.
+func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rule, error) {
+	peer, unsupported := "to", ciliumEgressUnsupported
+	if dir == Ingress {
+		peer, unsupported = "from", ciliumIngressUnsupported
+	}
+	cidrField, setField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Entities"
+	fields, err := p.fields(n, what, ciliumRuleFields[dir]...)
+	if err != nil {
+		return Rule{}, err
+	}
+	if err := p.unsupportedField(n, what, unsupported); err != nil {
+		return Rule{}, err
+	}
+	// Cilium takes one kind of peer per rule.
+	var peerFields []string
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if name := n.Content[i].Value; name == cidrField || name == setField || name == entityField {
+			if len(peerFields) > 0 {
+				return Rule{}, p.errorf(n.Content[i], "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
+					what, peerFields[0], name)
+			}
+			peerFields = append(peerFields, name)
+		}
+	}
+	rule := Rule{Deny: deny}
+	if value, ok := fields[cidrField]; ok {
+		items, err := p.nonEmptyList(value, what+"."+cidrField)
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, item := range items {
+			cidr, err := p.cidr(item, fmt.Sprintf("%s.%s[%d]", what, cidrField, i))
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
+		}
+	}
+	if value, ok := fields[setField]; ok {
+		items, err := p.nonEmptyList(value, what+"."+setField)
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, item := range items {
+			itemWhat := fmt.Sprintf("%s.%s[%d]", what, setField, i)
+			if err := p.unsupportedField(item, itemWhat, map[string]string{
+				"cidrGroupRef": cidrGroupMessage, "cidrGroupSelector": cidrGroupMessage}); err != nil {
+				return Rule{}, err
+			}
+			set, err := p.cidrSet(item, itemWhat)
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Peers = append(rule.Peers, set)
+		}
+	}
+	if value, ok := fields[entityField]; ok {
+		if err := p.entities(value, what+"."+entityField, &rule); err != nil {
+			return Rule{}, err
+		}
+	}
+	portsNode, hasPorts := fields["toPorts"]
+	icmpsNode, hasICMPs := fields["icmps"]
+	if hasPorts && hasICMPs {
+		return Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: Cilium does not support combining them, write two rules", what)
+	}
+	if hasPorts {
+		if rule.Ports, err = p.ciliumPortRules(portsNode, what+".toPorts"); err != nil {
+			return Rule{}, err
+		}
+	}
+	if hasICMPs {
+		if rule.Ports, err = p.icmpRules(icmpsNode, what+".icmps"); err != nil {
+			return Rule{}, err
+		}
+	}
+	// Ports without peers are ports to and from anywhere (Cilium's L3
+	// wildcard); a rule with neither only makes its direction enforced.
+	if len(peerFields) == 0 && (hasPorts || hasICMPs) {
+		rule.AnyPeer = true
+	}
+	return rule, nil
+}
+
+// entities parses toEntities or fromEntities: world is every address
+// outside the ipcache's other identities, as the all-addresses CIDRs
+// select it; all is every peer.
+func (p *parser) entities(n *node, what string, rule *Rule) error {
+	items, err := p.nonEmptyList(n, what)
+	if err != nil {
+		return err
+	}
+	for i, item := range items {
+		itemWhat := fmt.Sprintf("%s[%d]", what, i)
+		entity, err := p.scalar(item, itemWhat)
+		if err != nil {
+			return err
+		}
+		switch entity {
+		case "world":
+			for _, all := range worldPrefixes() {
+				if !slices.ContainsFunc(rule.Peers, func(s CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
+					rule.Peers = append(rule.Peers, CIDRSelector{CIDR: all})
+				}
+			}
+		case "all":
+			rule.AnyPeer = true
+		default:
+			return p.errorf(item, "%s: entity %q is not supported: only world and all (this agent knows addresses, not cluster entities)", itemWhat, entity)
+		}
+	}
+	return nil
+}
+
+// ciliumPortRules parses toPorts: a list of {ports}.
+func (p *parser) ciliumPortRules(n *node, what string) ([]PortRange, error) {
+	items, err := p.nonEmptyList(n, what)
+	if err != nil {
+		return nil, err
+	}
+	var ports []PortRange
+	for i, item := range items {
+		itemWhat := fmt.Sprintf("%s[%d]", what, i)
+		fields, err := p.fields(item, itemWhat, "ports", "rules", "serverNames", "listener", "terminatingTLS", "originatingTLS")
+		if err != nil {
+			return nil, err
+		}
+		if err := p.unsupportedField(item, itemWhat, ciliumPortRuleUnsupported); err != nil {
+			return nil, err
+		}
+		portsNode, ok := fields["ports"]
+		if !ok {
+			return nil, p.errorf(item, "%s: ports is required", itemWhat)
+		}
+		portItems, err := p.nonEmptyList(portsNode, itemWhat+".ports")
+		if err != nil {
+			return nil, err
+		}
+		if len(portItems) > maxPortsPerRule {
+			return nil, p.errorf(portsNode, "%s.ports: %d ports, at most %d (as Cilium)", itemWhat, len(portItems), maxPortsPerRule)
+		}
+		for j, portItem := range portItems {
+			more, err := p.ciliumPort(portItem, fmt.Sprintf("%s.ports[%d]", itemWhat, j))
+			if err != nil {
+				return nil, err
+			}
+			ports = append(ports, more...)
+		}
+	}
+	return sortPorts(ports), nil
+}
+
+// ciliumPort parses {port, endPort, protocol}: port "0" is every port of
+// the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
+func (p *parser) ciliumPort(n *node, what string) ([]PortRange, error) {
+	fields, err := p.fields(n, what, "port", "endPort", "protocol")
+	if err != nil {
+		return nil, err
+	}
+	portNode, ok := fields["port"]
+	if !ok {
+		return nil, p.errorf(n, "%s: port is required (\"0\" for every port)", what)
+	}
+	start, end, err := p.portRange(portNode, fields["endPort"], what)
+	if err != nil {
+		return nil, err
+	}
+	protocols := []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
+	if protocolNode, ok := fields["protocol"]; ok {
+		s, err := p.scalar(protocolNode, what+".protocol")
+		if err != nil {
+			return nil, err
+		}
+		switch s {
+		case "TCP":
+			protocols = []Protocol{ProtocolTCP}
+		case "UDP":
+			protocols = []Protocol{ProtocolUDP}
+		case "SCTP":
+			protocols = []Protocol{ProtocolSCTP}
+		case "ANY":
+		default:
+			return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP, SCTP or ANY (ICMP goes in icmps)", what, s)
+		}
+	}
+	return portRanges(protocols, start, end), nil
+}
+
+// portRange parses a port (a number; named ports are rejected: this
+// agent knows no pod's ports) and an optional endPort at least as large.
+// An endPort equal to the port is the port alone (end 0).
+func (p *parser) portRange(portNode, endNode *node, what string) (start, end uint16, err error) {
+	port, ok := number(portNode, maxPortNumber)
+	if !ok {
+		s, err := p.scalar(portNode, what+".port")
+		if err != nil {
+			return 0, 0, err
+		}
+		if strings.ContainsFunc(s, func(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }) {
+			return 0, 0, p.errorf(portNode, "%s.port: %q: named ports are not supported (this agent knows no pod's ports), write the number", what, s)
+		}
+		return 0, 0, p.errorf(portNode, "%s.port: %q is not a port number (0..65535, decimal)", what, s)
+	}
+	if endNode == nil {
+		return uint16(port), 0, nil
+	}
+	endPort, ok := number(endNode, maxPortNumber)
+	switch {
+	case !ok:
+		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value)
+	case port == 0:
+		return 0, 0, p.errorf(endNode, "%s.endPort: needs a port to start from", what)
+	case endPort < port:
+		return 0, 0, p.errorf(endNode, "%s.endPort: %d is below port %d", what, endPort, port)
+	case endPort == port:
+		return uint16(port), 0, nil
+	}
+	return uint16(port), uint16(endPort), nil
+}
+
+func portRanges(protocols []Protocol, start, end uint16) []PortRange {
+	out := make([]PortRange, len(protocols))
+	for i, protocol := range protocols {
+		out[i] = PortRange{Protocol: protocol, Port: start, EndPort: end}
+	}
+	return out
+}
+
+// sortPorts sorts by protocol, port and end port, without duplicates.
+func sortPorts(ports []PortRange) []PortRange {
+	slices.SortFunc(ports, func(a, b PortRange) int {
+		if a.Protocol != b.Protocol {
+			return cmpInt(a.Protocol, b.Protocol)
+		}
+		if a.Port != b.Port {
+			return cmpInt(a.Port, b.Port)
+		}
+		return cmpInt(a.EndPort, b.EndPort)
+	})
+	return slices.Compact(ports)
+}
+
+// icmpRules parses icmps: a list of {fields: [{type, family}]}.
+func (p *parser) icmpRules(n *node, what string) ([]PortRange, error) {
+	items, err := p.nonEmptyList(n, what)
+	if err != nil {
+		return nil, err
+	}
+	var ports []PortRange
+	for i, item := range items {
+		itemWhat := fmt.Sprintf("%s[%d]", what, i)
+		fields, err := p.fields(item, itemWhat, "fields")
+		if err != nil {
+			return nil, err
+		}
+		fieldsNode, ok := fields["fields"]
+		if !ok {
+			return nil, p.errorf(item, "%s: fields is required", itemWhat)
+		}
+		icmpFields, err := p.nonEmptyList(fieldsNode, itemWhat+".fields")
+		if err != nil {
+			return nil, err
+		}
+		if len(icmpFields) > maxICMPPerRule {
+			return nil, p.errorf(fieldsNode, "%s.fields: %d types, at most %d (as Cilium)", itemWhat, len(icmpFields), maxICMPPerRule)
+		}
+		for j, field := range icmpFields {
+			port, err := p.icmpField(field, fmt.Sprintf("%s.fields[%d]", itemWhat, j))
+			if err != nil {
+				return nil, err
+			}
+			ports = append(ports, port)
+		}
+	}
+	return sortPorts(ports), nil
+}
+
+// icmpField parses {type, family}: the type as a number or Cilium's name
+// of it, the family IPv4 (the default) or IPv6.
+func (p *parser) icmpField(n *node, what string) (PortRange, error) {
+	fields, err := p.fields(n, what, "type", "family")
+	if err != nil {
+		return PortRange{}, err
+	}
+	protocol, names := ProtocolICMP, icmpTypes
+	if familyNode, ok := fields["family"]; ok {
+		family, err := p.scalar(familyNode, what+".family")
+		if err != nil {
+			return PortRange{}, err
+		}
+		switch family {
+		case "IPv4":
+		case "IPv6":
+			protocol, names = ProtocolICMPv6, icmpv6Types
+		default:
+			return PortRange{}, p.errorf(familyNode, "%s.family: %q: want IPv4 or IPv6", what, family)
+		}
+	}
+	typeNode, ok := fields["type"]
+	if !ok {
+		return PortRange{}, p.errorf(n, "%s: type is required", what)
+	}
+	if t, ok := number(typeNode, maxICMPType); ok {
+		return PortRange{Protocol: protocol, Port: uint16(t)}, nil
+	}
+	name, err := p.scalar(typeNode, what+".type")
+	if err != nil {
+		return PortRange{}, err
+	}
+	t, ok := names[name]
+	if !ok {
+		return PortRange{}, p.errorf(typeNode, "%s.type: %q is not an %s type (0..255 or its name)", what, name, protocol)
+	}
+	return PortRange{Protocol: protocol, Port: t}, nil
+}

@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	cnpHead    = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p}\n"
+	ccnpHead   = "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: p}\n"
+	netpolHead = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\n"
+)
+
+// TestFormatsReject: whatever this agent cannot enforce, or does not
+// know, rejects the whole file at its position, naming the field.
+func TestFormatsReject(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		// Documents.
+		{"unknown apiVersion", "apiVersion: cilium.io/v2alpha1\nkind: CiliumNetworkPolicy\n",
+			`bad.yaml:1:1: invalid policy file: document: apiVersion "cilium.io/v2alpha1", kind "CiliumNetworkPolicy" is not a policy this agent reads`},
+		{"other kind", "apiVersion: cilium.io/v2\nkind: CiliumCIDRGroup\n", `kind "CiliumCIDRGroup" is not a policy this agent reads`},
+		{"kind without apiVersion", "kind: NetworkPolicy\nname: a\n", `bad.yaml:1:1: invalid policy file: document: apiVersion is required`},
+		{"unknown top field", cnpHead + "spec: {egress: [{}]}\nextra: 1\n", `bad.yaml:5:1: invalid policy file: CiliumNetworkPolicy: unknown field "extra", want one of apiVersion, kind, metadata, spec, specs, status`},
+		{"no metadata", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nspec: {}\n", `bad.yaml:1:1: invalid policy file: metadata is required`},
+		{"no name", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {namespace: a}\n", `bad.yaml:3:11: invalid policy file: metadata.name is required`},
+		{"bad name", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: Web}\n", `bad.yaml:3:18: invalid policy file: metadata.name: "Web": character 'W' not allowed`},
+		{"bad namespace", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: a, namespace: a.b}\n", `bad.yaml:3:32: invalid policy file: metadata.namespace: "a.b": character '.' not allowed`},
+		{"unknown metadata", "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: a, nme: b}\n", `bad.yaml:3:21: invalid policy file: metadata: unknown field "nme"`},
+		{"namespace of a clusterwide policy", "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: a, namespace: b}\n",
+			`bad.yaml:3:32: invalid policy file: metadata.namespace: a cluster-wide policy has no namespace`},
+		{"no spec", cnpHead, `bad.yaml:1:1: invalid policy file: policy "default/p": CiliumNetworkPolicy: spec or specs is required`},
+		{"spec without rules", cnpHead + "spec: {endpointSelector: {}}\n", `bad.yaml:4:7: invalid policy file: policy "default/p": spec: no rules`},
+		{"spec with empty rules", cnpHead + "spec: {egress: []}\n", `policy "default/p": spec: no rules`},
+		{"null rules", cnpHead + "spec:\n  egress:\n", `bad.yaml:5:10: invalid policy file: policy "default/p": spec.egress: no rules (write ` + "`egress: []`" + ` for none)`},
+		{"duplicate name", cnpHead + "spec: {egress: [{}]}\n---\n" + cnpHead + "spec: {egress: [{}]}\n", `bad.yaml:8:18: invalid policy file: name "default/p" is already used at line 3`},
+		{"same name as native", ccnpHead + "spec: {egress: [{}]}\n---\nname: p\n", `bad.yaml:6:7: invalid policy file: name "p" is already used at line 3`},
+		{"list in list", "apiVersion: v1\nkind: List\nitems:\n  - apiVersion: v1\n    kind: List\n    items: []\n",
+			`bad.yaml:4:5: invalid policy file: items[0]: apiVersion "v1", kind "List" is not a policy this agent reads`},
+		{"native item in list", "apiVersion: v1\nkind: List\nitems:\n  - name: a\n", `bad.yaml:4:5: invalid policy file: items[0]: apiVersion is required`},
+		{"list without items", "apiVersion: v1\nkind: List\n", `bad.yaml:1:1: invalid policy file: List: items is required`},
+
+		// Cilium specs.
+		{"endpointSelector", cnpHead + "spec:\n  endpointSelector: {matchLabels: {app: web}}\n  egress: [{}]\n",
+			`bad.yaml:5:35: invalid policy file: policy "default/p": spec.endpointSelector.matchLabels: selecting endpoints by label is not supported`},
+		{"endpointSelector expressions", cnpHead + "spec:\n  endpointSelector:\n    matchExpressions: [{key: a, operator: Exists}]\n  egress: [{}]\n",
+			`bad.yaml:6:23: invalid policy file: policy "default/p": spec.endpointSelector.matchExpressions: selecting endpoints by label is not supported`},
+		{"nodeSelector", ccnpHead + "spec:\n  nodeSelector: {}\n  ingress: [{}]\n", `bad.yaml:5:3: invalid policy file: policy "p": spec.nodeSelector: host policies are not supported`},
+		{"log", cnpHead + "spec:\n  log: {value: x}\n  ingress: [{}]\n", `bad.yaml:5:3: invalid policy file: policy "default/p": spec.log: policy logging is not supported`},
+		{"specs place", cnpHead + "specs:\n  - egress: [{}]\n  - egress: [{toFQDNs: [{matchName: a.example}]}]\n",
+			`bad.yaml:6:15: invalid policy file: policy "default/p": specs[1].egress[0].toFQDNs: DNS names are not supported`},
+		{"enableDefaultDeny value", cnpHead + "spec:\n  egress: [{}]\n  enableDefaultDeny: {egress: maybe}\n", `bad.yaml:6:31: invalid policy file: policy "default/p": spec.enableDefaultDeny.egress: "maybe": want true or false`},
+
+		// Cilium rules.
+		{"toEndpoints", cnpHead + "spec:\n  egress:\n    - toEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toEndpoints: selecting endpoints by label is not supported`},
+		{"fromEndpoints", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromEndpoints: selecting endpoints by label is not supported`},
+		{"fromRequires", cnpHead + "spec:\n  ingressDeny:\n    - fromRequires: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingressDeny[0].fromRequires: selecting endpoints by label is not supported`},
+		{"toServices", cnpHead + "spec:\n  egress:\n    - toServices: [{k8sService: {serviceName: a}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toServices: selecting services is not supported`},
+		{"toFQDNs", cnpHead + "spec:\n  egress:\n    - toFQDNs: [{matchName: a.example}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toFQDNs: DNS names are not supported`},
+		{"toGroups", cnpHead + "spec:\n  egress:\n    - toGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toGroups: cloud provider groups are not supported`},
+		{"fromGroups", cnpHead + "spec:\n  ingress:\n    - fromGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromGroups: cloud provider groups are not supported`},
+		{"toNodes", cnpHead + "spec:\n  egress:\n    - toNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toNodes: selecting nodes is not supported`},
+		{"fromNodes", cnpHead + "spec:\n  ingress:\n    - fromNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromNodes: selecting nodes is not supported`},
+		{"authentication", cnpHead + "spec:\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n      authentication: {mode: required}\n",
+			`bad.yaml:7:7: invalid policy file: policy "default/p": ingress[0].authentication: mutual authentication is not supported`},
+		{"other entity", cnpHead + "spec:\n  egress:\n    - toEntities: [world, cluster]\n", `bad.yaml:6:27: invalid policy file: policy "default/p": egress[0].toEntities[1]: entity "cluster" is not supported: only world and all`},
+		{"host entity", cnpHead + "spec:\n  ingress:\n    - fromEntities: [host]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": ingress[0].fromEntities[0]: entity "host" is not supported`},
+		{"unknown rule field", cnpHead + "spec:\n  egress:\n    - toCIDRs: [10.0.0.0/8]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0]: unknown field "toCIDRs"`},
+		{"wrong direction field", cnpHead + "spec:\n  ingress:\n    - toCIDR: [10.0.0.0/8]\n", `ingress[0]: unknown field "toCIDR"`},
+		{"combined peers", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toCIDRSet: [{cidr: 11.0.0.0/8}]\n",
+			`bad.yaml:7:7: invalid policy file: policy "default/p": egress[0]: toCIDR and toCIDRSet in one rule: Cilium does not support combining them`},
+		{"cidrGroupRef", cnpHead + "spec:\n  egress:\n    - toCIDRSet: [{cidrGroupRef: g}]\n", `bad.yaml:6:20: invalid policy file: policy "default/p": egress[0].toCIDRSet[0].cidrGroupRef: CIDR groups are not supported`},
+		{"bad CIDR", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.1/8]\n", `bad.yaml:6:16: invalid policy file: policy "default/p": egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set`},
+		{"L7 rules", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts:\n        - ports: [{port: \"80\", protocol: TCP}]\n          rules: {http: [{}]}\n",
+			`bad.yaml:9:11: invalid policy file: policy "default/p": egress[0].toPorts[0].rules: L7 rules are not supported`},
+		{"serverNames", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - ports: [{port: \"443\", protocol: TCP}]\n          serverNames: [a.example]\n",
+			`bad.yaml:8:11: invalid policy file: policy "default/p": egress[0].toPorts[0].serverNames: TLS server names are not supported`},
+		{"listener", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - listener: {name: l}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].listener: L7 listeners are not supported`},
+		{"terminatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - terminatingTLS: {}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].terminatingTLS: TLS termination is not supported`},
+		{"originatingTLS", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - originatingTLS: {}\n", `bad.yaml:7:11: invalid policy file: policy "default/p": egress[0].toPorts[0].originatingTLS: TLS origination is not supported`},
+		{"ports missing", cnpHead + "spec:\n  egress:\n    - toPorts: [{}]\n", `bad.yaml:6:17: invalid policy file: policy "default/p": egress[0].toPorts[0]: ports is required`},
+		{"named port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: http}]}]\n", `bad.yaml:6:33: invalid policy file: policy "default/p": egress[0].toPorts[0].ports[0].port: "http": named ports are not supported`},
+		{"port out of range", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"65536\"}]}]\n", `egress[0].toPorts[0].ports[0].port: "65536" is not a port number (0..65535, decimal)`},
+		{"hex port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"0x50\"}]}]\n", `port: "0x50": named ports are not supported`},
+		{"octal port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"080\"}]}]\n", `port: "080" is not a port number`},
+		{"endPort below port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", endPort: 79}]}]\n", `bad.yaml:6:48: invalid policy file: policy "default/p": egress[0].toPorts[0].ports[0].endPort: 79 is below port 80`},
+		{"endPort without port", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"0\", endPort: 79}]}]\n", `ports[0].endPort: needs a port to start from`},
+		{"protocol", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", protocol: ICMP}]}]\n", `bad.yaml:6:49: invalid policy file: policy "default/p": egress[0].toPorts[0].ports[0].protocol: "ICMP": want TCP, UDP, SCTP or ANY (ICMP goes in icmps)`},
+		{"icmps with toPorts", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\"}]}]\n      icmps: [{fields: [{type: 8}]}]\n",
+			`bad.yaml:7:14: invalid policy file: policy "default/p": egress[0].icmps: icmps and toPorts in one rule`},
+		{"icmp type name", cnpHead + "spec:\n  egress:\n    - icmps: [{fields: [{type: PacketTooBig}]}]\n", `bad.yaml:6:32: invalid policy file: policy "default/p": egress[0].icmps[0].fields[0].type: "PacketTooBig" is not an ICMP type`},
+		{"icmp family", cnpHead + "spec:\n  egress:\n    - icmps: [{fields: [{type: 8, family: IPv5}]}]\n", `egress[0].icmps[0].fields[0].family: "IPv5": want IPv4 or IPv6`},
+		{"icmp type range", cnpHead + "spec:\n  egress:\n    - icmps: [{fields: [{type: 256}]}]\n", `egress[0].icmps[0].fields[0].type: "256" is not an ICMP type`},
+		{"too many ports", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [" + strings.Repeat("{port: \"1\"}, ", 40) + "{port: \"1\"}]}]\n", `egress[0].toPorts[0].ports: 41 ports, at most 40`},
+
+		// NetworkPolicy.
+		{"podSelector", netpolHead + "spec:\n  podSelector: {matchLabels: {app: web}}\n", `bad.yaml:5:30: invalid policy file: policy "default/p": spec.podSelector.matchLabels: selecting endpoints by label is not supported`},
+		{"pod peer", netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {}}]\n", `bad.yaml:6:15: invalid policy file: policy "default/p": spec.ingress[0].from[0].podSelector: selecting pods by label is not supported`},
+		{"namespace peer", netpolHead + "spec:\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}, namespaceSelector: {}}]\n",
+			`bad.yaml:6:42: invalid policy file: policy "default/p": spec.egress[0].to[0].namespaceSelector: selecting namespaces is not supported`},
+		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: ipBlock is required`},
+		{"ipBlock except outside", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]\n",
+			`spec.ingress[0].from[0].ipBlock.except[0]: 11.0.0.0/8 is not inside 10.0.0.0/8`},
+		{"named NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: https}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "https": named ports are not supported`},
+		{"NetworkPolicy port zero", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 0}]\n", `spec.ingress[0].ports[0].port: 0 is not a port (omit port for every port)`},
+		{"NetworkPolicy protocol", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80, protocol: ANY}]\n", `spec.ingress[0].ports[0].protocol: "ANY": want TCP, UDP or SCTP`},
+		{"NetworkPolicy endPort without port", netpolHead + "spec:\n  ingress:\n    - ports: [{endPort: 80}]\n", `spec.ingress[0].ports[0].endPort: needs a port to start from`},
+		{"policyTypes", netpolHead + "spec:\n  policyTypes: [ingress]\n", `bad.yaml:5:17: invalid policy file: policy "default/p": spec.policyTypes[0]: "ingress": want Ingress or Egress`},
+		{"rules outside policyTypes", netpolHead + "spec:\n  policyTypes: [Ingress]\n  egress: [{}]\n", `bad.yaml:6:11: invalid policy file: policy "default/p": spec.egress: rules given but policyTypes does not list Egress`},
+		{"unknown NetworkPolicy field", netpolHead + "spec:\n  ingres: []\n", `bad.yaml:5:3: invalid policy file: policy "default/p": spec: unknown field "ingres"`},
+		{"null NetworkPolicy rules", netpolHead + "spec:\n  ingress:\n", `spec.ingress: no rules`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policies, err := ParseFile("bad.yaml", []byte(tc.content))
+			require.ErrorIs(t, err, ErrInvalidPolicy)
+			require.NotErrorIs(t, err, ErrNotEnforced)
+			require.ErrorContains(t, err, tc.want)
+			var fileErr *FileError
+			require.ErrorAs(t, err, &fileErr)
+			require.NotZero(t, fileErr.Line, "the error has a position")
+			require.NotZero(t, fileErr.Column, "the error has a column")
+			require.Nil(t, policies, "the whole file is rejected")
+		})
+	}
+}
+
+// TestGateRejectsWhatIsNotEnforced: each construct the datapath cannot
+// enforce yet is parsed into the model and rejected by ParseFile with its
+// rule's line and name; what it can enforce passes.
+func TestGateRejectsWhatIsNotEnforced(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"egressDeny", cnpHead + "spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n",
+			`bad.yaml:6: invalid policy file: policy "default/p": egressDeny[0]: deny rules (egressDeny) are not enforced by this version yet`},
+		{"ingressDeny", ccnpHead + "spec:\n  ingress: [{}]\n  ingressDeny:\n    - fromCIDR: [10.0.0.0/8]\n",
+			`bad.yaml:7: invalid policy file: policy "p": ingressDeny[0]: deny rules (ingressDeny) are not enforced by this version yet`},
+		{"endPort", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"8000\", endPort: 8080, protocol: TCP}]}]\n",
+			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: port ranges (endPort) are not enforced by this version yet`},
+		{"NetworkPolicy endPort", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{port: 8000, endPort: 8080}]\n",
+			`bad.yaml:6: invalid policy file: policy "default/p": ingress[0]: port ranges (endPort) are not enforced by this version yet`},
+		{"icmps", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      icmps: [{fields: [{type: EchoRequest}]}]\n",
+			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: ICMP type rules (icmps) are not enforced by this version yet`},
+		{"SCTP", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"9\", protocol: SCTP}]}]\n",
+			`egress[0]: SCTP ports (protocol SCTP, or ANY or none, which include SCTP) are not enforced by this version yet`},
+		{"ANY", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"53\"}]}]\n",
+			`egress[0]: SCTP ports (protocol SCTP, or ANY or none, which include SCTP) are not enforced by this version yet`},
+		{"NetworkPolicy SCTP", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{port: 9, protocol: SCTP}]\n",
+			`ingress[0]: SCTP ports`},
+		{"toPorts without peers", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n",
+			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: rules for every peer (entity all, or ports without CIDRs) are not enforced by this version yet`},
+		{"entity all", cnpHead + "spec:\n  ingress:\n    - fromEntities: [all]\n", `ingress[0]: rules for every peer (entity all, or ports without CIDRs) are not enforced`},
+		{"NetworkPolicy rule without from", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80}]\n", `bad.yaml:6: invalid policy file: policy "default/p": ingress[0]: rules for every peer`},
+		{"NetworkPolicy empty from", netpolHead + "spec:\n  ingress:\n    - from: []\n", `ingress[0]: rules for every peer`},
+		{"NetworkPolicy allow all", netpolHead + "spec:\n  egress: [{}]\n", `bad.yaml:5: invalid policy file: policy "default/p": egress[0]: rules for every peer`},
+		{"enableDefaultDeny false", cnpHead + "spec:\n  enableDefaultDeny: {ingress: false}\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n",
+			`bad.yaml:7: invalid policy file: policy "default/p": ingress[0]: rules without default deny (enableDefaultDeny: {ingress: false}) are not enforced by this version yet`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policies, err := parseFile("bad.yaml", []byte(tc.content))
+			require.NoError(t, err, "the model holds it")
+			require.Len(t, policies, 1)
+			_, err = ParseFile("bad.yaml", []byte(tc.content))
+			require.ErrorIs(t, err, ErrInvalidPolicy)
+			require.ErrorIs(t, err, ErrNotEnforced)
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, err, unsupportedByEnforcement(policies[0]), "one function decides")
+		})
+	}
+}
+
+// TestGatePassesWhatIsEnforced: what the selectors and the policy map
+// enforce today is not gated.
+func TestGatePassesWhatIsEnforced(t *testing.T) {
+	for _, tc := range []struct {
+		name, content string
+		rules         []Rule
+	}{
+		{"whole protocol", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"0\", protocol: SCTP}, {port: \"0\", protocol: TCP}]}]\n",
+			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []PortRange{{Protocol: ProtocolTCP}, {Protocol: ProtocolSCTP}}}}},
+		{"endPort equal to port", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"80\", endPort: 80, protocol: TCP}]}]\n",
+			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []PortRange{{Protocol: ProtocolTCP, Port: 80}}}}},
+		{"world", cnpHead + "spec:\n  egress:\n    - toEntities: [world]\n      toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n",
+			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}},
+				Name: "egress[0]", Line: 6, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}}}},
+		{"enforce only", cnpHead + "spec:\n  egress: [{}]\n", []Rule{{Name: "egress[0]", Line: 5}}},
+		{"enableDefaultDeny true without rules", cnpHead + "spec:\n  ingress: [{}]\n  enableDefaultDeny: {egress: true}\n",
+			[]Rule{{Name: "enableDefaultDeny.egress", Line: 6}}},
+		{"NetworkPolicy ingress isolated by default", netpolHead + "spec:\n  podSelector: {}\n", nil},
+		{"NetworkPolicy egress []", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: []\n", []Rule{{Name: "egress", Line: 5}}},
+		{"NetworkPolicy port without number", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{protocol: UDP}]\n",
+			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
+				Ports: []PortRange{{Protocol: ProtocolUDP}}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policies, err := ParseFile("good.yaml", []byte(tc.content))
+			require.NoError(t, err)
+			require.Len(t, policies, 1)
+			require.Equal(t, tc.rules, policies[0].Egress)
+		})
+	}
+	// NetworkPolicy defaulting: Ingress always, Egress only with egress
+	// rules; `ingress: []` is the same as none.
+	for _, content := range []string{netpolHead + "spec: {podSelector: {}}\n", netpolHead + "spec: {ingress: [], egress: []}\n"} {
+		policies, err := ParseFile("good.yaml", []byte(content))
+		require.NoError(t, err)
+		require.Equal(t, []Rule{{Name: "ingress", Line: 4}}, policies[0].Ingress, "ingress isolated")
+		require.Empty(t, policies[0].Egress, "egress not the policy's")
+	}
+}
+
+// TestCiliumRuleFields: the fields a Cilium rule may have are the
+// supported ones and the rejected ones, nothing else.
+func TestCiliumRuleFields(t *testing.T) {
+	for _, dir := range Directions() {
+		peer, unsupported := "to", ciliumEgressUnsupported
+		if dir == Ingress {
+			peer, unsupported = "from", ciliumIngressUnsupported
+		}
+		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", "toPorts", "icmps"}
+		for name := range unsupported {
+			want = append(want, name)
+		}
+		require.ElementsMatch(t, want, ciliumRuleFields[dir], dir.String())
+	}
+}

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// FuzzParseCNP: CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy and
+// List documents (seeded with the fixtures of testdata/formats) never
+// panic the parser, and what it accepts holds checkParsedModel.
+func FuzzParseCNP(f *testing.F) {
+	for _, name := range []string{"cnp-spec.yaml", "cnp-specs.yaml", "ccnp.yaml", "list.yaml", "mixed.yaml", "gated.yaml"} {
+		addFixture(f, name)
+	}
+	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toEntities: [world, all]\n      icmps: [{fields: [{type: 8}]}]\n"))
+	f.Add([]byte(ccnpHead + "specs:\n  - enableDefaultDeny: {ingress: true}\n    egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}]}]\n"))
+	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", endPort: 90}], rules: {http: [{}]}}]\n"))
+	f.Fuzz(fuzzParseFormats)
+}
+
+// FuzzParseNetworkPolicy: as FuzzParseCNP, for NetworkPolicy documents.
+func FuzzParseNetworkPolicy(f *testing.F) {
+	addFixture(f, "networkpolicy.yaml")
+	f.Add([]byte(netpolHead + "spec:\n  podSelector: {}\n"))
+	f.Add([]byte(netpolHead + "spec:\n  policyTypes: [Egress]\n  egress:\n    - to: [{ipBlock: {cidr: \"::/0\", except: [\"2001:db8::/32\"]}}]\n      ports: [{port: 80, endPort: 81, protocol: SCTP}, {protocol: UDP}]\n"))
+	f.Add([]byte(netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {}}]\n      ports: [{port: http}]\n"))
+	f.Fuzz(fuzzParseFormats)
+}
+
+func addFixture(f *testing.F, name string) {
+	content, err := os.ReadFile(filepath.Join("testdata", "formats", name))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(content)
+}
+
+func fuzzParseFormats(t *testing.T, data []byte) {
+	policies, err := parseFile("fuzz.yaml", data)
+	gated, gateErr := ParseFile("fuzz.yaml", data)
+	if err != nil {
+		var fileErr *FileError
+		if !errors.As(err, &fileErr) || fileErr.File != "fuzz.yaml" || !errors.Is(err, ErrInvalidPolicy) {
+			t.Fatalf("error is not a *FileError of the file wrapping ErrInvalidPolicy: %v", err)
+		}
+		if gateErr == nil || gateErr.Error() != err.Error() {
+			t.Fatalf("ParseFile and parseFile disagree: %v, %v", gateErr, err)
+		}
+		return
+	}
+	checkParsedModel(t, policies)
+	gate := error(nil)
+	for _, p := range policies {
+		if gate = unsupportedByEnforcement(p); gate != nil {
+			break
+		}
+	}
+	switch {
+	case gate != nil && (!errors.Is(gateErr, ErrNotEnforced) || gateErr.Error() != gate.Error()):
+		t.Fatalf("the gate says %v, ParseFile %v", gate, gateErr)
+	case gate == nil && (gateErr != nil || len(gated) != len(policies)):
+		t.Fatalf("nothing gated, yet ParseFile says %v", gateErr)
+	}
+	for _, p := range gated {
+		for _, dir := range Directions() {
+			for _, rule := range p.Rules(dir) {
+				if what := notEnforced(dir, rule); what != "" {
+					t.Fatalf("policy %q %s: %s passed the gate", p.Name, rule.Name, what)
+				}
+			}
+		}
+	}
+}
+
+// checkParsedModel fails unless the policies hold the model's invariants:
+// names unique and well-formed for their kind, prefixes the ipcache can
+// key, excepts inside their CIDRs, ports sorted and distinct with a
+// protocol (never "any"), ranges ordered, ICMP types without range, and
+// every rule of a Kubernetes document named and placed.
+func checkParsedModel(t *testing.T, policies []*Policy) {
+	t.Helper()
+	names := map[string]bool{}
+	for _, p := range policies {
+		if p.Name == "" || names[p.Name] || p.File != "fuzz.yaml" || p.Line == 0 {
+			t.Fatalf("policy %q: name repeated or empty, or file or line missing", p.Name)
+		}
+		names[p.Name] = true
+		switch p.Kind {
+		case KindCNP, KindNetworkPolicy:
+			if !strings.Contains(p.Name, "/") {
+				t.Fatalf("namespaced policy %q without namespace", p.Name)
+			}
+		case KindCCNP, KindNative:
+			if strings.Contains(p.Name, "/") {
+				t.Fatalf("policy %q of kind %s with a namespace", p.Name, p.Kind)
+			}
+		default:
+			t.Fatalf("policy %q: kind %q", p.Name, p.Kind)
+		}
+		for _, dir := range Directions() {
+			for _, rule := range p.Rules(dir) {
+				if p.Kind != KindNative && (rule.Name == "" || rule.Line == 0) {
+					t.Fatalf("policy %q: a rule without name or line: %+v", p.Name, rule)
+				}
+				for _, peer := range rule.Peers {
+					checkPolicyPrefix(t, peer.CIDR)
+					for _, except := range peer.Except {
+						checkPolicyPrefix(t, except)
+						if !contains(peer.CIDR, except) {
+							t.Fatalf("policy %q: except %s outside %s", p.Name, except, peer.CIDR)
+						}
+					}
+				}
+				if !slices.Equal(rule.Ports, sortPorts(slices.Clone(rule.Ports))) {
+					t.Fatalf("policy %q %s: ports not sorted and distinct: %v", p.Name, rule.Name, rule.Ports)
+				}
+				for _, port := range rule.Ports {
+					icmp := port.Protocol == ProtocolICMP || port.Protocol == ProtocolICMPv6
+					switch {
+					case port.Protocol == ProtocolAny:
+						t.Fatalf("policy %q %s: a port of any protocol", p.Name, rule.Name)
+					case port.EndPort != 0 && (port.EndPort <= port.Port || icmp || port.Port == 0):
+						t.Fatalf("policy %q %s: range %v", p.Name, rule.Name, port)
+					case icmp && port.Port > maxICMPType:
+						t.Fatalf("policy %q %s: ICMP type %d", p.Name, rule.Name, port.Port)
+					}
+				}
+			}
+		}
+	}
+}

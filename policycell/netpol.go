@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"fmt"
+)
+
+// networkPolicyPeerUnsupported are the peers of a NetworkPolicy rule other
+// than ipBlock, with why they are rejected.
+var networkPolicyPeerUnsupported = map[string]string{
+	"podSelector":       "selecting pods by label is not supported: only ipBlock peers",
+	"namespaceSelector": "selecting namespaces is not supported: only ipBlock peers",
+}
+
+// networkPolicy parses a Kubernetes NetworkPolicy with Kubernetes'
+// semantics: policyTypes defaults to Ingress, plus Egress when there are
+// egress rules; a listed type without rules denies that direction; a rule
+// without from (to) is every peer, one without ports every port; a port
+// without protocol is TCP, one without a number every port.
+func (p *parser) networkPolicy(n *node) (*Policy, error) {
+	fields, err := p.fields(n, KindNetworkPolicy, "apiVersion", "kind", "metadata", "spec", "status")
+	if err != nil {
+		return nil, err
+	}
+	name, line, err := p.metadata(n, fields, true)
+	if err != nil {
+		return nil, err
+	}
+	policy := &Policy{Name: name, File: p.file, Line: line, Kind: KindNetworkPolicy}
+	specNode, ok := fields["spec"]
+	if !ok {
+		return nil, p.errorf(n, "%s: spec is required", KindNetworkPolicy)
+	}
+	spec, err := p.fields(specNode, "spec", "podSelector", "policyTypes", "ingress", "egress")
+	if err != nil {
+		return nil, err
+	}
+	if value, ok := spec["podSelector"]; ok {
+		if err := p.emptySelector(value, "spec.podSelector"); err != nil {
+			return nil, err
+		}
+	}
+	rules := [2][]*node{}
+	for _, dir := range Directions() {
+		value, ok := spec[dir.String()]
+		if !ok {
+			continue
+		}
+		// As in the native format: a key without value is what a file cut
+		// mid-write looks like, and here it would deny the direction.
+		if isNull(value) {
+			return nil, p.errorf(value, "spec.%s: no rules (write `%s: []` for none)", dir, dir)
+		}
+		if rules[dir], err = p.list(value, "spec."+dir.String()); err != nil {
+			return nil, err
+		}
+	}
+	types, typesLine, err := p.policyTypes(spec, specNode, len(rules[Egress]) > 0)
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range Directions() {
+		if !types[dir] {
+			if len(rules[dir]) > 0 {
+				return nil, p.errorf(spec[dir.String()], "spec.%s: rules given but policyTypes does not list %s: Kubernetes would ignore them",
+					dir, policyTypeName(dir))
+			}
+			continue
+		}
+		var out []Rule
+		if len(rules[dir]) == 0 {
+			// A listed type without rules isolates the direction: a rule
+			// that selects nothing.
+			out = append(out, Rule{Name: dir.String(), Line: typesLine})
+		}
+		for i, item := range rules[dir] {
+			name := fmt.Sprintf("%s[%d]", dir, i)
+			rule, err := p.networkPolicyRule(item, dir, "spec."+name)
+			if err != nil {
+				return nil, err
+			}
+			rule.Name, rule.Line = name, item.Line
+			out = append(out, rule)
+		}
+		if dir == Ingress {
+			policy.Ingress = out
+		} else {
+			policy.Egress = out
+		}
+	}
+	return policy, nil
+}
+
+func policyTypeName(dir Direction) string {
+	if dir == Ingress {
+		return "Ingress"
+	}
+	return "Egress"
+}
+
+// policyTypes returns the directions the policy applies to, and the line
+// that says so (policyTypes, else the spec's).
+func (p *parser) policyTypes(spec map[string]*node, specNode *node, egressRules bool) ([2]bool, int, error) {
+	value, ok := spec["policyTypes"]
+	var items []*node
+	if ok {
+		var err error
+		if items, err = p.list(value, "spec.policyTypes"); err != nil {
+			return [2]bool{}, 0, err
+		}
+	}
+	if len(items) == 0 {
+		// Kubernetes' defaulting.
+		return [2]bool{Ingress: true, Egress: egressRules}, specNode.Line, nil
+	}
+	var types [2]bool
+	for i, item := range items {
+		what := fmt.Sprintf("spec.policyTypes[%d]", i)
+		s, err := p.scalar(item, what)
+		if err != nil {
+			return [2]bool{}, 0, err
+		}
+		var dir Direction
+		switch s {
+		case "Ingress":
+			dir = Ingress
+		case "Egress":
+			dir = Egress
+		default:
+			return [2]bool{}, 0, p.errorf(item, "%s: %q: want Ingress or Egress", what, s)
+		}
+		if types[dir] {
+			return [2]bool{}, 0, p.errorf(item, "%s: %s given twice", what, s)
+		}
+		types[dir] = true
+	}
+	return types, value.Line, nil
+}
+
+// networkPolicyRule parses {from, ports} or {to, ports}.
+func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, error) {
+	peerField := "to"
+	if dir == Ingress {
+		peerField = "from"
+	}
+	fields, err := p.fields(n, what, peerField, "ports")
+	if err != nil {
+		return Rule{}, err
+	}
+	var rule Rule
+	if value, ok := fields[peerField]; ok {
+		peers, err := p.list(value, what+"."+peerField)
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, peer := range peers {
+			peerWhat := fmt.Sprintf("%s.%s[%d]", what, peerField, i)
+			peerFields, err := p.fields(peer, peerWhat, "ipBlock", "podSelector", "namespaceSelector")
+			if err != nil {
+				return Rule{}, err
+			}
+			if err := p.unsupportedField(peer, peerWhat, networkPolicyPeerUnsupported); err != nil {
+				return Rule{}, err
+			}
+			block, ok := peerFields["ipBlock"]
+			if !ok {
+				return Rule{}, p.errorf(peer, "%s: ipBlock is required", peerWhat)
+			}
+			set, err := p.cidrSet(block, peerWhat+".ipBlock")
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Peers = append(rule.Peers, set)
+		}
+	}
+	// No peers: every peer (Kubernetes: "matches all sources").
+	rule.AnyPeer = len(rule.Peers) == 0
+	if value, ok := fields["ports"]; ok {
+		ports, err := p.list(value, what+".ports")
+		if err != nil {
+			return Rule{}, err
+		}
+		for i, port := range ports {
+			more, err := p.networkPolicyPort(port, fmt.Sprintf("%s.ports[%d]", what, i))
+			if err != nil {
+				return Rule{}, err
+			}
+			rule.Ports = append(rule.Ports, more)
+		}
+		rule.Ports = sortPorts(rule.Ports)
+	}
+	return rule, nil
+}
+
+// networkPolicyPort parses {port, endPort, protocol}: protocol TCP when
+// absent, every port of it when port is absent.
+func (p *parser) networkPolicyPort(n *node, what string) (PortRange, error) {
+	fields, err := p.fields(n, what, "port", "endPort", "protocol")
+	if err != nil {
+		return PortRange{}, err
+	}
+	protocol := ProtocolTCP
+	if value, ok := fields["protocol"]; ok {
+		s, err := p.scalar(value, what+".protocol")
+		if err != nil {
+			return PortRange{}, err
+		}
+		switch s {
+		case "TCP":
+		case "UDP":
+			protocol = ProtocolUDP
+		case "SCTP":
+			protocol = ProtocolSCTP
+		default:
+			return PortRange{}, p.errorf(value, "%s.protocol: %q: want TCP, UDP or SCTP", what, s)
+		}
+	}
+	portNode, ok := fields["port"]
+	if !ok {
+		if end, ok := fields["endPort"]; ok {
+			return PortRange{}, p.errorf(end, "%s.endPort: needs a port to start from", what)
+		}
+		return PortRange{Protocol: protocol}, nil
+	}
+	start, end, err := p.portRange(portNode, fields["endPort"], what)
+	if err != nil {
+		return PortRange{}, err
+	}
+	if start == 0 {
+		return PortRange{}, p.errorf(portNode, "%s.port: 0 is not a port (omit port for every port)", what)
+	}
+	return PortRange{Protocol: protocol, Port: start, EndPort: end}, nil
+}

@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// FileValidation is the outcome of checking one policy file offline: its
+// policies, or why the agent would reject it.
+type FileValidation struct {
+	File     string
+	Policies []*Policy
+	// Err is nil when the agent would put the file in force.
+	Err error
+}
+
+// ValidateFiles checks policy files as the agent would read them from its
+// policy directory, without one: the same size and type limits, the same
+// parser, the same gate on what is not enforced yet (ParseFile), and the
+// same rule for a policy name that several files use: files are taken in
+// name order and the first to use a name keeps it. The results are in the
+// order of files; a file given twice is read twice.
+//
+// Each result's Err is a *FileError wrapping ErrInvalidPolicy (with
+// ErrNotEnforced), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
+// of opening or reading the file.
+func ValidateFiles(files []string) []FileValidation {
+	results := make([]FileValidation, len(files))
+	for i, file := range files {
+		results[i] = FileValidation{File: file}
+		content, err := readPolicyFile(file)
+		if err == nil {
+			results[i].Policies, err = ParseFile(file, content)
+		}
+		if err != nil {
+			if _, ok := err.(*FileError); !ok {
+				err = &FileError{File: file, Err: err}
+			}
+			results[i].Err = err
+		}
+	}
+	order := make([]int, len(files))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(files[a], files[b]) })
+	holder := map[string]string{}
+	for _, i := range order {
+		r := &results[i]
+		if r.Err != nil {
+			continue
+		}
+		if err := conflict(r.File, r.Policies, holder); err != nil {
+			r.Err, r.Policies = err, nil
+			continue
+		}
+		for _, p := range r.Policies {
+			holder[p.Name] = r.File
+		}
+	}
+	return results
+}
+
+// readPolicyFile reads a file as the directory reader does: a FIFO does
+// not block the open, and what is not a regular file or is over the cap
+// is an error.
+func readPolicyFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	content, isDir, err := readOpened(f)
+	if isDir {
+		return nil, fmt.Errorf("%w: a directory", ErrNotRegular)
+	}
+	return content, err
+}
