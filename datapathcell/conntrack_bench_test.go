@@ -29,7 +29,10 @@ import (
 //
 // The stateless baseline is the program as it was before connection
 // tracking (testdata/enforce_stateless_bpfel.o, the committed object of
-// that time), run on the same maps.
+// that time), run on the same maps. Each case's ratio is to a run of the
+// pass-through program just before it, so that load on a shared machine
+// that comes and goes within a round moves both alike; -benchtime=Nx runs
+// N times benchRounds rounds.
 
 const (
 	benchIPCacheEntries = 100_000
@@ -158,7 +161,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	type row struct {
 		name string
 		ns   float64
-		base float64 // pass-through measured the same way
+		base float64 // pass-through measured the same way, just before
 	}
 	// Rounds measure every case in turn; the table shows each case's
 	// median round, so that a burst of load on a shared machine moves
@@ -166,17 +169,18 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	var rounds [][]row
 	for range b.N * benchRounds {
 		var rows []row
-		base := float64(runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet).Nanoseconds())
-		add := func(name string, d time.Duration) {
-			rows = append(rows, row{name, float64(d.Nanoseconds()), base})
+		add := func(name string, prog *ebpf.Program, pkt []byte, want uint32) {
+			base := runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet)
+			d := runPerPacket(b, prog, pkt, benchRepeat, want)
+			rows = append(rows, row{name, float64(d.Nanoseconds()), float64(base.Nanoseconds())})
 		}
-		add("pass-through (TCX_NEXT)", time.Duration(base))
+		add("pass-through (TCX_NEXT)", passThrough, forwardACK, tcxNextRet)
 
 		setEnforced(b, maps, true, true)
-		add("stateless: allowed", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
-		add("stateless: dropped (the reply)", runPerPacket(b, old.ToEndpoint, replyACK, benchRepeat, tcxDropRet))
+		add("stateless: allowed", old.FromEndpoint, forwardACK, tcxNextRet)
+		add("stateless: dropped (the reply)", old.ToEndpoint, replyACK, tcxDropRet)
 		setEnforced(b, maps, false, false)
-		add("stateless: not enforced", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("stateless: not enforced", old.FromEndpoint, forwardACK, tcxNextRet)
 
 		// A new connection: the SYN finds no entry and creates one. Each
 		// run needs the entry gone, so runs are single; the pass-through
@@ -195,20 +199,31 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		rows = append(rows, row{"tracking: new connection (SYN; single runs, ratio to single runs)",
 			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
 
-		add("tracking: established, forward", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
 		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
-		add("tracking: established, reply", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxNextRet))
+		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
 		require.NoError(b, maps.Conntrack.Delete(key))
-		add("tracking: untracked reply (dropped)", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxDropRet))
+		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 
 		setEnforced(b, maps, false, false)
-		add("tracking: not enforced, neither direction", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
 		require.NoError(b, maps.Conntrack.Put(key, NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
-		add("tracking: not enforced, other direction enforced (established)", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		rounds = append(rounds, rows)
 	}
+	// The forward target is a ratio to the stateless program's allowed
+	// packet: that one, per round, from the two rows' own ratios.
+	index := func(name string) int {
+		return slices.IndexFunc(rounds[0], func(r row) bool { return r.name == name })
+	}
+	fwd, statelessAllowed := index("tracking: established, forward"), index("stateless: allowed")
+	vsStateless := make([]float64, 0, len(rounds))
+	for _, rows := range rounds {
+		vsStateless = append(vsStateless, (rows[fwd].ns/rows[fwd].base)/(rows[statelessAllowed].ns/rows[statelessAllowed].base))
+	}
+	slices.Sort(vsStateless)
 	var sb strings.Builder
 	w := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Case\tns/packet\tx pass-through\n")
@@ -229,6 +244,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	w.Flush()
 	fmt.Printf("%d ipcache entries, BPF_PROG_RUN, median of %d rounds:\n%s", benchIPCacheEntries, len(rounds), sb.String())
+	fmt.Printf("established forward / stateless allowed: %.2f\n", vsStateless[len(vsStateless)/2])
 }
 
 // passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.
