@@ -8,6 +8,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,6 +34,15 @@ import (
 // pass-through program just before it, so that load on a shared machine
 // that comes and goes within a round moves both alike; -benchtime=Nx runs
 // N times benchRounds rounds.
+//
+// To compare with an earlier build of the program in the same run, name its
+// object in IPCACHE_AGENT_BENCH_BEFORE, e.g. the object of a commit:
+//
+//	git show COMMIT:datapathcell/bpf/enforce_bpfel.o > /tmp/before.o
+//	IPCACHE_AGENT_BENCH_BEFORE=/tmp/before.o go test -run '^$' -bench EnforcementPerPacket -benchtime=1x ./datapathcell/
+//
+// Its established and not-enforced cases are then measured right after the
+// current program's, on the same maps.
 
 const (
 	benchIPCacheEntries = 100_000
@@ -157,6 +167,32 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	enf, err := loadEnforcer(maps)
 	require.NoError(b, err)
 	b.Cleanup(func() { enf.Close() })
+	var before *enforcer
+	if path := os.Getenv("IPCACHE_AGENT_BENCH_BEFORE"); path != "" {
+		spec, err := ebpf.LoadCollectionSpec(path)
+		require.NoError(b, err)
+		spec.Maps[IPCacheMapName].MaxEntries = maps.IPCache.MaxEntries()
+		spec.Maps[ConntrackMapName].MaxEntries = maps.Conntrack.MaxEntries()
+		var p struct {
+			FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
+			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
+		}
+		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+			CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack,
+		}}))
+		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
+		b.Cleanup(func() { before.Close() })
+	}
+	// addBefore measures the earlier program, if one is given, on the case
+	// just measured.
+	addBefore := func(add func(string, *ebpf.Program, []byte, uint32), name string, prog func(*enforcer) *ebpf.Program, pkt []byte) {
+		if before != nil {
+			add("before: "+name, prog(before), pkt, tcxNextRet)
+		}
+	}
+	from := func(e *enforcer) *ebpf.Program { return e.fromEndpoint }
+	to := func(e *enforcer) *ebpf.Program { return e.toEndpoint }
 
 	type row struct {
 		name string
@@ -200,9 +236,11 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
 
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "established, forward", from, forwardACK)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
 		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
 		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
+		addBefore(add, "established, reply", to, replyACK)
 		require.NoError(b, maps.Conntrack.Delete(key))
 		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 
@@ -211,6 +249,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEnforced(b, maps, true, false)
 		require.NoError(b, maps.Conntrack.Put(key, NewConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)
 	}
 	// The forward target is a ratio to the stateless program's allowed
@@ -218,12 +257,15 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	index := func(name string) int {
 		return slices.IndexFunc(rounds[0], func(r row) bool { return r.name == name })
 	}
-	fwd, statelessAllowed := index("tracking: established, forward"), index("stateless: allowed")
-	vsStateless := make([]float64, 0, len(rounds))
-	for _, rows := range rounds {
-		vsStateless = append(vsStateless, (rows[fwd].ns/rows[fwd].base)/(rows[statelessAllowed].ns/rows[statelessAllowed].base))
+	statelessAllowed := index("stateless: allowed")
+	vsStateless := func(fwd int) float64 {
+		r := make([]float64, 0, len(rounds))
+		for _, rows := range rounds {
+			r = append(r, (rows[fwd].ns/rows[fwd].base)/(rows[statelessAllowed].ns/rows[statelessAllowed].base))
+		}
+		slices.Sort(r)
+		return r[len(r)/2]
 	}
-	slices.Sort(vsStateless)
 	var sb strings.Builder
 	w := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Case\tns/packet\tx pass-through\n")
@@ -244,7 +286,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	w.Flush()
 	fmt.Printf("%d ipcache entries, BPF_PROG_RUN, median of %d rounds:\n%s", benchIPCacheEntries, len(rounds), sb.String())
-	fmt.Printf("established forward / stateless allowed: %.2f\n", vsStateless[len(vsStateless)/2])
+	fmt.Printf("established forward / stateless allowed: %.2f\n", vsStateless(index("tracking: established, forward")))
+	if before != nil {
+		fmt.Printf("before: established forward / stateless allowed: %.2f\n", vsStateless(index("before: established, forward")))
+	}
 }
 
 // passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.
