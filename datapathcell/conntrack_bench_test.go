@@ -8,6 +8,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,7 +30,19 @@ import (
 //
 // The stateless baseline is the program as it was before connection
 // tracking (testdata/enforce_stateless_bpfel.o, the committed object of
-// that time), run on the same maps.
+// that time), run on the same maps. Each case's ratio is to a run of the
+// pass-through program just before it, so that load on a shared machine
+// that comes and goes within a round moves both alike; -benchtime=Nx runs
+// N times benchRounds rounds.
+//
+// To compare with an earlier build of the program in the same run, name its
+// object in IPCACHE_AGENT_BENCH_BEFORE, e.g. the object of a commit:
+//
+//	git show COMMIT:datapathcell/bpf/enforce_bpfel.o > /tmp/before.o
+//	IPCACHE_AGENT_BENCH_BEFORE=/tmp/before.o go test -run '^$' -bench EnforcementPerPacket -benchtime=1x ./datapathcell/
+//
+// Its established and not-enforced cases are then measured right after the
+// current program's, on the same maps.
 
 const (
 	benchIPCacheEntries = 100_000
@@ -154,11 +167,37 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	enf, err := loadEnforcer(maps)
 	require.NoError(b, err)
 	b.Cleanup(func() { enf.Close() })
+	var before *enforcer
+	if path := os.Getenv("IPCACHE_AGENT_BENCH_BEFORE"); path != "" {
+		spec, err := ebpf.LoadCollectionSpec(path)
+		require.NoError(b, err)
+		spec.Maps[IPCacheMapName].MaxEntries = maps.IPCache.MaxEntries()
+		spec.Maps[ConntrackMapName].MaxEntries = maps.Conntrack.MaxEntries()
+		var p struct {
+			FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
+			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
+		}
+		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+			CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack,
+		}}))
+		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
+		b.Cleanup(func() { before.Close() })
+	}
+	// addBefore measures the earlier program, if one is given, on the case
+	// just measured.
+	addBefore := func(add func(string, *ebpf.Program, []byte, uint32), name string, prog func(*enforcer) *ebpf.Program, pkt []byte) {
+		if before != nil {
+			add("before: "+name, prog(before), pkt, tcxNextRet)
+		}
+	}
+	from := func(e *enforcer) *ebpf.Program { return e.fromEndpoint }
+	to := func(e *enforcer) *ebpf.Program { return e.toEndpoint }
 
 	type row struct {
 		name string
 		ns   float64
-		base float64 // pass-through measured the same way
+		base float64 // pass-through measured the same way, just before
 	}
 	// Rounds measure every case in turn; the table shows each case's
 	// median round, so that a burst of load on a shared machine moves
@@ -166,17 +205,18 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	var rounds [][]row
 	for range b.N * benchRounds {
 		var rows []row
-		base := float64(runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet).Nanoseconds())
-		add := func(name string, d time.Duration) {
-			rows = append(rows, row{name, float64(d.Nanoseconds()), base})
+		add := func(name string, prog *ebpf.Program, pkt []byte, want uint32) {
+			base := runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet)
+			d := runPerPacket(b, prog, pkt, benchRepeat, want)
+			rows = append(rows, row{name, float64(d.Nanoseconds()), float64(base.Nanoseconds())})
 		}
-		add("pass-through (TCX_NEXT)", time.Duration(base))
+		add("pass-through (TCX_NEXT)", passThrough, forwardACK, tcxNextRet)
 
 		setEnforced(b, maps, true, true)
-		add("stateless: allowed", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
-		add("stateless: dropped (the reply)", runPerPacket(b, old.ToEndpoint, replyACK, benchRepeat, tcxDropRet))
+		add("stateless: allowed", old.FromEndpoint, forwardACK, tcxNextRet)
+		add("stateless: dropped (the reply)", old.ToEndpoint, replyACK, tcxDropRet)
 		setEnforced(b, maps, false, false)
-		add("stateless: not enforced", runPerPacket(b, old.FromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("stateless: not enforced", old.FromEndpoint, forwardACK, tcxNextRet)
 
 		// A new connection: the SYN finds no entry and creates one. Each
 		// run needs the entry gone, so runs are single; the pass-through
@@ -195,19 +235,36 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		rows = append(rows, row{"tracking: new connection (SYN; single runs, ratio to single runs)",
 			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
 
-		add("tracking: established, forward", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "established, forward", from, forwardACK)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
 		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
-		add("tracking: established, reply", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxNextRet))
+		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
+		addBefore(add, "established, reply", to, replyACK)
 		require.NoError(b, maps.Conntrack.Delete(key))
-		add("tracking: untracked reply (dropped)", runPerPacket(b, enf.toEndpoint, replyACK, benchRepeat, tcxDropRet))
+		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 
 		setEnforced(b, maps, false, false)
-		add("tracking: not enforced, neither direction", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
 		require.NoError(b, maps.Conntrack.Put(key, newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
-		add("tracking: not enforced, other direction enforced (established)", runPerPacket(b, enf.fromEndpoint, forwardACK, benchRepeat, tcxNextRet))
+		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)
+	}
+	// The forward target is a ratio to the stateless program's allowed
+	// packet: that one, per round, from the two rows' own ratios.
+	index := func(name string) int {
+		return slices.IndexFunc(rounds[0], func(r row) bool { return r.name == name })
+	}
+	statelessAllowed := index("stateless: allowed")
+	vsStateless := func(fwd int) float64 {
+		r := make([]float64, 0, len(rounds))
+		for _, rows := range rounds {
+			r = append(r, (rows[fwd].ns/rows[fwd].base)/(rows[statelessAllowed].ns/rows[statelessAllowed].base))
+		}
+		slices.Sort(r)
+		return r[len(r)/2]
 	}
 	var sb strings.Builder
 	w := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', 0)
@@ -229,6 +286,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	w.Flush()
 	fmt.Printf("%d ipcache entries, BPF_PROG_RUN, median of %d rounds:\n%s", benchIPCacheEntries, len(rounds), sb.String())
+	fmt.Printf("established forward / stateless allowed: %.2f\n", vsStateless(index("tracking: established, forward")))
+	if before != nil {
+		fmt.Printf("before: established forward / stateless allowed: %.2f\n", vsStateless(index("before: established, forward")))
+	}
 }
 
 // passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.

@@ -261,7 +261,9 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	require.Len(t, entries, 2, "the UDP exchange and the ping")
 	for _, v := range entries {
 		require.LessOrEqual(t, v.Expires(), monotonicNow()+timeout, "the test timeout applies")
-		require.GreaterOrEqual(t, v.Expires(), start+timeout)
+		// The program's clock may be a tick behind (now_ns in enforce.c);
+		// a tick is at most 10 ms (HZ 100).
+		require.GreaterOrEqual(t, v.Expires(), start+timeout-10*time.Millisecond)
 	}
 
 	gc := newConntrackGC(func() *ebpf.Map { return maps.Conntrack }, hivetest.Logger(t))
@@ -366,4 +368,87 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	replaced := open(2048)
 	require.Equal(t, uint32(conntrackValueSize), replaced.ValueSize())
 	require.Empty(t, conntrackEntries(t, replaced))
+}
+
+// The program reads the coarse clock once per jiffy and CPU and keeps it in
+// its per-CPU map clock: an entry created in the jiffy in which the clock
+// was kept takes its expiry from the kept value. The test plants a false
+// time in every CPU's slot, keeping the jiffy, and looks for a new
+// connection's expiry computed from it; a tick between the two runs makes
+// the program read the clock again, so it tries a few times.
+func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
+	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoTCP, 80)
+	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policycell.Ingress, true)
+	enf := loadTestEnforcer(t, maps)
+	clock := enforcerClockMap(t, enf)
+
+	type slot struct{ Jiffies, Ns uint64 }
+	const planted = uint64(1e12) // 1000 s after boot: long before now
+	peer := netip.MustParseAddrPort(hostPort(ctPeer4, 80))
+	syn := func(port uint16) (ConntrackKey, []byte) {
+		ep := netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), port)
+		return newConntrackKey(ep, peer, testProtoTCP), tcpPacket(ep, peer, 0x02)
+	}
+	opening := uint64(time.Minute) // the TCP opening timeout the program is loaded with
+	for attempt := range 200 {
+		start := monotonicNow()
+		// Fill the slot of the CPU this runs on.
+		_, first := syn(20000)
+		runPerPacket(t, enf.fromEndpoint, first, 1, tcxNextRet)
+		var slots []slot
+		require.NoError(t, clock.Lookup(uint32(0), &slots))
+		kept := false
+		for i := range slots {
+			if slots[i].Jiffies != 0 {
+				if slots[i].Ns == planted {
+					continue // an earlier attempt's, on a CPU not used since
+				}
+				require.GreaterOrEqual(t, slots[i].Ns, uint64(start)-uint64(time.Second), "a kept value is the coarse clock")
+				require.LessOrEqual(t, slots[i].Ns, uint64(monotonicNow()))
+				slots[i].Ns = planted
+				kept = true
+			}
+		}
+		require.True(t, kept, "no CPU kept the clock")
+		require.NoError(t, clock.Put(uint32(0), slots))
+
+		key, pkt := syn(uint16(30000 + attempt))
+		runPerPacket(t, enf.fromEndpoint, pkt, 1, tcxNextRet)
+		var v ConntrackValue
+		require.NoError(t, maps.Conntrack.Lookup(key, &v))
+		if uint64(v.Expires()) == planted+opening {
+			return
+		}
+		// The clock was read again: a tick passed, or the run moved to a
+		// CPU whose slot is older.
+		require.GreaterOrEqual(t, v.Expires(), start+time.Duration(opening)-time.Second)
+	}
+	t.Fatal("no expiry came from the kept clock value")
+}
+
+// enforcerClockMap is the program's own clock map (not one of the agent's
+// pinned maps: the loader creates it).
+func enforcerClockMap(t *testing.T, enf *enforcer) *ebpf.Map {
+	t.Helper()
+	info, err := enf.fromEndpoint.Info()
+	require.NoError(t, err)
+	ids, ok := info.MapIDs()
+	require.True(t, ok)
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		require.NoError(t, err)
+		mi, err := m.Info()
+		require.NoError(t, err)
+		if mi.Name == "clock" {
+			t.Cleanup(func() { m.Close() })
+			return m
+		}
+		m.Close()
+	}
+	t.Fatal("the program has no clock map")
+	return nil
 }

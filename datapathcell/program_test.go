@@ -47,6 +47,14 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 		require.Equal(t, want.ValueSize, got.ValueSize, want.Name)
 		require.Equal(t, want.Flags, got.Flags, want.Name)
 	}
+	// The program's own per-CPU clock (enforce.c now_ns), not a pinned map.
+	clock, ok := spec.Maps[bpf.EnforceMapClock]
+	require.True(t, ok)
+	require.Equal(t, ebpf.PerCPUArray, clock.Type)
+	require.EqualValues(t, 4, clock.KeySize)
+	require.EqualValues(t, 16, clock.ValueSize)
+	require.EqualValues(t, 1, clock.MaxEntries)
+	require.Empty(t, clock.Pinning)
 	// Sizes that are not configuration.
 	require.Equal(t, enforcementMapSpec().MaxEntries, spec.Maps[EnforcementMapName].MaxEntries)
 	require.Equal(t, countersMapSpec().MaxEntries, spec.Maps[CountersMapName].MaxEntries)

@@ -26,9 +26,11 @@
 //     endpoint's and the remote's address and port, protocol and family:
 //     both directions of a connection find the same entry. The entry says
 //     which direction opened it (`origin`), its TCP state and when it
-//     expires (bpf_ktime_get_coarse_ns, CLOCK_MONOTONIC_COARSE: a tick's
+//     expires (CLOCK_MONOTONIC_COARSE, bpf_ktime_get_coarse_ns: a tick's
 //     resolution is plenty for timeouts in seconds, and reading it costs a
-//     fraction of bpf_ktime_get_ns, which was most of a reply's cost).
+//     fraction of bpf_ktime_get_ns). The program reads that clock once per
+//     jiffy and CPU and keeps it in the per-CPU, unpinned map `clock`
+//     (now_ns), so an expiry may be set one tick early.
 //   - Tracked: TCP and UDP (by ports), ICMP and ICMPv6 echo (by the echo
 //     identifier, in the endpoint port; remote port 0). Nothing else is
 //     tracked: every packet of another protocol, and every packet without
@@ -107,7 +109,11 @@
 // Headers are read directly from the linear part of the skb when they lie
 // in it (the common case, and several times cheaper than a helper call),
 // and with bpf_skb_load_bytes otherwise, so that headers outside the linear
-// part are read correctly without pulling data.
+// part are read correctly without pulling data. Fields are read with loads
+// of their own size, and the keys of conntrack, ipcache and policy are
+// written in whole words (see set_ct_tail): byte-wise copies out of the
+// packet and keys assembled from narrow stores were a large part of a
+// reply's cost (docs/SCALE.md).
 //
 // The build needs clang and libbpf's bpf_helpers.h only; the few kernel UAPI
 // values used are defined below so that no kernel headers for the target
@@ -321,17 +327,34 @@ struct {
 	__uint(max_entries, 262144);
 } conntrack SEC(".maps");
 
-// What the policy lookup and connection tracking need from a packet.
+// clock holds, per CPU, the coarse clock as read at the first packet of
+// the current jiffy: see now_ns. Not pinned: a reload starts it empty.
+struct clock_cache {
+	__u64 jiffies;
+	__u64 ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct clock_cache);
+	__uint(max_entries, 1);
+} clock SEC(".maps");
+
+// What the policy lookup and connection tracking need from a packet. The
+// remote address is ct.remote_addr (family says which): the ipcache key
+// is built from it only when policy is looked up.
 struct flow {
-	struct ipcache_key remote; // prefixlen, family and ip set
+	struct ct_key ct; // addresses by parse_*, the rest by set_ct_tail
+	__u32 ports;      // endpoint_port and remote_port as in the key
 	__u8 protocol;
-	__u8 has_port;
+	__u8 family;
 	__be16 dport;
-	struct ct_key ct; // valid when tracked
-	__u8 tracked;     // a TCP, UDP or ICMP echo packet with its ports or identifier
+	__u8 has_port;
+	__u8 tracked;      // a TCP, UDP or ICMP echo packet with its ports or identifier
 	__u8 tcp_flags;
 	__u8 echo_request;
-	__u8 icmp_error; // ct is then the quoted packet's connection, if it has one
+	__u8 icmp_error;   // ct is then the quoted packet's connection, if it has one
 };
 
 // Offsets in the IPv4 header.
@@ -360,20 +383,27 @@ enum parse_result {
 	PARSE_MALFORMED, // drop when enforced
 };
 
-// load copies len bytes at off of the packet into to: straight from the
-// linear data if they are there, else through the helper. Returns 0, or
-// a negative value if the packet is shorter.
-static __always_inline int load(struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+// header returns where the len bytes at off of the packet can be read: in
+// the linear data if they are there, else in buf, copied by the helper
+// (buf must hold len bytes and be 8-byte aligned). Returns 0 if the packet
+// is shorter. Callers read fields with loads of their natural alignment
+// relative to the header: the verifier requires that of stack reads, and
+// byte-wise copies out of the packet were a large part of a reply's cost.
+static __always_inline const __u8 *header(struct __sk_buff *skb, __u32 off, __u32 len, void *buf)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
-	if (off < 0xffff && data + off + len <= data_end) {
-		__builtin_memcpy(to, data + off, len);
+	if (off < 0xffff && data + off + len <= data_end)
+		return data + off;
+	if (bpf_skb_load_bytes(skb, off, buf, len) < 0)
 		return 0;
-	}
-	return bpf_skb_load_bytes(skb, off, to, len);
+	return buf;
 }
+
+#define LOAD16(p, off) (*(const __u16 *)((p) + (off)))
+#define LOAD32(p, off) (*(const __u32 *)((p) + (off)))
+#define LOAD64(p, off) (*(const __u64 *)((p) + (off)))
 
 static __always_inline void count(__u8 direction, int allowed)
 {
@@ -385,19 +415,40 @@ static __always_inline void count(__u8 direction, int allowed)
 		*value += 1;
 }
 
-// set_ct_addrs fills the key's addresses from a packet's source and
-// destination (len bytes each) seen in direction: the endpoint sends at
-// egress and receives at ingress.
-static __always_inline void set_ct_addrs(struct ct_key *ct, __u8 direction, const __u8 *saddr,
-					 const __u8 *daddr, __u32 len)
+// set_ct_tail writes the key's ports, protocol, family and padding from
+// the flow in one store: the hash function reads the key in words, and a
+// load that spans several narrower stores stalls until they retire.
+static __always_inline void set_ct_tail(struct flow *flow)
 {
-	if (direction == DIRECTION_EGRESS) {
-		__builtin_memcpy(ct->endpoint_addr, saddr, len);
-		__builtin_memcpy(ct->remote_addr, daddr, len);
-	} else {
-		__builtin_memcpy(ct->endpoint_addr, daddr, len);
-		__builtin_memcpy(ct->remote_addr, saddr, len);
-	}
+	*(__u64 *)&flow->ct.endpoint_port =
+		(__u64)flow->ports | (__u64)flow->protocol << 32 | (__u64)flow->family << 40;
+}
+
+// set_ct_addrs4 and set_ct_addrs6 fill the key's addresses from a packet's
+// source and destination at ip (an IPv4 or IPv6 header) seen in
+// direction: the endpoint sends at egress and receives at ingress. The
+// IPv4 case zeroes the rest of the address fields.
+static __always_inline void set_ct_addrs4(struct ct_key *ct, __u8 direction, const __u8 *ip)
+{
+	__u32 saddr = LOAD32(ip, IPV4_OFF_SADDR), daddr = LOAD32(ip, IPV4_OFF_DADDR);
+	__u64 *ep = (__u64 *)ct->endpoint_addr, *rem = (__u64 *)ct->remote_addr;
+
+	ep[0] = direction == DIRECTION_EGRESS ? saddr : daddr;
+	ep[1] = 0;
+	rem[0] = direction == DIRECTION_EGRESS ? daddr : saddr;
+	rem[1] = 0;
+}
+
+static __always_inline void set_ct_addrs6(struct ct_key *ct, __u8 direction, const __u8 *ip)
+{
+	__u64 *ep = (__u64 *)ct->endpoint_addr, *rem = (__u64 *)ct->remote_addr;
+	__u32 eoff = direction == DIRECTION_EGRESS ? IPV6_OFF_SADDR : IPV6_OFF_DADDR;
+	__u32 roff = direction == DIRECTION_EGRESS ? IPV6_OFF_DADDR : IPV6_OFF_SADDR;
+
+	ep[0] = LOAD64(ip, eoff);
+	ep[1] = LOAD64(ip, eoff + 8);
+	rem[0] = LOAD64(ip, roff);
+	rem[1] = LOAD64(ip, roff + 8);
 }
 
 // read_l4 reads what policy and tracking need from the L4 header at l4_off
@@ -405,48 +456,54 @@ static __always_inline void set_ct_addrs(struct ct_key *ct, __u8 direction, cons
 // tracking the ports and TCP flags, or the ICMP type and echo identifier.
 // An ICMP error sets icmp_error and returns the offset of the quoted IP
 // header in *quoted. In a quoted packet (quoted_pkt) only the first 8
-// bytes are there for certain, so TCP flags are not read.
+// bytes are there for certain, so TCP flags are not read. The key's ports
+// are zero unless set here.
 static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32 l4_off,
 				    struct flow *flow, __u32 *quoted, int quoted_pkt)
 {
-	__u8 l4[14];
+	__u8 buf[16] __attribute__((aligned(8)));
+	const __u8 *l4;
+	__u8 protocol = flow->protocol;
 
-	switch (flow->protocol) {
+	flow->ports = 0;
+	switch (protocol) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
-		if (flow->protocol == IPPROTO_TCP && !quoted_pkt) {
-			if (load(skb, l4_off, l4, 14) == 0) {
+		if (protocol == IPPROTO_TCP && !quoted_pkt) {
+			l4 = header(skb, l4_off, 14, buf);
+			if (l4) {
 				flow->tcp_flags = l4[13];
 				flow->tracked = 1;
-			} else if (load(skb, l4_off, l4, 4) < 0) {
-				break;
+			} else {
+				l4 = header(skb, l4_off, 4, buf);
+				if (!l4)
+					break;
 			}
 		} else {
-			if (load(skb, l4_off, l4, 4) < 0)
+			l4 = header(skb, l4_off, 4, buf);
+			if (!l4)
 				break;
 			flow->tracked = 1;
 		}
-		__builtin_memcpy(&flow->dport, &l4[2], 2);
+		flow->dport = LOAD16(l4, 2);
 		flow->has_port = 1;
-		if (direction == DIRECTION_EGRESS) {
-			__builtin_memcpy(&flow->ct.endpoint_port, &l4[0], 2);
-			__builtin_memcpy(&flow->ct.remote_port, &l4[2], 2);
-		} else {
-			__builtin_memcpy(&flow->ct.endpoint_port, &l4[2], 2);
-			__builtin_memcpy(&flow->ct.remote_port, &l4[0], 2);
-		}
+		if (direction == DIRECTION_EGRESS)
+			flow->ports = LOAD32(l4, 0);
+		else
+			flow->ports = (__u32)LOAD16(l4, 2) | (__u32)LOAD16(l4, 0) << 16;
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
-		if (load(skb, l4_off, l4, 8) < 0)
+		l4 = header(skb, l4_off, 8, buf);
+		if (!l4)
 			break;
-		if (flow->protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
-						   : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
-			flow->echo_request = flow->protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
-									    : l4[0] == ICMPV6_ECHO_REQUEST;
-			__builtin_memcpy(&flow->ct.endpoint_port, &l4[4], 2);
+		if (protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
+					     : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
+			flow->echo_request = protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
+								      : l4[0] == ICMPV6_ECHO_REQUEST;
+			flow->ports = LOAD16(l4, 4);
 			flow->tracked = 1;
-		} else if (flow->protocol == IPPROTO_ICMP
+		} else if (protocol == IPPROTO_ICMP
 				   ? (l4[0] == ICMP_DEST_UNREACH || l4[0] == ICMP_TIME_EXCEEDED)
 				   : (l4[0] == ICMPV6_DEST_UNREACH || l4[0] == ICMPV6_PKT_TOOBIG ||
 				      l4[0] == ICMPV6_TIME_EXCEED)) {
@@ -463,107 +520,98 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, __u32 off, struct flow *flow)
 {
 	__u8 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
+	__u8 buf[IPV6_HLEN] __attribute__((aligned(8)));
+	const __u8 *ip;
 	__u32 l4_off;
 	__u32 unused;
 
-	flow->protocol = 0;
 	flow->tracked = 0;
-	if (flow->remote.family == FAMILY_IPV4) {
-		__u8 hdr[IPV4_HLEN];
+	flow->protocol = 0;
+	flow->ports = 0;
+	if (flow->family == FAMILY_IPV4) {
 		__u32 ihl;
 
-		if (load(skb, off, hdr, sizeof(hdr)) < 0)
+		ip = header(skb, off, IPV4_HLEN, buf);
+		if (!ip)
 			return;
-		ihl = (hdr[0] & 0x0f) * 4;
-		if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
+		ihl = (ip[0] & 0x0f) * 4;
+		if ((ip[0] >> 4) != 4 || ihl < IPV4_HLEN)
 			return;
-		set_ct_addrs(&flow->ct, other, &hdr[IPV4_OFF_SADDR], &hdr[IPV4_OFF_DADDR], 4);
-		flow->protocol = hdr[IPV4_OFF_PROTO];
+		set_ct_addrs4(&flow->ct, other, ip);
+		flow->protocol = ip[IPV4_OFF_PROTO];
 		l4_off = off + ihl;
 	} else {
-		__u8 hdr[IPV6_HLEN];
-
-		if (load(skb, off, hdr, sizeof(hdr)) < 0)
+		ip = header(skb, off, IPV6_HLEN, buf);
+		if (!ip)
 			return;
-		if ((hdr[0] >> 4) != 6)
+		if ((ip[0] >> 4) != 6)
 			return;
-		set_ct_addrs(&flow->ct, other, &hdr[IPV6_OFF_SADDR], &hdr[IPV6_OFF_DADDR], 16);
-		flow->protocol = hdr[IPV6_OFF_NEXTHDR];
+		set_ct_addrs6(&flow->ct, other, ip);
+		flow->protocol = ip[IPV6_OFF_NEXTHDR];
 		l4_off = off + IPV6_HLEN;
 	}
-	flow->ct.protocol = flow->protocol;
-	flow->ct.endpoint_port = 0;
-	flow->ct.remote_port = 0;
 	read_l4(skb, other, l4_off, flow, &unused, 1);
-	// Only the quoted packet's connection is wanted, not its kind.
-	flow->icmp_error = 1;
+	set_ct_tail(flow);
 }
 
 static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 direction, struct flow *flow,
 						     __u32 *quoted)
 {
-	__u8 hdr[IPV4_HLEN];
+	__u8 buf[IPV4_HLEN] __attribute__((aligned(8)));
+	const __u8 *ip;
 	__u32 ihl;
-	__be16 frag;
 
-	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	ip = header(skb, ETH_HLEN, IPV4_HLEN, buf);
+	if (!ip)
 		return PARSE_MALFORMED;
-	ihl = (hdr[0] & 0x0f) * 4;
-	if ((hdr[0] >> 4) != 4 || ihl < IPV4_HLEN)
+	ihl = (ip[0] & 0x0f) * 4;
+	if ((ip[0] >> 4) != 4 || ihl < IPV4_HLEN)
 		return PARSE_MALFORMED;
 
-	flow->remote.family = FAMILY_IPV4;
-	flow->remote.prefixlen = IPCACHE_STATIC_PREFIX_BITS + 32;
-	__builtin_memcpy(flow->remote.ip,
-			 &hdr[direction == DIRECTION_EGRESS ? IPV4_OFF_DADDR : IPV4_OFF_SADDR], 4);
-	flow->protocol = hdr[IPV4_OFF_PROTO];
-	flow->ct.family = FAMILY_IPV4;
-	flow->ct.protocol = flow->protocol;
-	set_ct_addrs(&flow->ct, direction, &hdr[IPV4_OFF_SADDR], &hdr[IPV4_OFF_DADDR], 4);
-
-	__builtin_memcpy(&frag, &hdr[IPV4_OFF_FRAG], sizeof(frag));
-	if (bpf_ntohs(frag) & IPV4_FRAG_OFFSET_MASK)
-		return PARSE_OK; // non-first fragment: no L4 header
-	read_l4(skb, direction, ETH_HLEN + ihl, flow, quoted, 0);
+	set_ct_addrs4(&flow->ct, direction, ip);
+	flow->protocol = ip[IPV4_OFF_PROTO];
+	flow->family = FAMILY_IPV4;
+	// A non-first fragment has no L4 header.
+	if (!(bpf_ntohs(LOAD16(ip, IPV4_OFF_FRAG)) & IPV4_FRAG_OFFSET_MASK))
+		read_l4(skb, direction, ETH_HLEN + ihl, flow, quoted, 0);
+	set_ct_tail(flow);
 	return PARSE_OK;
 }
 
 static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 direction, struct flow *flow,
 						     __u32 *quoted)
 {
-	__u8 hdr[IPV6_HLEN];
+	__u8 buf[IPV6_HLEN] __attribute__((aligned(8)));
+	const __u8 *ip;
 	__u32 off = ETH_HLEN + IPV6_HLEN;
-	__u8 nexthdr;
+	__u8 nexthdr, hoplimit;
 	int first_fragment = 1;
 
-	if (load(skb, ETH_HLEN, hdr, sizeof(hdr)) < 0)
+	ip = header(skb, ETH_HLEN, IPV6_HLEN, buf);
+	if (!ip)
 		return PARSE_MALFORMED;
-	if ((hdr[0] >> 4) != 6)
+	if ((ip[0] >> 4) != 6)
 		return PARSE_MALFORMED;
 
-	flow->remote.family = FAMILY_IPV6;
-	flow->remote.prefixlen = IPCACHE_STATIC_PREFIX_BITS + 128;
-	__builtin_memcpy(flow->remote.ip,
-			 &hdr[direction == DIRECTION_EGRESS ? IPV6_OFF_DADDR : IPV6_OFF_SADDR], 16);
-	flow->ct.family = FAMILY_IPV6;
-	set_ct_addrs(&flow->ct, direction, &hdr[IPV6_OFF_SADDR], &hdr[IPV6_OFF_DADDR], 16);
-	nexthdr = hdr[IPV6_OFF_NEXTHDR];
+	set_ct_addrs6(&flow->ct, direction, ip);
+	flow->family = FAMILY_IPV6;
+	nexthdr = ip[IPV6_OFF_NEXTHDR];
+	hoplimit = ip[IPV6_OFF_HOPLIMIT];
 
 #pragma unroll
 	for (int i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
-		__u8 ext[4];
+		__u8 ext_buf[8] __attribute__((aligned(8)));
+		const __u8 *ext;
 
 		if (nexthdr != IPPROTO_HOPOPTS && nexthdr != IPPROTO_ROUTING &&
 		    nexthdr != IPPROTO_DSTOPTS && nexthdr != IPPROTO_FRAGMENT &&
 		    nexthdr != IPPROTO_AH)
 			break;
-		if (load(skb, off, ext, sizeof(ext)) < 0)
+		ext = header(skb, off, 4, ext_buf);
+		if (!ext)
 			return PARSE_MALFORMED;
 		if (nexthdr == IPPROTO_FRAGMENT) {
-			__be16 frag;
-
-			__builtin_memcpy(&frag, &ext[2], sizeof(frag));
-			if (bpf_ntohs(frag) & IPV6_FRAG_OFFSET_MASK)
+			if (bpf_ntohs(LOAD16(ext, 2)) & IPV6_FRAG_OFFSET_MASK)
 				first_fragment = 0;
 			off += 8;
 		} else if (nexthdr == IPPROTO_AH) {
@@ -574,43 +622,99 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 		nexthdr = ext[0];
 	}
 	flow->protocol = nexthdr;
-	flow->ct.protocol = nexthdr;
 
-	if (nexthdr == IPPROTO_ICMPV6 && first_fragment && hdr[IPV6_OFF_HOPLIMIT] == 255) {
-		__u8 type;
+	if (nexthdr == IPPROTO_ICMPV6 && first_fragment && hoplimit == 255) {
+		__u8 type_buf[8] __attribute__((aligned(8)));
+		const __u8 *type = header(skb, off, 1, type_buf);
 
 		// 133 router solicitation .. 137 redirect.
-		if (load(skb, off, &type, sizeof(type)) == 0 && type >= 133 && type <= 137)
+		if (type && *type >= 133 && *type <= 137)
 			return PARSE_NDP;
 	}
 	if (first_fragment)
 		read_l4(skb, direction, off, flow, quoted, 0);
+	set_ct_tail(flow);
 	return PARSE_OK;
+}
+
+// set_remote_key sets key to the ipcache key of the flow's remote address.
+// The trie reads the key's data in words that straddle the stores that
+// write it, so the key is written well before the lookup: such a load waits
+// until the stores have retired.
+static __always_inline void set_remote_key(struct ipcache_key *key, const struct flow *flow)
+{
+	const __u64 *remote = (const __u64 *)flow->ct.remote_addr;
+	__u64 *words = (__u64 *)key;
+
+	// prefixlen, cluster_id 0, pad 0 and family.
+	words[0] = (__u64)(IPCACHE_STATIC_PREFIX_BITS + (flow->family == FAMILY_IPV4 ? 32 : 128)) |
+		   (__u64)flow->family << 56;
+	words[1] = remote[0];
+	words[2] = remote[1];
+}
+
+// remote_identity is the identity of a remote address (its ipcache key):
+// the longest-prefix match in ipcache, world when nothing matches.
+static __always_inline __u32 remote_identity(const struct ipcache_key *key)
+{
+	struct remote_endpoint_info *info = bpf_map_lookup_elem(&ipcache, key);
+
+	return info ? info->sec_identity : IDENTITY_WORLD;
 }
 
 static __always_inline int policy_allows(__u32 identity, __u8 direction, const struct flow *flow)
 {
-	struct policy_key key = {
-		.sec_identity = identity,
-		.direction = direction,
-		.protocol = flow->protocol,
-		.dport = flow->dport,
-	};
+	// struct policy_key as one word, written in one store (set_ct_tail).
+	__u64 any = (__u64)identity | (__u64)direction << 32;
+	__u64 protocol = any | (__u64)flow->protocol << 40;
+	__u64 key = protocol | (__u64)flow->dport << 48;
 	struct policy_value *value;
 
 	if (flow->has_port) {
 		value = bpf_map_lookup_elem(&policy, &key);
 		if (value && value->verdict == VERDICT_ALLOW)
 			return 1;
-		key.dport = 0;
 	}
+	key = protocol;
 	value = bpf_map_lookup_elem(&policy, &key);
 	if (value && value->verdict == VERDICT_ALLOW)
 		return 1;
-	key.protocol = 0;
-	key.dport = 0;
+	key = any;
 	value = bpf_map_lookup_elem(&policy, &key);
 	return value && value->verdict == VERDICT_ALLOW;
+}
+
+// now_ns is bpf_ktime_get_coarse_ns, read once per jiffy and CPU. The
+// coarse clock moves only at a tick, as jiffies does, so the value read at
+// the first packet of a jiffy holds for the rest of it. The helper call
+// was a noticeable part of a reply's cost (docs/SCALE.md), while
+// bpf_jiffies64 is inlined by the verifier on 64-bit JITs.
+//
+// At a tick jiffies moves first and the coarse clock a moment later. A
+// value read in between is the previous tick's: it is returned (it is the
+// clock's value at that moment) but kept only if the clock has moved since
+// the last one kept, so a busy CPU does not keep the previous tick's value
+// for a whole tick. A CPU whose last packet was ticks ago can still keep
+// it: expiries set during that jiffy are then one tick early, nothing for
+// timeouts in seconds. Per CPU, so no other CPU writes the pair while it
+// is read.
+static __always_inline __u64 now_ns(void)
+{
+	__u32 zero = 0;
+	struct clock_cache *cache = bpf_map_lookup_elem(&clock, &zero);
+	__u64 jiffies = bpf_jiffies64();
+	__u64 ns;
+
+	if (!cache)
+		return bpf_ktime_get_coarse_ns();
+	if (cache->jiffies == jiffies)
+		return cache->ns;
+	ns = bpf_ktime_get_coarse_ns();
+	if (ns != cache->ns) {
+		cache->ns = ns;
+		cache->jiffies = jiffies;
+	}
+	return ns;
 }
 
 // ct_update sets what a packet of flow tells about its connection (TCP
@@ -655,7 +759,7 @@ static __always_inline void ct_update(struct ct_value *ct, const struct flow *fl
 // the one it has.
 static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction)
 {
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = now_ns();
 	struct ct_value created = {.origin = direction};
 
 	if (ct) {
@@ -671,26 +775,31 @@ static __always_inline void ct_forward(struct ct_value *ct, const struct flow *f
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
+	struct ipcache_key remote;
 	enum parse_result parsed;
-	struct remote_endpoint_info *info;
 	struct ct_value *ct = 0;
-	__u32 identity = IDENTITY_WORLD;
 	__u32 index = direction;
 	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 	__u32 quoted = 0;
 	__u32 *value;
-	int enforced, other_enforced;
+	int enforced, other_enforced = 0;
+	__u8 eth_buf[8] __attribute__((aligned(8)));
+	const __u8 *eth;
 	__be16 ethertype;
 
-	if (load(skb, 12, &ethertype, sizeof(ethertype)) < 0)
+	eth = header(skb, 12, sizeof(ethertype), eth_buf);
+	if (!eth)
 		return TCX_NEXT;
+	ethertype = LOAD16(eth, 0);
 	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
 		return TCX_NEXT;
 
 	value = bpf_map_lookup_elem(&enforcement, &index);
 	enforced = value && *value == 1;
-	value = bpf_map_lookup_elem(&enforcement, &other);
-	other_enforced = value && *value == 1;
+	if (!enforced) {
+		value = bpf_map_lookup_elem(&enforcement, &other);
+		other_enforced = value && *value == 1;
+	}
 	if (!enforced && !other_enforced) {
 		// Nothing to enforce, and no reply to track for.
 		count(direction, 1);
@@ -710,10 +819,13 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return TCX_DROP;
 	}
 
+	if (enforced)
+		set_remote_key(&remote, &flow);
+
 	if (flow.tracked) {
 		ct = bpf_map_lookup_elem(&conntrack, &flow.ct);
 		if (ct && ct->origin != direction && !flow.echo_request) {
-			ct_update(ct, &flow, 1, bpf_ktime_get_coarse_ns());
+			ct_update(ct, &flow, 1, now_ns());
 			count(direction, 1);
 			return TCX_NEXT;
 		}
@@ -742,10 +854,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		}
 	}
 
-	info = bpf_map_lookup_elem(&ipcache, &flow.remote);
-	if (info)
-		identity = info->sec_identity;
-	if (policy_allows(identity, direction, &flow)) {
+	if (policy_allows(remote_identity(&remote), direction, &flow)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction);
 		count(direction, 1);

@@ -19,6 +19,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	EnforceMapClock                   = "clock"
 	EnforceMapConntrack               = "conntrack"
 	EnforceMapCounters                = "counters"
 	EnforceMapEnforcement             = "enforcement"
@@ -82,6 +83,7 @@ type EnforceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EnforceMapSpecs struct {
+	Clock       *ebpf.MapSpec `ebpf:"clock"`
 	Conntrack   *ebpf.MapSpec `ebpf:"conntrack"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
@@ -119,6 +121,7 @@ func (o *EnforceObjects) Close() error {
 //
 // It can be passed to LoadEnforceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EnforceMaps struct {
+	Clock       *ebpf.Map `ebpf:"clock"`
 	Conntrack   *ebpf.Map `ebpf:"conntrack"`
 	Counters    *ebpf.Map `ebpf:"counters"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
@@ -128,6 +131,7 @@ type EnforceMaps struct {
 
 func (m *EnforceMaps) Close() error {
 	return _EnforceClose(
+		m.Clock,
 		m.Conntrack,
 		m.Counters,
 		m.Enforcement,
