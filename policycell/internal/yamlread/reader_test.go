@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package yamlread
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+// readAll reads every document of content, as a text dump per document.
+func readAll(content []byte) ([]string, error) {
+	r := NewReader(content, 1<<30)
+	var docs []string
+	for {
+		root, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return docs, err
+		}
+		var b strings.Builder
+		dump(&b, root, "")
+		docs = append(docs, b.String())
+	}
+}
+
+func dump(b *strings.Builder, n Node, indent string) {
+	switch n.Kind() {
+	case Scalar:
+		fmt.Fprintf(b, "%s%d:%d %v %q\n", indent, n.Line(), n.Column(), n.Tag(), n.Value())
+	case Mapping:
+		fmt.Fprintf(b, "%s%d:%d !!map\n", indent, n.Line(), n.Column())
+		for k, v := range n.Pairs() {
+			dump(b, k, indent+"  ")
+			dump(b, v, indent+"  ")
+		}
+	case Sequence:
+		fmt.Fprintf(b, "%s%d:%d !!seq\n", indent, n.Line(), n.Column())
+		for _, item := range n.Items() {
+			dump(b, item, indent+"  ")
+		}
+	}
+}
+
+// readAllV3 is readAll by yaml.v3.
+func readAllV3(content []byte) (docs []string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("yaml.v3 panicked: %v", p)
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(content))
+	for {
+		var doc yaml.Node
+		if err := dec.Decode(&doc); err != nil {
+			if errors.Is(err, io.EOF) {
+				return docs, nil
+			}
+			return docs, err
+		}
+		var b strings.Builder
+		if len(doc.Content) > 0 {
+			dumpV3(&b, doc.Content[0], "")
+		}
+		docs = append(docs, b.String())
+	}
+}
+
+func dumpV3(b *strings.Builder, n *yaml.Node, indent string) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		fmt.Fprintf(b, "%s%d:%d %s %q\n", indent, n.Line, n.Column, n.ShortTag(), n.Value)
+	case yaml.MappingNode, yaml.SequenceNode:
+		fmt.Fprintf(b, "%s%d:%d %s\n", indent, n.Line, n.Column, n.ShortTag())
+		for _, c := range n.Content {
+			dumpV3(b, c, indent+"  ")
+		}
+	default:
+		fmt.Fprintf(b, "%s%d:%d kind %d\n", indent, n.Line, n.Column, n.Kind)
+	}
+}
+
+// differential fails unless this reader agrees with yaml.v3 on content:
+// where yaml.v3 rejects it, so does this reader; where both accept it,
+// their trees are the same. It returns this reader's error.
+func differential(t testing.TB, content []byte) error {
+	t.Helper()
+	want, wantErr := readAllV3(content)
+	got, err := readAll(content)
+	switch {
+	case wantErr != nil && err == nil:
+		t.Errorf("%q: yaml.v3 rejects it (%v), this reader accepts it:\n%s", content, wantErr, strings.Join(got, "---\n"))
+	case wantErr == nil && err == nil:
+		if w, g := strings.Join(want, "---\n"), strings.Join(got, "---\n"); w != g {
+			t.Errorf("%q: yaml.v3 reads\n%s\nthis reader reads\n%s", content, w, g)
+		}
+	}
+	return err
+}
+
+func TestDifferentialExamples(t *testing.T) {
+	for _, content := range []string{
+		"a: b\n",
+		"name: a\negress:\n  - toCIDR: [10.0.0.0/8, \"2001:db8::/32\"]\n    toPorts: [{port: 53, protocol: UDP}]\n",
+		"- - a\n  - b\n- c: d\n  e: f\n-\n- ~\n",
+		"a:\n- b\n- c\nd: e\n",
+		"a: |\n  x\n   y\n\n  z\nb: >-\n  folded\n  text\n\n  more\n",
+		"a: 'it''s'\nb: \"\\x41\\u00e9\\t\\\"\"\nc: \"line\n  two\"\n",
+		"a: plain\n  continued\n  # not a comment? \nb: x#y\nc: a:b\n",
+		"---\n---\na\n...\n---\n",
+		"%YAML 1.1\n---\n{a: 1, b: [x, y,], c, d: }\n",
+		"[a: 1, b: , 0x1f, 0o17, 1.5, .inf, true, null, ~, 2001-12-14, -1, +1, 1_000]\n",
+		"\ufeffa: b\r\nc: d\r\n",
+		"a: !!str 1\nb: !!int \"2\"\nc: !!float 1\n",
+		"",
+		"# only\n",
+		"a:\n",
+		"---",
+		"key: [1,\n  2,\n  3]\n",
+		"a: |+\n  x\n\n\nb: 1\n",
+		"a: |2-\n    x\n",
+		"- |\n  a\n- >\n  b\n  c\n",
+	} {
+		err := differential(t, []byte(content))
+		require.NoError(t, err, "%q", content)
+	}
+}
+
+// TestDifferentialRandom: YAML made of random tokens, most of it invalid.
+func TestDifferentialRandom(t *testing.T) {
+	tokens := []string{"a", "bb", "1", "-1", "0x1f", "~", "null", "true", "1.5", `"x"`, `"a b"`, `'y'`, `'it''s'`, `"\t\x41"`,
+		`"`, `'`, "- ", "-", "? ", ": ", ":", "a:1", `"k":`, "{a: b, c}", ",", "[", "]", "{", "}", "#", " # c", "---", "...",
+		"!!str ", "!!int ", "| ", "> ", "|-", ">+", "|2", " ", "  ", "\t", "\n", "\n  ", "\n    ", "\n- ", "\n  - ", "\r\n",
+		"key: ", "\nkey: ", "\n  key: ", "x y", "10.0.0.0/8", "2001:db8::/32", "\\", "&x ", "*x"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var b strings.Builder
+	failures := 0
+	for range 30000 {
+		b.Reset()
+		for range 1 + rng.IntN(20) {
+			b.WriteString(tokens[rng.IntN(len(tokens))])
+		}
+		differential(t, []byte(b.String()))
+		if t.Failed() {
+			if failures++; failures > 10 {
+				return
+			}
+		}
+	}
+}
+
+// FuzzReader: this reader never panics, rejects what yaml.v3 rejects, and
+// reads the same tree (kinds, values, resolved tags, positions) where
+// both accept the input.
+func FuzzReader(f *testing.F) {
+	for _, seed := range []string{
+		"name: a\negress:\n  - toCIDR: [10.0.0.0/8, \"2001:db8::/32\"]\n    toPorts: [{port: 53, protocol: UDP}]\n",
+		"apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: web\n  namespace: default\n  labels: {app: web}\nspec:\n  podSelector:\n    matchLabels:\n      app: web\n  policyTypes:\n  - Ingress\n  - Egress\n  ingress:\n  - from:\n    - ipBlock:\n        cidr: 172.17.0.0/16\n        except:\n        - 172.17.1.0/24\n    ports:\n    - protocol: TCP\n      port: 6379\n  egress:\n  - to:\n    - ipBlock: {cidr: 10.0.0.0/24}\n    ports: [{protocol: UDP, port: 53, endPort: 60}]\n",
+		"apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: \"to-cidr\"\nspec:\n  description: >-\n    Allow egress to\n    the database.\n  endpointSelector:\n    matchLabels:\n      'k8s:app': api\n  egress:\n    - toCIDRSet:\n        - cidr: 10.0.0.0/8\n          except: [\"10.96.0.0/12\"]\n      toPorts:\n        - ports:\n            - port: \"5432\"\n              protocol: TCP\n---\napiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: deny}\nspec:\n  endpointSelector: {}\n  egressDeny:\n  - toCIDR:\n    - 192.0.2.0/24\n...\n",
+		"a: |\n  x\n   y\n\n  z\nb: >-\n  folded\n  text\n\n  more\nc: |+2\n   keep\n\n",
+		"a: 'it''s'\nb: \"\\x41\\u00e9\\t\\\"\\\n  joined\"\nc: \"line\n\n  two\"\n",
+		"%YAML 1.1\n---\n{a: 1, b: [x, y,], c, d: , \"e\":f}\n",
+		"[a: 1, b: , 0x1f, 0o17, 1.5, .inf, true, null, ~, 2001-12-14, -1, +1, 1_000, !!str 3, !!float 2]\n",
+		"\ufeffa: b\r\nc:\r\n- d\r\n",
+		"- - a\n  - b\n- c: d\n  e: f\n-\n- ~\n",
+		"&a x: *a\n", "? a\n: b\n", "a: !foo b\n", "a: b\na: c\n", "a:\n\t- b\n", "a: \"b\n", "a: [b, c\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		differential(t, data)
+	})
+}
