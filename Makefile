@@ -43,7 +43,8 @@ FUZZ_TARGETS = \
 	identitycell:FuzzDecodeCheckpoint \
 	datapathcell:FuzzIPCacheKey datapathcell:FuzzIPCacheValue \
 	datapathcell:FuzzPolicyKey datapathcell:FuzzPolicyValue \
-	policycell:FuzzParseFile policycell:FuzzParseCIDR
+	policycell:FuzzParseFile policycell:FuzzParseCIDR \
+	policycell/internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \

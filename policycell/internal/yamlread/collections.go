@@ -339,9 +339,9 @@ func (r *Reader) tagProperty() (Tag, error) {
 func (r *Reader) noAnchorOrAlias() error {
 	switch r.at(r.i) {
 	case '&':
-		return r.errorf(ErrUnsupported, "YAML anchors (&) and aliases are not supported")
+		return r.errorf(ErrUnsupported, "anchors (&) and aliases are not supported")
 	case '*':
-		return r.errorf(ErrUnsupported, "YAML aliases (*) are not supported")
+		return r.errorf(ErrUnsupported, "aliases (*) are not supported")
 	}
 	return nil
 }

@@ -33,6 +33,10 @@ func resolvePlain(value string) Tag {
 		if isTimestamp(value) {
 			return TagTimestamp
 		}
+		// strconv's errors allocate: try only what can be a number.
+		if strings.Trim(value, "0123456789abcdefABCDEFxXoO+-_.") != "" {
+			return TagStr
+		}
 		if isInt(strings.ReplaceAll(value, "_", "")) {
 			return TagInt
 		}
