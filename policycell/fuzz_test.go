@@ -11,7 +11,6 @@ import (
 	"testing"
 	"unicode/utf8"
 
-
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
