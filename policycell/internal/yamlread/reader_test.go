@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -158,6 +161,69 @@ func TestDifferentialRandom(t *testing.T) {
 	}
 }
 
+// examplePolicies returns the policy files of the repository's tests and
+// examples: the *.yaml and *.yml files, and the files of those names in
+// the txtar archives of the scripts.
+func examplePolicies(tb testing.TB) map[string][]byte {
+	files := map[string][]byte{}
+	root := filepath.Join("..", "..", "..")
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		switch filepath.Ext(path) {
+		case ".yaml", ".yml":
+			content, err := os.ReadFile(path)
+			files[path] = content
+			return err
+		case ".txtar":
+			content, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			var name string
+			var file []byte
+			for _, line := range strings.SplitAfter(string(content), "\n") {
+				if header, ok := strings.CutPrefix(line, "-- "); ok && strings.HasSuffix(line, " --\n") {
+					if name != "" {
+						files[path+":"+name] = file
+					}
+					name, file = "", nil
+					if n := strings.TrimSuffix(header, " --\n"); strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml") {
+						name = n
+					}
+					continue
+				}
+				if name != "" {
+					file = append(file, line...)
+				}
+			}
+			if name != "" {
+				files[path+":"+name] = file
+			}
+		}
+		return nil
+	})
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files)
+	return files
+}
+
+// TestDifferentialExamplePolicies: every policy file of the repository
+// reads the same as with yaml.v3 (the invalid ones of the tests are
+// rejected by both or by this reader only).
+func TestDifferentialExamplePolicies(t *testing.T) {
+	accepted := 0
+	for name, content := range examplePolicies(t) {
+		if err := differential(t, content); err == nil {
+			accepted++
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+	require.Positive(t, accepted)
+}
+
 // FuzzReader: this reader never panics, rejects what yaml.v3 rejects, and
 // reads the same tree (kinds, values, resolved tags, positions) where
 // both accept the input.
@@ -176,7 +242,62 @@ func FuzzReader(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
+	for _, content := range examplePolicies(f) {
+		f.Add(content)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		differential(t, data)
 	})
+}
+
+// BenchmarkRead reads policy files of 1 MiB with yaml.v3 (into
+// yaml.Node, as policycell did) and with this reader; B/op against
+// bytes/file is the multiple of the file's size that reading allocates.
+func BenchmarkRead(b *testing.B) {
+	const size = 1 << 20
+	fill := func(head, unit, tail string) []byte {
+		var buf bytes.Buffer
+		buf.WriteString(head)
+		for buf.Len()+len(unit)+len(tail) <= size {
+			buf.WriteString(unit)
+		}
+		buf.WriteString(tail)
+		return buf.Bytes()
+	}
+	files := []struct {
+		name    string
+		content []byte
+	}{
+		{"flow-CIDRs", fill("name: a\negress:\n  - toCIDR: [", "10.1.2.3/32, ", "10.0.0.0/32]\n")},
+		{"block-CIDRs", fill("name: a\negress:\n  - toCIDR:\n", "      - 10.1.2.3/32\n", "")},
+		{"documents", fill("", "---\nname: p\negress: [{toCIDR: [10.0.0.0/8], toPorts: [{port: 53, protocol: UDP}]}]\n", "")},
+	}
+	for _, file := range files {
+		b.Run(file.name+"/yaml.v3", func(b *testing.B) {
+			b.ReportAllocs()
+			b.ReportMetric(float64(len(file.content)), "bytes/file")
+			for b.Loop() {
+				dec := yaml.NewDecoder(bytes.NewReader(file.content))
+				for {
+					var doc yaml.Node
+					if dec.Decode(&doc) != nil {
+						break
+					}
+				}
+			}
+		})
+		b.Run(file.name+"/yamlread", func(b *testing.B) {
+			b.ReportAllocs()
+			b.ReportMetric(float64(len(file.content)), "bytes/file")
+			for b.Loop() {
+				r := NewReader(file.content, 1<<30)
+				for {
+					if _, err := r.Next(); err != nil {
+						require.ErrorIs(b, err, io.EOF)
+						break
+					}
+				}
+			}
+		})
+	}
 }
