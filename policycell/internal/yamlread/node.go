@@ -20,6 +20,8 @@ const (
 // yaml.v3 resolves it) or its explicit tag; a collection's by its kind.
 type Tag uint8
 
+// The tags: those of the core schema, and yaml.v3's timestamp (a plain
+// scalar such as 2001-12-14).
 const (
 	TagStr Tag = iota + 1
 	TagNull

@@ -246,7 +246,12 @@ func FuzzReader(f *testing.F) {
 		f.Add(content)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		differential(t, data)
+		if err := differential(t, data); err != nil {
+			var yerr *Error
+			if !errors.As(err, &yerr) || yerr.Line < 1 || yerr.Column < 1 {
+				t.Fatalf("%q: error without a position: %v", data, err)
+			}
+		}
 	})
 }
 
@@ -300,4 +305,59 @@ func BenchmarkRead(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestRejects: what this reader does not take, with the position and the
+// reason.
+func TestRejects(t *testing.T) {
+	for _, tc := range []struct {
+		content, want string
+		sentinel      error
+	}{
+		{"a: &x b\nc: *x\n", "1:4: anchors (&) and aliases are not supported", ErrUnsupported},
+		{"a: *x\n", "1:4: aliases (*) are not supported", ErrUnsupported},
+		{"a: !foo b\n", `1:4: tag "!foo" is not supported`, ErrUnsupported},
+		{"a: !!binary b\n", `1:4: tag "!!binary" is not supported`, ErrUnsupported},
+		{"a: !!int b\n", `1:4: "b" is not a !!int`, ErrUnsupported},
+		{"? a\n: b\n", `1:1: complex mapping keys ("? ") are not supported`, ErrUnsupported},
+		{"[a]: b\n", "1:1: a collection as a mapping key is not supported", ErrUnsupported},
+		{"{a: 1, a: 2}\n", `1:8: mapping key "a" given twice (first at line 1)`, ErrSyntax},
+		{"a: 1\nb: 2\na: 3\n", `3:1: mapping key "a" given twice (first at line 1)`, ErrSyntax},
+		{"a:\n\tb: 1\n", "2:1: tab character where indentation is read", ErrSyntax},
+		{"a:\n  b: 1\n c: 2\n", "3:2: bad indentation", ErrSyntax},
+		{"a: 'b\n", "1:4: unterminated quoted scalar", ErrSyntax},
+		{"a: [b, c\n", "2:1: unterminated flow collection", ErrSyntax},
+		{"a: b: c\n", "a block mapping cannot start on this line", ErrSyntax},
+		{"<<: {a: b}\n", "1:1: merge keys (<<) are not supported", ErrUnsupported},
+		{"%TAG ! tag:x,2000:\n---\na\n", "1:1: %TAG directives are not supported", ErrUnsupported},
+		{"a: \"\\q\"\n", `1:5: unknown escape \q`, ErrSyntax},
+		{"a: b\u0085c\n", "1:5: line break U+0085 is not supported", ErrSyntax},
+		{strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1), "collections nested more than 100 deep", ErrTooDeep},
+		{strings.Repeat("- ", MaxDepth+1) + "a\n", "collections nested more than 100 deep", ErrTooDeep},
+	} {
+		_, err := readAll([]byte(tc.content))
+		require.ErrorIs(t, err, tc.sentinel, "%q", tc.content)
+		require.ErrorContains(t, err, tc.want, "%q", tc.content)
+	}
+	r := NewReader([]byte("[1, 2, 3, 4]\n---\n[1, 2]\n"), 4)
+	_, err := r.Next()
+	require.ErrorIs(t, err, ErrTooManyNodes)
+	require.EqualError(t, err, "1:11: more than 4 nodes in a document")
+	_, again := r.Next()
+	require.Equal(t, err, again, "the error sticks")
+}
+
+// TestValuesAreSubstrings: a value written as it is read is a part of the
+// content, not a copy.
+func TestValuesAreSubstrings(t *testing.T) {
+	content := []byte("name: a\negress:\n  - toCIDR: [10.0.0.0/8, \"192.0.2.0/24\"]\n")
+	allocs := testing.AllocsPerRun(100, func() {
+		r := NewReader(content, 100)
+		if _, err := r.Next(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The reader, the content as a string, the list of chunks and the
+	// first chunk of nodes: none for the values.
+	require.LessOrEqual(t, allocs, 4.0)
 }
