@@ -361,3 +361,56 @@ func TestValuesAreSubstrings(t *testing.T) {
 	// first chunk of nodes: none for the values.
 	require.LessOrEqual(t, allocs, 4.0)
 }
+
+// genBlock writes a random block node (mostly valid YAML) whose lines
+// are indented by indent, for TestDifferentialStructured.
+func genBlock(rng *rand.Rand, b *strings.Builder, indent, depth int) {
+	scalars := []string{"a", "x y", "10.0.0.0/8", "2001:db8::1", "443", "0x1F", "1e3", "~", "null", "", "true", "TCP",
+		`"q: #"`, `'it''s'`, `"\u00e9\n"`, "a:b", "a#b", "-x", "2001-12-14", ".5", "+1", "!!str 12", "!!int \"7\""}
+	pad := strings.Repeat(" ", indent)
+	scalar := func() string { return scalars[rng.IntN(len(scalars))] }
+	switch k := rng.IntN(10); {
+	case depth > 3 || k < 2:
+		b.WriteString(" " + scalar() + "\n")
+	case k == 2:
+		b.WriteString(" [" + scalar() + ", {k: " + scalar() + "}, [" + scalar() + "],]\n")
+	case k == 3:
+		b.WriteString(" " + []string{"|", ">", "|-", ">+", "|2"}[rng.IntN(5)] + "\n")
+		for range 1 + rng.IntN(3) {
+			b.WriteString(pad + "  " + []string{"text", " more", "", "x: y"}[rng.IntN(4)] + "\n")
+		}
+	case k < 7:
+		b.WriteString("\n")
+		for i := range 1 + rng.IntN(3) {
+			b.WriteString(pad + fmt.Sprintf("k%d:", i))
+			genBlock(rng, b, indent+1+rng.IntN(2), depth+1)
+		}
+	default:
+		b.WriteString("\n")
+		for range 1 + rng.IntN(3) {
+			b.WriteString(pad + "-")
+			genBlock(rng, b, indent+2, depth+1)
+		}
+	}
+}
+
+// TestDifferentialStructured: random nested block and flow collections,
+// nearly all valid, read the same as with yaml.v3.
+func TestDifferentialStructured(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	var b strings.Builder
+	accepted := 0
+	for range 3000 {
+		b.Reset()
+		b.WriteString("root:")
+		genBlock(rng, &b, 2, 0)
+		if differential(t, []byte(b.String())) == nil {
+			accepted++
+		}
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d of 3000 accepted by both", accepted)
+	require.Greater(t, accepted, 1000)
+}
