@@ -143,11 +143,11 @@ func TestDifferentialRandom(t *testing.T) {
 	tokens := []string{"a", "bb", "1", "-1", "0x1f", "~", "null", "true", "1.5", `"x"`, `"a b"`, `'y'`, `'it''s'`, `"\t\x41"`,
 		`"`, `'`, "- ", "-", "? ", ": ", ":", "a:1", `"k":`, "{a: b, c}", ",", "[", "]", "{", "}", "#", " # c", "---", "...",
 		"!!str ", "!!int ", "| ", "> ", "|-", ">+", "|2", " ", "  ", "\t", "\n", "\n  ", "\n    ", "\n- ", "\n  - ", "\r\n",
-		"key: ", "\nkey: ", "\n  key: ", "x y", "10.0.0.0/8", "2001:db8::/32", "\\", "&x ", "*x"}
+		"key: ", "\nkey: ", "\n  key: ", "x y", "10.0.0.0/8", "2001:db8::/32", "\\", "&x ", "*x", "é", "日本: ", "\"ü\""}
 	rng := rand.New(rand.NewPCG(3, 4))
 	var b strings.Builder
 	failures := 0
-	for range 30000 {
+	for range 60000 {
 		b.Reset()
 		for range 1 + rng.IntN(20) {
 			b.WriteString(tokens[rng.IntN(len(tokens))])
