@@ -22,14 +22,11 @@ func (r *Reader) blockSequence(c int, start mark, indentless bool) error {
 		if err := r.blockNode(place{parent: c, empty: r.mark()}); err != nil {
 			return err
 		}
-		if _, err := r.skip(false, true); err != nil {
-			return err
-		}
-		if r.eof() || r.atDocMarker() {
+		if more, err := r.nextLine("a sequence item"); !more || err != nil {
+			if err != nil {
+				return err
+			}
 			break
-		}
-		if !r.freshLine() {
-			return r.errorf(ErrSyntax, "unexpected %q after a sequence item", r.s[r.i])
 		}
 		if at := r.col(); at < c || at == c && indentless && !r.atSeqEntry() {
 			break
@@ -63,14 +60,11 @@ func (r *Reader) blockMapping(key uint32, c int, start mark, tag Tag) error {
 		if err := r.blockNode(place{parent: c, noBlock: true, indentless: true, empty: r.mark()}); err != nil {
 			return err
 		}
-		if _, err := r.skip(false, true); err != nil {
-			return err
-		}
-		if r.eof() || r.atDocMarker() {
+		if more, err := r.nextLine("a mapping value"); !more || err != nil {
+			if err != nil {
+				return err
+			}
 			break
-		}
-		if !r.freshLine() {
-			return r.errorf(ErrSyntax, "unexpected %q after a mapping value", r.s[r.i])
 		}
 		if at := r.col(); at < c {
 			break
@@ -84,6 +78,22 @@ func (r *Reader) blockMapping(key uint32, c int, start mark, tag Tag) error {
 	r.tree.at(key).end = r.tree.n
 	r.depth--
 	return r.checkDuplicates(key)
+}
+
+// nextLine moves to the next token after an entry of a block collection,
+// which must be on a later line; it reports false at the end of the
+// document.
+func (r *Reader) nextLine(after string) (bool, error) {
+	if _, err := r.skip(false, true); err != nil {
+		return false, err
+	}
+	if r.eof() || r.atDocMarker() {
+		return false, nil
+	}
+	if !r.freshLine() {
+		return false, r.errorf(ErrSyntax, "unexpected %q after %s", r.s[r.i], after)
+	}
+	return true, nil
 }
 
 // blockKey reads a key of a block mapping after the first, and stops at
