@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -348,18 +349,37 @@ func TestRejects(t *testing.T) {
 }
 
 // TestValuesAreSubstrings: a value written as it is read is a part of the
-// content, not a copy.
+// content, not a copy; one that differs from its text is a copy.
 func TestValuesAreSubstrings(t *testing.T) {
-	content := []byte("name: a\negress:\n  - toCIDR: [10.0.0.0/8, \"192.0.2.0/24\"]\n")
-	allocs := testing.AllocsPerRun(100, func() {
-		r := NewReader(content, 100)
-		if _, err := r.Next(); err != nil {
-			t.Fatal(err)
+	r := NewReader([]byte("name: a\negress:\n  - toCIDR: [10.0.0.0/8, \"192.0.2.0/24\", '2001:db8::/32', \"\\x41\"]\n"), 100)
+	root, err := r.Next()
+	require.NoError(t, err)
+	inContent := func(v string) bool {
+		start := uintptr(unsafe.Pointer(unsafe.StringData(r.s)))
+		p := uintptr(unsafe.Pointer(unsafe.StringData(v)))
+		return p >= start && p < start+uintptr(len(r.s))
+	}
+	var values []string
+	var walk func(n Node)
+	walk = func(n Node) {
+		if n.Kind() == Scalar {
+			values = append(values, n.Value())
+			if n.Value() == "A" {
+				require.False(t, inContent(n.Value()), "an escaped value is a copy")
+			} else {
+				require.True(t, inContent(n.Value()), "%q is a substring of the content", n.Value())
+			}
 		}
-	})
-	// The reader, the content as a string, the list of chunks and the
-	// first chunk of nodes: none for the values.
-	require.LessOrEqual(t, allocs, 4.0)
+		for k, v := range n.Pairs() {
+			walk(k)
+			walk(v)
+		}
+		for _, item := range n.Items() {
+			walk(item)
+		}
+	}
+	walk(root)
+	require.Equal(t, []string{"name", "a", "egress", "toCIDR", "10.0.0.0/8", "192.0.2.0/24", "2001:db8::/32", "A"}, values)
 }
 
 // genBlock writes a random block node (mostly valid YAML) whose lines
