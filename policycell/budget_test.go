@@ -74,7 +74,7 @@ func TestNodeBudgetPolicies(t *testing.T) {
 			content = []byte("[" + string(content) + "a]")
 		}
 		count := countNodes(t, content)
-		t.Logf("%s: %.1f bytes per node", name, float64(len(content))/float64(count))
+		t.Logf("%s: %d nodes in the largest document, %.1f bytes of the file per node", name, count, float64(len(content))/float64(count))
 		require.LessOrEqual(t, count, nodeBudget(len(content)), "%s: %d bytes per node", name, len(content)/count)
 	}
 }
