@@ -87,8 +87,8 @@ func TestNodeBudgetPolicies(t *testing.T) {
 // values that differ from their text (at most their text).
 const parseAllocMultiple = 10
 
-// manyPoliciesAllocMultiple bounds a file of many tiny policies (45
-// bytes each), whose Policy values cost more than their text.
+// manyPoliciesAllocMultiple bounds a file of many tiny policies, whose
+// Policy values cost more than their text (docs/SCALE.md).
 const manyPoliciesAllocMultiple = 30
 
 // peakHeap runs f and returns its total allocation and the peak of the
@@ -172,8 +172,8 @@ func TestParseFileMemoryBounded(t *testing.T) {
 		// Valid files, the densest a policy is written.
 		{"flow CIDRs", fill(maxFileSize/4, "name: a\negress:\n  - toCIDR: [", "10.1.2.3/32, ", "10.0.0.0/32]\n"), "", 0},
 		{"block CIDRs", fill(maxFileSize/4, "name: a\negress:\n  - toCIDR:\n", "      - 10.1.2.3/32\n", ""), "", 0},
-		// Tiny policies: what the Policy values themselves cost (about
-		// 1 KB for each of these 45 bytes) dominates.
+		// Tiny policies: what the Policy values themselves cost
+		// dominates (docs/SCALE.md).
 		{"many documents", docs(maxFileSize / 4), "", manyPoliciesAllocMultiple},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
