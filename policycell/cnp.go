@@ -435,7 +435,9 @@ func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
 
 // portRange parses a port (a number; named ports are rejected: this
 // agent knows no pod's ports) and an optional endPort at least as large.
-// An endPort equal to the port is the port alone (end 0).
+// An endPort equal to the port is the port alone (end 0). endPort is an
+// integer in Cilium's and Kubernetes' APIs alike, so a quoted one is
+// rejected, as their API servers reject it.
 func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (start, end uint16, err error) {
 	port, ok := number(portNode, maxPortNumber)
 	if !ok {
@@ -453,6 +455,8 @@ func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (st
 	}
 	endPort, ok := number(endNode, maxPortNumber)
 	switch {
+	case ok && isString(endNode):
+		return 0, 0, p.errorf(endNode, "%s.endPort: %q is a string, endPort is an integer: write it without quotes", what, endNode.Value())
 	case !ok:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value())
 	case port == 0:

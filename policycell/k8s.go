@@ -216,19 +216,22 @@ func (p *parser) emptySelector(n node, what string) error {
 	return nil
 }
 
-// boolean parses a YAML boolean.
+// boolean parses a YAML boolean; a quoted "true" is a string, which the
+// API server rejects for a boolean field.
 func (p *parser) boolean(n node, what string) (bool, error) {
 	s, err := p.scalar(n, what)
 	if err != nil {
 		return false, err
 	}
-	switch s {
-	case "true", "True", "TRUE":
-		return true, nil
-	case "false", "False", "FALSE":
-		return false, nil
+	if isBool(n) {
+		switch s {
+		case "true", "True", "TRUE":
+			return true, nil
+		case "false", "False", "FALSE":
+			return false, nil
+		}
 	}
-	return false, p.errorf(n, "%s: %q: want true or false", what, s)
+	return false, p.errorf(n, "%s: %q: want true or false, not quoted", what, s)
 }
 
 // number parses a decimal number in 0..max, written without sign or

@@ -231,6 +231,11 @@ func (p *parser) networkPolicyPort(n node, what string) (PortRange, error) {
 		return PortRange{Protocol: protocol}, nil
 	}
 	endNode, hasEnd := fields.get("endPort")
+	// Kubernetes' port is an IntOrString: quoted, it is a port name,
+	// and a name needs a letter, so `"80"` is rejected, not port 80.
+	if _, digits := number(portNode, maxPortNumber); digits && isString(portNode) {
+		return PortRange{}, p.errorf(portNode, "%s.port: %q is quoted, so Kubernetes reads it as a port name, which needs a letter: write the number without quotes", what, portNode.Value())
+	}
 	start, end, err := p.portRange(portNode, endNode, hasEnd, what)
 	if err != nil {
 		return PortRange{}, err

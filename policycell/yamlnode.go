@@ -21,6 +21,16 @@ const (
 // isNull reports whether n is a null scalar (`~`, `null` or nothing).
 func isNull(n node) bool { return n.IsNull() }
 
+// isString reports whether n is a string scalar: quoted, or plain and
+// neither a number, a boolean nor null (the YAML core schema). Kubernetes
+// reads a field that takes a number or a string by this type, not by the
+// characters.
+func isString(n node) bool { return n.Kind() == scalarNode && n.Tag() == yamlread.TagStr }
+
+// isBool reports whether n is a boolean scalar (`true`, `False`, ...,
+// not quoted).
+func isBool(n node) bool { return n.Kind() == scalarNode && n.Tag() == yamlread.TagBool }
+
 // documentReader reads the documents of a file one at a time, so that only
 // one document's tree is in memory at once.
 type documentReader struct {
