@@ -44,7 +44,8 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzIPCacheKey datapathcell:FuzzIPCacheValue \
 	datapathcell:FuzzPolicyKey datapathcell:FuzzPolicyValue \
 	policycell:FuzzParseFile policycell:FuzzParseCIDR \
-	policycell:FuzzParseCNP policycell:FuzzParseNetworkPolicy
+	policycell:FuzzParseCNP policycell:FuzzParseNetworkPolicy \
+	policycell/internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \

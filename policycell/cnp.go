@@ -83,7 +83,7 @@ var (
 
 // ciliumPolicy parses a CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy
 // into one policy holding the rules of its spec and specs.
-func (p *parser) ciliumPolicy(n *node, kind string) (*Policy, error) {
+func (p *parser) ciliumPolicy(n node, kind string) (*Policy, error) {
 	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status")
 	if err != nil {
 		return nil, err
@@ -93,11 +93,11 @@ func (p *parser) ciliumPolicy(n *node, kind string) (*Policy, error) {
 		return nil, err
 	}
 	policy := &Policy{Name: name, File: p.file, Line: line, Kind: kind}
-	specs, places := []*node{}, []string{}
-	if spec, ok := fields["spec"]; ok {
+	specs, places := []node{}, []string{}
+	if spec, ok := fields.get("spec"); ok {
 		specs, places = append(specs, spec), append(places, "")
 	}
-	if value, ok := fields["specs"]; ok {
+	if value, ok := fields.get("specs"); ok {
 		items, err := p.nonEmptyList(value, "specs")
 		if err != nil {
 			return nil, err
@@ -119,7 +119,7 @@ func (p *parser) ciliumPolicy(n *node, kind string) (*Policy, error) {
 
 // ciliumSpec appends the rules of one spec (a Cilium rule) to policy.
 // place prefixes the rules' names ("specs[1].").
-func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
+func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 	what := strings.TrimSuffix(place, ".")
 	if what == "" {
 		what = "spec"
@@ -132,17 +132,17 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 	if err := p.unsupportedField(n, what, ciliumSpecUnsupported); err != nil {
 		return err
 	}
-	if value, ok := fields["endpointSelector"]; ok {
+	if value, ok := fields.get("endpointSelector"); ok {
 		if err := p.emptySelector(value, what+".endpointSelector"); err != nil {
 			return err
 		}
 	}
-	if value, ok := fields["description"]; ok && !isNull(value) {
+	if value, ok := fields.get("description"); ok && !isNull(value) {
 		if _, err := p.scalar(value, what+".description"); err != nil {
 			return err
 		}
 	}
-	if value, ok := fields["labels"]; ok {
+	if value, ok := fields.get("labels"); ok {
 		if err := p.ruleLabels(value, what+".labels"); err != nil {
 			return err
 		}
@@ -155,7 +155,7 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 		dir  Direction
 		deny bool
 	}{{"ingress", Ingress, false}, {"ingressDeny", Ingress, true}, {"egress", Egress, false}, {"egressDeny", Egress, true}} {
-		value, ok := fields[field.name]
+		value, ok := fields.get(field.name)
 		if !ok {
 			continue
 		}
@@ -172,7 +172,7 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 			if err != nil {
 				return err
 			}
-			rule.Name, rule.Line = name, item.Line
+			rule.Name, rule.Line = name, item.Line()
 			if field.dir == Ingress {
 				policy.Ingress = append(policy.Ingress, rule)
 			} else {
@@ -185,7 +185,7 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 		// Cilium rejects such a rule too.
 		return p.errorf(n, "%s: no rules: at least one of ingress, ingressDeny, egress and egressDeny needs a rule", what)
 	}
-	value, ok := fields["enableDefaultDeny"]
+	value, ok := fields.get("enableDefaultDeny")
 	if !ok {
 		return nil
 	}
@@ -194,7 +194,7 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 		return err
 	}
 	for _, dir := range Directions() {
-		value, ok := defaultDeny[dir.String()]
+		value, ok := defaultDeny.get(dir.String())
 		if !ok {
 			continue
 		}
@@ -214,7 +214,7 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 		case added[dir] == 0:
 			// Asked for explicitly, default deny applies without rules
 			// in the direction: an enforce-only rule, as `egress: [{}]`.
-			*rules = append(*rules, Rule{Name: place + "enableDefaultDeny." + dir.String(), Line: value.Line})
+			*rules = append(*rules, Rule{Name: place + "enableDefaultDeny." + dir.String(), Line: value.Line()})
 		}
 	}
 	return nil
@@ -222,20 +222,19 @@ func (p *parser) ciliumSpec(n *node, place string, policy *Policy) error {
 
 // ruleLabels checks a Cilium rule's labels (a list of {key, value,
 // source}); they name the rule and select nothing, so they are ignored.
-func (p *parser) ruleLabels(n *node, what string) error {
+func (p *parser) ruleLabels(n node, what string) error {
 	items, err := p.list(n, what)
 	if err != nil {
 		return err
 	}
 	for i, item := range items {
 		itemWhat := fmt.Sprintf("%s[%d]", what, i)
-		fields, err := p.fields(item, itemWhat, "key", "value", "source")
-		if err != nil {
+		if _, err := p.fields(item, itemWhat, "key", "value", "source"); err != nil {
 			return err
 		}
-		for name, value := range fields {
+		for key, value := range item.Pairs() {
 			if !isNull(value) {
-				if _, err := p.scalar(value, itemWhat+"."+name); err != nil {
+				if _, err := p.scalar(value, itemWhat+"."+key.Value()); err != nil {
 					return err
 				}
 			}
@@ -245,7 +244,7 @@ func (p *parser) ruleLabels(n *node, what string) error {
 }
 
 // ciliumRule parses one rule of ingress, ingressDeny, egress or egressDeny.
-func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rule, error) {
+func (p *parser) ciliumRule(n node, dir Direction, deny bool, what string) (Rule, error) {
 	peer, unsupported := "to", ciliumEgressUnsupported
 	if dir == Ingress {
 		peer, unsupported = "from", ciliumIngressUnsupported
@@ -259,31 +258,31 @@ func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rul
 		return Rule{}, err
 	}
 	// Cilium takes one kind of peer per rule.
-	var peerFields []string
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if name := n.Content[i].Value; name == cidrField || name == setField || name == entityField {
-			if len(peerFields) > 0 {
-				return Rule{}, p.errorf(n.Content[i], "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
-					what, peerFields[0], name)
+	peerField := ""
+	for key := range n.Pairs() {
+		if name := key.Value(); name == cidrField || name == setField || name == entityField {
+			if peerField != "" {
+				return Rule{}, p.errorf(key, "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
+					what, peerField, name)
 			}
-			peerFields = append(peerFields, name)
+			peerField = name
 		}
 	}
 	rule := Rule{Deny: deny}
-	if value, ok := fields[cidrField]; ok {
+	if value, ok := fields.get(cidrField); ok {
 		items, err := p.nonEmptyList(value, what+"."+cidrField)
 		if err != nil {
 			return Rule{}, err
 		}
 		for i, item := range items {
-			cidr, err := p.cidr(item, fmt.Sprintf("%s.%s[%d]", what, cidrField, i))
+			cidr, err := p.cidr(item, what+"."+cidrField, i)
 			if err != nil {
 				return Rule{}, err
 			}
 			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
 		}
 	}
-	if value, ok := fields[setField]; ok {
+	if value, ok := fields.get(setField); ok {
 		items, err := p.nonEmptyList(value, what+"."+setField)
 		if err != nil {
 			return Rule{}, err
@@ -301,13 +300,13 @@ func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rul
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
-	if value, ok := fields[entityField]; ok {
+	if value, ok := fields.get(entityField); ok {
 		if err := p.entities(value, what+"."+entityField, &rule); err != nil {
 			return Rule{}, err
 		}
 	}
-	portsNode, hasPorts := fields["toPorts"]
-	icmpsNode, hasICMPs := fields["icmps"]
+	portsNode, hasPorts := fields.get("toPorts")
+	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
 		return Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: Cilium does not support combining them, write two rules", what)
 	}
@@ -323,7 +322,7 @@ func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rul
 	}
 	// Ports without peers are ports to and from anywhere (Cilium's L3
 	// wildcard); a rule with neither only makes its direction enforced.
-	if len(peerFields) == 0 && (hasPorts || hasICMPs) {
+	if peerField == "" && (hasPorts || hasICMPs) {
 		rule.AnyPeer = true
 	}
 	return rule, nil
@@ -332,7 +331,7 @@ func (p *parser) ciliumRule(n *node, dir Direction, deny bool, what string) (Rul
 // entities parses toEntities or fromEntities: world is every address
 // outside the ipcache's other identities, as the all-addresses CIDRs
 // select it; all is every peer.
-func (p *parser) entities(n *node, what string, rule *Rule) error {
+func (p *parser) entities(n node, what string, rule *Rule) error {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return err
@@ -360,7 +359,7 @@ func (p *parser) entities(n *node, what string, rule *Rule) error {
 }
 
 // ciliumPortRules parses toPorts: a list of {ports}.
-func (p *parser) ciliumPortRules(n *node, what string) ([]PortRange, error) {
+func (p *parser) ciliumPortRules(n node, what string) ([]PortRange, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return nil, err
@@ -375,7 +374,7 @@ func (p *parser) ciliumPortRules(n *node, what string) ([]PortRange, error) {
 		if err := p.unsupportedField(item, itemWhat, ciliumPortRuleUnsupported); err != nil {
 			return nil, err
 		}
-		portsNode, ok := fields["ports"]
+		portsNode, ok := fields.get("ports")
 		if !ok {
 			return nil, p.errorf(item, "%s: ports is required", itemWhat)
 		}
@@ -383,8 +382,8 @@ func (p *parser) ciliumPortRules(n *node, what string) ([]PortRange, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(portItems) > maxPortsPerRule {
-			return nil, p.errorf(portsNode, "%s.ports: %d ports, at most %d (as Cilium)", itemWhat, len(portItems), maxPortsPerRule)
+		if count := portsNode.Len(); count > maxPortsPerRule {
+			return nil, p.errorf(portsNode, "%s.ports: %d ports, at most %d (as Cilium)", itemWhat, count, maxPortsPerRule)
 		}
 		for j, portItem := range portItems {
 			more, err := p.ciliumPort(portItem, fmt.Sprintf("%s.ports[%d]", itemWhat, j))
@@ -399,21 +398,22 @@ func (p *parser) ciliumPortRules(n *node, what string) ([]PortRange, error) {
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of
 // the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
-func (p *parser) ciliumPort(n *node, what string) ([]PortRange, error) {
+func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
 		return nil, err
 	}
-	portNode, ok := fields["port"]
+	portNode, ok := fields.get("port")
 	if !ok {
 		return nil, p.errorf(n, "%s: port is required (\"0\" for every port)", what)
 	}
-	start, end, err := p.portRange(portNode, fields["endPort"], what)
+	endNode, hasEnd := fields.get("endPort")
+	start, end, err := p.portRange(portNode, endNode, hasEnd, what)
 	if err != nil {
 		return nil, err
 	}
 	protocols := []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
-	if protocolNode, ok := fields["protocol"]; ok {
+	if protocolNode, ok := fields.get("protocol"); ok {
 		s, err := p.scalar(protocolNode, what+".protocol")
 		if err != nil {
 			return nil, err
@@ -435,8 +435,10 @@ func (p *parser) ciliumPort(n *node, what string) ([]PortRange, error) {
 
 // portRange parses a port (a number; named ports are rejected: this
 // agent knows no pod's ports) and an optional endPort at least as large.
-// An endPort equal to the port is the port alone (end 0).
-func (p *parser) portRange(portNode, endNode *node, what string) (start, end uint16, err error) {
+// An endPort equal to the port is the port alone (end 0). endPort is an
+// integer in Cilium's and Kubernetes' APIs alike, so a quoted one is
+// rejected, as their API servers reject it.
+func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (start, end uint16, err error) {
 	port, ok := number(portNode, maxPortNumber)
 	if !ok {
 		s, err := p.scalar(portNode, what+".port")
@@ -448,13 +450,15 @@ func (p *parser) portRange(portNode, endNode *node, what string) (start, end uin
 		}
 		return 0, 0, p.errorf(portNode, "%s.port: %q is not a port number (0..65535, decimal)", what, s)
 	}
-	if endNode == nil {
+	if !hasEnd {
 		return uint16(port), 0, nil
 	}
 	endPort, ok := number(endNode, maxPortNumber)
 	switch {
+	case ok && isString(endNode):
+		return 0, 0, p.errorf(endNode, "%s.endPort: %q is a string, endPort is an integer: write it without quotes", what, endNode.Value())
 	case !ok:
-		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value)
+		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value())
 	case port == 0:
 		return 0, 0, p.errorf(endNode, "%s.endPort: needs a port to start from", what)
 	case endPort < port:
@@ -488,7 +492,7 @@ func sortPorts(ports []PortRange) []PortRange {
 }
 
 // icmpRules parses icmps: a list of {fields: [{type, family}]}.
-func (p *parser) icmpRules(n *node, what string) ([]PortRange, error) {
+func (p *parser) icmpRules(n node, what string) ([]PortRange, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return nil, err
@@ -500,7 +504,7 @@ func (p *parser) icmpRules(n *node, what string) ([]PortRange, error) {
 		if err != nil {
 			return nil, err
 		}
-		fieldsNode, ok := fields["fields"]
+		fieldsNode, ok := fields.get("fields")
 		if !ok {
 			return nil, p.errorf(item, "%s: fields is required", itemWhat)
 		}
@@ -508,8 +512,8 @@ func (p *parser) icmpRules(n *node, what string) ([]PortRange, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(icmpFields) > maxICMPPerRule {
-			return nil, p.errorf(fieldsNode, "%s.fields: %d types, at most %d (as Cilium)", itemWhat, len(icmpFields), maxICMPPerRule)
+		if count := fieldsNode.Len(); count > maxICMPPerRule {
+			return nil, p.errorf(fieldsNode, "%s.fields: %d types, at most %d (as Cilium)", itemWhat, count, maxICMPPerRule)
 		}
 		for j, field := range icmpFields {
 			port, err := p.icmpField(field, fmt.Sprintf("%s.fields[%d]", itemWhat, j))
@@ -524,13 +528,13 @@ func (p *parser) icmpRules(n *node, what string) ([]PortRange, error) {
 
 // icmpField parses {type, family}: the type as a number or Cilium's name
 // of it, the family IPv4 (the default) or IPv6.
-func (p *parser) icmpField(n *node, what string) (PortRange, error) {
+func (p *parser) icmpField(n node, what string) (PortRange, error) {
 	fields, err := p.fields(n, what, "type", "family")
 	if err != nil {
 		return PortRange{}, err
 	}
 	protocol, names := ProtocolICMP, icmpTypes
-	if familyNode, ok := fields["family"]; ok {
+	if familyNode, ok := fields.get("family"); ok {
 		family, err := p.scalar(familyNode, what+".family")
 		if err != nil {
 			return PortRange{}, err
@@ -543,7 +547,7 @@ func (p *parser) icmpField(n *node, what string) (PortRange, error) {
 			return PortRange{}, p.errorf(familyNode, "%s.family: %q: want IPv4 or IPv6", what, family)
 		}
 	}
-	typeNode, ok := fields["type"]
+	typeNode, ok := fields.get("type")
 	if !ok {
 		return PortRange{}, p.errorf(n, "%s: type is required", what)
 	}

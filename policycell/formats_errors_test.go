@@ -110,6 +110,11 @@ func TestFormatsReject(t *testing.T) {
 		{"named NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: https}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "https": named ports are not supported`},
 		{"NetworkPolicy port zero", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 0}]\n", `spec.ingress[0].ports[0].port: 0 is not a port (omit port for every port)`},
 		{"NetworkPolicy protocol", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80, protocol: ANY}]\n", `spec.ingress[0].ports[0].protocol: "ANY": want TCP, UDP or SCTP`},
+		// A quoted port is an IntOrString's string: a port name, which needs a letter.
+		{"quoted NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: \"80\"}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "80" is quoted, so Kubernetes reads it as a port name, which needs a letter`},
+		{"quoted NetworkPolicy endPort", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80, endPort: '90'}]\n", `bad.yaml:6:35: invalid policy file: policy "default/p": spec.ingress[0].ports[0].endPort: "90" is a string, endPort is an integer`},
+		{"quoted endPort", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", endPort: \"90\"}]}]\n", `bad.yaml:6:48: invalid policy file: policy "default/p": egress[0].toPorts[0].ports[0].endPort: "90" is a string, endPort is an integer`},
+		{"quoted enableDefaultDeny", cnpHead + "spec:\n  egress: [{}]\n  enableDefaultDeny: {egress: \"false\"}\n", `bad.yaml:6:31: invalid policy file: policy "default/p": spec.enableDefaultDeny.egress: "false": want true or false, not quoted`},
 		{"NetworkPolicy endPort without port", netpolHead + "spec:\n  ingress:\n    - ports: [{endPort: 80}]\n", `spec.ingress[0].ports[0].endPort: needs a port to start from`},
 		{"policyTypes", netpolHead + "spec:\n  policyTypes: [ingress]\n", `bad.yaml:5:17: invalid policy file: policy "default/p": spec.policyTypes[0]: "ingress": want Ingress or Egress`},
 		{"rules outside policyTypes", netpolHead + "spec:\n  policyTypes: [Ingress]\n  egress: [{}]\n", `bad.yaml:6:11: invalid policy file: policy "default/p": spec.egress: rules given but policyTypes does not list Egress`},

@@ -4,20 +4,19 @@ package policycell
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-
-	"go.yaml.in/yaml/v3"
+	"unicode/utf8"
 
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 // FuzzParseFile: the policy parser never panics, an error always names
 // the file and is ErrInvalidPolicy, every prefix of an accepted policy
-// is one the ipcache can key (see checkPolicyPrefix), and the count that
-// bounds the decoder's memory is never below the nodes it builds.
+// is one the ipcache can key (see checkPolicyPrefix).
 func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("name: a\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n    toPorts: [{port: 53, protocol: UDP}]\n"))
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
@@ -26,9 +25,6 @@ func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))
 	f.Add([]byte("{a, b: c, \"d: e\"}\n---\n? x\n: [y: , -1]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if count, _ := countNodes(data, 1<<30); count < decodedNodes(data) {
-			t.Fatalf("countNodes counts %d, the decoder builds %d", count, decodedNodes(data))
-		}
 		policies, err := ParseFile("fuzz.yaml", data)
 		if err != nil {
 			if !strings.Contains(err.Error(), "fuzz.yaml") || !errors.Is(err, ErrInvalidPolicy) {
@@ -66,9 +62,12 @@ func FuzzParseCIDR(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return // not a value a YAML file can have
+		}
 		p := &parser{file: "fuzz.yaml", names: map[string]int{}}
-		node := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Line: 3, Column: 7}
-		prefix, err := p.cidr(node, "egress[0].toCIDR[0]")
+		node := scalarAt(t, s, "\n\n      ") // at 3:7
+		prefix, err := p.cidr(node, "egress[0].toCIDR", 0)
 		if err != nil {
 			if msg := err.Error(); !strings.HasPrefix(msg, "fuzz.yaml:3:7: ") || !strings.Contains(msg, "toCIDR[0]") {
 				t.Fatalf("error does not name the file, position and field: %v", err)
@@ -76,7 +75,7 @@ func FuzzParseCIDR(f *testing.F) {
 			return
 		}
 		checkPolicyPrefix(t, prefix)
-		again, err := p.cidr(&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: prefix.String()}, "again")
+		again, err := p.cidr(scalarAt(t, prefix.String(), ""), "again", -1)
 		if err != nil || again != prefix {
 			t.Fatalf("%q parses to %s, whose text parses to %s, %v", s, prefix, again, err)
 		}
@@ -86,6 +85,26 @@ func FuzzParseCIDR(f *testing.F) {
 			}
 		}
 	})
+}
+
+// scalarAt reads a document of one double-quoted scalar of value s after
+// before.
+func scalarAt(t *testing.T, s, before string) node {
+	var b strings.Builder
+	b.WriteString(before + `"`)
+	for _, c := range s {
+		if c >= 0x20 && c < 0x7f && c != '"' && c != '\\' {
+			b.WriteRune(c)
+		} else {
+			fmt.Fprintf(&b, `\U%08x`, c)
+		}
+	}
+	b.WriteString(`"`)
+	n, err := newDocumentReader([]byte(b.String()), 10).next()
+	if err != nil || n.Value() != s {
+		t.Fatalf("%q: read %q, %v", b.String(), n.Value(), err)
+	}
+	return n
 }
 
 // checkPolicyPrefix fails unless prefix is one the ipcache keys as the

@@ -25,12 +25,9 @@ var ignoredMetadata = []string{"labels", "annotations", "uid", "resourceVersion"
 
 // isKubernetesDocument reports whether a document is a Kubernetes object
 // (it has apiVersion or kind) rather than a native policy.
-func isKubernetesDocument(n *node) bool {
-	if n.Kind != mappingNode {
-		return false
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if key := n.Content[i]; key.Kind == scalarNode && (key.Value == "apiVersion" || key.Value == "kind") {
+func isKubernetesDocument(n node) bool {
+	for key := range n.Pairs() {
+		if key.Kind() == scalarNode && (key.Value() == "apiVersion" || key.Value() == "kind") {
 			return true
 		}
 	}
@@ -40,7 +37,7 @@ func isKubernetesDocument(n *node) bool {
 // kubernetesDocument parses a Kubernetes object: a CiliumNetworkPolicy,
 // CiliumClusterwideNetworkPolicy, NetworkPolicy, or a List of them.
 // inList is the place of an item in a List ("" at the top).
-func (p *parser) kubernetesDocument(n *node, inList string) ([]*Policy, error) {
+func (p *parser) kubernetesDocument(n node, inList string) ([]*Policy, error) {
 	p.current = ""
 	apiVersion, kind, err := p.typeMeta(n, inList)
 	if err != nil {
@@ -66,22 +63,25 @@ func (p *parser) kubernetesDocument(n *node, inList string) ([]*Policy, error) {
 }
 
 // typeMeta returns a document's apiVersion and kind, both required.
-func (p *parser) typeMeta(n *node, where string) (apiVersion, kind string, err error) {
-	if n.Kind != mappingNode {
+func (p *parser) typeMeta(n node, where string) (apiVersion, kind string, err error) {
+	if n.Kind() != mappingNode {
 		return "", "", p.errorf(n, "%s: want a mapping, got %s", orDocument(where), kindName(n))
 	}
-	var found [2]*node
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		switch n.Content[i].Value {
+	var (
+		found [2]node
+		given [2]bool
+	)
+	for key, value := range n.Pairs() {
+		switch key.Value() {
 		case "apiVersion":
-			found[0] = n.Content[i+1]
+			found[0], given[0] = value, true
 		case "kind":
-			found[1] = n.Content[i+1]
+			found[1], given[1] = value, true
 		}
 	}
 	values := [2]string{}
 	for i, name := range []string{"apiVersion", "kind"} {
-		if found[i] == nil {
+		if !given[i] {
 			return "", "", p.errorf(n, "%s: %s is required", orDocument(where), name)
 		}
 		if values[i], err = p.scalar(found[i], name); err != nil {
@@ -99,12 +99,12 @@ func orDocument(where string) string {
 }
 
 // kubernetesList parses a `kind: List`: its items are documents of their own.
-func (p *parser) kubernetesList(n *node) ([]*Policy, error) {
+func (p *parser) kubernetesList(n node) ([]*Policy, error) {
 	fields, err := p.fields(n, "List", "apiVersion", "kind", "metadata", "items")
 	if err != nil {
 		return nil, err
 	}
-	itemsNode, ok := fields["items"]
+	itemsNode, ok := fields.get("items")
 	if !ok {
 		return nil, p.errorf(n, "List: items is required")
 	}
@@ -126,8 +126,8 @@ func (p *parser) kubernetesList(n *node) ([]*Policy, error) {
 // metadata returns the policy's name: <namespace>/<name> when namespaced
 // (namespace "default" when absent, as kubectl applies it in the default
 // context), <name> otherwise. The name line is where the policy is.
-func (p *parser) metadata(doc *node, fields map[string]*node, namespaced bool) (name string, line int, err error) {
-	metaNode, ok := fields["metadata"]
+func (p *parser) metadata(doc node, fields fieldSet, namespaced bool) (name string, line int, err error) {
+	metaNode, ok := fields.get("metadata")
 	if !ok {
 		return "", 0, p.errorf(doc, "metadata is required (with a name)")
 	}
@@ -136,7 +136,7 @@ func (p *parser) metadata(doc *node, fields map[string]*node, namespaced bool) (
 	if err != nil {
 		return "", 0, err
 	}
-	nameNode, ok := meta["name"]
+	nameNode, ok := meta.get("name")
 	if !ok {
 		return "", 0, p.errorf(metaNode, "metadata.name is required")
 	}
@@ -147,7 +147,7 @@ func (p *parser) metadata(doc *node, fields map[string]*node, namespaced bool) (
 		return "", 0, p.errorf(nameNode, "metadata.name: %v", err)
 	}
 	namespace := "default"
-	if nsNode, ok := meta["namespace"]; ok {
+	if nsNode, ok := meta.get("namespace"); ok {
 		if !namespaced {
 			return "", 0, p.errorf(nsNode, "metadata.namespace: a cluster-wide policy has no namespace")
 		}
@@ -164,9 +164,9 @@ func (p *parser) metadata(doc *node, fields map[string]*node, namespaced bool) (
 	if line, dup := p.names[name]; dup {
 		return "", 0, p.errorf(nameNode, "name %q is already used at line %d", name, line)
 	}
-	p.names[name] = nameNode.Line
+	p.names[name] = nameNode.Line()
 	p.current = name
-	return name, nameNode.Line, nil
+	return name, nameNode.Line(), nil
 }
 
 // validateDNSName accepts a Kubernetes object name: a DNS subdomain
@@ -199,7 +199,7 @@ func validateDNSName(name string, maxLength int, dots bool) error {
 // null, `{}`, or empty matchLabels and matchExpressions. Anything else
 // selects endpoints by label, which this agent cannot: it enforces on
 // every endpoint behind --devices.
-func (p *parser) emptySelector(n *node, what string) error {
+func (p *parser) emptySelector(n node, what string) error {
 	if isNull(n) {
 		return nil
 	}
@@ -208,7 +208,7 @@ func (p *parser) emptySelector(n *node, what string) error {
 		return err
 	}
 	for _, name := range []string{"matchLabels", "matchExpressions"} {
-		if value, ok := fields[name]; ok && !isNull(value) && len(value.Content) > 0 {
+		if value, ok := fields.get(name); ok && !isNull(value) && value.Len() > 0 {
 			return p.errorf(value, "%s.%s: selecting endpoints by label is not supported: the policies apply to every endpoint behind --devices (write `%s: {}`)",
 				what, name, what)
 		}
@@ -216,27 +216,30 @@ func (p *parser) emptySelector(n *node, what string) error {
 	return nil
 }
 
-// boolean parses a YAML boolean.
-func (p *parser) boolean(n *node, what string) (bool, error) {
+// boolean parses a YAML boolean; a quoted "true" is a string, which the
+// API server rejects for a boolean field.
+func (p *parser) boolean(n node, what string) (bool, error) {
 	s, err := p.scalar(n, what)
 	if err != nil {
 		return false, err
 	}
-	switch s {
-	case "true", "True", "TRUE":
-		return true, nil
-	case "false", "False", "FALSE":
-		return false, nil
+	if isBool(n) {
+		switch s {
+		case "true", "True", "TRUE":
+			return true, nil
+		case "false", "False", "FALSE":
+			return false, nil
+		}
 	}
-	return false, p.errorf(n, "%s: %q: want true or false", what, s)
+	return false, p.errorf(n, "%s: %q: want true or false, not quoted", what, s)
 }
 
 // number parses a decimal number in 0..max, written without sign or
 // leading zeros (an octal or hexadecimal port is a mistake more often
 // than a choice).
-func number(n *node, max uint64) (uint64, bool) {
-	s := n.Value
-	if n.Kind != scalarNode || isNull(n) || s == "" || len(s) > 1 && s[0] == '0' {
+func number(n node, max uint64) (uint64, bool) {
+	s := n.Value()
+	if n.Kind() != scalarNode || isNull(n) || s == "" || len(s) > 1 && s[0] == '0' {
 		return 0, false
 	}
 	for i := range len(s) {
@@ -251,10 +254,10 @@ func number(n *node, max uint64) (uint64, bool) {
 // unsupportedField returns an error naming the first field of a mapping
 // (in file order) that reasons has, with its reason: a field this agent
 // knows but cannot enforce is rejected, never ignored.
-func (p *parser) unsupportedField(n *node, what string, reasons map[string]string) error {
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if reason, ok := reasons[n.Content[i].Value]; ok {
-			return p.errorf(n.Content[i], "%s.%s: %s", what, n.Content[i].Value, reason)
+func (p *parser) unsupportedField(n node, what string, reasons map[string]string) error {
+	for key := range n.Pairs() {
+		if reason, ok := reasons[key.Value()]; ok {
+			return p.errorf(key, "%s.%s: %s", what, key.Value(), reason)
 		}
 	}
 	return nil

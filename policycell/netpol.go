@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"fmt"
+	"iter"
 )
 
 // networkPolicyPeerUnsupported are the peers of a NetworkPolicy rule other
@@ -18,7 +19,7 @@ var networkPolicyPeerUnsupported = map[string]string{
 // egress rules; a listed type without rules denies that direction; a rule
 // without from (to) is every peer, one without ports every port; a port
 // without protocol is TCP, one without a number every port.
-func (p *parser) networkPolicy(n *node) (*Policy, error) {
+func (p *parser) networkPolicy(n node) (*Policy, error) {
 	fields, err := p.fields(n, KindNetworkPolicy, "apiVersion", "kind", "metadata", "spec", "status")
 	if err != nil {
 		return nil, err
@@ -28,7 +29,7 @@ func (p *parser) networkPolicy(n *node) (*Policy, error) {
 		return nil, err
 	}
 	policy := &Policy{Name: name, File: p.file, Line: line, Kind: KindNetworkPolicy}
-	specNode, ok := fields["spec"]
+	specNode, ok := fields.get("spec")
 	if !ok {
 		return nil, p.errorf(n, "%s: spec is required", KindNetworkPolicy)
 	}
@@ -36,14 +37,18 @@ func (p *parser) networkPolicy(n *node) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	if value, ok := spec["podSelector"]; ok {
+	if value, ok := spec.get("podSelector"); ok {
 		if err := p.emptySelector(value, "spec.podSelector"); err != nil {
 			return nil, err
 		}
 	}
-	rules := [2][]*node{}
+	// The rule list of each direction, and its length.
+	var (
+		ruleNodes [2]node
+		counts    [2]int
+	)
 	for _, dir := range Directions() {
-		value, ok := spec[dir.String()]
+		value, ok := spec.get(dir.String())
 		if !ok {
 			continue
 		}
@@ -52,36 +57,38 @@ func (p *parser) networkPolicy(n *node) (*Policy, error) {
 		if isNull(value) {
 			return nil, p.errorf(value, "spec.%s: no rules (write `%s: []` for none)", dir, dir)
 		}
-		if rules[dir], err = p.list(value, "spec."+dir.String()); err != nil {
+		if _, err = p.list(value, "spec."+dir.String()); err != nil {
 			return nil, err
 		}
+		ruleNodes[dir], counts[dir] = value, value.Len()
 	}
-	types, typesLine, err := p.policyTypes(spec, specNode, len(rules[Egress]) > 0)
+	types, typesLine, err := p.policyTypes(spec, specNode, counts[Egress] > 0)
 	if err != nil {
 		return nil, err
 	}
 	for _, dir := range Directions() {
 		if !types[dir] {
-			if len(rules[dir]) > 0 {
-				return nil, p.errorf(spec[dir.String()], "spec.%s: rules given but policyTypes does not list %s: Kubernetes would ignore them",
+			if counts[dir] > 0 {
+				return nil, p.errorf(ruleNodes[dir], "spec.%s: rules given but policyTypes does not list %s: Kubernetes would ignore them",
 					dir, policyTypeName(dir))
 			}
 			continue
 		}
 		var out []Rule
-		if len(rules[dir]) == 0 {
+		if counts[dir] == 0 {
 			// A listed type without rules isolates the direction: a rule
 			// that selects nothing.
 			out = append(out, Rule{Name: dir.String(), Line: typesLine})
-		}
-		for i, item := range rules[dir] {
-			name := fmt.Sprintf("%s[%d]", dir, i)
-			rule, err := p.networkPolicyRule(item, dir, "spec."+name)
-			if err != nil {
-				return nil, err
+		} else {
+			for i, item := range ruleNodes[dir].Items() {
+				name := fmt.Sprintf("%s[%d]", dir, i)
+				rule, err := p.networkPolicyRule(item, dir, "spec."+name)
+				if err != nil {
+					return nil, err
+				}
+				rule.Name, rule.Line = name, item.Line()
+				out = append(out, rule)
 			}
-			rule.Name, rule.Line = name, item.Line
-			out = append(out, rule)
 		}
 		if dir == Ingress {
 			policy.Ingress = out
@@ -101,18 +108,18 @@ func policyTypeName(dir Direction) string {
 
 // policyTypes returns the directions the policy applies to, and the line
 // that says so (policyTypes, else the spec's).
-func (p *parser) policyTypes(spec map[string]*node, specNode *node, egressRules bool) ([2]bool, int, error) {
-	value, ok := spec["policyTypes"]
-	var items []*node
+func (p *parser) policyTypes(spec fieldSet, specNode node, egressRules bool) ([2]bool, int, error) {
+	value, ok := spec.get("policyTypes")
+	var items iter.Seq2[int, node]
 	if ok {
 		var err error
 		if items, err = p.list(value, "spec.policyTypes"); err != nil {
 			return [2]bool{}, 0, err
 		}
 	}
-	if len(items) == 0 {
+	if !ok || value.Len() == 0 {
 		// Kubernetes' defaulting.
-		return [2]bool{Ingress: true, Egress: egressRules}, specNode.Line, nil
+		return [2]bool{Ingress: true, Egress: egressRules}, specNode.Line(), nil
 	}
 	var types [2]bool
 	for i, item := range items {
@@ -135,11 +142,11 @@ func (p *parser) policyTypes(spec map[string]*node, specNode *node, egressRules 
 		}
 		types[dir] = true
 	}
-	return types, value.Line, nil
+	return types, value.Line(), nil
 }
 
 // networkPolicyRule parses {from, ports} or {to, ports}.
-func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, error) {
+func (p *parser) networkPolicyRule(n node, dir Direction, what string) (Rule, error) {
 	peerField := "to"
 	if dir == Ingress {
 		peerField = "from"
@@ -149,7 +156,7 @@ func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, e
 		return Rule{}, err
 	}
 	var rule Rule
-	if value, ok := fields[peerField]; ok {
+	if value, ok := fields.get(peerField); ok {
 		peers, err := p.list(value, what+"."+peerField)
 		if err != nil {
 			return Rule{}, err
@@ -163,7 +170,7 @@ func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, e
 			if err := p.unsupportedField(peer, peerWhat, networkPolicyPeerUnsupported); err != nil {
 				return Rule{}, err
 			}
-			block, ok := peerFields["ipBlock"]
+			block, ok := peerFields.get("ipBlock")
 			if !ok {
 				return Rule{}, p.errorf(peer, "%s: ipBlock is required", peerWhat)
 			}
@@ -176,7 +183,7 @@ func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, e
 	}
 	// No peers: every peer (Kubernetes: "matches all sources").
 	rule.AnyPeer = len(rule.Peers) == 0
-	if value, ok := fields["ports"]; ok {
+	if value, ok := fields.get("ports"); ok {
 		ports, err := p.list(value, what+".ports")
 		if err != nil {
 			return Rule{}, err
@@ -195,13 +202,13 @@ func (p *parser) networkPolicyRule(n *node, dir Direction, what string) (Rule, e
 
 // networkPolicyPort parses {port, endPort, protocol}: protocol TCP when
 // absent, every port of it when port is absent.
-func (p *parser) networkPolicyPort(n *node, what string) (PortRange, error) {
+func (p *parser) networkPolicyPort(n node, what string) (PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
 		return PortRange{}, err
 	}
 	protocol := ProtocolTCP
-	if value, ok := fields["protocol"]; ok {
+	if value, ok := fields.get("protocol"); ok {
 		s, err := p.scalar(value, what+".protocol")
 		if err != nil {
 			return PortRange{}, err
@@ -216,14 +223,20 @@ func (p *parser) networkPolicyPort(n *node, what string) (PortRange, error) {
 			return PortRange{}, p.errorf(value, "%s.protocol: %q: want TCP, UDP or SCTP", what, s)
 		}
 	}
-	portNode, ok := fields["port"]
+	portNode, ok := fields.get("port")
 	if !ok {
-		if end, ok := fields["endPort"]; ok {
+		if end, ok := fields.get("endPort"); ok {
 			return PortRange{}, p.errorf(end, "%s.endPort: needs a port to start from", what)
 		}
 		return PortRange{Protocol: protocol}, nil
 	}
-	start, end, err := p.portRange(portNode, fields["endPort"], what)
+	endNode, hasEnd := fields.get("endPort")
+	// Kubernetes' port is an IntOrString: quoted, it is a port name,
+	// and a name needs a letter, so `"80"` is rejected, not port 80.
+	if _, digits := number(portNode, maxPortNumber); digits && isString(portNode) {
+		return PortRange{}, p.errorf(portNode, "%s.port: %q is quoted, so Kubernetes reads it as a port name, which needs a letter: write the number without quotes", what, portNode.Value())
+	}
+	start, end, err := p.portRange(portNode, endNode, hasEnd, what)
 	if err != nil {
 		return PortRange{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -58,8 +59,8 @@ func (e *FileError) Unwrap() error { return e.Err }
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
-// error, found before it is decoded, so that a parse allocates at most
-// about 80 times the content's size whatever the content (README).
+// error, found as the document is read, so that a parse allocates at most
+// about 10 times the content's size whatever the content (README).
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy (and ErrNotEnforced
 // for a construct not enforced yet).
@@ -79,15 +80,8 @@ func ParseFile(file string, content []byte) ([]*Policy, error) {
 // parseFile is ParseFile without unsupportedByEnforcement: the whole
 // model, as the formats mean it.
 func parseFile(file string, content []byte) ([]*Policy, error) {
-	p := &parser{file: file, names: map[string]int{}}
-	// Before decoding: the decoder's memory is that of the nodes.
-	budget := nodeBudget(len(content))
-	if count, line := countNodes(content, budget); count > budget {
-		return nil, &FileError{File: file, Line: line, Err: fmt.Errorf(
-			"%w: more YAML values, lists and mappings in a document than a file of %d bytes may have (%d: one per %d bytes, plus %d)",
-			ErrInvalidPolicy, len(content), budget, nodeBytes, nodeAllowance)}
-	}
-	docs := newDocumentReader(content)
+	p := &parser{file: file, names: map[string]int{}, size: len(content)}
+	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*Policy{}
 	for {
 		root, err := docs.next()
@@ -97,7 +91,7 @@ func parseFile(file string, content []byte) ([]*Policy, error) {
 		if err != nil {
 			return nil, p.syntaxError(err)
 		}
-		if root == nil || isNull(root) {
+		if isNull(root) {
 			continue
 		}
 		if isKubernetesDocument(root) {
@@ -123,24 +117,31 @@ type parser struct {
 	current string
 	// names are the policies' names so far, with their lines.
 	names map[string]int
+	// size is the file's, for the node budget's error.
+	size int
 }
 
 // syntaxError turns the YAML reader's error into one with a position.
 func (p *parser) syntaxError(err error) error {
-	line, msg := syntaxPosition(err)
-	return &FileError{File: p.file, Line: line, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
+	line, column, msg, tooManyNodes := syntaxPosition(err)
+	if tooManyNodes {
+		return &FileError{File: p.file, Line: line, Err: fmt.Errorf(
+			"%w: more YAML values, lists and mappings in a document than a file of %d bytes may have (%d: one per %d bytes, plus %d)",
+			ErrInvalidPolicy, p.size, nodeBudget(p.size), nodeBytes, nodeAllowance)}
+	}
+	return &FileError{File: p.file, Line: line, Column: column, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
 }
 
-func (p *parser) errorf(n *node, format string, args ...any) error {
+func (p *parser) errorf(n node, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	if p.current != "" {
 		msg = fmt.Sprintf("policy %q: %s", p.current, msg)
 	}
-	return &FileError{File: p.file, Line: n.Line, Column: n.Column, Err: fmt.Errorf("%w: %s", ErrInvalidPolicy, msg)}
+	return &FileError{File: p.file, Line: n.Line(), Column: n.Column(), Err: fmt.Errorf("%w: %s", ErrInvalidPolicy, msg)}
 }
 
-func kindName(n *node) string {
-	switch n.Kind {
+func kindName(n node) string {
+	switch n.Kind() {
 	case mappingNode:
 		return "a mapping"
 	case sequenceNode:
@@ -149,81 +150,88 @@ func kindName(n *node) string {
 		if isNull(n) {
 			return "nothing"
 		}
-		return fmt.Sprintf("%q", n.Value)
-	case aliasNode:
-		return "an alias"
+		return fmt.Sprintf("%q", n.Value())
 	}
 	return "a document"
 }
 
+// maxFields is the most fields a mapping of any format may allow: a
+// Kubernetes object's metadata, with the fields it ignores, has the most.
+const maxFields = 16
+
+// fieldSet is the values of a mapping's fields, by the field's place in
+// the allowed list (a value, not a map: a parse allocates per CIDR only
+// what the policy keeps).
+type fieldSet struct {
+	allowed []string
+	values  [maxFields]node
+	// given has bit i set when the field allowed[i] is given.
+	given uint32
+}
+
+// get returns the value of the field name, if given.
+func (f *fieldSet) get(name string) (node, bool) {
+	i := slices.Index(f.allowed, name)
+	if i < 0 || f.given&(1<<i) == 0 {
+		return node{}, false
+	}
+	return f.values[i], true
+}
+
 // fields returns the values of a mapping's keys. Keys must be among
-// allowed and given once.
-func (p *parser) fields(n *node, what string, allowed ...string) (map[string]*node, error) {
-	if err := p.noAlias(n); err != nil {
-		return nil, err
+// allowed (at most maxFields, or it panics: a parser's mistake, which
+// every test of the parser finds) and given once (the reader rejects a
+// key given twice).
+func (p *parser) fields(n node, what string, allowed ...string) (fieldSet, error) {
+	if len(allowed) > maxFields {
+		panic(fmt.Sprintf("policycell: %s: %d fields allowed, at most %d", what, len(allowed), maxFields))
 	}
-	if n.Kind != mappingNode {
-		return nil, p.errorf(n, "%s: want a mapping, got %s", what, kindName(n))
+	if n.Kind() != mappingNode {
+		return fieldSet{}, p.errorf(n, "%s: want a mapping, got %s", what, kindName(n))
 	}
-	values := map[string]*node{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		key, value := n.Content[i], n.Content[i+1]
-		if key.Kind != scalarNode {
-			return nil, p.errorf(key, "%s: want a field name, got %s", what, kindName(key))
+	values := fieldSet{allowed: allowed}
+	for key, value := range n.Pairs() {
+		if key.Kind() != scalarNode {
+			return fieldSet{}, p.errorf(key, "%s: want a field name, got %s", what, kindName(key))
 		}
-		if !slices.Contains(allowed, key.Value) {
-			return nil, p.errorf(key, "%s: unknown field %q, want one of %s", what, key.Value, strings.Join(allowed, ", "))
+		i := slices.Index(allowed, key.Value())
+		if i < 0 {
+			return fieldSet{}, p.errorf(key, "%s: unknown field %q, want one of %s", what, key.Value(), strings.Join(allowed, ", "))
 		}
-		if _, dup := values[key.Value]; dup {
-			return nil, p.errorf(key, "%s: field %q given twice", what, key.Value)
+		if values.given&(1<<i) != 0 {
+			return fieldSet{}, p.errorf(key, "%s: field %q given twice", what, key.Value())
 		}
-		if err := p.noAlias(value); err != nil {
-			return nil, err
-		}
-		values[key.Value] = value
+		values.values[i] = value
+		values.given |= 1 << i
 	}
 	return values, nil
 }
 
-// noAlias rejects aliases: expanding them could turn a small file into a
-// huge policy.
-func (p *parser) noAlias(n *node) error {
-	if n.Kind == aliasNode {
-		return p.errorf(n, "YAML aliases are not supported")
-	}
-	return nil
-}
-
 // list returns the items of a sequence; null is the empty list.
-func (p *parser) list(n *node, what string) ([]*node, error) {
+func (p *parser) list(n node, what string) (iter.Seq2[int, node], error) {
 	if isNull(n) {
-		return nil, nil
+		return func(func(int, node) bool) {}, nil
 	}
-	if n.Kind != sequenceNode {
+	if n.Kind() != sequenceNode {
 		return nil, p.errorf(n, "%s: want a list, got %s", what, kindName(n))
 	}
-	for _, item := range n.Content {
-		if err := p.noAlias(item); err != nil {
-			return nil, err
-		}
-	}
-	return n.Content, nil
+	return n.Items(), nil
 }
 
-func (p *parser) scalar(n *node, what string) (string, error) {
-	if n.Kind != scalarNode || isNull(n) {
+func (p *parser) scalar(n node, what string) (string, error) {
+	if n.Kind() != scalarNode || isNull(n) {
 		return "", p.errorf(n, "%s: want a value, got %s", what, kindName(n))
 	}
-	return n.Value, nil
+	return n.Value(), nil
 }
 
-func (p *parser) policy(n *node) (*Policy, error) {
+func (p *parser) policy(n node) (*Policy, error) {
 	p.current = ""
 	fields, err := p.fields(n, "policy", "name", "ingress", "egress")
 	if err != nil {
 		return nil, err
 	}
-	nameNode, ok := fields["name"]
+	nameNode, ok := fields.get("name")
 	if !ok {
 		return nil, p.errorf(n, "policy: name is required")
 	}
@@ -237,12 +245,14 @@ func (p *parser) policy(n *node) (*Policy, error) {
 	if line, dup := p.names[name]; dup {
 		return nil, p.errorf(nameNode, "name %q is already used at line %d", name, line)
 	}
-	p.names[name] = nameNode.Line
+	// The name outlives the file's content, of which it is a part.
+	name = strings.Clone(name)
+	p.names[name] = nameNode.Line()
 	p.current = name
 
-	policy := &Policy{Name: name, File: p.file, Line: nameNode.Line}
+	policy := &Policy{Name: name, File: p.file, Line: nameNode.Line()}
 	for _, dir := range Directions() {
-		rulesNode, ok := fields[dir.String()]
+		rulesNode, ok := fields.get(dir.String())
 		if !ok {
 			continue
 		}
@@ -256,7 +266,7 @@ func (p *parser) policy(n *node) (*Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		rules := make([]Rule, 0, len(items))
+		rules := make([]Rule, 0, rulesNode.Len())
 		for i, item := range items {
 			rule, err := p.rule(item, dir, fmt.Sprintf("%s[%d]", dir, i))
 			if err != nil {
@@ -298,7 +308,7 @@ func validateName(name string) error {
 
 // rule parses one ingress (fromCIDR, fromCIDRSet, toPorts) or egress
 // (toCIDR, toCIDRSet, toPorts) rule.
-func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
+func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 	peer := "to"
 	if dir == Ingress {
 		peer = "from"
@@ -309,20 +319,22 @@ func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
 		return Rule{}, err
 	}
 	var rule Rule
-	if value, ok := fields[cidrField]; ok {
+	if value, ok := fields.get(cidrField); ok {
 		items, err := p.nonEmptyList(value, what+"."+cidrField)
 		if err != nil {
 			return Rule{}, err
 		}
+		field := what + "." + cidrField
+		rule.Peers = make([]CIDRSelector, 0, value.Len())
 		for i, item := range items {
-			cidr, err := p.cidr(item, fmt.Sprintf("%s.%s[%d]", what, cidrField, i))
+			cidr, err := p.cidr(item, field, i)
 			if err != nil {
 				return Rule{}, err
 			}
 			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
 		}
 	}
-	if value, ok := fields[setField]; ok {
+	if value, ok := fields.get(setField); ok {
 		items, err := p.nonEmptyList(value, what+"."+setField)
 		if err != nil {
 			return Rule{}, err
@@ -335,7 +347,7 @@ func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
-	if value, ok := fields["toPorts"]; ok {
+	if value, ok := fields.get("toPorts"); ok {
 		if len(rule.Peers) == 0 {
 			return Rule{}, p.errorf(value, "%s.toPorts: a rule with ports needs %s or %s, it selects nothing", what, cidrField, setField)
 		}
@@ -361,41 +373,41 @@ func (p *parser) rule(n *node, dir Direction, what string) (Rule, error) {
 	return rule, nil
 }
 
-func (p *parser) nonEmptyList(n *node, what string) ([]*node, error) {
+func (p *parser) nonEmptyList(n node, what string) (iter.Seq2[int, node], error) {
 	items, err := p.list(n, what)
-	if err == nil && len(items) == 0 {
+	if err == nil && n.Len() == 0 {
 		err = p.errorf(n, "%s: empty list, omit the field instead", what)
 	}
 	return items, err
 }
 
-func (p *parser) cidrSet(n *node, what string) (CIDRSelector, error) {
+func (p *parser) cidrSet(n node, what string) (CIDRSelector, error) {
 	fields, err := p.fields(n, what, "cidr", "except")
 	if err != nil {
 		return CIDRSelector{}, err
 	}
-	cidrNode, ok := fields["cidr"]
+	cidrNode, ok := fields.get("cidr")
 	if !ok {
 		return CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
 	}
-	cidr, err := p.cidr(cidrNode, what+".cidr")
+	cidr, err := p.cidr(cidrNode, what+".cidr", -1)
 	if err != nil {
 		return CIDRSelector{}, err
 	}
 	set := CIDRSelector{CIDR: cidr}
-	if value, ok := fields["except"]; ok {
+	if value, ok := fields.get("except"); ok {
 		items, err := p.nonEmptyList(value, what+".except")
 		if err != nil {
 			return CIDRSelector{}, err
 		}
+		field := what + ".except"
 		for i, item := range items {
-			itemWhat := fmt.Sprintf("%s.except[%d]", what, i)
-			except, err := p.cidr(item, itemWhat)
+			except, err := p.cidr(item, field, i)
 			if err != nil {
 				return CIDRSelector{}, err
 			}
 			if !contains(cidr, except) {
-				return CIDRSelector{}, p.errorf(item, "%s: %s is not inside %s", itemWhat, except, cidr)
+				return CIDRSelector{}, p.errorf(item, "%s[%d]: %s is not inside %s", field, i, except, cidr)
 			}
 			set.Except = append(set.Except, except)
 		}
@@ -407,42 +419,52 @@ func (p *parser) cidrSet(n *node, what string) (CIDRSelector, error) {
 
 // cidr parses a CIDR or a bare address (a host prefix). Host bits must be
 // zero; zones and IPv4-mapped IPv6 addresses are rejected (the ipcache
-// keys IPv4 prefixes as IPv4).
-func (p *parser) cidr(n *node, what string) (netip.Prefix, error) {
-	s, err := p.scalar(n, what)
-	if err != nil {
-		return netip.Prefix{}, err
+// keys IPv4 prefixes as IPv4). what[index] names it in errors (what
+// alone for a negative index), formatted only for one.
+func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
+	name := func() string {
+		if index < 0 {
+			return what
+		}
+		return fmt.Sprintf("%s[%d]", what, index)
 	}
-	var prefix netip.Prefix
+	if n.Kind() != scalarNode || isNull(n) {
+		return netip.Prefix{}, p.errorf(n, "%s: want a value, got %s", name(), kindName(n))
+	}
+	s := n.Value()
+	var (
+		prefix netip.Prefix
+		err    error
+	)
 	if strings.Contains(s, "/") {
 		prefix, err = netip.ParsePrefix(s)
 	} else {
 		var addr netip.Addr
 		if addr, err = netip.ParseAddr(s); err == nil {
 			if addr.Zone() != "" {
-				return netip.Prefix{}, p.errorf(n, "%s: %q: zones are not allowed", what, s)
+				return netip.Prefix{}, p.errorf(n, "%s: %q: zones are not allowed", name(), s)
 			}
 			prefix = netip.PrefixFrom(addr, addr.BitLen())
 		}
 	}
 	switch {
 	case err != nil:
-		return netip.Prefix{}, p.errorf(n, "%s: %q is not a CIDR", what, s)
+		return netip.Prefix{}, p.errorf(n, "%s: %q is not a CIDR", name(), s)
 	case prefix.Addr().Is4In6():
-		return netip.Prefix{}, p.errorf(n, "%s: %q is an IPv4-mapped IPv6 prefix, write it as IPv4", what, s)
+		return netip.Prefix{}, p.errorf(n, "%s: %q is an IPv4-mapped IPv6 prefix, write it as IPv4", name(), s)
 	case prefix != prefix.Masked():
-		return netip.Prefix{}, p.errorf(n, "%s: %q has host bits set, did you mean %s?", what, s, prefix.Masked())
+		return netip.Prefix{}, p.errorf(n, "%s: %q has host bits set, did you mean %s?", name(), s, prefix.Masked())
 	}
 	return prefix, nil
 }
 
 // port parses {port, protocol}; without a protocol it is both TCP and UDP.
-func (p *parser) port(n *node, what string) ([]PortRange, error) {
+func (p *parser) port(n node, what string) ([]PortRange, error) {
 	fields, err := p.fields(n, what, "port", "protocol")
 	if err != nil {
 		return nil, err
 	}
-	portNode, ok := fields["port"]
+	portNode, ok := fields.get("port")
 	if !ok {
 		return nil, p.errorf(n, "%s: port is required", what)
 	}
@@ -454,7 +476,7 @@ func (p *parser) port(n *node, what string) ([]PortRange, error) {
 	if err != nil || port == 0 {
 		return nil, p.errorf(portNode, "%s.port: %q is not a port number (1..65535)", what, s)
 	}
-	protocolNode, ok := fields["protocol"]
+	protocolNode, ok := fields.get("protocol")
 	if !ok {
 		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}, {Port: uint16(port), Protocol: ProtocolUDP}}, nil
 	}

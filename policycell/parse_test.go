@@ -87,11 +87,11 @@ func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, content, want string
 	}{
-		{"syntax", "name: a\negress: [\n", `bad.yaml:2: invalid policy file: YAML: did not find expected node content`},
-		{"tab", "name: a\n\tegress: []\n", `bad.yaml:2: invalid policy file: YAML: found a tab character that violates indentation`},
+		{"syntax", "name: a\negress: [\n", `bad.yaml:3:1: invalid policy file: YAML: unterminated flow collection: the file ends before its closing bracket`},
+		{"tab", "name: a\n\tegress: []\n", `bad.yaml:2:1: invalid policy file: YAML: tab character where indentation is read: indent with spaces`},
 		{"not a mapping", "- name: a\n", `bad.yaml:1:1: invalid policy file: policy: want a mapping, got a list`},
 		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, ingress, egress`},
-		{"repeated field", "name: a\nname: b\n", `bad.yaml:2:1: invalid policy file: policy: field "name" given twice`},
+		{"repeated field", "name: a\nname: b\n", `bad.yaml:2:1: invalid policy file: YAML: mapping key "name" given twice (first at line 1)`},
 		{"missing name", "egress: []\n", `bad.yaml:1:1: invalid policy file: policy: name is required`},
 		{"null name", "name:\n", `bad.yaml:1:6: invalid policy file: name: want a value, got nothing`},
 		{"empty name", "name: ''\n", `bad.yaml:1:7: invalid policy file: name: must not be empty`},
@@ -145,7 +145,7 @@ func TestParseErrors(t *testing.T) {
 		{"port unknown field", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90}]\n",
 			`bad.yaml:4:26: invalid policy file: policy "a": egress[0].toPorts[0]: unknown field "endPort", want one of port, protocol`},
 		{"alias", "name: a\negress:\n  - toCIDR: &nets [10.0.0.0/8]\n  - toCIDR: *nets\n",
-			`bad.yaml:4:13: invalid policy file: policy "a": YAML aliases are not supported`},
+			`bad.yaml:3:13: invalid policy file: YAML: anchors (&) and aliases are not supported`},
 		{"error in second document", "name: a\n---\nname: b\negress: [{toCIDR: [x]}]\n",
 			`bad.yaml:4:20: invalid policy file: policy "b": egress[0].toCIDR[0]: "x" is not a CIDR`},
 	} {
@@ -182,7 +182,7 @@ func TestParseCutMidWrite(t *testing.T) {
 		{"explicit null", "name: e2e\negress: null\n", `policy "e2e": egress: no rules`},
 		{"after the item marker", "name: e2e\negress:\n  -\n", `bad.yaml:3:4: invalid policy file: policy "e2e": egress[0]: want a mapping, got nothing`},
 		{"after toCIDR", "name: e2e\negress:\n  - toCIDR:\n", `policy "e2e": egress[0].toCIDR: empty list, omit the field instead`},
-		{"mid flow toCIDR list", "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8,\n", `invalid policy file: YAML: did not find expected node content`},
+		{"mid flow toCIDR list", "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8,\n", `invalid policy file: YAML: unterminated flow collection`},
 		{"after toCIDRSet", "name: e2e\negress:\n  - toCIDRSet:\n", `policy "e2e": egress[0].toCIDRSet: empty list, omit the field instead`},
 		{"after cidr", "name: e2e\negress:\n  - toCIDRSet:\n    - cidr:\n", `egress[0].toCIDRSet[0].cidr: want a value, got nothing`},
 		{"after except", "name: e2e\negress:\n  - toCIDRSet:\n    - cidr: 10.0.0.0/8\n      except:\n", `egress[0].toCIDRSet[0].except: empty list, omit the field instead`},

@@ -3,65 +3,60 @@
 package policycell
 
 import (
-	"bytes"
-	"strconv"
-	"strings"
+	"errors"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/ipcache-agent/ipcache-agent/policycell/internal/yamlread"
 )
 
 // The parsers of every format read documents through the names in this
 // file only, so that the YAML reader behind them is one choice, made here.
-type node = yaml.Node
+type node = yamlread.Node
 
 const (
-	documentNode = yaml.DocumentNode
-	mappingNode  = yaml.MappingNode
-	sequenceNode = yaml.SequenceNode
-	scalarNode   = yaml.ScalarNode
-	aliasNode    = yaml.AliasNode
+	mappingNode  = yamlread.Mapping
+	sequenceNode = yamlread.Sequence
+	scalarNode   = yamlread.Scalar
 )
 
 // isNull reports whether n is a null scalar (`~`, `null` or nothing).
-func isNull(n *node) bool {
-	return n.Kind == scalarNode && n.ShortTag() == "!!null"
-}
+func isNull(n node) bool { return n.IsNull() }
+
+// isString reports whether n is a string scalar: quoted, or plain and
+// neither a number, a boolean nor null (the YAML core schema). Kubernetes
+// reads a field that takes a number or a string by this type, not by the
+// characters.
+func isString(n node) bool { return n.Kind() == scalarNode && n.Tag() == yamlread.TagStr }
+
+// isBool reports whether n is a boolean scalar (`true`, `False`, ...,
+// not quoted).
+func isBool(n node) bool { return n.Kind() == scalarNode && n.Tag() == yamlread.TagBool }
 
 // documentReader reads the documents of a file one at a time, so that only
 // one document's tree is in memory at once.
 type documentReader struct {
-	dec *yaml.Decoder
+	r *yamlread.Reader
 }
 
-func newDocumentReader(content []byte) *documentReader {
-	return &documentReader{dec: yaml.NewDecoder(bytes.NewReader(content))}
+// newDocumentReader reads content; a document may have at most maxNodes
+// nodes.
+func newDocumentReader(content []byte, maxNodes int) *documentReader {
+	return &documentReader{r: yamlread.NewReader(content, maxNodes)}
 }
 
-// next returns the root of the next document, nil for an empty one.
+// next returns the root of the next document (a null scalar for an empty
+// one), valid until the next call.
 //
-// Possible errors: io.EOF after the last document; a syntax error, which
-// syntaxPosition reads.
-func (r *documentReader) next() (*node, error) {
-	var doc node
-	if err := r.dec.Decode(&doc); err != nil {
-		return nil, err
-	}
-	if len(doc.Content) == 0 {
-		return nil, nil
-	}
-	return doc.Content[0], nil
-}
+// Possible errors: io.EOF after the last document; a *yamlread.Error,
+// which syntaxPosition reads.
+func (r *documentReader) next() (node, error) { return r.r.Next() }
 
-// syntaxPosition returns the line (0 if unknown) and the message of a
-// syntax error of the reader: "yaml: line 3: ..." becomes 3, "...".
-func syntaxPosition(err error) (line int, msg string) {
-	msg = strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if number, text, ok := strings.Cut(rest, ": "); ok {
-			if n, err := strconv.Atoi(number); err == nil {
-				return n, text
-			}
-		}
+// syntaxPosition returns the position (line and column, 0 if unknown) and
+// the message of an error of the reader, and whether it is for a
+// document with more nodes than allowed.
+func syntaxPosition(err error) (line, column int, msg string, tooManyNodes bool) {
+	var yerr *yamlread.Error
+	if !errors.As(err, &yerr) {
+		return 0, 0, err.Error(), false
 	}
-	return 0, msg
+	return yerr.Line, yerr.Column, yerr.Msg, errors.Is(err, yamlread.ErrTooManyNodes)
 }
