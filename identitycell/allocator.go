@@ -234,17 +234,18 @@ func (a *Allocator) exhausted() error {
 		a.first, a.last, len(a.withheld), ErrExhausted)
 }
 
-// RegisterInitializer registers a producer of identities (restore, for
-// one): the `identities` table counts as initialized, and the checkpoint of
-// the previous run is replaced, only once every registered producer has
-// called its done function. Register before the hive starts.
-func (a *Allocator) RegisterInitializer(name string) (done func()) {
-	txn := a.db.WriteTxn(a.table)
-	markDone := a.table.RegisterInitializer(txn, name)
+// RegisterProducer registers a producer of identities: a client of the
+// allocator whose allocations make up what the table holds once the agent
+// has started (the ipcache's resolver is the agent's one). The
+// `identities` table counts as initialized, and the checkpoint of the
+// previous run is replaced, only once every registered producer has called
+// its done function. done takes a write transaction that locks the
+// identities table ([Allocator.WriteTxn]), so that a producer can mark the
+// table initialized in the transaction that completes its own work.
+// Register before the hive starts.
+func (a *Allocator) RegisterProducer(name string) (done func(statedb.WriteTxn)) {
+	txn := a.WriteTxn()
+	done = a.table.RegisterInitializer(txn, name)
 	txn.Commit()
-	return func() {
-		txn := a.db.WriteTxn(a.table)
-		markDone(txn)
-		txn.Commit()
-	}
+	return done
 }

@@ -76,7 +76,7 @@ func newConfiguredCheckpointer(cfg Config, db *statedb.DB, table statedb.Table[*
 
 // registerCheckpointer registers what the module runs, in its one job
 // group: the Checkpointer's start hook (it reads the previous checkpoint,
-// before restore's start hook needs it) and its write loop.
+// which restore waits for with Checkpointer.Previous) and its write loop.
 func registerCheckpointer(c *Checkpointer, lc cell.Lifecycle, jobs job.Registry, health cell.Health, log *slog.Logger) {
 	lc.Append(c)
 	group := jobs.NewGroup(health, job.WithLogger(log))

@@ -79,20 +79,29 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity
 	}
 }
 
-// Previous returns what the previous run checkpointed, read when the hive
-// started. It waits for Start to have decoded it; call it only from a
-// start hook after the Checkpointer's (restore's), or after the hive has
-// started. The checkpoint is shared: do not modify it.
-func (c *Checkpointer) Previous() Checkpoint {
-	<-c.previousDecoded
-	return c.previous
+// Previous returns what the previous run checkpointed. It waits until the
+// Checkpointer's start hook has read it and the decoding that follows is
+// done: a reader (restore) states the dependency by waiting here, and
+// needs no place in the order of start hooks. The checkpoint is shared: do
+// not modify it.
+//
+// Possible errors: ctx's, when it ends first (the hive stopping, or its
+// start failing, before the checkpoint was read).
+func (c *Checkpointer) Previous(ctx context.Context) (Checkpoint, error) {
+	select {
+	case <-c.previousDecoded:
+		return c.previous, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for the previous identity checkpoint: %w", ctx.Err())
+	}
 }
 
 // Start implements cell.HookInterface: it prepares the state directory and
 // reads the previous checkpoint, which it decodes in the background
 // (Previous waits for it): decoding a million identities then overlaps
-// the datapath's start (reading the pinned map). What can make the start fail is found first: an unusable state
-// directory, a checkpoint that cannot be read. A corrupt checkpoint is
+// the datapath's start (reading the pinned map). What can make the start
+// fail is found first: an unusable state directory, a checkpoint that
+// cannot be read. A corrupt checkpoint is
 // moved aside (with suffix .corrupt) and treated as empty: restore then
 // falls back to the cidr labels of the pinned entries.
 //

@@ -13,6 +13,10 @@
 // (restore uses this to keep numbers stable across restarts); numbers can be
 // withheld so that only a request naming them gets them.
 //
+// The allocator's clients register as producers of identities
+// ([Allocator.RegisterProducer]); the table is initialized once all are
+// done, and the checkpoint is first written then.
+//
 // Reads: --state-dir (the previous checkpoint, once, at start).
 // Writes: the `identities` table; <state-dir>/local-identities.json, an
 // atomic checkpoint of number -> labels that the next run restores from.

@@ -3,7 +3,6 @@
 package restorecell
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -84,25 +83,22 @@ func newRestorer(p restorerParams) *Restorer {
 		checkpoint: p.Checkpointer,
 		allocator:  p.Allocator,
 		ipcache:    p.IPCache,
+		restoredCh: make(chan struct{}),
 	}
 }
 
 // registerRestorer registers what the module runs: restore as a producer
-// that holds the ipcache's resolution and as an initializer of the
-// `identities` table, its start hook (appended after the Checkpointer's
-// and the Datapath's, whose outputs it reads), and its jobs, in the
-// module's one job group.
-func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+// that holds the ipcache's resolution, and its jobs, in the module's one
+// job group: the restore, which waits for the pinned map's snapshot and
+// the previous checkpoint, and the release after the grace period. A
+// restore that fails stops the agent, as a start hook's failure would:
+// the resolver would otherwise wait for it forever.
+func registerRestorer(r *Restorer, jobs job.Registry, health cell.Health) {
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
-	r.identityDone = r.allocator.RegisterInitializer(Resource)
-	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
 	group.Add(
+		job.OneShot("restore", r.restore, job.WithShutdown()),
 		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod),
-		job.OneShot("mark-identities-initialized", func(ctx context.Context, _ cell.Health) error {
-			r.markIdentitiesInitialized(ctx)
-			return nil
-		}),
 	)
 }
 

@@ -7,15 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -38,12 +37,13 @@ const healthInterval = 5 * time.Second
 const releaseRate = 20_000
 
 // pinnedState is what the previous run left behind.
+// Each waits until its cell's start hook has read it.
 type pinnedState interface {
-	IPCacheSnapshot() map[netip.Prefix]uint32
+	IPCacheSnapshot(context.Context) ([]datapathcell.PinnedEntry, error)
 }
 
 type checkpoint interface {
-	Previous() identitycell.Checkpoint
+	Previous(context.Context) (identitycell.Checkpoint, error)
 }
 
 // Restorer restores the previous run's prefixes and releases them after the
@@ -60,7 +60,9 @@ type Restorer struct {
 	ipcache    *ipcachecell.IPCache
 
 	restorerDone func()
-	identityDone func()
+	// restoredCh is closed once the prefixes are restored: the grace
+	// period has started.
+	restoredCh chan struct{}
 
 	mu        sync.Mutex
 	handle    *ipcachecell.Handle
@@ -72,25 +74,36 @@ type Restorer struct {
 	releaseAt time.Time
 }
 
-// Start implements cell.HookInterface: it restores, before any other
-// producer's job runs.
+// restore restores the previous run's prefixes, as soon as the datapath
+// has read the pinned map and the Checkpointer the previous checkpoint (it
+// waits for both), then lets resolution start. It is a job, not a start
+// hook: it waits for what it reads instead of relying on the order of
+// start hooks, and resolution, held back until restore is done, is what
+// must come after it.
 //
 // Possible errors: those of ipcachecell.IPCache.NewHandle and
-// ipcachecell.Handle.UpsertBatch (wrapped), which fail the start.
-func (r *Restorer) Start(cell.HookContext) error {
-	pinned := sortedEntries(r.pinned.IPCacheSnapshot())
-	saved := r.checkpoint.Previous()
+// ipcachecell.Handle.UpsertBatch (wrapped), which stop the agent.
+func (r *Restorer) restore(ctx context.Context, health cell.Health) error {
+	health.OK("Waiting for the pinned ipcache map and the identity checkpoint")
+	pinned, err := r.pinned.IPCacheSnapshot(ctx)
+	if err != nil {
+		return nil // stopping before the datapath started
+	}
+	saved, err := r.checkpoint.Previous(ctx)
+	if err != nil {
+		return nil // stopping before the checkpoint was read
+	}
 
-	// Sized up front, one label string per prefix, and the snapshot
-	// sorted as pairs (no map lookup per prefix): building the batch is a
-	// large part of the restart's start (docs/SCALE.md).
+	// Sized up front, one label string per prefix, and the snapshot read
+	// as the datapath sorted it (no map lookup per prefix): building the
+	// batch is a large part of the restart's start (docs/SCALE.md).
 	var (
 		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
 		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
 		skipped  int
 	)
 	for _, entry := range pinned {
-		prefix, id := entry.prefix, entry.identity
+		prefix, id := entry.Prefix, entry.Identity
 		if !id.IsLocal() {
 			skipped++ // reserved or explicit: its owner re-asserts it, or it goes
 			continue
@@ -114,9 +127,11 @@ func (r *Restorer) Start(cell.HookContext) error {
 	r.allocator.Withhold(withheld...)
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
+		health.Degraded("Cannot restore", err)
 		return fmt.Errorf("create restore handle: %w", err)
 	}
 	if err := handle.UpsertBatch(batch); err != nil {
+		health.Degraded("Cannot restore", err)
 		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
 	}
 
@@ -125,52 +140,26 @@ func (r *Restorer) Start(cell.HookContext) error {
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
+	close(r.restoredCh)
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", len(batch), "not-restored-non-local", skipped,
 		"checkpointed-identities", len(saved), "grace-period", r.cfg.IdentityRestoreGracePeriod)
+	health.OK(fmt.Sprintf("Restored %d prefixes", len(batch)))
 	return nil
 }
 
-// Stop implements cell.HookInterface. It returns no error: nothing is
-// released, the next run restores again from what is pinned.
-func (r *Restorer) Stop(cell.HookContext) error { return nil }
-
-// pinnedEntry is one entry of the pinned ipcache map.
-type pinnedEntry struct {
-	prefix   netip.Prefix
-	identity identitycell.NumericIdentity
-}
-
-// sortedEntries lists the snapshot in address order: the order in which
-// the restored rows are written, and resolved.
-func sortedEntries(snapshot map[netip.Prefix]uint32) []pinnedEntry {
-	out := make([]pinnedEntry, 0, len(snapshot))
-	for prefix, id := range snapshot {
-		out = append(out, pinnedEntry{prefix, identitycell.NumericIdentity(id)})
-	}
-	slices.SortFunc(out, func(a, b pinnedEntry) int { return prefixkey.Compare(a.prefix, b.prefix) })
-	return out
-}
-
-// markIdentitiesInitialized lets the identity checkpoint be rewritten once
-// the ipcache has resolved what restore asked for (the ipcache table is
-// initialized only after every producer, restore included, is done and
-// resolved): until then a crash must find the previous checkpoint.
-func (r *Restorer) markIdentitiesInitialized(ctx context.Context) {
-	_, initialized := r.entries.Initialized(r.db.ReadTxn())
+// releaseAfterGracePeriod waits for restore, the grace period and until
+// every owner has re-asserted its prefixes (the `ipcache` table is
+// initialized), then releases the restore handle and un-withholds the
+// numbers. Stopping first releases nothing: the next run restores again
+// from what is pinned.
+func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
 	select {
 	case <-ctx.Done():
-	case <-initialized:
-		r.identityDone()
+		return nil
+	case <-r.restoredCh:
 	}
-}
-
-// releaseAfterGracePeriod waits the grace period and until every owner has
-// re-asserted its prefixes (the `ipcache` table is initialized), then
-// releases the restore handle and un-withholds the numbers. Stopping first
-// releases nothing.
-func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
 	ticker := time.NewTicker(healthInterval)
 	defer ticker.Stop()
 	for {
