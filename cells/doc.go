@@ -39,9 +39,10 @@
 //     Steps 3 and 4 need no order between them.
 //  5. Restore job, once steps 3 and 4 are done (it waits for both, in
 //     whatever order their hooks run): the previous run's local-scope
-//     numbers are withheld, their entries upserted through the restore
-//     handle with the old numbers requested, and the restore producer is
-//     done: the resolver's gate opens. A failure stops the agent.
+//     numbers are withheld (rows of `identities`), their entries upserted
+//     through the restore handle with the old numbers requested, and the
+//     restore producer is done: the resolver's gate opens. A failure stops
+//     the agent.
 //  6. Resolver job: it waits for every HoldsResolution producer (the
 //     gate), then resolves continuously. Once every producer is done and
 //     resolution has caught up with what they wrote, it marks the
@@ -62,6 +63,7 @@
 //     before step 5: the resolver writes no entry until then.
 //  10. Restore's grace period (--identity-restore-grace-period, counted
 //     from step 5) ends; restore then also waits for `ipcache` initialized
-//     (step 6), releases its handle gradually, and un-withholds the
-//     numbers: prefixes no other owner re-asserted leave the map.
+//     (step 6), releases its handle gradually, then un-withholds the
+//     numbers at the same pace: prefixes no other owner re-asserted leave
+//     the map.
 package cells

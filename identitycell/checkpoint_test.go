@@ -232,3 +232,39 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Checkpoint{id: cidr(7), id2: cidr(8)}, got)
 }
+
+// A number withheld and not allocated has a row, but no labels to keep:
+// the checkpoint lists only the allocated identities.
+func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	dir := t.TempDir()
+	path := filepath.Join(dir, CheckpointFileName)
+	c := newCheckpointer(db, table, hivetest.Logger(t), dir)
+	c.interval = time.Millisecond
+	require.NoError(t, c.Start(nil))
+
+	withheld := MinLocalIdentity + 10
+	require.NoError(t, a.Withhold(withheld, MinLocalIdentity+11))
+	id, err := a.allocate(cidr(7), withheld)
+	require.NoError(t, err)
+	require.Equal(t, withheld, id)
+	kept, err := a.allocate(cidr(8), 0)
+	require.NoError(t, err)
+	_, err = a.release(id)
+	require.NoError(t, err)
+	require.Equal(t, 3, table.NumObjects(db.ReadTxn()), "two rows only withhold, one is allocated")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	_, health := cell.NewSimpleHealth()
+	go func() { stopped <- c.run(ctx, health) }()
+	require.Eventually(t, func() bool {
+		got, err := ReadCheckpoint(path)
+		return err == nil && len(got) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-stopped)
+	got, err := ReadCheckpoint(path)
+	require.NoError(t, err)
+	require.Equal(t, Checkpoint{kept: cidr(8)}, got)
+}

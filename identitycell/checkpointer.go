@@ -68,10 +68,16 @@ func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.L
 	return c
 }
 
-// identities lists the identities of a snapshot in number order.
-func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity, labels.Labels] {
+// identities lists the allocated identities of a snapshot in number
+// order, counting them in n: withheld numbers that are not allocated have
+// no labels to keep.
+func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[NumericIdentity, labels.Labels] {
 	return func(yield func(NumericIdentity, labels.Labels) bool) {
 		for identity := range c.table.All(txn) {
+			if !identity.Allocated() {
+				continue
+			}
+			*n++
 			if !yield(identity.ID, identity.Labels) {
 				return
 			}
@@ -178,7 +184,8 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 	// Rows change on every reference; only a row that is new or gone can
 	// change the checkpoint (an identity's labels never change: a number is
 	// freed, then allocated anew). A row with one reference is new, or
-	// lost its other references; either way it is taken as a change.
+	// lost its other references; one with none is a freed number that
+	// stays withheld; either way it is taken as a change.
 	txn := c.db.WriteTxn(c.table)
 	changes, err := c.table.Changes(txn)
 	txn.Commit()
@@ -199,14 +206,15 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 		snapshot := c.db.ReadTxn()
 		changed, watch := changes.Next(snapshot)
 		for change := range changed {
-			if change.Deleted || change.Object.References == 1 {
+			if change.Deleted || change.Object.References <= 1 {
 				dirty = true
 			}
 		}
 		wait := c.interval
 		if dirty {
 			start := time.Now()
-			err := writeCheckpoint(c.path, c.identities(snapshot))
+			var written int
+			err := writeCheckpoint(c.path, c.identities(snapshot, &written))
 			if err != nil {
 				failures++
 				if err.Error() != lastError {
@@ -222,7 +230,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 					c.log.Info("Identity checkpoint written again", "after-failures", failures)
 				}
 				failures, lastError, dirty = 0, "", false
-				health.OK(fmt.Sprintf("Checkpointed %d identities", c.table.NumObjects(snapshot)))
+				health.OK(fmt.Sprintf("Checkpointed %d identities", written))
 			}
 			// Spend at most a fifth of the time writing: a million
 			// identities take a while to write.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -33,8 +34,14 @@ const healthInterval = 5 * time.Second
 // unrelated upsert waits long for it; released at full speed, it had
 // (docs/SCALE.md, "Figures behind choices in identitycell and
 // restorecell"). Nothing waits for the release: the prefixes are stale,
-// and their numbers stay withheld until it is done.
+// and their numbers stay withheld until it is done, then are returned to
+// use at the same rate.
 const releaseRate = 20_000
+
+// unwithholdChunkSize is how many numbers are returned to use in one
+// transaction of the identities table, once the release is done: small
+// enough that the resolver, which writes the same table, never waits long.
+const unwithholdChunkSize = 1024
 
 // pinnedState is what the previous run left behind.
 // Each waits until its cell's start hook has read it.
@@ -124,7 +131,10 @@ func (r *Restorer) restore(ctx context.Context, health cell.Health) error {
 		withheld = append(withheld, id)
 	}
 
-	r.allocator.Withhold(withheld...)
+	if err := r.allocator.Withhold(withheld...); err != nil {
+		health.Degraded("Cannot restore", err)
+		return fmt.Errorf("withhold %d restored numbers: %w", len(withheld), err)
+	}
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
 		health.Degraded("Cannot restore", err)
@@ -214,7 +224,13 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 		health.Degraded("Cannot release restored prefixes", err)
 		return fmt.Errorf("release restored prefixes: %w", err)
 	}
-	r.allocator.Unwithhold(r.withheld...)
+	if err := r.unwithholdGradually(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopping: the next run restores again
+		}
+		health.Degraded("Cannot return the restored numbers to use", err)
+		return fmt.Errorf("unwithhold restored numbers: %w", err)
+	}
 	r.mu.Lock()
 	r.released, r.releasing = true, false
 	r.mu.Unlock()
@@ -223,6 +239,25 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 		"kept-by-other-owners", status.Restored-status.HeldOnlyByRestore)
 	health.OK(fmt.Sprintf("Grace period over: released %d restored prefixes, %d had no other owner",
 		status.Restored, status.HeldOnlyByRestore))
+	return nil
+}
+
+// unwithholdGradually returns the withheld numbers to general use, paced
+// as the release is: each number the release freed has a row that only
+// withholds it, and each such row deleted is one more dead row for
+// statedb's graveyard collector; each number still allocated has its row
+// rewritten, which the policy selectors then look at again.
+func (r *Restorer) unwithholdGradually(ctx context.Context) error {
+	limiter := rate.NewLimiter(releaseRate, unwithholdChunkSize)
+	for start := 0; start < len(r.withheld); start += unwithholdChunkSize {
+		chunk := r.withheld[start:min(start+unwithholdChunkSize, len(r.withheld))]
+		if err := limiter.WaitN(ctx, len(chunk)); err != nil {
+			return err
+		}
+		if err := r.allocator.Unwithhold(chunk...); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
