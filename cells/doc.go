@@ -13,9 +13,12 @@
 // # Start sequence
 //
 // From hive start to the first prune and the end of the grace period. Each
-// step names what it waits on. One step relies on the order of start
-// hooks, the owner lock (step 2, which says why); every other waits for
-// what it reads, or is ordered by a dependency (step 9).
+// step names what it waits on. One step relies on the position of its
+// start hook, the owner lock (step 2, which says why); the others wait for
+// what they read, and where a start hook reads another's output (step 5)
+// or jobs use what a start hook opened (step 9), the order follows from
+// the dependency: the hive appends a constructor's hooks before those of
+// anything built over its value.
 //
 //  1. Construction and Invokes (before start): producers register. Restore
 //     registers an ipcache producer with ipcachecell.HoldsResolution; the
@@ -37,12 +40,17 @@
 //     ipcache map is read once, before anything writes to it, into its
 //     entries in address order. Datapath.IPCacheSnapshot waits for it.
 //     Steps 3 and 4 need no order between them.
-//  5. Restore job, once steps 3 and 4 are done (it waits for both, in
-//     whatever order their hooks run): the previous run's local-scope
-//     numbers are withheld (rows of `identities`), their entries upserted
-//     through the restore handle with the old numbers requested, and the
-//     restore producer is done: the resolver's gate opens. A failure stops
-//     the agent.
+//  5. Start hook, Restorer: it waits for steps 3 and 4 (with
+//     Checkpointer.Previous and Datapath.IPCacheSnapshot), then the
+//     previous run's local-scope numbers are withheld (rows of
+//     `identities`), their entries upserted through the restore handle
+//     with the old numbers requested, and the restore producer is done:
+//     the resolver's gate opens. Its hook runs after theirs by dependency,
+//     not by the order of the cells: the Checkpointer and the Datapath
+//     append their hooks when constructed, and the Restorer is built over
+//     them. It is a start hook, not a job, because a started agent is a
+//     restored one ("Started hive" follows "Restored prefixes"). A failure
+//     fails the start.
 //  6. Resolver job: it waits for every HoldsResolution producer (the
 //     gate), then resolves continuously. Once every producer is done and
 //     resolution has caught up with what they wrote, it marks the

@@ -138,10 +138,12 @@ func (d *Datapath) Stop(cell.HookContext) error {
 // IPCacheSnapshot returns what the pinned ipcache map held when the agent
 // started, before anything wrote to it, in address order; empty if there
 // was no usable pinned map. It waits until the Datapath's start hook has
-// read the map: a reader (restore) states the dependency by waiting here,
-// and needs no place in the order of start hooks. The entries are shared,
-// not copied (a copy costs restart time: docs/SCALE.md): do not modify
-// them.
+// read the map. A reader in a start hook of its own (restore) depends on
+// the Datapath, whose hook is appended when it is constructed, so the
+// hive runs that hook first; the wait states the dependency, and would
+// end with ctx rather than hang were the order broken. The entries are
+// shared, not copied (a copy costs restart time: docs/SCALE.md): do not
+// modify them.
 //
 // Possible errors: ctx's, when it ends first (the hive stopping, or its
 // start failing, before the map was read).

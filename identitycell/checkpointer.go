@@ -87,8 +87,10 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[Numeric
 
 // Previous returns what the previous run checkpointed. It waits until the
 // Checkpointer's start hook has read it and the decoding that follows is
-// done: a reader (restore) states the dependency by waiting here, and
-// needs no place in the order of start hooks. The checkpoint is shared: do
+// done. A reader in a start hook of its own (restore) depends on the
+// Checkpointer, whose hook is appended when it is constructed, so the hive
+// runs that hook first; the wait states the dependency, and would end with
+// ctx rather than hang were the order broken. The checkpoint is shared: do
 // not modify it.
 //
 // Possible errors: ctx's, when it ends first (the hive stopping, or its

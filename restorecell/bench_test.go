@@ -52,7 +52,8 @@ func startBenchAgent(b *testing.B, bpfRoot, stateDir string) *benchAgent {
 	return a
 }
 
-// waitRestored waits until restore (a job) has restored n prefixes.
+// waitRestored waits until restore has restored n prefixes (it does so in
+// its start hook: this returns at once after the start).
 func (a *benchAgent) waitRestored(n int) {
 	for a.restorer.Status().Restored < n {
 		time.Sleep(time.Millisecond)
@@ -73,7 +74,7 @@ func (a *benchAgent) waitReconciled(n uint64) {
 
 // BenchmarkRestart restores 100k prefixes: the first agent upserts them and
 // waits until they are in the pinned map; the measured part is the second
-// agent's start until restore (a job) is done, then until the `ipcache`
+// agent's start (restore runs in a start hook), then until the `ipcache`
 // table is initialized and every entry is reconciled. It reports the times
 // and how many map writes the restart caused (map-writes) against those it
 // skipped because the pinned map already held the value.

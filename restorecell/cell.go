@@ -88,18 +88,22 @@ func newRestorer(p restorerParams) *Restorer {
 }
 
 // registerRestorer registers what the module runs: restore as a producer
-// that holds the ipcache's resolution, and its jobs, in the module's one
-// job group: the restore, which waits for the pinned map's snapshot and
-// the previous checkpoint, and the release after the grace period. A
-// restore that fails stops the agent, as a start hook's failure would:
-// the resolver would otherwise wait for it forever.
-func registerRestorer(r *Restorer, jobs job.Registry, health cell.Health) {
+// that holds the ipcache's resolution, its start hook, and its job in the
+// module's one job group.
+//
+// The start hook runs after the Checkpointer's and the Datapath's, whose
+// outputs it waits for, by their dependency, not by the order of the
+// cells: both append their start hooks when they are constructed, and the
+// hive constructs them before this Invoke, which takes the Restorer built
+// over them, can run. Restore is a start hook, not a job, because the
+// agent's start means restored ("Started hive" comes after "Restored
+// prefixes"): a start hook that waits for later start hooks could only
+// wait until the start timed out.
+func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
+	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
-	group.Add(
-		job.OneShot("restore", r.restore, job.WithShutdown()),
-		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod),
-	)
+	group.Add(job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {

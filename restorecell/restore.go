@@ -43,8 +43,8 @@ const releaseRate = 20_000
 // enough that the resolver, which writes the same table, never waits long.
 const unwithholdChunkSize = 1024
 
-// pinnedState is what the previous run left behind.
-// Each waits until its cell's start hook has read it.
+// pinnedState and checkpoint are what the previous run left behind. Each
+// waits until its cell's start hook has read it.
 type pinnedState interface {
 	IPCacheSnapshot(context.Context) ([]datapathcell.PinnedEntry, error)
 }
@@ -68,7 +68,7 @@ type Restorer struct {
 
 	restorerDone func()
 	// restoredCh is closed once the prefixes are restored: the grace
-	// period has started.
+	// period has started, and the release job may wait for its end.
 	restoredCh chan struct{}
 
 	mu        sync.Mutex
@@ -81,24 +81,25 @@ type Restorer struct {
 	releaseAt time.Time
 }
 
-// restore restores the previous run's prefixes, as soon as the datapath
-// has read the pinned map and the Checkpointer the previous checkpoint (it
-// waits for both), then lets resolution start. It is a job, not a start
-// hook: it waits for what it reads instead of relying on the order of
-// start hooks, and resolution, held back until restore is done, is what
-// must come after it.
+// Start implements cell.HookInterface: it restores, before any other
+// producer's metadata is resolved. It waits, with the hook's context, for
+// the two things it reads: the datapath's snapshot of the pinned map and
+// the previous checkpoint. Both are ready when it runs (see
+// registerRestorer); the waits make the dependency explicit, and a wrong
+// order fail the start with an error naming what was missing, not hang.
 //
-// Possible errors: those of ipcachecell.IPCache.NewHandle and
-// ipcachecell.Handle.UpsertBatch (wrapped), which stop the agent.
-func (r *Restorer) restore(ctx context.Context, health cell.Health) error {
-	health.OK("Waiting for the pinned ipcache map and the identity checkpoint")
+// Possible errors: ctx's, wrapped by Datapath.IPCacheSnapshot or
+// Checkpointer.Previous; those of identitycell.Allocator.Withhold,
+// ipcachecell.IPCache.NewHandle and ipcachecell.Handle.UpsertBatch
+// (wrapped). Each fails the start.
+func (r *Restorer) Start(ctx cell.HookContext) error {
 	pinned, err := r.pinned.IPCacheSnapshot(ctx)
 	if err != nil {
-		return nil // stopping before the datapath started
+		return fmt.Errorf("restore: %w", err)
 	}
 	saved, err := r.checkpoint.Previous(ctx)
 	if err != nil {
-		return nil // stopping before the checkpoint was read
+		return fmt.Errorf("restore: %w", err)
 	}
 
 	// Sized up front, one label string per prefix, and the snapshot read
@@ -132,16 +133,13 @@ func (r *Restorer) restore(ctx context.Context, health cell.Health) error {
 	}
 
 	if err := r.allocator.Withhold(withheld...); err != nil {
-		health.Degraded("Cannot restore", err)
 		return fmt.Errorf("withhold %d restored numbers: %w", len(withheld), err)
 	}
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
-		health.Degraded("Cannot restore", err)
 		return fmt.Errorf("create restore handle: %w", err)
 	}
 	if err := handle.UpsertBatch(batch); err != nil {
-		health.Degraded("Cannot restore", err)
 		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
 	}
 
@@ -155,9 +153,12 @@ func (r *Restorer) restore(ctx context.Context, health cell.Health) error {
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", len(batch), "not-restored-non-local", skipped,
 		"checkpointed-identities", len(saved), "grace-period", r.cfg.IdentityRestoreGracePeriod)
-	health.OK(fmt.Sprintf("Restored %d prefixes", len(batch)))
 	return nil
 }
+
+// Stop implements cell.HookInterface. It returns no error: nothing is
+// released, the next run restores again from what is pinned.
+func (r *Restorer) Stop(cell.HookContext) error { return nil }
 
 // releaseAfterGracePeriod waits for restore, the grace period and until
 // every owner has re-asserted its prefixes (the `ipcache` table is
