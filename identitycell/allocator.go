@@ -176,22 +176,25 @@ func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 		if !a.inRange(id) {
 			continue
 		}
-		row := &Identity{ID: id, Withheld: true}
-		if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found {
-			if existing.Withheld {
-				continue
-			}
-			updated := *existing
-			updated.Withheld = true
-			row = &updated
-		}
-		if _, _, err := a.table.Insert(txn, row); err != nil {
+		// One lookup: an allocated number keeps its row, now withheld.
+		if _, _, err := a.table.Modify(txn, &Identity{ID: id, Withheld: true}, withholdRow); err != nil {
 			txn.Abort()
 			return fmt.Errorf("withhold identity %d: %w", id, err)
 		}
 	}
 	txn.Commit()
 	return nil
+}
+
+// withholdRow is the row of a number withheld that had one: old, now
+// withheld.
+func withholdRow(old, _ *Identity) *Identity {
+	if old.Withheld {
+		return old
+	}
+	updated := *old
+	updated.Withheld = true
+	return &updated
 }
 
 // Unwithhold returns the numbers to general use, in one transaction: a
