@@ -95,10 +95,9 @@ func newRestorer(p restorerParams) *Restorer {
 // outputs it waits for, by their dependency, not by the order of the
 // cells: both append their start hooks when they are constructed, and the
 // hive constructs them before this Invoke, which takes the Restorer built
-// over them, can run. Restore is a start hook, not a job, because the
-// agent's start means restored ("Started hive" comes after "Restored
-// prefixes"): a start hook that waits for later start hooks could only
-// wait until the start timed out.
+// over them, can run. Restore is a start hook, not a job, because a
+// started agent is a restored one ("Started hive" comes after "Restored
+// prefixes").
 func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
 	lc.Append(r)
