@@ -170,7 +170,8 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed 
 func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 	// In number order: the rows go into the table's tree in order, which
 	// is faster than in the order of the prefixes that held them.
-	sorted := slices.Sorted(slices.Values(ids))
+	// Once each: two pinned prefixes can claim one number.
+	sorted := slices.Compact(slices.Sorted(slices.Values(ids)))
 	txn := a.WriteTxn()
 	for _, id := range sorted {
 		if !a.inRange(id) {
@@ -186,12 +187,9 @@ func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 	return nil
 }
 
-// withholdRow is the row of a number withheld that had one: old, now
-// withheld.
+// withholdRow is the row of a number withheld that had one: a copy of
+// old, withheld (statedb takes no object back that it holds).
 func withholdRow(old, _ *Identity) *Identity {
-	if old.Withheld {
-		return old
-	}
 	updated := *old
 	updated.Withheld = true
 	return &updated

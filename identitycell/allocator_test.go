@@ -346,3 +346,20 @@ func TestTableEqualsModel(t *testing.T) {
 		require.Len(t, numbers, len(model), "step %d: numbers are distinct", step)
 	}
 }
+
+// A number can be withheld twice, in one call (two pinned prefixes with
+// one number) or in two, allocated or not: it stays one row, withheld.
+func TestWithholdTwice(t *testing.T) {
+	a, db, table := newTestAllocator(t, 10)
+	free, allocated := MinLocalIdentity, MinLocalIdentity+1
+	got, err := a.allocate(cidr(1), allocated)
+	require.NoError(t, err)
+	require.Equal(t, allocated, got)
+	require.NoError(t, a.Withhold(free, allocated, free, allocated))
+	require.NoError(t, a.Withhold(allocated, free))
+	rows := statedb.Collect(table.All(db.ReadTxn()))
+	require.Equal(t, []*Identity{
+		{ID: free, Withheld: true},
+		{ID: allocated, Labels: cidr(1), References: 1, Withheld: true},
+	}, rows)
+}
