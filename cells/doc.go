@@ -13,43 +13,65 @@
 // # Start sequence
 //
 // From hive start to the first prune and the end of the grace period. Each
-// step names what it waits on; nothing relies on start-hook order except
-// where a step says "start hook, after".
+// step names what it waits on. One step relies on the position of its
+// start hook, the owner lock (step 2, which says why); the others wait for
+// what they read, and where a start hook reads another's output (step 5)
+// or jobs use what a start hook opened (step 9), the order follows from
+// the dependency: the hive appends a constructor's hooks before those of
+// anything built over its value.
 //
-//  1. Construction and Invokes (before start): producers register. The
-//     restore cell's Invoke registers an `identities` initializer (Allocator.RegisterInitializer)
-//     and an ipcache producer with ipcachecell.HoldsResolution; the policy
-//     directory and any embedding agent's cells register plain producers
-//     (IPCache.RegisterProducer). The resolver registers itself as the
-//     `ipcache` table's initializer; the selector engine as the initializer
-//     of its tables.
+//  1. Construction and Invokes (before start): producers register. Restore
+//     registers an ipcache producer with ipcachecell.HoldsResolution; the
+//     policy directory and any embedding agent's cells register plain
+//     producers (IPCache.RegisterProducer). The resolver registers as the
+//     initializer of the `ipcache` table and, being the allocator's client,
+//     as the producer of identities (Allocator.RegisterProducer); the
+//     selector engine as the initializer of its tables. Jobs registered
+//     here start among the start hooks, and wait as the steps below say.
 //  2. Start hook, owner lock: the state directory and the pins are this
-//     agent's, or start fails.
+//     agent's, or start fails. It relies on being the first start hook
+//     (cells.ControlPlane lists it first): it guards every hook that
+//     touches the state directory or the pins, an embedding agent's
+//     included, and those cannot all wait for it.
 //  3. Start hook, Checkpointer: the state directory is made and probed
 //     writable, the previous checkpoint is read; it is decoded in the
-//     background (Checkpointer.Previous waits for it).
+//     background. Checkpointer.Previous waits for it.
 //  4. Start hook, Datapath: the pinned maps are opened and the pinned
-//     ipcache map is read once, before anything writes to it
-//     (Datapath.IPCacheSnapshot).
-//  5. Start hook, Restorer (after 3 and 4, whose outputs it reads): the
-//     previous run's local-scope entries are upserted through the restore
-//     handle with their old numbers requested, the numbers are withheld,
-//     and the restore producer is done: the resolver's gate opens.
-//  6. Jobs start. The resolver waits for every HoldsResolution producer
-//     (the gate), then resolves continuously. Once every producer is done
-//     and resolution has caught up with what they wrote, it marks the
-//     `ipcache` table initialized.
-//  7. On `ipcache` initialized: restore marks the `identities` table
-//     initialized; the checkpoint job, which waited for that, writes its
-//     first checkpoint (the previous one is kept until then, for a crash).
+//     ipcache map is read once, before anything writes to it, into its
+//     entries in address order. Datapath.IPCacheSnapshot waits for it.
+//     Steps 3 and 4 need no order between them.
+//  5. Start hook, Restorer: it waits for steps 3 and 4 (with
+//     Checkpointer.Previous and Datapath.IPCacheSnapshot), then the
+//     previous run's local-scope numbers are withheld (rows of
+//     `identities`), their entries upserted through the restore handle
+//     with the old numbers requested, and the restore producer is done:
+//     the resolver's gate opens. Its hook runs after theirs by dependency,
+//     not by the order of the cells: the Checkpointer and the Datapath
+//     append their hooks when constructed, and the Restorer is built over
+//     them. It is a start hook, not a job, because a started agent is a
+//     restored one ("Started hive" follows "Restored prefixes"). A failure
+//     fails the start.
+//  6. Resolver job: it waits for every HoldsResolution producer (the
+//     gate), then resolves continuously. Once every producer is done and
+//     resolution has caught up with what they wrote, it marks the
+//     `ipcache` and `identities` tables initialized, in one transaction.
+//  7. The checkpoint job, which waited for `identities` initialized, writes
+//     its first checkpoint (the previous one is kept until then, for a
+//     crash).
 //  8. The selector engine waits for the `policies` and `ipcache` tables to
 //     be initialized, computes enforcement, and marks its tables
 //     initialized.
-//  9. Each datapath reconciler prunes only once its desired table is
-//     initialized: the first prune deletes the pinned keys nobody asked
-//     for (ipcache map after step 6, policy map after step 8).
+//  9. Each datapath reconciler writes what its desired table holds, and
+//     prunes only once that table is initialized: the first prune deletes
+//     the pinned keys nobody asked for (ipcache map after step 6, policy
+//     map after step 8). The reconcilers are jobs over the Datapath's maps:
+//     the Datapath appends its start hook when it is constructed, before
+//     the Invoke that registers them can run, so they start after step 4
+//     whatever the order of the cells. Nothing reaches the ipcache map
+//     before step 5: the resolver writes no entry until then.
 //  10. Restore's grace period (--identity-restore-grace-period, counted
 //     from step 5) ends; restore then also waits for `ipcache` initialized
-//     (step 6), releases its handle gradually, and un-withholds the
-//     numbers: prefixes no other owner re-asserted leave the map.
+//     (step 6), releases its handle gradually, then un-withholds the
+//     numbers at the same pace: prefixes no other owner re-asserted leave
+//     the map.
 package cells

@@ -3,10 +3,10 @@
 package datapathcell
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"sync"
 
 	"github.com/cilium/hive/cell"
@@ -27,6 +27,9 @@ type Datapath struct {
 	maps     *pinnedMaps
 	snapshot ipcacheSnapshot
 	enforcer *enforcer
+	// snapshotTaken is closed once Start has taken the snapshot:
+	// IPCacheSnapshot waits for it.
+	snapshotTaken chan struct{}
 
 	// order and policyOps are the map writers' shared state, set at
 	// registration.
@@ -48,7 +51,7 @@ type writtenMaps struct {
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 	d := &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
 		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
-	}}
+	}, snapshotTaken: make(chan struct{})}
 	d.conntrackGC = newConntrackGC(d.conntrackMap, log)
 	return d
 }
@@ -61,6 +64,7 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 // to raise); the program cannot be loaded or attached to a device.
 func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
+		close(d.snapshotTaken) // empty: nothing was pinned
 		return nil
 	}
 	mounted, err := EnsureBPFFS(d.cfg.BPFRoot)
@@ -77,11 +81,12 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if err := openConntrackMap(opened, PinDir(d.cfg.BPFRoot), d.cfg, d.log); err != nil {
 		return err
 	}
-	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.prefixes),
+	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.entries),
 		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
 	d.mu.Lock()
 	d.maps, d.snapshot = opened, snapshot
 	d.mu.Unlock()
+	close(d.snapshotTaken)
 	return d.attachEnforcer(opened)
 }
 
@@ -131,14 +136,26 @@ func (d *Datapath) Stop(cell.HookContext) error {
 }
 
 // IPCacheSnapshot returns what the pinned ipcache map held when the agent
-// started, before anything wrote to it: prefix -> identity. It is empty if
-// there was no usable pinned map, and before the hive has started. The map
-// is shared, not copied (a copy costs restart time: docs/SCALE.md): do not
-// modify it.
-func (d *Datapath) IPCacheSnapshot() map[netip.Prefix]uint32 {
+// started, before anything wrote to it, in address order; empty if there
+// was no usable pinned map. It waits until the Datapath's start hook has
+// read the map. A reader in a start hook of its own (restore) depends on
+// the Datapath, whose hook is appended when it is constructed, so the
+// hive runs that hook first; the wait states the dependency, and would
+// end with ctx rather than hang were the order broken. The entries are
+// shared, not copied (a copy costs restart time: docs/SCALE.md): do not
+// modify them.
+//
+// Possible errors: ctx's, when it ends first (the hive stopping, or its
+// start failing, before the map was read).
+func (d *Datapath) IPCacheSnapshot(ctx context.Context) ([]PinnedEntry, error) {
+	select {
+	case <-d.snapshotTaken:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for the snapshot of the pinned ipcache map: %w", ctx.Err())
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.snapshot.prefixes
+	return d.snapshot.entries, nil
 }
 
 // pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
@@ -148,9 +165,9 @@ func (d *Datapath) pinnedIPCache() map[IPCacheMapKey]IPCacheMapValue {
 	d.mu.Lock()
 	snapshot := d.snapshot
 	d.mu.Unlock()
-	pinned := make(map[IPCacheMapKey]IPCacheMapValue, len(snapshot.prefixes)+len(snapshot.unreadable))
-	for prefix, id := range snapshot.prefixes {
-		pinned[NewIPCacheMapKey(prefix)] = NewIPCacheMapValue(id)
+	pinned := make(map[IPCacheMapKey]IPCacheMapValue, len(snapshot.entries)+len(snapshot.unreadable))
+	for _, e := range snapshot.entries {
+		pinned[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
 	}
 	for k, v := range snapshot.unreadable {
 		pinned[k] = v

@@ -160,7 +160,7 @@ func TestPrivilegedPruneOnlyAfterInitialization(t *testing.T) {
 	first.stop()
 
 	second, done := e.start(t, "slow-producer")
-	require.Equal(t, old, second.datapath.IPCacheSnapshot(), "snapshot of the pinned map at start")
+	require.Equal(t, old, pinnedSnapshot(t, second.datapath), "snapshot of the pinned map at start")
 	h, err = second.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
 	upsert(t, h, prefixes("10.0.0.2/32", "10.0.0.3/32"), ipcachecell.Metadata{ExplicitIdentity: 7000})
@@ -191,7 +191,7 @@ func TestPrivilegedIncompatibleMapIsReplaced(t *testing.T) {
 	wrong.Close()
 
 	a, _ := e.start(t, "")
-	require.Empty(t, a.datapath.IPCacheSnapshot(), "nothing restored from an incompatible map")
+	require.Empty(t, pinnedSnapshot(t, a.datapath), "nothing restored from an incompatible map")
 	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
 	require.NoError(t, err)
 	defer m.Close()
@@ -213,7 +213,7 @@ func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
 	first.stop()
 
 	second, _ := e.start(t, "never-done", "--ipcache-map-max-entries=2000")
-	require.Equal(t, want, second.datapath.IPCacheSnapshot())
+	require.Equal(t, want, pinnedSnapshot(t, second.datapath))
 	require.Equal(t, want, e.dumpIPCache(t), "every entry migrated")
 	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
 	require.NoError(t, err)
@@ -293,7 +293,7 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 	require.NoError(t, m.Put(&hostBits, &kept))
 
 	second, done := e.start(t, "slow-producer")
-	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, second.datapath.IPCacheSnapshot(),
+	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, pinnedSnapshot(t, second.datapath),
 		"only the readable entry is restored, as its masked prefix")
 	h, err := second.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)

@@ -14,7 +14,8 @@
 // not one; pinned maps are reused, migrated (max entries changed: entries
 // copied, pin swapped atomically) or replaced (other layout: reported,
 // nothing restored from it); a snapshot of the pinned ipcache map is taken
-// for restore ([Datapath.IPCacheSnapshot]). Reconcilers prune stale map
+// for restore, its entries in address order ([Datapath.IPCacheSnapshot]
+// waits for it). Reconcilers prune stale map
 // entries only once their table is initialized, so a restart never removes
 // an entry that is still wanted.
 //

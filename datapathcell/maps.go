@@ -9,9 +9,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 // PinDir returns the directory of the agent's pinned objects under a bpffs
@@ -36,13 +40,23 @@ func (m *pinnedMaps) Close() error {
 	return errors.Join(errs...)
 }
 
+// PinnedEntry is an entry of the pinned ipcache map as the agent found it
+// at start: a prefix and the identity the datapath mapped it to.
+type PinnedEntry struct {
+	Prefix   netip.Prefix
+	Identity identitycell.NumericIdentity
+}
+
 // ipcacheSnapshot is what the pinned ipcache map held when the agent
 // started, before anything wrote to it.
 type ipcacheSnapshot struct {
-	// prefixes are the entries restore reads: prefix -> identity. A key
-	// with host bits set is read as its masked prefix (the kernel's trie
-	// matches only the prefix's bits: it is that prefix's entry).
-	prefixes map[netip.Prefix]uint32
+	// entries are the entries restore reads, in address order: the order
+	// in which restore writes them, and in which they are resolved. They
+	// are read from the map in this form once, here, where the map's
+	// layout is known. A key with host bits set is read as its masked
+	// prefix (the kernel's trie matches only the prefix's bits: it is that
+	// prefix's entry, and the trie holds no other for the prefix).
+	entries []PinnedEntry
 	// unreadable are the keys that are no prefix (unknown family, nonzero
 	// cluster_id or pad, a length out of range): no row can want them,
 	// and the first prune deletes them.
@@ -73,7 +87,7 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		return nil, ipcacheSnapshot{}, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
 	maps := &pinnedMaps{}
-	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
 		snapshot, err = dumpIPCache(old, log)
@@ -228,7 +242,7 @@ func copyEntries(from, to *ebpf.Map) error {
 // prefix are kept apart with a warning: restore must not act on what it
 // cannot read, and the first prune deletes them.
 func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
-	snapshot := ipcacheSnapshot{prefixes: map[netip.Prefix]uint32{}, unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	err := readEntries(m, func(key IPCacheMapKey, value IPCacheMapValue) {
 		prefix, err := key.decode()
 		if err != nil {
@@ -240,10 +254,11 @@ func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
 			log.Warn("Pinned ipcache entry with host bits set: read as its prefix", "key", prefix, "prefix", masked)
 			prefix = masked
 		}
-		snapshot.prefixes[prefix] = value.Identity()
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
 	})
 	if err != nil {
 		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
+	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	return snapshot, nil
 }

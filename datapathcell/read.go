@@ -25,7 +25,14 @@ func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
 	}
 	defer m.Close()
 	snapshot, err := dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	return snapshot.prefixes, err
+	if err != nil {
+		return nil, err
+	}
+	pinned := make(map[netip.Prefix]uint32, len(snapshot.entries))
+	for _, e := range snapshot.entries {
+		pinned[e.Prefix] = uint32(e.Identity)
+	}
+	return pinned, nil
 }
 
 // ReadPinnedPolicy reads the policy map pinned under bpfRoot: key ->

@@ -5,6 +5,7 @@ package identitycell
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/cilium/statedb"
@@ -14,13 +15,15 @@ import (
 
 // Allocator hands out local identities. It is safe for concurrent use.
 //
-// Its state is the `identities` table: a number is allocated exactly when the
-// table has a row for it, and the row's References is the number of
-// outstanding references. Methods ending in Txn work inside a caller's write
-// transaction (which must lock the identities table, see [Allocator.WriteTxn])
-// so that a caller can change its own tables and the identities it references
-// atomically, and batch many allocations into one commit. If that
-// transaction is aborted, nothing of it happened.
+// Its state is the `identities` table: a number is allocated exactly when
+// the table has a row for it with references (the row's References is the
+// number of outstanding references), and withheld exactly when its row
+// says so (a withheld number that is not allocated has a row without
+// labels or references). Methods ending in Txn work inside a caller's
+// write transaction (which must lock the identities table, see
+// [Allocator.WriteTxn]) so that a caller can change its own tables and the
+// identities it references atomically, and batch many allocations into
+// one commit. If that transaction is aborted, nothing of it happened.
 type Allocator struct {
 	db    *statedb.DB
 	table statedb.RWTable[*Identity]
@@ -30,13 +33,11 @@ type Allocator struct {
 	first, last NumericIdentity
 
 	mu sync.Mutex
-	// withheld numbers are handed out only to a request that names them.
-	withheld map[NumericIdentity]struct{}
 	// next is where the search for a free number starts. It moves forward
 	// only, so a number just freed is not handed out again until the search
 	// wraps around: a datapath entry still carrying the old number is then
-	// unlikely to take on a new meaning. It is a hint; an aborted
-	// transaction may leave it anywhere.
+	// unlikely to take on a new meaning. It is a hint, not state; an
+	// aborted transaction may leave it anywhere.
 	next NumericIdentity
 }
 
@@ -44,13 +45,12 @@ type Allocator struct {
 // lie in the local scope.
 func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger, first, last NumericIdentity) *Allocator {
 	return &Allocator{
-		db:       db,
-		table:    table,
-		log:      log,
-		first:    first,
-		last:     last,
-		withheld: map[NumericIdentity]struct{}{},
-		next:     first,
+		db:    db,
+		table: table,
+		log:   log,
+		first: first,
+		last:  last,
+		next:  first,
 	}
 }
 
@@ -116,11 +116,13 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 		return existing.ID, nil
 	}
 
-	id, err := a.pickNumber(txn, requested)
+	id, withheld, err := a.pickNumber(txn, requested)
 	if err != nil {
 		return IdentityUnknown, fmt.Errorf("allocate identity for %s: %w", lbls, err)
 	}
-	if _, _, err := a.table.Insert(txn, &Identity{ID: id, Labels: lbls, References: 1}); err != nil {
+	// A withheld number stays withheld while allocated: freed, it is again
+	// only for a request that names it.
+	if _, _, err := a.table.Insert(txn, &Identity{ID: id, Labels: lbls, References: 1, Withheld: withheld}); err != nil {
 		return IdentityUnknown, fmt.Errorf("insert identity %d: %w", id, err)
 	}
 	if requested != IdentityUnknown && requested != id {
@@ -137,50 +139,90 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 // Possible errors: ErrNotAllocated (wrapped).
 func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed bool, err error) {
 	existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-	if !found {
+	if !found || !existing.Allocated() {
 		return false, fmt.Errorf("release identity %d: %w", id, ErrNotAllocated)
 	}
-	if existing.References <= 1 {
+	switch {
+	case existing.References > 1:
+		updated := *existing
+		updated.References--
+		if _, _, err := a.table.Insert(txn, &updated); err != nil {
+			return false, fmt.Errorf("release identity %d: %w", id, err)
+		}
+		return false, nil
+	case existing.Withheld:
+		if _, _, err := a.table.Insert(txn, &Identity{ID: id, Withheld: true}); err != nil {
+			return false, fmt.Errorf("free withheld identity %d: %w", id, err)
+		}
+	default:
 		if _, _, err := a.table.Delete(txn, existing); err != nil {
 			return false, fmt.Errorf("free identity %d: %w", id, err)
 		}
-		return true, nil
 	}
-	updated := *existing
-	updated.References--
-	if _, _, err := a.table.Insert(txn, &updated); err != nil {
-		return false, fmt.Errorf("release identity %d: %w", id, err)
-	}
-	return false, nil
+	return true, nil
 }
 
-// Withhold reserves the numbers for requests that name them. Numbers outside
-// the local space are ignored. Withholding an allocated number has no effect
-// on its current owner.
-func (a *Allocator) Withhold(ids ...NumericIdentity) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, id := range ids {
-		if a.inRange(id) {
-			a.withheld[id] = struct{}{}
+// Withhold reserves the numbers for requests that name them, in one
+// transaction. Numbers outside the local space are ignored. Withholding an
+// allocated number has no effect on its current owner.
+//
+// Possible errors: statedb's write errors (a bug); nothing is withheld.
+func (a *Allocator) Withhold(ids ...NumericIdentity) error {
+	// In number order: the rows go into the table's tree in order, which
+	// is faster than in the order of the prefixes that held them.
+	// Once each: two pinned prefixes can claim one number.
+	sorted := slices.Compact(slices.Sorted(slices.Values(ids)))
+	txn := a.WriteTxn()
+	for _, id := range sorted {
+		if !a.inRange(id) {
+			continue
+		}
+		// One lookup: an allocated number keeps its row, now withheld.
+		if _, _, err := a.table.Modify(txn, &Identity{ID: id, Withheld: true}, withholdRow); err != nil {
+			txn.Abort()
+			return fmt.Errorf("withhold identity %d: %w", id, err)
 		}
 	}
+	txn.Commit()
+	return nil
 }
 
-// Unwithhold returns the numbers to general use.
-func (a *Allocator) Unwithhold(ids ...NumericIdentity) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// withholdRow is the row of a number withheld that had one: a copy of
+// old, withheld (statedb takes no object back that it holds).
+func withholdRow(old, _ *Identity) *Identity {
+	updated := *old
+	updated.Withheld = true
+	return &updated
+}
+
+// Unwithhold returns the numbers to general use, in one transaction: a
+// caller with many paces them (each freed number is a deleted row that
+// statedb's graveyard collector must remove).
+//
+// Possible errors: statedb's write errors (a bug); nothing is returned to
+// use.
+func (a *Allocator) Unwithhold(ids ...NumericIdentity) error {
+	txn := a.WriteTxn()
 	for _, id := range ids {
-		delete(a.withheld, id)
+		existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
+		if !found || !existing.Withheld {
+			continue
+		}
+		var err error
+		if existing.Allocated() {
+			updated := *existing
+			updated.Withheld = false
+			_, _, err = a.table.Insert(txn, &updated)
+		} else {
+			_, _, err = a.table.Delete(txn, existing)
+		}
+		if err != nil {
+			txn.Abort()
+			return fmt.Errorf("unwithhold identity %d: %w", id, err)
+		}
 	}
-}
-
-// NumWithheld returns how many numbers are withheld.
-func (a *Allocator) NumWithheld() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.withheld)
+	txn.Commit()
+	return nil
 }
 
 func (a *Allocator) inRange(id NumericIdentity) bool {
@@ -190,61 +232,60 @@ func (a *Allocator) inRange(id NumericIdentity) bool {
 // LabelsTxn returns the labels of an allocated identity.
 func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id NumericIdentity) (labels.Labels, bool) {
 	identity, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-	if !found {
+	if !found || !identity.Allocated() {
 		return labels.Labels{}, false
 	}
 	return identity.Labels, true
 }
 
-func (a *Allocator) isFree(txn statedb.ReadTxn, id NumericIdentity) bool {
-	_, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-	return !found
-}
-
-// pickNumber returns the requested number if it is in range and free, else
-// the next free number that is not withheld.
-func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) (NumericIdentity, error) {
-	if a.inRange(requested) && a.isFree(txn, requested) {
-		return requested, nil
+// pickNumber returns the requested number if it is in range and free
+// (withheld or not), else the next number that has no row: neither
+// allocated nor withheld. It reports whether the number is withheld.
+func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) (NumericIdentity, bool, error) {
+	if a.inRange(requested) {
+		existing, _, found := a.table.Get(txn, IdentityIndex.Query(requested))
+		if !found || !existing.Allocated() {
+			return requested, found && existing.Withheld, nil
+		}
 	}
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	size := int(a.last-a.first) + 1
+	// Every number has a row: each is allocated or withheld.
 	if a.table.NumObjects(txn) >= size {
-		return IdentityUnknown, a.exhausted()
+		return IdentityUnknown, false, a.exhausted()
 	}
 	id := a.next
 	for range size {
 		if !a.inRange(id) {
 			id = a.first
 		}
-		_, withheld := a.withheld[id]
-		if !withheld && a.isFree(txn, id) {
+		if _, _, found := a.table.Get(txn, IdentityIndex.Query(id)); !found {
 			a.next = id + 1
-			return id, nil
+			return id, false, nil
 		}
 		id++
 	}
-	return IdentityUnknown, a.exhausted()
+	return IdentityUnknown, false, a.exhausted()
 }
 
 func (a *Allocator) exhausted() error {
-	return fmt.Errorf("search numbers %d..%d (%d withheld): %w",
-		a.first, a.last, len(a.withheld), ErrExhausted)
+	return fmt.Errorf("search numbers %d..%d, each allocated or withheld: %w", a.first, a.last, ErrExhausted)
 }
 
-// RegisterInitializer registers a producer of identities (restore, for
-// one): the `identities` table counts as initialized, and the checkpoint of
-// the previous run is replaced, only once every registered producer has
-// called its done function. Register before the hive starts.
-func (a *Allocator) RegisterInitializer(name string) (done func()) {
-	txn := a.db.WriteTxn(a.table)
-	markDone := a.table.RegisterInitializer(txn, name)
+// RegisterProducer registers a producer of identities: a client of the
+// allocator whose allocations make up what the table holds once the agent
+// has started (the ipcache's resolver is the agent's one). The
+// `identities` table counts as initialized, and the checkpoint of the
+// previous run is replaced, only once every registered producer has called
+// its done function. done takes a write transaction that locks the
+// identities table ([Allocator.WriteTxn]), so that a producer can mark the
+// table initialized in the transaction that completes its own work.
+// Register before the hive starts.
+func (a *Allocator) RegisterProducer(name string) (done func(statedb.WriteTxn)) {
+	txn := a.WriteTxn()
+	done = a.table.RegisterInitializer(txn, name)
 	txn.Commit()
-	return func() {
-		txn := a.db.WriteTxn(a.table)
-		markDone(txn)
-		txn.Commit()
-	}
+	return done
 }

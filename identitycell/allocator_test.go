@@ -134,10 +134,12 @@ func TestRequestIgnoredForLabelsThatHaveAnIdentity(t *testing.T) {
 }
 
 func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
-	a, _, _ := newTestAllocator(t, 3)
+	a, db, table := newTestAllocator(t, 3)
 	withheld := MinLocalIdentity
-	a.Withhold(withheld)
-	require.Equal(t, 1, a.NumWithheld())
+	require.NoError(t, a.Withhold(withheld))
+	row, _, found := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.True(t, found, "a withheld number has a row")
+	require.Equal(t, Identity{ID: withheld, Withheld: true}, *row, "withheld, not allocated")
 
 	x, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
@@ -152,9 +154,21 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "a request naming a withheld number gets it")
 
-	_, _ = a.release(got)
-	a.Unwithhold(withheld)
-	require.Zero(t, a.NumWithheld())
+	row, _, _ = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.True(t, row.Withheld, "allocated and still withheld")
+	_, err = a.release(got)
+	require.NoError(t, err)
+	row, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.True(t, found, "freed, the number stays withheld")
+	require.Equal(t, Identity{ID: withheld, Withheld: true}, *row)
+	_, err = a.allocate(cidr(6), 0)
+	require.ErrorIs(t, err, ErrExhausted, "freed and withheld: still not free for unrelated requests")
+	_, err = a.release(withheld)
+	require.ErrorIs(t, err, ErrNotAllocated, "a withheld number that is not allocated has no reference to release")
+
+	require.NoError(t, a.Unwithhold(withheld))
+	_, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.False(t, found, "unwithheld and not allocated: no row")
 	got, err = a.allocate(cidr(5), 0)
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "after unwithholding, the number is free for anyone")
@@ -331,4 +345,21 @@ func TestTableEqualsModel(t *testing.T) {
 		}
 		require.Len(t, numbers, len(model), "step %d: numbers are distinct", step)
 	}
+}
+
+// A number can be withheld twice, in one call (two pinned prefixes with
+// one number) or in two, allocated or not: it stays one row, withheld.
+func TestWithholdTwice(t *testing.T) {
+	a, db, table := newTestAllocator(t, 10)
+	free, allocated := MinLocalIdentity, MinLocalIdentity+1
+	got, err := a.allocate(cidr(1), allocated)
+	require.NoError(t, err)
+	require.Equal(t, allocated, got)
+	require.NoError(t, a.Withhold(free, allocated, free, allocated))
+	require.NoError(t, a.Withhold(allocated, free))
+	rows := statedb.Collect(table.All(db.ReadTxn()))
+	require.Equal(t, []*Identity{
+		{ID: free, Withheld: true},
+		{ID: allocated, Labels: cidr(1), References: 1, Withheld: true},
+	}, rows)
 }

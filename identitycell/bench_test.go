@@ -4,6 +4,8 @@ package identitycell
 
 import (
 	"testing"
+
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 // The allocator's state is the identities table, so the floor for one
@@ -109,4 +111,47 @@ func allocateMany(b *testing.B, a *Allocator, n int) {
 		}
 	}
 	txn.Commit()
+}
+
+// BenchmarkRestoreNumbers is restore's use of the allocator at 100,000
+// prefixes: every number is requested by name, in chunks as the resolver
+// allocates them. "requested" is the baseline; "withheld-then-requested"
+// first withholds them all (a row each, as restore does before any is
+// resolved), so the ratio of the two is what keeping the withheld numbers
+// in the table costs a restart (docs/SCALE.md).
+func BenchmarkRestoreNumbers(b *testing.B) {
+	const n = 100_000
+	ids := make([]NumericIdentity, n)
+	lbls := make([]labels.Labels, n)
+	for i := range ids {
+		ids[i] = MinLocalIdentity + NumericIdentity(i)
+		lbls[i] = labels.ForPrefix(netipPrefix(b, NumericIdentity(i)))
+	}
+	for _, withhold := range []bool{false, true} {
+		name := "requested"
+		if withhold {
+			name = "withheld-then-requested"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				a, _, _ := newTestAllocator(b, n)
+				b.StartTimer()
+				if withhold {
+					if err := a.Withhold(ids...); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for start := 0; start < n; start += 4096 {
+					txn := a.WriteTxn()
+					for i := start; i < min(start+4096, n); i++ {
+						if _, err := a.AllocateTxn(txn, lbls[i], ids[i]); err != nil {
+							b.Fatal(err)
+						}
+					}
+					txn.Commit()
+				}
+			}
+		})
+	}
 }

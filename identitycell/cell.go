@@ -23,7 +23,7 @@ var Cell = cell.Module(
 	cell.Provide(
 		statedb.RWTable[*Identity].ToTable,
 		newConfiguredAllocator,
-		newConfiguredCheckpointer,
+		newLifecycleCheckpointer,
 	),
 	cell.Invoke(Config.Validate, registerCheckpointer),
 )
@@ -70,15 +70,21 @@ func newConfiguredAllocator(cfg Config, db *statedb.DB, table statedb.RWTable[*I
 	return newAllocator(db, table, log, MinLocalIdentity, last)
 }
 
-func newConfiguredCheckpointer(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger) *Checkpointer {
-	return newCheckpointer(db, table, log, cfg.StateDir)
+// newLifecycleCheckpointer returns the Checkpointer with its start hook
+// (which reads the previous checkpoint) appended to the lifecycle. It is
+// appended here, not in the module's Invoke, so that the hive runs it
+// before the start hook of anything built over the Checkpointer (restore,
+// which reads the checkpoint), whatever the order of the cells: the
+// Datapath's constructor does the same.
+func newLifecycleCheckpointer(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger, lc cell.Lifecycle) *Checkpointer {
+	c := newCheckpointer(db, table, log, cfg.StateDir)
+	lc.Append(c)
+	return c
 }
 
 // registerCheckpointer registers what the module runs, in its one job
-// group: the Checkpointer's start hook (it reads the previous checkpoint,
-// before restore's start hook needs it) and its write loop.
-func registerCheckpointer(c *Checkpointer, lc cell.Lifecycle, jobs job.Registry, health cell.Health, log *slog.Logger) {
-	lc.Append(c)
+// group: the Checkpointer's write loop.
+func registerCheckpointer(c *Checkpointer, jobs job.Registry, health cell.Health, log *slog.Logger) {
 	group := jobs.NewGroup(health, job.WithLogger(log))
 	group.Add(job.OneShot("checkpoint", c.run))
 }

@@ -68,10 +68,16 @@ func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.L
 	return c
 }
 
-// identities lists the identities of a snapshot in number order.
-func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity, labels.Labels] {
+// identities lists the allocated identities of a snapshot in number
+// order, counting them in n: withheld numbers that are not allocated have
+// no labels to keep.
+func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[NumericIdentity, labels.Labels] {
 	return func(yield func(NumericIdentity, labels.Labels) bool) {
 		for identity := range c.table.All(txn) {
+			if !identity.Allocated() {
+				continue
+			}
+			*n++
 			if !yield(identity.ID, identity.Labels) {
 				return
 			}
@@ -79,20 +85,31 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn) iter.Seq2[NumericIdentity
 	}
 }
 
-// Previous returns what the previous run checkpointed, read when the hive
-// started. It waits for Start to have decoded it; call it only from a
-// start hook after the Checkpointer's (restore's), or after the hive has
-// started. The checkpoint is shared: do not modify it.
-func (c *Checkpointer) Previous() Checkpoint {
-	<-c.previousDecoded
-	return c.previous
+// Previous returns what the previous run checkpointed. It waits until the
+// Checkpointer's start hook has read it and the decoding that follows is
+// done. A reader in a start hook of its own (restore) depends on the
+// Checkpointer, whose hook is appended when it is constructed, so the hive
+// runs that hook first; the wait states the dependency, and would end with
+// ctx rather than hang were the order broken. The checkpoint is shared: do
+// not modify it.
+//
+// Possible errors: ctx's, when it ends first (the hive stopping, or its
+// start failing, before the checkpoint was read).
+func (c *Checkpointer) Previous(ctx context.Context) (Checkpoint, error) {
+	select {
+	case <-c.previousDecoded:
+		return c.previous, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait for the previous identity checkpoint: %w", ctx.Err())
+	}
 }
 
 // Start implements cell.HookInterface: it prepares the state directory and
 // reads the previous checkpoint, which it decodes in the background
 // (Previous waits for it): decoding a million identities then overlaps
-// the datapath's start (reading the pinned map). What can make the start fail is found first: an unusable state
-// directory, a checkpoint that cannot be read. A corrupt checkpoint is
+// the datapath's start (reading the pinned map). What can make the start
+// fail is found first: an unusable state directory, a checkpoint that
+// cannot be read. A corrupt checkpoint is
 // moved aside (with suffix .corrupt) and treated as empty: restore then
 // falls back to the cidr labels of the pinned entries.
 //
@@ -169,7 +186,8 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 	// Rows change on every reference; only a row that is new or gone can
 	// change the checkpoint (an identity's labels never change: a number is
 	// freed, then allocated anew). A row with one reference is new, or
-	// lost its other references; either way it is taken as a change.
+	// lost its other references; one with none is a freed number that
+	// stays withheld; either way it is taken as a change.
 	txn := c.db.WriteTxn(c.table)
 	changes, err := c.table.Changes(txn)
 	txn.Commit()
@@ -190,14 +208,15 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 		snapshot := c.db.ReadTxn()
 		changed, watch := changes.Next(snapshot)
 		for change := range changed {
-			if change.Deleted || change.Object.References == 1 {
+			if change.Deleted || change.Object.References <= 1 {
 				dirty = true
 			}
 		}
 		wait := c.interval
 		if dirty {
 			start := time.Now()
-			err := writeCheckpoint(c.path, c.identities(snapshot))
+			var written int
+			err := writeCheckpoint(c.path, c.identities(snapshot, &written))
 			if err != nil {
 				failures++
 				if err.Error() != lastError {
@@ -213,7 +232,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 					c.log.Info("Identity checkpoint written again", "after-failures", failures)
 				}
 				failures, lastError, dirty = 0, "", false
-				health.OK(fmt.Sprintf("Checkpointed %d identities", c.table.NumObjects(snapshot)))
+				health.OK(fmt.Sprintf("Checkpointed %d identities", written))
 			}
 			// Spend at most a fifth of the time writing: a million
 			// identities take a while to write.

@@ -11,7 +11,13 @@
 // again returns the same number and takes another reference; releasing the
 // last reference frees the number. A request may name the number it wants
 // (restore uses this to keep numbers stable across restarts); numbers can be
-// withheld so that only a request naming them gets them.
+// withheld so that only a request naming them gets them. Withheld numbers
+// are in the table too: a withheld number that is not allocated has a row
+// without labels or references ([Identity.Allocated] is false).
+//
+// The allocator's clients register as producers of identities
+// ([Allocator.RegisterProducer]); the table is initialized once all are
+// done, and the checkpoint is first written then.
 //
 // Reads: --state-dir (the previous checkpoint, once, at start).
 // Writes: the `identities` table; <state-dir>/local-identities.json, an

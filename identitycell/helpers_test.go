@@ -3,9 +3,13 @@
 package identitycell
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // netipPrefix returns a distinct /32 for a number, so tests can build
@@ -13,4 +17,15 @@ import (
 func netipPrefix(tb testing.TB, n NumericIdentity) netip.Prefix {
 	tb.Helper()
 	return netip.MustParsePrefix(fmt.Sprintf("%d.%d.%d.%d/32", byte(n>>24), byte(n>>16), byte(n>>8), byte(n)))
+}
+
+// previous returns what a started Checkpointer read, failing the test if
+// its decoding does not end.
+func previous(tb testing.TB, c *Checkpointer) Checkpoint {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	checkpoint, err := c.Previous(ctx)
+	require.NoError(tb, err)
+	return checkpoint
 }

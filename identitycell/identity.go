@@ -45,23 +45,34 @@ func (id NumericIdentity) IsLocal() bool {
 // String returns the number in decimal.
 func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id), 10) }
 
-// Identity is a row of the `identities` table: an allocated local identity.
-// Rows are immutable once inserted.
+// Identity is a row of the `identities` table: a local number that is
+// allocated, withheld, or both. Rows are immutable once inserted.
 //
-// The two numbers come first, side by side: the row is then smaller (no
-// padding), and there is one row per prefix.
+// An allocated number has labels and at least one reference. A withheld
+// number is handed out only to a request that names it; one that is
+// withheld and not allocated has a row of its own, without labels or
+// references, so that the table is the whole of the allocator's state.
 type Identity struct {
 	ID         NumericIdentity `json:"id" yaml:"id"`
 	References uint32          `json:"references" yaml:"references"`
 	Labels     labels.Labels   `json:"labels" yaml:"labels"`
+	Withheld   bool            `json:"withheld,omitempty" yaml:"withheld,omitempty"`
 }
 
+// Allocated reports whether the number is allocated: false for a row that
+// only withholds it.
+func (i *Identity) Allocated() bool { return i.References > 0 }
+
 // TableHeader implements statedb.TableWritable.
-func (*Identity) TableHeader() []string { return []string{"ID", "Labels", "References"} }
+func (*Identity) TableHeader() []string { return []string{"ID", "Labels", "References", "Withheld"} }
 
 // TableRow implements statedb.TableWritable.
 func (i *Identity) TableRow() []string {
-	return []string{i.ID.String(), i.Labels.String(), strconv.FormatUint(uint64(i.References), 10)}
+	withheld := ""
+	if i.Withheld {
+		withheld = "withheld"
+	}
+	return []string{i.ID.String(), i.Labels.String(), strconv.FormatUint(uint64(i.References), 10), withheld}
 }
 
 var _ statedb.TableWritable = &Identity{}
@@ -89,7 +100,8 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 
 // LabelsIndex finds the identity of a label set, and the identities with a
 // cidr prefix inside a CIDR (IdentitiesWithin). It is unique: a label set
-// has at most one identity.
+// has at most one identity. Only allocated numbers are in it: a row that
+// only withholds a number has no labels.
 //
 // A label set's keys are, for each of its cidr prefixes, the prefix's key
 // (package prefixkey) followed by the labels' canonical form; a set
@@ -101,6 +113,9 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 var LabelsIndex = statedb.Index[*Identity, labels.Labels]{
 	Name: "labels",
 	FromObject: func(i *Identity) index.KeySet {
+		if !i.Allocated() {
+			return index.EmptyKeySet
+		}
 		return labelsKeys(i.Labels)
 	},
 	FromKey: firstLabelsKey,

@@ -100,7 +100,9 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				if err != nil {
 					return nil, err
 				}
-				allocator.Withhold(NumericIdentity(id))
+				if err := allocator.Withhold(NumericIdentity(id)); err != nil {
+					return nil, err
+				}
 			}
 			return nil, nil
 		})

@@ -20,7 +20,9 @@
 //
 // Producers register with [IPCache.RegisterProducer]; the `ipcache` table is
 // initialized once all are done and resolved. A producer registered with
-// [HoldsResolution] holds the resolver back until it is done.
+// [HoldsResolution] holds the resolver back until it is done. The resolver,
+// the allocator's client, is the producer of the `identities` table: it
+// marks it initialized with the `ipcache` table.
 //
 // Reads: identities (through the allocator). Writes: `ipcache-metadata`
 // (through handles), `ipcache`, identity references.

@@ -189,7 +189,8 @@ type Handle struct {
 	// after each commit.
 	prefixes map[compactPrefix]struct{}
 	// numPrefixes is len(prefixes), readable without mu (a gradual release
-	// holds mu for minutes).
+	// holds mu for minutes); while a release commits a chunk, it is
+	// already without the chunk.
 	numPrefixes atomic.Int64
 }
 
@@ -378,11 +379,13 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 				return fmt.Errorf("release %s: %w", h.resource, err)
 			}
 		}
+		// The count drops before the rows go: whoever sees them gone (a
+		// status that calls the release over at zero) sees it too.
+		h.numPrefixes.Store(int64(len(h.prefixes) - len(chunk)))
 		txn.Commit()
 		for _, prefix := range chunk {
 			delete(h.prefixes, compact(prefix))
 		}
-		h.numPrefixes.Store(int64(len(h.prefixes)))
 	}
 	h.released = true
 

@@ -41,6 +41,10 @@ const (
 	maxLoggedFailures = 5
 )
 
+// resolverName names the resolver as the initializer of the tables it
+// writes.
+const resolverName = "ipcache-resolver"
+
 // resolver turns the metadata of each changed prefix into its `ipcache`
 // entry. It is the only writer of the `ipcache` table and the only owner of
 // the ipcache's identity references: one per entry whose identity is not
@@ -55,7 +59,8 @@ type resolver struct {
 	// resolved publishes the metadata revision resolved up to.
 	resolved *progress.Tracker[statedb.Revision]
 
-	// markInitialized marks the `ipcache` table initialized; nil once done.
+	// markInitialized marks the `ipcache` and `identities` tables
+	// initialized, in a transaction that locks both; nil once done.
 	markInitialized func(statedb.WriteTxn)
 
 	changes statedb.ChangeIterator[*PrefixMetadata]
@@ -73,8 +78,19 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 	allocator *identitycell.Allocator, log *slog.Logger, gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *resolver {
 	txn := db.WriteTxn(entries)
-	markInitialized := entries.RegisterInitializer(txn, "ipcache-resolver")
+	markEntries := entries.RegisterInitializer(txn, resolverName)
 	txn.Commit()
+	// The resolver is the allocator's client: the identities are what it
+	// allocated for the prefixes, so it is their producer as it is the
+	// entries'. Both tables are initialized in one transaction: the
+	// identities are then complete exactly when the entries that hold
+	// them are, and the checkpoint, which waits for the identities, never
+	// replaces the previous run's with a partial one.
+	markIdentities := allocator.RegisterProducer(resolverName)
+	markInitialized := func(txn statedb.WriteTxn) {
+		markEntries(txn)
+		markIdentities(txn)
+	}
 	return &resolver{
 		db:              db,
 		metadata:        metadata,
@@ -216,7 +232,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 	// the snapshot is resolved: the table now says what the producers want.
 	if r.markInitialized != nil {
 		if initialized, _ := r.metadata.Initialized(snapshot); initialized {
-			txn := r.db.WriteTxn(r.entries)
+			txn := r.allocator.WriteTxn(r.entries)
 			r.markInitialized(txn)
 			txn.Commit()
 			r.markInitialized = nil

@@ -82,6 +82,9 @@ func (o identityOwners) listCommand() script.Cmd {
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
 			for identity := range o.identities.All(txn) {
+				if !identity.Allocated() {
+					continue // a number only withheld: no labels, no owners
+				}
 				prefixes, resources := o.owners(txn, identity)
 				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References,
 					strings.Join(prefixes, ","), strings.Join(resources, ","), identity.Labels)
@@ -105,7 +108,7 @@ func (o identityOwners) showCommand() script.Cmd {
 			id := identitycell.NumericIdentity(n)
 			txn := o.db.ReadTxn()
 			identity, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
-			if !found {
+			if !found || !identity.Allocated() {
 				return scriptcmd.Result("", fmt.Errorf("identity %d is not allocated", id))
 			}
 			var out strings.Builder

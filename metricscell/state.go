@@ -29,7 +29,6 @@ type stateParams struct {
 	Log        *slog.Logger
 	DB         *statedb.DB
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
-	Allocator  *identitycell.Allocator               `optional:"true"`
 	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
@@ -37,8 +36,8 @@ type stateParams struct {
 
 func registerStateCollectors(p stateParams) error {
 	var cs []prometheus.Collector
-	if p.Identities != nil && p.Allocator != nil {
-		cs = append(cs, newIdentityCollector(p.DB, p.Identities, p.Allocator))
+	if p.Identities != nil {
+		cs = append(cs, newIdentityCollector(p.DB, p.Identities))
 	}
 	if p.Entries != nil {
 		cs = append(cs, newIPCacheCollector(p.DB, p.Entries))
@@ -57,23 +56,23 @@ func registerStateCollectors(p stateParams) error {
 	return nil
 }
 
-// identityCollector reports the local identities by state: allocated (the
-// rows of the `identities` table) and withheld (numbers that only a request
-// naming them gets, as restore holds them).
+// identityCollector reports the local identities by state: allocated and
+// withheld (numbers that only a request naming them gets, as restore
+// holds them; a number can be both). Both are in the `identities` table,
+// counted in one pass at scrape time.
 type identityCollector struct {
 	db         *statedb.DB
 	identities statedb.Table[*identitycell.Identity]
-	allocator  *identitycell.Allocator
 	desc       *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*identityCollector)(nil)
 
-func newIdentityCollector(db *statedb.DB, identities statedb.Table[*identitycell.Identity], allocator *identitycell.Allocator) *identityCollector {
+func newIdentityCollector(db *statedb.DB, identities statedb.Table[*identitycell.Identity]) *identityCollector {
 	return &identityCollector{
-		db: db, identities: identities, allocator: allocator,
+		db: db, identities: identities,
 		desc: prometheus.NewDesc(metricPrefix+"identities",
-			"Local identities by state: allocated (in the identities table) or withheld (numbers kept for requests naming them)",
+			"Local identities by state: allocated, or withheld (numbers kept for requests naming them); a number can be both",
 			[]string{"state"}, nil),
 	}
 }
@@ -83,9 +82,17 @@ func (c *identityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc 
 
 // Collect implements prometheus.Collector.
 func (c *identityCollector) Collect(ch chan<- prometheus.Metric) {
-	allocated := c.identities.NumObjects(c.db.ReadTxn())
+	var allocated, withheld int
+	for identity := range c.identities.All(c.db.ReadTxn()) {
+		if identity.Allocated() {
+			allocated++
+		}
+		if identity.Withheld {
+			withheld++
+		}
+	}
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(allocated), "allocated")
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(c.allocator.NumWithheld()), "withheld")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(withheld), "withheld")
 }
 
 // ipcacheCollector reports the rows of the desired `ipcache` table by the

@@ -3,7 +3,6 @@
 package restorecell
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -84,26 +83,26 @@ func newRestorer(p restorerParams) *Restorer {
 		checkpoint: p.Checkpointer,
 		allocator:  p.Allocator,
 		ipcache:    p.IPCache,
+		restoredCh: make(chan struct{}),
 	}
 }
 
 // registerRestorer registers what the module runs: restore as a producer
-// that holds the ipcache's resolution and as an initializer of the
-// `identities` table, its start hook (appended after the Checkpointer's
-// and the Datapath's, whose outputs it reads), and its jobs, in the
+// that holds the ipcache's resolution, its start hook, and its job in the
 // module's one job group.
+//
+// The start hook runs after the Checkpointer's and the Datapath's, whose
+// outputs it waits for, by their dependency, not by the order of the
+// cells: both append their start hooks when they are constructed, and the
+// hive constructs them before this Invoke, which takes the Restorer built
+// over them, can run. Restore is a start hook, not a job, because a
+// started agent is a restored one ("Started hive" comes after "Restored
+// prefixes").
 func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
-	r.identityDone = r.allocator.RegisterInitializer(Resource)
 	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
-	group.Add(
-		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod),
-		job.OneShot("mark-identities-initialized", func(ctx context.Context, _ cell.Health) error {
-			r.markIdentitiesInitialized(ctx)
-			return nil
-		}),
-	)
+	group.Add(job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {

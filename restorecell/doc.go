@@ -2,9 +2,12 @@
 
 // Package restorecell keeps identity numbers stable across restarts.
 //
-// At start it reads what the previous run left: the pinned ipcache map (the
-// datapath cell's snapshot, taken before anything wrote to the map) and the
-// identity checkpoint. Every entry with a local-scope identity is restored:
+// Its start hook reads what the previous run left, waiting until the
+// datapath and identity cells' start hooks have read it (they run first,
+// by dependency): the pinned ipcache map (the datapath cell's snapshot,
+// taken before anything wrote to the map, in address order) and the
+// identity checkpoint. Every entry with a
+// local-scope identity is restored:
 // its number is withheld, and the prefix is upserted through the restore
 // resource handle (source `restored`) with its labels (from the checkpoint,
 // else its cidr label) and its old number as the requested identity. The
@@ -12,7 +15,8 @@
 // another owner re-asserts first still gets its old number.
 //
 // A job then waits --identity-restore-grace-period and releases the handle
-// (all restore metadata in one transaction) and un-withholds the numbers.
+// (gradually) and un-withholds the numbers (at the same pace: each is a
+// row of the `identities` table).
 // Entries that a real owner re-asserted in the meantime stay, with their
 // numbers; the rest go. Stopping the agent during the grace period releases
 // nothing: the next run restores again from what is pinned.

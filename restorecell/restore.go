@@ -7,15 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"golang.org/x/time/rate"
 
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -34,16 +34,23 @@ const healthInterval = 5 * time.Second
 // unrelated upsert waits long for it; released at full speed, it had
 // (docs/SCALE.md, "Figures behind choices in identitycell and
 // restorecell"). Nothing waits for the release: the prefixes are stale,
-// and their numbers stay withheld until it is done.
+// and their numbers stay withheld until it is done, then are returned to
+// use at the same rate.
 const releaseRate = 20_000
 
-// pinnedState is what the previous run left behind.
+// unwithholdChunkSize is how many numbers are returned to use in one
+// transaction of the identities table, once the release is done: small
+// enough that the resolver, which writes the same table, never waits long.
+const unwithholdChunkSize = 1024
+
+// pinnedState and checkpoint are what the previous run left behind. Each
+// waits until its cell's start hook has read it.
 type pinnedState interface {
-	IPCacheSnapshot() map[netip.Prefix]uint32
+	IPCacheSnapshot(context.Context) ([]datapathcell.PinnedEntry, error)
 }
 
 type checkpoint interface {
-	Previous() identitycell.Checkpoint
+	Previous(context.Context) (identitycell.Checkpoint, error)
 }
 
 // Restorer restores the previous run's prefixes and releases them after the
@@ -60,7 +67,9 @@ type Restorer struct {
 	ipcache    *ipcachecell.IPCache
 
 	restorerDone func()
-	identityDone func()
+	// restoredCh is closed once the prefixes are restored: the grace
+	// period has started, and the release job may wait for its end.
+	restoredCh chan struct{}
 
 	mu        sync.Mutex
 	handle    *ipcachecell.Handle
@@ -73,24 +82,36 @@ type Restorer struct {
 }
 
 // Start implements cell.HookInterface: it restores, before any other
-// producer's job runs.
+// producer's metadata is resolved. It waits, with the hook's context, for
+// the two things it reads: the datapath's snapshot of the pinned map and
+// the previous checkpoint. Both are ready when it runs (see
+// registerRestorer); the waits make the dependency explicit, and a wrong
+// order fail the start with an error naming what was missing, not hang.
 //
-// Possible errors: those of ipcachecell.IPCache.NewHandle and
-// ipcachecell.Handle.UpsertBatch (wrapped), which fail the start.
-func (r *Restorer) Start(cell.HookContext) error {
-	pinned := sortedEntries(r.pinned.IPCacheSnapshot())
-	saved := r.checkpoint.Previous()
+// Possible errors: ctx's, wrapped by Datapath.IPCacheSnapshot or
+// Checkpointer.Previous; those of identitycell.Allocator.Withhold,
+// ipcachecell.IPCache.NewHandle and ipcachecell.Handle.UpsertBatch
+// (wrapped). Each fails the start.
+func (r *Restorer) Start(ctx cell.HookContext) error {
+	pinned, err := r.pinned.IPCacheSnapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	saved, err := r.checkpoint.Previous(ctx)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
 
-	// Sized up front, one label string per prefix, and the snapshot
-	// sorted as pairs (no map lookup per prefix): building the batch is a
-	// large part of the restart's start (docs/SCALE.md).
+	// Sized up front, one label string per prefix, and the snapshot read
+	// as the datapath sorted it (no map lookup per prefix): building the
+	// batch is a large part of the restart's start (docs/SCALE.md).
 	var (
 		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
 		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
 		skipped  int
 	)
 	for _, entry := range pinned {
-		prefix, id := entry.prefix, entry.identity
+		prefix, id := entry.Prefix, entry.Identity
 		if !id.IsLocal() {
 			skipped++ // reserved or explicit: its owner re-asserts it, or it goes
 			continue
@@ -111,7 +132,9 @@ func (r *Restorer) Start(cell.HookContext) error {
 		withheld = append(withheld, id)
 	}
 
-	r.allocator.Withhold(withheld...)
+	if err := r.allocator.Withhold(withheld...); err != nil {
+		return fmt.Errorf("withhold %d restored numbers: %w", len(withheld), err)
+	}
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
 		return fmt.Errorf("create restore handle: %w", err)
@@ -125,6 +148,7 @@ func (r *Restorer) Start(cell.HookContext) error {
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
+	close(r.restoredCh)
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", len(batch), "not-restored-non-local", skipped,
@@ -136,41 +160,17 @@ func (r *Restorer) Start(cell.HookContext) error {
 // released, the next run restores again from what is pinned.
 func (r *Restorer) Stop(cell.HookContext) error { return nil }
 
-// pinnedEntry is one entry of the pinned ipcache map.
-type pinnedEntry struct {
-	prefix   netip.Prefix
-	identity identitycell.NumericIdentity
-}
-
-// sortedEntries lists the snapshot in address order: the order in which
-// the restored rows are written, and resolved.
-func sortedEntries(snapshot map[netip.Prefix]uint32) []pinnedEntry {
-	out := make([]pinnedEntry, 0, len(snapshot))
-	for prefix, id := range snapshot {
-		out = append(out, pinnedEntry{prefix, identitycell.NumericIdentity(id)})
-	}
-	slices.SortFunc(out, func(a, b pinnedEntry) int { return prefixkey.Compare(a.prefix, b.prefix) })
-	return out
-}
-
-// markIdentitiesInitialized lets the identity checkpoint be rewritten once
-// the ipcache has resolved what restore asked for (the ipcache table is
-// initialized only after every producer, restore included, is done and
-// resolved): until then a crash must find the previous checkpoint.
-func (r *Restorer) markIdentitiesInitialized(ctx context.Context) {
-	_, initialized := r.entries.Initialized(r.db.ReadTxn())
+// releaseAfterGracePeriod waits for restore, the grace period and until
+// every owner has re-asserted its prefixes (the `ipcache` table is
+// initialized), then releases the restore handle and un-withholds the
+// numbers. Stopping first releases nothing: the next run restores again
+// from what is pinned.
+func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
 	select {
 	case <-ctx.Done():
-	case <-initialized:
-		r.identityDone()
+		return nil
+	case <-r.restoredCh:
 	}
-}
-
-// releaseAfterGracePeriod waits the grace period and until every owner has
-// re-asserted its prefixes (the `ipcache` table is initialized), then
-// releases the restore handle and un-withholds the numbers. Stopping first
-// releases nothing.
-func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Health) error {
 	ticker := time.NewTicker(healthInterval)
 	defer ticker.Stop()
 	for {
@@ -225,7 +225,13 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 		health.Degraded("Cannot release restored prefixes", err)
 		return fmt.Errorf("release restored prefixes: %w", err)
 	}
-	r.allocator.Unwithhold(r.withheld...)
+	if err := r.unwithholdGradually(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopping: the next run restores again
+		}
+		health.Degraded("Cannot return the restored numbers to use", err)
+		return fmt.Errorf("unwithhold restored numbers: %w", err)
+	}
 	r.mu.Lock()
 	r.released, r.releasing = true, false
 	r.mu.Unlock()
@@ -234,6 +240,25 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 		"kept-by-other-owners", status.Restored-status.HeldOnlyByRestore)
 	health.OK(fmt.Sprintf("Grace period over: released %d restored prefixes, %d had no other owner",
 		status.Restored, status.HeldOnlyByRestore))
+	return nil
+}
+
+// unwithholdGradually returns the withheld numbers to general use, paced
+// as the release is: each number the release freed has a row that only
+// withholds it, and each such row deleted is one more dead row for
+// statedb's graveyard collector; each number still allocated has its row
+// rewritten, which the policy selectors then look at again.
+func (r *Restorer) unwithholdGradually(ctx context.Context) error {
+	limiter := rate.NewLimiter(releaseRate, unwithholdChunkSize)
+	for start := 0; start < len(r.withheld); start += unwithholdChunkSize {
+		chunk := r.withheld[start:min(start+unwithholdChunkSize, len(r.withheld))]
+		if err := limiter.WaitN(ctx, len(chunk)); err != nil {
+			return err
+		}
+		if err := r.allocator.Unwithhold(chunk...); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

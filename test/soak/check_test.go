@@ -36,13 +36,16 @@ func (a *agent) checkReferences() string {
 		if e.Explicit {
 			continue
 		}
-		if _, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found {
+		if identity, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found || !identity.Allocated() {
 			return fmt.Sprintf("entry %s maps to identity %d, which is not allocated", e.Prefix, e.Identity)
 		}
 		refs[e.Identity]++
 	}
 	n := 0
 	for id := range a.identities.All(txn) {
+		if !id.Allocated() {
+			continue // a number restore withholds, not allocated
+		}
 		n++
 		if id.References != refs[id.ID] {
 			return fmt.Sprintf("identity %d (%s) has %d references, %d entries use it", id.ID, id.Labels, id.References, refs[id.ID])

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package restorecell_test
+
+import (
+	"context"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/restorecell"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// Restore's start hook runs after the Checkpointer's and the Datapath's by
+// dependency, not by the order of the cells: with the restore cell listed
+// first, a restart still restores the pinned prefix with its number, and
+// the hive's start means restored.
+func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
+	privileged.Test(t)
+	bpfRoot := filepath.Join(t.TempDir(), "bpf")
+	stateDir := t.TempDir()
+	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+	prefix := netip.MustParsePrefix("10.0.0.1/32")
+
+	start := func(order ...cell.Cell) (*hive.Hive, *ipcachecell.IPCache, *restorecell.Restorer) {
+		var (
+			c *ipcachecell.IPCache
+			r *restorecell.Restorer
+		)
+		h := cells.NewHive(append(order, cell.Invoke(func(ipc *ipcachecell.IPCache, rr *restorecell.Restorer) {
+			c, r = ipc, rr
+		}))...)
+		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = stateDir })
+		hive.AddConfigOverride(h, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
+		hive.AddConfigOverride(h, func(c *restorecell.Config) { c.IdentityRestoreGracePeriod = time.Hour })
+		// Bounded: were restore's hook to run before those it waits for,
+		// the start would fail at this timeout rather than hang.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, h.Start(hivetest.Logger(t), ctx))
+		return h, c, r
+	}
+
+	first, c, _ := start(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell, restorecell.Cell)
+	owner, err := c.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{}))
+	var before map[netip.Prefix]uint32
+	require.Eventually(t, func() bool {
+		before, err = datapathcell.ReadPinnedIPCache(bpfRoot)
+		return err == nil && len(before) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, first.Stop(hivetest.Logger(t), context.Background()))
+
+	second, _, r := start(restorecell.Cell, datapathcell.Cell, policycell.Cell, ipcachecell.Cell, identitycell.Cell)
+	defer second.Stop(hivetest.Logger(t), context.Background())
+	require.Equal(t, 1, r.Status().Restored, "restored when the start returned")
+	after, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "same number")
+}
