@@ -232,9 +232,12 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	require.NoError(t, err)
 	ps, want := upsertHosts(t, h, 10, 1, 300, 8000)
 	e.waitIPCache(t, want)
-	written, unchanged := first.datapath.MapWrites(datapathcell.IPCacheMapName)
-	require.Equal(t, uint64(300), written)
-	require.Zero(t, unchanged)
+	// The writes are counted once the batch that made them returns, a
+	// moment after the map shows them.
+	require.Eventually(t, func() bool {
+		written, unchanged := first.datapath.MapWrites(datapathcell.IPCacheMapName)
+		return written == 300 && unchanged == 0
+	}, 5*time.Second, 10*time.Millisecond)
 	first.stop()
 
 	// The owner is a registered producer, as every real one is: nothing is
