@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
 
 // healthCell provides the root cell.Health, a cell.SimpleHealth (each
@@ -53,14 +55,36 @@ func (r scopeRecorder) NewScope(name string) cell.Health {
 	return scopeRecorder{child, r.scopes}
 }
 
+// healthRow is a scope's latest report; also an element of health -o json.
+type healthRow struct {
+	Scope   string `json:"scope"`
+	Level   string `json:"level"`
+	Message string `json:"message"`
+	Error   string `json:"error"`
+}
+
+// String is the row as health prints it.
+func (r healthRow) String() string {
+	return fmt.Sprintf("%s: level=%s message=%s error=%s", r.Scope, r.Level, r.Message, r.Error)
+}
+
 // rows returns "<scope>: level=<level> message=<message> error=<error>" for
-// every open scope that has reported, sorted by scope. A scope that never
-// reported (a module's, whose jobs report in scopes of their own) shows
-// nothing.
+// every open scope that has reported, sorted by scope.
 func (s *healthScopes) rows() []string {
+	var rows []string
+	for _, r := range s.reports() {
+		rows = append(rows, r.String())
+	}
+	return rows
+}
+
+// reports returns every open scope that has reported, sorted by scope. A
+// scope that never reported (a module's, whose jobs report in scopes of
+// their own) shows nothing.
+func (s *healthScopes) reports() []healthRow {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var rows []string
+	rows := []healthRow{}
 	for name, scope := range s.scopes {
 		if s.root.GetChild(name) != scope {
 			delete(s.scopes, name) // closed
@@ -76,9 +100,9 @@ func (s *healthScopes) rows() []string {
 		if err != nil {
 			errText = err.Error()
 		}
-		rows = append(rows, fmt.Sprintf("%s: level=%s message=%s error=%s", name, level, status, errText))
+		rows = append(rows, healthRow{Scope: name, Level: string(level), Message: status, Error: errText})
 	}
-	slices.Sort(rows)
+	slices.SortFunc(rows, func(a, b healthRow) int { return strings.Compare(a.Scope, b.Scope) })
 	return rows
 }
 
@@ -86,8 +110,26 @@ func (s *healthScopes) rows() []string {
 // as cell.SimpleHealthCmd does.
 func (s *healthScopes) command() script.Cmd {
 	return script.Command(
-		script.CmdUsage{Summary: "Show health, or wait until a row matches the pattern", Args: "(pattern)"},
+		script.CmdUsage{
+			Summary: "Show health, or wait until a row matches the pattern",
+			Args:    "(pattern)",
+			Detail: []string{
+				"-o json (without a pattern): an array of objects (scope, level,",
+				"message, error), sorted by scope.",
+			},
+			Flags: scriptcmd.OutputFlag,
+		},
 		func(st *script.State, args ...string) (script.WaitFunc, error) {
+			asJSON, err := scriptcmd.JSONOutput(st)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
+			if asJSON {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				return scriptcmd.JSON(s.reports(), nil)
+			}
 			if len(args) == 0 {
 				rows := s.rows()
 				if len(rows) > 0 {

@@ -5,6 +5,7 @@ package cells
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -111,6 +112,23 @@ func TestShellHealthSortedWithoutEmptyRows(t *testing.T) {
 	out, err = exchange(t, sock, "db/show nosuch")
 	require.ErrorContains(t, err, `table "nosuch" not found`)
 	require.Empty(t, out, "the error is not also output")
+}
+
+// TestShellHealthJSON: health -o json is one array of the rows' fields.
+func TestShellHealthJSON(t *testing.T) {
+	sock, _ := startShell(t)
+	out, err := exchange(t, sock, "health -o json")
+	require.NoError(t, err)
+	var rows []struct{ Scope, Level, Message, Error string }
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), "%s", out)
+	require.Contains(t, out, `"scope": "zeta.a"`, "lowerCamel field names")
+	require.Contains(t, rows, struct{ Scope, Level, Message, Error string }{"zeta.a", "Degraded", "broken", ""})
+	require.Contains(t, rows, struct{ Scope, Level, Message, Error string }{"zeta.b", "OK", "fine", ""})
+	require.True(t, slices.IsSortedFunc(rows, func(a, b struct{ Scope, Level, Message, Error string }) int {
+		return strings.Compare(a.Scope, b.Scope)
+	}))
+	_, err = exchange(t, sock, "health -o yaml")
+	require.ErrorContains(t, err, "want text or json")
 }
 
 // TestShellConnectionLogsAtDebug: a client connecting and leaving logs

@@ -3,7 +3,6 @@
 package datapathcell
 
 import (
-	"encoding/json"
 	"fmt"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"slices"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
-	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
@@ -76,20 +74,15 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 				"opened it, TCP state, whether a reply passed, and time left.",
 				"Expired entries show a negative time left until collected.",
 			},
-			Flags: func(fs *pflag.FlagSet) {
-				fs.StringP("output", "o", "text", "Output format: text or json")
-			},
+			Flags: scriptcmd.OutputFlag,
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) != 0 {
 				return nil, script.ErrUsage
 			}
-			format, err := s.Flags.GetString("output")
+			asJSON, err := scriptcmd.JSONOutput(s)
 			if err != nil {
-				return nil, err
-			}
-			if format != "text" && format != "json" {
-				return nil, fmt.Errorf("-o %s: want text or json", format)
+				return scriptcmd.Result("", err)
 			}
 			entries, now, err := d.Conntrack()
 			if err != nil {
@@ -114,12 +107,8 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			slices.SortFunc(rows, func(a, b conntrackJSON) int {
 				return strings.Compare(a.Protocol+a.Endpoint+a.Remote, b.Protocol+b.Endpoint+b.Remote)
 			})
-			if format == "json" {
-				out, err := json.MarshalIndent(rows, "", "  ")
-				if err != nil {
-					return nil, err
-				}
-				return scriptcmd.Result(string(out)+"\n", nil)
+			if asJSON {
+				return scriptcmd.JSON(rows, nil)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)

@@ -17,4 +17,12 @@ var (
 	// the datapath has opened them at start or after it closed them at
 	// stop.
 	ErrMapsNotOpen = errors.New("pinned maps are not open")
+
+	// ErrMapDiffers is the error of bpf/ipcache --diff and bpf/policy
+	// --diff when the pinned map is not what its desired table says, so
+	// that a script reading them has an exit status to test.
+	ErrMapDiffers = errors.New("the pinned map differs")
+
+	// ErrNegativeLimit is the error of a negative --limit.
+	ErrNegativeLimit = errors.New("must not be negative")
 )

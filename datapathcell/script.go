@@ -19,17 +19,40 @@ func scriptCommands(d *Datapath) hive.ScriptCmdsOut {
 				Detail: []string{
 					"Counts IP packets on every --devices interface since the counters map",
 					"was created (it is pinned: counts survive restarts). A direction that",
-					"is not enforced counts everything as allowed.",
+					"is not enforced counts everything as allowed. The program counts",
+					"packets, not bytes.",
+					"-o json: one object, {\"ingress\": {\"allowed\": n, \"dropped\": n},",
+					"\"egress\": {...}}.",
 				},
+				Flags: scriptcmd.OutputFlag,
 			},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				asJSON, err := scriptcmd.JSONOutput(s)
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
 				c, err := d.Counters()
 				if err != nil {
 					return scriptcmd.Result("", err)
+				}
+				if asJSON {
+					return scriptcmd.JSON(map[string]verdictCountsJSON{
+						"ingress": {Allowed: c.IngressAllowed, Dropped: c.IngressDropped},
+						"egress":  {Allowed: c.EgressAllowed, Dropped: c.EgressDropped},
+					}, nil)
 				}
 				out := fmt.Sprintf("Direction  Allowed  Dropped\ningress    %d  %d\negress     %d  %d\n",
 					c.IngressAllowed, c.IngressDropped, c.EgressAllowed, c.EgressDropped)
 				return scriptcmd.Result(out, nil)
 			}),
 	})
+}
+
+// verdictCountsJSON is a direction's packets in datapath/counters -o json.
+type verdictCountsJSON struct {
+	Allowed uint64 `json:"allowed"`
+	Dropped uint64 `json:"dropped"`
 }

@@ -6,12 +6,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
@@ -48,10 +50,51 @@ func TestPrivilegedScript(t *testing.T) {
 var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config,
 	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"test/map-check":    mapCheckCmd(db, cfg.BPFRoot, entries, policies),
-		"test/bpf-enforced": bpfEnforcedCmd(cfg.BPFRoot),
+		"test/map-check":      mapCheckCmd(db, cfg.BPFRoot, entries, policies),
+		"test/bpf-enforced":   bpfEnforcedCmd(cfg.BPFRoot),
+		"test/bpf-policy-put": bpfPolicyPutCmd(cfg.BPFRoot),
 	})
 })
+
+// bpfPolicyPutCmd writes an entry into the pinned policy map directly,
+// behind the writer's back.
+func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Write an entry into the pinned policy map directly", Args: "identity ingress|egress protocol port verdict"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 5 {
+				return nil, script.ErrUsage
+			}
+			id, err := strconv.ParseUint(args[0], 10, 32)
+			if err != nil {
+				return nil, err
+			}
+			dir, err := policycell.ParseDirection(args[1])
+			if err != nil {
+				return nil, err
+			}
+			proto, err := policycell.ParseProtocol(args[2])
+			if err != nil {
+				return nil, err
+			}
+			port, err := strconv.ParseUint(args[3], 10, 16)
+			if err != nil {
+				return nil, err
+			}
+			verdict, err := strconv.ParseUint(args[4], 10, 32)
+			if err != nil {
+				return nil, err
+			}
+			m, err := ebpf.LoadPinnedMap(filepath.Join(datapathcell.PinDir(bpfRoot), datapathcell.PolicyMapName), nil)
+			if err != nil {
+				return nil, err
+			}
+			defer m.Close()
+			k := datapathcell.NewPolicyMapKey(uint32(id), uint8(dir), uint8(proto), uint16(port))
+			v := datapathcell.NewPolicyMapValue(uint32(verdict))
+			return nil, m.Put(&k, &v)
+		})
+}
 
 // bpfEnforcedCmd waits until the pinned enforcement map enforces the
 // given directions and no other: the enforcement writer switches a

@@ -15,7 +15,87 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
+
+// identityJSON is an identity of identity/list -o json (an array of them)
+// and identity/show -o json (one).
+type identityJSON struct {
+	Identity   uint32   `json:"identity"`
+	Labels     []string `json:"labels"`
+	References uint64   `json:"references"`
+	// Prefixes are the ipcache prefixes that resolved to the identity.
+	Prefixes []identityPrefixJSON `json:"prefixes"`
+	// Owners are the resources with metadata for those prefixes.
+	Owners []string `json:"owners"`
+}
+
+type identityPrefixJSON struct {
+	Prefix string      `json:"prefix"`
+	Source string      `json:"source"`
+	Owners []ownerJSON `json:"owners"`
+}
+
+// ownerJSON is a resource's metadata for a prefix.
+type ownerJSON struct {
+	Resource string   `json:"resource"`
+	Source   string   `json:"source"`
+	Labels   []string `json:"labels"`
+	// RequestedIdentity and ExplicitIdentity are 0 when unset.
+	RequestedIdentity uint32 `json:"requestedIdentity"`
+	ExplicitIdentity  uint32 `json:"explicitIdentity"`
+}
+
+// lookupJSON is ipcache/lookup -o json.
+type lookupJSON struct {
+	Prefix   string `json:"prefix"`
+	Identity uint32 `json:"identity"`
+	Source   string `json:"source"`
+	// Labels are the identity's; empty for an explicit identity, which is
+	// not in the identities table.
+	Labels   []string    `json:"labels"`
+	Explicit bool        `json:"explicit"`
+	Owners   []ownerJSON `json:"owners"`
+}
+
+func labelList(l labels.Labels) []string {
+	out := []string{}
+	for label := range l.All() {
+		out = append(out, label)
+	}
+	return out
+}
+
+func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], prefix netip.Prefix) []ownerJSON {
+	out := []ownerJSON{}
+	for row := range metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+		out = append(out, ownerJSON{
+			Resource: row.Resource, Source: row.Source.String(), Labels: labelList(row.Labels),
+			RequestedIdentity: uint32(row.RequestedIdentity), ExplicitIdentity: uint32(row.ExplicitIdentity),
+		})
+	}
+	return out
+}
+
+// identityJSON returns what -o json shows of an identity.
+func (o identityOwners) identityJSON(txn statedb.ReadTxn, identity *identitycell.Identity) identityJSON {
+	out := identityJSON{
+		Identity: uint32(identity.ID), Labels: labelList(identity.Labels), References: uint64(identity.References),
+		Prefixes: []identityPrefixJSON{}, Owners: []string{},
+	}
+	seen := map[string]bool{}
+	for entry := range o.entriesOf(txn, identity) {
+		owners := ownersJSON(txn, o.metadata, entry.Prefix)
+		out.Prefixes = append(out.Prefixes, identityPrefixJSON{Prefix: entry.Prefix.String(), Source: entry.Source.String(), Owners: owners})
+		for _, owner := range owners {
+			if !seen[owner.Resource] {
+				seen[owner.Resource] = true
+				out.Owners = append(out.Owners, owner.Resource)
+			}
+		}
+	}
+	return out
+}
 
 func newScriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entries statedb.Table[*Entry],
 	identities statedb.Table[*identitycell.Identity]) map[string]script.Cmd {
@@ -74,10 +154,27 @@ func (o identityOwners) listCommand() script.Cmd {
 			Detail: []string{
 				"References counts the ipcache's one reference per prefix plus any",
 				"held elsewhere; Owners are the resources with metadata for the prefixes.",
+				"-o json: an array of objects (identity, labels, references, prefixes",
+				"with their source and owners, owners).",
 			},
+			Flags: scriptcmd.OutputFlag,
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 0 {
+				return nil, script.ErrUsage
+			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
 			txn := o.db.ReadTxn()
+			if asJSON {
+				rows := []identityJSON{}
+				for identity := range o.identities.All(txn) {
+					rows = append(rows, o.identityJSON(txn, identity))
+				}
+				return scriptcmd.JSON(rows, nil)
+			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
@@ -96,10 +193,22 @@ func (o identityOwners) listCommand() script.Cmd {
 
 func (o identityOwners) showCommand() script.Cmd {
 	return script.Command(
-		script.CmdUsage{Summary: "Show a local identity: labels, references, prefixes and their owners", Args: "identity"},
+		script.CmdUsage{
+			Summary: "Show a local identity: labels, references, prefixes and their owners",
+			Args:    "identity",
+			Detail: []string{
+				"-o json: one object, as an element of identity/list -o json.",
+				"Fails if the identity is not allocated.",
+			},
+			Flags: scriptcmd.OutputFlag,
+		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) != 1 {
 				return nil, script.ErrUsage
+			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
 			}
 			n, err := strconv.ParseUint(args[0], 10, 32)
 			if err != nil {
@@ -110,6 +219,9 @@ func (o identityOwners) showCommand() script.Cmd {
 			identity, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
 			if !found || !identity.Allocated() {
 				return scriptcmd.Result("", fmt.Errorf("identity %d is not allocated", id))
+			}
+			if asJSON {
+				return scriptcmd.JSON(o.identityJSON(txn, identity), nil)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
@@ -137,11 +249,19 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 				"Prints the matching prefix, its identity, labels and source, and each",
 				"resource with metadata for the prefix. Fails if no entry matches: the",
 				"datapath then sees the address as world (identity 2).",
+				"-o json: one object (prefix, identity, source, labels, explicit,",
+				"owners with resource, source, labels, requestedIdentity and",
+				"explicitIdentity, 0 when unset).",
 			},
+			Flags: scriptcmd.OutputFlag,
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) != 1 {
 				return nil, script.ErrUsage
+			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
 			}
 			addr, err := netip.ParseAddr(args[0])
 			if err != nil {
@@ -156,6 +276,14 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			var lbls string
 			if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
 				lbls = identity.Labels.String()
+			}
+			if asJSON {
+				out := lookupJSON{Prefix: entry.Prefix.String(), Identity: uint32(entry.Identity), Source: entry.Source.String(),
+					Labels: []string{}, Explicit: entry.Explicit, Owners: ownersJSON(txn, metadata, entry.Prefix)}
+				if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
+					out.Labels = labelList(identity.Labels)
+				}
+				return scriptcmd.JSON(out, nil)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)

@@ -18,6 +18,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -49,6 +50,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 	cmds, err := h.ScriptCommands(log)
 	require.NoError(t, err)
 	maps.Copy(cmds, script.DefaultCmds())
+	maps.Copy(cmds, jsoncmd.Commands())
 	maps.Copy(cmds, ipcachetest.OwnerCommands(func() *ipcachecell.IPCache { return ipcache }))
 	return &script.Engine{Cmds: cmds}
 }

@@ -5,10 +5,13 @@ package metricscell_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,8 +71,13 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		cell.Invoke(func(c *ipcachecell.IPCache, s *metricscell.Server) { ipcache, server = c, s }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
+	// One rejected policy file: no policy in force, so the ipcache holds
+	// only the test's prefixes.
+	policyDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(policyDir, "bad.yaml"), []byte("name: bad\negress: nope\n"), 0o600))
 	require.NoError(t, flags.Parse([]string{
 		"--bpf-root=" + bpfRoot, "--state-dir=" + t.TempDir(), "--prometheus-serve-addr=127.0.0.1:0",
+		"--policy-dir=" + policyDir, "--ipcache-map-max-entries=1000",
 	}))
 	log := hivetest.Logger(t)
 	require.NoError(t, h.Start(log, context.Background()))
@@ -120,6 +128,17 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		`ipcache_agent_conntrack_entries`:         0,
 		`ipcache_agent_conntrack_collected_total`: 0,
 		`ipcache_agent_conntrack_map_pressure`:    0,
+		// Cilium's names.
+		`cilium_drop_count_total{direction="INGRESS",reason="Policy denied"}`: 0,
+		`cilium_drop_count_total{direction="EGRESS",reason="Policy denied"}`:  0,
+		`cilium_forward_count_total{direction="INGRESS"}`:                     0,
+		`cilium_forward_count_total{direction="EGRESS"}`:                      0,
+		`cilium_bpf_map_pressure{map_name="ipcache"}`:                         6.0 / 1000,
+		`cilium_bpf_map_pressure{map_name="policy"}`:                          0,
+		`cilium_bpf_map_pressure{map_name="conntrack"}`:                       0,
+		`cilium_policy`: 0,
+		`ipcache_agent_policy_files{state="in_force"}`: 0,
+		`ipcache_agent_policy_files{state="rejected"}`: 1,
 	} {
 		got, ok := s[series]
 		if assert.True(t, ok, "series %s missing", series) {
@@ -135,6 +154,8 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 	assert.Contains(t, s, `ipcache_agent_map_writes_total{map="enforcement"}`)
 	assert.Contains(t, s, `go_goroutines`)
 
+	requireDashboardServed(t, s)
+
 	// Removing a prefix shows at the next scrape: nothing is cached.
 	require.NoError(t, local.Remove(netip.MustParsePrefix("10.1.0.0/16")))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
@@ -142,6 +163,64 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		assert.Equal(c, 2.0, s[`ipcache_agent_ipcache_entries{source="local"}`])
 		assert.Equal(c, 4.0, s[`ipcache_agent_identities{state="allocated"}`])
 	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// requireDashboardServed checks that every metric the Grafana dashboard
+// (docs/grafana) queries is among the scraped series.
+func requireDashboardServed(t *testing.T, scraped map[string]float64) {
+	t.Helper()
+	served := map[string]bool{}
+	for series := range scraped {
+		name, _, _ := strings.Cut(series, "{")
+		served[name] = true
+	}
+	raw, err := os.ReadFile("../docs/grafana/ipcache-agent.json")
+	require.NoError(t, err)
+	var dashboard struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &dashboard))
+	require.NotEmpty(t, dashboard.Panels)
+	for _, panel := range dashboard.Panels {
+		require.NotEmpty(t, panel.Targets, panel.Title)
+		for _, target := range panel.Targets {
+			names := promQLMetricNames(target.Expr)
+			require.NotEmpty(t, names, "%s: %s", panel.Title, target.Expr)
+			for _, name := range names {
+				require.True(t, served[name], "%s: %s queries %s, which is not served", panel.Title, target.Expr, name)
+			}
+		}
+	}
+}
+
+var (
+	// promQLNoise are the parts of a query that hold no metric name: label
+	// matchers and grouping lists, ranges, strings and numbers.
+	promQLNoise = regexp.MustCompile(`\{[^}]*\}|\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)|\[[^\]]*\]|"[^"]*"|\b\d+(\.\d+)?\b`)
+	promQLName  = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*\s*\(?`)
+	promQLWords = map[string]bool{"by": true, "without": true, "on": true, "ignoring": true, "bool": true,
+		"and": true, "or": true, "unless": true, "offset": true, "group_left": true, "group_right": true}
+)
+
+// promQLMetricNames returns the metric names a PromQL query reads: its
+// identifiers that are neither functions (followed by "(") nor keywords.
+func promQLMetricNames(expr string) []string {
+	var names []string
+	for _, token := range promQLName.FindAllString(promQLNoise.ReplaceAllString(expr, " "), -1) {
+		if strings.HasSuffix(token, "(") || promQLWords[strings.TrimSpace(token)] {
+			continue
+		}
+		names = append(names, strings.TrimSpace(token))
+	}
+	return names
+}
+
+func TestPromQLMetricNames(t *testing.T) {
+	require.Equal(t, []string{"a_total", "b_bucket"}, promQLMetricNames(
+		`sum by (direction) (rate(a_total{x="y"}[5m])) / histogram_quantile(0.99, sum by (le) (rate(b_bucket[1m])))`))
 }
 
 // newMetricsOnlyHive is a hive of the metrics cell alone: it serves the

@@ -13,6 +13,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
@@ -32,6 +33,11 @@ type stateParams struct {
 	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
+
+	PolicyEntries  statedb.Table[*policycell.PolicyEntry] `optional:"true"`
+	Policies       statedb.Table[*policycell.Policy]      `optional:"true"`
+	PolicyFiles    *policycell.PolicyFiles                `optional:"true"`
+	DatapathConfig datapathcell.Config                    `optional:"true"`
 }
 
 func registerStateCollectors(p stateParams) error {
@@ -46,7 +52,7 @@ func registerStateCollectors(p stateParams) error {
 		cs = append(cs, newRestoreCollector(p.Restorer))
 	}
 	if p.Datapath != nil {
-		cs = append(cs, newDatapathCollector(p.Datapath, p.Log))
+		cs = append(cs, newDatapathCollector(p.Datapath, p.Log), newMapPressureCollector(p))
 	}
 	for _, c := range cs {
 		if err := p.Registry.Register(c); err != nil {
@@ -181,6 +187,9 @@ type datapathCollector struct {
 	writes, unchanged, packets *prometheus.Desc
 
 	conntrackEntries, conntrackCollected, conntrackPressure *prometheus.Desc
+
+	// Cilium's names (cilium.go).
+	drops, forwards *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*datapathCollector)(nil)
@@ -207,6 +216,12 @@ func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathC
 			"Expired conntrack entries deleted by the collector since start", nil, nil),
 		conntrackPressure: prometheus.NewDesc(metricPrefix+"conntrack_map_pressure",
 			"Live conntrack entries over the map's max entries (at 1 the LRU evicts live connections)", nil, nil),
+		drops: prometheus.NewDesc(ciliumPrefix+"drop_count_total",
+			"Packets the enforcement program dropped, by reason and direction (INGRESS, EGRESS), since the pinned counters map was created",
+			[]string{"reason", "direction"}, nil),
+		forwards: prometheus.NewDesc(ciliumPrefix+"forward_count_total",
+			"Packets the enforcement program passed, by direction (INGRESS, EGRESS), since the pinned counters map was created",
+			[]string{"direction"}, nil),
 	}
 }
 
@@ -218,6 +233,8 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.conntrackEntries
 	ch <- c.conntrackCollected
 	ch <- c.conntrackPressure
+	ch <- c.drops
+	ch <- c.forwards
 }
 
 // Collect implements prometheus.Collector. The packet counters are left
@@ -249,5 +266,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		{"egress", "dropped", counters.EgressDropped},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.value), v.direction, v.verdict)
+		if v.verdict == "dropped" {
+			ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(v.value),
+				dropReasonPolicyDenied, ciliumDirection(v.direction))
+		} else {
+			ch <- prometheus.MustNewConstMetric(c.forwards, prometheus.CounterValue, float64(v.value), ciliumDirection(v.direction))
+		}
 	}
 }

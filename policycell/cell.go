@@ -48,6 +48,7 @@ var Cell = cell.Module(
 		func(t statedb.RWTable[*Enforcement]) EnforcementReconcilerTable { return EnforcementReconcilerTable{t} },
 		scriptCommands,
 		newSelectorProgress,
+		newPolicyFiles,
 	),
 	// The jobs run even when no cell asks for what they produce.
 	cell.Invoke(registerJobs),

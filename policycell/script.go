@@ -46,18 +46,33 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 				"why on an indented line: the traffic those entries allow is",
 				"dropped until they are written (they are retried).",
 				"Fails if the policy directory cannot be read.",
+				"-o json: an array of objects, one per file (file, status: in force",
+				"or rejected, policies with name and line, notWritten: entries not",
+				"in the policy map, notWrittenErrors, error); empty without a",
+				"policy directory.",
 			},
+			Flags: scriptcmd.OutputFlag,
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) != 0 {
 				return nil, script.ErrUsage
 			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
 			if l.dir == "" {
+				if asJSON {
+					return scriptcmd.JSON([]fileJSON{}, nil)
+				}
 				return scriptcmd.Result("No policy directory (--policy-dir is empty)\n", nil)
 			}
 			status, err := l.Status()
 			txn := db.ReadTxn()
 			notWritten := notWrittenByFile(status, entries.All(txn))
+			if asJSON {
+				return scriptcmd.JSON(filesJSON(txn, policies, status, notWritten), err)
+			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "File\tStatus\tPolicies\n")
@@ -89,6 +104,49 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 			return scriptcmd.Result(out.String(), err)
 		},
 	)
+}
+
+// fileJSON is a file of policy/list -o json.
+type fileJSON struct {
+	File string `json:"file"`
+	// Status is "in force" or "rejected" (its policies in force are
+	// those of an earlier content).
+	Status   string           `json:"status"`
+	Policies []policyLineJSON `json:"policies"`
+	// NotWritten counts the entries of its policies that the datapath
+	// could not write to the policy map; NotWrittenErrors say why.
+	NotWritten       int      `json:"notWritten"`
+	NotWrittenErrors []string `json:"notWrittenErrors"`
+	Error            string   `json:"error"`
+}
+
+type policyLineJSON struct {
+	Name string `json:"name"`
+	// Line is the line of its name in the file; 0 if not known.
+	Line int `json:"line"`
+}
+
+func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries) []fileJSON {
+	out := make([]fileJSON, 0, len(status))
+	for i, f := range status {
+		row := fileJSON{File: f.File, Status: "in force", Policies: []policyLineJSON{},
+			NotWritten: notWritten[i].entries, NotWrittenErrors: []string{}}
+		if f.Error != nil {
+			row.Status, row.Error = "rejected", f.Error.Error()
+		}
+		if notWritten[i].errors != nil {
+			row.NotWrittenErrors = notWritten[i].errors
+		}
+		for _, name := range f.Policies {
+			p := policyLineJSON{Name: name}
+			if policy, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
+				p.Line = policy.Line
+			}
+			row.Policies = append(row.Policies, p)
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 // unwrittenEntries are the entries of a file's policies that the datapath
@@ -182,11 +240,19 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 				"entry the datapath could not write (a full policy map) allows",
 				"nothing. With the datapath, a last line (Maps:) says what the",
 				"enforcement program decides from the maps as they are now.",
+				"-o json: one object (address, direction, port as TCP/443 or \"\",",
+				"identity, prefix: the ipcache prefix or \"\" for world, enforced,",
+				"allowed: the desired verdict, explanation: the text's lines).",
 			},
+			Flags: scriptcmd.OutputFlag,
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) < 2 || len(args) > 3 {
 				return nil, script.ErrUsage
+			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
 			}
 			addr, err := netip.ParseAddr(args[0])
 			if err != nil {
@@ -202,9 +268,41 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 					return scriptcmd.Result("", err)
 				}
 			}
-			return scriptcmd.Result(explain(db.ReadTxn(), entries, enforcement, ipcache, identities, datapath, addr, dir, exact), nil)
+			txn := db.ReadTxn()
+			if !asJSON {
+				return scriptcmd.Result(explain(txn, entries, enforcement, ipcache, identities, datapath, addr, dir, exact), nil)
+			}
+			var text strings.Builder
+			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identitycell.IdentityWorld)}
+			out.Allowed = explainDesired(&text, txn, entries, enforcement, ipcache, identities, datapath, addr, dir, exact)
+			if datapath != nil {
+				explainMaps(&text, datapath, addr, dir, exact, out.Allowed)
+			}
+			out.Explanation = strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")
+			if len(args) == 3 {
+				out.Port = args[2]
+			}
+			if entry, found := ipcachecell.LookupAddress(txn, ipcache, addr); found {
+				out.Identity, out.Prefix = uint32(entry.Identity), entry.Prefix.String()
+			}
+			row, _, found := enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+			out.Enforced = found && row.Enforced
+			return scriptcmd.JSON(out, nil)
 		},
 	)
+}
+
+// explainJSON is policy/explain -o json.
+type explainJSON struct {
+	Address   string `json:"address"`
+	Direction string `json:"direction"`
+	Port      string `json:"port"`
+	Identity  uint32 `json:"identity"`
+	Prefix    string `json:"prefix"`
+	Enforced  bool   `json:"enforced"`
+	// Allowed is the desired verdict: whether the policies allow it.
+	Allowed     bool     `json:"allowed"`
+	Explanation []string `json:"explanation"`
 }
 
 // parsePortRange parses "TCP/443" into a key's protocol and port.

@@ -24,6 +24,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -76,6 +77,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 		cmds[name] = currentHiveCmd{name: name, cmds: &hiveCmds}
 	}
 	maps.Copy(cmds, script.DefaultCmds())
+	maps.Copy(cmds, jsoncmd.Commands())
 	maps.Copy(cmds, policyDirCommands(policyDir))
 	maps.Copy(cmds, stateDirCommands(stateDir))
 	maps.Copy(cmds, ownerCommands(func() *ipcachecell.IPCache { return ipcache }))

@@ -107,11 +107,41 @@ func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health 
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {
 	return hive.NewScriptCmd("restore/status", script.Command(
-		script.CmdUsage{Summary: "Show the restore: prefixes restored, still held only by restore, time left"},
+		script.CmdUsage{
+			Summary: "Show the restore: prefixes restored, still held only by restore, time left",
+			Detail: []string{
+				"-o json: one object (restored, heldOnlyByRestore, timeLeftSeconds,",
+				"releasing, released).",
+			},
+			Flags: scriptcmd.OutputFlag,
+		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 0 {
+				return nil, script.ErrUsage
+			}
+			asJSON, err := scriptcmd.JSONOutput(s)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
 			st := r.Status()
+			if asJSON {
+				return scriptcmd.JSON(statusJSON{
+					Restored: st.Restored, HeldOnlyByRestore: st.HeldOnlyByRestore,
+					TimeLeftSeconds: st.TimeLeft.Round(time.Millisecond).Seconds(),
+					Releasing:       st.Releasing, Released: st.Released,
+				}, nil)
+			}
 			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
 				st.Restored, st.HeldOnlyByRestore, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
 			return scriptcmd.Result(out, nil)
 		}))
+}
+
+// statusJSON is restore/status -o json.
+type statusJSON struct {
+	Restored          int     `json:"restored"`
+	HeldOnlyByRestore int     `json:"heldOnlyByRestore"`
+	TimeLeftSeconds   float64 `json:"timeLeftSeconds"`
+	Releasing         bool    `json:"releasing"`
+	Released          bool    `json:"released"`
 }

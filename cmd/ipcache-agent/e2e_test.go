@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -163,6 +164,69 @@ func (e *e2e) shell(command ...string) string {
 	return stdout.String()
 }
 
+// requireJSONOutputs checks -o json of every project command against the
+// running agent, and version's view of the programs its links hold.
+func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
+	t := e.t
+	t.Helper()
+	parse := func(command ...string) any {
+		out := e.shell(append(command, "-o", "json")...)
+		var v any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), "%v: %s", command, out)
+		return v
+	}
+	var identity map[string]any
+	for _, row := range parse("identity/list").([]any) {
+		if row.(map[string]any)["identity"] == float64(id) {
+			identity = row.(map[string]any)
+		}
+	}
+	require.NotNil(t, identity, "identity %d listed", id)
+	require.Equal(t, []any{"policy/e2e"}, identity["owners"])
+	require.Equal(t, float64(id), parse("identity/show", strconv.Itoa(int(id))).(map[string]any)["identity"])
+	lookup := parse("ipcache/lookup", otherIP).(map[string]any)
+	require.Equal(t, otherIP+"/32", lookup["prefix"])
+	require.Equal(t, float64(id), lookup["identity"])
+	files := parse("policy/list").([]any)
+	require.Equal(t, "in force", files[0].(map[string]any)["status"])
+	explain := parse("policy/explain", otherIP, "egress").(map[string]any)
+	require.Equal(t, true, explain["allowed"])
+	require.Equal(t, float64(id), explain["identity"])
+	require.Equal(t, true, parse("restore/status").(map[string]any)["released"])
+	require.NotEmpty(t, parse("health").([]any))
+	egress := parse("datapath/counters").(map[string]any)["egress"].(map[string]any)
+	require.Positive(t, egress["allowed"])
+	require.Positive(t, egress["dropped"])
+	require.IsType(t, []any{}, parse("conntrack/list"))
+	require.Positive(t, parse("bpf/ipcache").(map[string]any)["total"])
+	require.Positive(t, parse("bpf/policy").(map[string]any)["total"])
+	require.Equal(t, float64(0), parse("bpf/ipcache", "--diff").(map[string]any)["total"], "the map is the table")
+	require.Equal(t, float64(0), parse("bpf/policy", "--diff").(map[string]any)["total"], "the map is the table")
+
+	// version reads the programs the agent's pinned links hold: this build's.
+	stdout, stderr, code := runAgentCommand(t, "version", "-o", "json", "--bpf-root", e.bpfRoot)
+	require.Zero(t, code, "stderr: %s", stderr)
+	var v struct {
+		Attached []struct {
+			Link, Name, Tag, BuildProgram string
+			ProgramID                     uint32 `json:"programId"`
+		}
+		AttachedError string
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &v), "%s", stdout)
+	require.Empty(t, v.AttachedError)
+	require.NotEmpty(t, v.Attached)
+	for _, a := range v.Attached {
+		require.NotZero(t, a.ProgramID)
+		require.Regexp(t, `^[0-9a-f]{16}$`, a.Tag)
+		want := "enforce_from_endpoint" // the device's ingress: traffic from the endpoint
+		if strings.HasSuffix(a.Link, "-egress") {
+			want = "enforce_to_endpoint"
+		}
+		require.Equal(t, want, a.BuildProgram, "%s: %s", a.Link, stdout)
+	}
+}
+
 // pinnedPolicy reads the pinned policy map: key -> verdict.
 func (e *e2e) pinnedPolicy() map[datapathcell.PolicyMapKey]uint32 {
 	e.t.Helper()
@@ -241,5 +305,6 @@ func TestPrivilegedEndToEnd(t *testing.T) {
 	require.Regexp(t, `ipcache.*level=OK`, e.shell("health"))
 	counters := e.shell("datapath/counters")
 	require.Regexp(t, `egress +[1-9]\d* +[1-9]\d*`, counters, "egress allowed and dropped packets counted")
+	e.requireJSONOutputs(id, otherIP)
 	require.False(t, e.reachable(allowedIP), "still denied")
 }

@@ -8,6 +8,7 @@
 //	ipcache-agent shell [cmd]    talk to a running agent
 //	ipcache-agent cleanup        detach programs, unpin maps and links, remove state
 //	ipcache-agent policy validate FILE...  check policy files offline
+//	ipcache-agent version      print the build and the BPF program's tags
 //
 // Exit codes: 0 clean stop (SIGTERM, SIGINT; SIGHUP is ignored), 1 runtime failure, 2 bad flags
 // or configuration.
@@ -36,6 +37,6 @@ ipcache map and keeps the same numbers for the same prefixes across restarts.
 Run without a command, it runs the agent until SIGTERM or SIGINT.
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 		stdout, stderr)
-	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout))
+	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout), newVersionCommand(stdout))
 	return agentcmd.Execute(root, args, stderr)
 }

@@ -3,7 +3,14 @@
 // Package scriptcmd holds what the project's script (shell) commands share.
 package scriptcmd
 
-import "github.com/cilium/hive/script"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
+)
 
 // Result returns a command's output and error the way the shell and script
 // tests see them: out on stdout, and err both as the command's error and
@@ -18,4 +25,43 @@ func Result(out string, err error) (script.WaitFunc, error) {
 		}
 		return out, "", nil
 	}, nil
+}
+
+// OutputFlag adds -o/--output (text or json, text by default) to a
+// command's flags.
+func OutputFlag(fs *pflag.FlagSet) {
+	fs.StringP("output", "o", "text", "Output format: text or json")
+}
+
+// JSONOutput returns whether the command was asked for -o json.
+//
+// Possible errors: ErrOutputFormat when -o is neither text nor json.
+func JSONOutput(s *script.State) (bool, error) {
+	format, err := s.Flags.GetString("output")
+	if err != nil {
+		return false, err
+	}
+	switch format {
+	case "text":
+		return false, nil
+	case "json":
+		return true, nil
+	}
+	return false, fmt.Errorf("-o %s: %w", format, ErrOutputFormat)
+}
+
+// ErrOutputFormat is returned for an -o that is neither text nor json.
+var ErrOutputFormat = errors.New("want text or json")
+
+// JSON returns v as one indented JSON document on stdout, and err as
+// [Result] does.
+//
+// Possible errors: none; a value that cannot be marshalled is a bug and
+// is returned by the WaitFunc.
+func JSON(v any, err error) (script.WaitFunc, error) {
+	out, merr := json.MarshalIndent(v, "", "  ")
+	if merr != nil {
+		return Result("", merr)
+	}
+	return Result(string(out)+"\n", err)
 }

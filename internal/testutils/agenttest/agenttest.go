@@ -31,6 +31,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -92,6 +93,7 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 	cmds["test/policy-write"] = a.policyWriteCmd()
 	cmds["test/policy-remove"] = a.policyRemoveCmd()
 	cmds["test/bpf-policy"] = a.bpfPolicyCmd()
+	maps.Copy(cmds, jsoncmd.Commands())
 	return &script.Engine{Cmds: cmds}
 }
 

@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// defaultBPFListLimit is how many rows bpf/ipcache and bpf/policy print
+// unless --limit says otherwise: the output is built in memory, and the
+// shell bounds what its commands may hold (docs/FAULTS.md).
+const defaultBPFListLimit = 10000
+
+func bpfScriptCommands(db *statedb.DB, d *Datapath, ipcache statedb.Table[*ipcachecell.Entry],
+	policy statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"bpf/ipcache": bpfIPCacheCommand(db, d, ipcache),
+		"bpf/policy":  bpfPolicyCommand(db, d, policy),
+	})
+}
+
+// pinnedMap returns a duplicate of the descriptor of the pinned map that
+// which picks, for the caller to read and close, so that a long read
+// neither holds the datapath's lock (which the writers take) nor reads a
+// map that stop closed.
+//
+// Possible errors: ErrMapsNotOpen before start or after stop.
+func (d *Datapath) pinnedMap(which func(*pinnedMaps) *ebpf.Map) (*ebpf.Map, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil || which(d.maps) == nil {
+		return nil, ErrMapsNotOpen
+	}
+	return which(d.maps).Clone()
+}
+
+func bpfListFlags(fs *pflag.FlagSet) {
+	scriptcmd.OutputFlag(fs)
+	fs.Bool("diff", false, "Print only the differences from the desired table; fail if there are any")
+	fs.Int("limit", defaultBPFListLimit, "Print at most this many rows (the total is still counted)")
+}
+
+// bpfListing is what bpf/ipcache and bpf/policy print, as -o json shows it:
+// the rows (map entries, or with --diff differences), how many there are in
+// all, and whether rows were left out (--limit).
+type bpfListing[R any] struct {
+	Rows      []R  `json:"rows"`
+	Total     int  `json:"total"`
+	Truncated bool `json:"truncated"`
+}
+
+func (l *bpfListing[R]) add(r R, limit int) {
+	l.Total++
+	if len(l.Rows) < limit {
+		l.Rows = append(l.Rows, r)
+	} else {
+		l.Truncated = true
+	}
+}
+
+// Differences between a pinned map and its desired table.
+const (
+	// diffMissing: in the desired table, not in the map.
+	diffMissing = "missing"
+	// diffExtra: in the map, not in the desired table.
+	diffExtra = "extra"
+	// diffDifferent: in both, with another value.
+	diffDifferent = "different"
+)
+
+type bpfOptions struct {
+	json, diff bool
+	limit      int
+}
+
+func parseBPFOptions(s *script.State, args []string) (bpfOptions, error) {
+	var o bpfOptions
+	if len(args) != 0 {
+		return o, script.ErrUsage
+	}
+	var err error
+	if o.json, err = scriptcmd.JSONOutput(s); err != nil {
+		return o, err
+	}
+	if o.diff, err = s.Flags.GetBool("diff"); err != nil {
+		return o, err
+	}
+	if o.limit, err = s.Flags.GetInt("limit"); err != nil {
+		return o, err
+	}
+	if o.limit < 0 {
+		return o, fmt.Errorf("--limit %d: %w", o.limit, ErrNegativeLimit)
+	}
+	return o, nil
+}
+
+// diffMap compares a pinned map with its desired table without holding
+// either whole: every map entry is looked up in the table (extra,
+// different), then every desired key in the map (missing). Neither is a
+// snapshot: an entry the writers change meanwhile may show as a
+// difference.
+func diffMap[K comparable, V comparable](m *ebpf.Map, desired func(K) (V, bool), all func(yield func(K, V) bool),
+	emit func(kind string, k K, inMap, want V)) error {
+	var zero V
+	err := readEntries(m, func(k K, v V) {
+		want, found := desired(k)
+		switch {
+		case !found:
+			emit(diffExtra, k, v, zero)
+		case want != v:
+			emit(diffDifferent, k, v, want)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	var lookupErr error
+	all(func(k K, want V) bool {
+		var v V
+		err := m.Lookup(k, &v)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			emit(diffMissing, k, zero, want)
+			return true
+		}
+		lookupErr = err
+		return err == nil
+	})
+	return lookupErr
+}
+
+// differError is the error of --diff when the map and table differ.
+func differError(mapName string, n int) error {
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s map: %d differences from the desired table: %w", mapName, n, ErrMapDiffers)
+}
+
+// ipcacheRowJSON is a row of bpf/ipcache -o json: a map entry, or with
+// --diff a difference (identity is the map's, desiredIdentity the table's;
+// 0 where there is none).
+type ipcacheRowJSON struct {
+	Difference string `json:"difference,omitempty"`
+	Prefix     string `json:"prefix"`
+	Identity   uint32 `json:"identity"`
+	// Source is the desired entry's; "" when the table has no entry for
+	// the prefix (the map does not hold sources).
+	Source          string  `json:"source"`
+	DesiredIdentity *uint32 `json:"desiredIdentity,omitempty"`
+}
+
+func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcachecell.Entry]) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "List what the pinned ipcache map holds, or its differences from the ipcache table",
+			Detail: []string{
+				"Reads the pinned map itself: prefix, identity, and the source of the",
+				"desired entry for that prefix (the map holds no source).",
+				"--diff prints only the differences from the desired `ipcache` table:",
+				"missing (desired, not in the map), extra (in the map, not desired),",
+				"different (another identity), and then fails (exit status 1 through",
+				"the shell) saying how many; no difference prints nothing and succeeds.",
+				"An entry held back (ipcache status Error) is a difference until written.",
+				"At most --limit rows are printed; the total is counted.",
+				"-o json: one object {rows, total, truncated}; a row has prefix,",
+				"identity, source, and with --diff difference and desiredIdentity.",
+			},
+			Flags: bpfListFlags,
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			o, err := parseBPFOptions(s, args)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
+			m, err := d.pinnedMap(func(p *pinnedMaps) *ebpf.Map { return p.IPCache })
+			if err != nil {
+				return scriptcmd.Result("", fmt.Errorf("read ipcache map: %w", err))
+			}
+			defer m.Close()
+			txn := db.ReadTxn()
+			desired := func(k IPCacheMapKey) (*ipcachecell.Entry, bool) {
+				prefix, err := k.Prefix()
+				if err != nil {
+					return nil, false
+				}
+				e, _, found := table.Get(txn, ipcachecell.EntryIndex.Query(prefix))
+				return e, found
+			}
+			prefixOf := func(k IPCacheMapKey) string {
+				if p, err := k.Prefix(); err == nil {
+					return p.String()
+				}
+				return fmt.Sprintf("(not canonical: %x)", k[:])
+			}
+			listing := bpfListing[ipcacheRowJSON]{Rows: []ipcacheRowJSON{}}
+			var readErr error
+			if !o.diff {
+				readErr = readEntries(m, func(k IPCacheMapKey, v IPCacheMapValue) {
+					row := ipcacheRowJSON{Prefix: prefixOf(k), Identity: v.Identity()}
+					if e, found := desired(k); found {
+						row.Source = e.Source.String()
+					}
+					listing.add(row, o.limit)
+				})
+			} else {
+				readErr = diffMap(m,
+					func(k IPCacheMapKey) (IPCacheMapValue, bool) {
+						e, found := desired(k)
+						if !found {
+							return IPCacheMapValue{}, false
+						}
+						return NewIPCacheMapValue(uint32(e.Identity)), true
+					},
+					func(yield func(IPCacheMapKey, IPCacheMapValue) bool) {
+						for e := range table.All(txn) {
+							if !yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity))) {
+								return
+							}
+						}
+					},
+					func(kind string, k IPCacheMapKey, inMap, want IPCacheMapValue) {
+						row := ipcacheRowJSON{Difference: kind, Prefix: prefixOf(k), Identity: inMap.Identity()}
+						if kind != diffExtra {
+							id := want.Identity()
+							row.DesiredIdentity = &id
+						}
+						if e, found := desired(k); found {
+							row.Source = e.Source.String()
+						}
+						listing.add(row, o.limit)
+					})
+			}
+			if readErr != nil {
+				return scriptcmd.Result("", fmt.Errorf("read ipcache map: %w", readErr))
+			}
+			var err2 error
+			if o.diff {
+				err2 = differError(IPCacheMapName, listing.Total)
+			}
+			if o.json {
+				return scriptcmd.JSON(listing, err2)
+			}
+			var out strings.Builder
+			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+			if o.diff {
+				if listing.Total > 0 {
+					fmt.Fprintln(w, "Difference\tPrefix\tMap identity\tDesired identity\tSource")
+				}
+				for _, r := range listing.Rows {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Difference, r.Prefix, optional(r.Identity, r.Difference != diffMissing),
+						optional(deref(r.DesiredIdentity), r.DesiredIdentity != nil), dash(r.Source))
+				}
+			} else {
+				fmt.Fprintln(w, "Prefix\tIdentity\tSource")
+				for _, r := range listing.Rows {
+					fmt.Fprintf(w, "%s\t%s\t%s\n", r.Prefix, identitycell.NumericIdentity(r.Identity), dash(r.Source))
+				}
+			}
+			w.Flush()
+			truncated(&out, listing.Truncated, len(listing.Rows), listing.Total)
+			return scriptcmd.Result(out.String(), err2)
+		})
+}
+
+// policyRowJSON is a row of bpf/policy -o json: a map entry, or with
+// --diff a difference (verdict is the map's, desiredVerdict the table's;
+// "" where there is none).
+type policyRowJSON struct {
+	Difference     string `json:"difference,omitempty"`
+	Identity       uint32 `json:"identity"`
+	Direction      string `json:"direction"`
+	Protocol       string `json:"protocol"`
+	Port           uint16 `json:"port"`
+	Verdict        string `json:"verdict"`
+	DesiredVerdict string `json:"desiredVerdict,omitempty"`
+}
+
+func policyRow(k PolicyMapKey) policyRowJSON {
+	id, dir, proto, port := k.Fields()
+	return policyRowJSON{Identity: id, Direction: policycell.Direction(dir).String(),
+		Protocol: policycell.Protocol(proto).String(), Port: port}
+}
+
+func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policycell.PolicyEntry]) script.Cmd {
+	return script.Command(
+		script.CmdUsage{
+			Summary: "List what the pinned policy map holds, or its differences from the policy table",
+			Detail: []string{
+				"Reads the pinned map itself: identity, direction, protocol, port (0:",
+				"any) and verdict of each entry.",
+				"--diff prints only the differences from the desired `policy` table:",
+				"missing, extra, different (another verdict), and then fails (exit",
+				"status 1 through the shell) saying how many; no difference prints",
+				"nothing and succeeds. An entry removed from the table stays in the",
+				"map (extra) while the policy writer drains it, and one it could not",
+				"write (a full map) is missing.",
+				"At most --limit rows are printed; the total is counted.",
+				"-o json: one object {rows, total, truncated}; a row has identity,",
+				"direction, protocol, port, verdict, and with --diff difference and",
+				"desiredVerdict.",
+			},
+			Flags: bpfListFlags,
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			o, err := parseBPFOptions(s, args)
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
+			m, err := d.pinnedMap(func(p *pinnedMaps) *ebpf.Map { return p.Policy })
+			if err != nil {
+				return scriptcmd.Result("", fmt.Errorf("read policy map: %w", err))
+			}
+			defer m.Close()
+			txn := db.ReadTxn()
+			listing := bpfListing[policyRowJSON]{Rows: []policyRowJSON{}}
+			var readErr error
+			if !o.diff {
+				readErr = readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
+					row := policyRow(k)
+					row.Verdict = policycell.Verdict(v.Verdict()).String()
+					listing.add(row, o.limit)
+				})
+			} else {
+				readErr = diffMap(m,
+					func(k PolicyMapKey) (PolicyMapValue, bool) {
+						id, dir, proto, port := k.Fields()
+						e, _, found := table.Get(txn, policycell.PolicyKeyIndex.Query(policycell.PolicyKey{
+							Identity: identitycell.NumericIdentity(id), Direction: policycell.Direction(dir),
+							Protocol: policycell.Protocol(proto), Port: port}))
+						if !found {
+							return PolicyMapValue{}, false
+						}
+						return NewPolicyMapValue(uint32(e.Verdict)), true
+					},
+					func(yield func(PolicyMapKey, PolicyMapValue) bool) {
+						for e := range table.All(txn) {
+							k := NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+							if !yield(k, NewPolicyMapValue(uint32(e.Verdict))) {
+								return
+							}
+						}
+					},
+					func(kind string, k PolicyMapKey, inMap, want PolicyMapValue) {
+						row := policyRow(k)
+						row.Difference = kind
+						if kind != diffMissing {
+							row.Verdict = policycell.Verdict(inMap.Verdict()).String()
+						}
+						if kind != diffExtra {
+							row.DesiredVerdict = policycell.Verdict(want.Verdict()).String()
+						}
+						listing.add(row, o.limit)
+					})
+			}
+			if readErr != nil {
+				return scriptcmd.Result("", fmt.Errorf("read policy map: %w", readErr))
+			}
+			var err2 error
+			if o.diff {
+				err2 = differError(PolicyMapName, listing.Total)
+			}
+			if o.json {
+				return scriptcmd.JSON(listing, err2)
+			}
+			var out strings.Builder
+			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+			if o.diff {
+				if listing.Total > 0 {
+					fmt.Fprintln(w, "Difference\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")
+				}
+			} else {
+				fmt.Fprintln(w, "Identity\tDirection\tProtocol\tPort\tVerdict")
+			}
+			for _, r := range listing.Rows {
+				if o.diff {
+					fmt.Fprintf(w, "%s\t", r.Difference)
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s", r.Identity, r.Direction, r.Protocol, r.Port, dash(r.Verdict))
+				if o.diff {
+					fmt.Fprintf(w, "\t%s", dash(r.DesiredVerdict))
+				}
+				fmt.Fprintln(w)
+			}
+			w.Flush()
+			truncated(&out, listing.Truncated, len(listing.Rows), listing.Total)
+			return scriptcmd.Result(out.String(), err2)
+		})
+}
+
+func truncated(out *strings.Builder, truncated bool, shown, total int) {
+	if truncated {
+		fmt.Fprintf(out, "(%d of %d rows shown; raise --limit for more)\n", shown, total)
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func deref(p *uint32) uint32 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+func optional(id uint32, present bool) string {
+	if !present {
+		return "-"
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}

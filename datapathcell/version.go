@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+)
+
+// EmbeddedProgram describes the enforcement object built into the
+// binary without loading it: its SHA-256 and its programs' names. (A
+// program's kernel tag cannot be computed offline on every kernel: since
+// Linux 6.18 it is another hash; AttachedPrograms compares instead.)
+//
+// Possible errors: the embedded object cannot be parsed (a broken build).
+func EmbeddedProgram() (sha256 string, programs []string, err error) {
+	spec, err := bpf.LoadEnforce()
+	if err != nil {
+		return "", nil, fmt.Errorf("load enforcement program spec: %w", err)
+	}
+	return bpf.ObjectSHA256(), slices.Sorted(maps.Keys(spec.Programs)), nil
+}
+
+// AttachedProgram is the program a pinned link of an agent holds.
+type AttachedProgram struct {
+	// Link is the pin's name (device and hook).
+	Link      string `json:"link"`
+	ProgramID uint32 `json:"programId"`
+	// Name is the kernel's (truncated to 15 characters); Tag the
+	// kernel's hash of the instructions, as bpftool prog shows it.
+	Name string `json:"name"`
+	Tag  string `json:"tag"`
+	// BuildProgram is the program of this binary's embedded object that
+	// the kernel's tag matches; "" when none does (another build runs).
+	BuildProgram string `json:"buildProgram"`
+}
+
+// AttachedPrograms reads the programs held by the links an agent pinned
+// under bpfRoot; none if it pinned none (no directory). It needs the
+// privilege to open pins and programs by ID (root).
+//
+// Possible errors: a pin or program cannot be opened or read (no
+// permission).
+func AttachedPrograms(bpfRoot string) ([]AttachedProgram, error) {
+	dir := linksDir(bpfRoot)
+	names, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pinned links: %w", err)
+	}
+	spec, err := bpf.LoadEnforce()
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program spec: %w", err)
+	}
+	var out []AttachedProgram
+	for _, name := range names {
+		p, err := attachedProgram(filepath.Join(dir, name.Name()), spec)
+		if err != nil {
+			return nil, err
+		}
+		p.Link = name.Name()
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func attachedProgram(pin string, spec *ebpf.CollectionSpec) (AttachedProgram, error) {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return AttachedProgram{}, fmt.Errorf("open pinned link %s: %w", pin, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return AttachedProgram{}, fmt.Errorf("pinned link %s: %w", pin, err)
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return AttachedProgram{}, fmt.Errorf("program %d of pinned link %s: %w", info.Program, pin, err)
+	}
+	defer prog.Close()
+	pinfo, err := prog.Info()
+	if err != nil {
+		return AttachedProgram{}, fmt.Errorf("program %d of pinned link %s: %w", info.Program, pin, err)
+	}
+	out := AttachedProgram{ProgramID: uint32(info.Program), Name: pinfo.Name, Tag: pinfo.Tag}
+	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
+		if spec.Programs[name].Compatible(pinfo) == nil {
+			out.BuildProgram = name
+			break
+		}
+	}
+	return out, nil
+}

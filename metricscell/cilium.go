@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package metricscell
+
+import (
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// Series a Cilium user looks for, under Cilium's names and labels, from
+// what this agent has: the program counts packets per direction and
+// verdict (not bytes, so there are no cilium_*_bytes_total), and drops
+// only for want of a policy entry, which Cilium's reason "Policy denied"
+// names.
+const (
+	ciliumPrefix = "cilium_"
+	// dropReasonPolicyDenied is Cilium's reason for a packet no policy
+	// allows.
+	dropReasonPolicyDenied = "Policy denied"
+)
+
+// ciliumDirection is Cilium's spelling of a direction label.
+func ciliumDirection(direction string) string {
+	if direction == "ingress" {
+		return "INGRESS"
+	}
+	return "EGRESS"
+}
+
+// mapPressureCollector reports cilium_bpf_map_pressure of the ipcache and
+// policy maps (entries written over max entries) and the conntrack map
+// (live entries of its collector's last pass), and the policies:
+// cilium_policy and the files in force and rejected.
+type mapPressureCollector struct {
+	db       *statedb.DB
+	ipcache  statedb.Table[*ipcachecell.Entry]
+	policy   statedb.Table[*policycell.PolicyEntry]
+	policies statedb.Table[*policycell.Policy]
+	files    *policycell.PolicyFiles
+	cfg      datapathcell.Config
+	datapath *datapathcell.Datapath
+
+	pressure, policyCount, policyFiles *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*mapPressureCollector)(nil)
+
+func newMapPressureCollector(p stateParams) *mapPressureCollector {
+	return &mapPressureCollector{
+		db: p.DB, ipcache: p.Entries, policy: p.PolicyEntries, policies: p.Policies, files: p.PolicyFiles, cfg: p.DatapathConfig,
+		datapath: p.Datapath,
+		pressure: prometheus.NewDesc(ciliumPrefix+"bpf_map_pressure",
+			"Fill of a BPF map: entries over max entries (ipcache and policy: the entries the agent has written; conntrack: the live entries of the last collection pass)",
+			[]string{"map_name"}, nil),
+		policyCount: prometheus.NewDesc(ciliumPrefix+"policy",
+			"Policies in force", nil, nil),
+		policyFiles: prometheus.NewDesc(metricPrefix+"policy_files",
+			"Files of the policy directory by state: in_force, or rejected (the policies of an earlier content stay in force)",
+			[]string{"state"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *mapPressureCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pressure
+	ch <- c.policyCount
+	ch <- c.policyFiles
+}
+
+// Collect implements prometheus.Collector. It walks the ipcache and policy
+// tables (one read transaction, as the ipcache collector does), counting
+// the rows the writers have written (status Done): the entries in the maps
+// as the agent knows them, without reading the kernel's maps.
+func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
+	txn := c.db.ReadTxn()
+	if c.ipcache != nil && c.cfg.IPCacheMapMaxEntries > 0 {
+		n := 0
+		for e := range c.ipcache.All(txn) {
+			if e.GetStatus().Kind == reconciler.StatusKindDone {
+				n++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+			float64(n)/float64(c.cfg.IPCacheMapMaxEntries), datapathcell.IPCacheMapName)
+	}
+	if c.policy != nil && c.cfg.PolicyMapMaxEntries > 0 {
+		n := 0
+		for e := range c.policy.All(txn) {
+			if e.Status.Kind == reconciler.StatusKindDone {
+				n++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+			float64(n)/float64(c.cfg.PolicyMapMaxEntries), datapathcell.PolicyMapName)
+	}
+	if ct := c.datapath.ConntrackStats(); ct.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+			float64(ct.Entries)/float64(ct.MaxEntries), datapathcell.ConntrackMapName)
+	}
+	if c.policies != nil {
+		ch <- prometheus.MustNewConstMetric(c.policyCount, prometheus.GaugeValue, float64(c.policies.NumObjects(txn)))
+	}
+	if c.files != nil {
+		inForce, rejected := c.files.Counts()
+		ch <- prometheus.MustNewConstMetric(c.policyFiles, prometheus.GaugeValue, float64(inForce), "in_force")
+		ch <- prometheus.MustNewConstMetric(c.policyFiles, prometheus.GaugeValue, float64(rejected), "rejected")
+	}
+}
