@@ -79,13 +79,8 @@ func (r *revisionCounter) load() uint64 { return atomic.LoadUint64(r.word) }
 func (r *revisionCounter) startAbove(ct *ebpf.Map) error {
 	if r.load()&revisionMask == 0 && ct != nil {
 		var highest uint64
-		var k ConntrackKey
-		var v ConntrackValue
-		it := ct.Iterate()
-		for it.Next(&k, &v) {
-			highest = max(highest, v.checked())
-		}
-		if err := it.Err(); err != nil {
+		err := readEntries(ct, func(_ ConntrackKey, v ConntrackValue) { highest = max(highest, v.checked()) })
+		if err != nil {
 			return fmt.Errorf("read conntrack map for the revision: %w", err)
 		}
 		atomic.StoreUint64(r.word, highest)

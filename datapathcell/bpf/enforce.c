@@ -303,8 +303,10 @@ struct ct_key {
 // The second word is origin | flags << 8 | checked << 16: checked is the
 // low 48 bits of `revision` at which policy last allowed a forward packet
 // in an enforced direction (0: never), see allowed_at. It is written in
-// one store with origin and flags (ct_checked), so that no CPU reads a
-// revision half old and half new.
+// one store with origin and flags (ct_forward), so that no CPU reads a
+// revision half old and half new. That store may undo a flag another CPU
+// set a moment before, as two CPUs' flag updates already may: a flag is
+// set again by the connection's next packet of the kind.
 struct ct_value {
 	__u64 expires; // bpf_ktime_get_coarse_ns() after which the entry is dead
 	__u8 origin;   // direction of the packet that created it
@@ -351,7 +353,7 @@ struct {
 
 // revision counts the agent's writes that can change a verdict (ipcache,
 // policy, enforcement): the agent adds one after each such write has
-// returned, through a shared mapping of this map, in one atomic store.
+// returned, with an atomic add through a shared mapping of this map.
 // Pinned, so that it only grows across restarts. Only its low 48 bits are
 // compared; 0 there means "do not trust a stored verdict".
 struct {
