@@ -27,7 +27,7 @@ import (
 //
 //	key   (40 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
 //	                  remote_port be16 | protocol u8 | family u8 | pad u16
-//	value (16 bytes): expires u64 | origin u8 | flags u8 | pad u16 | pad u32
+//	value (16 bytes): expires u64 | origin u8 | flags u8 | checked 48 bits (u16 | u32)
 //
 // The endpoint is the side behind the device, the remote the other one;
 // IPv4 addresses take the first 4 bytes. ICMP and ICMPv6 echo put the echo
@@ -36,6 +36,10 @@ import (
 // of the packet that created the entry (0 ingress, 1 egress): packets the
 // other way are its replies. flags: ConntrackEstablished,
 // ConntrackFINOrigin, ConntrackFINReply, ConntrackRST, ConntrackReplySeen.
+// checked is the second little-endian u64 shifted right by 16: the low 48
+// bits of the revision (revision.go) at which policy last allowed a
+// forward packet, 0 if never (a direction not enforced creates entries
+// without a verdict).
 const (
 	conntrackKeySize   = 40
 	conntrackValueSize = 16
@@ -118,6 +122,10 @@ func (v ConntrackValue) Origin() uint8 { return v[8] }
 
 // Flags are the entry's Conntrack* flags.
 func (v ConntrackValue) Flags() uint8 { return v[9] }
+
+// checked is the revision (revision.go) at which policy last allowed the
+// entry's forward direction, 0 if never.
+func (v ConntrackValue) checked() uint64 { return binary.LittleEndian.Uint64(v[8:16]) >> 16 }
 
 // monotonicNow is CLOCK_MONOTONIC_COARSE, the program's
 // bpf_ktime_get_coarse_ns.

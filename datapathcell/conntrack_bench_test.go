@@ -101,6 +101,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 		Enforcement: newMap(enforcementMapSpec()),
 		Counters:    newMap(countersMapSpec()),
 		Conntrack:   newMap(conntrackMapSpec(262144)),
+		Revision:    newMap(revisionMapSpec()),
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	seen := map[netip.Addr]bool{benchPeer: true, benchEndpoint: true}
@@ -118,6 +119,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
 	require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	bumpRevision(tb, maps)
 	return maps
 }
 
@@ -130,6 +132,7 @@ func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
 		}
 		require.NoError(tb, maps.Enforcement.Put(d, v))
 	}
+	bumpRevision(tb, maps)
 }
 
 // runPerPacket runs prog on pkt repeat times in the kernel and returns the

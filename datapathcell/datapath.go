@@ -30,6 +30,9 @@ type Datapath struct {
 	// snapshotTaken is closed once Start has taken the snapshot:
 	// IPCacheSnapshot waits for it.
 	snapshotTaken chan struct{}
+	// revision is bumped after every write to the maps the writers write
+	// (revision.go); set at start.
+	revision *revisionCounter
 
 	// order and policyOps are the map writers' shared state, set at
 	// registration.
@@ -81,13 +84,23 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if err := openConntrackMap(opened, PinDir(d.cfg.BPFRoot), d.cfg, d.log); err != nil {
 		return err
 	}
+	revision, err := newRevisionCounter(opened.Revision)
+	if err != nil {
+		opened.Close()
+		return err
+	}
 	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.entries),
 		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
 	d.mu.Lock()
-	d.maps, d.snapshot = opened, snapshot
+	d.maps, d.snapshot, d.revision = opened, snapshot, revision
 	d.mu.Unlock()
 	close(d.snapshotTaken)
-	return d.attachEnforcer(opened)
+	if err := d.attachEnforcer(opened); err != nil {
+		return err
+	}
+	// After the program is replaced, so that what the old one stored
+	// cannot count either.
+	return revision.startAbove(opened.Conntrack)
 }
 
 // attachEnforcer loads the enforcement program over the pinned maps and
@@ -99,7 +112,7 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 		return nil
 	}
 	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters,
-		Conntrack: m.Conntrack, ConntrackTimeouts: d.cfg.conntrackTimeouts()})
+		Conntrack: m.Conntrack, Revision: m.Revision, ConntrackTimeouts: d.cfg.conntrackTimeouts()})
 	if err != nil {
 		return err
 	}
@@ -132,6 +145,8 @@ func (d *Datapath) Stop(cell.HookContext) error {
 		errs = append(errs, d.maps.Close())
 		d.maps = nil
 	}
+	errs = append(errs, d.revision.Close())
+	d.revision = nil
 	return errors.Join(errs...)
 }
 
@@ -212,14 +227,19 @@ func (d *Datapath) Counters() (Counters, error) {
 func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }
 
 // written returns the maps the writers write, which run only between start
-// and stop.
+// and stop. Each write to them bumps the revision (revisedMap): this is
+// the one place the writers get their maps from.
 func (d *Datapath) written() writtenMaps {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fakeMaps != nil {
 		return *d.fakeMaps
 	}
-	return writtenMaps{ipcache: d.maps.IPCache, policy: d.maps.Policy, enforcement: d.maps.Enforcement}
+	return writtenMaps{
+		ipcache:     revisedMap{d.maps.IPCache, d.revision},
+		policy:      revisedMap{d.maps.Policy, d.revision},
+		enforcement: revisedMap{d.maps.Enforcement, d.revision},
+	}
 }
 
 func (d *Datapath) ipcacheMap() kernelMap     { return d.written().ipcache }

@@ -28,7 +28,10 @@
 //
 // Enforcement is stateful: replies of connections the policy allowed pass
 // (bpf/enforce.c; README.md, Connection tracking); the conntrack-gc job
-// deletes expired entries in bounded rounds.
+// deletes expired entries in bounded rounds. A connection's entry keeps
+// its forward direction's verdict until the next write to the ipcache,
+// policy or enforcement map: every such write bumps the pinned revision
+// map (revision.go), through the maps Datapath.written hands the writers.
 //
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
 // `policy-enforcement` tables (policycell). Writes: the pinned maps and

@@ -27,12 +27,12 @@ func linksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 
 // pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type pinnedMaps struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack, Revision *ebpf.Map
 }
 
 func (m *pinnedMaps) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.Revision} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -101,6 +101,9 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	}
 	if err == nil {
 		maps.Counters, err = openPinnedMap(dir, countersMapSpec(), log, nil)
+	}
+	if err == nil {
+		maps.Revision, err = openPinnedMap(dir, revisionMapSpec(), log, nil)
 	}
 	if err != nil {
 		maps.Close()

@@ -14,10 +14,15 @@ const (
 	EnforcementMapName = "enforcement"
 	CountersMapName    = "counters"
 	ConntrackMapName   = "conntrack"
+	RevisionMapName    = "revision"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
 const bpfFNoPrealloc = 1
+
+// bpfFMmapable is BPF_F_MMAPABLE: the agent adds to the revision counter
+// through a shared mapping, in one atomic instruction (revision.go).
+const bpfFMmapable = 1 << 10
 
 // The specs of the pinned maps (layouts in abi.go).
 
@@ -75,5 +80,17 @@ func conntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
 		KeySize:    conntrackKeySize,
 		ValueSize:  conntrackValueSize,
 		MaxEntries: maxEntries,
+	}
+}
+
+// revisionMapSpec: one u64, the revision counter (revision.go).
+func revisionMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       RevisionMapName,
+		Type:       ebpf.Array,
+		KeySize:    4,
+		ValueSize:  8,
+		MaxEntries: 1,
+		Flags:      bpfFMmapable,
 	}
 }

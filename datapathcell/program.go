@@ -34,7 +34,7 @@ import (
 // enforcerMaps are the maps the enforcement program uses in place of the
 // ones it declares: the agent's pinned maps, of the layouts in mapspecs.go.
 type enforcerMaps struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack, Revision *ebpf.Map
 	// ConntrackTimeouts are set in the program; zero keeps its defaults.
 	ConntrackTimeouts ConntrackTimeouts
 }
@@ -66,6 +66,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		bpf.EnforceMapEnforcement: maps.Enforcement,
 		bpf.EnforceMapCounters:    maps.Counters,
 		bpf.EnforceMapConntrack:   maps.Conntrack,
+		bpf.EnforceMapRevision:    maps.Revision,
 	}
 	for name, m := range replacements {
 		if m == nil {

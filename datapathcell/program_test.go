@@ -39,7 +39,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec(), conntrackMapSpec(1)} {
+	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec(), conntrackMapSpec(1), revisionMapSpec()} {
 		got, ok := spec.Maps[want.Name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
@@ -105,7 +105,19 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		Enforcement: newMap(enforcementMapSpec()),
 		Counters:    newMap(countersMapSpec()),
 		Conntrack:   newMap(conntrackMapSpec(4096)),
+		Revision:    newMap(revisionMapSpec()),
 	}
+}
+
+// bumpRevision does what the agent does after each write to the ipcache,
+// policy or enforcement map (revision.go): the tests that write those
+// maps directly stand for the agent.
+func bumpRevision(tb testing.TB, maps enforcerMaps) {
+	tb.Helper()
+	r, err := newRevisionCounter(maps.Revision)
+	require.NoError(tb, err)
+	r.bump()
+	require.NoError(tb, r.Close())
 }
 
 // newTestLinksDir returns a links directory on a private bpffs mount, which
@@ -138,11 +150,13 @@ func (nw *endpointNetwork) attach(t *testing.T, e *enforcer, linksDir string) {
 func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32) {
 	t.Helper()
 	require.NoError(t, maps.IPCache.Put(NewIPCacheMapKey(netip.MustParsePrefix(prefix)), NewIPCacheMapValue(identity)))
+	bumpRevision(t, maps)
 }
 
 func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policycell.Direction, protocol uint8, dport uint16) {
 	t.Helper()
 	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	bumpRevision(t, maps)
 }
 
 func clearPolicyMap(t *testing.T, maps enforcerMaps) {
@@ -158,6 +172,7 @@ func clearPolicyMap(t *testing.T, maps enforcerMaps) {
 	for _, k := range keys {
 		require.NoError(t, maps.Policy.Delete(k))
 	}
+	bumpRevision(t, maps)
 }
 
 func putEnforced(t *testing.T, maps enforcerMaps, direction policycell.Direction, enforced bool) {
@@ -167,6 +182,7 @@ func putEnforced(t *testing.T, maps enforcerMaps, direction policycell.Direction
 		v = 1
 	}
 	require.NoError(t, maps.Enforcement.Put(uint32(direction), v))
+	bumpRevision(t, maps)
 }
 
 func readTestCounters(t *testing.T, maps enforcerMaps) Counters {

@@ -406,7 +406,7 @@ func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 	t.Cleanup(func() { agentCommand("cleanup", "--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir).Run() })
 
 	pins := []string{"", "links", datapathcell.IPCacheMapName, datapathcell.PolicyMapName,
-		datapathcell.EnforcementMapName, datapathcell.CountersMapName,
+		datapathcell.EnforcementMapName, datapathcell.CountersMapName, datapathcell.ConntrackMapName, datapathcell.RevisionMapName,
 		"links/" + device + "-ingress", "links/" + device + "-egress"}
 	for _, name := range pins {
 		info, err := os.Stat(r.pin(name))

@@ -45,6 +45,20 @@
 //     connection that predates enforcement is picked up by its next
 //     packet) or refreshed. Dropped: its connection's entry is deleted, so
 //     that the replies of a connection whose policy went stop at once.
+//   - The check of a tracked forward packet is kept in its entry: the entry
+//     stores the revision (the pinned `revision`, which the agent bumps
+//     after every write to ipcache, policy or enforcement) at which policy
+//     last allowed it. A forward packet whose entry holds the current
+//     revision passes without the ipcache and policy lookups: nothing that
+//     could change its verdict was written since, so the check would say
+//     the same. Any other forward packet is checked in full, and the
+//     revision stored is the one read before the lookups (with a full
+//     barrier), so that a write racing the lookups leaves a revision that
+//     is no longer current. A packet that reads the bumped revision thus
+//     sees the write; one that reads the old one is concurrent with the
+//     write, as a packet in flight during a write always was. Revision 0
+//     (low 48 bits) is never trusted: entries created in a direction that
+//     is not enforced, and by older programs, hold it.
 //   - In a direction that is not enforced, packets pass. They are tracked
 //     (entries created and refreshed as above) only while the other
 //     direction is enforced, since an entry matters only to replies in an
@@ -166,6 +180,7 @@ struct __sk_buff {
 #define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_LPM_TRIE 11
 #define BPF_F_NO_PREALLOC 1
+#define BPF_F_MMAPABLE 1024
 #define BPF_ANY 0
 
 #define ETH_HLEN 14
@@ -236,6 +251,8 @@ struct __sk_buff {
 // An entry's expiry is rewritten only when it moves by more than this.
 #define CT_REFRESH_NS NSEC_PER_SEC
 
+#define REVISION_MASK 0xffffffffffffULL
+
 // Timeouts, Cilium's defaults. The loader may rewrite them (the agent's
 // hidden test flag does, to shorten them); volatile const keeps them in
 // .rodata where it can, and the verifier still sees them as constants.
@@ -283,12 +300,19 @@ struct ct_key {
 	__u16 pad;
 };
 
+// The second word is origin | flags << 8 | checked << 16: checked is the
+// low 48 bits of `revision` at which policy last allowed a forward packet
+// in an enforced direction (0: never), see allowed_at. It is written in
+// one store with origin and flags (ct_forward), so that no CPU reads a
+// revision half old and half new. That store may undo a flag another CPU
+// set a moment before, as two CPUs' flag updates already may: a flag is
+// set again by the connection's next packet of the kind.
 struct ct_value {
 	__u64 expires; // bpf_ktime_get_coarse_ns() after which the entry is dead
 	__u8 origin;   // direction of the packet that created it
 	__u8 flags;    // CT_*
-	__u16 pad;
-	__u32 pad2;
+	__u16 checked_lo;
+	__u32 checked_hi;
 };
 
 struct {
@@ -326,6 +350,19 @@ struct {
 	__type(value, struct ct_value);
 	__uint(max_entries, 262144);
 } conntrack SEC(".maps");
+
+// revision counts the agent's writes that can change a verdict (ipcache,
+// policy, enforcement): the agent adds one after each such write has
+// returned, with an atomic add through a shared mapping of this map.
+// Pinned, so that it only grows across restarts. Only its low 48 bits are
+// compared; 0 there means "do not trust a stored verdict".
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} revision SEC(".maps");
 
 // clock holds, per CPU, the coarse clock as read at the first packet of
 // the current jiffy: see now_ns. Not pinned: a reload starts it empty.
@@ -755,18 +792,60 @@ static __always_inline void ct_update(struct ct_value *ct, const struct flow *fl
 		ct->expires = expires;
 }
 
+// ct_word is an entry's second word: origin, flags and checked.
+static __always_inline __u64 *ct_word(struct ct_value *ct)
+{
+	return (__u64 *)&ct->origin;
+}
+
+// current_revision reads `revision` for a full check, before its lookups:
+// an atomic read-and-add of 0 is a full barrier, so the lookups that
+// follow cannot see the maps as they were before a write that the value
+// read already counts (a plain load may be reordered after them on
+// weakly ordered architectures such as arm64). 0 when the map cannot be
+// read.
+static __always_inline __u64 current_revision(void)
+{
+	__u32 zero = 0;
+	__u64 *rev = bpf_map_lookup_elem(&revision, &zero);
+
+	return rev ? __sync_fetch_and_add(rev, 0) & REVISION_MASK : 0;
+}
+
+// allowed_at says whether policy allowed this entry's direction at the
+// current revision, so that nothing that could change the verdict has
+// been written since: a plain load is enough here, as nothing read after
+// it depends on it.
+static __always_inline int allowed_at(struct ct_value *ct)
+{
+	__u32 zero = 0;
+	__u64 *rev = bpf_map_lookup_elem(&revision, &zero);
+	__u64 current;
+
+	if (!rev)
+		return 0;
+	current = *(volatile __u64 *)rev & REVISION_MASK;
+	return current != 0 && (*(volatile __u64 *)ct_word(ct) >> 16) == current;
+}
+
 // ct_forward creates the entry of an allowed forward packet, or refreshes
-// the one it has.
-static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction)
+// the one it has. checked is the revision read before policy allowed the
+// packet, or 0 when policy was not looked up (a direction not enforced):
+// it is stored with the entry, or left as it is when 0.
+static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction,
+				       __u64 checked)
 {
 	__u64 now = now_ns();
 	struct ct_value created = {.origin = direction};
 
 	if (ct) {
 		ct_update(ct, flow, 0, now);
+		if (checked && (*(volatile __u64 *)ct_word(ct) >> 16) != checked)
+			*(volatile __u64 *)ct_word(ct) = (__u64)ct->origin | (__u64)ct->flags << 8 | checked << 16;
 		return;
 	}
 	ct_update(&created, flow, 0, now);
+	*ct_word(&created) |= checked << 16;
 	// An LRU map makes room by evicting; should the insertion fail anyway,
 	// the packet still passes (see the top of the file).
 	bpf_map_update_elem(&conntrack, &flow->ct, &created, BPF_ANY);
@@ -781,6 +860,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 index = direction;
 	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 	__u32 quoted = 0;
+	__u64 checked;
 	__u32 *value;
 	int enforced, other_enforced = 0;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
@@ -839,7 +919,14 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	}
 	if (!enforced) {
 		if (flow.tracked)
-			ct_forward(ct, &flow, direction);
+			ct_forward(ct, &flow, direction, 0);
+		count(direction, 1);
+		return TCX_NEXT;
+	}
+	// A forward packet of a connection that policy allowed at the current
+	// revision: nothing that could change the verdict was written since.
+	if (ct && allowed_at(ct)) {
+		ct_update(ct, &flow, 0, now_ns());
 		count(direction, 1);
 		return TCX_NEXT;
 	}
@@ -854,9 +941,12 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		}
 	}
 
+	// Read only for an entry to store it in: the atomic read writes a
+	// cache line that every CPU shares.
+	checked = flow.tracked ? current_revision() : 0;
 	if (policy_allows(remote_identity(&remote), direction, &flow)) {
 		if (flow.tracked)
-			ct_forward(ct, &flow, direction);
+			ct_forward(ct, &flow, direction, checked);
 		count(direction, 1);
 		return TCX_NEXT;
 	}

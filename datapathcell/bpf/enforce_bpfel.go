@@ -25,6 +25,7 @@ const (
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapIpcache                 = "ipcache"
 	EnforceMapPolicy                  = "policy"
+	EnforceMapRevision                = "revision"
 	EnforceProgEnforceFromEndpoint    = "enforce_from_endpoint"
 	EnforceProgEnforceToEndpoint      = "enforce_to_endpoint"
 	EnforceVarCtTimeoutOther          = "ct_timeout_other"
@@ -89,6 +90,7 @@ type EnforceMapSpecs struct {
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
+	Revision    *ebpf.MapSpec `ebpf:"revision"`
 }
 
 // EnforceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -127,6 +129,7 @@ type EnforceMaps struct {
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	Policy      *ebpf.Map `ebpf:"policy"`
+	Revision    *ebpf.Map `ebpf:"revision"`
 }
 
 func (m *EnforceMaps) Close() error {
@@ -137,6 +140,7 @@ func (m *EnforceMaps) Close() error {
 		m.Enforcement,
 		m.Ipcache,
 		m.Policy,
+		m.Revision,
 	)
 }
 

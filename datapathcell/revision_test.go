@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// A forward packet of an established connection skips the policy lookups
+// while nothing that could change its verdict was written; each write the
+// writers make through the datapath's maps (Datapath.written, the maps
+// every writer gets) makes the next forward packet look policy up again.
+// Raw writes, which do not bump the revision, show that the verdict is
+// indeed kept: without the bumps, each case below would let the packet
+// pass.
+func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	counter, err := newRevisionCounter(maps.Revision)
+	require.NoError(t, err)
+	t.Cleanup(func() { counter.Close() })
+	d := &Datapath{
+		maps:     &pinnedMaps{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
+		revision: counter,
+	}
+	enf := loadTestEnforcer(t, maps)
+
+	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	forward := tcpPacket(out, peer, 0x10)
+	ctKey := newConntrackKey(out, peer, testProtoTCP)
+	peerKey := NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))
+	allowKey := NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
+	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	run := func(want uint32, msg string) {
+		t.Helper()
+		ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: forward})
+		require.NoError(t, err)
+		require.Equal(t, want, ret, msg)
+	}
+	// establish writes the state that allows the connection through the
+	// writers' maps and sends a forward packet, which stores its verdict.
+	establish := func() {
+		t.Helper()
+		w := d.written()
+		require.NoError(t, w.ipcache.Put(peerKey, NewIPCacheMapValue(testIdentityAllowed)))
+		require.NoError(t, w.policy.Put(allowKey, allow))
+		require.NoError(t, w.enforcement.Put(uint32(policycell.Egress), uint32(1)))
+		run(tcxNextRet, "allowed")
+		var v ConntrackValue
+		require.NoError(t, maps.Conntrack.Lookup(ctKey, &v))
+		require.Equal(t, counter.load()&revisionMask, v.checked(), "verdict stored at the current revision")
+	}
+	dropped := func(what string) {
+		t.Helper()
+		run(tcxDropRet, "after "+what)
+		var v ConntrackValue
+		require.ErrorIs(t, maps.Conntrack.Lookup(ctKey, &v), ebpf.ErrKeyNotExist, "entry deleted after "+what)
+	}
+
+	establish()
+	// A raw write is not seen while the revision stays: the kept verdict
+	// is used.
+	require.NoError(t, maps.Policy.Delete(allowKey))
+	run(tcxNextRet, "kept verdict after a write that did not bump")
+	require.NoError(t, maps.Policy.Put(allowKey, allow))
+	require.NoError(t, d.written().policy.Delete(allowKey))
+	dropped("policy entry deleted")
+
+	establish()
+	require.NoError(t, d.written().ipcache.Put(peerKey, NewIPCacheMapValue(testIdentityDenied)))
+	dropped("remote's identity changed")
+
+	establish()
+	_, err = d.written().ipcache.BatchUpdate([]IPCacheMapKey{peerKey}, []IPCacheMapValue{NewIPCacheMapValue(testIdentityDenied)}, nil)
+	require.NoError(t, err)
+	dropped("remote's identity changed in a batch")
+
+	establish()
+	_, err = d.written().ipcache.BatchDelete([]IPCacheMapKey{peerKey}, nil)
+	require.NoError(t, err)
+	dropped("remote's entry deleted in a batch (world)")
+
+	establish()
+	_, err = d.written().policy.BatchDelete([]PolicyMapKey{allowKey}, nil)
+	require.NoError(t, err)
+	dropped("policy entry deleted in a batch")
+
+	// Enforcement: egress off and on again around a raw policy delete.
+	establish()
+	require.NoError(t, d.written().enforcement.Put(uint32(policycell.Egress), uint32(0)))
+	require.NoError(t, maps.Policy.Delete(allowKey))
+	require.NoError(t, d.written().enforcement.Put(uint32(policycell.Egress), uint32(1)))
+	dropped("enforcement switched")
+}
+
+// A direction that is not enforced tracks without a verdict: its entry
+// is never trusted once the direction is enforced.
+func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	enf := loadTestEnforcer(t, maps)
+	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	putEnforced(t, maps, policycell.Ingress, true)
+	ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x10)})
+	require.NoError(t, err)
+	require.EqualValues(t, tcxNextRet, ret)
+	var v ConntrackValue
+	require.NoError(t, maps.Conntrack.Lookup(newConntrackKey(out, peer, testProtoTCP), &v))
+	require.Zero(t, v.checked())
+}
+
+func TestPrivilegedRevisionCounter(t *testing.T) {
+	privileged.Test(t)
+	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
+		m, err := ebpf.NewMap(spec)
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	ct := newMap(conntrackMapSpec(16))
+	rev := newMap(revisionMapSpec())
+	counter, err := newRevisionCounter(rev)
+	require.NoError(t, err)
+	t.Cleanup(func() { counter.Close() })
+
+	t.Run("a new counter starts above every stored revision", func(t *testing.T) {
+		for i, checked := range []uint64{7, 1 << 40, 3} {
+			v := newConntrackValue(1, 1, ConntrackEstablished)
+			v[10], v[11] = byte(checked), byte(checked>>8)
+			v[12], v[13], v[14], v[15] = byte(checked>>16), byte(checked>>24), byte(checked>>32), byte(checked>>40)
+			require.Equal(t, checked, v.checked())
+			require.NoError(t, ct.Put(newConntrackKey(netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:1"), uint8(i)), v))
+		}
+		require.NoError(t, counter.startAbove(ct))
+		require.Equal(t, uint64(1<<40+1), counter.load())
+	})
+	t.Run("a kept counter keeps counting", func(t *testing.T) {
+		require.NoError(t, counter.startAbove(ct))
+		require.Equal(t, uint64(1<<40+2), counter.load())
+		var v uint64
+		require.NoError(t, rev.Lookup(uint32(0), &v), "the map holds what the counter says")
+		require.Equal(t, counter.load(), v)
+	})
+	t.Run("the low 48 bits never read 0", func(t *testing.T) {
+		require.NoError(t, rev.Put(uint32(0), uint64(revisionMask)))
+		counter.bump()
+		require.Equal(t, uint64(revisionMask+2), counter.load())
+	})
+	t.Run("a closed counter does not bump", func(t *testing.T) {
+		c, err := newRevisionCounter(rev)
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+		c.bump()
+		require.NoError(t, c.Close())
+	})
+}
