@@ -49,6 +49,8 @@ func protocolName(p uint8) string {
 		return "UDP"
 	case 58:
 		return "ICMPv6"
+	case 132:
+		return "SCTP"
 	}
 	return fmt.Sprint(p)
 }

@@ -53,6 +53,5 @@ var (
 // ErrNotEnforced is wrapped (with ErrInvalidPolicy) by the error that
 // rejects a policy file for a construct this version reads but cannot
 // enforce yet: deny rules, enableDefaultDeny false, rules for every peer,
-// port ranges, ICMP types, SCTP ports (docs/CONTRACT.md, "Policy file
-// formats").
+// port ranges, ICMP types (docs/CONTRACT.md, "Policy file formats").
 var ErrNotEnforced = errors.New("not enforced by this version yet")

@@ -18,10 +18,7 @@ import "fmt"
 //     without CIDRs, a NetworkPolicy rule without from/to): the program
 //     looks up the remote identity only, never identity 0;
 //   - port ranges (the policy map is a hash of single ports);
-//   - ICMP types (the program looks ICMP up without a type);
-//   - SCTP ports (the program reads no SCTP port; SCTP as a whole is
-//     enforced). Cilium's ANY, the protocol of a toPorts port without one,
-//     includes SCTP.
+//   - ICMP types (the program looks ICMP up without a type).
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy and ErrNotEnforced.
 func unsupportedByEnforcement(p *Policy) error {
@@ -60,8 +57,6 @@ func notEnforced(dir Direction, rule Rule) string {
 			return "ICMP type rules (icmps)"
 		case port.EndPort != 0:
 			return "port ranges (endPort)"
-		case port.Protocol == ProtocolSCTP && port.Port != 0:
-			return "SCTP ports (protocol SCTP, or ANY or none, which include SCTP)"
 		}
 	}
 	return ""

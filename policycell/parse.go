@@ -54,7 +54,7 @@ func (e *FileError) Unwrap() error { return e.Err }
 // cut mid-write; `egress: []` is no rules), a CIDR that does not parse or has host bits set,
 // an except prefix outside its CIDR, an empty CIDR or port list, a rule
 // with ports but no CIDR, a port outside 1..65535 and a protocol other
-// than TCP or UDP are errors. A CIDR may be a bare address (a host
+// than TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP.
 //
 // Memory is bounded by the content's size: a document with more YAML
@@ -458,7 +458,8 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 	return prefix, nil
 }
 
-// port parses {port, protocol}; without a protocol it is both TCP and UDP.
+// port parses {port, protocol}; without a protocol it is both TCP and UDP
+// (not SCTP: this format predates SCTP ports and keeps its meaning).
 func (p *parser) port(n node, what string) ([]PortRange, error) {
 	fields, err := p.fields(n, what, "port", "protocol")
 	if err != nil {
@@ -489,6 +490,8 @@ func (p *parser) port(n node, what string) ([]PortRange, error) {
 		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}}, nil
 	case "UDP":
 		return []PortRange{{Port: uint16(port), Protocol: ProtocolUDP}}, nil
+	case "SCTP":
+		return []PortRange{{Port: uint16(port), Protocol: ProtocolSCTP}}, nil
 	}
-	return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP or UDP (omit it for both)", what, s)
+	return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP or SCTP (omit it for TCP and UDP)", what, s)
 }

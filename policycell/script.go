@@ -228,7 +228,7 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Explain the desired verdict for traffic with an address",
-			Args:    "address ingress|egress [TCP/port|UDP/port]",
+			Args:    "address ingress|egress [TCP/port|UDP/port|SCTP/port]",
 			Detail: []string{
 				"The address is the peer: the source for ingress, the destination",
 				"for egress. Its identity is that of the longest ipcache prefix",
@@ -305,12 +305,13 @@ type explainJSON struct {
 	Explanation []string `json:"explanation"`
 }
 
-// parsePortRange parses "TCP/443" into a key's protocol and port.
+// parsePortRange parses "TCP/443" (or UDP, SCTP) into a key's protocol and
+// port.
 func parsePortRange(s string) (PolicyKey, error) {
 	name, portText, ok := strings.Cut(s, "/")
 	protocol, err := ParseProtocol(name)
-	if !ok || err != nil || protocol != ProtocolTCP && protocol != ProtocolUDP {
-		return PolicyKey{}, fmt.Errorf("%q: want TCP/port or UDP/port", s)
+	if !ok || err != nil || protocol != ProtocolTCP && protocol != ProtocolUDP && protocol != ProtocolSCTP {
+		return PolicyKey{}, fmt.Errorf("%q: want TCP/port, UDP/port or SCTP/port", s)
 	}
 	port, err := strconv.ParseUint(portText, 10, 16)
 	if err != nil || port == 0 {

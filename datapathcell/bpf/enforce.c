@@ -31,8 +31,11 @@
 //     fraction of bpf_ktime_get_ns). The program reads that clock once per
 //     jiffy and CPU and keeps it in the per-CPU, unpinned map `clock`
 //     (now_ns), so an expiry may be set one tick early.
-//   - Tracked: TCP and UDP (by ports), ICMP and ICMPv6 echo (by the echo
-//     identifier, in the endpoint port; remote port 0). Nothing else is
+//   - Tracked: TCP, UDP and SCTP (by ports), ICMP and ICMPv6 echo (by the
+//     echo identifier, in the endpoint port; remote port 0). SCTP is
+//     tracked like UDP, by its common header's ports: its chunks are not
+//     read, and a multihomed association's packets from or to another of
+//     the peer's addresses are another entry. Nothing else is
 //     tracked: every packet of another protocol, and every packet without
 //     ports (non-first fragments, unknown IPv6 headers, short L4 headers),
 //     is decided by policy alone, in both directions.
@@ -81,7 +84,7 @@
 //     sides) 10 s. A SYN without ACK in the origin direction on a closing
 //     entry starts it again as opening (the port pair is being reused). A
 //     FIN from one side only keeps the established timeout: a half-closed
-//     connection may go on carrying data. UDP and ICMP echo: 60 s. These
+//     connection may go on carrying data. UDP, SCTP and ICMP echo: 60 s. These
 //     are Cilium's defaults; the loader may set others (the globals
 //     ct_timeout_*). An entry's expiry is rewritten only when it moves by
 //     more than CT_REFRESH_NS or gets shorter, so that a busy connection
@@ -115,8 +118,8 @@
 //     "no next header", ...), is matched with that next-header value as
 //     protocol and no port: only any-protocol rules pass it.
 //   - A packet too short for its IP header is dropped in an enforced
-//     direction (counted) and passed in a non-enforced one. A TCP or UDP
-//     header too short to hold the ports (for TCP: the flags) is matched
+//     direction (counted) and passed in a non-enforced one. A TCP, UDP or
+//     SCTP header too short to hold the ports (for TCP: the flags) is matched
 //     with no port and not tracked; so is an ICMP echo too short for its
 //     identifier.
 //
@@ -196,6 +199,7 @@ struct __sk_buff {
 #define IPPROTO_AH 51
 #define IPPROTO_ICMPV6 58
 #define IPPROTO_DSTOPTS 60
+#define IPPROTO_SCTP 132
 
 #define ICMP_ECHOREPLY 0
 #define ICMP_DEST_UNREACH 3
@@ -388,7 +392,7 @@ struct flow {
 	__u8 family;
 	__be16 dport;
 	__u8 has_port;
-	__u8 tracked;      // a TCP, UDP or ICMP echo packet with its ports or identifier
+	__u8 tracked;      // a TCP, UDP, SCTP or ICMP echo packet with its ports or identifier
 	__u8 tcp_flags;
 	__u8 echo_request;
 	__u8 icmp_error;   // ct is then the quoted packet's connection, if it has one
@@ -489,7 +493,8 @@ static __always_inline void set_ct_addrs6(struct ct_key *ct, __u8 direction, con
 }
 
 // read_l4 reads what policy and tracking need from the L4 header at l4_off
-// of a packet seen in direction: the destination port (TCP, UDP), and for
+// of a packet seen in direction: the destination port (TCP, UDP, SCTP:
+// all three start with the source and destination ports), and for
 // tracking the ports and TCP flags, or the ICMP type and echo identifier.
 // An ICMP error sets icmp_error and returns the offset of the quoted IP
 // header in *quoted. In a quoted packet (quoted_pkt) only the first 8
@@ -506,6 +511,7 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 	switch (protocol) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
 		if (protocol == IPPROTO_TCP && !quoted_pkt) {
 			l4 = header(skb, l4_off, 14, buf);
 			if (l4) {
