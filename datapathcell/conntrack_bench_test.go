@@ -180,10 +180,16 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
 			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 		}
-		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		replacements := map[string]*ebpf.Map{
 			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
 			CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack,
-		}}))
+		}
+		// An object that keeps verdicts shares the revision, so that it
+		// trusts what it kept as the current program does.
+		if _, ok := spec.Maps[RevisionMapName]; ok {
+			replacements[RevisionMapName] = maps.Revision
+		}
+		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: replacements}))
 		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
 		b.Cleanup(func() { before.Close() })
 	}
