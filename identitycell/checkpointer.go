@@ -157,8 +157,10 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 	return nil
 }
 
-// Stop implements cell.HookInterface. It returns no error: the write loop,
-// a job, writes the last checkpoint.
+// Stop implements cell.HookInterface: the write loop, a job, writes the
+// last checkpoint.
+//
+// Possible errors: none.
 func (c *Checkpointer) Stop(cell.HookContext) error { return nil }
 
 // run writes the checkpoint whenever the table changes, at most once per

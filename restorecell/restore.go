@@ -156,8 +156,10 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	return nil
 }
 
-// Stop implements cell.HookInterface. It returns no error: nothing is
-// released, the next run restores again from what is pinned.
+// Stop implements cell.HookInterface: nothing is released, the next run
+// restores again from what is pinned.
+//
+// Possible errors: none.
 func (r *Restorer) Stop(cell.HookContext) error { return nil }
 
 // releaseAfterGracePeriod waits for restore, the grace period and until
