@@ -81,7 +81,41 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				}
 				return nil, p.stream(s, kinds, asJSON)
 			}),
+		"datapath/events-lost": script.Command(
+			script.CmdUsage{
+				Summary: "Show the monitor events the program could not write since it was loaded",
+				Detail: []string{
+					"Refused by the per-CPU rate limit, and by a full ring buffer, summed",
+					"over CPUs (ipcache_agent_events_lost_total). Events are written only",
+					"while a monitor client is connected.",
+					"-o json: {\"rateLimit\": n, \"ringFull\": n}.",
+				},
+				Flags: scriptcmd.OutputFlag,
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				asJSON, err := scriptcmd.JSONOutput(s)
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
+				rateLimited, ringFull, err := p.Datapath.EventsLost()
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
+				if asJSON {
+					return scriptcmd.JSON(eventsLostJSON{RateLimit: rateLimited, RingFull: ringFull}, nil)
+				}
+				return scriptcmd.Result(fmt.Sprintf("Rate limit  %d\nRing full   %d\n", rateLimited, ringFull), nil)
+			}),
 	})
+}
+
+// eventsLostJSON is datapath/events-lost -o json.
+type eventsLostJSON struct {
+	RateLimit uint64 `json:"rateLimit"`
+	RingFull  uint64 `json:"ringFull"`
 }
 
 // stream writes the events of kinds to the client until it leaves.
