@@ -19,6 +19,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // MonitorCommand is the shell command that streams the program's events
@@ -37,6 +38,8 @@ type monitorParams struct {
 	Datapath   *Datapath
 	DB         *statedb.DB                           `optional:"true"`
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
+	// PolicyEntries name the policies of an allow by policy.
+	PolicyEntries statedb.Table[*policycell.PolicyEntry] `optional:"true"`
 }
 
 func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
@@ -218,7 +221,37 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
 		j.Labels = []string{"reserved:world"}
 	}
+	if e.Allowed && e.Reason == ReasonPolicy {
+		j.Policy = p.allowingPolicies(e)
+	}
 	return j
+}
+
+// allowingPolicies names the policies of the entry that allowed e, looked
+// up as the program does (port, then protocol, then any protocol): at
+// most three index lookups. Empty when the tables changed since.
+func (p monitorParams) allowingPolicies(e Event) string {
+	if p.DB == nil || p.PolicyEntries == nil {
+		return ""
+	}
+	txn := p.DB.ReadTxn()
+	key := policycell.PolicyKey{
+		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
+	}
+	var keys []policycell.PolicyKey
+	switch e.Protocol {
+	case 6, 17, 132:
+		withPort := key
+		withPort.Port = e.DstPort
+		keys = append(keys, withPort)
+	}
+	keys = append(keys, key, policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction})
+	for _, k := range keys {
+		if entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k)); found && entry.Verdict == policycell.VerdictAllow {
+			return strings.Join(entry.Policies, ",")
+		}
+	}
+	return ""
 }
 
 // writeEventText writes an event as cilium-dbg monitor does, roughly:

@@ -128,6 +128,9 @@ func TestPrivilegedMonitor(t *testing.T) {
 	require.Contains(t, []any{"policy", "established"}, allowed["reason"])
 	require.NotEqual(t, float64(2), allowed["identity"], "the allowed address has a CIDR identity")
 	require.Contains(t, allowed["labels"], "cidr:"+allowedIP+"/32")
+	if allowed["reason"] == "policy" {
+		require.Equal(t, "e2e", allowed["policy"], "the policy that allowed it")
+	}
 	require.Empty(t, matching(drops.events(), allowedIP), "no allowed packet with --type drop")
 	for _, ev := range verdicts.events() {
 		require.Equal(t, "allow", ev["verdict"], "--type verdict shows allowed packets only")
