@@ -5,6 +5,7 @@ package datapathcell
 import (
 	"encoding/binary"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,4 +147,21 @@ func TestPrivilegedProgramWritesEvents(t *testing.T) {
 	rate, full, err := (&Datapath{enforcer: enf}).EventsLost()
 	require.NoError(t, err)
 	require.Zero(t, rate+full)
+}
+
+func TestEventText(t *testing.T) {
+	p := monitorParams{}
+	e := Event{
+		Time: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC), Ifindex: 1, Direction: policycell.Egress, Reason: ReasonNoPolicy,
+		Identity: 2, Protocol: 1, ICMPType: 8, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("192.0.2.1"),
+	}
+	var sb strings.Builder
+	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
+	require.Equal(t, "2026-12-04T12:00:00Z drop (no-policy) on veth0 egress, identity 2 (reserved:world): 10.0.0.1 -> 192.0.2.1 ICMP type 8\n", sb.String())
+
+	e = Event{Time: e.Time, Ifindex: 1, Direction: policycell.Ingress, Allowed: true, Reason: ReasonReply, Identity: 16777217,
+		Protocol: 6, Src: e.Dst, Dst: e.Src, SrcPort: 443, DstPort: 40000}
+	sb.Reset()
+	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
+	require.Equal(t, "2026-12-04T12:00:00Z verdict allow (reply) on veth0 ingress, identity 16777217 (): 192.0.2.1:443 -> 10.0.0.1:40000 TCP\n", sb.String())
 }
