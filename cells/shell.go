@@ -179,8 +179,10 @@ const (
 	shellMemoryHeadroom = 150 << 20
 )
 
-// watchCommand runs until its client leaves.
-const watchCommand = "db/watch"
+// watchCommands run until their client leaves: statedb's db/watch and
+// the datapath's monitor (datapathcell.MonitorCommand). They share the
+// limit of maxShellWatches.
+var watchCommands = map[string]bool{"db/watch": true, "monitor": true}
 
 // waitingCommands mostly wait (health for a row that matches its pattern,
 // db/initialized for tables), holding little: they take no turn, which
@@ -439,13 +441,13 @@ func (s *shellServer) execute(ctx context.Context, line string, out io.Writer) (
 // or when maxShellWatches db/watch run already; ctx's.
 func (s *shellServer) turn(ctx context.Context, line string) (release func(), err error) {
 	name := commandName(line)
-	if name == watchCommand {
+	if watchCommands[name] {
 		select {
 		case s.watches <- struct{}{}:
 			return func() { <-s.watches }, nil
 		default:
-			return nil, fmt.Errorf("%w: %d %s already running, the most it serves at once; try again later",
-				ErrShellBusy, maxShellWatches, watchCommand)
+			return nil, fmt.Errorf("%w: %d db/watch or monitor already running, the most it serves at once; try again later",
+				ErrShellBusy, maxShellWatches)
 		}
 	}
 	if waitingCommands[name] {

@@ -277,7 +277,7 @@ func TestShellWatchesBounded(t *testing.T) {
 	_, err2 := exchange(t, sock, "! \tdb/watch ipcache")
 	require.ErrorContains(t, err2, "shell busy", "prefixed")
 	// The client has the agent's message, not its sentinel.
-	require.ErrorContains(t, err, "shell busy: 2 db/watch already running", "a watch beyond maxShellWatches")
+	require.ErrorContains(t, err, "shell busy: 2 db/watch or monitor already running", "a watch beyond maxShellWatches")
 	for range maxShellCommands + 1 {
 		_, err = exchange(t, sock, "health")
 		require.NoError(t, err)

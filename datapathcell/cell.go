@@ -31,7 +31,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, newDatapathMaps),
+	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps),
 	cell.Invoke(registerWriters, registerConntrackGC),
 )
 

@@ -197,9 +197,17 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	// just measured.
 	addBefore := func(add func(string, *ebpf.Program, []byte, uint32), name string, prog func(*enforcer) *ebpf.Program, pkt []byte) {
 		if before != nil {
-			add("before: "+name, prog(before), pkt, tcxNextRet)
+			want := uint32(tcxNextRet)
+			if strings.Contains(name, "dropped") {
+				want = tcxDropRet
+			}
+			add("before: "+name, prog(before), pkt, want)
 		}
 	}
+	// setEvents sets what the current program writes to its ring buffer
+	// (nobody reads it here: once it is full, or past the rate limit,
+	// an event costs the limit's check and the lost counter).
+	setEvents := func(kinds EventKinds) { require.NoError(b, enf.eventsMask.Set(uint32(kinds))) }
 	from := func(e *enforcer) *ebpf.Program { return e.fromEndpoint }
 	to := func(e *enforcer) *ebpf.Program { return e.toEndpoint }
 
@@ -252,6 +260,15 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		addBefore(add, "established, reply", to, replyACK)
 		require.NoError(b, maps.Conntrack.Delete(key))
 		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
+		addBefore(add, "untracked reply (dropped)", to, replyACK)
+		setEvents(EventDrops)
+		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
+		setEvents(0)
+		require.NoError(b, maps.Conntrack.Put(key, newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
+		setEvents(EventDrops | EventVerdicts)
+		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
+		setEvents(0)
+		require.NoError(b, maps.Conntrack.Delete(key))
 
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)

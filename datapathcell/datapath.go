@@ -44,6 +44,9 @@ type Datapath struct {
 	fakeMaps *writtenMaps
 
 	conntrackGC *conntrackGC
+
+	// events hands the program's events to monitor clients (events.go).
+	events eventHub
 }
 
 // writtenMaps are the maps the writers write.
@@ -126,6 +129,7 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 	d.mu.Lock()
 	d.enforcer = enf
 	d.mu.Unlock()
+	d.events.setProgram(enf.events, enf.eventsMask)
 	return nil
 }
 
@@ -137,6 +141,7 @@ func (d *Datapath) Stop(cell.HookContext) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
+	d.events.close()
 	if d.enforcer != nil {
 		errs = append(errs, d.enforcer.Close())
 		d.enforcer = nil

@@ -23,6 +23,15 @@ var (
 	// that a script reading them has an exit status to test.
 	ErrMapDiffers = errors.New("the pinned map differs")
 
+	// ErrNoProgram is returned by what reads the enforcement program's
+	// events (Subscribe, EventsLost) when the agent loaded none: no
+	// --devices, or before start and after stop.
+	ErrNoProgram = errors.New("no enforcement program loaded (no --devices?)")
+
+	// ErrEventType is the error of a monitor --type other than drop,
+	// verdict or all.
+	ErrEventType = errors.New("want drop, verdict or all")
+
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")
 )

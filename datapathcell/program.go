@@ -46,6 +46,10 @@ type enforcer struct {
 	fromEndpoint *ebpf.Program
 	// toEndpoint runs at TCX egress: the endpoint's ingress.
 	toEndpoint *ebpf.Program
+	// events is the program's ring buffer, eventState its per-CPU rate
+	// limit and lost counters, eventsMask what it writes (events.go).
+	events, eventState *ebpf.Map
+	eventsMask         *ebpf.Variable
 }
 
 // loadEnforcer loads the enforcement program with its maps replaced by
@@ -83,20 +87,28 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		return nil, err
 	}
 
-	var programs bpf.EnforcePrograms
-	if err := spec.LoadAndAssign(&programs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
+	var objs struct {
+		bpf.EnforcePrograms
+		Events     *ebpf.Map      `ebpf:"events"`
+		EventState *ebpf.Map      `ebpf:"event_state"`
+		EventsMask *ebpf.Variable `ebpf:"events_mask"`
+	}
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
 	return &enforcer{
-		fromEndpoint: programs.EnforceFromEndpoint,
-		toEndpoint:   programs.EnforceToEndpoint,
+		fromEndpoint: objs.EnforceFromEndpoint,
+		toEndpoint:   objs.EnforceToEndpoint,
+		events:       objs.Events,
+		eventState:   objs.EventState,
+		eventsMask:   objs.EventsMask,
 	}, nil
 }
 
 // Close releases the agent's references to the programs. Attached programs
 // stay attached: their pinned links hold them.
 func (e *enforcer) Close() error {
-	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close())
+	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close(), e.events.Close(), e.eventState.Close())
 }
 
 // tcxHook is one of the two attachment points of the program on a device.

@@ -137,8 +137,11 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		`cilium_bpf_map_pressure{map_name="policy"}`:                          0,
 		`cilium_bpf_map_pressure{map_name="conntrack"}`:                       0,
 		`cilium_policy`: 0,
-		`ipcache_agent_policy_files{state="in_force"}`: 0,
-		`ipcache_agent_policy_files{state="rejected"}`: 1,
+		// No device, no program: nothing to lose.
+		`ipcache_agent_events_lost_total{cause="rate_limit"}`: 0,
+		`ipcache_agent_events_lost_total{cause="ring_full"}`:  0,
+		`ipcache_agent_policy_files{state="in_force"}`:        0,
+		`ipcache_agent_policy_files{state="rejected"}`:        1,
 	} {
 		got, ok := s[series]
 		if assert.True(t, ok, "series %s missing", series) {

@@ -3,6 +3,7 @@
 package metricscell
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -190,6 +191,8 @@ type datapathCollector struct {
 
 	// Cilium's names (cilium.go).
 	drops, forwards *prometheus.Desc
+	// eventsLost: the program's lost monitor events (datapathcell.Datapath.EventsLost).
+	eventsLost *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*datapathCollector)(nil)
@@ -219,6 +222,9 @@ func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathC
 		drops: prometheus.NewDesc(ciliumPrefix+"drop_count_total",
 			"Packets the enforcement program dropped, by reason and direction (INGRESS, EGRESS), since the pinned counters map was created",
 			[]string{"reason", "direction"}, nil),
+		eventsLost: prometheus.NewDesc(metricPrefix+"events_lost_total",
+			"Monitor events the enforcement program could not write since it was loaded: refused by its per-CPU rate limit (cause rate_limit) or by a full ring buffer (ring_full); 0 when no program is loaded",
+			[]string{"cause"}, nil),
 		forwards: prometheus.NewDesc(ciliumPrefix+"forward_count_total",
 			"Packets the enforcement program passed, by direction (INGRESS, EGRESS), since the pinned counters map was created",
 			[]string{"direction"}, nil),
@@ -235,6 +241,7 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.conntrackPressure
 	ch <- c.drops
 	ch <- c.forwards
+	ch <- c.eventsLost
 }
 
 // Collect implements prometheus.Collector. The packet counters are left
@@ -250,6 +257,13 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected))
 	if ct.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.conntrackPressure, prometheus.GaugeValue, float64(ct.Entries)/float64(ct.MaxEntries))
+	}
+	rateLimited, ringFull, err := c.datapath.EventsLost()
+	if err == nil || errors.Is(err, datapathcell.ErrNoProgram) {
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(rateLimited), "rate_limit")
+		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(ringFull), "ring_full")
+	} else {
+		c.log.Debug("Lost events left out of metrics", "error", err)
 	}
 	counters, err := c.datapath.Counters()
 	if err != nil {

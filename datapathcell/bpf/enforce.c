@@ -123,6 +123,29 @@
 //     with no port and not tracked; so is an ICMP echo too short for its
 //     identifier.
 //
+// Events (docs/CONTRACT.md "Monitor events"; layout in ../events.go):
+//   - The program writes one struct event per verdict to the ring buffer
+//     `events` (EVENTS_RING_BYTES, not pinned: each loaded program has its
+//     own, which the agent that loaded it reads; a restarted agent loads a
+//     new program and reads that one's). What is written is set by the
+//     agent in the global events_mask: EVENTS_DROPS, one event for every
+//     drop; EVENTS_VERDICTS, also one for every allowed IP packet in an
+//     enforced direction. The agent sets the bits only while a monitor
+//     client wants them: with nobody reading, events would only fill the
+//     ring. With the mask 0 the only added work is that one load.
+//   - Rate limit: at most EVENTS_PER_SEC_PER_CPU events per second and CPU,
+//     counted in a fixed one-second window per CPU (`event_state`, a
+//     per-CPU array), so that a flood costs a map lookup and an increment
+//     per packet. Events refused by the limit, and events the full ring
+//     buffer could not take, are counted there per CPU (lost_rate,
+//     lost_full); the agent sums them (ipcache_agent_events_lost_total).
+//   - Reasons (one table, mirrored in ../events.go): drops REASON_NO_POLICY
+//     (default deny: no policy entry allows it), REASON_MALFORMED (an IP
+//     header too short); allows REASON_POLICY (a policy entry), REASON_REPLY
+//     (a reply of a tracked connection), REASON_ESTABLISHED (a tracked
+//     forward packet allowed at the current revision), REASON_RELATED (an
+//     ICMP error about a tracked connection).
+//
 // Headers are read directly from the linear part of the skb when they lie
 // in it (the common case, and several times cheaper than a helper call),
 // and with bpf_skb_load_bytes otherwise, so that headers outside the linear
@@ -182,6 +205,7 @@ struct __sk_buff {
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
 #define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_LPM_TRIE 11
+#define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_F_NO_PREALLOC 1
 #define BPF_F_MMAPABLE 1024
 #define BPF_ANY 0
@@ -256,6 +280,27 @@ struct __sk_buff {
 #define CT_REFRESH_NS NSEC_PER_SEC
 
 #define REVISION_MASK 0xffffffffffffULL
+
+// Events: the bits of events_mask, the rate limit, the ring's size and the
+// reason codes (the header above; ../events.go mirrors them).
+#define EVENTS_DROPS 0x1
+#define EVENTS_VERDICTS 0x2
+#define EVENTS_PER_SEC_PER_CPU 1000
+#define EVENTS_RING_BYTES (256 * 1024)
+
+#define REASON_NO_POLICY 1
+#define REASON_MALFORMED 2
+#define REASON_POLICY 16
+#define REASON_REPLY 17
+#define REASON_ESTABLISHED 18
+#define REASON_RELATED 19
+
+#define EVENT_DROP 0
+#define EVENT_ALLOW 1
+
+// events_mask is set by the agent at run time (EVENTS_*): in .bss, which
+// the agent writes through its mapping.
+volatile __u32 events_mask;
 
 // Timeouts, Cilium's defaults. The loader may rewrite them (the agent's
 // hidden test flag does, to shorten them); volatile const keeps them in
@@ -382,6 +427,47 @@ struct {
 	__uint(max_entries, 1);
 } clock SEC(".maps");
 
+// One event in `events` (64 bytes). Addresses and ports are the
+// connection key's: the endpoint's and the remote's (the direction says
+// which is the source); ports holds endpoint_port and remote_port as in
+// ct_key, the echo identifier for ICMP echo.
+struct event {
+	__u64 time_ns; // now_ns(): CLOCK_MONOTONIC_COARSE
+	__u32 ifindex;
+	__u32 identity; // the remote one; 0 when not known (REASON_MALFORMED)
+	__u8 direction;
+	__u8 verdict; // EVENT_DROP or EVENT_ALLOW
+	__u8 reason;  // REASON_*
+	__u8 family;
+	__u8 protocol;
+	__u8 icmp_type;
+	__u16 pad;
+	__u32 ports;
+	__u32 pad2;
+	__u8 endpoint_addr[16];
+	__u8 remote_addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EVENTS_RING_BYTES);
+} events SEC(".maps");
+
+// event_state is a CPU's rate-limit window and lost events.
+struct event_state {
+	__u64 window_ns; // start of the current one-second window
+	__u64 sent;      // events written in it
+	__u64 lost_rate; // refused by the rate limit, ever
+	__u64 lost_full; // refused by a full ring buffer, ever
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct event_state);
+	__uint(max_entries, 1);
+} event_state SEC(".maps");
+
 // What the policy lookup and connection tracking need from a packet. The
 // remote address is ct.remote_addr (family says which): the ipcache key
 // is built from it only when policy is looked up.
@@ -396,6 +482,7 @@ struct flow {
 	__u8 tcp_flags;
 	__u8 echo_request;
 	__u8 icmp_error;   // ct is then the quoted packet's connection, if it has one
+	__u8 icmp_type;    // for events
 };
 
 // Offsets in the IPv4 header.
@@ -540,6 +627,7 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 		l4 = header(skb, l4_off, 8, buf);
 		if (!l4)
 			break;
+		flow->icmp_type = l4[0];
 		if (protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 					     : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
 			flow->echo_request = protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
@@ -857,6 +945,77 @@ static __always_inline void ct_forward(struct ct_value *ct, const struct flow *f
 	bpf_map_update_elem(&conntrack, &flow->ct, &created, BPF_ANY);
 }
 
+// emit writes an event of the packet, within the rate limit. identity 0
+// with a parsed flow is looked up (an allow that did not need it).
+static __always_inline void emit(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 verdict,
+				 __u8 reason, __u32 identity)
+{
+	__u32 zero = 0;
+	struct event_state *state = bpf_map_lookup_elem(&event_state, &zero);
+	struct event *e;
+	__u64 now;
+
+	if (!state)
+		return;
+	now = now_ns();
+	if (now - state->window_ns >= NSEC_PER_SEC) {
+		state->window_ns = now;
+		state->sent = 0;
+	}
+	if (state->sent >= EVENTS_PER_SEC_PER_CPU) {
+		state->lost_rate++;
+		return;
+	}
+	state->sent++;
+	if (!identity && flow->family) {
+		struct ipcache_key key;
+
+		set_remote_key(&key, flow);
+		identity = remote_identity(&key);
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		state->lost_full++;
+		return;
+	}
+	e->time_ns = now;
+	e->ifindex = skb->ifindex;
+	e->identity = identity;
+	e->direction = direction;
+	e->verdict = verdict;
+	e->reason = reason;
+	e->family = flow->family;
+	e->protocol = flow->protocol;
+	e->icmp_type = flow->icmp_type;
+	e->pad = 0;
+	e->ports = flow->ports;
+	e->pad2 = 0;
+	__builtin_memcpy(e->endpoint_addr, flow->ct.endpoint_addr, 16);
+	__builtin_memcpy(e->remote_addr, flow->ct.remote_addr, 16);
+	bpf_ringbuf_submit(e, 0);
+}
+
+// allow counts an allowed packet of an enforced direction, with an event
+// when verdict events are on.
+static __always_inline int allow(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
+				 __u32 identity)
+{
+	count(direction, 1);
+	if (events_mask & EVENTS_VERDICTS)
+		emit(skb, flow, direction, EVENT_ALLOW, reason, identity);
+	return TCX_NEXT;
+}
+
+// drop counts a dropped packet, with an event when drop events are on.
+static __always_inline int drop(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
+				__u32 identity)
+{
+	count(direction, 0);
+	if (events_mask & EVENTS_DROPS)
+		emit(skb, flow, direction, EVENT_DROP, reason, identity);
+	return TCX_DROP;
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
@@ -867,6 +1026,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 	__u32 quoted = 0;
 	__u64 checked;
+	__u32 identity;
 	__u32 *value;
 	int enforced, other_enforced = 0;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
@@ -900,10 +1060,8 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		count(direction, 1);
 		return TCX_NEXT;
 	}
-	if (parsed != PARSE_OK) {
-		count(direction, 0);
-		return TCX_DROP;
-	}
+	if (parsed != PARSE_OK)
+		return drop(skb, &flow, direction, REASON_MALFORMED, 0);
 
 	if (enforced)
 		set_remote_key(&remote, &flow);
@@ -912,8 +1070,11 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		ct = bpf_map_lookup_elem(&conntrack, &flow.ct);
 		if (ct && ct->origin != direction && !flow.echo_request) {
 			ct_update(ct, &flow, 1, now_ns());
-			count(direction, 1);
-			return TCX_NEXT;
+			if (!enforced) {
+				count(direction, 1);
+				return TCX_NEXT;
+			}
+			return allow(skb, &flow, direction, REASON_REPLY, 0);
 		}
 		// An echo request against an entry of the other direction is a
 		// connection of its own that cannot have an entry (same key):
@@ -933,33 +1094,29 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// revision: nothing that could change the verdict was written since.
 	if (ct && allowed_at(ct)) {
 		ct_update(ct, &flow, 0, now_ns());
-		count(direction, 1);
-		return TCX_NEXT;
+		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
 	}
 	if (flow.icmp_error && quoted) {
 		// Decided by the connection it is about, if that is tracked.
 		struct flow about = flow;
 
 		parse_quoted(skb, direction, quoted, &about);
-		if (about.tracked && bpf_map_lookup_elem(&conntrack, &about.ct)) {
-			count(direction, 1);
-			return TCX_NEXT;
-		}
+		if (about.tracked && bpf_map_lookup_elem(&conntrack, &about.ct))
+			return allow(skb, &flow, direction, REASON_RELATED, 0);
 	}
 
 	// Read only for an entry to store it in: the atomic read writes a
 	// cache line that every CPU shares.
 	checked = flow.tracked ? current_revision() : 0;
-	if (policy_allows(remote_identity(&remote), direction, &flow)) {
+	identity = remote_identity(&remote);
+	if (policy_allows(identity, direction, &flow)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, checked);
-		count(direction, 1);
-		return TCX_NEXT;
+		return allow(skb, &flow, direction, REASON_POLICY, identity);
 	}
 	if (ct)
 		bpf_map_delete_elem(&conntrack, &flow.ct);
-	count(direction, 0);
-	return TCX_DROP;
+	return drop(skb, &flow, direction, REASON_NO_POLICY, identity);
 }
 
 SEC("tcx/ingress")

@@ -23,6 +23,8 @@ const (
 	EnforceMapConntrack               = "conntrack"
 	EnforceMapCounters                = "counters"
 	EnforceMapEnforcement             = "enforcement"
+	EnforceMapEventState              = "event_state"
+	EnforceMapEvents                  = "events"
 	EnforceMapIpcache                 = "ipcache"
 	EnforceMapPolicy                  = "policy"
 	EnforceMapRevision                = "revision"
@@ -32,6 +34,7 @@ const (
 	EnforceVarCtTimeoutTcpClosing     = "ct_timeout_tcp_closing"
 	EnforceVarCtTimeoutTcpEstablished = "ct_timeout_tcp_established"
 	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
+	EnforceVarEventsMask              = "events_mask"
 )
 
 // LoadEnforce returns the embedded CollectionSpec for Enforce.
@@ -88,6 +91,8 @@ type EnforceMapSpecs struct {
 	Conntrack   *ebpf.MapSpec `ebpf:"conntrack"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
+	EventState  *ebpf.MapSpec `ebpf:"event_state"`
+	Events      *ebpf.MapSpec `ebpf:"events"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
 	Revision    *ebpf.MapSpec `ebpf:"revision"`
@@ -101,6 +106,7 @@ type EnforceVariableSpecs struct {
 	CtTimeoutTcpClosing     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_closing"`
 	CtTimeoutTcpEstablished *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
+	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
 }
 
 // EnforceObjects contains all objects after they have been loaded into the kernel.
@@ -127,6 +133,8 @@ type EnforceMaps struct {
 	Conntrack   *ebpf.Map `ebpf:"conntrack"`
 	Counters    *ebpf.Map `ebpf:"counters"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
+	EventState  *ebpf.Map `ebpf:"event_state"`
+	Events      *ebpf.Map `ebpf:"events"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	Policy      *ebpf.Map `ebpf:"policy"`
 	Revision    *ebpf.Map `ebpf:"revision"`
@@ -138,6 +146,8 @@ func (m *EnforceMaps) Close() error {
 		m.Conntrack,
 		m.Counters,
 		m.Enforcement,
+		m.EventState,
+		m.Events,
 		m.Ipcache,
 		m.Policy,
 		m.Revision,
@@ -152,6 +162,7 @@ type EnforceVariables struct {
 	CtTimeoutTcpClosing     *ebpf.Variable `ebpf:"ct_timeout_tcp_closing"`
 	CtTimeoutTcpEstablished *ebpf.Variable `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
+	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
 }
 
 // EnforcePrograms contains all programs after they have been loaded into the kernel.

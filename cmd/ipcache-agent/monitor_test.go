@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
+)
+
+// monitorClient is a running `ipcache-agent monitor -o json`.
+type monitorClient struct {
+	t   *testing.T
+	cmd *exec.Cmd
+	out *syncbuf.Buffer
+}
+
+func (e *e2e) startMonitor(typ string) *monitorClient {
+	e.t.Helper()
+	cmd := agentCommand("monitor", "--type="+typ, "-o", "json",
+		"--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"))
+	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+	m := &monitorClient{t: e.t, cmd: cmd, out: &syncbuf.Buffer{}}
+	cmd.Stdout, cmd.Stderr = m.out, m.out
+	require.NoError(e.t, cmd.Start())
+	e.t.Cleanup(m.stop)
+	return m
+}
+
+func (m *monitorClient) stop() {
+	if m.cmd.Process == nil || m.cmd.ProcessState != nil {
+		return
+	}
+	m.cmd.Process.Signal(syscall.SIGINT)
+	_ = m.cmd.Wait()
+}
+
+// events parses every line so far; a line that is not a JSON object fails.
+func (m *monitorClient) events() []map[string]any {
+	m.t.Helper()
+	var events []map[string]any
+	for line := range strings.Lines(m.out.String()) {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var ev map[string]any
+		require.NoError(m.t, json.Unmarshal([]byte(line), &ev), "monitor line %q", line)
+		events = append(events, ev)
+	}
+	return events
+}
+
+// matching returns the events to dst of an ICMP echo request.
+func matching(events []map[string]any, dst string) []map[string]any {
+	var out []map[string]any
+	for _, ev := range events {
+		if ev["dst"] == dst && ev["protocol"] == "ICMP" && ev["type"] == float64(8) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func TestPrivilegedMonitor(t *testing.T) {
+	e := newE2E(t)
+	e.writePolicy(allowedIP)
+	e.startAgent()
+	e.waitVerdicts(allowedIP, otherIP)
+
+	drops := e.startMonitor("drop")
+	verdicts := e.startMonitor("verdict")
+	// Subscribed once a dropped ping shows.
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		return len(matching(drops.events(), otherIP)) > 0
+	}, 10*time.Second, 10*time.Millisecond, "monitor --type drop shows no drop: %s\nagent: %s", drops.out, e.agentLog)
+
+	// A dropped ping appears within a second.
+	seen := len(matching(drops.events(), otherIP))
+	ping := exec.Command("ip", "netns", "exec", e.epNS, "ping", "-c1", "-W1", otherIP)
+	sent := time.Now()
+	require.NoError(t, ping.Start())
+	require.Eventually(t, func() bool { return len(matching(drops.events(), otherIP)) > seen },
+		time.Second, 5*time.Millisecond, "a dropped ping's event within a second: %s", drops.out)
+	t.Logf("drop event %v after the ping started", time.Since(sent))
+	_ = ping.Wait() // dropped: it fails
+	ev := matching(drops.events(), otherIP)[seen]
+	keys := make([]string, 0, len(ev))
+	for k := range ev {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	require.Equal(t, []string{"device", "direction", "dst", "identity", "labels", "protocol", "reason", "src", "time", "type", "verdict"}, keys)
+	require.Equal(t, "10.201.0.2", ev["src"])
+	require.Equal(t, "egress", ev["direction"])
+	require.Equal(t, e2eDevice, ev["device"])
+	require.Equal(t, "drop", ev["verdict"])
+	require.Equal(t, "no-policy", ev["reason"])
+	require.Equal(t, float64(2), ev["identity"], "an address in no policy is world")
+	require.Equal(t, []any{"reserved:world"}, ev["labels"])
+	when, err := time.Parse(time.RFC3339Nano, ev["time"].(string))
+	require.NoError(t, err)
+	require.WithinDuration(t, sent, when, time.Second)
+
+	// An allowed ping: with --type verdict, with its policy's identity and
+	// labels; not with --type drop.
+	require.True(t, e.reachable(allowedIP))
+	require.Eventually(t, func() bool { return len(matching(verdicts.events(), allowedIP)) > 0 },
+		time.Second, 5*time.Millisecond, "an allowed ping's event with --type verdict: %s", verdicts.out)
+	allowed := matching(verdicts.events(), allowedIP)[0]
+	require.Equal(t, "allow", allowed["verdict"])
+	require.Contains(t, []any{"policy", "established"}, allowed["reason"])
+	require.NotEqual(t, float64(2), allowed["identity"], "the allowed address has a CIDR identity")
+	require.Contains(t, allowed["labels"], "cidr:"+allowedIP+"/32")
+	if allowed["reason"] == "policy" {
+		require.Equal(t, "e2e", allowed["policy"], "the policy that allowed it")
+	}
+	require.Empty(t, matching(drops.events(), allowedIP), "no allowed packet with --type drop")
+	for _, ev := range verdicts.events() {
+		require.Equal(t, "allow", ev["verdict"], "--type verdict shows allowed packets only")
+	}
+
+	// The text form answers too.
+	text := agentCommand("shell", "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"), "help", "monitor")
+	out, err := text.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "--type")
+}
+
+// cpuTime is a process's user and system time so far (/proc/<pid>/stat).
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	// Fields after the command's parenthesis: state is the 3rd field,
+	// utime the 14th and stime the 15th.
+	_, rest, ok := strings.Cut(string(stat), ") ")
+	require.True(t, ok)
+	fields := strings.Fields(rest)
+	utime, err := strconv.ParseUint(fields[11], 10, 64)
+	require.NoError(t, err)
+	stime, err := strconv.ParseUint(fields[12], 10, 64)
+	require.NoError(t, err)
+	const ticksPerSecond = 100 // USER_HZ
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
+
+var pingRTT = regexp.MustCompile(`rtt min/avg/max/mdev = [\d.]+/([\d.]+)/`)
+
+// pingFor pings dst from the endpoint every millisecond for d and returns
+// sent, received and the average round trip.
+func (e *e2e) pingFor(dst string, d time.Duration) (sent, received int, avg float64) {
+	e.t.Helper()
+	out, _ := exec.Command("ip", "netns", "exec", e.epNS, "ping", "-q", "-i", "0.001", "-w", strconv.Itoa(int(d.Seconds())), dst).CombinedOutput()
+	m := pingSummary.FindStringSubmatch(string(out))
+	require.NotNil(e.t, m, "ping: %s", out)
+	sent, _ = strconv.Atoi(m[1])
+	received, _ = strconv.Atoi(m[2])
+	if r := pingRTT.FindStringSubmatch(string(out)); r != nil {
+		avg, _ = strconv.ParseFloat(r[1], 64)
+	}
+	return sent, received, avg
+}
+
+// flood sends UDP datagrams from the endpoint to dst:9 at about pps
+// until stop is closed, and returns how many it sent.
+func (e *e2e) flood(dst string, pps int, stop <-chan struct{}) int {
+	var conn *net.UDPConn
+	require.NoError(e.t, netnstest.InNetns(e.t, e.epNS, func() error {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.ParseIP(dst), Port: 9})
+		conn = c
+		return err
+	}))
+	defer conn.Close()
+	payload := make([]byte, 16)
+	sent := 0
+	const tick = time.Millisecond
+	perTick := pps / int(time.Second/tick)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return sent
+		case <-ticker.C:
+		}
+		for range perTick {
+			if _, err := conn.Write(payload); err == nil {
+				sent++
+			}
+		}
+	}
+}
+
+func TestPrivilegedMonitorFlood(t *testing.T) {
+	e := newE2E(t)
+	e.writePolicy(allowedIP)
+	e.startAgent()
+	e.waitVerdicts(allowedIP, otherIP)
+
+	_, _, calm := e.pingFor(allowedIP, time.Second)
+	all := e.startMonitor("all")
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		return len(matching(all.events(), otherIP)) > 0
+	}, 10*time.Second, 10*time.Millisecond, "monitor shows no drop: %s", all.out)
+	lostBefore := e.eventsLost()
+	seenBefore := len(all.events())
+
+	pid := e.agent.Process.Pid
+	cpuBefore := cpuTime(t, pid)
+	const floodFor = 3 * time.Second
+	stop := make(chan struct{})
+	floodSent := make(chan int)
+	start := time.Now()
+	go func() { floodSent <- e.flood(otherIP, 100_000, stop) }()
+	sent, received, busy := e.pingFor(allowedIP, floodFor)
+	close(stop)
+	flooded := <-floodSent
+	elapsed := time.Since(start)
+	cpu := cpuTime(t, pid) - cpuBefore
+	time.Sleep(500 * time.Millisecond) // the last events reach the client
+	events := len(all.events()) - seenBefore
+	lost := e.eventsLost() - lostBefore
+
+	t.Logf("flood: %d datagrams in %v (%.0f/s); events shown %d, lost %d; agent CPU %v; ping 1 ms: %d sent, %d received, avg rtt %.3f ms (%.3f ms without the flood)",
+		flooded, elapsed, float64(flooded)/elapsed.Seconds(), events, lost, cpu, sent, received, busy, calm)
+	// Per CPU and second at most 1000 events (bpf/enforce.c), one window
+	// more for the windows' edges.
+	limit := 1000 * runtime.NumCPU() * (int(elapsed.Seconds()) + 2)
+	require.LessOrEqual(t, events, limit, "events are rate-limited")
+	require.Greater(t, flooded, 100_000, "the flood ran")
+	require.Positive(t, lost, "lost events are counted")
+	require.Less(t, cpu, elapsed/2, "the agent's CPU stays bounded during the flood")
+	require.Equal(t, sent, received, "the allowed ping loses nothing")
+	require.Less(t, busy, calm*10+1, "forwarding is not slowed much (ms)")
+}
+
+// eventsLost is datapath/events-lost's total.
+func (e *e2e) eventsLost() uint64 {
+	e.t.Helper()
+	var lost struct{ RateLimit, RingFull uint64 }
+	require.NoError(e.t, json.Unmarshal([]byte(e.shell("datapath/events-lost", "-o", "json")), &lost))
+	return lost.RateLimit + lost.RingFull
+}

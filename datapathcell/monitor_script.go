@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// MonitorCommand is the shell command that streams the program's events
+// until its client leaves (the shell serves it like db/watch).
+const MonitorCommand = "monitor"
+
+// monitorFlush is how often a monitor's pending lines go to its client:
+// the contract promises an event within a second of its packet.
+const monitorFlush = 100 * time.Millisecond
+
+// monitorParams: the identities table is optional, so that the datapath
+// runs without the identity cell (its tests); events then carry no labels.
+type monitorParams struct {
+	cell.In
+
+	Datapath   *Datapath
+	DB         *statedb.DB                           `optional:"true"`
+	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
+	// PolicyEntries name the policies of an allow by policy.
+	PolicyEntries statedb.Table[*policycell.PolicyEntry] `optional:"true"`
+}
+
+func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		MonitorCommand: script.Command(
+			script.CmdUsage{
+				Summary: "Stream the enforcement program's drop and verdict events until interrupted",
+				Detail: []string{
+					"--type drop (default): one event per dropped packet; verdict: one per",
+					"allowed packet of an enforced direction; all: both. Rate-limited in",
+					"the program per CPU; lost events are counted (ipcache_agent_events_lost_total).",
+					"-o json: one object per line: time, device, direction, src, dst,",
+					"protocol, sport, dport (ICMP: type), identity, labels, verdict, reason.",
+				},
+				Flags: func(fs *pflag.FlagSet) {
+					scriptcmd.OutputFlag(fs)
+					fs.String("type", "drop", "Events: drop, verdict or all")
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				asJSON, err := scriptcmd.JSONOutput(s)
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
+				typ, err := s.Flags.GetString("type")
+				if err != nil {
+					return nil, err
+				}
+				var kinds EventKinds
+				switch typ {
+				case "drop":
+					kinds = EventDrops
+				case "verdict":
+					kinds = EventVerdicts
+				case "all":
+					kinds = EventDrops | EventVerdicts
+				default:
+					return scriptcmd.Result("", fmt.Errorf("--type %s: %w", typ, ErrEventType))
+				}
+				return nil, p.stream(s, kinds, asJSON)
+			}),
+		"datapath/events-lost": script.Command(
+			script.CmdUsage{
+				Summary: "Show the monitor events the program could not write since it was loaded",
+				Detail: []string{
+					"Refused by the per-CPU rate limit, and by a full ring buffer, summed",
+					"over CPUs (ipcache_agent_events_lost_total). Events are written only",
+					"while a monitor client is connected.",
+					"-o json: {\"rateLimit\": n, \"ringFull\": n}.",
+				},
+				Flags: scriptcmd.OutputFlag,
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				asJSON, err := scriptcmd.JSONOutput(s)
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
+				rateLimited, ringFull, err := p.Datapath.EventsLost()
+				if err != nil {
+					return scriptcmd.Result("", err)
+				}
+				if asJSON {
+					return scriptcmd.JSON(eventsLostJSON{RateLimit: rateLimited, RingFull: ringFull}, nil)
+				}
+				return scriptcmd.Result(fmt.Sprintf("Rate limit  %d\nRing full   %d\n", rateLimited, ringFull), nil)
+			}),
+	})
+}
+
+// eventsLostJSON is datapath/events-lost -o json.
+type eventsLostJSON struct {
+	RateLimit uint64 `json:"rateLimit"`
+	RingFull  uint64 `json:"ringFull"`
+}
+
+// stream writes the events of kinds to the client until it leaves.
+func (p monitorParams) stream(s *script.State, kinds EventKinds, asJSON bool) error {
+	events, cancel, err := p.Datapath.Subscribe(kinds)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	out := s.LogWriter()
+	devices := map[uint32]string{}
+	flush := time.NewTicker(monitorFlush)
+	defer flush.Stop()
+	pending := false
+	for {
+		select {
+		case <-s.Context().Done():
+			return nil
+		case <-flush.C:
+			if pending {
+				if err := s.FlushLog(); err != nil {
+					return err
+				}
+				pending = false
+			}
+		case e := <-events:
+			j := p.describe(e, devices)
+			if asJSON {
+				b, err := json.Marshal(j)
+				if err != nil {
+					return err
+				}
+				out.Write(append(b, '\n'))
+			} else {
+				writeEventText(out, j)
+			}
+			pending = true
+		}
+	}
+}
+
+// eventJSON is one line of monitor -o json (docs/CONTRACT.md).
+type eventJSON struct {
+	Time      string   `json:"time"`
+	Device    string   `json:"device"`
+	Direction string   `json:"direction"`
+	Src       string   `json:"src"`
+	Dst       string   `json:"dst"`
+	Protocol  string   `json:"protocol"`
+	SrcPort   *uint16  `json:"sport,omitempty"`
+	DstPort   *uint16  `json:"dport,omitempty"`
+	ICMPType  *uint8   `json:"type,omitempty"`
+	Identity  uint32   `json:"identity"`
+	Labels    []string `json:"labels"`
+	Verdict   string   `json:"verdict"`
+	Reason    string   `json:"reason"`
+	Policy    string   `json:"policy,omitempty"`
+}
+
+func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
+	device, ok := devices[e.Ifindex]
+	if !ok {
+		device = strconv.FormatUint(uint64(e.Ifindex), 10)
+		if iface, err := net.InterfaceByIndex(int(e.Ifindex)); err == nil {
+			device = iface.Name
+		}
+		devices[e.Ifindex] = device
+	}
+	j := eventJSON{
+		Time:      e.Time.UTC().Format(time.RFC3339Nano),
+		Device:    device,
+		Direction: e.Direction.String(),
+		Protocol:  protocolName(e.Protocol),
+		Identity:  e.Identity,
+		Labels:    []string{},
+		Verdict:   "drop",
+		Reason:    e.Reason.String(),
+	}
+	if e.Src.IsValid() {
+		j.Src, j.Dst = e.Src.String(), e.Dst.String()
+	}
+	if e.Allowed {
+		j.Verdict = "allow"
+	}
+	switch e.Protocol {
+	case 1, 58:
+		t := e.ICMPType
+		j.ICMPType = &t
+	case 6, 17, 132:
+		sp, dp := e.SrcPort, e.DstPort
+		j.SrcPort, j.DstPort = &sp, &dp
+	}
+	if p.DB != nil && p.Identities != nil && e.Identity != 0 {
+		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(identitycell.NumericIdentity(e.Identity))); found {
+			for l := range id.Labels.All() {
+				j.Labels = append(j.Labels, l)
+			}
+		}
+	}
+	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
+		j.Labels = []string{"reserved:world"}
+	}
+	if e.Allowed && e.Reason == ReasonPolicy {
+		j.Policy = p.allowingPolicies(e)
+	}
+	return j
+}
+
+// allowingPolicies names the policies of the entry that allowed e, looked
+// up as the program does (port, then protocol, then any protocol): at
+// most three index lookups. Empty when the tables changed since.
+func (p monitorParams) allowingPolicies(e Event) string {
+	if p.DB == nil || p.PolicyEntries == nil {
+		return ""
+	}
+	txn := p.DB.ReadTxn()
+	key := policycell.PolicyKey{
+		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
+	}
+	var keys []policycell.PolicyKey
+	switch e.Protocol {
+	case 6, 17, 132:
+		withPort := key
+		withPort.Port = e.DstPort
+		keys = append(keys, withPort)
+	}
+	keys = append(keys, key, policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction})
+	for _, k := range keys {
+		if entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k)); found && entry.Verdict == policycell.VerdictAllow {
+			return strings.Join(entry.Policies, ",")
+		}
+	}
+	return ""
+}
+
+// writeEventText writes an event as cilium-dbg monitor does, roughly:
+// what happened, why, where, and the packet.
+func writeEventText(w io.Writer, j eventJSON) {
+	what := "drop (" + j.Reason + ")"
+	if j.Verdict == "allow" {
+		what = "verdict allow (" + j.Reason + ")"
+	}
+	pkt := j.Src + " -> " + j.Dst + " " + j.Protocol
+	switch {
+	case j.ICMPType != nil:
+		pkt += fmt.Sprintf(" type %d", *j.ICMPType)
+	case j.SrcPort != nil:
+		pkt = fmt.Sprintf("%s:%d -> %s:%d %s", j.Src, *j.SrcPort, j.Dst, *j.DstPort, j.Protocol)
+	}
+	fmt.Fprintf(w, "%s %s on %s %s, identity %d (%s): %s\n", j.Time, what, j.Device, j.Direction,
+		j.Identity, strings.Join(j.Labels, ","), pkt)
+}
