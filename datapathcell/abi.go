@@ -38,9 +38,14 @@ import (
 // direction is enforced (some policy has a rule in it), else 0: traffic in
 // a direction without rules passes.
 //
-// counters (per-CPU array, 4 entries of u64): index direction*2 + verdict
-// bit, i.e. 0 ingress dropped, 1 ingress allowed, 2 egress dropped, 3
-// egress allowed.
+// counters (per-CPU array, 8 entries of 16 bytes: packets u64 | bytes
+// u64, bytes being skb->len): index direction*4 + slot. Slot 0 counts
+// allowed packets, slot 1 drops of ReasonNoPolicy, slot 2 drops of
+// ReasonMalformed (a drop's slot is its reason code, events.go), slot 3 is
+// unused:
+//
+//	0 ingress allowed   1 ingress no-policy   2 ingress malformed   3 -
+//	4 egress allowed    5 egress no-policy    6 egress malformed    7 -
 
 const (
 	ipcacheKeySize   = 24

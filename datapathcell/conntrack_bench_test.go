@@ -163,9 +163,18 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
 		ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 	}
-	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement, CountersMapName: maps.Counters,
-	}}))
+	// An object of an older counters layout (packets only) counts in a map
+	// of its own: the counts are not what is measured.
+	shareCounters := func(spec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) {
+		if c := spec.Maps[CountersMapName]; c.ValueSize == maps.Counters.ValueSize() && c.MaxEntries == maps.Counters.MaxEntries() {
+			replacements[CountersMapName] = maps.Counters
+		}
+	}
+	statelessMaps := map[string]*ebpf.Map{
+		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+	}
+	shareCounters(stateless, statelessMaps)
+	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: statelessMaps}))
 	b.Cleanup(func() { old.FromEndpoint.Close(); old.ToEndpoint.Close() })
 	enf, err := loadEnforcer(maps)
 	require.NoError(b, err)
@@ -182,8 +191,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		}
 		replacements := map[string]*ebpf.Map{
 			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
-			CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack,
+			ConntrackMapName: maps.Conntrack,
 		}
+		shareCounters(spec, replacements)
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.
 		if _, ok := spec.Maps[RevisionMapName]; ok {

@@ -326,3 +326,28 @@ func countPinned(t *testing.T, m *ebpf.Map) int {
 	require.NoError(t, iter.Err())
 	return n
 }
+
+// A counters map pinned by an agent of the previous layout (4 entries of
+// u64 packets) is replaced by one of 8 entries of packets and bytes, which
+// Counters reads.
+func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "")
+	first.stop()
+	require.NoError(t, unix.Unlink(e.pinPath(datapathcell.CountersMapName)))
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 4})
+	require.NoError(t, err)
+	require.NoError(t, old.Pin(e.pinPath(datapathcell.CountersMapName)))
+	old.Close()
+
+	a, _ := e.start(t, "")
+	m, err := ebpf.LoadPinnedMap(e.pinPath(datapathcell.CountersMapName), nil)
+	require.NoError(t, err)
+	defer m.Close()
+	require.Equal(t, ebpf.PerCPUArray, m.Type())
+	require.Equal(t, uint32(16), m.ValueSize())
+	require.Equal(t, uint32(8), m.MaxEntries())
+	c, err := a.datapath.Counters()
+	require.NoError(t, err)
+	require.Len(t, c.Drops, 2*len(datapathcell.DropReasons()))
+}

@@ -65,8 +65,8 @@ func countersMapSpec() *ebpf.MapSpec {
 		Name:       CountersMapName,
 		Type:       ebpf.PerCPUArray,
 		KeySize:    4,
-		ValueSize:  8,
-		MaxEntries: 4,
+		ValueSize:  countersValueSize,
+		MaxEntries: countersEntries,
 	}
 }
 

@@ -314,41 +314,88 @@ func detachAll(linksDir string) error {
 // Counters are the enforcement program's verdict counts on IP traffic,
 // summed over CPUs, since the pinned counters map was created (they survive
 // agent restarts). A direction that is not enforced counts everything as
-// allowed.
+// allowed. The packet fields are totals over every reason; Drops splits the
+// drops by reason.
 type Counters struct {
 	IngressAllowed, IngressDropped, EgressAllowed, EgressDropped uint64
+	// Bytes (skb->len: from the Ethernet header on) of the same packets.
+	IngressAllowedBytes, IngressDroppedBytes, EgressAllowedBytes, EgressDroppedBytes uint64
+	// Drops has one entry per direction and drop reason (DropReasons),
+	// ingress first.
+	Drops []DropCount
 }
 
-// counterIndex is the index of a verdict in the counters map (abi.go).
-func counterIndex(direction policycell.Direction, allowed bool) uint32 {
-	index := uint32(direction) * 2
-	if allowed {
-		index++
-	}
-	return index
+// DropCount is the packets and bytes dropped in a direction for a reason.
+type DropCount struct {
+	Direction      policycell.Direction
+	Reason         Reason
+	Packets, Bytes uint64
+}
+
+// DropReasons are the reasons the program drops for, each a slot of the
+// counters map (abi.go).
+func DropReasons() []Reason {
+	return []Reason{ReasonNoPolicy, ReasonMalformed}
+}
+
+const (
+	// countersValueSize: packets u64 | bytes u64 (abi.go).
+	countersValueSize = 16
+	// countersSlots per direction: allowed, the drop reasons, one unused.
+	countersSlots   = 4
+	countersEntries = 2 * countersSlots
+	// countAllowed is the slot of allowed packets; a drop's is its reason.
+	countAllowed = 0
+)
+
+// counterValue is a counters map value on one CPU.
+type counterValue struct {
+	Packets, Bytes uint64
+}
+
+// counterIndex is the index of a direction's slot in the counters map
+// (abi.go).
+func counterIndex(direction policycell.Direction, slot uint32) uint32 {
+	return uint32(direction)*countersSlots + slot
 }
 
 // readCounters sums the per-CPU values of the counters map m.
 //
 // Possible errors: m is not a map of the counters layout.
 func readCounters(m *ebpf.Map) (Counters, error) {
-	var c Counters
-	for _, counter := range []struct {
-		direction policycell.Direction
-		allowed   bool
-		sum       *uint64
-	}{
-		{policycell.Ingress, true, &c.IngressAllowed},
-		{policycell.Ingress, false, &c.IngressDropped},
-		{policycell.Egress, true, &c.EgressAllowed},
-		{policycell.Egress, false, &c.EgressDropped},
-	} {
-		var perCPU []uint64
-		if err := m.Lookup(counterIndex(counter.direction, counter.allowed), &perCPU); err != nil {
-			return Counters{}, fmt.Errorf("read counters: %w", err)
+	sum := func(direction policycell.Direction, slot uint32) (counterValue, error) {
+		var perCPU []counterValue
+		if err := m.Lookup(counterIndex(direction, slot), &perCPU); err != nil {
+			return counterValue{}, fmt.Errorf("read counters: %w", err)
 		}
+		var total counterValue
 		for _, v := range perCPU {
-			*counter.sum += v
+			total.Packets += v.Packets
+			total.Bytes += v.Bytes
+		}
+		return total, nil
+	}
+	var c Counters
+	for _, d := range []struct {
+		direction                                 policycell.Direction
+		allowed, dropped, allowedBytes, dropBytes *uint64
+	}{
+		{policycell.Ingress, &c.IngressAllowed, &c.IngressDropped, &c.IngressAllowedBytes, &c.IngressDroppedBytes},
+		{policycell.Egress, &c.EgressAllowed, &c.EgressDropped, &c.EgressAllowedBytes, &c.EgressDroppedBytes},
+	} {
+		allowed, err := sum(d.direction, countAllowed)
+		if err != nil {
+			return Counters{}, err
+		}
+		*d.allowed, *d.allowedBytes = allowed.Packets, allowed.Bytes
+		for _, reason := range DropReasons() {
+			dropped, err := sum(d.direction, uint32(reason))
+			if err != nil {
+				return Counters{}, err
+			}
+			*d.dropped += dropped.Packets
+			*d.dropBytes += dropped.Bytes
+			c.Drops = append(c.Drops, DropCount{Direction: d.direction, Reason: reason, Packets: dropped.Packets, Bytes: dropped.Bytes})
 		}
 	}
 	return c, nil

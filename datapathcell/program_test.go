@@ -82,11 +82,16 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 }
 
 func TestCounterIndex(t *testing.T) {
-	// abi.go: 0 ingress dropped, 1 ingress allowed, 2 egress dropped, 3 egress allowed.
-	require.Equal(t, uint32(0), counterIndex(policycell.Ingress, false))
-	require.Equal(t, uint32(1), counterIndex(policycell.Ingress, true))
-	require.Equal(t, uint32(2), counterIndex(policycell.Egress, false))
-	require.Equal(t, uint32(3), counterIndex(policycell.Egress, true))
+	// abi.go: direction*4 + slot; slot 0 allowed, a drop's slot its reason.
+	require.Equal(t, uint32(0), counterIndex(policycell.Ingress, countAllowed))
+	require.Equal(t, uint32(1), counterIndex(policycell.Ingress, uint32(ReasonNoPolicy)))
+	require.Equal(t, uint32(2), counterIndex(policycell.Ingress, uint32(ReasonMalformed)))
+	require.Equal(t, uint32(4), counterIndex(policycell.Egress, countAllowed))
+	require.Equal(t, uint32(5), counterIndex(policycell.Egress, uint32(ReasonNoPolicy)))
+	require.Equal(t, uint32(6), counterIndex(policycell.Egress, uint32(ReasonMalformed)))
+	for _, r := range DropReasons() {
+		require.Less(t, uint32(r), uint32(countersSlots), "reason %s has no slot", r)
+	}
 }
 
 // newTestEnforcerMaps creates unpinned maps from the agent's specs, with

@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
@@ -15,14 +16,16 @@ func scriptCommands(d *Datapath) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{
-				Summary: "Show the enforcement program's allowed and dropped packets per direction",
+				Summary: "Show the enforcement program's allowed and dropped packets and bytes per direction",
 				Detail: []string{
 					"Counts IP packets on every --devices interface since the counters map",
 					"was created (it is pinned: counts survive restarts). A direction that",
-					"is not enforced counts everything as allowed. The program counts",
-					"packets, not bytes.",
-					"-o json: one object, {\"ingress\": {\"allowed\": n, \"dropped\": n},",
-					"\"egress\": {...}}.",
+					"is not enforced counts everything as allowed. Bytes are skb->len (from",
+					"the Ethernet header on). Drops are also shown by reason (no-policy,",
+					"malformed-ip-header).",
+					"-o json: one object, {\"ingress\": {\"allowed\": n, \"dropped\": n,",
+					"\"allowed_bytes\": n, \"dropped_bytes\": n, \"drops\": {\"no-policy\":",
+					"{\"packets\": n, \"bytes\": n}, ...}}, \"egress\": {...}}.",
 				},
 				Flags: scriptcmd.OutputFlag,
 			},
@@ -39,20 +42,52 @@ func scriptCommands(d *Datapath) hive.ScriptCmdsOut {
 					return scriptcmd.Result("", err)
 				}
 				if asJSON {
-					return scriptcmd.JSON(map[string]verdictCountsJSON{
-						"ingress": {Allowed: c.IngressAllowed, Dropped: c.IngressDropped},
-						"egress":  {Allowed: c.EgressAllowed, Dropped: c.EgressDropped},
-					}, nil)
+					return scriptcmd.JSON(countersJSON(c), nil)
 				}
-				out := fmt.Sprintf("Direction  Allowed  Dropped\ningress    %d  %d\negress     %d  %d\n",
-					c.IngressAllowed, c.IngressDropped, c.EgressAllowed, c.EgressDropped)
-				return scriptcmd.Result(out, nil)
+				return scriptcmd.Result(countersText(c), nil)
 			}),
 	})
 }
 
-// verdictCountsJSON is a direction's packets in datapath/counters -o json.
+// verdictCountsJSON is a direction's counts in datapath/counters -o json.
 type verdictCountsJSON struct {
-	Allowed uint64 `json:"allowed"`
-	Dropped uint64 `json:"dropped"`
+	Allowed      uint64 `json:"allowed"`
+	Dropped      uint64 `json:"dropped"`
+	AllowedBytes uint64 `json:"allowed_bytes"`
+	DroppedBytes uint64 `json:"dropped_bytes"`
+	// Drops by reason name (Reason.String).
+	Drops map[string]dropCountJSON `json:"drops"`
+}
+
+// dropCountJSON is a reason's drops in datapath/counters -o json.
+type dropCountJSON struct {
+	Packets uint64 `json:"packets"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+func countersJSON(c Counters) map[string]verdictCountsJSON {
+	out := map[string]verdictCountsJSON{
+		"ingress": {Allowed: c.IngressAllowed, Dropped: c.IngressDropped,
+			AllowedBytes: c.IngressAllowedBytes, DroppedBytes: c.IngressDroppedBytes, Drops: map[string]dropCountJSON{}},
+		"egress": {Allowed: c.EgressAllowed, Dropped: c.EgressDropped,
+			AllowedBytes: c.EgressAllowedBytes, DroppedBytes: c.EgressDroppedBytes, Drops: map[string]dropCountJSON{}},
+	}
+	for _, d := range c.Drops {
+		out[d.Direction.String()].Drops[d.Reason.String()] = dropCountJSON{Packets: d.Packets, Bytes: d.Bytes}
+	}
+	return out
+}
+
+// countersText is datapath/counters' table: the verdicts, then a line per
+// direction and drop reason.
+func countersText(c Counters) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Direction  Allowed  Dropped  Allowed bytes  Dropped bytes\n")
+	fmt.Fprintf(&b, "ingress    %d  %d  %d  %d\n", c.IngressAllowed, c.IngressDropped, c.IngressAllowedBytes, c.IngressDroppedBytes)
+	fmt.Fprintf(&b, "egress     %d  %d  %d  %d\n", c.EgressAllowed, c.EgressDropped, c.EgressAllowedBytes, c.EgressDroppedBytes)
+	fmt.Fprintf(&b, "Direction  Drop reason  Packets  Bytes\n")
+	for _, d := range c.Drops {
+		fmt.Fprintf(&b, "%-9s  %s  %d  %d\n", d.Direction, d.Reason, d.Packets, d.Bytes)
+	}
+	return b.String()
 }

@@ -13,16 +13,23 @@ import (
 )
 
 // Series a Cilium user looks for, under Cilium's names and labels, from
-// what this agent has: the program counts packets per direction and
-// verdict (not bytes, so there are no cilium_*_bytes_total), and drops
-// only for want of a policy entry, which Cilium's reason "Policy denied"
-// names.
-const (
-	ciliumPrefix = "cilium_"
-	// dropReasonPolicyDenied is Cilium's reason for a packet no policy
-	// allows.
-	dropReasonPolicyDenied = "Policy denied"
-)
+// what this agent has: the program counts packets and bytes per direction,
+// for allowed packets and for each drop reason, which Cilium's reason
+// strings name (ciliumDropReason).
+const ciliumPrefix = "cilium_"
+
+// ciliumDropReason is Cilium's reason string for a drop reason of the
+// program: "Policy denied" for a packet no policy allows, "Invalid packet"
+// (Cilium's DROP_INVALID) for a malformed IP header.
+func ciliumDropReason(r datapathcell.Reason) string {
+	switch r {
+	case datapathcell.ReasonNoPolicy:
+		return "Policy denied"
+	case datapathcell.ReasonMalformed:
+		return "Invalid packet"
+	}
+	return r.String()
+}
 
 // ciliumDirection is Cilium's spelling of a direction label.
 func ciliumDirection(direction string) string {

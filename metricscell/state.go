@@ -190,7 +190,7 @@ type datapathCollector struct {
 	conntrackEntries, conntrackCollected, conntrackPressure *prometheus.Desc
 
 	// Cilium's names (cilium.go).
-	drops, forwards *prometheus.Desc
+	drops, forwards, dropBytes, forwardBytes *prometheus.Desc
 	// eventsLost: the program's lost monitor events (datapathcell.Datapath.EventsLost).
 	eventsLost *prometheus.Desc
 }
@@ -222,6 +222,12 @@ func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathC
 		drops: prometheus.NewDesc(ciliumPrefix+"drop_count_total",
 			"Packets the enforcement program dropped, by reason and direction (INGRESS, EGRESS), since the pinned counters map was created",
 			[]string{"reason", "direction"}, nil),
+		dropBytes: prometheus.NewDesc(ciliumPrefix+"drop_bytes_total",
+			"Bytes (skb->len) of the packets the enforcement program dropped, by reason and direction (INGRESS, EGRESS), since the pinned counters map was created",
+			[]string{"reason", "direction"}, nil),
+		forwardBytes: prometheus.NewDesc(ciliumPrefix+"forward_bytes_total",
+			"Bytes (skb->len) of the packets the enforcement program passed, by direction (INGRESS, EGRESS), since the pinned counters map was created",
+			[]string{"direction"}, nil),
 		eventsLost: prometheus.NewDesc(metricPrefix+"events_lost_total",
 			"Monitor events the enforcement program could not write since it was loaded: refused by its per-CPU rate limit (cause rate_limit) or by a full ring buffer (ring_full); 0 when no program is loaded",
 			[]string{"cause"}, nil),
@@ -241,6 +247,8 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.conntrackPressure
 	ch <- c.drops
 	ch <- c.forwards
+	ch <- c.dropBytes
+	ch <- c.forwardBytes
 	ch <- c.eventsLost
 }
 
@@ -272,19 +280,22 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, v := range []struct {
 		direction, verdict string
-		value              uint64
+		packets, bytes     uint64
 	}{
-		{"ingress", "allowed", counters.IngressAllowed},
-		{"ingress", "dropped", counters.IngressDropped},
-		{"egress", "allowed", counters.EgressAllowed},
-		{"egress", "dropped", counters.EgressDropped},
+		{"ingress", "allowed", counters.IngressAllowed, counters.IngressAllowedBytes},
+		{"ingress", "dropped", counters.IngressDropped, counters.IngressDroppedBytes},
+		{"egress", "allowed", counters.EgressAllowed, counters.EgressAllowedBytes},
+		{"egress", "dropped", counters.EgressDropped, counters.EgressDroppedBytes},
 	} {
-		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.value), v.direction, v.verdict)
-		if v.verdict == "dropped" {
-			ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(v.value),
-				dropReasonPolicyDenied, ciliumDirection(v.direction))
-		} else {
-			ch <- prometheus.MustNewConstMetric(c.forwards, prometheus.CounterValue, float64(v.value), ciliumDirection(v.direction))
+		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.packets), v.direction, v.verdict)
+		if v.verdict == "allowed" {
+			ch <- prometheus.MustNewConstMetric(c.forwards, prometheus.CounterValue, float64(v.packets), ciliumDirection(v.direction))
+			ch <- prometheus.MustNewConstMetric(c.forwardBytes, prometheus.CounterValue, float64(v.bytes), ciliumDirection(v.direction))
 		}
+	}
+	for _, d := range counters.Drops {
+		reason, direction := ciliumDropReason(d.Reason), ciliumDirection(d.Direction.String())
+		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(d.Packets), reason, direction)
+		ch <- prometheus.MustNewConstMetric(c.dropBytes, prometheus.CounterValue, float64(d.Bytes), reason, direction)
 	}
 }

@@ -19,7 +19,10 @@
 // enforced (`enforcement`[direction] == 1) the packet passes only if it
 // replies to a tracked connection (below) or `policy` allows the identity
 // for (protocol, port), (protocol, any port) or (any protocol); otherwise it
-// is dropped. Every verdict on IP traffic is counted in `counters`.
+// is dropped. Every verdict on IP traffic is counted in `counters`, in
+// packets and bytes (skb->len): index direction * 4 + slot, slot 0 allowed,
+// slot REASON_NO_POLICY (1) or REASON_MALFORMED (2) a drop of that reason,
+// slot 3 unused (layout in ../abi.go).
 //
 // Connection tracking (docs/CONTRACT.md; map layout in ../abi.go):
 //   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
@@ -145,6 +148,8 @@
 //     (a reply of a tracked connection), REASON_ESTABLISHED (a tracked
 //     forward packet allowed at the current revision), REASON_RELATED (an
 //     ICMP error about a tracked connection).
+//     A drop's reason is also its slot in `counters` (COUNT_ALLOWED, 0, is
+//     the allowed packets'), so the drop reasons stay below 4.
 //
 // Headers are read directly from the linear part of the skb when they lie
 // in it (the common case, and several times cheaper than a helper call),
@@ -288,6 +293,9 @@ struct __sk_buff {
 #define EVENTS_PER_SEC_PER_CPU 1000
 #define EVENTS_RING_BYTES (256 * 1024)
 
+// COUNT_ALLOWED is the `counters` slot of allowed packets; a drop's slot is
+// its reason.
+#define COUNT_ALLOWED 0
 #define REASON_NO_POLICY 1
 #define REASON_MALFORMED 2
 #define REASON_POLICY 16
@@ -386,11 +394,17 @@ struct {
 	__uint(max_entries, 2);
 } enforcement SEC(".maps");
 
+// counter is a value of `counters`: one slot's packets and bytes.
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 4);
+	__type(value, struct counter);
+	__uint(max_entries, 8);
 } counters SEC(".maps");
 
 struct {
@@ -533,14 +547,18 @@ static __always_inline const __u8 *header(struct __sk_buff *skb, __u32 off, __u3
 #define LOAD32(p, off) (*(const __u32 *)((p) + (off)))
 #define LOAD64(p, off) (*(const __u64 *)((p) + (off)))
 
-static __always_inline void count(__u8 direction, int allowed)
+// count adds skb to the counter of direction and slot: COUNT_ALLOWED, or
+// the drop's reason (REASON_NO_POLICY, REASON_MALFORMED).
+static __always_inline void count(struct __sk_buff *skb, __u8 direction, __u32 slot)
 {
-	__u32 index = direction * 2 + (allowed ? 1 : 0);
-	__u64 *value = bpf_map_lookup_elem(&counters, &index);
+	__u32 index = direction * 4 + slot;
+	struct counter *value = bpf_map_lookup_elem(&counters, &index);
 
 	// Per-CPU: no other writer on this CPU while the program runs.
-	if (value)
-		*value += 1;
+	if (value) {
+		value->packets += 1;
+		value->bytes += skb->len;
+	}
 }
 
 // set_ct_tail writes the key's ports, protocol, family and padding from
@@ -1000,7 +1018,7 @@ static __always_inline void emit(struct __sk_buff *skb, const struct flow *flow,
 static __always_inline int allow(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
 				 __u32 identity)
 {
-	count(direction, 1);
+	count(skb, direction, COUNT_ALLOWED);
 	if (events_mask & EVENTS_VERDICTS)
 		emit(skb, flow, direction, EVENT_ALLOW, reason, identity);
 	return TCX_NEXT;
@@ -1010,7 +1028,7 @@ static __always_inline int allow(struct __sk_buff *skb, const struct flow *flow,
 static __always_inline int drop(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
 				__u32 identity)
 {
-	count(direction, 0);
+	count(skb, direction, reason);
 	if (events_mask & EVENTS_DROPS)
 		emit(skb, flow, direction, EVENT_DROP, reason, identity);
 	return TCX_DROP;
@@ -1048,7 +1066,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	}
 	if (!enforced && !other_enforced) {
 		// Nothing to enforce, and no reply to track for.
-		count(direction, 1);
+		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
 
@@ -1057,7 +1075,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	else
 		parsed = parse_ipv6(skb, direction, &flow, &quoted);
 	if (parsed == PARSE_NDP || (parsed != PARSE_OK && !enforced)) {
-		count(direction, 1);
+		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
 	if (parsed != PARSE_OK)
@@ -1071,7 +1089,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		if (ct && ct->origin != direction && !flow.echo_request) {
 			ct_update(ct, &flow, 1, now_ns());
 			if (!enforced) {
-				count(direction, 1);
+				count(skb, direction, COUNT_ALLOWED);
 				return TCX_NEXT;
 			}
 			return allow(skb, &flow, direction, REASON_REPLY, 0);
@@ -1087,7 +1105,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (!enforced) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, 0);
-		count(direction, 1);
+		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
 	// A forward packet of a connection that policy allowed at the current

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// The program counts bytes (skb->len) with packets, and each drop under its
+// reason: a policy drop and a packet too short for its IP header land in
+// different slots.
+func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
+	privileged.Test(t)
+	maps := benchMaps(t)
+	setEnforced(t, maps, true, true)
+	enf, err := loadEnforcer(maps)
+	require.NoError(t, err)
+	t.Cleanup(func() { enf.Close() })
+
+	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	allowed := tcpPacket(out, peer, 0x02) // egress, allowed by policy
+	// Ingress from another port of the peer: no reply of the allowed
+	// connection, and no ingress policy.
+	denied := tcpPacket(netip.AddrPortFrom(benchPeer, benchPeerPort+1), out, 0x10)
+	// Egress, an IPv4 header whose length field says 16 bytes, short of
+	// the 20 of a header (BPF_PROG_RUN refuses a packet cut shorter than
+	// an IPv4 header).
+	short := tcpPacket(out, peer, 0x02)
+	short[14] = 0x44
+
+	runPerPacket(t, enf.fromEndpoint, allowed, 3, tcxNextRet)
+	runPerPacket(t, enf.toEndpoint, denied, 2, tcxDropRet)
+	runPerPacket(t, enf.fromEndpoint, short, 5, tcxDropRet)
+
+	c := readTestCounters(t, maps)
+	require.Equal(t, Counters{
+		EgressAllowed: 3, EgressAllowedBytes: 3 * uint64(len(allowed)),
+		IngressDropped: 2, IngressDroppedBytes: 2 * uint64(len(denied)),
+		EgressDropped: 5, EgressDroppedBytes: 5 * uint64(len(short)),
+		Drops: []DropCount{
+			{Direction: policycell.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
+			{Direction: policycell.Ingress, Reason: ReasonMalformed},
+			{Direction: policycell.Egress, Reason: ReasonNoPolicy},
+			{Direction: policycell.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
+		},
+	}, c)
+}
