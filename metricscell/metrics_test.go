@@ -108,6 +108,8 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		// prefixes, the rest must hold.
 		assert.Equal(c, 6.0, s[`ipcache_agent_map_writes_total{map="ipcache"}`], "ipcache map writes")
 		assert.Equal(c, 0.0, s[`ipcache_agent_reconciler_errors_current`+ipcacheRound], "current reconciliation errors")
+		// The policy directory is read by a job of its own, maybe later.
+		assert.Equal(c, 1.0, s[`ipcache_agent_policy_files{state="rejected"}`], "rejected policy files")
 	}, 10*time.Second, 20*time.Millisecond)
 
 	s := scrape(t, addr)
