@@ -5,6 +5,7 @@ package datapathcell
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -62,6 +63,29 @@ type bpfListing[R any] struct {
 	Rows      []R  `json:"rows"`
 	Total     int  `json:"total"`
 	Truncated bool `json:"truncated"`
+}
+
+// result is the command's output: the read's error, else the listing as
+// JSON or as the table text writes, with --diff's verdict as the error.
+func (l *bpfListing[R]) result(mapName string, readErr error, o bpfOptions, text func(io.Writer)) (script.WaitFunc, error) {
+	if readErr != nil {
+		return scriptcmd.Result("", fmt.Errorf("read %s map: %w", mapName, readErr))
+	}
+	var differs error
+	if o.diff {
+		differs = differError(mapName, l.Total)
+	}
+	if o.json {
+		return scriptcmd.JSON(l, differs)
+	}
+	var out strings.Builder
+	w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+	text(w)
+	w.Flush()
+	if l.Truncated {
+		fmt.Fprintf(&out, "(%d of %d rows shown; raise --limit for more)\n", len(l.Rows), l.Total)
+	}
+	return scriptcmd.Result(out.String(), differs)
 }
 
 func (l *bpfListing[R]) add(r R, limit int) {
@@ -245,35 +269,22 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 						listing.add(row, o.limit)
 					})
 			}
-			if readErr != nil {
-				return scriptcmd.Result("", fmt.Errorf("read ipcache map: %w", readErr))
-			}
-			var err2 error
-			if o.diff {
-				err2 = differError(IPCacheMapName, listing.Total)
-			}
-			if o.json {
-				return scriptcmd.JSON(listing, err2)
-			}
-			var out strings.Builder
-			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			if o.diff {
-				if listing.Total > 0 {
-					fmt.Fprintln(w, "Difference\tPrefix\tMap identity\tDesired identity\tSource")
+			return listing.result(IPCacheMapName, readErr, o, func(w io.Writer) {
+				if o.diff {
+					if listing.Total > 0 {
+						fmt.Fprintln(w, "Difference\tPrefix\tMap identity\tDesired identity\tSource")
+					}
+					for _, r := range listing.Rows {
+						fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Difference, r.Prefix, optional(r.Identity, r.Difference != diffMissing),
+							optional(deref(r.DesiredIdentity), r.DesiredIdentity != nil), dash(r.Source))
+					}
+					return
 				}
-				for _, r := range listing.Rows {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Difference, r.Prefix, optional(r.Identity, r.Difference != diffMissing),
-						optional(deref(r.DesiredIdentity), r.DesiredIdentity != nil), dash(r.Source))
-				}
-			} else {
 				fmt.Fprintln(w, "Prefix\tIdentity\tSource")
 				for _, r := range listing.Rows {
 					fmt.Fprintf(w, "%s\t%s\t%s\n", r.Prefix, identitycell.NumericIdentity(r.Identity), dash(r.Source))
 				}
-			}
-			w.Flush()
-			truncated(&out, listing.Truncated, len(listing.Rows), listing.Total)
-			return scriptcmd.Result(out.String(), err2)
+			})
 		})
 }
 
@@ -367,45 +378,26 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 						listing.add(row, o.limit)
 					})
 			}
-			if readErr != nil {
-				return scriptcmd.Result("", fmt.Errorf("read policy map: %w", readErr))
-			}
-			var err2 error
-			if o.diff {
-				err2 = differError(PolicyMapName, listing.Total)
-			}
-			if o.json {
-				return scriptcmd.JSON(listing, err2)
-			}
-			var out strings.Builder
-			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			if o.diff {
-				if listing.Total > 0 {
-					fmt.Fprintln(w, "Difference\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")
-				}
-			} else {
-				fmt.Fprintln(w, "Identity\tDirection\tProtocol\tPort\tVerdict")
-			}
-			for _, r := range listing.Rows {
+			return listing.result(PolicyMapName, readErr, o, func(w io.Writer) {
 				if o.diff {
-					fmt.Fprintf(w, "%s\t", r.Difference)
+					if listing.Total > 0 {
+						fmt.Fprintln(w, "Difference\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")
+					}
+				} else {
+					fmt.Fprintln(w, "Identity\tDirection\tProtocol\tPort\tVerdict")
 				}
-				fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s", r.Identity, r.Direction, r.Protocol, r.Port, dash(r.Verdict))
-				if o.diff {
-					fmt.Fprintf(w, "\t%s", dash(r.DesiredVerdict))
+				for _, r := range listing.Rows {
+					if o.diff {
+						fmt.Fprintf(w, "%s\t", r.Difference)
+					}
+					fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s", r.Identity, r.Direction, r.Protocol, r.Port, dash(r.Verdict))
+					if o.diff {
+						fmt.Fprintf(w, "\t%s", dash(r.DesiredVerdict))
+					}
+					fmt.Fprintln(w)
 				}
-				fmt.Fprintln(w)
-			}
-			w.Flush()
-			truncated(&out, listing.Truncated, len(listing.Rows), listing.Total)
-			return scriptcmd.Result(out.String(), err2)
+			})
 		})
-}
-
-func truncated(out *strings.Builder, truncated bool, shown, total int) {
-	if truncated {
-		fmt.Fprintf(out, "(%d of %d rows shown; raise --limit for more)\n", shown, total)
-	}
 }
 
 func dash(s string) string {
