@@ -270,17 +270,11 @@ func (p *parser) ciliumRule(n node, dir Direction, deny bool, what string) (Rule
 	}
 	rule := Rule{Deny: deny}
 	if value, ok := fields.get(cidrField); ok {
-		items, err := p.nonEmptyList(value, what+"."+cidrField)
+		peers, err := p.cidrPeers(value, what+"."+cidrField)
 		if err != nil {
 			return Rule{}, err
 		}
-		for i, item := range items {
-			cidr, err := p.cidr(item, what+"."+cidrField, i)
-			if err != nil {
-				return Rule{}, err
-			}
-			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
-		}
+		rule.Peers = append(rule.Peers, peers...)
 	}
 	if value, ok := fields.get(setField); ok {
 		items, err := p.nonEmptyList(value, what+"."+setField)

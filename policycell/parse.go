@@ -320,18 +320,8 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 	}
 	var rule Rule
 	if value, ok := fields.get(cidrField); ok {
-		items, err := p.nonEmptyList(value, what+"."+cidrField)
-		if err != nil {
+		if rule.Peers, err = p.cidrPeers(value, what+"."+cidrField); err != nil {
 			return Rule{}, err
-		}
-		field := what + "." + cidrField
-		rule.Peers = make([]CIDRSelector, 0, value.Len())
-		for i, item := range items {
-			cidr, err := p.cidr(item, field, i)
-			if err != nil {
-				return Rule{}, err
-			}
-			rule.Peers = append(rule.Peers, CIDRSelector{CIDR: cidr})
 		}
 	}
 	if value, ok := fields.get(setField); ok {
@@ -379,6 +369,24 @@ func (p *parser) nonEmptyList(n node, what string) (iter.Seq2[int, node], error)
 		err = p.errorf(n, "%s: empty list, omit the field instead", what)
 	}
 	return items, err
+}
+
+// cidrPeers reads a non-empty list of CIDRs (toCIDR, fromCIDR), each a
+// peer without except.
+func (p *parser) cidrPeers(n node, what string) ([]CIDRSelector, error) {
+	items, err := p.nonEmptyList(n, what)
+	if err != nil {
+		return nil, err
+	}
+	peers := make([]CIDRSelector, 0, n.Len())
+	for i, item := range items {
+		cidr, err := p.cidr(item, what, i)
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, CIDRSelector{CIDR: cidr})
+	}
+	return peers, nil
 }
 
 func (p *parser) cidrSet(n node, what string) (CIDRSelector, error) {
