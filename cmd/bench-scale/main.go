@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -22,6 +23,13 @@ const ownerResource = "bench/owner"
 // heapProfile is -memprofile: where to write the heap profile, once.
 var heapProfile string
 
+// endToEndOnly is -end-to-end-only: skip the restart and grace steps.
+var endToEndOnly bool
+
+// stepProfile is -e2e-cpuprofile: where to write a CPU profile of the first
+// scenario's end-to-end step alone, once.
+var stepProfile string
+
 func main() {
 	var (
 		sizes    = flag.String("sizes", "100000,1000000", "comma-separated numbers of prefixes")
@@ -30,7 +38,18 @@ func main() {
 		profile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	)
 	flag.StringVar(&heapProfile, "memprofile", "", "write a heap profile taken after the first scenario's end-to-end step to this file")
+	flag.StringVar(&stepProfile, "e2e-cpuprofile", "", "write a CPU profile of the first scenario's end-to-end step alone to this file")
+	flag.BoolVar(&endToEndOnly, "end-to-end-only", false, "run steps 1, 2 and 5 only (no restart or grace expiry): for profiling; no ratio line")
+	mutexProfile := flag.String("mutexprofile", "", "write a mutex contention profile of the whole run to this file")
 	flag.Parse()
+	if *mutexProfile != "" {
+		runtime.SetMutexProfileFraction(10)
+		defer func() {
+			if err := writeProfile("mutex", *mutexProfile); err != nil {
+				fmt.Fprintln(os.Stderr, "bench-scale:", err)
+			}
+		}()
+	}
 	if *profile != "" {
 		f, err := os.Create(*profile)
 		if err == nil {
@@ -100,6 +119,9 @@ func run(sizes, families string, verbose bool, out io.Writer) error {
 	printTable(out, results)
 
 	for _, r := range results {
+		if endToEndOnly {
+			break
+		}
 		if r.scenario == (scenario{family: "ipv4", n: 1_000_000}) {
 			fmt.Fprintf(out, "ratio end_to_end=%.2f restart_writes=%d restart_ratio=%.2f grace_p99_ms=%.1f heap_bytes_per_prefix=%.0f\n",
 				r.endToEndRatio(), r.restartUnchangedWrites, r.restartRatio(), ms(r.graceP99), r.heapPerPrefix)

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -33,6 +34,10 @@ type result struct {
 	scenario scenario
 
 	floorRandom, floorSorted time.Duration // step 1
+	// floorRandomCPU and endToEndCPU are the process's CPU time (user and
+	// system) in step 1's random-order write and in step 2: on a machine
+	// shared with other work, their ratio moves less than the times'.
+	floorRandomCPU, endToEndCPU time.Duration
 	// tableInsert is a second, in-process floor: inserting the N entries
 	// straight into a table like `ipcache` (in 4096-row transactions),
 	// with nothing else. Each prefix costs three tables and a status
@@ -92,11 +97,12 @@ func keys(s scenario) []netip.Prefix {
 }
 
 // floor writes the prefixes with one raw BatchUpdate into a fresh LPM trie
-// of the ipcache map's layout, in the given order.
-func floor(prefixes []netip.Prefix) (time.Duration, error) {
+// of the ipcache map's layout, in the given order; it returns the time
+// and the CPU time of the write.
+func floor(prefixes []netip.Prefix) (elapsed, cpu time.Duration, err error) {
 	m, err := ebpf.NewMap(datapathcell.IPCacheMapSpec(uint32(len(prefixes))))
 	if err != nil {
-		return 0, fmt.Errorf("create LPM trie for the floor: %w", err)
+		return 0, 0, fmt.Errorf("create LPM trie for the floor: %w", err)
 	}
 	defer m.Close()
 	ks := make([]datapathcell.IPCacheMapKey, len(prefixes))
@@ -104,13 +110,22 @@ func floor(prefixes []netip.Prefix) (time.Duration, error) {
 	for i, p := range prefixes {
 		ks[i], vs[i] = datapathcell.NewIPCacheMapKey(p), datapathcell.NewIPCacheMapValue(uint32(i+1))
 	}
-	start := time.Now()
+	cpuStart, start := cpuTime(), time.Now()
 	n, err := m.BatchUpdate(ks, vs, nil)
-	elapsed := time.Since(start)
+	elapsed, cpu = time.Since(start), cpuTime()-cpuStart
 	if err != nil || n != len(prefixes) {
-		return 0, fmt.Errorf("batch update the floor's LPM trie: wrote %d of %d: %w", n, len(prefixes), err)
+		return 0, 0, fmt.Errorf("batch update the floor's LPM trie: wrote %d of %d: %w", n, len(prefixes), err)
 	}
-	return elapsed, nil
+	return elapsed, cpu, nil
+}
+
+// cpuTime is the process's CPU time so far, user and system.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tableInsertFloor inserts an entry per prefix into a fresh `ipcache`
@@ -141,11 +156,11 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	var err error
 
 	// 1. The floor, in random order and, for reference, in address order.
-	if r.floorRandom, err = floor(prefixes); err != nil {
+	if r.floorRandom, r.floorRandomCPU, err = floor(prefixes); err != nil {
 		return r, err
 	}
 	sorted := slices.SortedFunc(slices.Values(prefixes), func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
-	if r.floorSorted, err = floor(sorted); err != nil {
+	if r.floorSorted, _, err = floor(sorted); err != nil {
 		return r, err
 	}
 	sorted = nil
@@ -175,15 +190,22 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	if err != nil {
 		return r, err
 	}
-	start := time.Now()
+	stopProfile, err := startStepProfile()
+	if err != nil {
+		return r, err
+	}
+	cpuStart, start := cpuTime(), time.Now()
 	if err := owner.UpsertBatch(batch); err != nil {
+		stopProfile()
 		return r, err
 	}
 	first.ownerDone()
-	if err := first.waitReconciled(uint64(s.n), convergeTimeout); err != nil {
+	err = first.waitReconciled(uint64(s.n), convergeTimeout)
+	r.endToEnd, r.endToEndCPU = time.Since(start), cpuTime()-cpuStart
+	stopProfile()
+	if err != nil {
 		return r, err
 	}
-	r.endToEnd = time.Since(start)
 	// The heap the agent keeps, not what it holds until its first prune
 	// (right after the table is initialized): the reconciler's copy of the
 	// map's content, which the prune uses and drops.
@@ -194,13 +216,16 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 	r.heapPerPrefix = float64(heapInUse()-heapBefore) / float64(s.n)
 	if heapProfile != "" {
-		if err := writeHeapProfile(heapProfile); err != nil {
+		if err := writeProfile("heap", heapProfile); err != nil {
 			return r, err
 		}
 		heapProfile = ""
 	}
 	if err := first.stop(); err != nil {
 		return r, err
+	}
+	if endToEndOnly {
+		return r, nil
 	}
 	before, err := pinnedMatches(bpfRoot, prefixes)
 	if err != nil {
@@ -441,14 +466,36 @@ func heapInUse() int64 {
 	return int64(m.HeapAlloc)
 }
 
-func writeHeapProfile(path string) error {
+// writeProfile writes the named runtime/pprof profile (heap, mutex) to path.
+func writeProfile(name, path string) error {
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("-memprofile: %w", err)
+		return fmt.Errorf("write %s profile: %w", name, err)
 	}
 	defer f.Close()
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		return fmt.Errorf("-memprofile: %w", err)
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		return fmt.Errorf("write %s profile: %w", name, err)
 	}
 	return nil
+}
+
+// startStepProfile starts -e2e-cpuprofile, if set and not yet written, and
+// returns what stops it. A CPU profile of the whole run (-cpuprofile) is
+// the other choice: the two cannot run at once.
+func startStepProfile() (stop func(), err error) {
+	if stepProfile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(stepProfile)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-e2e-cpuprofile: %w", err)
+	}
+	stepProfile = ""
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
