@@ -104,8 +104,9 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 // only withholds a number has no labels.
 //
 // A label set's keys are, for each of its cidr prefixes, the prefix's key
-// (package prefixkey) followed by the labels' canonical form; a set
-// without cidr labels has one key, a zero byte and the canonical form.
+// (package prefixkey) followed by the labels' canonical form (nothing when
+// the set is that cidr label alone); a set without cidr labels has one
+// key, a zero byte and the canonical form.
 // Querying by labels looks up the first key. The identities whose cidr
 // prefixes lie inside a CIDR are then one range of keys, so the policy
 // selectors need no index of their own, which would cost much more per
@@ -133,9 +134,18 @@ var LabelsIndex = statedb.Index[*Identity, labels.Labels]{
 // keys start with the family (4 or 6).
 const noPrefixKey = 0
 
+// labelsKey is the key of l under one of its cidr prefixes (or, invalid,
+// none). A set that is the prefix's cidr label alone, a CIDR identity's,
+// is the prefix key alone: the labels would repeat what the key says, and
+// there is one such identity per prefix in the ipcache (docs/SCALE.md).
+// Every other set's key is longer than its prefix key (the labels are
+// never empty), so no two sets share a key.
 func labelsKey(prefix netip.Prefix, l labels.Labels) index.Key {
 	if !prefix.IsValid() {
 		return append(append(make(index.Key, 0, 1+len(l.String())), noPrefixKey), l.String()...)
+	}
+	if l.Len() == 1 {
+		return prefixkey.Append(make(index.Key, 0, prefixkey.Len(prefix)), prefix)
 	}
 	key := make(index.Key, 0, prefixkey.Len(prefix)+len(l.String()))
 	return append(prefixkey.Append(key, prefix), l.String()...)
