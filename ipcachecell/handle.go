@@ -3,7 +3,9 @@
 package ipcachecell
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -29,6 +31,13 @@ const writeChunkSize = 4096
 // rows runs while other owners write, and each of its transactions holds
 // their writes off.
 const releaseChunkSize = 1024
+
+// maxKnownPrefixes is the most prefixes a handle keeps a set of. A larger
+// handle finds its rows by a scan of the table when it is released: the
+// set would cost more memory per prefix than any other part of the ipcache
+// but the tables themselves (docs/SCALE.md), and a release of that many
+// rows is long anyway.
+const maxKnownPrefixes = 1 << 16
 
 // IPCache is the entry point for owners of prefix metadata: each obtains a
 // [Handle] for its resource.
@@ -85,7 +94,8 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{}}, nil
+	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{},
+		maxKnown: maxKnownPrefixes}, nil
 }
 
 // ProducerOption changes how a registered producer takes part in start-up.
@@ -182,15 +192,17 @@ type Handle struct {
 	mu       sync.Mutex
 	released bool
 
-	// prefixes are those the resource has a row for: the handle is the
-	// only writer of its rows, so it knows them, and Release needs them.
-	// A statedb index of the table by resource would know them too, at
-	// several times the memory per row (docs/SCALE.md). Written under mu,
-	// after each commit.
+	// prefixes are those the resource has a row for, while there are at
+	// most maxKnown (nil once there were more: see maxKnownPrefixes): the
+	// handle is the only writer of its rows, so it knows them, and
+	// Release needs them. A statedb index of the table by resource would
+	// know them too, at several times the memory per row
+	// (docs/SCALE.md). Written under mu, after each commit.
 	prefixes map[compactPrefix]struct{}
-	// numPrefixes is len(prefixes), readable without mu (a gradual release
-	// holds mu for minutes); while a release commits a chunk, it is
-	// already without the chunk.
+	maxKnown int
+	// numPrefixes is the number of the resource's rows, readable without
+	// mu (a gradual release holds mu for minutes); while a release
+	// commits a chunk, it is already without the chunk. Written under mu.
 	numPrefixes atomic.Int64
 }
 
@@ -239,9 +251,11 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource, Source: h.source, Metadata: u.Metadata}
 	}
 	sortByPrefix(rows)
-	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) error {
-		_, _, err := h.ipcache.metadata.Insert(txn, rows[i])
-		return err
+	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
+		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[i]); err != nil || hadOld {
+			return 0, err
+		}
+		return 1, nil
 	}, func(i int) {
 		h.prefixes[compact(rows[i].Prefix)] = struct{}{}
 	})
@@ -259,19 +273,41 @@ func sortByPrefix(rows []*PrefixMetadata) {
 	if slices.IsSortedFunc(rows, byPrefix) {
 		return
 	}
+	// Sorted by a copy of each row's prefix as integers: comparing the
+	// rows themselves reads each from memory in the batch's (random)
+	// order, and compares addresses through netip (docs/SCALE.md).
 	type positioned struct {
-		row      *PrefixMetadata
-		position int
+		hi, lo uint64 // the address, big-endian; IPv4 as IPv4-mapped IPv6
+		// tail is the family (IPv6 after IPv4), then the length, then
+		// the batch position.
+		tail uint64
+		row  *PrefixMetadata
 	}
 	sorted := make([]positioned, len(rows))
 	for i, row := range rows {
-		sorted[i] = positioned{row, i}
+		a := row.Prefix.Addr().As16()
+		family := uint64(0)
+		if row.Prefix.Addr().Is6() {
+			family = 1
+		}
+		sorted[i] = positioned{
+			hi:   binary.BigEndian.Uint64(a[:8]),
+			lo:   binary.BigEndian.Uint64(a[8:]),
+			tail: family<<63 | uint64(row.Prefix.Bits())<<48 | uint64(i),
+			row:  row,
+		}
 	}
 	slices.SortFunc(sorted, func(a, b positioned) int {
-		if c := byPrefix(a.row, b.row); c != 0 {
-			return c
+		if a.tail>>63 != b.tail>>63 {
+			return cmp.Compare(a.tail>>63, b.tail>>63)
 		}
-		return a.position - b.position
+		if a.hi != b.hi {
+			return cmp.Compare(a.hi, b.hi)
+		}
+		if a.lo != b.lo {
+			return cmp.Compare(a.lo, b.lo)
+		}
+		return cmp.Compare(a.tail, b.tail)
 	})
 	for i := range sorted {
 		rows[i] = sorted[i].row
@@ -310,9 +346,11 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource}
 	}
 	sortByPrefix(rows)
-	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) error {
-		_, _, err := h.ipcache.metadata.Delete(txn, rows[i])
-		return err
+	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
+		if _, hadOld, err := h.ipcache.metadata.Delete(txn, rows[i]); err != nil || !hadOld {
+			return 0, err
+		}
+		return -1, nil
 	}, func(i int) {
 		delete(h.prefixes, compact(rows[i].Prefix))
 	})
@@ -360,11 +398,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
-	prefixes := make([]netip.Prefix, 0, len(h.prefixes))
-	for key := range h.prefixes {
-		prefixes = append(prefixes, key.prefix())
-	}
-	slices.SortFunc(prefixes, prefixkey.Compare)
+	prefixes := h.knownPrefixes()
 	for start := 0; start < len(prefixes); start += releaseChunkSize {
 		chunk := prefixes[start:min(start+releaseChunkSize, len(prefixes))]
 		if limiter != nil {
@@ -381,10 +415,12 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		}
 		// The count drops before the rows go: whoever sees them gone (a
 		// status that calls the release over at zero) sees it too.
-		h.numPrefixes.Store(int64(len(h.prefixes) - len(chunk)))
+		h.numPrefixes.Add(-int64(len(chunk)))
 		txn.Commit()
-		for _, prefix := range chunk {
-			delete(h.prefixes, compact(prefix))
+		if h.prefixes != nil {
+			for _, prefix := range chunk {
+				delete(h.prefixes, compact(prefix))
+			}
 		}
 	}
 	h.released = true
@@ -395,10 +431,32 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	return nil
 }
 
+// knownPrefixes returns the prefixes the resource has rows for, in address
+// order: from the handle's set, or when it keeps none, from a scan of the
+// table (the handle is the only writer of its rows, and holds mu).
+func (h *Handle) knownPrefixes() []netip.Prefix {
+	if h.prefixes == nil {
+		var prefixes []netip.Prefix
+		for row := range h.ipcache.metadata.All(h.ipcache.db.ReadTxn()) {
+			if row.Resource == h.resource {
+				prefixes = append(prefixes, row.Prefix)
+			}
+		}
+		return prefixes // the table's order is the prefixes'
+	}
+	prefixes := make([]netip.Prefix, 0, len(h.prefixes))
+	for key := range h.prefixes {
+		prefixes = append(prefixes, key.prefix())
+	}
+	slices.SortFunc(prefixes, prefixkey.Compare)
+	return prefixes
+}
+
 // writeChunked calls write for 0..n-1, committing every writeChunkSize;
-// after each commit, written for each row of the chunk. verb names the
-// operation in errors.
-func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, int) error, written func(int)) error {
+// after each commit, written for each row of the chunk while the handle
+// keeps its set of prefixes. write returns by how much the resource's
+// rows changed in number (-1, 0 or 1). verb names the operation in errors.
+func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, int) (int, error), written func(int)) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
@@ -408,17 +466,25 @@ func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, i
 	for start := 0; start < n; start += writeChunkSize {
 		end := min(start+writeChunkSize, n)
 		txn := c.db.WriteTxn(c.metadata)
+		added := 0
 		for i := start; i < end; i++ {
-			if err := write(txn, i); err != nil {
+			delta, err := write(txn, i)
+			if err != nil {
 				txn.Abort()
 				return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, err)
 			}
+			added += delta
 		}
 		txn.Commit()
-		for i := start; i < end; i++ {
-			written(i)
+		count := h.numPrefixes.Add(int64(added))
+		if h.prefixes != nil && count > int64(h.maxKnown) {
+			h.prefixes = nil // found by a scan from now on
 		}
-		h.numPrefixes.Store(int64(len(h.prefixes)))
+		if h.prefixes != nil {
+			for i := start; i < end; i++ {
+				written(i)
+			}
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package ipcachecell
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"net/netip"
 	"testing"
@@ -258,35 +259,50 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 // A gradual release removes a chunk at a time, each within the rate; when
 // its context ends, the rows not yet removed and the handle stay.
 // The handle knows its rows (there is no index by resource): what it
-// upserts, re-upserts and removes, and a release removes exactly them.
+// upserts, re-upserts and removes, and a release removes exactly them;
+// with its set of prefixes, and past maxKnown without (a scan of the
+// table finds them).
 func TestHandleKnowsItsRows(t *testing.T) {
-	f := newFixture(t)
-	a, err := f.ipcache.NewHandle("a", source.Local)
-	require.NoError(t, err)
-	b, err := f.ipcache.NewHandle("b", source.Directory)
-	require.NoError(t, err)
-	upsertAll(t, a, mustPrefixes("10.0.0.0/8", "10.0.0.1/32", "2001:db8::/32", "10.0.0.0/8"))
-	upsertAll(t, b, mustPrefixes("10.0.0.1/32", "2001:db8::/32", "::ffff:10.0.0.0/104"))
-	require.Equal(t, 3, a.NumPrefixes(), "a prefix upserted twice is one row")
-	require.NoError(t, a.RemoveBatch(mustPrefixes("10.0.0.1/32", "192.0.2.0/24")))
-	require.Equal(t, 2, a.NumPrefixes(), "removing what the resource does not have changes nothing")
-	require.Equal(t, 5, f.metadata.NumObjects(f.db.ReadTxn()))
+	for _, maxKnown := range []int{maxKnownPrefixes, 1} {
+		t.Run(fmt.Sprint("maxKnown=", maxKnown), func(t *testing.T) {
+			f := newFixture(t)
+			a, err := f.ipcache.NewHandle("a", source.Local)
+			require.NoError(t, err)
+			a.maxKnown = maxKnown
+			b, err := f.ipcache.NewHandle("b", source.Directory)
+			require.NoError(t, err)
+			upsertAll(t, a, mustPrefixes("10.0.0.0/8", "10.0.0.1/32", "2001:db8::/32", "10.0.0.0/8"))
+			upsertAll(t, b, mustPrefixes("10.0.0.1/32", "2001:db8::/32", "::ffff:10.0.0.0/104"))
+			require.Equal(t, maxKnown > 1, a.prefixes != nil, "the set is kept up to maxKnown prefixes")
+			require.Equal(t, 3, a.NumPrefixes(), "a prefix upserted twice is one row")
+			require.NoError(t, a.RemoveBatch(mustPrefixes("10.0.0.1/32", "192.0.2.0/24")))
+			require.Equal(t, 2, a.NumPrefixes(), "removing what the resource does not have changes nothing")
+			require.Equal(t, 5, f.metadata.NumObjects(f.db.ReadTxn()))
 
-	require.NoError(t, a.Release())
-	require.Zero(t, a.NumPrefixes())
-	var left []string
-	for row := range f.metadata.All(f.db.ReadTxn()) {
-		left = append(left, row.Resource+" "+row.Prefix.String())
+			require.NoError(t, a.Release())
+			require.Zero(t, a.NumPrefixes())
+			var left []string
+			for row := range f.metadata.All(f.db.ReadTxn()) {
+				left = append(left, row.Resource+" "+row.Prefix.String())
+			}
+			require.Equal(t, []string{"b 10.0.0.1/32", "b ::ffff:10.0.0.0/104", "b 2001:db8::/32"}, left,
+				"the IPv4 prefix and its IPv4-mapped IPv6 look-alike are different prefixes")
+			require.Equal(t, 3, b.NumPrefixes())
+		})
 	}
-	require.Equal(t, []string{"b 10.0.0.1/32", "b ::ffff:10.0.0.0/104", "b 2001:db8::/32"}, left,
-		"the IPv4 prefix and its IPv4-mapped IPv6 look-alike are different prefixes")
-	require.Equal(t, 3, b.NumPrefixes())
 }
 
 func TestReleaseGraduallyStopsWithItsContext(t *testing.T) {
+	for _, maxKnown := range []int{maxKnownPrefixes, releaseChunkSize} {
+		t.Run(fmt.Sprint("maxKnown=", maxKnown), func(t *testing.T) { testReleaseGraduallyStops(t, maxKnown) })
+	}
+}
+
+func testReleaseGraduallyStops(t *testing.T, maxKnown int) {
 	f := newFixture(t)
 	h, err := f.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
+	h.maxKnown = maxKnown
 	prefixes := hostPrefixes(0, 3*releaseChunkSize+10)
 	upsertAll(t, h, prefixes)
 

@@ -246,24 +246,22 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // resource whose metadata changed. A chunk is shared among the lanes: one
 // owner's million-prefix batch (a grace-period release, a large policy)
 // does not hold up another owner's single change, which waits for about
-// one chunk. Each lane is first in, first out; each prefix is queued once.
+// one chunk. Each lane is first in, first out.
+//
+// A prefix queued twice (by two owners, or changed again while queued) is
+// resolved once if both fall in one chunk, else twice: resolving is
+// idempotent, and a set of the queued prefixes, to keep each once, cost a
+// map insert and delete per prefix (docs/SCALE.md).
 type resolveQueue struct {
-	lanes  map[string][]netip.Prefix
-	order  []string                   // lanes with prefixes, in turn order
-	queued map[compactPrefix]struct{} // a million at a large batch
+	lanes map[string][]netip.Prefix
+	order []string // lanes with prefixes, in turn order
 }
 
-// add queues a prefix whose metadata of resource changed, unless queued.
+// add queues a prefix whose metadata of resource changed.
 func (q *resolveQueue) add(resource string, prefix netip.Prefix) {
-	if q.queued == nil {
-		q.queued = map[compactPrefix]struct{}{}
+	if q.lanes == nil {
 		q.lanes = map[string][]netip.Prefix{}
 	}
-	key := compact(prefix)
-	if _, dup := q.queued[key]; dup {
-		return
-	}
-	q.queued[key] = struct{}{}
 	lane, active := q.lanes[resource]
 	if !active {
 		q.order = append(q.order, resource)
@@ -272,9 +270,9 @@ func (q *resolveQueue) add(resource string, prefix netip.Prefix) {
 }
 
 // next takes up to n prefixes, an equal share from each lane (what a lane
-// does not use goes to the others), in address order: the order in which
-// their entries reach the datapath, and in which the kernel's LPM trie
-// inserts fastest.
+// does not use goes to the others), in address order and each once: the
+// order in which their entries reach the datapath, and in which the
+// kernel's LPM trie inserts fastest.
 func (q *resolveQueue) next(n int) []netip.Prefix {
 	var chunk []netip.Prefix
 	for len(chunk) < n && len(q.order) > 0 {
@@ -297,11 +295,12 @@ func (q *resolveQueue) next(n int) []netip.Prefix {
 	if len(q.order) > 1 {
 		q.order = append(q.order[1:], q.order[0])
 	}
-	for _, prefix := range chunk {
-		delete(q.queued, compact(prefix))
+	// A lane's prefixes mostly come in address order (batches are written
+	// so): sorting is then a check.
+	if !slices.IsSortedFunc(chunk, prefixkey.Compare) {
+		slices.SortFunc(chunk, prefixkey.Compare)
 	}
-	slices.SortFunc(chunk, prefixkey.Compare)
-	return chunk
+	return slices.Compact(chunk)
 }
 
 // adaptChunkSize sizes the next chunk from how long a full one took.

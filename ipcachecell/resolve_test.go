@@ -4,6 +4,7 @@ package ipcachecell
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -48,16 +49,43 @@ func TestResolveQueueSharesChunksAmongOwners(t *testing.T) {
 	require.Subset(t, chunk, hostPrefixes(50_000, 50))
 }
 
-// A prefix queued twice (by one owner or two) is resolved once; after it
+// A prefix queued twice (by one owner or two) is in a chunk once; after it
 // is taken, it can be queued again (it changed again).
 func TestResolveQueueDeduplicates(t *testing.T) {
 	var q resolveQueue
 	p := netip.MustParsePrefix("10.0.0.1/32")
+	other := netip.MustParsePrefix("10.0.0.0/32")
 	q.add("a", p)
+	q.add("a", other)
 	q.add("a", p)
 	q.add("b", p)
-	require.Equal(t, []netip.Prefix{p}, q.next(10))
+	require.Equal(t, []netip.Prefix{other, p}, q.next(10))
 	require.Empty(t, q.next(10))
 	q.add("b", p)
 	require.Equal(t, []netip.Prefix{p}, q.next(10))
+}
+
+// sortByPrefix orders rows as prefixkey.Compare does (IPv4 before IPv6,
+// then address, then length) and keeps the batch's order among rows of
+// one prefix, as a stable sort would.
+func TestSortByPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var rows []*PrefixMetadata
+	for i := range 5000 {
+		var addr netip.Addr
+		if rng.IntN(2) == 0 {
+			addr = netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), byte(rng.IntN(256))})
+		} else {
+			addr = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(rng.IntN(256))})
+			if rng.IntN(4) == 0 {
+				addr = netip.AddrFrom16([16]byte{10: 0xff, 11: 0xff, 12: 10, 15: byte(rng.IntN(256))}) // IPv4-mapped: IPv6
+			}
+		}
+		prefix := netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked()
+		rows = append(rows, &PrefixMetadata{Prefix: prefix, Resource: fmt.Sprint(i)})
+	}
+	want := slices.Clone(rows)
+	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
+	sortByPrefix(rows)
+	require.Equal(t, want, rows)
 }
