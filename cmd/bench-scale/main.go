@@ -26,9 +26,10 @@ var heapProfile string
 // endToEndOnly is -end-to-end-only: skip the restart and grace steps.
 var endToEndOnly bool
 
-// stepProfile is -e2e-cpuprofile: where to write a CPU profile of the first
-// scenario's end-to-end step alone, once.
-var stepProfile string
+// e2eProfile and restartProfile are -e2e-cpuprofile and
+// -restart-cpuprofile: where to write a CPU profile of the first
+// scenario's end-to-end (restart) step alone, once.
+var e2eProfile, restartProfile string
 
 func main() {
 	var (
@@ -38,7 +39,8 @@ func main() {
 		profile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	)
 	flag.StringVar(&heapProfile, "memprofile", "", "write a heap profile taken after the first scenario's end-to-end step to this file")
-	flag.StringVar(&stepProfile, "e2e-cpuprofile", "", "write a CPU profile of the first scenario's end-to-end step alone to this file")
+	flag.StringVar(&e2eProfile, "e2e-cpuprofile", "", "write a CPU profile of the first scenario's end-to-end step alone to this file")
+	flag.StringVar(&restartProfile, "restart-cpuprofile", "", "write a CPU profile of the first scenario's restart step alone to this file")
 	flag.BoolVar(&endToEndOnly, "end-to-end-only", false, "run steps 1, 2 and 5 only (no restart or grace expiry): for profiling; no ratio line")
 	mutexProfile := flag.String("mutexprofile", "", "write a mutex contention profile of the whole run to this file")
 	flag.Parse()

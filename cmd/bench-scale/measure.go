@@ -190,7 +190,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	if err != nil {
 		return r, err
 	}
-	stopProfile, err := startStepProfile()
+	stopProfile, err := startStepProfile(&e2eProfile)
 	if err != nil {
 		return r, err
 	}
@@ -233,6 +233,11 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 
 	// 3. Restart, the owner re-asserting the same prefixes.
+	stopProfile, err = startStepProfile(&restartProfile)
+	if err != nil {
+		return r, err
+	}
+	defer stopProfile() // at the latest
 	start = time.Now()
 	second, err := startAgent(cfg, log)
 	if err != nil {
@@ -253,6 +258,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 		return r, err
 	}
 	r.restart = time.Since(start)
+	stopProfile()
 	written, skipped := second.datapath.MapWrites(datapathcell.IPCacheMapName)
 	r.restartWrites, r.restartSkipped = written, skipped
 	if err := second.stop(); err != nil {
@@ -479,23 +485,24 @@ func writeProfile(name, path string) error {
 	return nil
 }
 
-// startStepProfile starts -e2e-cpuprofile, if set and not yet written, and
-// returns what stops it. A CPU profile of the whole run (-cpuprofile) is
-// the other choice: the two cannot run at once.
-func startStepProfile() (stop func(), err error) {
-	if stepProfile == "" {
+// startStepProfile starts a step's CPU profile (-e2e-cpuprofile,
+// -restart-cpuprofile) into *path, if set and not yet written, and returns
+// what stops it. A CPU profile of the whole run (-cpuprofile) is the other
+// choice: the two cannot run at once.
+func startStepProfile(path *string) (stop func(), err error) {
+	if *path == "" {
 		return func() {}, nil
 	}
-	f, err := os.Create(stepProfile)
+	f, err := os.Create(*path)
 	if err == nil {
 		err = pprof.StartCPUProfile(f)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("-e2e-cpuprofile: %w", err)
+		return nil, fmt.Errorf("step CPU profile: %w", err)
 	}
-	stepProfile = ""
-	return func() {
+	*path = ""
+	return sync.OnceFunc(func() {
 		pprof.StopCPUProfile()
 		f.Close()
-	}, nil
+	}), nil
 }
