@@ -215,6 +215,10 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 		return r, err
 	}
 	r.heapPerPrefix = float64(heapInUse()-heapBefore) / float64(s.n)
+	// The owner's handle is part of what an agent holds for its prefixes;
+	// unused after the upsert, it would be collected before the heap is
+	// measured.
+	runtime.KeepAlive(owner)
 	if heapProfile != "" {
 		if err := writeProfile("heap", heapProfile); err != nil {
 			return r, err
