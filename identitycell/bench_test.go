@@ -3,7 +3,12 @@
 package identitycell
 
 import (
+	"bytes"
+	"maps"
+	"net/netip"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
@@ -153,5 +158,24 @@ func BenchmarkRestoreNumbers(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// Decoding a checkpoint of a million identities, as a restart does
+// (docs/SCALE.md).
+func BenchmarkDecodeCheckpoint(b *testing.B) {
+	const n = 1_000_000
+	checkpoint := make(Checkpoint, n)
+	for i := range n {
+		id := MinLocalIdentity + NumericIdentity(i)
+		checkpoint[id] = labels.ForPrefix(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))
+	}
+	var buf bytes.Buffer
+	require.NoError(b, encodeCheckpoint(&buf, maps.All(checkpoint)))
+	b.ResetTimer()
+	for range b.N {
+		decoded, err := decodeCheckpoint("bench", buf.Bytes())
+		require.NoError(b, err)
+		require.Len(b, decoded, n)
 	}
 }

@@ -129,7 +129,9 @@ func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint,
 	if !found {
 		return nil, false, nil
 	}
-	checkpoint = Checkpoint{}
+	// Sized up front (an entry per line): growing a map of a million
+	// identities rehashes it again and again.
+	checkpoint = make(Checkpoint, bytes.Count(rest, []byte("\n{\"id\":")))
 	for first := true; ; first = false {
 		if tail, found := bytes.CutPrefix(rest, []byte("\n]}\n")); found && len(tail) == 0 {
 			return checkpoint, true, nil
