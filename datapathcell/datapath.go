@@ -79,7 +79,7 @@ func (d *Datapath) Start(ctx cell.HookContext) error {
 	d.startGC.raise()
 	err := d.start(ctx)
 	if err != nil {
-		d.startGC.end(false) // Stop is not called
+		d.startGC.end() // Stop is not called
 	}
 	return err
 }
@@ -150,7 +150,7 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 //
 // Possible errors: the program's or the maps' descriptors cannot be closed.
 func (d *Datapath) Stop(cell.HookContext) error {
-	d.startGC.end(false)
+	d.startGC.end()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error

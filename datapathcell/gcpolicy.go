@@ -48,18 +48,10 @@ func (g *startGC) raise() {
 	debug.SetGCPercent(startGCPercent)
 }
 
-// end sets GOGC back, if raised, once. With returnMemory, it also returns
-// to the system what the raised target let the heap grow to beyond the
-// default's (the runtime would return it only slowly), at the cost of one
-// collection: the steady state's memory is then what it would have been.
-func (g *startGC) end(returnMemory bool) {
+func (g *startGC) end() {
 	g.once.Do(func() {
-		if !g.raised.Load() {
-			return
-		}
-		debug.SetGCPercent(defaultGCPercent)
-		if returnMemory {
-			debug.FreeOSMemory()
+		if g.raised.Load() {
+			debug.SetGCPercent(defaultGCPercent)
 		}
 	})
 }
@@ -70,16 +62,15 @@ func (g *startGC) end(returnMemory bool) {
 func (g *startGC) endAfterStart(db *statedb.DB, table statedb.Table[*ipcachecell.Entry],
 	writer reconciler.Reconciler[*ipcachecell.Entry]) func(context.Context, cell.Health) error {
 	return func(ctx context.Context, _ cell.Health) error {
+		defer g.end()
 		_, initialized := table.Initialized(db.ReadTxn())
 		select {
 		case <-ctx.Done():
-			return nil // Stop ends the raise
+			return nil
 		case <-initialized:
 		}
-		if _, _, err := writer.WaitUntilReconciled(ctx, table.Revision(db.ReadTxn())); err != nil {
-			return nil // ctx's: Stop ends the raise
-		}
-		g.end(true)
+		// An error is ctx's: the datapath stops, and the raise ends.
+		_, _, _ = writer.WaitUntilReconciled(ctx, table.Revision(db.ReadTxn()))
 		return nil
 	}
 }

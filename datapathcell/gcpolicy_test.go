@@ -26,16 +26,16 @@ func TestStartGC(t *testing.T) {
 	var g startGC
 	g.raise()
 	require.Equal(t, startGCPercent, gcPercent())
-	g.end(true)
+	g.end()
 	require.Equal(t, defaultGCPercent, gcPercent())
 	debug.SetGCPercent(70) // someone else's, later
-	g.end(true)
+	g.end()
 	require.Equal(t, 70, gcPercent(), "ended once")
 
 	t.Setenv("GOGC", "70")
 	var operator startGC
 	operator.raise()
 	require.Equal(t, 70, gcPercent(), "GOGC set: not raised")
-	operator.end(true)
+	operator.end()
 	require.Equal(t, 70, gcPercent())
 }
