@@ -21,8 +21,8 @@ const (
 	// agent fills its tables and writes the ipcache map at start: the
 	// heap grows from nothing to its steady size then, and at the default
 	// the collector marks the growing heap again at every doubling
-	// (docs/SCALE.md, "Garbage collection at start"). The cost is a
-	// higher peak of memory, during the start only.
+	// (docs/SCALE.md, issue 21, "GC policy"). The cost is more memory
+	// during the start, and after it until the runtime returns the excess.
 	startGCPercent = 200
 	// defaultGCPercent is Go's default GOGC, set again after the start.
 	defaultGCPercent = 100
