@@ -197,7 +197,6 @@ func registerWriters(p writersParams) error {
 	p.Jobs.Add(
 		job.OneShot("write-enforcement-map", enforcement.run),
 		job.OneShot("drain-policy-map", policy.drain),
-		job.OneShot("end-start-gc", d.startGC.endAfterStart(p.Reconciler.DB, p.IPCache.RWTable, order.ipcacheWriter)),
 	)
 	d.order, d.policyOps = order, policy
 	return nil

@@ -47,9 +47,6 @@ type Datapath struct {
 
 	// events hands the program's events to monitor clients (events.go).
 	events eventHub
-
-	// startGC raises the collector's target during the start (gcpolicy.go).
-	startGC startGC
 }
 
 // writtenMaps are the maps the writers write.
@@ -71,20 +68,11 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 // Possible errors: those of EnsureBPFFS; the pinned maps cannot be opened,
 // migrated or replaced (a map too small for what it holds names the flag
 // to raise); the program cannot be loaded or attached to a device.
-func (d *Datapath) Start(ctx cell.HookContext) error {
+func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		close(d.snapshotTaken) // empty: nothing was pinned
 		return nil
 	}
-	d.startGC.raise()
-	err := d.start(ctx)
-	if err != nil {
-		d.startGC.end() // Stop is not called
-	}
-	return err
-}
-
-func (d *Datapath) start(cell.HookContext) error {
 	mounted, err := EnsureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
@@ -150,7 +138,6 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 //
 // Possible errors: the program's or the maps' descriptors cannot be closed.
 func (d *Datapath) Stop(cell.HookContext) error {
-	d.startGC.end()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
