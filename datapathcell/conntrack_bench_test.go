@@ -118,7 +118,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	}
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
-	require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	require.NoError(tb, maps.Policy.Put(policyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
 	bumpRevision(tb, maps)
 	return maps
 }

@@ -52,7 +52,7 @@ func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slo
 		stats:  stats,
 		log:    log,
 		key: func(e *policycell.PolicyEntry) PolicyMapKey {
-			return NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+			return NewPolicyMapKey(e.Key)
 		},
 		value:   func(e *policycell.PolicyEntry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
 		failed:  order.policyFailed,

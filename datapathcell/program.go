@@ -335,13 +335,13 @@ type DropCount struct {
 // DropReasons are the reasons the program drops for, each a slot of the
 // counters map (abi.go).
 func DropReasons() []Reason {
-	return []Reason{ReasonNoPolicy, ReasonMalformed}
+	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny}
 }
 
 const (
 	// countersValueSize: packets u64 | bytes u64 (abi.go).
 	countersValueSize = 16
-	// countersSlots per direction: allowed, the drop reasons, one unused.
+	// countersSlots per direction: allowed, the three drop reasons.
 	countersSlots   = 4
 	countersEntries = 2 * countersSlots
 	// countAllowed is the slot of allowed packets; a drop's is its reason.

@@ -266,6 +266,19 @@ struct __sk_buff {
 
 #define IDENTITY_WORLD 2
 #define VERDICT_ALLOW 1
+#define VERDICT_DENY 2
+
+// Prefix lengths of policy_key lookups: a packet with a port (or an ICMP
+// type and code) is looked up with all of it; one without, with identity,
+// direction and protocol only, so that only protocol-wide and any-protocol
+// entries match it.
+#define POLICY_PREFIX_PORT 64
+#define POLICY_PREFIX_PROTOCOL 48
+
+// Values of `enforcement`[direction].
+#define ENFORCE_NONE 0
+#define ENFORCE_DEFAULT_DENY 1
+#define ENFORCE_DENY_ONLY 2
 
 // Bits of ipcache_key before ip: cluster_id, pad and family.
 #define IPCACHE_STATIC_PREFIX_BITS 32
@@ -298,10 +311,12 @@ struct __sk_buff {
 #define COUNT_ALLOWED 0
 #define REASON_NO_POLICY 1
 #define REASON_MALFORMED 2
+#define REASON_POLICY_DENY 3
 #define REASON_POLICY 16
 #define REASON_REPLY 17
 #define REASON_ESTABLISHED 18
 #define REASON_RELATED 19
+#define REASON_NOT_DENIED 20
 
 #define EVENT_DROP 0
 #define EVENT_ALLOW 1
@@ -334,7 +349,11 @@ struct remote_endpoint_info {
 	__u8 flags;
 };
 
+// The policy map's LPM key: prefixlen counts the bits after it that must
+// match (40 identity and direction, 48 also the protocol, 48 + n also the
+// first n bits of dport).
 struct policy_key {
+	__u32 prefixlen;
 	__u32 sec_identity;
 	__u8 direction;
 	__u8 protocol;
@@ -381,10 +400,11 @@ struct {
 } ipcache SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct policy_key);
 	__type(value, struct policy_value);
 	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } policy SEC(".maps");
 
 struct {
@@ -490,7 +510,7 @@ struct flow {
 	__u32 ports;      // endpoint_port and remote_port as in the key
 	__u8 protocol;
 	__u8 family;
-	__be16 dport;
+	__be16 dport;      // for ICMP and ICMPv6: the bytes type, code
 	__u8 has_port;
 	__u8 tracked;      // a TCP, UDP, SCTP or ICMP echo packet with its ports or identifier
 	__u8 tcp_flags;
@@ -646,6 +666,10 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 		if (!l4)
 			break;
 		flow->icmp_type = l4[0];
+		// Policy matches type (and code) as a port: the type in the
+		// high byte of dport, in network order.
+		flow->dport = LOAD16(l4, 0);
+		flow->has_port = 1;
 		if (protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 					     : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
 			flow->echo_request = protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
@@ -811,26 +835,35 @@ static __always_inline __u32 remote_identity(const struct ipcache_key *key)
 	return info ? info->sec_identity : IDENTITY_WORLD;
 }
 
-static __always_inline int policy_allows(__u32 identity, __u8 direction, const struct flow *flow)
+// policy_verdict looks the packet up for the remote identity and for
+// identity 0 (entries for any identity): VERDICT_DENY if either finds a
+// deny, else VERDICT_ALLOW if either finds an allow, else 0. Each lookup
+// finds the longest matching prefix, so inside one identity an allow
+// narrower than a deny would win; the agent never writes such an allow
+// (docs/CONTRACT.md).
+static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, const struct flow *flow)
 {
-	// struct policy_key as one word, written in one store (set_ct_tail).
-	__u64 any = (__u64)identity | (__u64)direction << 32;
-	__u64 protocol = any | (__u64)flow->protocol << 40;
-	__u64 key = protocol | (__u64)flow->dport << 48;
-	struct policy_value *value;
+	// Both keys are written whole, in word stores, before either lookup
+	// (see set_remote_key).
+	__u64 keys[4] __attribute__((aligned(8)));
+	__u64 prefixlen = flow->has_port ? POLICY_PREFIX_PORT : POLICY_PREFIX_PROTOCOL;
+	__u64 tail = (__u64)direction | (__u64)flow->protocol << 8 |
+		     (__u64)(flow->has_port ? flow->dport : 0) << 16;
+	struct policy_value *remote, *any;
 
-	if (flow->has_port) {
-		value = bpf_map_lookup_elem(&policy, &key);
-		if (value && value->verdict == VERDICT_ALLOW)
-			return 1;
-	}
-	key = protocol;
-	value = bpf_map_lookup_elem(&policy, &key);
-	if (value && value->verdict == VERDICT_ALLOW)
-		return 1;
-	key = any;
-	value = bpf_map_lookup_elem(&policy, &key);
-	return value && value->verdict == VERDICT_ALLOW;
+	keys[0] = prefixlen | (__u64)identity << 32;
+	keys[1] = tail;
+	keys[2] = prefixlen;
+	keys[3] = tail;
+	remote = bpf_map_lookup_elem(&policy, &keys[0]);
+	if (remote && remote->verdict == VERDICT_DENY)
+		return VERDICT_DENY;
+	any = bpf_map_lookup_elem(&policy, &keys[2]);
+	if (any && any->verdict == VERDICT_DENY)
+		return VERDICT_DENY;
+	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
+		return VERDICT_ALLOW;
+	return 0;
 }
 
 // now_ns is bpf_ktime_get_coarse_ns, read once per jiffy and CPU. The
@@ -1044,8 +1077,9 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 	__u32 quoted = 0;
 	__u64 checked;
-	__u32 identity;
+	__u32 identity, verdict;
 	__u32 *value;
+	__u32 mode;
 	int enforced, other_enforced = 0;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
 	const __u8 *eth;
@@ -1058,11 +1092,14 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
 		return TCX_NEXT;
 
+	// Default deny and deny-only are tracked and checked alike; they
+	// differ only in what a packet that matches nothing gets.
 	value = bpf_map_lookup_elem(&enforcement, &index);
-	enforced = value && *value == 1;
+	mode = value ? *value : ENFORCE_NONE;
+	enforced = mode != ENFORCE_NONE;
 	if (!enforced) {
 		value = bpf_map_lookup_elem(&enforcement, &other);
-		other_enforced = value && *value == 1;
+		other_enforced = value && *value != ENFORCE_NONE;
 	}
 	if (!enforced && !other_enforced) {
 		// Nothing to enforce, and no reply to track for.
@@ -1127,14 +1164,15 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// cache line that every CPU shares.
 	checked = flow.tracked ? current_revision() : 0;
 	identity = remote_identity(&remote);
-	if (policy_allows(identity, direction, &flow)) {
+	verdict = policy_verdict(identity, direction, &flow);
+	if (verdict == VERDICT_ALLOW || (!verdict && mode == ENFORCE_DENY_ONLY)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, checked);
-		return allow(skb, &flow, direction, REASON_POLICY, identity);
+		return allow(skb, &flow, direction, verdict ? REASON_POLICY : REASON_NOT_DENIED, identity);
 	}
 	if (ct)
 		bpf_map_delete_elem(&conntrack, &flow.ct);
-	return drop(skb, &flow, direction, REASON_NO_POLICY, identity);
+	return drop(skb, &flow, direction, verdict ? REASON_POLICY_DENY : REASON_NO_POLICY, identity);
 }
 
 SEC("tcx/ingress")
