@@ -170,8 +170,17 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			replacements[CountersMapName] = maps.Counters
 		}
 	}
+	// An object of the previous policy map layout (a hash) gets a map of
+	// that layout with the same rule.
+	hashPolicy := newHashPolicyMap(b, testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
+	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
+		if spec.Maps[PolicyMapName].Type == ebpf.Hash {
+			return hashPolicy
+		}
+		return maps.Policy
+	}
 	statelessMaps := map[string]*ebpf.Map{
-		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+		IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(stateless), EnforcementMapName: maps.Enforcement,
 	}
 	shareCounters(stateless, statelessMaps)
 	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: statelessMaps}))
@@ -190,7 +199,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 		}
 		replacements := map[string]*ebpf.Map{
-			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+			IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(spec), EnforcementMapName: maps.Enforcement,
 			ConntrackMapName: maps.Conntrack,
 		}
 		shareCounters(spec, replacements)
@@ -249,18 +258,24 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		// run needs the entry gone, so runs are single; the pass-through
 		// program is measured the same way for its ratio.
 		setEnforced(b, maps, true, true)
-		var single, newConn time.Duration
-		for range benchNewConnections {
-			single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
-			if err := maps.Conntrack.Delete(key); err != nil {
-				require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
-			}
-			newConn += runPerPacket(b, enf.fromEndpoint, forwardSYN, 1, tcxNextRet)
-		}
 		var v ConntrackValue
-		require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
-		rows = append(rows, row{"tracking: new connection (SYN; single runs, ratio to single runs)",
-			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+		newConnection := func(name string, prog *ebpf.Program) {
+			var single, newConn time.Duration
+			for range benchNewConnections {
+				single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
+				if err := maps.Conntrack.Delete(key); err != nil {
+					require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
+				}
+				newConn += runPerPacket(b, prog, forwardSYN, 1, tcxNextRet)
+			}
+			require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
+			rows = append(rows, row{name,
+				float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+		}
+		if before != nil {
+			newConnection("before: new connection (SYN; single runs, ratio to single runs)", before.fromEndpoint)
+		}
+		newConnection("tracking: new connection (SYN; single runs, ratio to single runs)", enf.fromEndpoint)
 
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "established, forward", from, forwardACK)
@@ -326,6 +341,32 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	if before != nil {
 		fmt.Printf("before: established forward / stateless allowed: %.2f\n", vsStateless(index("before: established, forward")))
 	}
+}
+
+// hashPolicyMapSpec is the policy map's previous layout: a hash with an
+// 8-byte key (sec_identity u32 | direction u8 | protocol u8 | dport be16;
+// protocol 0 any protocol, dport 0 any port) and the same value.
+func hashPolicyMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{Name: PolicyMapName, Type: ebpf.Hash, KeySize: hashPolicyKeySize, ValueSize: policyValueSize, MaxEntries: 16384}
+}
+
+// hashPolicyMapKey is a key of the previous layout.
+func hashPolicyMapKey(identity uint32, direction, protocol uint8, dport uint16) [hashPolicyKeySize]byte {
+	var k [hashPolicyKeySize]byte
+	binary.LittleEndian.PutUint32(k[0:4], identity)
+	k[4], k[5] = direction, protocol
+	binary.BigEndian.PutUint16(k[6:8], dport)
+	return k
+}
+
+// newHashPolicyMap is a map of the previous layout that allows one rule.
+func newHashPolicyMap(tb testing.TB, identity uint32, direction, protocol uint8, dport uint16) *ebpf.Map {
+	tb.Helper()
+	m, err := ebpf.NewMap(hashPolicyMapSpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { m.Close() })
+	require.NoError(tb, m.Put(hashPolicyMapKey(identity, direction, protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	return m
 }
 
 // passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.
