@@ -85,8 +85,8 @@ func tcpPacket(src, dst netip.AddrPort, flags uint8) []byte {
 }
 
 // benchMaps are maps of the agent's specs with 100k /32s in the ipcache,
-// the peer among them, and an egress rule that allows the peer on TCP
-// benchPeerPort.
+// the peer among them, and egress rules (benchPolicyRules), one of which
+// allows the peer on TCP benchPeerPort.
 func benchMaps(tb testing.TB) enforcerMaps {
 	tb.Helper()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
@@ -118,9 +118,32 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	}
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
-	require.NoError(tb, maps.Policy.Put(policyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	for _, r := range benchPolicyRules() {
+		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	}
 	bumpRevision(tb, maps)
 	return maps
+}
+
+// benchPolicyRule is an egress allow of the benchmark's policy map.
+type benchPolicyRule struct {
+	identity uint32
+	protocol uint8
+	port     uint16
+}
+
+// benchPolicyRules: the peer's rule among rules of 1000 other identities
+// and 20 for any identity (identity 0), so that the trie's lookups walk a
+// trie of some depth, as with real policies.
+func benchPolicyRules() []benchPolicyRule {
+	rules := []benchPolicyRule{{testIdentityAllowed, testProtoTCP, benchPeerPort}}
+	for i := range 1000 {
+		rules = append(rules, benchPolicyRule{testIdentityDenied + uint32(i), testProtoTCP, uint16(80 + i%50)})
+	}
+	for i := range 20 {
+		rules = append(rules, benchPolicyRule{0, testProtoUDP, uint16(1000 + i)})
+	}
+	return rules
 }
 
 func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
@@ -172,7 +195,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	// An object of the previous policy map layout (a hash) gets a map of
 	// that layout with the same rule.
-	hashPolicy := newHashPolicyMap(b, testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
+	hashPolicy := newHashPolicyMap(b, benchPolicyRules())
 	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
 		if spec.Maps[PolicyMapName].Type == ebpf.Hash {
 			return hashPolicy
@@ -359,13 +382,16 @@ func hashPolicyMapKey(identity uint32, direction, protocol uint8, dport uint16) 
 	return k
 }
 
-// newHashPolicyMap is a map of the previous layout that allows one rule.
-func newHashPolicyMap(tb testing.TB, identity uint32, direction, protocol uint8, dport uint16) *ebpf.Map {
+// newHashPolicyMap is a map of the previous layout that allows rules
+// (egress).
+func newHashPolicyMap(tb testing.TB, rules []benchPolicyRule) *ebpf.Map {
 	tb.Helper()
 	m, err := ebpf.NewMap(hashPolicyMapSpec())
 	require.NoError(tb, err)
 	tb.Cleanup(func() { m.Close() })
-	require.NoError(tb, m.Put(hashPolicyMapKey(identity, direction, protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	for _, r := range rules {
+		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	}
 	return m
 }
 

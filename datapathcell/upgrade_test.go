@@ -65,9 +65,9 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 		}))
 		m.Close()
 		require.Equal(t, map[policycell.PolicyKey]policycell.Verdict{
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Egress}:                                                              policycell.VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolTCP, PortWildcardBits: 16}:      policycell.VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolUDP, Port: 53}:                 policycell.VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Egress}:                                                          policycell.VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolTCP, PortWildcardBits: 16}: policycell.VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolUDP, Port: 53}:             policycell.VerdictAllow,
 		}, got, "converted: any protocol, a protocol's every port, one port")
 
 		// The old map is freed once nothing holds it: the old program went

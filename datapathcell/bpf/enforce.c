@@ -15,14 +15,20 @@
 //                          address is the source.
 //
 // For an IP packet, the remote address's identity is the longest-prefix
-// match in `ipcache` (world, 2, when nothing matches). When the direction is
-// enforced (`enforcement`[direction] == 1) the packet passes only if it
-// replies to a tracked connection (below) or `policy` allows the identity
-// for (protocol, port), (protocol, any port) or (any protocol); otherwise it
-// is dropped. Every verdict on IP traffic is counted in `counters`, in
-// packets and bytes (skb->len): index direction * 4 + slot, slot 0 allowed,
-// slot REASON_NO_POLICY (1) or REASON_MALFORMED (2) a drop of that reason,
-// slot 3 unused (layout in ../abi.go).
+// match in `ipcache` (world, 2, when nothing matches). A direction is
+// enforced when `enforcement`[direction] is ENFORCE_DEFAULT_DENY (1) or
+// ENFORCE_DENY_ONLY (2). There a packet that replies to a tracked
+// connection (below) passes; any other is looked up in `policy` (an LPM
+// trie, policy_verdict) for the remote identity and for identity 0 (rules
+// for any identity), with its protocol and destination port (ICMP: type
+// and code) at prefix length 64, or with the protocol only (48) when it
+// has no port. A deny from either lookup drops it (REASON_POLICY_DENY);
+// else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
+// and 2 passes it (REASON_NOT_DENIED). Every verdict on IP traffic is
+// counted in `counters`, in packets and bytes (skb->len): index
+// direction * 4 + slot, slot 0 allowed, slot REASON_NO_POLICY (1),
+// REASON_MALFORMED (2) or REASON_POLICY_DENY (3) a drop of that reason
+// (layout in ../abi.go).
 //
 // Connection tracking (docs/CONTRACT.md; map layout in ../abi.go):
 //   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
@@ -35,7 +41,8 @@
 //     jiffy and CPU and keeps it in the per-CPU, unpinned map `clock`
 //     (now_ns), so an expiry may be set one tick early.
 //   - Tracked: TCP, UDP and SCTP (by ports), ICMP and ICMPv6 echo (by the
-//     echo identifier, in the endpoint port; remote port 0). SCTP is
+//     echo identifier, in the endpoint port; remote port 0: the policy
+//     lookup uses the type and code instead, see flow.dport). SCTP is
 //     tracked like UDP, by its common header's ports: its chunks are not
 //     read, and a multihomed association's packets from or to another of
 //     the peer's addresses are another entry. Nothing else is
@@ -144,10 +151,12 @@
 //     lost_full); the agent sums them (ipcache_agent_events_lost_total).
 //   - Reasons (one table, mirrored in ../events.go): drops REASON_NO_POLICY
 //     (default deny: no policy entry allows it), REASON_MALFORMED (an IP
-//     header too short); allows REASON_POLICY (a policy entry), REASON_REPLY
-//     (a reply of a tracked connection), REASON_ESTABLISHED (a tracked
-//     forward packet allowed at the current revision), REASON_RELATED (an
-//     ICMP error about a tracked connection).
+//     header too short), REASON_POLICY_DENY (a deny entry matches it);
+//     allows REASON_POLICY (a policy entry), REASON_REPLY (a reply of a
+//     tracked connection), REASON_ESTABLISHED (a tracked forward packet
+//     allowed at the current revision), REASON_RELATED (an ICMP error about
+//     a tracked connection), REASON_NOT_DENIED (nothing matches it in a
+//     direction of deny rules only).
 //     A drop's reason is also its slot in `counters` (COUNT_ALLOWED, 0, is
 //     the allowed packets'), so the drop reasons stay below 4.
 //
