@@ -309,6 +309,11 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, maps.Conntrack.Delete(key))
 		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 		addBefore(add, "untracked reply (dropped)", to, replyACK)
+		// As when the map holds no identity-0 entry: the agent then
+		// tells the program to skip that lookup (the trie is the same).
+		require.NoError(b, enf.policyFlags.Set(uint32(policyNoAnyIdentity)))
+		add("tracking: untracked reply (dropped), identity-0 lookup skipped", enf.toEndpoint, replyACK, tcxDropRet)
+		require.NoError(b, enf.policyFlags.Set(uint32(0)))
 		setEvents(EventDrops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)

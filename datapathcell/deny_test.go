@@ -3,11 +3,14 @@
 package datapathcell
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -82,7 +85,8 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 	for _, p := range []int{port, 7999, 8000, 8009, 8010} {
 		netnstest.EchoTCP(t, nw.host, hostPort("0.0.0.0", p))
 	}
-	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
+	enf := loadTestEnforcer(t, maps)
+	nw.attach(t, enf, newTestLinksDir(t))
 	tcp := func(addr string, port int) bool {
 		t.Helper()
 		c, err := dialIn(t, nw.ep, "", hostPort(addr, port))
@@ -115,6 +119,13 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000), "the deny is of one port")
 		require.True(t, nw.pingOnce(t, peerA), "and of one protocol")
+
+		// policy_flags: while the agent says the map holds no identity-0
+		// entry, the program does not look them up.
+		require.NoError(t, enf.policyFlags.Set(uint32(policyNoAnyIdentity)))
+		require.True(t, tcp(peerA, port), "identity 0 not looked up")
+		require.NoError(t, enf.policyFlags.Set(uint32(0)))
+		require.False(t, tcp(peerA, port))
 	})
 
 	t.Run("a port deny inside an identity's protocol-wide allow", func(t *testing.T) {
@@ -163,4 +174,55 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		require.True(t, nw.pingOnce(t, peerB))
 		require.Equal(t, noPolicy, egressDrops(t, maps, ReasonNoPolicy), "no default deny")
 	})
+}
+
+// TestPrivilegedPolicyWriterTellsAnyIdentity: the policy writer tells the
+// program that the map may hold identity-0 keys before it writes the
+// first, and that it holds none once the last is deleted; a previous
+// run's identity-0 key counts from the first call.
+func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
+	privileged.Test(t)
+	m, err := ebpf.NewMap(policyMapSpec(16))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	pinned := NewPolicyMapKey(policycell.PolicyKey{Direction: policycell.Egress})
+	require.NoError(t, m.Put(pinned, NewPolicyMapValue(uint32(policycell.VerdictAllow))), "a previous run's")
+
+	log := hivetest.Logger(t)
+	p := newPolicyOps(func() kernelMap { return m }, &mapStats{}, newOrdering(log, nil, nil, nil, nil), log)
+	var told []bool
+	p.anyIdentity = func(present bool) error {
+		// Told before the write: the map holds no key the program skips.
+		found := false
+		require.NoError(t, readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
+			if id, _, _, _ := k.Fields(); id == 0 {
+				found = true
+			}
+		}))
+		if found {
+			require.True(t, present, "told none while the map holds an identity-0 key")
+		}
+		told = append(told, present)
+		return nil
+	}
+	entry := func(id uint32) *policycell.PolicyEntry {
+		return &policycell.PolicyEntry{Key: policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Egress,
+			Protocol: policycell.ProtocolTCP, Port: 80}, Verdict: policycell.VerdictAllow}
+	}
+	ctx := context.Background()
+	require.NoError(t, p.Update(ctx, nil, 0, entry(16777217)))
+	require.Equal(t, []bool{true}, told, "the pinned identity-0 key")
+
+	p.mu.Lock()
+	require.NoError(t, p.ops.deleteKeys([]PolicyMapKey{pinned}))
+	p.deletedLocked([]PolicyMapKey{pinned})
+	p.mu.Unlock()
+	require.Equal(t, []bool{true, false}, told, "none left")
+
+	require.NoError(t, p.Update(ctx, nil, 0, entry(16777218)))
+	require.Equal(t, []bool{true, false}, told, "no change, nothing told")
+	require.NoError(t, p.Update(ctx, nil, 0, entry(0)))
+	require.Equal(t, []bool{true, false, true}, told, "before the identity-0 key is written")
+	var v PolicyMapValue
+	require.NoError(t, m.Lookup(NewPolicyMapKey(entry(0).Key), &v))
 }

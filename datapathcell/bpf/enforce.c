@@ -20,7 +20,8 @@
 // ENFORCE_DENY_ONLY (2). There a packet that replies to a tracked
 // connection (below) passes; any other is looked up in `policy` (an LPM
 // trie, policy_verdict) for the remote identity and for identity 0 (rules
-// for any identity), with its protocol and destination port (ICMP: type
+// for any identity; skipped while the agent says, in policy_flags, that
+// the map holds none), with its protocol and destination port (ICMP: type
 // and code) at prefix length 64, or with the protocol only (48) when it
 // has no port. A deny from either lookup drops it (REASON_POLICY_DENY);
 // else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
@@ -329,6 +330,12 @@ struct __sk_buff {
 
 #define EVENT_DROP 0
 #define EVENT_ALLOW 1
+
+// policy_flags is set by the agent at run time (POLICY_*), in .bss: a
+// new program starts at 0, which skips nothing, until the agent knows
+// what the pinned policy map holds.
+#define POLICY_NO_ANY_IDENTITY 0x1 // no identity-0 entry: skip that lookup
+volatile __u32 policy_flags;
 
 // events_mask is set by the agent at run time (EVENTS_*): in .bss, which
 // the agent writes through its mapping.
@@ -867,7 +874,10 @@ static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, cons
 	remote = bpf_map_lookup_elem(&policy, &keys[0]);
 	if (remote && remote->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
-	any = bpf_map_lookup_elem(&policy, &keys[2]);
+	// The agent sets the flag only while the map holds no identity-0
+	// entry (and clears it before it writes one): the lookup could find
+	// nothing then.
+	any = (policy_flags & POLICY_NO_ANY_IDENTITY) ? 0 : bpf_map_lookup_elem(&policy, &keys[2]);
 	if (any && any->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
 	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
