@@ -95,8 +95,8 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 
 	var objs struct {
 		bpf.EnforcePrograms
-		Events     *ebpf.Map      `ebpf:"events"`
-		EventState *ebpf.Map      `ebpf:"event_state"`
+		Events      *ebpf.Map      `ebpf:"events"`
+		EventState  *ebpf.Map      `ebpf:"event_state"`
 		EventsMask  *ebpf.Variable `ebpf:"events_mask"`
 		PolicyFlags *ebpf.Variable `ebpf:"policy_flags"`
 	}
