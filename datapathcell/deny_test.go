@@ -226,3 +226,18 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	var v PolicyMapValue
 	require.NoError(t, m.Lookup(NewPolicyMapKey(entry(0).Key), &v))
 }
+
+// TestEnforcementOf: a row's enforcement map value.
+func TestEnforcementOf(t *testing.T) {
+	for _, c := range []struct {
+		enforced, hasDeny bool
+		want              enforcementValue
+	}{
+		{false, false, enforceNone},
+		{true, false, enforceDefaultDeny},
+		{true, true, enforceDefaultDeny},
+		{false, true, enforceDenyOnly},
+	} {
+		require.Equal(t, c.want, enforcementOf(&policycell.Enforcement{Enforced: c.enforced, HasDeny: c.hasDeny}), "%+v", c)
+	}
+}
