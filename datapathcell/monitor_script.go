@@ -221,37 +221,63 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
 		j.Labels = []string{"reserved:world"}
 	}
-	if e.Allowed && e.Reason == ReasonPolicy {
-		j.Policy = p.allowingPolicies(e)
+	switch {
+	case e.Allowed && e.Reason == ReasonPolicy:
+		j.Policy = p.matchingPolicies(e, policycell.VerdictAllow)
+	case !e.Allowed && e.Reason == ReasonPolicyDeny:
+		j.Policy = p.matchingPolicies(e, policycell.VerdictDeny)
 	}
 	return j
 }
 
-// allowingPolicies names the policies of the entry that allowed e, looked
-// up as the program does (port, then protocol, then any protocol): at
-// most three index lookups. Empty when the tables changed since.
-func (p monitorParams) allowingPolicies(e Event) string {
+// matchingPolicies names the policies of the entry of verdict that
+// decided e, looked up in the `policy` table as the program looks up the
+// map (the longest prefix, for the remote identity and then identity 0):
+// at most 2 x 18 index lookups. Empty when the tables changed since.
+func (p monitorParams) matchingPolicies(e Event, verdict policycell.Verdict) string {
 	if p.DB == nil || p.PolicyEntries == nil {
 		return ""
 	}
 	txn := p.DB.ReadTxn()
-	key := policycell.PolicyKey{
-		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
-	}
-	var keys []policycell.PolicyKey
-	switch e.Protocol {
-	case 6, 17, 132:
-		withPort := key
-		withPort.Port = e.DstPort
-		keys = append(keys, withPort)
-	}
-	keys = append(keys, key, policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction})
-	for _, k := range keys {
-		if entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k)); found && entry.Verdict == policycell.VerdictAllow {
-			return strings.Join(entry.Policies, ",")
+	for _, id := range []identitycell.NumericIdentity{identitycell.NumericIdentity(e.Identity), 0} {
+		for _, k := range eventPolicyKeys(e, id) {
+			entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k))
+			if !found {
+				continue
+			}
+			if entry.Verdict == verdict {
+				return strings.Join(entry.Policies, ",")
+			}
+			break // the longest match of this identity has the other verdict
 		}
 	}
 	return ""
+}
+
+// eventPolicyKeys are the `policy` table keys that match e's packet for
+// identity id, longest prefix first: the port (ICMP: the type; the event
+// has no code) in blocks of growing size, the whole protocol, any
+// protocol.
+func eventPolicyKeys(e Event, id identitycell.NumericIdentity) []policycell.PolicyKey {
+	key := policycell.PolicyKey{Identity: id, Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol)}
+	var keys []policycell.PolicyKey
+	port, first := e.DstPort, uint8(0)
+	switch e.Protocol {
+	case 6, 17, 132:
+	case 1, 58:
+		port, first = uint16(e.ICMPType)<<8, 8
+	default:
+		first = 16
+	}
+	for bits := first; bits <= 16; bits++ {
+		k := key
+		k.Port, k.PortWildcardBits = port&^uint16(1<<bits-1), bits
+		if bits == 16 {
+			k.Port = 0
+		}
+		keys = append(keys, k)
+	}
+	return append(keys, policycell.PolicyKey{Identity: id, Direction: e.Direction})
 }
 
 // writeEventText writes an event as cilium-dbg monitor does, roughly:

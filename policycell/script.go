@@ -438,7 +438,7 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, d
 	if !found {
 		id = identitycell.IdentityWorld
 	}
-	enforced, err := datapath.Enforced(dir)
+	enforced, _, err := datapath.Enforcement(dir)
 	if err != nil {
 		fmt.Fprintf(out, "Maps: identity %s; cannot read the enforcement map: %s\n", id, err)
 		return
@@ -455,13 +455,13 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, d
 	}
 	lookups = append(lookups, PolicyKey{Identity: id, Direction: dir})
 	for _, k := range lookups {
-		v, found, err := datapath.LookupPolicy(k)
+		matched, v, found, err := datapath.LookupPolicy(k)
 		if err != nil {
 			fmt.Fprintf(out, "Maps: identity %s, %s enforced; cannot read the policy map: %s\n", id, dir, err)
 			return
 		}
 		if found && v == VerdictAllow {
-			fmt.Fprintf(out, "Maps: identity %s, %s enforced, policy map entry %s: %s\n", id, dir, k, verdict(true))
+			fmt.Fprintf(out, "Maps: identity %s, %s enforced, policy map entry %s: %s\n", id, dir, matched, verdict(true))
 			return
 		}
 	}

@@ -71,12 +71,14 @@ func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.Numeric
 	return id, found, m.err
 }
 
-func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (Verdict, bool, error) {
+func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (PolicyKey, Verdict, bool, error) {
 	v, found := m.policy[k]
-	return v, found, m.err
+	return k, v, found, m.err
 }
 
-func (m *fakeDatapathMaps) Enforced(dir Direction) (bool, error) { return m.enforced[dir], m.err }
+func (m *fakeDatapathMaps) Enforcement(dir Direction) (bool, bool, error) {
+	return m.enforced[dir], false, m.err
+}
 
 // TestExplainMaps: the Maps line follows the program's lookups (exact
 // port, the protocol's any port, any protocol; world when no ipcache entry
