@@ -59,24 +59,25 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentit
 	return identitycell.NumericIdentity(v.Identity()), found, nil
 }
 
-// LookupPolicy implements policycell.DatapathMaps.
-func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.Verdict, bool, error) {
+// LookupPolicy implements policycell.DatapathMaps. (Exact key only
+// until the datapath's LPM policy map: s19dp implements the real lookup.)
+func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.PolicyKey, policycell.Verdict, bool, error) {
 	k := NewPolicyMapKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
 	var v PolicyMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
 	if err != nil {
-		return 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
+		return policycell.PolicyKey{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
 	}
-	return policycell.Verdict(v.Verdict()), found, nil
+	return key, policycell.Verdict(v.Verdict()), found, nil
 }
 
-// Enforced implements policycell.DatapathMaps.
-func (r mapsReader) Enforced(dir policycell.Direction) (bool, error) {
+// Enforcement implements policycell.DatapathMaps.
+func (r mapsReader) Enforcement(dir policycell.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
 	var v enforcementValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
 	if err != nil {
-		return false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
+		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
-	return found && v == 1, nil
+	return found && v == 1, found && v == 2, nil
 }

@@ -103,13 +103,12 @@ func ruleLines(rules []Rule) []int {
 	return out
 }
 
-// TestParseGatedModel: what this version does not enforce yet is read in
-// full into the model (the next version only removes the gate), and
-// ParseFile rejects it.
-func TestParseGatedModel(t *testing.T) {
-	content, err := os.ReadFile(filepath.Join("testdata", "formats", "gated.yaml"))
+// TestParseFullModel: deny rules, ranges, ICMP types, rules for every
+// peer and enableDefaultDeny are read in full into the model.
+func TestParseFullModel(t *testing.T) {
+	content, err := os.ReadFile(filepath.Join("testdata", "formats", "everything.yaml"))
 	require.NoError(t, err)
-	policies, err := parseFile("gated.yaml", content)
+	policies, err := ParseFile("everything.yaml", content)
 	require.NoError(t, err)
 	require.Len(t, policies, 1)
 	p := policies[0]
@@ -131,9 +130,4 @@ func TestParseGatedModel(t *testing.T) {
 	require.Equal(t, []Rule{
 		{Deny: true, AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}, Name: "ingressDeny[0]", Line: 18},
 	}, p.Ingress)
-
-	_, err = ParseFile("gated.yaml", content)
-	require.ErrorIs(t, err, ErrInvalidPolicy)
-	require.ErrorIs(t, err, ErrNotEnforced)
-	require.EqualError(t, err, `gated.yaml:18: invalid policy file: policy "default/everything": ingressDeny[0]: deny rules (ingressDeny) are not enforced by this version yet`)
 }

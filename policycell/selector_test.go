@@ -55,7 +55,7 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	f.policiesRead = registerInitializer(f.db, f.policies)
 	f.ipcacheResolved = registerInitializer(f.db, ipcache)
 	f.engine = newSelectorEngine(f.db, f.policies, f.identities, ipcache, f.entries, f.enforcement,
-		newSelectorProgress(f.db, f.policies, f.identities), hivetest.Logger(tb))
+		newSelectorProgress(f.db, f.policies, f.identities), hivetest.Logger(tb), EnablePolicyDefault)
 	return f
 }
 
