@@ -15,7 +15,7 @@ import (
 // List documents (seeded with the fixtures of testdata/formats) never
 // panic the parser, and what it accepts holds checkParsedModel.
 func FuzzParseCNP(f *testing.F) {
-	for _, name := range []string{"cnp-spec.yaml", "cnp-specs.yaml", "ccnp.yaml", "list.yaml", "mixed.yaml", "everything.yaml"} {
+	for _, name := range []string{"cnp-spec.yaml", "cnp-specs.yaml", "ccnp.yaml", "list.yaml", "mixed.yaml", "everything.yaml", "native-cilium.yaml", "cnp-cilium.yaml", "ccnp-cilium.yaml", "list-cilium.yaml"} {
 		addFixture(f, name)
 	}
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toEntities: [world, all]\n      icmps: [{fields: [{type: 8}]}]\n"))

@@ -45,21 +45,25 @@ func parseFixture(t *testing.T, name string) []*Policy {
 // policies of native.yaml in another format, and gives the same rules,
 // under the names and kinds of its format.
 func TestFormatsMatchNative(t *testing.T) {
-	native := parseFixture(t, "native.yaml")
-	require.Len(t, native, 2)
 	for _, tc := range []struct {
-		file  string
-		names []string
-		kinds []string
+		native, file string
+		names        []string
+		kinds        []string
 	}{
-		{"cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"ccnp.yaml", []string{"web", "dns"}, []string{KindCCNP, KindCCNP}},
-		{"networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{KindNetworkPolicy, KindNetworkPolicy}},
-		{"list.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindNetworkPolicy}},
-		{"mixed.yaml", []string{"web", "dns"}, []string{KindNative, KindCCNP}},
+		{"native.yaml", "cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
+		{"native.yaml", "cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
+		{"native.yaml", "ccnp.yaml", []string{"web", "dns"}, []string{KindCCNP, KindCCNP}},
+		{"native.yaml", "networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{KindNetworkPolicy, KindNetworkPolicy}},
+		{"native.yaml", "list.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindNetworkPolicy}},
+		{"native.yaml", "mixed.yaml", []string{"web", "dns"}, []string{KindNative, KindCCNP}},
+		// Deny, endPort, icmps, ports for every peer, enableDefaultDeny.
+		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
+		{"native-cilium.yaml", "ccnp-cilium.yaml", []string{"edge", "shop/ranges"}, []string{KindCCNP, KindCNP}},
+		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
+			native := parseFixture(t, tc.native)
+			require.Len(t, native, 2)
 			policies := parseFixture(t, tc.file)
 			require.Equal(t, rulesOnly(native), rulesOnly(policies))
 			for i, p := range policies {
