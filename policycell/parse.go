@@ -211,7 +211,7 @@ func (p *parser) scalar(n node, what string) (string, error) {
 
 func (p *parser) policy(n node) (*Policy, error) {
 	p.current = ""
-	fields, err := p.fields(n, "policy", "name", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny")
+	fields, err := p.fields(n, "policy", nativePolicyFields...)
 	if err != nil {
 		return nil, err
 	}
@@ -301,6 +301,17 @@ func validateName(name string) error {
 	return nil
 }
 
+// The fields of a native policy and of its ingress and egress rules: one
+// slice each, not a literal per call (a parse allocates per policy only
+// what the policy keeps).
+var (
+	nativePolicyFields = []string{"name", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
+	nativeRuleFields   = [2][]string{
+		Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
+		Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
+	}
+)
+
 // rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet, toPorts,
 // icmps) or egress or egressDeny (toCIDR, toCIDRSet, toPorts, icmps) rule.
 // Ports or ICMP types without CIDRs are for every peer (AnyPeer), as in
@@ -311,7 +322,7 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 		peer = "from"
 	}
 	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
-	fields, err := p.fields(n, what, cidrField, setField, "toPorts", "icmps")
+	fields, err := p.fields(n, what, nativeRuleFields[dir]...)
 	if err != nil {
 		return Rule{}, err
 	}
