@@ -26,8 +26,8 @@ type FileValidation struct {
 // name order and the first to use a name keeps it. The results are in the
 // order of files; a file given twice is read twice.
 //
-// Each result's Err is a *FileError wrapping ErrInvalidPolicy (with
-// ErrNotEnforced), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
+// Each result's Err is a *FileError wrapping ErrInvalidPolicy,
+// ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
 // of opening or reading the file.
 func ValidateFiles(files []string) []FileValidation {
 	results := make([]FileValidation, len(files))
