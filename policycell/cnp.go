@@ -415,23 +415,10 @@ func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	protocols := []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
-	if protocolNode, ok := fields.get("protocol"); ok {
-		s, err := p.scalar(protocolNode, what+".protocol")
-		if err != nil {
-			return nil, err
-		}
-		switch s {
-		case "TCP":
-			protocols = []Protocol{ProtocolTCP}
-		case "UDP":
-			protocols = []Protocol{ProtocolUDP}
-		case "SCTP":
-			protocols = []Protocol{ProtocolSCTP}
-		case "ANY":
-		default:
-			return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP, SCTP or ANY (ICMP goes in icmps)", what, s)
-		}
+	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}, true,
+		"want TCP, UDP, SCTP or ANY (ICMP goes in icmps)")
+	if err != nil {
+		return nil, err
 	}
 	return portRanges(protocols, start, end), nil
 }

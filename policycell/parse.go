@@ -500,22 +500,35 @@ func (p *parser) port(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	protocols := []Protocol{ProtocolTCP, ProtocolUDP}
-	if protocolNode, ok := fields.get("protocol"); ok {
-		s, err = p.scalar(protocolNode, what+".protocol")
-		if err != nil {
-			return nil, err
-		}
-		switch s {
-		case "TCP":
-			protocols = []Protocol{ProtocolTCP}
-		case "UDP":
-			protocols = []Protocol{ProtocolUDP}
-		case "SCTP":
-			protocols = []Protocol{ProtocolSCTP}
-		default:
-			return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP or SCTP (omit it for TCP and UDP)", what, s)
-		}
+	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP}, false,
+		"want TCP, UDP or SCTP (omit it for TCP and UDP)")
+	if err != nil {
+		return nil, err
 	}
 	return portRanges(protocols, start, end), nil
+}
+
+// portProtocols reads a port's protocol field: TCP, UDP or SCTP; absent
+// (and, with anyAllowed, Cilium's ANY) is the given protocols. want ends
+// the error for another value.
+func (p *parser) portProtocols(fields *fieldSet, what string, absent []Protocol, anyAllowed bool, want string) ([]Protocol, error) {
+	protocolNode, ok := fields.get("protocol")
+	if !ok {
+		return absent, nil
+	}
+	s, err := p.scalar(protocolNode, what+".protocol")
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case s == "TCP":
+		return []Protocol{ProtocolTCP}, nil
+	case s == "UDP":
+		return []Protocol{ProtocolUDP}, nil
+	case s == "SCTP":
+		return []Protocol{ProtocolSCTP}, nil
+	case s == "ANY" && anyAllowed:
+		return absent, nil
+	}
+	return nil, p.errorf(protocolNode, "%s.protocol: %q: %s", what, s, want)
 }

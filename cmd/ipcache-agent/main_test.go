@@ -64,7 +64,14 @@ func agentCommand(args ...string) *exec.Cmd {
 
 func runAgentCommand(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runAgentCommandEnv(t, nil, args...)
+}
+
+// runAgentCommandEnv is runAgentCommand with more environment variables.
+func runAgentCommandEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	cmd := agentCommand(args...)
+	cmd.Env = append(cmd.Env, env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -103,16 +110,7 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 // good one is the configuration.
 func TestEnablePolicyFromEnvironment(t *testing.T) {
 	run := func(value string, args ...string) (string, string, int) {
-		cmd := agentCommand(args...)
-		cmd.Env = append(cmd.Env, "IPCACHE_AGENT_ENABLE_POLICY="+value)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		if exitErr, ok := err.(*exec.ExitError); ok {
-			return out.String(), errOut.String(), exitErr.ExitCode()
-		}
-		require.NoError(t, err)
-		return out.String(), errOut.String(), 0
+		return runAgentCommandEnv(t, []string{"IPCACHE_AGENT_ENABLE_POLICY=" + value}, args...)
 	}
 	_, stderr, code := run("sometimes", "hive")
 	require.Equal(t, agentcmd.ExitUsage, code, stderr)
