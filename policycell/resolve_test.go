@@ -132,3 +132,24 @@ func TestResolvePolicy(t *testing.T) {
 	pkt.Protocol = ProtocolUDP
 	require.Equal(t, VerdictAllow, decided().Verdict)
 }
+
+// TestPolicyKeyStringRoundTrip: db/get takes the keys as the table shows
+// them.
+func TestPolicyKeyStringRoundTrip(t *testing.T) {
+	for _, k := range []PolicyKey{
+		{Identity: 7, Direction: Egress},
+		{Identity: 7, Direction: Egress, Protocol: ProtocolTCP, Port: 443},
+		{Identity: 0, Direction: Ingress, Protocol: ProtocolTCP, Port: 8064, PortWildcardBits: 5},
+		{Identity: 7, Direction: Egress, Protocol: ProtocolUDP, PortWildcardBits: 16},
+		{Identity: 7, Direction: Egress, Protocol: ProtocolICMPv6, Port: 128 << 8, PortWildcardBits: 8},
+		{Identity: 7, Direction: Egress, Protocol: ProtocolTCP, Port: 32768, PortWildcardBits: 15},
+	} {
+		got, err := policyKeyFromString(k.String())
+		require.NoError(t, err, k.String())
+		require.Equal(t, k.key(), got, k.String())
+	}
+	for _, bad := range []string{"7/egress/TCP/8001-8064", "7/egress/TCP/10-9", "7/egress/TCP/type=8", "7/egress/ICMP/type=256", "7/egress/TCP/x"} {
+		_, err := policyKeyFromString(bad)
+		require.Error(t, err, bad)
+	}
+}

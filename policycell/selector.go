@@ -217,7 +217,8 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	})
 	if initializing {
 		e.markInitialized = nil
-		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()))
+		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()),
+			"enable-policy", e.enablePolicy)
 	}
 	return watch, nil
 }

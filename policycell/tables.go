@@ -5,6 +5,7 @@ package policycell
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -163,8 +164,9 @@ func cmpInt[T ~uint8 | ~uint16 | ~uint32](a, b T) int {
 	return 0
 }
 
-// policyKeyFromString parses "identity[/direction[/protocol[/port]]]", e.g.
-// "16777217/egress/UDP/53". Fewer fields give a key prefix, for
+// policyKeyFromString parses "identity[/direction[/protocol[/ports]]]",
+// e.g. "16777217/egress/UDP/53", ports as PortString writes them ("443",
+// "8000-8063", "any", "type=8"). Fewer fields give a key prefix, for
 // `db/prefix policy 16777217`.
 func policyKeyFromString(s string) (index.Key, error) {
 	fields := strings.Split(s, "/")
@@ -188,13 +190,41 @@ func policyKeyFromString(s string) (index.Key, error) {
 		}
 	}
 	if len(fields) > 3 {
-		port, err := strconv.ParseUint(fields[3], 10, 16)
-		if err != nil {
-			return nil, fmt.Errorf("parse policy key %q: port: %w", s, err)
+		if k.Port, k.PortWildcardBits, err = parsePorts(fields[3], k.Protocol); err != nil {
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
 		}
-		k.Port = uint16(port)
 	}
 	return k.key()[:[]int{4, 5, 6, 9}[len(fields)-1]], nil
+}
+
+// parsePorts parses ports as PortString writes them for protocol.
+func parsePorts(s string, protocol Protocol) (port uint16, wildcard uint8, err error) {
+	first, last, isRange := strings.Cut(s, "-")
+	switch {
+	case s == "any" && protocol == ProtocolAny:
+		return 0, 0, nil
+	case s == "any":
+		return 0, 16, nil
+	case strings.HasPrefix(s, "type=") && (protocol == ProtocolICMP || protocol == ProtocolICMPv6):
+		t, err := strconv.ParseUint(strings.TrimPrefix(s, "type="), 10, 8)
+		if err != nil {
+			return 0, 0, fmt.Errorf("ICMP type %q: want 0..255", s)
+		}
+		return uint16(t) << 8, 8, nil
+	}
+	start, err := strconv.ParseUint(first, 10, 16)
+	if err != nil {
+		return 0, 0, fmt.Errorf("port %q: want a port, a block first-last, any or type=N", s)
+	}
+	if !isRange {
+		return uint16(start), 0, nil
+	}
+	end, err := strconv.ParseUint(last, 10, 16)
+	size := end - start + 1
+	if err != nil || end < start || size&(size-1) != 0 || start&(size-1) != 0 {
+		return 0, 0, fmt.Errorf("ports %q: not an aligned block of ports", s)
+	}
+	return uint16(start), uint8(bits.TrailingZeros64(size)), nil
 }
 
 // PolicyEntry is a row of the desired `policy` table: a policy-map entry
