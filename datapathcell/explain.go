@@ -59,16 +59,31 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentit
 	return identitycell.NumericIdentity(v.Identity()), found, nil
 }
 
-// LookupPolicy implements policycell.DatapathMaps. (Exact key only
-// until the datapath's LPM policy map: s19dp implements the real lookup.)
+// LookupPolicy implements policycell.DatapathMaps over the hash policy
+// map, as its program looks it up: the port's key, the protocol's any
+// port (0), any protocol. (Until the LPM policy map: s19dp implements the
+// longest-prefix lookup.)
 func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.PolicyKey, policycell.Verdict, bool, error) {
-	k := NewPolicyMapKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
-	var v PolicyMapValue
-	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
-	if err != nil {
-		return policycell.PolicyKey{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
+	candidates := []policycell.PolicyKey{{Identity: key.Identity, Direction: key.Direction}}
+	if key.Protocol != policycell.ProtocolAny {
+		candidates = append([]policycell.PolicyKey{{Identity: key.Identity, Direction: key.Direction,
+			Protocol: key.Protocol, PortWildcardBits: 16}}, candidates...)
+		if key.PortWildcardBits == 0 {
+			candidates = append([]policycell.PolicyKey{key}, candidates...)
+		}
 	}
-	return key, policycell.Verdict(v.Verdict()), found, nil
+	for _, c := range candidates {
+		k := NewPolicyMapKey(uint32(c.Identity), uint8(c.Direction), uint8(c.Protocol), c.Port)
+		var v PolicyMapValue
+		found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
+		if err != nil {
+			return policycell.PolicyKey{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", c, err)
+		}
+		if found {
+			return c, policycell.Verdict(v.Verdict()), true, nil
+		}
+	}
+	return policycell.PolicyKey{}, 0, false, nil
 }
 
 // Enforcement implements policycell.DatapathMaps.

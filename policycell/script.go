@@ -521,9 +521,10 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, p
 		return
 	}
 	switch d := r.Decided; {
+	case d.Found && d.Verdict == VerdictDeny:
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map deny entry %s: %s\n", id, dir, mode, d.Matched, verdict(false))
 	case d.Found:
-		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map entry %s %s: %s\n", id, dir, mode, d.Matched, d.Verdict,
-			verdict(d.Verdict == VerdictAllow))
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map entry %s: %s\n", id, dir, mode, d.Matched, verdict(true))
 	case enforced:
 		fmt.Fprintf(out, "Maps: identity %s, %s %s, no policy map entry allows it: %s\n", id, dir, mode, verdict(false))
 	default:

@@ -114,17 +114,17 @@ func TestExplainMaps(t *testing.T) {
 		explainMaps(&out, maps, addr, pkt, desired)
 		return out.String()
 	}
-	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/any allow: allow\n",
+	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/any: allow\n",
 		explainLine(addr, tcp(443), true))
-	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 0/egress/TCP/22 deny: drop, not what the policies want\n",
+	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map deny entry 0/egress/TCP/22: drop, not what the policies want\n",
 		explainLine(addr, tcp(22), true), "identity 0's deny wins over the remote identity's allow")
 	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
 		explainLine(addr, PolicyLookup{Direction: Egress}, true), "without a port only the any-protocol entry matches")
-	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/any allow: allow, not what the policies want\n",
+	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/any: allow, not what the policies want\n",
 		explainLine(netip.MustParseAddr("192.0.2.1"), PolicyLookup{Direction: Egress}, false), "no ipcache entry: world")
 	in := tcp(8007)
 	in.Direction = Ingress
-	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, policy map entry 0/ingress/TCP/8000-8007 deny: drop\n",
+	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, policy map deny entry 0/ingress/TCP/8000-8007: drop\n",
 		explainLine(addr, in, false), "deny rules only: the block's deny")
 	in.Port = 8008
 	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, no policy map entry denies it: allow\n",
@@ -214,5 +214,5 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	out = run(maps, "10.0.2.1", PolicyLookup{Direction: Egress})
 	require.Contains(t, out, "; the datapath uses identity 16777220 for 10.0.2.1\n")
 	require.Contains(t, out, "could not be written to the policy map; the datapath still uses the prefix's previous value (Datapath above)\n")
-	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/any allow: allow\n")
+	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/any: allow\n")
 }
