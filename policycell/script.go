@@ -42,13 +42,17 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 			Detail: []string{
 				"A rejected file keeps the policies it had in force before;",
 				"its error follows on an indented line.",
+				"Then each rule of its policies in force, on an indented line,",
+				"named policy:rule (line), with its allow and deny entries in the",
+				"policy table.",
 				"A file whose policies have entries the datapath could not write",
 				"to the policy map (a full map) says how many in its status, and",
 				"why on an indented line: the traffic those entries allow is",
 				"dropped until they are written (they are retried).",
 				"Fails if the policy directory cannot be read.",
 				"-o json: an array of objects, one per file (file, status: in force",
-				"or rejected, policies with name and line, notWritten: entries not",
+				"or rejected, policies with name, line and rules (name, line, allow",
+				"and deny: entries), notWritten: entries not",
 				"in the policy map, notWrittenErrors, error); empty without a",
 				"policy directory.",
 			},
@@ -71,8 +75,9 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 			status, err := l.Status()
 			txn := db.ReadTxn()
 			notWritten := notWrittenByFile(status, entries.All(txn))
+			counts := entriesByRule(entries.All(txn))
 			if asJSON {
-				return scriptcmd.JSON(filesJSON(txn, policies, status, notWritten), err)
+				return scriptcmd.JSON(filesJSON(txn, policies, status, notWritten, counts), err)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
@@ -100,6 +105,11 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 				if f.Error != nil {
 					fmt.Fprintf(w, "  %s\n", f.Error)
 				}
+				for _, name := range f.Policies {
+					for _, r := range policyRules(txn, policies, name, counts) {
+						fmt.Fprintf(w, "  %s (line %d): %d allow, %d deny entries\n", r.Name, r.Line, r.Allow, r.Deny)
+					}
+				}
 			}
 			w.Flush()
 			return scriptcmd.Result(out.String(), err)
@@ -124,10 +134,56 @@ type fileJSON struct {
 type policyLineJSON struct {
 	Name string `json:"name"`
 	// Line is the line of its name in the file; 0 if not known.
-	Line int `json:"line"`
+	Line  int        `json:"line"`
+	Rules []ruleJSON `json:"rules"`
 }
 
-func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries) []fileJSON {
+// ruleJSON is a rule of a policy in force: its RuleRef, its line, and
+// its entries in the `policy` table by verdict.
+type ruleJSON struct {
+	Name  string `json:"name"`
+	Line  int    `json:"line"`
+	Allow int    `json:"allow"`
+	Deny  int    `json:"deny"`
+}
+
+// entriesByRule counts the `policy` rows of each rule (RuleRef), by
+// verdict.
+func entriesByRule(rows iter.Seq2[*PolicyEntry, statedb.Revision]) map[string][2]int {
+	counts := map[string][2]int{}
+	for e := range rows {
+		for _, ref := range e.Rules {
+			c := counts[ref]
+			if e.Verdict == VerdictDeny {
+				c[1]++
+			} else {
+				c[0]++
+			}
+			counts[ref] = c
+		}
+	}
+	return counts
+}
+
+// policyRules returns the rules of a policy in force with their entries.
+func policyRules(txn statedb.ReadTxn, policies statedb.Table[*Policy], name string, counts map[string][2]int) []ruleJSON {
+	p, _, found := policies.Get(txn, PolicyNameIndex.Query(name))
+	if !found {
+		return []ruleJSON{}
+	}
+	out := []ruleJSON{}
+	for _, dir := range Directions() {
+		for _, r := range p.Rules(dir) {
+			ref := RuleRef(p.Name, r.Name)
+			c := counts[ref]
+			out = append(out, ruleJSON{Name: ref, Line: r.Line, Allow: c[0], Deny: c[1]})
+		}
+	}
+	return out
+}
+
+func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries,
+	counts map[string][2]int) []fileJSON {
 	out := make([]fileJSON, 0, len(status))
 	for i, f := range status {
 		row := fileJSON{File: f.File, Status: "in force", Policies: []policyLineJSON{},
@@ -139,7 +195,7 @@ func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fi
 			row.NotWrittenErrors = notWritten[i].errors
 		}
 		for _, name := range f.Policies {
-			p := policyLineJSON{Name: name}
+			p := policyLineJSON{Name: name, Rules: policyRules(txn, policies, name, counts)}
 			if policy, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
 				p.Line = policy.Line
 			}
