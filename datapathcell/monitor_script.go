@@ -221,63 +221,34 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
 		j.Labels = []string{"reserved:world"}
 	}
-	switch {
-	case e.Allowed && e.Reason == ReasonPolicy:
-		j.Policy = p.matchingPolicies(e, policycell.VerdictAllow)
-	case !e.Allowed && e.Reason == ReasonPolicyDeny:
-		j.Policy = p.matchingPolicies(e, policycell.VerdictDeny)
+	if e.Allowed && e.Reason == ReasonPolicy || !e.Allowed && e.Reason == ReasonPolicyDeny {
+		j.Policy = p.allowingPolicies(e)
 	}
 	return j
 }
 
-// matchingPolicies names the policies of the entry of verdict that
-// decided e, looked up in the `policy` table as the program looks up the
-// map (the longest prefix, for the remote identity and then identity 0):
-// at most 2 x 18 index lookups. Empty when the tables changed since.
-func (p monitorParams) matchingPolicies(e Event, verdict policycell.Verdict) string {
+// allowingPolicies names the policies of the desired entry that decided
+// e, resolved as the program does (policycell.PolicyBehind: the remote
+// identity's and identity 0's longest prefixes, a deny wins), if its
+// verdict is e's. Empty when the tables changed since.
+func (p monitorParams) allowingPolicies(e Event) string {
 	if p.DB == nil || p.PolicyEntries == nil {
 		return ""
 	}
-	txn := p.DB.ReadTxn()
-	for _, id := range []identitycell.NumericIdentity{identitycell.NumericIdentity(e.Identity), 0} {
-		for _, k := range eventPolicyKeys(e, id) {
-			entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k))
-			if !found {
-				continue
-			}
-			if entry.Verdict == verdict {
-				return strings.Join(entry.Policies, ",")
-			}
-			break // the longest match of this identity has the other verdict
-		}
+	pkt := policycell.PolicyLookup{
+		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
 	}
-	return ""
-}
-
-// eventPolicyKeys are the `policy` table keys that match e's packet for
-// identity id, longest prefix first: the port (ICMP: the type; the event
-// has no code) in blocks of growing size, the whole protocol, any
-// protocol.
-func eventPolicyKeys(e Event, id identitycell.NumericIdentity) []policycell.PolicyKey {
-	key := policycell.PolicyKey{Identity: id, Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol)}
-	var keys []policycell.PolicyKey
-	port, first := e.DstPort, uint8(0)
 	switch e.Protocol {
 	case 6, 17, 132:
+		pkt.Port, pkt.HasPort = e.DstPort, true
 	case 1, 58:
-		port, first = uint16(e.ICMPType)<<8, 8
-	default:
-		first = 16
+		pkt.Port, pkt.HasPort = uint16(e.ICMPType)<<8, true
 	}
-	for bits := first; bits <= 16; bits++ {
-		k := key
-		k.Port, k.PortWildcardBits = port&^uint16(1<<bits-1), bits
-		if bits == 16 {
-			k.Port = 0
-		}
-		keys = append(keys, k)
+	entry := policycell.PolicyBehind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
+	if entry == nil || (entry.Verdict == policycell.VerdictAllow) != e.Allowed {
+		return ""
 	}
-	return append(keys, policycell.PolicyKey{Identity: id, Direction: e.Direction})
+	return strings.Join(entry.Policies, ",")
 }
 
 // writeEventText writes an event as cilium-dbg monitor does, roughly:

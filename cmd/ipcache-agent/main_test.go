@@ -64,7 +64,14 @@ func agentCommand(args ...string) *exec.Cmd {
 
 func runAgentCommand(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runAgentCommandEnv(t, nil, args...)
+}
+
+// runAgentCommandEnv is runAgentCommand with more environment variables.
+func runAgentCommandEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	cmd := agentCommand(args...)
+	cmd.Env = append(cmd.Env, env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -86,6 +93,8 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"--log-format=xml"}, "--log-format"},
 		{[]string{"--ipcache-map-max-entries=0"}, "--ipcache-map-max-entries"},
 		{[]string{"--ipcache-map-max-entries=lots"}, "--ipcache-map-max-entries"},
+		{[]string{"--enable-policy=sometimes"}, "--enable-policy"},
+		{[]string{"hive", "--enable-policy=Always"}, "--enable-policy"},
 		{[]string{"--no-such-flag"}, "--no-such-flag"},
 		{[]string{"hive", "--no-such-flag"}, "--no-such-flag"},
 		{[]string{"unexpected-argument"}, "unexpected-argument"},
@@ -94,6 +103,21 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		require.Equal(t, agentcmd.ExitUsage, code, "%v: %s", tc.args, stderr)
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 	}
+}
+
+// TestEnablePolicyFromEnvironment: IPCACHE_AGENT_ENABLE_POLICY goes
+// through the flag's validation: a bad value exits 2 naming the flag, a
+// good one is the configuration.
+func TestEnablePolicyFromEnvironment(t *testing.T) {
+	run := func(value string, args ...string) (string, string, int) {
+		return runAgentCommandEnv(t, []string{"IPCACHE_AGENT_ENABLE_POLICY=" + value}, args...)
+	}
+	_, stderr, code := run("sometimes", "hive")
+	require.Equal(t, agentcmd.ExitUsage, code, stderr)
+	require.Contains(t, stderr, `--enable-policy "sometimes": want default, always or never`)
+	stdout, stderr, code := run("never", "hive")
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Contains(t, stdout, "EnablePolicy: (string) (len=5) \"never\"")
 }
 
 func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
@@ -115,7 +139,7 @@ func TestHelpDescribesFlags(t *testing.T) {
 	stdout, _, code := runAgentCommand(t, "--help")
 	require.Equal(t, agentcmd.ExitOK, code)
 	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format",
-		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries"} {
+		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries", "--enable-policy"} {
 		require.Contains(t, stdout, flag)
 	}
 	require.NotContains(t, stdout, "identity-local-space-size", "test-only flags are hidden")
