@@ -112,8 +112,27 @@ func (e *e2e) startAgent() {
 	cmd.Stdout, cmd.Stderr = e.agentLog, e.agentLog
 	require.NoError(e.t, cmd.Start())
 	e.agent = cmd
-	require.Eventually(e.t, func() bool { return strings.Contains(e.agentLog.String(), "Started hive") },
-		15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+	require.Eventually(e.t, func() bool {
+		return strings.Contains(e.agentLog.String(), "Started hive") || exited(cmd.Process.Pid)
+	}, 15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+	if !strings.Contains(e.agentLog.String(), "Started hive") {
+		// An agent that refuses its flags or configuration exits at
+		// once: say so now rather than after the whole wait.
+		err := cmd.Wait()
+		e.agent = nil
+		require.FailNow(e.t, "agent exited at start", "%v: %s", err, e.agentLog)
+	}
+}
+
+// exited reports whether the child pid has exited (a zombie not yet
+// waited for), without waiting for it: its exec.Cmd's Wait still reaps it.
+func exited(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := strings.Cut(string(stat), ") ")
+	return strings.HasPrefix(rest, "Z")
 }
 
 func (e *e2e) stopAgent() {
@@ -127,8 +146,12 @@ func (e *e2e) stopAgent() {
 }
 
 // reachable pings addr once from the endpoint.
-func (e *e2e) reachable(addr string) bool {
-	return exec.Command("ip", "netns", "exec", e.epNS, "ping", "-c1", "-W1", addr).Run() == nil
+func (e *e2e) reachable(addr string) bool { return pingsFrom(e.epNS, addr) }
+
+// pingsFrom pings addr (IPv4 or IPv6) once from the namespace ns and
+// reports whether the echo was answered within a second.
+func pingsFrom(ns, addr string) bool {
+	return exec.Command("ip", "netns", "exec", ns, "ping", "-c1", "-W1", addr).Run() == nil
 }
 
 func (e *e2e) waitVerdicts(allowed, denied string) {
