@@ -107,6 +107,8 @@ func TestFormatsReject(t *testing.T) {
 		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: ipBlock is required`},
 		{"ipBlock except outside", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]\n",
 			`spec.ingress[0].from[0].ipBlock.except[0]: 11.0.0.0/8 is not inside 10.0.0.0/8`},
+		{"ipBlock except equal to cidr", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.0.0.0/8]}}]\n",
+			`bad.yaml:6:65: invalid policy file: policy "default/p": spec.ingress[0].from[0].ipBlock.except[1]: 10.0.0.0/8 is not a strict subset of cidr 10.0.0.0/8 (as Kubernetes requires)`},
 		{"named NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: https}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "https": named ports are not supported`},
 		{"NetworkPolicy port zero", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 0}]\n", `spec.ingress[0].ports[0].port: 0 is not a port (omit port for every port)`},
 		{"NetworkPolicy protocol", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80, protocol: ANY}]\n", `spec.ingress[0].ports[0].protocol: "ANY": want TCP, UDP or SCTP`},

@@ -135,3 +135,38 @@ func TestParseFullModel(t *testing.T) {
 		{Deny: true, AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}, Name: "ingressDeny[0]", Line: 18},
 	}, p.Ingress)
 }
+
+// TestNetworkPolicyKubernetesDefaults: the default policies of the
+// Kubernetes documentation read with Kubernetes' semantics. A rule
+// without peers and ports (Name "ingress"/"egress", no AnyPeer) allows
+// nothing and isolates its direction; `- {}` allows every peer and port.
+func TestNetworkPolicyKubernetesDefaults(t *testing.T) {
+	isolate := func(dir string, line int) []Rule { return []Rule{{Name: dir, Line: line}} }
+	allowAll := func(dir string, line int) []Rule { return []Rule{{AnyPeer: true, Name: dir + "[0]", Line: line}} }
+	for _, tc := range []struct {
+		name, spec      string
+		ingress, egress []Rule
+	}{
+		{"default deny ingress", "  podSelector: {}\n  policyTypes: [Ingress]\n", isolate("ingress", 6), nil},
+		{"default deny ingress without policyTypes", "  podSelector: {}\n", isolate("ingress", 5), nil},
+		{"allow all ingress", "  podSelector: {}\n  ingress:\n  - {}\n  policyTypes: [Ingress]\n", allowAll("ingress", 7), nil},
+		{"default deny egress", "  podSelector: {}\n  policyTypes: [Egress]\n", nil, isolate("egress", 6)},
+		{"allow all ingress, deny all egress", "  podSelector: {}\n  policyTypes: [Ingress, Egress]\n  ingress:\n  - {}\n  egress: []\n",
+			allowAll("ingress", 8), isolate("egress", 6)},
+		{"egress rules without policyTypes isolate ingress too", "  podSelector: {}\n  egress:\n  - {}\n",
+			isolate("ingress", 5), allowAll("egress", 7)},
+		{"no egress rules without policyTypes: egress is not the policy's", "  podSelector: {}\n  egress: []\n  ingress:\n  - {}\n",
+			allowAll("ingress", 8), nil},
+		{"ports without a port: every port of TCP (the default) or of the protocol", "  podSelector: {}\n  ingress:\n  - ports: [{}, {protocol: UDP}]\n",
+			[]Rule{{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP}, {Protocol: ProtocolUDP}}, Name: "ingress[0]", Line: 7}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			content := "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec:\n" + tc.spec
+			policies, err := ParseFile("p.yaml", []byte(content))
+			require.NoError(t, err)
+			require.Len(t, policies, 1)
+			require.Equal(t, tc.ingress, policies[0].Ingress, "ingress")
+			require.Equal(t, tc.egress, policies[0].Egress, "egress")
+		})
+	}
+}

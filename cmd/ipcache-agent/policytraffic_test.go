@@ -315,11 +315,13 @@ func TestPrivilegedPolicyTraffic(t *testing.T) {
 
 	// An L3 deny of x wins over an allow of x's TCP port (narrower: the
 	// longest-prefix match alone would find the allow); the same allow of
-	// the other address, not denied, lets its connection through.
+	// the other address, not denied, lets its connection through. The
+	// monitor shows the drop as policy-deny, naming the deny's policy.
 	t.Run("L3 deny beats a narrower port allow", func(t *testing.T) {
 		e.scenario(t)
 		e.echoTCP(x, 7001)
 		e.echoTCP(other, 7001)
+		drops := e.startMonitor("drop")
 		e.usePolicies(map[string]string{"l3-deny.yaml": cnp("l3-deny", `  egress:
     - toCIDR: ["`+x+`/32", "`+other+`/32"]
       toPorts: [{ports: [{port: "7001", protocol: TCP}]}]
@@ -327,6 +329,22 @@ func TestPrivilegedPolicyTraffic(t *testing.T) {
     - toCIDR: ["`+x+`/32"]
 `)})
 		e.expect(e.tcpProbe(hostPort(x, 7001), timedOut), e.tcpProbe(hostPort(other, 7001), connected))
+
+		var denied map[string]any
+		require.Eventually(t, func() bool {
+			e.tcpProbe(hostPort(x, 7001), timedOut).run()
+			for _, ev := range drops.events() {
+				if ev["dst"] == x && ev["dport"] == float64(7001) {
+					denied = ev
+					return true
+				}
+			}
+			return false
+		}, 10*time.Second, 10*time.Millisecond, "monitor --type drop shows the denied SYN: %s", drops.out)
+		require.Equal(t, "drop", denied["verdict"])
+		require.Equal(t, "egress", denied["direction"])
+		require.Equal(t, "policy-deny", denied["reason"], "a deny entry dropped it, not default deny")
+		require.Equal(t, "e2e/l3-deny", denied["policy"], "the policy of the deny entry")
 	})
 
 	// A deny of x's TCP port 8080 wins over an L3 allow of x (broader):
