@@ -54,7 +54,9 @@ func mustRun(t *testing.T, args ...string) {
 
 func newE2E(t *testing.T) *e2e {
 	privileged.Test(t)
-	suffix := strconv.Itoa(os.Getpid() % 100000)
+	// The tests run in parallel, each in namespaces of its own: the name
+	// tells the test and the test process.
+	suffix := strconv.Itoa(os.Getpid()%100000) + "-" + nsSafe.ReplaceAllString(t.Name(), "-")
 	e := &e2e{
 		t: t, epNS: "ipca-ep-" + suffix, hostNS: "ipca-host-" + suffix,
 		bpfRoot: filepath.Join(t.TempDir(), "bpf"), stateDir: t.TempDir(), policyDir: t.TempDir(),
@@ -258,6 +260,10 @@ func (e *e2e) pinnedPolicy() map[datapathcell.PolicyMapKey]uint32 {
 	return m
 }
 
+// nsSafe matches what a test's name may hold that a namespace's name
+// (a file in /run/netns) should not.
+var nsSafe = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
 // TestPrivilegedEndToEnd runs the agent binary on the host side of an
@@ -266,6 +272,7 @@ var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`
 // restart of the agent and past the restore grace period loses nothing,
 // and both pinned maps are the same before and after.
 func TestPrivilegedEndToEnd(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	require.True(t, e.reachable(allowedIP) && e.reachable(otherIP), "before the agent, everything passes")
 

@@ -30,6 +30,7 @@ const (
 )
 
 func TestPolicyValidate(t *testing.T) {
+	t.Parallel()
 	dir := writeFiles(t, map[string]string{
 		"cnp.yaml": validCNP, "native.yaml": validNative, "fqdn.yaml": fqdnCNP,
 		"typo.yaml":  "name: c\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPort: []\n",
@@ -65,6 +66,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestPolicyValidateJSON(t *testing.T) {
+	t.Parallel()
 	dir := writeFiles(t, map[string]string{"cnp.yaml": validCNP, "typo.yaml": "name: c\nnme: d\n"})
 	stdout, _, code := runAgentCommand(t, "policy", "validate", "-o", "json", filepath.Join(dir, "cnp.yaml"), filepath.Join(dir, "typo.yaml"))
 	require.Equal(t, 1, code)
@@ -99,6 +101,7 @@ func TestPolicyValidateJSON(t *testing.T) {
 }
 
 func TestPolicyValidateUsage(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := runAgentCommand(t, "policy", "validate")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "requires at least 1 arg(s)")

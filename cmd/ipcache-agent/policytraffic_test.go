@@ -279,6 +279,7 @@ var denyAll = cnp("deny-all", `  egressDeny:
 `)
 
 func TestPrivilegedPolicyTraffic(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", hostSideAddr6+"/64", "dev", e2eDevice, "nodad")
 	mustRun(t, "ip", "-n", e.epNS, "addr", "add", epAddr6+"/64", "dev", "eth0", "nodad")
