@@ -30,11 +30,11 @@ var hashPolicyObject = filepath.Join("testdata", "enforce_hashpolicy_bpfel.o")
 // It converts the map before its program replaces the old one, so no probe
 // is lost (the datapath alone, no reconciler: the converted entries are
 // all the new program has), and the old map is freed once the old program
-// is gone. Two rounds, each from a fresh old agent.
+// is gone. Five rounds, each from a fresh old agent.
 func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 	privileged.Test(t)
 	nw := newEndpointNetwork(t, "10.200.0.2")
-	for round := range 2 {
+	for round := range 5 {
 		linksDir := newTestLinksDir(t)
 		bpfRoot := filepath.Dir(filepath.Dir(linksDir))
 		pinDir := PinDir(bpfRoot)
@@ -53,6 +53,7 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 
 		require.Greater(t, sent, 100, "round %d: probes sent across the switch", round)
 		require.Equal(t, sent, answered, "round %d: no probe lost (longest loss %d)", round, longestLoss)
+		t.Logf("round %d: %d probes 1 ms apart across the switch, %d answered", round, sent, answered)
 
 		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, PolicyMapName), nil)
 		require.NoError(t, err)
