@@ -353,7 +353,7 @@ func TestShellWaitingCommandsTakeNoTurnAndEndWithTheirClient(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return strings.Count(log.String(), "Shell client disconnected") == connected
-	}, 5*time.Second, 10*time.Millisecond, "the waiting commands ended with their clients")
+	}, 30*time.Second, 10*time.Millisecond, "the waiting commands ended with their clients")
 }
 
 // TestShellCommandTurns: at most maxShellCommands commands run at once; the

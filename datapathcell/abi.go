@@ -8,6 +8,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The BPF map layouts are an ABI shared with the enforcement program
@@ -26,32 +29,43 @@ import (
 // IP prefix length, so that the trie matches family exactly. IPv4 addresses
 // take the first 4 bytes of ip.
 //
-// policy (hash):
+// policy (LPM trie, BPF_F_NO_PREALLOC):
 //
-//	key   (8 bytes): sec_identity u32 | direction u8 | protocol u8 | dport be16
-//	value (8 bytes): verdict u32 | pad u32
+//	key   (12 bytes): prefixlen u32 | sec_identity u32 | direction u8 | protocol u8 | dport be16
+//	value (8 bytes):  verdict u32 | pad u32
 //
-// direction: 0 ingress, 1 egress (policycell.Direction). protocol 0 and
-// dport 0 mean any. verdict 1 is allow (policycell.VerdictAllow).
+// prefixlen counts the bits after it that must match
+// (policycell.PolicyKey.MapPrefixLen): 40 identity and direction (any
+// protocol), 48 also the protocol (any port), 48+n also the first n bits
+// of dport. sec_identity 0 is any identity. direction: 0 ingress, 1
+// egress (policycell.Direction). For ICMP and ICMPv6 dport holds the type
+// in its first byte and the code in its second. Bits past prefixlen are
+// zero. verdict 1 allow, 2 deny (policycell.Verdict).
 //
-// enforcement (array, 2 entries, index = direction): value u32, 1 when the
-// direction is enforced (some policy has a rule in it), else 0: traffic in
-// a direction without rules passes.
+// enforcement (array, 2 entries, index = direction): value u32, 0 not
+// enforced (traffic passes, nothing is looked up), 1 enforced with default
+// deny (only what policy allows passes), 2 deny rules only (what a deny
+// entry matches is dropped, the rest passes).
 //
 // counters (per-CPU array, 8 entries of 16 bytes: packets u64 | bytes
 // u64, bytes being skb->len): index direction*4 + slot. Slot 0 counts
-// allowed packets, slot 1 drops of ReasonNoPolicy, slot 2 drops of
-// ReasonMalformed (a drop's slot is its reason code, events.go), slot 3 is
-// unused:
+// allowed packets, slots 1-3 drops of ReasonNoPolicy, ReasonMalformed
+// and ReasonPolicyDeny (a drop's slot is its reason code, events.go):
 //
-//	0 ingress allowed   1 ingress no-policy   2 ingress malformed   3 -
-//	4 egress allowed    5 egress no-policy    6 egress malformed    7 -
+//	0 ingress allowed   1 ingress no-policy   2 ingress malformed   3 ingress policy-deny
+//	4 egress allowed    5 egress no-policy    6 egress malformed    7 egress policy-deny
 
 const (
 	ipcacheKeySize   = 24
 	ipcacheValueSize = 24
-	policyKeySize    = 8
+	policyKeySize    = 12
 	policyValueSize  = 8
+
+	// policyKeyStaticPrefixBits covers sec_identity and direction: the
+	// prefix length of an any-protocol key.
+	policyKeyStaticPrefixBits = 40
+	// policyKeyMaxPrefixBits covers the whole key after prefixlen.
+	policyKeyMaxPrefixBits = 64
 
 	// ipcacheKeyStaticPrefixBits covers cluster_id, pad and family.
 	ipcacheKeyStaticPrefixBits = 32
@@ -151,20 +165,56 @@ func NewIPCacheMapValue(identity uint32) IPCacheMapValue {
 // Identity returns the value's sec_identity.
 func (v IPCacheMapValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
 
-// NewPolicyMapKey encodes a policy key. dport is in host order; it is stored
-// in network order.
-func NewPolicyMapKey(identity uint32, direction, protocol uint8, dport uint16) PolicyMapKey {
+// NewPolicyMapKey encodes key in canonical form: prefixlen is
+// key.MapPrefixLen(), and the bits past it are zero (a protocol of an
+// any-protocol key, the wildcard bits of the port). Port is in host order;
+// it is stored in network order.
+func NewPolicyMapKey(key policycell.PolicyKey) PolicyMapKey {
 	var k PolicyMapKey
-	binary.LittleEndian.PutUint32(k[0:4], identity)
-	k[4] = direction
-	k[5] = protocol
-	binary.BigEndian.PutUint16(k[6:8], dport)
+	prefixLen := key.MapPrefixLen()
+	binary.LittleEndian.PutUint32(k[0:4], prefixLen)
+	binary.LittleEndian.PutUint32(k[4:8], uint32(key.Identity))
+	k[8] = uint8(key.Direction)
+	if prefixLen > policyKeyStaticPrefixBits {
+		k[9] = uint8(key.Protocol)
+		portBits := prefixLen - policyKeyStaticPrefixBits - 8
+		binary.BigEndian.PutUint16(k[10:12], key.Port&^(0xffff>>portBits))
+	}
 	return k
 }
 
-// Fields decodes the key; dport is returned in host order.
+// PolicyKey decodes the key: the inverse of NewPolicyMapKey.
+//
+// Possible errors: the key is not in canonical form (a prefix length that
+// no policycell.PolicyKey has, or bits set past it).
+func (k PolicyMapKey) PolicyKey() (policycell.PolicyKey, error) {
+	prefixLen := binary.LittleEndian.Uint32(k[0:4])
+	key := policycell.PolicyKey{
+		Identity:  identitycell.NumericIdentity(binary.LittleEndian.Uint32(k[4:8])),
+		Direction: policycell.Direction(k[8]),
+		Protocol:  policycell.Protocol(k[9]),
+		Port:      binary.BigEndian.Uint16(k[10:12]),
+	}
+	switch {
+	case prefixLen == policyKeyStaticPrefixBits:
+		if key.Protocol != 0 || key.Port != 0 {
+			return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
+		}
+	case prefixLen >= policyKeyStaticPrefixBits+8 && prefixLen <= policyKeyMaxPrefixBits && key.Protocol != 0:
+		key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
+	default:
+		return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: prefix length %d out of range", k[:], prefixLen)
+	}
+	if NewPolicyMapKey(key) != k {
+		return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
+	}
+	return key, nil
+}
+
+// Fields decodes the key's fields as they are stored; dport is returned in
+// host order. PolicyKey also gives the prefix length, as PortWildcardBits.
 func (k PolicyMapKey) Fields() (identity uint32, direction, protocol uint8, dport uint16) {
-	return binary.LittleEndian.Uint32(k[0:4]), k[4], k[5], binary.BigEndian.Uint16(k[6:8])
+	return binary.LittleEndian.Uint32(k[4:8]), k[8], k[9], binary.BigEndian.Uint16(k[10:12])
 }
 
 // NewPolicyMapValue encodes a verdict.

@@ -60,10 +60,53 @@ func TestIPCacheValueBytes(t *testing.T) {
 }
 
 func TestPolicyKeyValueBytes(t *testing.T) {
-	k := NewPolicyMapKey(16777217, uint8(policycell.Egress), 17, 53)
-	require.Equal(t, PolicyMapKey{0x01, 0x00, 0x00, 0x01, 1, 17, 0x00, 0x35}, k, "dport in network order")
+	k := policyMapKey(16777217, uint8(policycell.Egress), 17, 53)
+	require.Equal(t, PolicyMapKey{64, 0, 0, 0, 0x01, 0x00, 0x00, 0x01, 1, 17, 0x00, 0x35}, k, "dport in network order")
 	id, dir, proto, port := k.Fields()
 	require.Equal(t, []any{uint32(16777217), uint8(1), uint8(17), uint16(53)}, []any{id, dir, proto, port})
 	require.Equal(t, PolicyMapValue{1, 0, 0, 0, 0, 0, 0, 0}, NewPolicyMapValue(uint32(policycell.VerdictAllow)))
 	require.Equal(t, uint32(policycell.VerdictAllow), NewPolicyMapValue(uint32(policycell.VerdictAllow)).Verdict())
+	require.Equal(t, uint32(policycell.VerdictDeny), NewPolicyMapValue(uint32(policycell.VerdictDeny)).Verdict())
+}
+
+// TestPolicyKeyPrefix: the prefix length is MapPrefixLen, the bits past
+// it are zero whatever the key holds there, and canonical keys decode
+// back while others do not.
+func TestPolicyKeyPrefix(t *testing.T) {
+	for _, c := range []struct {
+		key  policycell.PolicyKey
+		want PolicyMapKey
+	}{
+		{policycell.PolicyKey{Identity: 2, Direction: policycell.Egress, Protocol: 0, Port: 80},
+			PolicyMapKey{40, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0}},
+		{policycell.PolicyKey{Identity: 0, Protocol: policycell.ProtocolTCP, Port: 80, PortWildcardBits: 16},
+			PolicyMapKey{48, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0}},
+		{policycell.PolicyKey{Protocol: policycell.ProtocolTCP, Port: 8003, PortWildcardBits: 3}, // 8000-8007
+			PolicyMapKey{61, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0x1f, 0x40}},
+		{policycell.PolicyKey{Protocol: policycell.ProtocolICMP, Port: 8<<8 | 3, PortWildcardBits: 8}, // type 8
+			PolicyMapKey{56, 0, 0, 0, 0, 0, 0, 0, 0, 1, 8, 0}},
+	} {
+		k := NewPolicyMapKey(c.key)
+		require.Equal(t, c.want, k, "%+v", c.key)
+		decoded, err := k.PolicyKey()
+		require.NoError(t, err)
+		require.Equal(t, k, NewPolicyMapKey(decoded))
+		require.Equal(t, c.key.PortWildcardBits, decoded.PortWildcardBits)
+	}
+	for name, k := range map[string]PolicyMapKey{
+		"protocol past 40":   {40, 0, 0, 0, 2, 0, 0, 0, 1, 6, 0, 0},
+		"port bits past 61":  {61, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0x1f, 0x41},
+		"prefix 44":          {44, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0},
+		"prefix 65":          {65, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0},
+		"protocol 0 past 48": {48, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+	} {
+		_, err := k.PolicyKey()
+		require.Error(t, err, name)
+	}
+}
+
+// policyMapKey is the map key of a rule as the previous layout wrote it:
+// protocol 0 any protocol, port 0 every port of the protocol.
+func policyMapKey(identity uint32, direction, protocol uint8, port uint16) PolicyMapKey {
+	return NewPolicyMapKey(hashPolicyKey(identity, direction, protocol, port))
 }

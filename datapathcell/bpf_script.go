@@ -290,21 +290,41 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 
 // policyRowJSON is a row of bpf/policy -o json: a map entry, or with
 // --diff a difference (verdict is the map's, desiredVerdict the table's;
-// "" where there is none).
+// "" where there is none). port and portWildcardBits are the key's: its
+// last portWildcardBits bits are any (16: every port of the protocol).
 type policyRowJSON struct {
-	Difference     string `json:"difference,omitempty"`
-	Identity       uint32 `json:"identity"`
-	Direction      string `json:"direction"`
-	Protocol       string `json:"protocol"`
-	Port           uint16 `json:"port"`
-	Verdict        string `json:"verdict"`
-	DesiredVerdict string `json:"desiredVerdict,omitempty"`
+	Difference       string `json:"difference,omitempty"`
+	Identity         uint32 `json:"identity"`
+	Direction        string `json:"direction"`
+	Protocol         string `json:"protocol"`
+	Port             uint16 `json:"port"`
+	PortWildcardBits uint8  `json:"portWildcardBits,omitempty"`
+	Verdict          string `json:"verdict"`
+	DesiredVerdict   string `json:"desiredVerdict,omitempty"`
 }
 
+// policyRow is the row of key k. A key that is not canonical is shown as
+// stored, with the wildcard bits its prefix length gives.
 func policyRow(k PolicyMapKey) policyRowJSON {
 	id, dir, proto, port := k.Fields()
-	return policyRowJSON{Identity: id, Direction: policycell.Direction(dir).String(),
+	row := policyRowJSON{Identity: id, Direction: policycell.Direction(dir).String(),
 		Protocol: policycell.Protocol(proto).String(), Port: port}
+	if key, err := k.PolicyKey(); err == nil {
+		row.PortWildcardBits = key.PortWildcardBits
+	}
+	return row
+}
+
+// ports is the row's port column: the port, the range its wildcard bits
+// cover, or 0 for every port (and any protocol).
+func (r policyRowJSON) ports() string {
+	switch {
+	case r.PortWildcardBits == 0:
+		return strconv.Itoa(int(r.Port))
+	case r.PortWildcardBits >= 16:
+		return "0"
+	}
+	return fmt.Sprintf("%d-%d", r.Port, int(r.Port)|(1<<r.PortWildcardBits-1))
 }
 
 func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policycell.PolicyEntry]) script.Cmd {
@@ -349,10 +369,12 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 			} else {
 				readErr = diffMap(m,
 					func(k PolicyMapKey) (PolicyMapValue, bool) {
-						id, dir, proto, port := k.Fields()
-						e, _, found := table.Get(txn, policycell.PolicyKeyIndex.Query(policycell.PolicyKey{
-							Identity: identitycell.NumericIdentity(id), Direction: policycell.Direction(dir),
-							Protocol: policycell.Protocol(proto), Port: port}))
+						// A key that is not canonical is no row's: extra.
+						key, err := k.PolicyKey()
+						if err != nil {
+							return PolicyMapValue{}, false
+						}
+						e, _, found := table.Get(txn, policycell.PolicyKeyIndex.Query(key))
 						if !found {
 							return PolicyMapValue{}, false
 						}
@@ -360,7 +382,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 					},
 					func(yield func(PolicyMapKey, PolicyMapValue) bool) {
 						for e := range table.All(txn) {
-							k := NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+							k := NewPolicyMapKey(e.Key)
 							if !yield(k, NewPolicyMapValue(uint32(e.Verdict))) {
 								return
 							}
@@ -390,7 +412,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 					if o.diff {
 						fmt.Fprintf(w, "%s\t", r.Difference)
 					}
-					fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s", r.Identity, r.Direction, r.Protocol, r.Port, dash(r.Verdict))
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s", r.Identity, r.Direction, r.Protocol, r.ports(), dash(r.Verdict))
 					if o.diff {
 						fmt.Fprintf(w, "\t%s", dash(r.DesiredVerdict))
 					}

@@ -139,6 +139,7 @@ func registerWriters(p writersParams) error {
 	order := newOrdering(p.Log, p.Selectors, p.IPCache.RWTable, p.Policy.RWTable, p.Enforcement.RWTable)
 
 	policy := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
+	policy.anyIdentity = d.setAnyIdentityEntries
 	var err error
 	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
 		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,

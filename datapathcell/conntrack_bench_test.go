@@ -85,8 +85,8 @@ func tcpPacket(src, dst netip.AddrPort, flags uint8) []byte {
 }
 
 // benchMaps are maps of the agent's specs with 100k /32s in the ipcache,
-// the peer among them, and an egress rule that allows the peer on TCP
-// benchPeerPort.
+// the peer among them, and egress rules (benchPolicyRules), one of which
+// allows the peer on TCP benchPeerPort.
 func benchMaps(tb testing.TB) enforcerMaps {
 	tb.Helper()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
@@ -118,9 +118,32 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	}
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
-	require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	for _, r := range benchPolicyRules() {
+		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	}
 	bumpRevision(tb, maps)
 	return maps
+}
+
+// benchPolicyRule is an egress allow of the benchmark's policy map.
+type benchPolicyRule struct {
+	identity uint32
+	protocol uint8
+	port     uint16
+}
+
+// benchPolicyRules: the peer's rule among rules of 1000 other identities
+// and 20 for any identity (identity 0), so that the trie's lookups walk a
+// trie of some depth, as with real policies.
+func benchPolicyRules() []benchPolicyRule {
+	rules := []benchPolicyRule{{testIdentityAllowed, testProtoTCP, benchPeerPort}}
+	for i := range 1000 {
+		rules = append(rules, benchPolicyRule{testIdentityDenied + uint32(i), testProtoTCP, uint16(80 + i%50)})
+	}
+	for i := range 20 {
+		rules = append(rules, benchPolicyRule{0, testProtoUDP, uint16(1000 + i)})
+	}
+	return rules
 }
 
 func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
@@ -170,8 +193,17 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			replacements[CountersMapName] = maps.Counters
 		}
 	}
+	// An object of the previous policy map layout (a hash) gets a map of
+	// that layout with the same rule.
+	hashPolicy := newHashPolicyMap(b, benchPolicyRules())
+	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
+		if spec.Maps[PolicyMapName].Type == ebpf.Hash {
+			return hashPolicy
+		}
+		return maps.Policy
+	}
 	statelessMaps := map[string]*ebpf.Map{
-		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+		IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(stateless), EnforcementMapName: maps.Enforcement,
 	}
 	shareCounters(stateless, statelessMaps)
 	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: statelessMaps}))
@@ -190,7 +222,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 		}
 		replacements := map[string]*ebpf.Map{
-			IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+			IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(spec), EnforcementMapName: maps.Enforcement,
 			ConntrackMapName: maps.Conntrack,
 		}
 		shareCounters(spec, replacements)
@@ -249,18 +281,24 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		// run needs the entry gone, so runs are single; the pass-through
 		// program is measured the same way for its ratio.
 		setEnforced(b, maps, true, true)
-		var single, newConn time.Duration
-		for range benchNewConnections {
-			single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
-			if err := maps.Conntrack.Delete(key); err != nil {
-				require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
-			}
-			newConn += runPerPacket(b, enf.fromEndpoint, forwardSYN, 1, tcxNextRet)
-		}
 		var v ConntrackValue
-		require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
-		rows = append(rows, row{"tracking: new connection (SYN; single runs, ratio to single runs)",
-			float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+		newConnection := func(name string, prog *ebpf.Program) {
+			var single, newConn time.Duration
+			for range benchNewConnections {
+				single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
+				if err := maps.Conntrack.Delete(key); err != nil {
+					require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
+				}
+				newConn += runPerPacket(b, prog, forwardSYN, 1, tcxNextRet)
+			}
+			require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
+			rows = append(rows, row{name,
+				float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+		}
+		if before != nil {
+			newConnection("before: new connection (SYN; single runs, ratio to single runs)", before.fromEndpoint)
+		}
+		newConnection("tracking: new connection (SYN; single runs, ratio to single runs)", enf.fromEndpoint)
 
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "established, forward", from, forwardACK)
@@ -271,6 +309,11 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, maps.Conntrack.Delete(key))
 		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 		addBefore(add, "untracked reply (dropped)", to, replyACK)
+		// As when the map holds no identity-0 entry: the agent then
+		// tells the program to skip that lookup (the trie is the same).
+		require.NoError(b, enf.policyFlags.Set(uint32(policyNoAnyIdentity)))
+		add("tracking: untracked reply (dropped), identity-0 lookup skipped", enf.toEndpoint, replyACK, tcxDropRet)
+		require.NoError(b, enf.policyFlags.Set(uint32(0)))
 		setEvents(EventDrops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
@@ -326,6 +369,35 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	if before != nil {
 		fmt.Printf("before: established forward / stateless allowed: %.2f\n", vsStateless(index("before: established, forward")))
 	}
+}
+
+// hashPolicyMapSpec is the policy map's previous layout: a hash with an
+// 8-byte key (sec_identity u32 | direction u8 | protocol u8 | dport be16;
+// protocol 0 any protocol, dport 0 any port) and the same value.
+func hashPolicyMapSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{Name: PolicyMapName, Type: ebpf.Hash, KeySize: hashPolicyKeySize, ValueSize: policyValueSize, MaxEntries: 16384}
+}
+
+// hashPolicyMapKey is a key of the previous layout.
+func hashPolicyMapKey(identity uint32, direction, protocol uint8, dport uint16) [hashPolicyKeySize]byte {
+	var k [hashPolicyKeySize]byte
+	binary.LittleEndian.PutUint32(k[0:4], identity)
+	k[4], k[5] = direction, protocol
+	binary.BigEndian.PutUint16(k[6:8], dport)
+	return k
+}
+
+// newHashPolicyMap is a map of the previous layout that allows rules
+// (egress).
+func newHashPolicyMap(tb testing.TB, rules []benchPolicyRule) *ebpf.Map {
+	tb.Helper()
+	m, err := ebpf.NewMap(hashPolicyMapSpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { m.Close() })
+	for _, r := range rules {
+		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	}
+	return m
 }
 
 // passThroughProgram is the cheapest TCX program: it returns TCX_NEXT.

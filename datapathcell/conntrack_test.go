@@ -179,7 +179,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 	t.Run("removing the allowing rule stops the established connection", func(t *testing.T) {
 		require.NotEmpty(t, conns)
 		require.NoError(t, exchange(conns[0], "before"))
-		require.NoError(t, maps.Policy.Delete(NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), 0, 0)))
+		require.NoError(t, maps.Policy.Delete(policyMapKey(testIdentityAllowed, uint8(policycell.Egress), 0, 0)))
 		bumpRevision(t, maps)
 		require.Error(t, exchange(conns[0], "after"), "data passed without a rule")
 		// The dropped forward packet took the entry with it: the replies

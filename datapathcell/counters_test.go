@@ -47,8 +47,10 @@ func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 		Drops: []DropCount{
 			{Direction: policycell.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
 			{Direction: policycell.Ingress, Reason: ReasonMalformed},
+			{Direction: policycell.Ingress, Reason: ReasonPolicyDeny},
 			{Direction: policycell.Egress, Reason: ReasonNoPolicy},
 			{Direction: policycell.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
+			{Direction: policycell.Egress, Reason: ReasonPolicyDeny},
 		},
 	}, c)
 }

@@ -231,6 +231,28 @@ func (d *Datapath) Counters() (Counters, error) {
 
 func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }
 
+// setAnyIdentityEntries tells the attached program whether the policy map
+// may hold identity-0 entries (policy_flags): while it holds none, the
+// program skips that lookup. Without a program (no --devices, fake maps)
+// there is nothing to tell.
+//
+// Possible errors: the program's variable cannot be written.
+func (d *Datapath) setAnyIdentityEntries(present bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.enforcer == nil || d.enforcer.policyFlags == nil {
+		return nil
+	}
+	var flags uint32
+	if !present {
+		flags = policyNoAnyIdentity
+	}
+	if err := d.enforcer.policyFlags.Set(flags); err != nil {
+		return fmt.Errorf("set the program's policy_flags: %w", err)
+	}
+	return nil
+}
+
 // written returns the maps the writers write, which run only between start
 // and stop. Each write to them bumps the revision (revisedMap): this is
 // the one place the writers get their maps from.

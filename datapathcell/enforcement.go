@@ -17,8 +17,26 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
-// enforcementValue is the enforcement map's value: 1 when enforced.
+// enforcementValue is the enforcement map's value (abi.go).
 type enforcementValue uint32
+
+const (
+	enforceNone        enforcementValue = 0
+	enforceDefaultDeny enforcementValue = 1
+	enforceDenyOnly    enforcementValue = 2
+)
+
+// enforcementOf is the value a row asks for: default deny when enforced,
+// else deny only when the direction has deny entries, else nothing.
+func enforcementOf(row *policycell.Enforcement) enforcementValue {
+	switch {
+	case row.Enforced:
+		return enforceDefaultDeny
+	case row.HasDeny:
+		return enforceDenyOnly
+	}
+	return enforceNone
+}
 
 // enforcementWriter writes the `policy-enforcement` table into the
 // enforcement map (an array: index = direction). It is not a statedb
@@ -44,12 +62,12 @@ const (
 func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 	// The map keeps the previous run's switches until the table says
 	// otherwise (it has no rows before the policies are known).
-	var inMap [2]bool
+	var inMap [2]enforcementValue
 	for dir := range inMap {
 		var v enforcementValue
 		key := uint32(dir)
 		if err := w.target().Lookup(&key, &v); err == nil {
-			inMap[dir] = v == 1
+			inMap[dir] = v
 		}
 	}
 	backoff := enforcementRetryMin
@@ -63,13 +81,16 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		)
 		for row, rev := range rows {
 			dir := row.Direction
+			want := enforcementOf(row)
 			var err error
 			switch {
-			case row.Enforced == inMap[dir]:
-			case !row.Enforced:
-				err = w.put(dir, false)
+			case want == inMap[dir]:
+			case want == enforceNone:
+				err = w.put(dir, want)
 			case w.onReady(txn):
-				err = w.put(dir, true)
+				// Switching on, or between default deny and deny only:
+				// either needs the entries in the maps first.
+				err = w.put(dir, want)
 			default:
 				waiting = true
 				continue
@@ -78,7 +99,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 				errs = append(errs, err)
 				continue
 			}
-			inMap[dir] = row.Enforced
+			inMap[dir] = want
 			if row.Status.Kind != reconciler.StatusKindDone {
 				done = append(done, revisioned{row, rev})
 			}
@@ -135,18 +156,18 @@ func (w *enforcementWriter) waitOnReady(ctx context.Context, txn statedb.ReadTxn
 	w.order.ipcacheWriter.WaitUntilReconciled(ctx, w.order.ipcache.Revision(txn))
 }
 
-func (w *enforcementWriter) put(dir policycell.Direction, enforced bool) error {
-	key, value := uint32(dir), enforcementValue(0)
-	if enforced {
-		value = 1
-	}
+func (w *enforcementWriter) put(dir policycell.Direction, value enforcementValue) error {
+	key := uint32(dir)
 	if err := w.target().Put(&key, &value); err != nil {
 		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, EnforcementMapName, err)
 	}
 	w.stats.Written.Add(1)
-	if enforced {
+	switch value {
+	case enforceDefaultDeny:
 		w.log.Info("Enforcing policy", "direction", dir.String())
-	} else {
+	case enforceDenyOnly:
+		w.log.Info("Enforcing deny rules only", "direction", dir.String())
+	default:
 		w.log.Info("Not enforcing policy", "direction", dir.String())
 	}
 	return nil
@@ -175,15 +196,18 @@ func (w *enforcementWriter) markDone(rows []revisioned) {
 	}
 }
 
-func (w *enforcementWriter) report(health cell.Health, inMap [2]bool, waiting bool, errs []error) {
+func (w *enforcementWriter) report(health cell.Health, inMap [2]enforcementValue, waiting bool, errs []error) {
 	if len(errs) > 0 {
 		health.Degraded("Enforcement map not written", errors.Join(errs...))
 		return
 	}
 	var on []string
 	for _, dir := range policycell.Directions() {
-		if inMap[dir] {
+		switch inMap[dir] {
+		case enforceDefaultDeny:
 			on = append(on, dir.String())
+		case enforceDenyOnly:
+			on = append(on, dir.String()+" (deny rules only)")
 		}
 	}
 	if len(on) == 0 {

@@ -42,10 +42,14 @@ type Reason uint8
 const (
 	ReasonNoPolicy    Reason = 1
 	ReasonMalformed   Reason = 2
+	ReasonPolicyDeny  Reason = 3
 	ReasonPolicy      Reason = 16
 	ReasonReply       Reason = 17
 	ReasonEstablished Reason = 18
 	ReasonRelated     Reason = 19
+	// ReasonNotDenied allows a packet that no entry matches in a direction
+	// that enforces deny rules only (no default deny).
+	ReasonNotDenied Reason = 20
 )
 
 // String is the reason's name in monitor's JSON (docs/CONTRACT.md).
@@ -55,6 +59,8 @@ func (r Reason) String() string {
 		return "no-policy"
 	case ReasonMalformed:
 		return "malformed-ip-header"
+	case ReasonPolicyDeny:
+		return "policy-deny"
 	case ReasonPolicy:
 		return "policy"
 	case ReasonReply:
@@ -63,6 +69,8 @@ func (r Reason) String() string {
 		return "established"
 	case ReasonRelated:
 		return "related"
+	case ReasonNotDenied:
+		return "not-denied"
 	}
 	return fmt.Sprintf("reason-%d", uint8(r))
 }

@@ -59,24 +59,71 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentit
 	return identitycell.NumericIdentity(v.Identity()), found, nil
 }
 
-// LookupPolicy implements policycell.DatapathMaps.
-func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.Verdict, bool, error) {
-	k := NewPolicyMapKey(uint32(key.Identity), uint8(key.Direction), uint8(key.Protocol), key.Port)
+// LookupPolicy implements policycell.DatapathMaps: the kernel's lookup
+// of key's map key (the program's lookup, at key.MapPrefixLen()) gives
+// the verdict; the entry it found is named by reading the map, the
+// longest of its keys that match.
+func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.PolicyKey, policycell.Verdict, bool, error) {
+	k := NewPolicyMapKey(key)
 	var v PolicyMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
-	if err != nil {
-		return 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
+	if err == nil && found {
+		var matched policycell.PolicyKey
+		matched, found, err = r.longestMatch(key)
+		if err == nil && found {
+			return matched, policycell.Verdict(v.Verdict()), true, nil
+		}
 	}
-	return policycell.Verdict(v.Verdict()), found, nil
+	if err != nil {
+		return policycell.PolicyKey{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
+	}
+	return policycell.PolicyKey{}, 0, false, nil
 }
 
-// Enforced implements policycell.DatapathMaps.
-func (r mapsReader) Enforced(dir policycell.Direction) (bool, error) {
+// longestMatch returns the policy map's longest key whose prefix key
+// matches, as the LPM trie's lookup finds it.
+func (r mapsReader) longestMatch(key policycell.PolicyKey) (matched policycell.PolicyKey, found bool, err error) {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	var m kernelMap
+	switch {
+	case r.d.fakeMaps != nil:
+		m = r.d.fakeMaps.policy
+	case r.d.maps != nil:
+		m = r.d.maps.Policy
+	}
+	if m == nil {
+		return matched, false, ErrMapsNotOpen
+	}
+	err = readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
+		entry, err := k.PolicyKey()
+		if err != nil || entry.MapPrefixLen() > key.MapPrefixLen() || (found && entry.MapPrefixLen() <= matched.MapPrefixLen()) {
+			return
+		}
+		if NewPolicyMapKey(policyKeyAt(key, entry.MapPrefixLen())) == k {
+			matched, found = entry, true
+		}
+	})
+	return matched, found, err
+}
+
+// policyKeyAt is key cut to prefixLen bits (as MapPrefixLen counts them).
+func policyKeyAt(key policycell.PolicyKey, prefixLen uint32) policycell.PolicyKey {
+	if prefixLen <= policyKeyStaticPrefixBits {
+		return policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction}
+	}
+	key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
+	return key
+}
+
+// Enforcement implements policycell.DatapathMaps: the enforcement map's
+// value for dir (abi.go).
+func (r mapsReader) Enforcement(dir policycell.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
 	var v enforcementValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
 	if err != nil {
-		return false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
+		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
-	return found && v == 1, nil
+	return found && v == enforceDefaultDeny, found && v == enforceDenyOnly, nil
 }

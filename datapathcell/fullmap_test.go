@@ -19,7 +19,7 @@ import (
 
 // These extend reconcile_test.go (TestPrivilegedBatchUpdatePartialFailure,
 // TestPrivilegedPerKeyFallback) with what a full map does to a batch whose
-// failure is not at its end, to the hash (policy) map, and to the skip of
+// failure is not at its end, to the policy map, and to the skip of
 // unchanged entries after a restart. testdata/full-*-map.txtar show the
 // same through the whole agent: health, statuses, retries, convergence.
 
@@ -61,9 +61,9 @@ func TestPrivilegedFullIPCacheBatchResultPerEntry(t *testing.T) {
 	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 101, c.prefix: 300}, dumpTestMap(t, m))
 }
 
-// TestPrivilegedFullPolicyMapPartialBatch: the policy map is a hash map; a
-// full one fails with E2BIG per entry that does not fit, keeps every entry
-// that does, and takes the rest when room appears.
+// TestPrivilegedFullPolicyMapPartialBatch: the policy map is an LPM trie;
+// a full one fails with ENOSPC per entry that does not fit, keeps every
+// entry that does, and takes the rest when room appears.
 func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	privileged.Test(t)
 	m, err := ebpf.NewMap(policyMapSpec(2))
@@ -73,7 +73,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	ops := &mapOps[*policyEntry, PolicyMapKey, PolicyMapValue]{
 		name:   PolicyMapName,
 		target: func() kernelMap { return m },
-		key:    func(e *policyEntry) PolicyMapKey { return NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		key:    func(e *policyEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
 		value:  func(e *policyEntry) PolicyMapValue { return NewPolicyMapValue(e.verdict) },
 		stats:  &mapStats{},
 	}
@@ -85,14 +85,14 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	ops.UpdateBatch(context.Background(), nil, batch)
 	require.NoError(t, batch[0].Result)
 	require.NoError(t, batch[1].Result)
-	require.ErrorIs(t, batch[2].Result, unix.E2BIG, "the hash map is full")
-	require.ErrorIs(t, batch[3].Result, unix.E2BIG)
+	require.ErrorIs(t, batch[2].Result, unix.ENOSPC, "the trie is full")
+	require.ErrorIs(t, batch[3].Result, unix.ENOSPC)
 	require.Contains(t, batch[2].Result.Error(), "policy map")
 	require.Equal(t, uint64(2), ops.stats.Written.Load())
 
 	var v PolicyMapValue
 	for _, e := range entries[:2] {
-		require.NoError(t, m.Lookup(NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v), "kept: %d", e.identity)
+		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v), "kept: %d", e.identity)
 	}
 
 	del := []reconciler.BatchEntry[*policyEntry]{{Object: entries[0]}, {Object: entries[1]}}
@@ -104,7 +104,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, retry[0].Result, "room appeared")
 	require.NoError(t, retry[1].Result)
 	for _, e := range entries[2:] {
-		require.NoError(t, m.Lookup(NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v))
+		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v))
 	}
 }
 

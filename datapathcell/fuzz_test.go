@@ -64,24 +64,39 @@ func FuzzIPCacheValue(f *testing.F) {
 	})
 }
 
-// FuzzPolicyKey: encoding the decoded fields gives the key back, and the
-// fields sit where the layout says (identity little-endian at 0, direction
-// at 4, protocol at 5, dport big-endian at 6).
+// FuzzPolicyKey: a key that decodes encodes back to itself (so only
+// canonical keys decode), the fields sit where the layout says
+// (prefixlen and identity little-endian at 0 and 4, direction at 8,
+// protocol at 9, dport big-endian at 10), and the prefix length is the
+// decoded key's.
 func FuzzPolicyKey(f *testing.F) {
-	k := NewPolicyMapKey(16777217, uint8(policycell.Egress), 17, 53)
-	f.Add(k[:])
+	for _, k := range []PolicyMapKey{
+		policyMapKey(16777217, uint8(policycell.Egress), 17, 53),
+		policyMapKey(16777217, uint8(policycell.Egress), 6, 0),
+		policyMapKey(2, uint8(policycell.Ingress), 0, 0),
+		NewPolicyMapKey(policycell.PolicyKey{Protocol: policycell.ProtocolTCP, Port: 8000, PortWildcardBits: 3}),
+	} {
+		f.Add(k[:])
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != policyKeySize {
 			return
 		}
 		key := PolicyMapKey(data)
-		if NewPolicyMapKey(key.Fields()) != key {
+		id, dir, proto, dport := key.Fields()
+		if id != binary.LittleEndian.Uint32(data[4:8]) || dir != data[8] || proto != data[9] ||
+			dport != binary.BigEndian.Uint16(data[10:12]) {
+			t.Fatalf("key %x decodes to %d/%d/%d/%d, not the layout's fields", data, id, dir, proto, dport)
+		}
+		decoded, err := key.PolicyKey()
+		if err != nil {
+			return
+		}
+		if NewPolicyMapKey(decoded) != key {
 			t.Fatalf("key %x does not round trip", data)
 		}
-		id, dir, proto, dport := key.Fields()
-		if id != binary.LittleEndian.Uint32(data[0:4]) || dir != data[4] || proto != data[5] ||
-			dport != binary.BigEndian.Uint16(data[6:8]) {
-			t.Fatalf("key %x decodes to %d/%d/%d/%d, not the layout's fields", data, id, dir, proto, dport)
+		if decoded.MapPrefixLen() != binary.LittleEndian.Uint32(data[0:4]) {
+			t.Fatalf("key %x decodes to prefix length %d", data, decoded.MapPrefixLen())
 		}
 	})
 }

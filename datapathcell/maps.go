@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // PinDir returns the directory of the agent's pinned objects under a bpffs
@@ -94,7 +96,7 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		return err
 	})
 	if err == nil {
-		maps.Policy, err = openPinnedMap(dir, policyMapSpec(policyMaxEntries), log, nil)
+		maps.Policy, err = openPolicyMap(dir, policyMapSpec(policyMaxEntries), log)
 	}
 	if err == nil {
 		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log, nil)
@@ -184,12 +186,18 @@ func createPinned(spec *ebpf.MapSpec, path string) (*ebpf.Map, error) {
 // from is set), pins it beside path and renames it over path, so the pin
 // never names a map with wrong contents.
 func replacePinned(spec *ebpf.MapSpec, path string, from *ebpf.Map) (*ebpf.Map, error) {
+	return replacePinnedWith(spec, path, from, copyEntries)
+}
+
+// replacePinnedWith is replacePinned with fill writing from's entries into
+// the new map.
+func replacePinnedWith(spec *ebpf.MapSpec, path string, from *ebpf.Map, fill func(from, to *ebpf.Map) error) (*ebpf.Map, error) {
 	m, err := ebpf.NewMap(spec)
 	if err != nil {
 		return nil, fmt.Errorf("create map %s: %w", spec.Name, err)
 	}
 	if from != nil {
-		if err := copyEntries(from, m); err != nil {
+		if err := fill(from, m); err != nil {
 			m.Close()
 			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
 				return nil, fmt.Errorf("migrate map %s from max entries %d to %d: it holds more entries than that; "+
@@ -218,6 +226,84 @@ func replacePinned(spec *ebpf.MapSpec, path string, from *ebpf.Map) (*ebpf.Map, 
 		return nil, fmt.Errorf("open replaced map %s: %w", path, err)
 	}
 	return reopened, nil
+}
+
+// openPolicyMap is openPinnedMap for the policy map, which also converts
+// a pinned map of the previous layout (a hash with 8-byte keys, before
+// port ranges) rather than replacing it by an empty one: the new map is
+// filled with the old one's entries before it replaces the pin, so that
+// the program loaded next enforces what the old one did from its first
+// packet, while the old program keeps its old map until it is replaced
+// (the kernel frees that map then: nothing else holds it).
+//
+// Possible errors: those of openPinnedMap; the old map cannot be read, or
+// its entries do not fit in the new one (nothing is changed then).
+func openPolicyMap(dir string, spec *ebpf.MapSpec, log *slog.Logger) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil || old.Type() != ebpf.Hash || old.KeySize() != hashPolicyKeySize || old.ValueSize() != policyValueSize {
+		if err == nil {
+			old.Close()
+		}
+		return openPinnedMap(dir, spec, log, nil)
+	}
+	defer old.Close()
+	var converted, skipped int
+	m, err := replacePinnedWith(spec, path, old, func(from, to *ebpf.Map) error {
+		converted, skipped, err = convertHashPolicy(from, to)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("Converted pinned policy map of the previous layout (hash) to an LPM trie; "+
+		"the old map is freed once the old program is replaced",
+		"map", path, "entries", converted, "skipped-never-matched", skipped, "max-entries", spec.MaxEntries)
+	return m, nil
+}
+
+// hashPolicyKeySize is the key size of the previous policy map layout:
+// sec_identity u32 | direction u8 | protocol u8 | dport be16, in a hash.
+const hashPolicyKeySize = 8
+
+// hashPolicyKey is the key a rule had in the previous layout, whose
+// program looked up the exact port, then port 0 (every port of the
+// protocol), then protocol 0 (any protocol, port 0).
+func hashPolicyKey(identity uint32, direction, protocol uint8, port uint16) policycell.PolicyKey {
+	key := policycell.PolicyKey{Identity: identitycell.NumericIdentity(identity), Direction: policycell.Direction(direction)}
+	if protocol == 0 {
+		return key
+	}
+	key.Protocol, key.Port = policycell.Protocol(protocol), port
+	if port == 0 {
+		key.PortWildcardBits = 16
+	}
+	return key
+}
+
+// convertHashPolicy writes every entry of a policy map of the previous
+// layout into to, in the LPM layout. An entry of protocol 0 with a port
+// was never looked up by the previous program: it is skipped, not made an
+// any-protocol entry.
+func convertHashPolicy(from, to *ebpf.Map) (converted, skipped int, err error) {
+	var putErr error
+	err = readEntries(from, func(k [hashPolicyKeySize]byte, v PolicyMapValue) {
+		if putErr != nil {
+			return
+		}
+		protocol, port := k[5], binary.BigEndian.Uint16(k[6:8])
+		if protocol == 0 && port != 0 {
+			skipped++
+			return
+		}
+		key := NewPolicyMapKey(hashPolicyKey(binary.LittleEndian.Uint32(k[0:4]), k[4], protocol, port))
+		if putErr = to.Put(&key, &v); putErr != nil {
+			putErr = fmt.Errorf("copy entry %d: %w", converted+1, putErr)
+			return
+		}
+		converted++
+	})
+	return converted, skipped, errors.Join(err, putErr)
 }
 
 // copyEntries copies every entry of from into to.

@@ -40,13 +40,16 @@ func IPCacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	}
 }
 
+// policyMapSpec: an LPM trie, so that one entry covers a block of ports
+// (a port range is a few aligned blocks, as in Cilium's policy map).
 func policyMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
 		Name:       PolicyMapName,
-		Type:       ebpf.Hash,
+		Type:       ebpf.LPMTrie,
 		KeySize:    policyKeySize,
 		ValueSize:  policyValueSize,
 		MaxEntries: maxEntries,
+		Flags:      bpfFNoPrealloc,
 	}
 }
 

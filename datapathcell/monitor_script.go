@@ -221,37 +221,34 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
 		j.Labels = []string{"reserved:world"}
 	}
-	if e.Allowed && e.Reason == ReasonPolicy {
+	if e.Allowed && e.Reason == ReasonPolicy || !e.Allowed && e.Reason == ReasonPolicyDeny {
 		j.Policy = p.allowingPolicies(e)
 	}
 	return j
 }
 
-// allowingPolicies names the policies of the entry that allowed e, looked
-// up as the program does (port, then protocol, then any protocol): at
-// most three index lookups. Empty when the tables changed since.
+// allowingPolicies names the policies of the desired entry that decided
+// e, resolved as the program does (policycell.PolicyBehind: the remote
+// identity's and identity 0's longest prefixes, a deny wins), if its
+// verdict is e's. Empty when the tables changed since.
 func (p monitorParams) allowingPolicies(e Event) string {
 	if p.DB == nil || p.PolicyEntries == nil {
 		return ""
 	}
-	txn := p.DB.ReadTxn()
-	key := policycell.PolicyKey{
+	pkt := policycell.PolicyLookup{
 		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
 	}
-	var keys []policycell.PolicyKey
 	switch e.Protocol {
 	case 6, 17, 132:
-		withPort := key
-		withPort.Port = e.DstPort
-		keys = append(keys, withPort)
+		pkt.Port, pkt.HasPort = e.DstPort, true
+	case 1, 58:
+		pkt.Port, pkt.HasPort = uint16(e.ICMPType)<<8, true
 	}
-	keys = append(keys, key, policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction})
-	for _, k := range keys {
-		if entry, _, found := p.PolicyEntries.Get(txn, policycell.PolicyKeyIndex.Query(k)); found && entry.Verdict == policycell.VerdictAllow {
-			return strings.Join(entry.Policies, ",")
-		}
+	entry := policycell.PolicyBehind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
+	if entry == nil || (entry.Verdict == policycell.VerdictAllow) != e.Allowed {
+		return ""
 	}
-	return ""
+	return strings.Join(entry.Policies, ",")
 }
 
 // writeEventText writes an event as cilium-dbg monitor does, roughly:

@@ -97,7 +97,7 @@ func (r *recordingMaps) allowed(addr netip.Addr, direction uint8) bool {
 		return true
 	}
 	for _, id := range []uint32{r.identityOf(addr), 0} {
-		if v, ok := r.policy[NewPolicyMapKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policycell.VerdictAllow) {
+		if v, ok := r.policy[policyMapKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policycell.VerdictAllow) {
 			return true
 		}
 	}
@@ -578,7 +578,7 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 	m := r.maps()
 	k, v := NewIPCacheMapKey(netip.MustParsePrefix("10.1.0.0/16")), NewIPCacheMapValue(16777217)
 	require.NoError(t, m.ipcache.Put(&k, &v))
-	pk, pv := NewPolicyMapKey(16777217, uint8(policycell.Egress), 0, 0), NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	pk, pv := policyMapKey(16777217, uint8(policycell.Egress), 0, 0), NewPolicyMapValue(uint32(policycell.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
 	dir, on := uint32(policycell.Egress), enforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))

@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"log/slog"
 	"sync"
@@ -30,6 +31,13 @@ type policyOps struct {
 	draining map[PolicyMapKey]drainAfter
 	// queued wakes the drain job (buffered, one).
 	queued chan struct{}
+
+	// anyIdentity, if set, tells the program whether the map may hold
+	// identity-0 keys; anyKeys are those the map holds (nil until the
+	// map is read, at the first call), told what it was last told.
+	anyIdentity func(present bool) error
+	anyKeys     map[PolicyMapKey]struct{}
+	told        *bool
 }
 
 // drainAfter is what must be written before a policy key may go: the
@@ -52,7 +60,7 @@ func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slo
 		stats:  stats,
 		log:    log,
 		key: func(e *policycell.PolicyEntry) PolicyMapKey {
-			return NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
+			return NewPolicyMapKey(e.Key)
 		},
 		value:   func(e *policycell.PolicyEntry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
 		failed:  order.policyFailed,
@@ -70,7 +78,11 @@ var (
 func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policycell.PolicyEntry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.draining, p.ops.key(e)) // wanted again: the map has it
+	key := p.ops.key(e)
+	if err := p.writingLocked(key); err != nil {
+		return err
+	}
+	delete(p.draining, key) // wanted again: the map has it
 	return p.ops.Update(ctx, txn, rev, e)
 }
 
@@ -78,12 +90,90 @@ func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb
 func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.draining) > 0 {
+	keys := make([]PolicyMapKey, len(batch))
+	for i := range batch {
+		keys[i] = p.ops.key(batch[i].Object)
+	}
+	if err := p.writingLocked(keys...); err != nil {
 		for i := range batch {
-			delete(p.draining, p.ops.key(batch[i].Object))
+			batch[i].Result = err
+		}
+		return
+	}
+	if len(p.draining) > 0 {
+		for _, k := range keys {
+			delete(p.draining, k)
 		}
 	}
 	p.ops.UpdateBatch(ctx, txn, batch)
+}
+
+// writingLocked is called before keys are written: the program is told
+// of identity-0 keys before the first is in the map, so that it never
+// skips a lookup that could find one.
+//
+// Possible errors: the map cannot be read (the first time), or the
+// program cannot be told.
+func (p *policyOps) writingLocked(keys ...PolicyMapKey) error {
+	if err := p.readAnyKeysLocked(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if id, _, _, _ := k.Fields(); id == 0 {
+			p.anyKeys[k] = struct{}{}
+		}
+	}
+	return p.tellLocked()
+}
+
+// deletedLocked is called after keys were deleted: once the map holds no
+// identity-0 key, the program may skip that lookup.
+func (p *policyOps) deletedLocked(keys []PolicyMapKey) {
+	if p.anyKeys == nil {
+		return
+	}
+	for _, k := range keys {
+		delete(p.anyKeys, k)
+	}
+	if err := p.tellLocked(); err != nil {
+		p.log.Error("Cannot tell the program that the policy map holds no identity-0 entry; it keeps looking them up", "error", err)
+	}
+}
+
+// readAnyKeysLocked reads, once, the identity-0 keys the map holds (a
+// previous run's).
+func (p *policyOps) readAnyKeysLocked() error {
+	if p.anyIdentity == nil || p.anyKeys != nil {
+		return nil
+	}
+	keys := map[PolicyMapKey]struct{}{}
+	err := readEntries(p.ops.target(), func(k PolicyMapKey, _ PolicyMapValue) {
+		if id, _, _, _ := k.Fields(); id == 0 {
+			keys[k] = struct{}{}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("read the identity-0 keys of the %s map: %w", PolicyMapName, err)
+	}
+	p.anyKeys = keys
+	return nil
+}
+
+// tellLocked tells the program whether the map holds identity-0 keys, if
+// that changed.
+func (p *policyOps) tellLocked() error {
+	if p.anyIdentity == nil || p.anyKeys == nil {
+		return nil
+	}
+	present := len(p.anyKeys) > 0
+	if p.told != nil && *p.told == present {
+		return nil
+	}
+	if err := p.anyIdentity(present); err != nil {
+		return err
+	}
+	p.told = &present
+	return nil
 }
 
 // Delete implements reconciler.Operations: the key drains.
@@ -109,13 +199,18 @@ func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []
 func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.Seq2[*policycell.PolicyEntry, statedb.Revision]) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.readAnyKeysLocked(); err != nil {
+		return err
+	}
 	stale, err := p.ops.staleKeys(objects)
 	if err != nil {
 		return err
 	}
 	p.drainLocked(txn, stale)
 	p.ops.stats.Prunes.Add(1)
-	return nil
+	// What the map holds is known now (the first prune may write
+	// nothing): the program may skip identity-0 lookups if it has none.
+	return p.tellLocked()
 }
 
 // drainLocked queues keys to delete once the tables as txn has them are
@@ -169,6 +264,8 @@ func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions 
 	if err := p.ops.deleteKeys(ready); err != nil {
 		// The keys have no row: the next prune finds them again.
 		p.log.Error("Cannot delete policy map entries; the next prune retries", "error", err)
+	} else {
+		p.deletedLocked(ready)
 	}
 	return len(p.draining), wait, revisions
 }

@@ -50,7 +50,13 @@ type enforcer struct {
 	// limit and lost counters, eventsMask what it writes (events.go).
 	events, eventState *ebpf.Map
 	eventsMask         *ebpf.Variable
+	// policyFlags is the program's policy_flags (policyNoAnyIdentity).
+	policyFlags *ebpf.Variable
 }
+
+// policyNoAnyIdentity is POLICY_NO_ANY_IDENTITY of policy_flags: the
+// policy map holds no identity-0 entry, so the program skips that lookup.
+const policyNoAnyIdentity = 1
 
 // loadEnforcer loads the enforcement program with its maps replaced by
 // maps. The ipcache and policy maps may have any max entries; everything
@@ -89,9 +95,10 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 
 	var objs struct {
 		bpf.EnforcePrograms
-		Events     *ebpf.Map      `ebpf:"events"`
-		EventState *ebpf.Map      `ebpf:"event_state"`
-		EventsMask *ebpf.Variable `ebpf:"events_mask"`
+		Events      *ebpf.Map      `ebpf:"events"`
+		EventState  *ebpf.Map      `ebpf:"event_state"`
+		EventsMask  *ebpf.Variable `ebpf:"events_mask"`
+		PolicyFlags *ebpf.Variable `ebpf:"policy_flags"`
 	}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
@@ -102,6 +109,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		events:       objs.Events,
 		eventState:   objs.EventState,
 		eventsMask:   objs.EventsMask,
+		policyFlags:  objs.PolicyFlags,
 	}, nil
 }
 
@@ -335,13 +343,13 @@ type DropCount struct {
 // DropReasons are the reasons the program drops for, each a slot of the
 // counters map (abi.go).
 func DropReasons() []Reason {
-	return []Reason{ReasonNoPolicy, ReasonMalformed}
+	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny}
 }
 
 const (
 	// countersValueSize: packets u64 | bytes u64 (abi.go).
 	countersValueSize = 16
-	// countersSlots per direction: allowed, the drop reasons, one unused.
+	// countersSlots per direction: allowed, the three drop reasons.
 	countersSlots   = 4
 	countersEntries = 2 * countersSlots
 	// countAllowed is the slot of allowed packets; a drop's is its reason.

@@ -160,7 +160,7 @@ func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32
 
 func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policycell.Direction, protocol uint8, dport uint16) {
 	t.Helper()
-	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	require.NoError(t, maps.Policy.Put(policyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
 	bumpRevision(t, maps)
 }
 

@@ -53,8 +53,9 @@ func ReadPinnedPolicy(bpfRoot string) (map[PolicyMapKey]uint32, error) {
 }
 
 // ReadPinnedEnforcement reads the enforcement map pinned under bpfRoot:
-// whether each direction is enforced, indexed by direction (0 ingress, 1
-// egress).
+// whether each direction is enforced with default deny (value 1; a
+// direction of deny rules only, 2, reads false), indexed by direction (0
+// ingress, 1 egress).
 //
 // Possible errors: no map pinned there, or no permission.
 func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
@@ -69,7 +70,7 @@ func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
 		if err := m.Lookup(uint32(dir), &v); err != nil {
 			return enforced, fmt.Errorf("read pinned enforcement map: %w", err)
 		}
-		enforced[dir] = v == 1
+		enforced[dir] = v == enforceDefaultDeny
 	}
 	return enforced, nil
 }

@@ -37,7 +37,7 @@ func TestPrivilegedReadEntriesInBatches(t *testing.T) {
 	defer hash.Close()
 	wantPolicy := map[PolicyMapKey]PolicyMapValue{}
 	for i := range n {
-		k, v := NewPolicyMapKey(uint32(i), 0, 6, uint16(i)), NewPolicyMapValue(1)
+		k, v := policyMapKey(uint32(i), 0, 6, uint16(i)), NewPolicyMapValue(1)
 		require.NoError(t, hash.Put(&k, &v))
 		wantPolicy[k] = v
 	}

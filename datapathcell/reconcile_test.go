@@ -167,7 +167,7 @@ func TestFullMapLogsOncePerTransition(t *testing.T) {
 	ops := &mapOps[*testEntry, PolicyMapKey, PolicyMapValue]{
 		name:   PolicyMapName,
 		target: func() kernelMap { return policyMap },
-		key:    func(e *testEntry) PolicyMapKey { return NewPolicyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		key:    func(e *testEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
 		value:  func(*testEntry) PolicyMapValue { return NewPolicyMapValue(1) },
 		stats:  &mapStats{},
 		log:    slog.New(slog.NewTextHandler(&logged, nil)),

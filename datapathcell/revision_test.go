@@ -37,7 +37,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	forward := tcpPacket(out, peer, 0x10)
 	ctKey := newConntrackKey(out, peer, testProtoTCP)
 	peerKey := NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))
-	allowKey := NewPolicyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
+	allowKey := policyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
 	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
 	run := func(want uint32, msg string) {
 		t.Helper()

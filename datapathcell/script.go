@@ -22,7 +22,7 @@ func scriptCommands(d *Datapath) hive.ScriptCmdsOut {
 					"was created (it is pinned: counts survive restarts). A direction that",
 					"is not enforced counts everything as allowed. Bytes are skb->len (from",
 					"the Ethernet header on). Drops are also shown by reason (no-policy,",
-					"malformed-ip-header).",
+					"malformed-ip-header, policy-deny).",
 					"-o json: one object, {\"ingress\": {\"allowed\": n, \"dropped\": n,",
 					"\"allowed_bytes\": n, \"dropped_bytes\": n, \"drops\": {\"no-policy\":",
 					"{\"packets\": n, \"bytes\": n}, ...}}, \"egress\": {...}}.",

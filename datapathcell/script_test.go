@@ -24,6 +24,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/agenttest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -90,7 +91,13 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 				return nil, err
 			}
 			defer m.Close()
-			k := datapathcell.NewPolicyMapKey(uint32(id), uint8(dir), uint8(proto), uint16(port))
+			// Port 0 of a protocol is every port, as rules without ports are.
+			key := policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Direction(dir),
+				Protocol: policycell.Protocol(proto), Port: uint16(port)}
+			if proto != 0 && port == 0 {
+				key.PortWildcardBits = 16
+			}
+			k := datapathcell.NewPolicyMapKey(key)
 			v := datapathcell.NewPolicyMapValue(uint32(verdict))
 			return nil, m.Put(&k, &v)
 		})

@@ -20,13 +20,16 @@ const ciliumPrefix = "cilium_"
 
 // ciliumDropReason is Cilium's reason string for a drop reason of the
 // program: "Policy denied" for a packet no policy allows, "Invalid packet"
-// (Cilium's DROP_INVALID) for a malformed IP header.
+// (Cilium's DROP_INVALID) for a malformed IP header, "Policy denied by
+// denylist" (Cilium's DROP_POLICY_DENY) for a packet a deny entry matches.
 func ciliumDropReason(r datapathcell.Reason) string {
 	switch r {
 	case datapathcell.ReasonNoPolicy:
 		return "Policy denied"
 	case datapathcell.ReasonMalformed:
 		return "Invalid packet"
+	case datapathcell.ReasonPolicyDeny:
+		return "Policy denied by denylist"
 	}
 	return r.String()
 }

@@ -58,15 +58,21 @@ var Cell = cell.Module(
 type Config struct {
 	// PolicyDir holds the policy files. Empty: no policies.
 	PolicyDir string
+	// EnablePolicy is --enable-policy: EnablePolicyDefault,
+	// EnablePolicyAlways or EnablePolicyNever.
+	EnablePolicy string
 }
 
 // DefaultConfig is the configuration on the defaults.
-var DefaultConfig = Config{PolicyDir: ""}
+var DefaultConfig = Config{PolicyDir: "", EnablePolicy: EnablePolicyDefault}
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("policy-dir", def.PolicyDir,
 		"Directory of CIDR policy files (*.yaml, *.yml), watched for changes; empty for no policies")
+	flags.String("enable-policy", def.EnablePolicy,
+		"Policy enforcement mode, as Cilium's: default (a direction is enforced when policies have rules in it), "+
+			"always (both directions default deny, even without policies), never (nothing enforced; policies are still read and the policy map kept)")
 }
 
 // Validate reports a --policy-dir that exists and is not a directory: it
@@ -75,9 +81,16 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 // nothing may change the disk: a stat changes nothing. One that does not
 // exist (yet) is fine: the directory job waits for it.
 //
+// A bad --enable-policy is bad configuration too.
+//
 // Possible errors: --policy-dir is not a directory (wrapping
-// syscall.ENOTDIR).
+// syscall.ENOTDIR); ErrBadEnablePolicy (wrapped).
 func (c Config) Validate() error {
+	switch c.EnablePolicy {
+	case EnablePolicyDefault, EnablePolicyAlways, EnablePolicyNever:
+	default:
+		return fmt.Errorf("--enable-policy %q: %w", c.EnablePolicy, ErrBadEnablePolicy)
+	}
 	if c.PolicyDir == "" {
 		return nil
 	}
@@ -112,6 +125,7 @@ func newConfiguredLoader(p loaderParams) *loader {
 type selectorParams struct {
 	cell.In
 
+	Config      Config
 	DB          *statedb.DB
 	Policies    statedb.Table[*Policy]
 	Identities  statedb.Table[*identitycell.Identity]
@@ -124,7 +138,8 @@ type selectorParams struct {
 
 // newSelectorEngineOf returns the selector engine over the cell's tables.
 func newSelectorEngineOf(p selectorParams) *selectorEngine {
-	return newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log)
+	return newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
+		p.Config.EnablePolicy)
 }
 
 type jobsParams struct {
@@ -167,6 +182,7 @@ func registerJobs(p jobsParams) {
 type scriptParams struct {
 	cell.In
 
+	Config      Config
 	DB          *statedb.DB
 	Loader      *loader
 	Policies    statedb.Table[*Policy]
@@ -180,5 +196,5 @@ type scriptParams struct {
 
 func scriptCommands(p scriptParams) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(newScriptCommands(p.DB, p.Loader, p.Policies, p.Entries, p.Enforcement, p.IPCache,
-		p.Identities, p.Datapath))
+		p.Identities, p.Datapath, p.Config.EnablePolicy))
 }

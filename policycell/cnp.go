@@ -189,7 +189,16 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 	if !ok {
 		return nil
 	}
-	defaultDeny, err := p.fields(value, what+".enableDefaultDeny", "ingress", "egress")
+	return p.enableDefaultDeny(value, what+".enableDefaultDeny", place, policy, added)
+}
+
+// enableDefaultDeny applies {ingress, egress: bool} to the rules the
+// spec (or native policy) just added to policy (added: how many in each
+// direction): false marks them NoDefaultDeny; true without rules in the
+// direction adds an enforce-only rule (Cilium enforces the direction).
+// what is the field's name in errors.
+func (p *parser) enableDefaultDeny(value node, what, place string, policy *Policy, added [2]int) error {
+	defaultDeny, err := p.fields(value, what, "ingress", "egress")
 	if err != nil {
 		return err
 	}
@@ -198,7 +207,7 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 		if !ok {
 			continue
 		}
-		enabled, err := p.boolean(value, what+".enableDefaultDeny."+dir.String())
+		enabled, err := p.boolean(value, what+"."+dir.String())
 		if err != nil {
 			return err
 		}
@@ -406,23 +415,10 @@ func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	protocols := []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}
-	if protocolNode, ok := fields.get("protocol"); ok {
-		s, err := p.scalar(protocolNode, what+".protocol")
-		if err != nil {
-			return nil, err
-		}
-		switch s {
-		case "TCP":
-			protocols = []Protocol{ProtocolTCP}
-		case "UDP":
-			protocols = []Protocol{ProtocolUDP}
-		case "SCTP":
-			protocols = []Protocol{ProtocolSCTP}
-		case "ANY":
-		default:
-			return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP, SCTP or ANY (ICMP goes in icmps)", what, s)
-		}
+	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}, true,
+		"want TCP, UDP, SCTP or ANY (ICMP goes in icmps)")
+	if err != nil {
+		return nil, err
 	}
 	return portRanges(protocols, start, end), nil
 }

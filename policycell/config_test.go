@@ -22,11 +22,24 @@ func TestConfigValidatePolicyDir(t *testing.T) {
 	require.NoError(t, os.Symlink(dir, filepath.Join(dir, "to-dir")))
 
 	for _, ok := range []string{"", dir, filepath.Join(dir, "to-dir"), filepath.Join(dir, "missing")} {
-		require.NoError(t, Config{PolicyDir: ok}.Validate(), ok)
+		require.NoError(t, Config{PolicyDir: ok, EnablePolicy: EnablePolicyDefault}.Validate(), ok)
 	}
 	for _, bad := range []string{file, filepath.Join(dir, "to-file")} {
-		err := Config{PolicyDir: bad}.Validate()
+		err := Config{PolicyDir: bad, EnablePolicy: EnablePolicyDefault}.Validate()
 		require.ErrorIs(t, err, syscall.ENOTDIR, bad)
 		require.ErrorContains(t, err, "--policy-dir "+bad)
+	}
+}
+
+// TestConfigValidateEnablePolicy: --enable-policy takes default, always
+// or never; anything else is a configuration error naming the flag.
+func TestConfigValidateEnablePolicy(t *testing.T) {
+	for _, ok := range []string{EnablePolicyDefault, EnablePolicyAlways, EnablePolicyNever} {
+		require.NoError(t, Config{EnablePolicy: ok}.Validate(), ok)
+	}
+	for _, bad := range []string{"", "Always", "on", "true"} {
+		err := Config{EnablePolicy: bad}.Validate()
+		require.ErrorIs(t, err, ErrBadEnablePolicy, bad)
+		require.ErrorContains(t, err, "--enable-policy")
 	}
 }

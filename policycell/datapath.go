@@ -23,13 +23,14 @@ type DatapathMaps interface {
 	// Possible errors: the maps are not open (before start, after stop),
 	// or the lookup failed.
 	LookupIdentity(addr netip.Addr) (id identitycell.NumericIdentity, found bool, err error)
-	// LookupPolicy returns the policy map's verdict for key; found is
-	// false if the map has no such key.
+	// LookupPolicy returns the entry the program's lookup of key finds: the longest
+	// prefix in the policy map that matches key's first key.MapPrefixLen() bits.
 	//
 	// Possible errors: as LookupIdentity.
-	LookupPolicy(key PolicyKey) (verdict Verdict, found bool, err error)
-	// Enforced reports whether the enforcement map enforces dir.
+	LookupPolicy(key PolicyKey) (matched PolicyKey, verdict Verdict, found bool, err error)
+	// Enforcement returns the enforcement map's value for dir: enforced with default
+	// deny, or deny rules only (both false: not enforced).
 	//
 	// Possible errors: as LookupIdentity.
-	Enforced(dir Direction) (bool, error)
+	Enforcement(dir Direction) (enforced, denyOnly bool, err error)
 }

@@ -15,17 +15,21 @@
 // bounded multiple of its size. A file's documents are native policies,
 // CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies, NetworkPolicies
 // or Lists of them (docs/CONTRACT.md, "Policy file formats"); what the
-// agent cannot enforce, or not yet, rejects the file. ValidateFiles checks
+// agent cannot enforce rejects the file. ValidateFiles checks
 // files the same way without an agent.
 //
 // The selector job matches the policies' CIDR selectors against the
 // identities table: a CIDR selects every identity with a cidr label inside
 // it (whoever allocated it), minus those inside its except prefixes; the
-// all-addresses CIDRs also select world. It writes the desired `policy`
-// table (one row per policy-map key that some policy allows, with the
-// names of those policies) and `policy-enforcement` (whether each
-// direction has rules), incrementally: a change costs what it selects, not
-// the number of policies or identities.
+// all-addresses CIDRs also select world; rules for every peer give the
+// entries of identity 0 (any identity). It writes the desired `policy`
+// table (one row per policy-map key: a port range as aligned blocks, a
+// deny winning over the allows inside it, with the policies and rules
+// behind it) and `policy-enforcement` (default deny, deny rules only, or
+// neither, as the policies and --enable-policy say), incrementally: a
+// change costs what it selects, not the number of policies or identities.
+// ResolvePolicy resolves a packet as the enforcement program does, for
+// policy/explain and the datapath's events.
 //
 // The versions of the files in force are saved in the state directory, so
 // that after a restart a file that is invalid then keeps the version in

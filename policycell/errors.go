@@ -50,8 +50,6 @@ var (
 	ErrInForceTooLarge = errors.New("the saved policies in force would be over their cap")
 )
 
-// ErrNotEnforced is wrapped (with ErrInvalidPolicy) by the error that
-// rejects a policy file for a construct this version reads but cannot
-// enforce yet: deny rules, enableDefaultDeny false, rules for every peer,
-// port ranges, ICMP types (docs/CONTRACT.md, "Policy file formats").
-var ErrNotEnforced = errors.New("not enforced by this version yet")
+// ErrBadEnablePolicy is wrapped by the configuration error for an
+// --enable-policy that is none of default, always and never.
+var ErrBadEnablePolicy = errors.New("want default, always or never")

@@ -107,6 +107,8 @@ func TestFormatsReject(t *testing.T) {
 		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: ipBlock is required`},
 		{"ipBlock except outside", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]\n",
 			`spec.ingress[0].from[0].ipBlock.except[0]: 11.0.0.0/8 is not inside 10.0.0.0/8`},
+		{"ipBlock except equal to cidr", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.0.0.0/8]}}]\n",
+			`bad.yaml:6:65: invalid policy file: policy "default/p": spec.ingress[0].from[0].ipBlock.except[1]: 10.0.0.0/8 is not a strict subset of cidr 10.0.0.0/8 (as Kubernetes requires)`},
 		{"named NetworkPolicy port", netpolHead + "spec:\n  ingress:\n    - ports: [{port: https}]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": spec.ingress[0].ports[0].port: "https": named ports are not supported`},
 		{"NetworkPolicy port zero", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 0}]\n", `spec.ingress[0].ports[0].port: 0 is not a port (omit port for every port)`},
 		{"NetworkPolicy protocol", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80, protocol: ANY}]\n", `spec.ingress[0].ports[0].protocol: "ANY": want TCP, UDP or SCTP`},
@@ -124,7 +126,6 @@ func TestFormatsReject(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			policies, err := ParseFile("bad.yaml", []byte(tc.content))
 			require.ErrorIs(t, err, ErrInvalidPolicy)
-			require.NotErrorIs(t, err, ErrNotEnforced)
 			require.ErrorContains(t, err, tc.want)
 			var fileErr *FileError
 			require.ErrorAs(t, err, &fileErr)
@@ -135,41 +136,38 @@ func TestFormatsReject(t *testing.T) {
 	}
 }
 
-// TestGateRejectsWhatIsNotEnforced: each construct the datapath cannot
-// enforce yet is parsed into the model and rejected by ParseFile with its
-// rule's line and name; what it can enforce passes.
-func TestGateRejectsWhatIsNotEnforced(t *testing.T) {
+// TestFormerlyGatedConstructsParse: deny rules, port ranges, ICMP types,
+// rules for every peer and enableDefaultDeny false are accepted (the
+// datapath enforces them) and read into the model.
+func TestFormerlyGatedConstructsParse(t *testing.T) {
+	cidr := []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}
 	for _, tc := range []struct {
-		name, content, want string
+		name, content string
+		dir           Direction
+		want          Rule
 	}{
-		{"egressDeny", cnpHead + "spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n",
-			`bad.yaml:6: invalid policy file: policy "default/p": egressDeny[0]: deny rules (egressDeny) are not enforced by this version yet`},
-		{"ingressDeny", ccnpHead + "spec:\n  ingress: [{}]\n  ingressDeny:\n    - fromCIDR: [10.0.0.0/8]\n",
-			`bad.yaml:7: invalid policy file: policy "p": ingressDeny[0]: deny rules (ingressDeny) are not enforced by this version yet`},
-		{"endPort", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"8000\", endPort: 8080, protocol: TCP}]}]\n",
-			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: port ranges (endPort) are not enforced by this version yet`},
-		{"NetworkPolicy endPort", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{port: 8000, endPort: 8080}]\n",
-			`bad.yaml:6: invalid policy file: policy "default/p": ingress[0]: port ranges (endPort) are not enforced by this version yet`},
-		{"icmps", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      icmps: [{fields: [{type: EchoRequest}]}]\n",
-			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: ICMP type rules (icmps) are not enforced by this version yet`},
-		{"toPorts without peers", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n",
-			`bad.yaml:6: invalid policy file: policy "default/p": egress[0]: rules for every peer (entity all, or ports without CIDRs) are not enforced by this version yet`},
-		{"entity all", cnpHead + "spec:\n  ingress:\n    - fromEntities: [all]\n", `ingress[0]: rules for every peer (entity all, or ports without CIDRs) are not enforced`},
-		{"NetworkPolicy rule without from", netpolHead + "spec:\n  ingress:\n    - ports: [{port: 80}]\n", `bad.yaml:6: invalid policy file: policy "default/p": ingress[0]: rules for every peer`},
-		{"NetworkPolicy empty from", netpolHead + "spec:\n  ingress:\n    - from: []\n", `ingress[0]: rules for every peer`},
-		{"NetworkPolicy allow all", netpolHead + "spec:\n  egress: [{}]\n", `bad.yaml:5: invalid policy file: policy "default/p": egress[0]: rules for every peer`},
-		{"enableDefaultDeny false", cnpHead + "spec:\n  enableDefaultDeny: {ingress: false}\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n",
-			`bad.yaml:7: invalid policy file: policy "default/p": ingress[0]: rules without default deny (enableDefaultDeny: {ingress: false}) are not enforced by this version yet`},
+		{"egressDeny", cnpHead + "spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n", Egress,
+			Rule{Deny: true, Peers: cidr, Name: "egressDeny[0]", Line: 6}},
+		{"endPort", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"8000\", endPort: 8080, protocol: TCP}]}]\n", Egress,
+			Rule{Peers: cidr, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 8000, EndPort: 8080}}, Name: "egress[0]", Line: 6}},
+		{"icmps", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      icmps: [{fields: [{type: EchoRequest}]}]\n", Egress,
+			Rule{Peers: cidr, Ports: []PortRange{{Protocol: ProtocolICMP, Port: 8}}, Name: "egress[0]", Line: 6}},
+		{"toPorts without peers", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n", Egress,
+			Rule{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}, Name: "egress[0]", Line: 6}},
+		{"entity all", cnpHead + "spec:\n  ingress:\n    - fromEntities: [all]\n", Ingress,
+			Rule{AnyPeer: true, Name: "ingress[0]", Line: 6}},
+		{"NetworkPolicy allow all", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: [{}]\n", Egress,
+			Rule{AnyPeer: true, Name: "egress[0]", Line: 6}},
+		{"enableDefaultDeny false", cnpHead + "spec:\n  enableDefaultDeny: {ingress: false}\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n", Ingress,
+			Rule{Peers: cidr, NoDefaultDeny: true, Name: "ingress[0]", Line: 7}},
+		{"native deny, range, ICMP", "name: a\negressDeny:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90, protocol: TCP}]\n", Egress,
+			Rule{Deny: true, Peers: cidr, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 80, EndPort: 90}}, Name: "egressDeny[0]", Line: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policies, err := parseFile("bad.yaml", []byte(tc.content))
-			require.NoError(t, err, "the model holds it")
+			policies, err := ParseFile("good.yaml", []byte(tc.content))
+			require.NoError(t, err)
 			require.Len(t, policies, 1)
-			_, err = ParseFile("bad.yaml", []byte(tc.content))
-			require.ErrorIs(t, err, ErrInvalidPolicy)
-			require.ErrorIs(t, err, ErrNotEnforced)
-			require.ErrorContains(t, err, tc.want)
-			require.Equal(t, err, unsupportedByEnforcement(policies[0]), "one function decides")
+			require.Equal(t, []Rule{tc.want}, policies[0].Rules(tc.dir))
 		})
 	}
 }
@@ -208,7 +206,7 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
 				Ports: []PortRange{{Protocol: ProtocolSCTP, Port: 9}}}}},
 		{"native SCTP port", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 9, protocol: SCTP}, {port: 53}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}},
+			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 3,
 				Ports: []PortRange{{Protocol: ProtocolTCP, Port: 53}, {Protocol: ProtocolUDP, Port: 53}, {Protocol: ProtocolSCTP, Port: 9}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

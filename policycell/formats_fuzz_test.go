@@ -15,7 +15,7 @@ import (
 // List documents (seeded with the fixtures of testdata/formats) never
 // panic the parser, and what it accepts holds checkParsedModel.
 func FuzzParseCNP(f *testing.F) {
-	for _, name := range []string{"cnp-spec.yaml", "cnp-specs.yaml", "ccnp.yaml", "list.yaml", "mixed.yaml", "gated.yaml"} {
+	for _, name := range []string{"cnp-spec.yaml", "cnp-specs.yaml", "ccnp.yaml", "list.yaml", "mixed.yaml", "everything.yaml", "native-cilium.yaml", "cnp-cilium.yaml", "ccnp-cilium.yaml", "list-cilium.yaml"} {
 		addFixture(f, name)
 	}
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toEntities: [world, all]\n      icmps: [{fields: [{type: 8}]}]\n"))
@@ -42,40 +42,15 @@ func addFixture(f *testing.F, name string) {
 }
 
 func fuzzParseFormats(t *testing.T, data []byte) {
-	policies, err := parseFile("fuzz.yaml", data)
-	gated, gateErr := ParseFile("fuzz.yaml", data)
+	policies, err := ParseFile("fuzz.yaml", data)
 	if err != nil {
 		var fileErr *FileError
 		if !errors.As(err, &fileErr) || fileErr.File != "fuzz.yaml" || !errors.Is(err, ErrInvalidPolicy) {
 			t.Fatalf("error is not a *FileError of the file wrapping ErrInvalidPolicy: %v", err)
 		}
-		if gateErr == nil || gateErr.Error() != err.Error() {
-			t.Fatalf("ParseFile and parseFile disagree: %v, %v", gateErr, err)
-		}
 		return
 	}
 	checkParsedModel(t, policies)
-	gate := error(nil)
-	for _, p := range policies {
-		if gate = unsupportedByEnforcement(p); gate != nil {
-			break
-		}
-	}
-	switch {
-	case gate != nil && (!errors.Is(gateErr, ErrNotEnforced) || gateErr.Error() != gate.Error()):
-		t.Fatalf("the gate says %v, ParseFile %v", gate, gateErr)
-	case gate == nil && (gateErr != nil || len(gated) != len(policies)):
-		t.Fatalf("nothing gated, yet ParseFile says %v", gateErr)
-	}
-	for _, p := range gated {
-		for _, dir := range Directions() {
-			for _, rule := range p.Rules(dir) {
-				if what := notEnforced(dir, rule); what != "" {
-					t.Fatalf("policy %q %s: %s passed the gate", p.Name, rule.Name, what)
-				}
-			}
-		}
-	}
 }
 
 // checkParsedModel fails unless the policies hold the model's invariants:

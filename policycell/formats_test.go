@@ -45,21 +45,25 @@ func parseFixture(t *testing.T, name string) []*Policy {
 // policies of native.yaml in another format, and gives the same rules,
 // under the names and kinds of its format.
 func TestFormatsMatchNative(t *testing.T) {
-	native := parseFixture(t, "native.yaml")
-	require.Len(t, native, 2)
 	for _, tc := range []struct {
-		file  string
-		names []string
-		kinds []string
+		native, file string
+		names        []string
+		kinds        []string
 	}{
-		{"cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"ccnp.yaml", []string{"web", "dns"}, []string{KindCCNP, KindCCNP}},
-		{"networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{KindNetworkPolicy, KindNetworkPolicy}},
-		{"list.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindNetworkPolicy}},
-		{"mixed.yaml", []string{"web", "dns"}, []string{KindNative, KindCCNP}},
+		{"native.yaml", "cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
+		{"native.yaml", "cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
+		{"native.yaml", "ccnp.yaml", []string{"web", "dns"}, []string{KindCCNP, KindCCNP}},
+		{"native.yaml", "networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{KindNetworkPolicy, KindNetworkPolicy}},
+		{"native.yaml", "list.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindNetworkPolicy}},
+		{"native.yaml", "mixed.yaml", []string{"web", "dns"}, []string{KindNative, KindCCNP}},
+		// Deny, endPort, icmps, ports for every peer, enableDefaultDeny.
+		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
+		{"native-cilium.yaml", "ccnp-cilium.yaml", []string{"edge", "shop/ranges"}, []string{KindCCNP, KindCNP}},
+		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
+			native := parseFixture(t, tc.native)
+			require.Len(t, native, 2)
 			policies := parseFixture(t, tc.file)
 			require.Equal(t, rulesOnly(native), rulesOnly(policies))
 			for i, p := range policies {
@@ -103,13 +107,12 @@ func ruleLines(rules []Rule) []int {
 	return out
 }
 
-// TestParseGatedModel: what this version does not enforce yet is read in
-// full into the model (the next version only removes the gate), and
-// ParseFile rejects it.
-func TestParseGatedModel(t *testing.T) {
-	content, err := os.ReadFile(filepath.Join("testdata", "formats", "gated.yaml"))
+// TestParseFullModel: deny rules, ranges, ICMP types, rules for every
+// peer and enableDefaultDeny are read in full into the model.
+func TestParseFullModel(t *testing.T) {
+	content, err := os.ReadFile(filepath.Join("testdata", "formats", "everything.yaml"))
 	require.NoError(t, err)
-	policies, err := parseFile("gated.yaml", content)
+	policies, err := ParseFile("everything.yaml", content)
 	require.NoError(t, err)
 	require.Len(t, policies, 1)
 	p := policies[0]
@@ -131,9 +134,39 @@ func TestParseGatedModel(t *testing.T) {
 	require.Equal(t, []Rule{
 		{Deny: true, AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}, Name: "ingressDeny[0]", Line: 18},
 	}, p.Ingress)
+}
 
-	_, err = ParseFile("gated.yaml", content)
-	require.ErrorIs(t, err, ErrInvalidPolicy)
-	require.ErrorIs(t, err, ErrNotEnforced)
-	require.EqualError(t, err, `gated.yaml:18: invalid policy file: policy "default/everything": ingressDeny[0]: deny rules (ingressDeny) are not enforced by this version yet`)
+// TestNetworkPolicyKubernetesDefaults: the default policies of the
+// Kubernetes documentation read with Kubernetes' semantics. A rule
+// without peers and ports (Name "ingress"/"egress", no AnyPeer) allows
+// nothing and isolates its direction; `- {}` allows every peer and port.
+func TestNetworkPolicyKubernetesDefaults(t *testing.T) {
+	isolate := func(dir string, line int) []Rule { return []Rule{{Name: dir, Line: line}} }
+	allowAll := func(dir string, line int) []Rule { return []Rule{{AnyPeer: true, Name: dir + "[0]", Line: line}} }
+	for _, tc := range []struct {
+		name, spec      string
+		ingress, egress []Rule
+	}{
+		{"default deny ingress", "  podSelector: {}\n  policyTypes: [Ingress]\n", isolate("ingress", 6), nil},
+		{"default deny ingress without policyTypes", "  podSelector: {}\n", isolate("ingress", 5), nil},
+		{"allow all ingress", "  podSelector: {}\n  ingress:\n  - {}\n  policyTypes: [Ingress]\n", allowAll("ingress", 7), nil},
+		{"default deny egress", "  podSelector: {}\n  policyTypes: [Egress]\n", nil, isolate("egress", 6)},
+		{"allow all ingress, deny all egress", "  podSelector: {}\n  policyTypes: [Ingress, Egress]\n  ingress:\n  - {}\n  egress: []\n",
+			allowAll("ingress", 8), isolate("egress", 6)},
+		{"egress rules without policyTypes isolate ingress too", "  podSelector: {}\n  egress:\n  - {}\n",
+			isolate("ingress", 5), allowAll("egress", 7)},
+		{"no egress rules without policyTypes: egress is not the policy's", "  podSelector: {}\n  egress: []\n  ingress:\n  - {}\n",
+			allowAll("ingress", 8), nil},
+		{"ports without a port: every port of TCP (the default) or of the protocol", "  podSelector: {}\n  ingress:\n  - ports: [{}, {protocol: UDP}]\n",
+			[]Rule{{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP}, {Protocol: ProtocolUDP}}, Name: "ingress[0]", Line: 7}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			content := "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec:\n" + tc.spec
+			policies, err := ParseFile("p.yaml", []byte(content))
+			require.NoError(t, err)
+			require.Len(t, policies, 1)
+			require.Equal(t, tc.ingress, policies[0].Ingress, "ingress")
+			require.Equal(t, tc.egress, policies[0].Egress, "egress")
+		})
+	}
 }

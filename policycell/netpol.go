@@ -178,6 +178,9 @@ func (p *parser) networkPolicyRule(n node, dir Direction, what string) (Rule, er
 			if err != nil {
 				return Rule{}, err
 			}
+			if err := p.strictExcept(block, set, peerWhat+".ipBlock.except"); err != nil {
+				return Rule{}, err
+			}
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
@@ -244,4 +247,31 @@ func (p *parser) networkPolicyPort(n node, what string) (PortRange, error) {
 		return PortRange{}, p.errorf(portNode, "%s.port: 0 is not a port (omit port for every port)", what)
 	}
 	return PortRange{Protocol: protocol, Port: start, EndPort: end}, nil
+}
+
+// strictExcept rejects an ipBlock except prefix as long as (so equal to)
+// its cidr: Kubernetes' API server rejects it ("must be a strict subset
+// of cidr"), and read as written it would make the peer select nothing.
+// set is block as cidrSet read it, which checked the except prefixes'
+// syntax and that each is inside the cidr.
+func (p *parser) strictExcept(block node, set CIDRSelector, what string) error {
+	if len(set.Except) == 0 {
+		return nil
+	}
+	for key, value := range block.Pairs() {
+		if key.Value() != "except" {
+			continue
+		}
+		for i, item := range value.Items() {
+			except, err := p.cidr(item, what, i)
+			if err != nil {
+				return err
+			}
+			if except.Bits() <= set.CIDR.Bits() {
+				return p.errorf(item, "%s[%d]: %s is not a strict subset of cidr %s (as Kubernetes requires): the peer would select nothing",
+					what, i, except, set.CIDR)
+			}
+		}
+	}
+	return nil
 }

@@ -43,43 +43,27 @@ func (e *FileError) Unwrap() error { return e.Err }
 // ParseFile parses a policy file (docs/CONTRACT.md, "Policy file formats"):
 // one or more YAML documents, each a native policy, a CiliumNetworkPolicy,
 // a CiliumClusterwideNetworkPolicy, a NetworkPolicy or a List of those
-// (k8s.go, cnp.go, netpol.go); empty documents are skipped. A file with a
-// construct this version cannot enforce yet is rejected
-// (unsupportedByEnforcement). file is the
+// (k8s.go, cnp.go, netpol.go); empty documents are skipped. file is the
 // file's name, for the policies and for errors. The whole file is
 // validated: the first error rejects it.
 //
 // Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
 // repeated policy name, an ingress or egress key without a value (a file
 // cut mid-write; `egress: []` is no rules), a CIDR that does not parse or has host bits set,
-// an except prefix outside its CIDR, an empty CIDR or port list, a rule
-// with ports but no CIDR, a port outside 1..65535 and a protocol other
-// than TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
-// prefix). A port without protocol stands for both TCP and UDP.
+// an except prefix outside its CIDR, an empty CIDR or port list, a port
+// outside 1..65535, an endPort below its port and a protocol other than
+// TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
+// prefix). A port without protocol stands for both TCP and UDP; ports or
+// icmps without CIDRs are for every peer (as Cilium's toPorts without
+// peers).
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
 // error, found as the document is read, so that a parse allocates at most
 // about 10 times the content's size whatever the content (README).
 //
-// Possible errors: *FileError wrapping ErrInvalidPolicy (and ErrNotEnforced
-// for a construct not enforced yet).
+// Possible errors: *FileError wrapping ErrInvalidPolicy.
 func ParseFile(file string, content []byte) ([]*Policy, error) {
-	policies, err := parseFile(file, content)
-	if err != nil {
-		return nil, err
-	}
-	for _, policy := range policies {
-		if err := unsupportedByEnforcement(policy); err != nil {
-			return nil, err
-		}
-	}
-	return policies, nil
-}
-
-// parseFile is ParseFile without unsupportedByEnforcement: the whole
-// model, as the formats mean it.
-func parseFile(file string, content []byte) ([]*Policy, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*Policy{}
@@ -227,7 +211,7 @@ func (p *parser) scalar(n node, what string) (string, error) {
 
 func (p *parser) policy(n node) (*Policy, error) {
 	p.current = ""
-	fields, err := p.fields(n, "policy", "name", "ingress", "egress")
+	fields, err := p.fields(n, "policy", nativePolicyFields...)
 	if err != nil {
 		return nil, err
 	}
@@ -251,8 +235,13 @@ func (p *parser) policy(n node) (*Policy, error) {
 	p.current = name
 
 	policy := &Policy{Name: name, File: p.file, Line: nameNode.Line()}
-	for _, dir := range Directions() {
-		rulesNode, ok := fields.get(dir.String())
+	var added [2]int
+	for _, field := range []struct {
+		name string
+		dir  Direction
+		deny bool
+	}{{"ingress", Ingress, false}, {"ingressDeny", Ingress, true}, {"egress", Egress, false}, {"egressDeny", Egress, true}} {
+		rulesNode, ok := fields.get(field.name)
 		if !ok {
 			continue
 		}
@@ -260,24 +249,30 @@ func (p *parser) policy(n node) (*Policy, error) {
 		// line boundary mid-write looks like: read as no rules, it would
 		// drop the traffic the rest of the file allows.
 		if isNull(rulesNode) {
-			return nil, p.errorf(rulesNode, "%s: no rules (write `%s: []` for none)", dir, dir)
+			return nil, p.errorf(rulesNode, "%s: no rules (write `%s: []` for none)", field.name, field.name)
 		}
-		items, err := p.list(rulesNode, dir.String())
+		items, err := p.list(rulesNode, field.name)
 		if err != nil {
 			return nil, err
 		}
-		rules := make([]Rule, 0, rulesNode.Len())
 		for i, item := range items {
-			rule, err := p.rule(item, dir, fmt.Sprintf("%s[%d]", dir, i))
+			ruleName := fmt.Sprintf("%s[%d]", field.name, i)
+			rule, err := p.rule(item, field.dir, ruleName)
 			if err != nil {
 				return nil, err
 			}
-			rules = append(rules, rule)
+			rule.Deny, rule.Name, rule.Line = field.deny, ruleName, item.Line()
+			if field.dir == Ingress {
+				policy.Ingress = append(policy.Ingress, rule)
+			} else {
+				policy.Egress = append(policy.Egress, rule)
+			}
+			added[field.dir]++
 		}
-		if dir == Ingress {
-			policy.Ingress = rules
-		} else {
-			policy.Egress = rules
+	}
+	if value, ok := fields.get("enableDefaultDeny"); ok {
+		if err := p.enableDefaultDeny(value, "enableDefaultDeny", "", policy, added); err != nil {
+			return nil, err
 		}
 	}
 	return policy, nil
@@ -306,15 +301,28 @@ func validateName(name string) error {
 	return nil
 }
 
-// rule parses one ingress (fromCIDR, fromCIDRSet, toPorts) or egress
-// (toCIDR, toCIDRSet, toPorts) rule.
+// The fields of a native policy and of its ingress and egress rules: one
+// slice each, not a literal per call (a parse allocates per policy only
+// what the policy keeps).
+var (
+	nativePolicyFields = []string{"name", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
+	nativeRuleFields   = [2][]string{
+		Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
+		Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
+	}
+)
+
+// rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet, toPorts,
+// icmps) or egress or egressDeny (toCIDR, toCIDRSet, toPorts, icmps) rule.
+// Ports or ICMP types without CIDRs are for every peer (AnyPeer), as in
+// Cilium; a rule with neither only makes its direction enforced.
 func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 	peer := "to"
 	if dir == Ingress {
 		peer = "from"
 	}
 	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
-	fields, err := p.fields(n, what, cidrField, setField, "toPorts")
+	fields, err := p.fields(n, what, nativeRuleFields[dir]...)
 	if err != nil {
 		return Rule{}, err
 	}
@@ -337,11 +345,13 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
-	if value, ok := fields.get("toPorts"); ok {
-		if len(rule.Peers) == 0 {
-			return Rule{}, p.errorf(value, "%s.toPorts: a rule with ports needs %s or %s, it selects nothing", what, cidrField, setField)
-		}
-		items, err := p.nonEmptyList(value, what+".toPorts")
+	portsNode, hasPorts := fields.get("toPorts")
+	icmpsNode, hasICMPs := fields.get("icmps")
+	if hasPorts && hasICMPs {
+		return Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: as in Cilium, write two rules", what)
+	}
+	if hasPorts {
+		items, err := p.nonEmptyList(portsNode, what+".toPorts")
 		if err != nil {
 			return Rule{}, err
 		}
@@ -352,14 +362,14 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 			}
 			rule.Ports = append(rule.Ports, ports...)
 		}
-		slices.SortFunc(rule.Ports, func(a, b PortRange) int {
-			if a.Protocol != b.Protocol {
-				return cmpInt(a.Protocol, b.Protocol)
-			}
-			return cmpInt(a.Port, b.Port)
-		})
-		rule.Ports = slices.Compact(rule.Ports)
+		rule.Ports = sortPorts(rule.Ports)
 	}
+	if hasICMPs {
+		if rule.Ports, err = p.icmpRules(icmpsNode, what+".icmps"); err != nil {
+			return Rule{}, err
+		}
+	}
+	rule.AnyPeer = len(rule.Peers) == 0 && (hasPorts || hasICMPs)
 	return rule, nil
 }
 
@@ -466,10 +476,11 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 	return prefix, nil
 }
 
-// port parses {port, protocol}; without a protocol it is both TCP and UDP
-// (not SCTP: this format predates SCTP ports and keeps its meaning).
+// port parses {port, endPort, protocol}; without a protocol it is both
+// TCP and UDP (not SCTP: this format predates SCTP ports and keeps its
+// meaning). endPort, as in Cilium, makes the range port..endPort.
 func (p *parser) port(n node, what string) ([]PortRange, error) {
-	fields, err := p.fields(n, what, "port", "protocol")
+	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
 		return nil, err
 	}
@@ -481,25 +492,43 @@ func (p *parser) port(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := strconv.ParseUint(s, 10, 16)
-	if err != nil || port == 0 {
+	if port, err := strconv.ParseUint(s, 10, 16); err != nil || port == 0 {
 		return nil, p.errorf(portNode, "%s.port: %q is not a port number (1..65535)", what, s)
 	}
-	protocolNode, ok := fields.get("protocol")
-	if !ok {
-		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}, {Port: uint16(port), Protocol: ProtocolUDP}}, nil
-	}
-	s, err = p.scalar(protocolNode, what+".protocol")
+	endNode, hasEnd := fields.get("endPort")
+	start, end, err := p.portRange(portNode, endNode, hasEnd, what)
 	if err != nil {
 		return nil, err
 	}
-	switch s {
-	case "TCP":
-		return []PortRange{{Port: uint16(port), Protocol: ProtocolTCP}}, nil
-	case "UDP":
-		return []PortRange{{Port: uint16(port), Protocol: ProtocolUDP}}, nil
-	case "SCTP":
-		return []PortRange{{Port: uint16(port), Protocol: ProtocolSCTP}}, nil
+	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP}, false,
+		"want TCP, UDP or SCTP (omit it for TCP and UDP)")
+	if err != nil {
+		return nil, err
 	}
-	return nil, p.errorf(protocolNode, "%s.protocol: %q: want TCP, UDP or SCTP (omit it for TCP and UDP)", what, s)
+	return portRanges(protocols, start, end), nil
+}
+
+// portProtocols reads a port's protocol field: TCP, UDP or SCTP; absent
+// (and, with anyAllowed, Cilium's ANY) is the given protocols. want ends
+// the error for another value.
+func (p *parser) portProtocols(fields *fieldSet, what string, absent []Protocol, anyAllowed bool, want string) ([]Protocol, error) {
+	protocolNode, ok := fields.get("protocol")
+	if !ok {
+		return absent, nil
+	}
+	s, err := p.scalar(protocolNode, what+".protocol")
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case s == "TCP":
+		return []Protocol{ProtocolTCP}, nil
+	case s == "UDP":
+		return []Protocol{ProtocolUDP}, nil
+	case s == "SCTP":
+		return []Protocol{ProtocolSCTP}, nil
+	case s == "ANY" && anyAllowed:
+		return absent, nil
+	}
+	return nil, p.errorf(protocolNode, "%s.protocol: %q: %s", what, s, want)
 }

@@ -52,14 +52,16 @@ egress:
 	require.Equal(t, 3, dns.Line)
 	require.Equal(t, []Rule{{
 		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("203.0.113.0/24")}, {CIDR: netip.MustParsePrefix("2001:db8::/32")}},
-	}}, dns.Ingress)
+	}}, clearRuleNames(dns.Ingress))
+	require.Equal(t, []string{"ingress[0]"}, ruleNames(dns.Ingress))
+	require.Equal(t, []int{11}, ruleLines(dns.Ingress))
 	require.Equal(t, []Rule{
 		{
 			Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.96.0.0/12")}, {CIDR: netip.MustParsePrefix("192.0.2.10/32")}},
 			Ports: []PortRange{{Port: 53, Protocol: ProtocolUDP}},
 		},
 		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: prefixes("10.0.0.0/8")}}},
-	}, dns.Egress)
+	}, clearRuleNames(dns.Egress))
 	require.Equal(t, prefixes("0.0.0.0/0", "10.0.0.0/8", "10.96.0.0/12", "192.0.2.10/32", "203.0.113.0/24", "2001:db8::/32"),
 		dns.Prefixes())
 
@@ -69,8 +71,8 @@ egress:
 		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.1/32")}},
 		// Sorted, distinct; a port without protocol is TCP and UDP.
 		Ports: []PortRange{{Port: 53, Protocol: ProtocolTCP}, {Port: 443, Protocol: ProtocolTCP}, {Port: 53, Protocol: ProtocolUDP}},
-	}}, ports.Ingress)
-	require.Equal(t, []Rule{{}}, ports.Egress, "an empty rule selects nothing: it only enforces the direction")
+	}}, clearRuleNames(ports.Ingress))
+	require.Equal(t, []Rule{{}}, clearRuleNames(ports.Egress), "an empty rule selects nothing: it only enforces the direction")
 }
 
 func TestParseEmptyFile(t *testing.T) {
@@ -90,7 +92,7 @@ func TestParseErrors(t *testing.T) {
 		{"syntax", "name: a\negress: [\n", `bad.yaml:3:1: invalid policy file: YAML: unterminated flow collection: the file ends before its closing bracket`},
 		{"tab", "name: a\n\tegress: []\n", `bad.yaml:2:1: invalid policy file: YAML: tab character where indentation is read: indent with spaces`},
 		{"not a mapping", "- name: a\n", `bad.yaml:1:1: invalid policy file: policy: want a mapping, got a list`},
-		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, ingress, egress`},
+		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, ingress, ingressDeny, egress, egressDeny, enableDefaultDeny`},
 		{"repeated field", "name: a\nname: b\n", `bad.yaml:2:1: invalid policy file: YAML: mapping key "name" given twice (first at line 1)`},
 		{"missing name", "egress: []\n", `bad.yaml:1:1: invalid policy file: policy: name is required`},
 		{"null name", "name:\n", `bad.yaml:1:6: invalid policy file: name: want a value, got nothing`},
@@ -126,8 +128,13 @@ func TestParseErrors(t *testing.T) {
 			`except[0]: 10.0.0.0/7 is not inside 10.0.0.0/8`},
 		{"except other family", "name: a\negress:\n  - toCIDRSet: [{cidr: 0.0.0.0/0, except: [\"::/0\"]}]\n",
 			`except[0]: ::/0 is not inside 0.0.0.0/0`},
-		{"ports without CIDR", "name: a\negress:\n  - toPorts: [{port: 80}]\n",
-			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toPorts: a rule with ports needs toCIDR or toCIDRSet, it selects nothing`},
+		{"ports and icmps", "name: a\negress:\n  - toPorts: [{port: 80}]\n    icmps: [{fields: [{type: 8}]}]\n",
+			`bad.yaml:4:12: invalid policy file: policy "a": egress[0].icmps: icmps and toPorts in one rule`},
+		{"endPort below port", "name: a\negress:\n  - toPorts: [{port: 80, endPort: 79}]\n",
+			`bad.yaml:3:35: invalid policy file: policy "a": egress[0].toPorts[0].endPort: 79 is below port 80`},
+		{"enableDefaultDeny unknown direction", "name: a\negress: [{}]\nenableDefaultDeny: {egres: false}\n",
+			`bad.yaml:3:21: invalid policy file: policy "a": enableDefaultDeny: unknown field "egres"`},
+		{"null deny rules", "name: a\negressDeny:\n", `egressDeny: no rules (write`},
 		{"empty ports", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: []\n",
 			`bad.yaml:4:14: invalid policy file: policy "a": egress[0].toPorts: empty list, omit the field instead`},
 		{"port zero", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 0}]\n",
@@ -142,8 +149,8 @@ func TestParseErrors(t *testing.T) {
 			`bad.yaml:4:36: invalid policy file: policy "a": egress[0].toPorts[0].protocol: "ICMP": want TCP, UDP or SCTP (omit it for TCP and UDP)`},
 		{"lower-case protocol", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, protocol: tcp}]\n",
 			`egress[0].toPorts[0].protocol: "tcp": want TCP, UDP or SCTP`},
-		{"port unknown field", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90}]\n",
-			`bad.yaml:4:26: invalid policy file: policy "a": egress[0].toPorts[0]: unknown field "endPort", want one of port, protocol`},
+		{"port unknown field", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, end: 90}]\n",
+			`bad.yaml:4:26: invalid policy file: policy "a": egress[0].toPorts[0]: unknown field "end", want one of port, endPort, protocol`},
 		{"alias", "name: a\negress:\n  - toCIDR: &nets [10.0.0.0/8]\n  - toCIDR: *nets\n",
 			`bad.yaml:3:13: invalid policy file: YAML: anchors (&) and aliases are not supported`},
 		{"error in second document", "name: a\n---\nname: b\negress: [{toCIDR: [x]}]\n",

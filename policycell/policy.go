@@ -4,6 +4,8 @@ package policycell
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -282,4 +284,37 @@ func (*Policy) TableHeader() []string {
 func (p *Policy) TableRow() []string {
 	return []string{p.Name, p.File, strconv.Itoa(p.Line), strconv.Itoa(len(p.Ingress)),
 		strconv.Itoa(len(p.Egress)), strconv.Itoa(len(p.Prefixes()))}
+}
+
+// appendKeys appends the policy-map keys of the range to out, each base
+// with the range's protocol and one aligned block of its ports: a single
+// port is one key; port..endPort the fewest aligned blocks that cover it
+// exactly, as Cilium splits ranges for its LPM policy map; port 0 (alone
+// or to 65535) every port of the protocol; an ICMP type the type in the
+// port's high byte, any code.
+func (pr PortRange) appendKeys(out []PolicyKey, base PolicyKey) []PolicyKey {
+	base.Protocol = pr.Protocol
+	switch {
+	case pr.Protocol == ProtocolICMP || pr.Protocol == ProtocolICMPv6:
+		base.Port, base.PortWildcardBits = pr.Port<<8, 8
+		return append(out, base)
+	case pr.Port == 0 && (pr.EndPort == 0 || pr.EndPort == math.MaxUint16):
+		base.Port, base.PortWildcardBits = 0, 16
+		return append(out, base)
+	case pr.EndPort <= pr.Port:
+		base.Port, base.PortWildcardBits = pr.Port, 0
+		return append(out, base)
+	}
+	// From the start up: the largest block aligned at the current port
+	// that does not pass the end. uint32: the last block may end at 65535.
+	for port, end := uint32(pr.Port), uint32(pr.EndPort); port <= end; {
+		wildcard := uint8(min(bits.TrailingZeros32(port), 16))
+		for port+(1<<wildcard)-1 > end {
+			wildcard--
+		}
+		base.Port, base.PortWildcardBits = uint16(port), wildcard
+		out = append(out, base)
+		port += 1 << wildcard
+	}
+	return out
 }

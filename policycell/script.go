@@ -24,10 +24,11 @@ import (
 
 func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
 	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
-	identities statedb.Table[*identitycell.Identity], datapath DatapathMaps) map[string]script.Cmd {
+	identities statedb.Table[*identitycell.Identity], datapath DatapathMaps, enablePolicy string) map[string]script.Cmd {
 	return map[string]script.Cmd{
-		"policy/list":    listCommand(db, l, policies, entries),
-		"policy/explain": explainCommand(db, entries, enforcement, ipcache, identities, datapath),
+		"policy/list": listCommand(db, l, policies, entries),
+		"policy/explain": explainCommand(db, explainSources{entries: entries, enforcement: enforcement, policies: policies,
+			ipcache: ipcache, identities: identities, datapath: datapath, enablePolicy: enablePolicy}),
 	}
 }
 
@@ -41,13 +42,17 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 			Detail: []string{
 				"A rejected file keeps the policies it had in force before;",
 				"its error follows on an indented line.",
+				"Then each rule of its policies in force, on an indented line,",
+				"named policy:rule (line), with its allow and deny entries in the",
+				"policy table.",
 				"A file whose policies have entries the datapath could not write",
 				"to the policy map (a full map) says how many in its status, and",
 				"why on an indented line: the traffic those entries allow is",
 				"dropped until they are written (they are retried).",
 				"Fails if the policy directory cannot be read.",
 				"-o json: an array of objects, one per file (file, status: in force",
-				"or rejected, policies with name and line, notWritten: entries not",
+				"or rejected, policies with name, line and rules (name, line, allow",
+				"and deny: entries), notWritten: entries not",
 				"in the policy map, notWrittenErrors, error); empty without a",
 				"policy directory.",
 			},
@@ -70,8 +75,9 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 			status, err := l.Status()
 			txn := db.ReadTxn()
 			notWritten := notWrittenByFile(status, entries.All(txn))
+			counts := entriesByRule(entries.All(txn))
 			if asJSON {
-				return scriptcmd.JSON(filesJSON(txn, policies, status, notWritten), err)
+				return scriptcmd.JSON(filesJSON(txn, policies, status, notWritten, counts), err)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
@@ -99,6 +105,11 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], ent
 				if f.Error != nil {
 					fmt.Fprintf(w, "  %s\n", f.Error)
 				}
+				for _, name := range f.Policies {
+					for _, r := range policyRules(txn, policies, name, counts) {
+						fmt.Fprintf(w, "  %s (line %d): %d allow, %d deny entries\n", r.Name, r.Line, r.Allow, r.Deny)
+					}
+				}
 			}
 			w.Flush()
 			return scriptcmd.Result(out.String(), err)
@@ -123,10 +134,56 @@ type fileJSON struct {
 type policyLineJSON struct {
 	Name string `json:"name"`
 	// Line is the line of its name in the file; 0 if not known.
-	Line int `json:"line"`
+	Line  int        `json:"line"`
+	Rules []ruleJSON `json:"rules"`
 }
 
-func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries) []fileJSON {
+// ruleJSON is a rule of a policy in force: its RuleRef, its line, and
+// its entries in the `policy` table by verdict.
+type ruleJSON struct {
+	Name  string `json:"name"`
+	Line  int    `json:"line"`
+	Allow int    `json:"allow"`
+	Deny  int    `json:"deny"`
+}
+
+// entriesByRule counts the `policy` rows of each rule (RuleRef), by
+// verdict.
+func entriesByRule(rows iter.Seq2[*PolicyEntry, statedb.Revision]) map[string][2]int {
+	counts := map[string][2]int{}
+	for e := range rows {
+		for _, ref := range e.Rules {
+			c := counts[ref]
+			if e.Verdict == VerdictDeny {
+				c[1]++
+			} else {
+				c[0]++
+			}
+			counts[ref] = c
+		}
+	}
+	return counts
+}
+
+// policyRules returns the rules of a policy in force with their entries.
+func policyRules(txn statedb.ReadTxn, policies statedb.Table[*Policy], name string, counts map[string][2]int) []ruleJSON {
+	p, _, found := policies.Get(txn, PolicyNameIndex.Query(name))
+	if !found {
+		return []ruleJSON{}
+	}
+	out := []ruleJSON{}
+	for _, dir := range Directions() {
+		for _, r := range p.Rules(dir) {
+			ref := RuleRef(p.Name, r.Name)
+			c := counts[ref]
+			out = append(out, ruleJSON{Name: ref, Line: r.Line, Allow: c[0], Deny: c[1]})
+		}
+	}
+	return out
+}
+
+func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries,
+	counts map[string][2]int) []fileJSON {
 	out := make([]fileJSON, 0, len(status))
 	for i, f := range status {
 		row := fileJSON{File: f.File, Status: "in force", Policies: []policyLineJSON{},
@@ -138,7 +195,7 @@ func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fi
 			row.NotWrittenErrors = notWritten[i].errors
 		}
 		for _, name := range f.Policies {
-			p := policyLineJSON{Name: name}
+			p := policyLineJSON{Name: name, Rules: policyRules(txn, policies, name, counts)}
 			if policy, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
 				p.Line = policy.Line
 			}
@@ -221,28 +278,42 @@ func notWrittenByFile(status []fileStatus, rows iter.Seq2[*PolicyEntry, statedb.
 	return out
 }
 
+// explainSources are what policy/explain reads.
+type explainSources struct {
+	entries      statedb.Table[*PolicyEntry]
+	enforcement  statedb.Table[*Enforcement]
+	policies     statedb.Table[*Policy]
+	ipcache      statedb.Table[*ipcachecell.Entry]
+	identities   statedb.Table[*identitycell.Identity]
+	datapath     DatapathMaps
+	enablePolicy string
+}
+
 // explainCommand says whether the policies allow traffic of an address in
 // a direction, and why.
-func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
-	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity], datapath DatapathMaps) script.Cmd {
+func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
-			Summary: "Explain the desired verdict for traffic with an address",
-			Args:    "address ingress|egress [TCP/port|UDP/port|SCTP/port]",
+			Summary: "Explain the verdict for traffic with an address",
+			Args:    "address ingress|egress [TCP/port|UDP/port|SCTP/port|ICMP/type|ICMPv6/type]",
 			Detail: []string{
 				"The address is the peer: the source for ingress, the destination",
 				"for egress. Its identity is that of the longest ipcache prefix",
-				"containing it, or world. The datapath looks up the exact",
-				"(identity, direction, protocol, port), then (identity, direction,",
-				"any, any). Without a port, the verdict is for other protocols",
-				"(ICMP): only an entry for any protocol allows them.",
+				"containing it, or world. The datapath looks up the remote",
+				"identity's key and identity 0's (rules for every peer), each the",
+				"longest matching prefix: the port's block, the whole protocol,",
+				"any protocol. A deny from either wins, else an allow from either",
+				"allows, else the direction's default: drop when enforced (default",
+				"deny), pass with deny rules only. Without a port, the verdict is",
+				"for other protocols: only entries for any protocol match.",
+				"Rules are named policy:rule (file:line).",
 				"This is the desired state; the maps follow it once reconciled. An",
-				"entry the datapath could not write (a full policy map) allows",
-				"nothing. With the datapath, a last line (Maps:) says what the",
-				"enforcement program decides from the maps as they are now.",
+				"entry the datapath could not write (a full policy map) is said,",
+				"with the verdict without it. With the datapath, a last line",
+				"(Maps:) says what the program decides from the maps as they are.",
 				"-o json: one object (address, direction, port as TCP/443 or \"\",",
 				"identity, prefix: the ipcache prefix or \"\" for world, enforced,",
-				"allowed: the desired verdict, explanation: the text's lines).",
+				"hasDeny, allowed: the desired verdict, explanation: the lines).",
 			},
 			Flags: scriptcmd.OutputFlag,
 		},
@@ -262,31 +333,32 @@ func explainCommand(db *statedb.DB, entries statedb.Table[*PolicyEntry], enforce
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			var exact PolicyKey
+			pkt := PolicyLookup{Direction: dir}
 			if len(args) == 3 {
-				if exact, err = parsePortRange(args[2]); err != nil {
+				if pkt, err = parsePacket(args[2], dir); err != nil {
 					return scriptcmd.Result("", err)
 				}
 			}
 			txn := db.ReadTxn()
-			if !asJSON {
-				return scriptcmd.Result(explain(txn, entries, enforcement, ipcache, identities, datapath, addr, dir, exact), nil)
-			}
 			var text strings.Builder
-			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identitycell.IdentityWorld)}
-			out.Allowed = explainDesired(&text, txn, entries, enforcement, ipcache, identities, datapath, addr, dir, exact)
-			if datapath != nil {
-				explainMaps(&text, datapath, addr, dir, exact, out.Allowed)
+			allowed := src.explainDesired(&text, txn, addr, pkt)
+			if src.datapath != nil {
+				explainMaps(&text, src.datapath, addr, pkt, allowed)
 			}
-			out.Explanation = strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")
+			if !asJSON {
+				return scriptcmd.Result(text.String(), nil)
+			}
+			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identitycell.IdentityWorld),
+				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
 			}
-			if entry, found := ipcachecell.LookupAddress(txn, ipcache, addr); found {
+			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 				out.Identity, out.Prefix = uint32(entry.Identity), entry.Prefix.String()
 			}
-			row, _, found := enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
-			out.Enforced = found && row.Enforced
+			if row, _, found := src.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir)); found {
+				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
+			}
 			return scriptcmd.JSON(out, nil)
 		},
 	)
@@ -300,52 +372,77 @@ type explainJSON struct {
 	Identity  uint32 `json:"identity"`
 	Prefix    string `json:"prefix"`
 	Enforced  bool   `json:"enforced"`
+	HasDeny   bool   `json:"hasDeny"`
 	// Allowed is the desired verdict: whether the policies allow it.
 	Allowed     bool     `json:"allowed"`
 	Explanation []string `json:"explanation"`
 }
 
-// parsePortRange parses "TCP/443" (or UDP, SCTP) into a key's protocol and
-// port.
-func parsePortRange(s string) (PolicyKey, error) {
-	name, portText, ok := strings.Cut(s, "/")
+// parsePacket parses "TCP/443" (or UDP, SCTP; port 1..65535) or
+// "ICMP/8" (or ICMPv6; the type, code 0) into a packet of direction dir.
+func parsePacket(s string, dir Direction) (PolicyLookup, error) {
+	name, number, ok := strings.Cut(s, "/")
 	protocol, err := ParseProtocol(name)
-	if !ok || err != nil || protocol != ProtocolTCP && protocol != ProtocolUDP && protocol != ProtocolSCTP {
-		return PolicyKey{}, fmt.Errorf("%q: want TCP/port, UDP/port or SCTP/port", s)
+	if !ok || err != nil {
+		return PolicyLookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
 	}
-	port, err := strconv.ParseUint(portText, 10, 16)
-	if err != nil || port == 0 {
-		return PolicyKey{}, fmt.Errorf("%q: port must be in 1..65535", s)
+	pkt := PolicyLookup{Direction: dir, Protocol: protocol, HasPort: true}
+	switch protocol {
+	case ProtocolTCP, ProtocolUDP, ProtocolSCTP:
+		port, err := strconv.ParseUint(number, 10, 16)
+		if err != nil || port == 0 {
+			return PolicyLookup{}, fmt.Errorf("%q: port must be in 1..65535", s)
+		}
+		pkt.Port = uint16(port)
+	case ProtocolICMP, ProtocolICMPv6:
+		t, err := strconv.ParseUint(number, 10, 8)
+		if err != nil {
+			return PolicyLookup{}, fmt.Errorf("%q: ICMP type must be in 0..255", s)
+		}
+		pkt.Port = uint16(t) << 8
+	default:
+		return PolicyLookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
 	}
-	return PolicyKey{Protocol: protocol, Port: uint16(port)}, nil
+	return pkt, nil
 }
 
-func explain(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
-	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity], datapath DatapathMaps,
-	addr netip.Addr, dir Direction, exact PolicyKey) string {
-	var out strings.Builder
-	desired := explainDesired(&out, txn, entries, enforcement, ipcache, identities, datapath, addr, dir, exact)
-	if datapath != nil {
-		explainMaps(&out, datapath, addr, dir, exact, desired)
+// ruleNames names an entry's rules with their place: "shop/web:egress[0]
+// (a.yaml:12)".
+func (src explainSources) ruleNames(txn statedb.ReadTxn, e *PolicyEntry) string {
+	names := make([]string, 0, len(e.Rules))
+	for _, ref := range e.Rules {
+		policy, rule, _ := strings.Cut(ref, ":")
+		name := ref
+		if p, _, found := src.policies.Get(txn, PolicyNameIndex.Query(policy)); found {
+			line := p.Line
+			for _, dir := range Directions() {
+				for _, r := range p.Rules(dir) {
+					if r.Name == rule && r.Line != 0 {
+						line = r.Line
+					}
+				}
+			}
+			name = fmt.Sprintf("%s (%s:%d)", ref, p.File, line)
+		}
+		names = append(names, name)
 	}
-	return out.String()
+	return strings.Join(names, ", ")
 }
 
 // explainDesired writes what the tables say of the traffic (the identity,
-// the direction's enforcement, the entries, the verdict) and returns
-// whether the policies allow it. An entry the datapath could not write (its
-// status is Error) does not allow: the program finds no such key, unless
-// the address's ipcache entry is held too, and the program still finds
-// the prefix's previous identity.
-func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], enforcement statedb.Table[*Enforcement],
-	ipcache statedb.Table[*ipcachecell.Entry], identities statedb.Table[*identitycell.Identity], datapath DatapathMaps,
-	addr netip.Addr, dir Direction, exact PolicyKey) bool {
+// the direction's enforcement, the entries, the lookups, the verdict) and
+// returns whether the policies allow it. An entry the datapath could not
+// write (its status is Error) is said, with the verdict the program gives
+// without it (unless the address's ipcache entry is held too, and the
+// program still finds the prefix's previous identity).
+func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, addr netip.Addr, pkt PolicyLookup) bool {
 	id := identitycell.IdentityWorld
 	held := false
-	if entry, found := ipcachecell.LookupAddress(txn, ipcache, addr); found {
+	dir := pkt.Direction
+	if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 		id = entry.Identity
 		var lbls labels.Labels
-		if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
+		if identity, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
 			lbls = identity.Labels
 		}
 		fmt.Fprintf(out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
@@ -353,8 +450,8 @@ func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.T
 			// Held or failed: the datapath still has what the map had.
 			held = true
 			fmt.Fprintf(out, "Datapath: the ipcache map does not have this entry yet, it keeps the prefix's previous value (%s)", status)
-			if datapath != nil {
-				if inMap, found, err := datapath.LookupIdentity(addr); err == nil && found {
+			if src.datapath != nil {
+				if inMap, found, err := src.datapath.LookupIdentity(addr); err == nil && found {
 					fmt.Fprintf(out, "; the datapath uses identity %s for %s", inMap, addr)
 				} else if err == nil {
 					fmt.Fprintf(out, "; the datapath uses world (%s) for %s: no ipcache map entry covers it", identitycell.IdentityWorld, addr)
@@ -365,61 +462,82 @@ func explainDesired(out *strings.Builder, txn statedb.ReadTxn, entries statedb.T
 	} else {
 		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}
-	row, _, found := enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
-	if !found || !row.Enforced {
-		fmt.Fprintf(out, "Verdict: allow (%s is not enforced: no policy has %s rules)\n", dir, dir)
+	pkt.Identity = id
+	row, _, found := src.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+	if !found || !row.Enforced && !row.HasDeny {
+		why := fmt.Sprintf("no policy has %s rules with default deny, nor %s deny rules", dir, dir)
+		if src.enablePolicy == EnablePolicyNever {
+			why = "--enable-policy=never"
+		}
+		fmt.Fprintf(out, "Verdict: allow (%s is not enforced: %s)\n", dir, why)
 		return true
 	}
-	fmt.Fprintf(out, "Entries (%s enforced):\n", dir)
-	prefix := PolicyKey{Identity: id, Direction: dir}.key()[:5]
-	for e := range entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(prefix)) {
-		port := "any"
-		if e.Key.Port != 0 {
-			port = strconv.Itoa(int(e.Key.Port))
-		}
-		notWritten := ""
-		if e.Status.Kind == reconciler.StatusKindError {
-			notWritten = " (not in the policy map: " + e.Status.GetError() + ")"
-		}
-		fmt.Fprintf(out, "  %s/%s %s: %s%s\n", e.Key.Protocol, port, e.Verdict, strings.Join(e.Policies, ", "), notWritten)
+	mode := "enforced, default deny"
+	if !row.Enforced {
+		mode = "deny rules only"
 	}
-	lookups := []PolicyKey{{Identity: id, Direction: dir}}
-	if exact.Port != 0 {
-		exact.Identity, exact.Direction = id, dir
-		lookups = []PolicyKey{exact, lookups[0]}
+	fmt.Fprintf(out, "Entries (%s %s):\n", dir, mode)
+	for _, of := range []identitycell.NumericIdentity{id, 0} {
+		prefix := PolicyKey{Identity: of, Direction: dir}.key()[:5]
+		for e := range src.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(prefix)) {
+			notWritten := ""
+			if e.Status.Kind == reconciler.StatusKindError {
+				notWritten = " (not in the policy map: " + e.Status.GetError() + ")"
+			}
+			fmt.Fprintf(out, "  %s %s/%s %s: %s%s\n", of, e.Key.Protocol, e.Key.PortString(), e.Verdict,
+				src.ruleNames(txn, e), notWritten)
+		}
 	}
-	var unwritten []string
-	for _, k := range lookups {
-		e, _, found := entries.Get(txn, PolicyKeyIndex.Query(k))
-		if !found {
-			continue
+	r, _ := ResolvePolicy(pkt, DesiredLookup(txn, src.entries, false))
+	allowed := src.writeVerdict(out, txn, "Verdict", r, row.Enforced)
+	written, _ := ResolvePolicy(pkt, DesiredLookup(txn, src.entries, true))
+	if written.Decided != r.Decided {
+		e, _, _ := src.entries.Get(txn, PolicyKeyIndex.Query(r.Decided.Matched))
+		what := "an entry"
+		if e != nil {
+			what = fmt.Sprintf("entry %s of %s", e.Key, src.ruleNames(txn, e))
+			if e.Status.Kind == reconciler.StatusKindError {
+				what += " (" + e.Status.GetError() + ")"
+			}
 		}
-		if e.Status.Kind == reconciler.StatusKindError {
-			// The program looks the key up and does not find it.
-			unwritten = append(unwritten, fmt.Sprintf("entry %s of %s could not be written to the policy map: %s",
-				k, strings.Join(e.Policies, ", "), e.Status.GetError()))
-			continue
+		if held {
+			fmt.Fprintf(out, "Not written: %s could not be written to the policy map; the datapath still uses the prefix's previous value (Datapath above)\n", what)
+		} else {
+			fmt.Fprintf(out, "Not written: %s could not be written to the policy map\n", what)
+			src.writeVerdict(out, txn, "Verdict without it", written, row.Enforced)
 		}
-		fmt.Fprintf(out, "Verdict: allow (entry %s of %s)\n", k, strings.Join(e.Policies, ", "))
+	}
+	return allowed
+}
+
+// writeVerdict writes the line of a resolution and returns whether it
+// allows the packet.
+func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn, label string, r PolicyResolution, enforced bool) bool {
+	d := r.Decided
+	if !d.Found {
+		if enforced {
+			fmt.Fprintf(out, "%s: drop (no entry allows it)\n", label)
+			return false
+		}
+		fmt.Fprintf(out, "%s: allow (no deny entry matches, and %s has deny rules only)\n", label, d.Key.Direction)
 		return true
 	}
-	switch {
-	case len(unwritten) > 0 && held:
-		fmt.Fprintf(out, "Verdict: the policies allow it, but %s; the datapath still uses the prefix's previous value (Datapath above)\n",
-			strings.Join(unwritten, "; "))
-		return true
-	case len(unwritten) > 0:
-		fmt.Fprintf(out, "Verdict: drop (the policies allow it, but %s)\n", strings.Join(unwritten, "; "))
-		return true
+	rules := d.Matched.String()
+	if e, _, found := src.entries.Get(txn, PolicyKeyIndex.Query(d.Matched)); found {
+		rules = fmt.Sprintf("%s of %s", d.Matched, src.ruleNames(txn, e))
 	}
-	fmt.Fprintf(out, "Verdict: drop (no entry allows it)\n")
-	return false
+	if d.Verdict == VerdictDeny {
+		fmt.Fprintf(out, "%s: drop (deny entry %s)\n", label, rules)
+		return false
+	}
+	fmt.Fprintf(out, "%s: allow (entry %s)\n", label, rules)
+	return true
 }
 
 // explainMaps writes what the enforcement program decides from the maps
-// as they are now, in the order it looks them up (enforce.c
-// policy_allows), and says so when that is not the desired verdict.
-func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, dir Direction, exact PolicyKey, desired bool) {
+// as they are now, resolving as it does (ResolvePolicy), and says so
+// when that is not the desired verdict.
+func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, pkt PolicyLookup, desired bool) {
 	verdict := func(allowed bool) string {
 		v := "drop"
 		if allowed {
@@ -430,6 +548,7 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, d
 		}
 		return v
 	}
+	dir := pkt.Direction
 	id, found, err := datapath.LookupIdentity(addr)
 	if err != nil {
 		fmt.Fprintf(out, "Maps: cannot be read: %s\n", err)
@@ -438,32 +557,33 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, d
 	if !found {
 		id = identitycell.IdentityWorld
 	}
-	enforced, err := datapath.Enforced(dir)
+	pkt.Identity = id
+	enforced, denyOnly, err := datapath.Enforcement(dir)
 	if err != nil {
 		fmt.Fprintf(out, "Maps: identity %s; cannot read the enforcement map: %s\n", id, err)
 		return
 	}
-	if !enforced {
+	if !enforced && !denyOnly {
 		fmt.Fprintf(out, "Maps: identity %s, %s not enforced: %s\n", id, dir, verdict(true))
 		return
 	}
-	var lookups []PolicyKey
-	if exact.Port != 0 {
-		lookups = append(lookups,
-			PolicyKey{Identity: id, Direction: dir, Protocol: exact.Protocol, Port: exact.Port},
-			PolicyKey{Identity: id, Direction: dir, Protocol: exact.Protocol})
+	mode := "enforced"
+	if !enforced {
+		mode = "deny rules only"
 	}
-	lookups = append(lookups, PolicyKey{Identity: id, Direction: dir})
-	for _, k := range lookups {
-		v, found, err := datapath.LookupPolicy(k)
-		if err != nil {
-			fmt.Fprintf(out, "Maps: identity %s, %s enforced; cannot read the policy map: %s\n", id, dir, err)
-			return
-		}
-		if found && v == VerdictAllow {
-			fmt.Fprintf(out, "Maps: identity %s, %s enforced, policy map entry %s: %s\n", id, dir, k, verdict(true))
-			return
-		}
+	r, err := ResolvePolicy(pkt, PolicyLookupFunc(datapath.LookupPolicy))
+	if err != nil {
+		fmt.Fprintf(out, "Maps: identity %s, %s %s; cannot read the policy map: %s\n", id, dir, mode, err)
+		return
 	}
-	fmt.Fprintf(out, "Maps: identity %s, %s enforced, no policy map entry allows it: %s\n", id, dir, verdict(false))
+	switch d := r.Decided; {
+	case d.Found && d.Verdict == VerdictDeny:
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map deny entry %s: %s\n", id, dir, mode, d.Matched, verdict(false))
+	case d.Found:
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map entry %s: %s\n", id, dir, mode, d.Matched, verdict(true))
+	case enforced:
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, no policy map entry allows it: %s\n", id, dir, mode, verdict(false))
+	default:
+		fmt.Fprintf(out, "Maps: identity %s, %s %s, no policy map entry denies it: %s\n", id, dir, mode, verdict(true))
+	}
 }

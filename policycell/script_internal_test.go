@@ -58,12 +58,14 @@ func TestNotWrittenByFile(t *testing.T) {
 	require.Equal(t, "5 policy entries not in the policy map (e1; e2; e3; 2 more errors)", many.String())
 }
 
-// fakeDatapathMaps answers as the datapath's maps would.
+// fakeDatapathMaps answers as the datapath's maps would: the policy map
+// is looked up by longest prefix, as the LPM trie is.
 type fakeDatapathMaps struct {
 	identities map[netip.Addr]identitycell.NumericIdentity
 	policy     map[PolicyKey]Verdict
-	enforced   map[Direction]bool
-	err        error
+	// enforcement is the map's value: 1 default deny, 2 deny rules only.
+	enforcement map[Direction]int
+	err         error
 }
 
 func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
@@ -71,48 +73,72 @@ func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.Numeric
 	return id, found, m.err
 }
 
-func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (Verdict, bool, error) {
-	v, found := m.policy[k]
-	return v, found, m.err
+func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (PolicyKey, Verdict, bool, error) {
+	e, found := lookupEntries(k, func(k PolicyKey) (*PolicyEntry, bool) {
+		v, found := m.policy[k]
+		return &PolicyEntry{Key: k, Verdict: v}, found
+	})
+	if !found {
+		return PolicyKey{}, 0, false, m.err
+	}
+	return e.Key, e.Verdict, true, m.err
 }
 
-func (m *fakeDatapathMaps) Enforced(dir Direction) (bool, error) { return m.enforced[dir], m.err }
+func (m *fakeDatapathMaps) Enforcement(dir Direction) (bool, bool, error) {
+	return m.enforcement[dir] == 1, m.enforcement[dir] == 2, m.err
+}
 
-// TestExplainMaps: the Maps line follows the program's lookups (exact
-// port, the protocol's any port, any protocol; world when no ipcache entry
-// covers the address) and says when the maps do not do what the policies
-// want.
+func tcp(port uint16) PolicyLookup {
+	return PolicyLookup{Direction: Egress, Protocol: ProtocolTCP, Port: port, HasPort: true}
+}
+
+// TestExplainMaps: the Maps line follows the program's lookups (the
+// remote identity's and identity 0's, each by longest prefix; world when
+// no ipcache entry covers the address; a deny wins) and says when the
+// maps do not do what the policies want.
 func TestExplainMaps(t *testing.T) {
 	addr := netip.MustParseAddr("10.0.0.1")
 	maps := &fakeDatapathMaps{
 		identities: map[netip.Addr]identitycell.NumericIdentity{addr: 16777217},
 		policy: map[PolicyKey]Verdict{
-			{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP}: VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: Egress}:      VerdictAllow,
+			{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP, PortWildcardBits: 16}:             VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: Egress}:                                        VerdictAllow,
+			{Identity: 0, Direction: Egress, Protocol: ProtocolTCP, Port: 22}:                                VerdictDeny,
+			{Identity: 0, Direction: Ingress, Protocol: ProtocolTCP, Port: 8000, PortWildcardBits: 3}:        VerdictDeny,
+			{Identity: 16777217, Direction: Ingress, Protocol: ProtocolTCP, Port: 8000, PortWildcardBits: 2}: VerdictAllow,
 		},
-		enforced: map[Direction]bool{Egress: true},
+		enforcement: map[Direction]int{Egress: 1, Ingress: 2},
 	}
-	explainLine := func(addr netip.Addr, dir Direction, exact PolicyKey, desired bool) string {
+	explainLine := func(addr netip.Addr, pkt PolicyLookup, desired bool) string {
 		var out strings.Builder
-		explainMaps(&out, maps, addr, dir, exact, desired)
+		explainMaps(&out, maps, addr, pkt, desired)
 		return out.String()
 	}
-	tcp443 := PolicyKey{Protocol: ProtocolTCP, Port: 443}
-	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/0: allow\n",
-		explainLine(addr, Egress, tcp443, true))
+	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/any: allow\n",
+		explainLine(addr, tcp(443), true))
+	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map deny entry 0/egress/TCP/22: drop, not what the policies want\n",
+		explainLine(addr, tcp(22), true), "identity 0's deny wins over the remote identity's allow")
 	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
-		explainLine(addr, Egress, PolicyKey{}, true), "without a port only the any-protocol entry is looked up")
-	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/0: allow, not what the policies want\n",
-		explainLine(netip.MustParseAddr("192.0.2.1"), Egress, PolicyKey{}, false), "no ipcache entry: world")
-	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, Ingress, PolicyKey{}, true))
+		explainLine(addr, PolicyLookup{Direction: Egress}, true), "without a port only the any-protocol entry matches")
+	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/any: allow, not what the policies want\n",
+		explainLine(netip.MustParseAddr("192.0.2.1"), PolicyLookup{Direction: Egress}, false), "no ipcache entry: world")
+	in := tcp(8007)
+	in.Direction = Ingress
+	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, policy map deny entry 0/ingress/TCP/8000-8007: drop\n",
+		explainLine(addr, in, false), "deny rules only: the block's deny")
+	in.Port = 8008
+	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, no policy map entry denies it: allow\n",
+		explainLine(addr, in, true))
+	maps.enforcement[Ingress] = 0
+	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, in, true))
 	maps.err = errors.New("the pinned maps are not open")
-	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, Egress, PolicyKey{}, true))
+	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, tcp(1), true))
 }
 
-// TestExplainEntryNotWritten: an entry whose status is Error allows
-// nothing (the program finds no such key), another entry still may; a
-// held ipcache entry leaves the address its previous identity, which the
-// maps name; without the datapath there is no Maps line.
+// TestExplainEntryNotWritten: an entry whose status is Error is said, with
+// the verdict the program gives without it (another entry may still
+// decide); a held ipcache entry leaves the address its previous identity,
+// which the maps name; without the datapath there is no Maps line.
 func TestExplainEntryNotWritten(t *testing.T) {
 	db := statedb.New()
 	ipcache, err := ipcachecell.NewEntriesTable(db)
@@ -123,12 +149,14 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	require.NoError(t, err)
 	enforcement, err := newEnforcementTable(db)
 	require.NoError(t, err)
+	policies, err := newPoliciesTable(db)
+	require.NoError(t, err)
 	require.NoError(t, db.Start())
 	t.Cleanup(func() { require.NoError(t, db.Stop()) })
 
 	full := reconciler.StatusError(errors.New("policy map is full"))
 	held := reconciler.StatusError(errors.New("policy entries of the identity are not in the policy map"))
-	txn := db.WriteTxn(ipcache, entries, enforcement)
+	txn := db.WriteTxn(ipcache, entries, enforcement, policies)
 	for _, e := range []*ipcachecell.Entry{
 		{Prefix: netip.MustParsePrefix("10.0.0.0/24"), Identity: 16777217},
 		{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Identity: 16777218},
@@ -137,10 +165,12 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		_, _, err := ipcache.Insert(txn, e)
 		require.NoError(t, err)
 	}
+	_, _, err = policies.Insert(txn, &Policy{Name: "p", File: "p.yaml", Line: 1, Egress: []Rule{{Name: "egress[0]", Line: 3}}})
+	require.NoError(t, err)
 	for _, e := range []*PolicyEntry{
-		{Key: PolicyKey{Identity: 16777217, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: full},
-		{Key: PolicyKey{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}, Verdict: VerdictAllow, Policies: []string{"q"}, Status: full},
-		{Key: PolicyKey{Identity: 16777218, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Status: reconciler.StatusDone()},
+		{Key: PolicyKey{Identity: 16777217, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}, Verdict: VerdictAllow, Policies: []string{"q"}, Rules: []string{"q:egress[1]"}, Status: full},
+		{Key: PolicyKey{Identity: 16777218, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: reconciler.StatusDone()},
 	} {
 		_, _, err := entries.Insert(txn, e)
 		require.NoError(t, err)
@@ -154,24 +184,35 @@ func TestExplainEntryNotWritten(t *testing.T) {
 			netip.MustParseAddr("10.0.0.1"): 16777217,
 			netip.MustParseAddr("10.0.2.1"): 16777220, // the held prefix's previous identity
 		},
-		policy:   map[PolicyKey]Verdict{{Identity: 16777220, Direction: Egress}: VerdictAllow},
-		enforced: map[Direction]bool{Egress: true},
+		policy:      map[PolicyKey]Verdict{{Identity: 16777220, Direction: Egress}: VerdictAllow},
+		enforcement: map[Direction]int{Egress: 1},
 	}
-	run := func(datapath DatapathMaps, addr string, exact PolicyKey) string {
-		return explain(db.ReadTxn(), entries, enforcement, ipcache, identities, datapath, netip.MustParseAddr(addr), Egress, exact)
+	run := func(datapath DatapathMaps, addr string, pkt PolicyLookup) string {
+		src := explainSources{entries: entries, enforcement: enforcement, policies: policies, ipcache: ipcache,
+			identities: identities, datapath: datapath, enablePolicy: EnablePolicyDefault}
+		var out strings.Builder
+		allowed := src.explainDesired(&out, db.ReadTxn(), netip.MustParseAddr(addr), pkt)
+		if datapath != nil {
+			explainMaps(&out, datapath, netip.MustParseAddr(addr), pkt, allowed)
+		}
+		return out.String()
 	}
 
-	out := run(maps, "10.0.0.1", PolicyKey{})
-	require.Contains(t, out, "  any/any allow: p (not in the policy map: policy map is full)\n")
-	require.Contains(t, out, "Verdict: drop (the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full)\n")
+	out := run(maps, "10.0.0.1", PolicyLookup{Direction: Egress})
+	require.Contains(t, out, "  16777217 any/any allow: p:egress[0] (p.yaml:3) (not in the policy map: policy map is full)\n")
+	require.Contains(t, out, "Verdict: allow (entry 16777217/egress/any/any of p:egress[0] (p.yaml:3))\n")
+	require.Contains(t, out, "Not written: entry 16777217/egress/any/any of p:egress[0] (p.yaml:3) (policy map is full) could not be written to the policy map\n")
+	require.Contains(t, out, "Verdict without it: drop (no entry allows it)\n")
 	require.Contains(t, out, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n")
 
-	out = run(nil, "10.0.1.1", PolicyKey{Protocol: ProtocolTCP, Port: 443})
-	require.Contains(t, out, "Verdict: allow (entry 16777218/egress/any/0 of p)\n", "the any entry allows what the port's unwritten entry does not")
+	out = run(nil, "10.0.1.1", tcp(443))
+	require.Contains(t, out, "Verdict: allow (entry 16777218/egress/TCP/443 of q:egress[1])\n", "a policy not in the table is named by its rule alone")
+	require.Contains(t, out, "Verdict without it: allow (entry 16777218/egress/any/any of p:egress[0] (p.yaml:3))\n",
+		"the any entry allows what the port's unwritten entry does not")
 	require.NotContains(t, out, "Maps:")
 
-	out = run(maps, "10.0.2.1", PolicyKey{})
+	out = run(maps, "10.0.2.1", PolicyLookup{Direction: Egress})
 	require.Contains(t, out, "; the datapath uses identity 16777220 for 10.0.2.1\n")
-	require.Contains(t, out, "Verdict: the policies allow it, but entry 16777217/egress/any/0 of p could not be written to the policy map: policy map is full; the datapath still uses the prefix's previous value")
-	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/0: allow\n")
+	require.Contains(t, out, "could not be written to the policy map; the datapath still uses the prefix's previous value (Datapath above)\n")
+	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/any: allow\n")
 }

@@ -30,10 +30,13 @@ func worldPrefixes() []netip.Prefix {
 	return []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 }
 
-// selector is one CIDR selector of one rule of a policy in force.
+// selector is one CIDR selector of one rule of a policy in force, or
+// (peer nil) a rule's selector of every peer: identity 0's.
 type selector struct {
 	policy    string
+	rule      string // RuleRef
 	direction Direction
+	deny      bool
 	peer      *CIDRSelector
 	ports     []PortRange
 }
@@ -81,8 +84,17 @@ type selectorEngine struct {
 	selectors map[netip.Prefix][]*selector
 	lengths   [2][129]int
 
-	// rulesIn counts the policies with rules in each direction.
-	rulesIn [2]int
+	// anyPeer are the selectors of rules for every peer: they give the
+	// entries of identity 0 (any identity), which is not in the
+	// identities table; it is recomputed when they change.
+	anyPeer []*selector
+
+	// defaultDenyIn counts the policies with rules in each direction that
+	// make it enforced (not enableDefaultDeny false); denyIn those with
+	// deny rules in it. enablePolicy is --enable-policy.
+	defaultDenyIn [2]int
+	denyIn        [2]int
+	enablePolicy  string
 
 	dirty map[identitycell.NumericIdentity]struct{}
 
@@ -93,7 +105,7 @@ type selectorEngine struct {
 
 func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identities statedb.Table[*identitycell.Identity],
 	ipcache statedb.Table[*ipcachecell.Entry], entries statedb.RWTable[*PolicyEntry], enforcement statedb.RWTable[*Enforcement],
-	progress *SelectorProgress, log *slog.Logger) *selectorEngine {
+	progress *SelectorProgress, log *slog.Logger, enablePolicy string) *selectorEngine {
 	txn := db.WriteTxn(entries, enforcement)
 	markEntries := entries.RegisterInitializer(txn, "policy-selectors")
 	markEnforcement := enforcement.RegisterInitializer(txn, "policy-selectors")
@@ -114,6 +126,11 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 		indexed:   map[string]*Policy{},
 		selectors: map[netip.Prefix][]*selector{},
 		dirty:     map[identitycell.NumericIdentity]struct{}{},
+
+		enablePolicy: enablePolicy,
+	}
+	if e.enablePolicy == "" {
+		e.enablePolicy = EnablePolicyDefault
 	}
 	return e
 }
@@ -200,7 +217,8 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	})
 	if initializing {
 		e.markInitialized = nil
-		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()))
+		e.log.Info("Policy tables initialized", "entries", e.entries.NumObjects(e.db.ReadTxn()),
+			"enable-policy", e.enablePolicy)
 	}
 	return watch, nil
 }
@@ -221,49 +239,63 @@ func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *Policy, deleted b
 		return
 	}
 	e.indexed[p.Name] = p
-	for _, dir := range Directions() {
-		rules := p.Rules(dir)
-		if len(rules) > 0 {
-			e.rulesIn[dir]++
-		}
-		for i := range rules {
-			rule := &rules[i]
-			for j := range rule.Peers {
-				peer := &rule.Peers[j]
-				s := &selector{policy: p.Name, direction: dir, peer: peer, ports: rule.Ports}
-				if len(e.selectors[peer.CIDR]) == 0 {
-					e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
-				}
-				e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], s)
-				e.markWithin(txn, peer.CIDR)
-			}
-		}
-	}
+	e.indexPolicy(txn, p, 1)
 }
 
 func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *Policy) {
+	e.indexPolicy(txn, p, -1)
+}
+
+// indexPolicy adds (by 1) or removes (by -1) the selectors and counts of
+// a policy, and marks the identities they select dirty.
+func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 	for _, dir := range Directions() {
 		rules := p.Rules(dir)
-		if len(rules) > 0 {
-			e.rulesIn[dir]--
-		}
-		for _, rule := range rules {
-			for _, peer := range rule.Peers {
-				at, ok := e.selectors[peer.CIDR]
-				if !ok {
-					continue // a second selector of p on the same CIDR, already gone
+		defaultDeny, deny := false, false
+		for i := range rules {
+			rule := &rules[i]
+			defaultDeny = defaultDeny || !rule.NoDefaultDeny
+			deny = deny || rule.Deny
+			if rule.AnyPeer {
+				e.dirty[0] = struct{}{}
+				if by > 0 {
+					e.anyPeer = append(e.anyPeer, e.newSelector(p, dir, rule, nil))
 				}
-				at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == p.Name })
-				if len(at) == 0 {
-					delete(e.selectors, peer.CIDR)
-					e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]--
-				} else {
-					e.selectors[peer.CIDR] = at
+			}
+			for j := range rule.Peers {
+				peer := &rule.Peers[j]
+				if by > 0 {
+					if len(e.selectors[peer.CIDR]) == 0 {
+						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
+					}
+					e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], e.newSelector(p, dir, rule, peer))
+				} else if at, ok := e.selectors[peer.CIDR]; ok {
+					// !ok: a second selector of p on the same CIDR, already gone.
+					at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == p.Name })
+					if len(at) == 0 {
+						delete(e.selectors, peer.CIDR)
+						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]--
+					} else {
+						e.selectors[peer.CIDR] = at
+					}
 				}
 				e.markWithin(txn, peer.CIDR)
 			}
 		}
+		if defaultDeny {
+			e.defaultDenyIn[dir] += by
+		}
+		if deny {
+			e.denyIn[dir] += by
+		}
 	}
+	if by < 0 {
+		e.anyPeer = slices.DeleteFunc(e.anyPeer, func(s *selector) bool { return s.policy == p.Name })
+	}
+}
+
+func (e *selectorEngine) newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
+	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer, ports: rule.Ports}
 }
 
 // family indexes lengths.
@@ -316,7 +348,7 @@ func (e *selectorEngine) write(initializing bool) error {
 	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
 		return nil // nothing changed that the entries depend on
 	}
-	var scratch []allowance
+	var scratch []grant
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
 		txn := e.db.WriteTxn(e.entries, e.enforcement)
 		if start == 0 && writeEnforcement {
@@ -326,8 +358,8 @@ func (e *selectorEngine) write(initializing bool) error {
 			}
 		}
 		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
-			scratch = e.allowances(txn, id, scratch[:0])
-			if err := e.writeIdentity(txn, id, scratch); err != nil {
+			scratch = e.grants(txn, id, scratch[:0])
+			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -346,15 +378,25 @@ func (e *selectorEngine) write(initializing bool) error {
 	return nil
 }
 
-// allowance is one policy allowing one key.
-type allowance struct {
-	key    PolicyKey
-	policy string
+// grant is one rule of a policy giving one key a verdict.
+type grant struct {
+	key     PolicyKey
+	verdict Verdict
+	policy  string
+	rule    string
 }
 
-// allowances appends what the policies in force allow for an identity,
-// sorted by key and policy, without duplicates.
-func (e *selectorEngine) allowances(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []allowance) []allowance {
+// grants appends what the rules in force say of an identity's keys:
+// those of the rules whose selectors select it, or for identity 0 those
+// of the rules for every peer.
+func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []grant) []grant {
+	if id == 0 {
+		for _, s := range e.anyPeer {
+			e.visited++
+			out = s.appendGrants(out, id)
+		}
+		return out
+	}
 	prefixes := e.prefixesOf(txn, id)
 	for _, prefix := range prefixes {
 		lengths := &e.lengths[family(prefix)]
@@ -368,61 +410,114 @@ func (e *selectorEngine) allowances(txn statedb.ReadTxn, id identitycell.Numeric
 				if s.peer.excludes(prefixes) {
 					continue
 				}
-				key := PolicyKey{Identity: id, Direction: s.direction}
-				if len(s.ports) == 0 {
-					out = append(out, allowance{key, s.policy})
-				}
-				for _, pp := range s.ports {
-					key.Protocol, key.Port = pp.Protocol, pp.Port
-					out = append(out, allowance{key, s.policy})
-				}
+				out = s.appendGrants(out, id)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b allowance) int {
+	return out
+}
+
+// appendGrants appends the selector's keys for identity id: any protocol
+// without ports, else each port range's blocks.
+func (s *selector) appendGrants(out []grant, id identitycell.NumericIdentity) []grant {
+	verdict := VerdictAllow
+	if s.deny {
+		verdict = VerdictDeny
+	}
+	base := PolicyKey{Identity: id, Direction: s.direction}
+	if len(s.ports) == 0 {
+		return append(out, grant{base, verdict, s.policy, s.rule})
+	}
+	var keys [8]PolicyKey
+	for _, pr := range s.ports {
+		for _, key := range pr.appendKeys(keys[:0], base) {
+			out = append(out, grant{key, verdict, s.policy, s.rule})
+		}
+	}
+	return out
+}
+
+// resolve turns an identity's grants into its entries, in key order, as
+// Cilium resolves deny against allow: deny wins whatever the allow's port
+// specificity. A key both allowed and denied is a deny entry (of the deny
+// rules alone); an allow whose key lies inside a deny entry's prefix is
+// not written, since the program's longest-prefix lookup would find it
+// rather than the deny. An allow wider than a deny stays: the lookup
+// finds the narrower deny for what the deny covers. (Across identity 0
+// and the remote identity, the program's two lookups resolve it.)
+func resolve(grants []grant) []*PolicyEntry {
+	slices.SortFunc(grants, func(a, b grant) int {
 		if c := comparePolicyKeys(a.key, b.key); c != 0 {
 			return c
 		}
-		return strings.Compare(a.policy, b.policy)
+		if a.verdict != b.verdict {
+			return -cmpInt(a.verdict, b.verdict) // deny first
+		}
+		if c := strings.Compare(a.policy, b.policy); c != 0 {
+			return c
+		}
+		return strings.Compare(a.rule, b.rule)
 	})
-	return slices.Compact(out)
+	grants = slices.Compact(grants)
+	var entries []*PolicyEntry
+	var denies []PolicyKey
+	for i := 0; i < len(grants); {
+		j := i + 1
+		for j < len(grants) && grants[j].key == grants[i].key {
+			j++
+		}
+		entry := &PolicyEntry{Key: grants[i].key, Verdict: grants[i].verdict}
+		for _, g := range grants[i:j] {
+			if g.verdict != entry.Verdict {
+				break // the allows of a denied key
+			}
+			if len(entry.Policies) == 0 || entry.Policies[len(entry.Policies)-1] != g.policy {
+				entry.Policies = append(entry.Policies, g.policy)
+			}
+			entry.Rules = append(entry.Rules, g.rule)
+		}
+		i = j
+		entries = append(entries, entry)
+		if entry.Verdict == VerdictDeny {
+			denies = append(denies, entry.Key)
+		}
+	}
+	if len(denies) == 0 {
+		return entries
+	}
+	return slices.DeleteFunc(entries, func(entry *PolicyEntry) bool {
+		return entry.Verdict == VerdictAllow && slices.ContainsFunc(denies, func(deny PolicyKey) bool {
+			return deny.Matches(entry.Key)
+		})
+	})
 }
 
-// writeIdentity makes the identity's entries those of the allowances:
-// changed and new entries are written (pending reconciliation), entries no
-// longer allowed are deleted, and unchanged ones are left alone.
-func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, allowed []allowance) error {
+// writeIdentity makes the identity's entries the desired ones: changed
+// and new entries are written (pending reconciliation), entries no longer
+// desired are deleted, and unchanged ones are left alone.
+func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, desired []*PolicyEntry) error {
 	// Both are in key order: the index orders keys as comparePolicyKeys.
 	var current []*PolicyEntry
 	for entry := range e.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
 		current = append(current, entry)
 	}
-	for i := 0; i < len(allowed); {
-		j := i + 1
-		for j < len(allowed) && allowed[j].key == allowed[i].key {
-			j++
-		}
-		desired := &PolicyEntry{Key: allowed[i].key, Verdict: VerdictAllow, Policies: make([]string, 0, j-i)}
-		for _, a := range allowed[i:j] {
-			desired.Policies = append(desired.Policies, a.policy)
-		}
-		i = j
-		for len(current) > 0 && comparePolicyKeys(current[0].Key, desired.Key) < 0 {
+	for _, want := range desired {
+		for len(current) > 0 && comparePolicyKeys(current[0].Key, want.Key) < 0 {
 			if err := e.deleteEntry(txn, current[0]); err != nil {
 				return err
 			}
 			current = current[1:]
 		}
-		if len(current) > 0 && current[0].Key == desired.Key {
+		if len(current) > 0 && current[0].Key == want.Key {
 			have := current[0]
 			current = current[1:]
-			if have.sameEntry(desired) {
+			if have.sameEntry(want) {
 				continue
 			}
 		}
-		desired.Status = reconciler.StatusPending()
-		if _, _, err := e.entries.Insert(txn, desired); err != nil {
-			return fmt.Errorf("write policy entry %s: %w", desired.Key, err)
+		want.Status = reconciler.StatusPending()
+		if _, _, err := e.entries.Insert(txn, want); err != nil {
+			return fmt.Errorf("write policy entry %s: %w", want.Key, err)
 		}
 	}
 	for _, stale := range current {
@@ -440,19 +535,52 @@ func (e *selectorEngine) deleteEntry(txn statedb.WriteTxn, entry *PolicyEntry) e
 	return nil
 }
 
-// writeEnforcement writes the row of each direction that changed to
-// enforced (or to not enforced): a direction is enforced when a policy in
-// force has a rule in it.
-func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, enforced bool) error {
+// The values of --enable-policy (Cilium's).
+const (
+	// EnablePolicyDefault enforces a direction as the policies in force
+	// say (docs/CONTRACT.md, "Policy semantics").
+	EnablePolicyDefault = "default"
+	// EnablePolicyAlways enforces both directions with default deny, with
+	// or without policies.
+	EnablePolicyAlways = "always"
+	// EnablePolicyNever enforces nothing: every packet passes; the
+	// `policy` table and the policy map are still kept.
+	EnablePolicyNever = "never"
+)
+
+// desiredEnforcement is the row the policies in force and --enable-policy
+// give a direction.
+func (e *selectorEngine) desiredEnforcement(dir Direction) Enforcement {
+	row := Enforcement{Direction: dir, HasDeny: e.denyIn[dir] > 0}
+	switch e.enablePolicy {
+	case EnablePolicyAlways:
+		row.Enforced = true
+	case EnablePolicyNever:
+		row.HasDeny = false
+	default:
+		row.Enforced = e.defaultDenyIn[dir] > 0
+	}
+	return row
+}
+
+// writeEnforcement writes the rows that differ from the desired ones:
+// with stricter false those that let more through than the row they
+// replace, else the others. The first transaction of a write passes
+// false, the last true: a direction is loosened before the entries it no
+// longer needs go, and tightened after the entries it needs are in.
+func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) error {
 	for _, dir := range Directions() {
-		if (e.rulesIn[dir] > 0) != enforced {
+		want := e.desiredEnforcement(dir)
+		have, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+		if found && have.Enforced == want.Enforced && have.HasDeny == want.HasDeny {
 			continue
 		}
-		if row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir)); found && row.Enforced == enforced {
+		looser := found && want.strictness() < have.strictness()
+		if looser == stricter {
 			continue
 		}
-		row := &Enforcement{Direction: dir, Enforced: enforced, Status: reconciler.StatusPending()}
-		if _, _, err := e.enforcement.Insert(txn, row); err != nil {
+		want.Status = reconciler.StatusPending()
+		if _, _, err := e.enforcement.Insert(txn, &want); err != nil {
 			return fmt.Errorf("write %s enforcement: %w", dir, err)
 		}
 	}
@@ -460,11 +588,12 @@ func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, enforced bool) e
 }
 
 // enforcementChanged reports whether a direction's row is missing or
-// differs from what the policies in force say.
+// differs from the desired one.
 func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
 	for _, dir := range Directions() {
+		want := e.desiredEnforcement(dir)
 		row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
-		if !found || row.Enforced != (e.rulesIn[dir] > 0) {
+		if !found || row.Enforced != want.Enforced || row.HasDeny != want.HasDeny {
 			return true
 		}
 	}
@@ -473,15 +602,21 @@ func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
 
 func (e *selectorEngine) reportHealth(health cell.Health) {
 	txn := e.db.ReadTxn()
-	var enforced []string
+	var enforced, denyOnly []string
 	for _, dir := range Directions() {
-		if e.rulesIn[dir] > 0 {
+		switch row := e.desiredEnforcement(dir); {
+		case row.Enforced:
 			enforced = append(enforced, dir.String())
+		case row.HasDeny:
+			denyOnly = append(denyOnly, dir.String())
 		}
 	}
-	if len(enforced) == 0 {
-		enforced = []string{"none"}
+	list := func(dirs []string) string {
+		if len(dirs) == 0 {
+			return "none"
+		}
+		return strings.Join(dirs, ", ")
 	}
-	health.OK(fmt.Sprintf("%d policy entries from %d policies; enforced: %s",
-		e.entries.NumObjects(txn), len(e.indexed), strings.Join(enforced, ", ")))
+	health.OK(fmt.Sprintf("%d policy entries from %d policies; --enable-policy=%s; enforced (default deny): %s; deny rules only: %s",
+		e.entries.NumObjects(txn), len(e.indexed), e.enablePolicy, list(enforced), list(denyOnly)))
 }

@@ -55,7 +55,7 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	f.policiesRead = registerInitializer(f.db, f.policies)
 	f.ipcacheResolved = registerInitializer(f.db, ipcache)
 	f.engine = newSelectorEngine(f.db, f.policies, f.identities, ipcache, f.entries, f.enforcement,
-		newSelectorProgress(f.db, f.policies, f.identities), hivetest.Logger(tb))
+		newSelectorProgress(f.db, f.policies, f.identities), hivetest.Logger(tb), EnablePolicyDefault)
 	return f
 }
 
@@ -124,6 +124,9 @@ func (f *engineFixture) table() map[PolicyKey]string {
 	out := map[PolicyKey]string{}
 	for e := range f.entries.All(f.db.ReadTxn()) {
 		out[e.Key] = strings.Join(e.Policies, ",")
+		if e.Verdict == VerdictDeny {
+			out[e.Key] = "deny:" + out[e.Key]
+		}
 	}
 	return out
 }
@@ -157,41 +160,74 @@ func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[Pol
 		id       identitycell.NumericIdentity
 		prefixes []netip.Prefix
 	}
-	targets := []target{{identitycell.IdentityWorld, worldPrefixes()}}
+	targets := []target{{0, nil}, {identitycell.IdentityWorld, worldPrefixes()}}
 	for _, i := range identities {
 		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
 	}
-	allowed := map[PolicyKey]map[string]struct{}{}
-	allow := func(k PolicyKey, policy string) {
-		if allowed[k] == nil {
-			allowed[k] = map[string]struct{}{}
+	// The policies of each key, by verdict.
+	granted := map[PolicyKey]map[Verdict]map[string]struct{}{}
+	grant := func(k PolicyKey, v Verdict, policy string) {
+		if granted[k] == nil {
+			granted[k] = map[Verdict]map[string]struct{}{}
 		}
-		allowed[k][policy] = struct{}{}
+		if granted[k][v] == nil {
+			granted[k][v] = map[string]struct{}{}
+		}
+		granted[k][v][policy] = struct{}{}
 	}
 	for _, t := range targets {
 		for _, p := range policies {
 			for _, dir := range Directions() {
 				for _, rule := range p.Rules(dir) {
+					selects := t.id == 0 && rule.AnyPeer
 					for _, peer := range rule.Peers {
-						if !peer.Selects(t.prefixes) {
-							continue
-						}
-						k := PolicyKey{Identity: t.id, Direction: dir}
-						if len(rule.Ports) == 0 {
-							allow(k, p.Name)
-						}
-						for _, pp := range rule.Ports {
-							k.Protocol, k.Port = pp.Protocol, pp.Port
-							allow(k, p.Name)
+						selects = selects || t.id != 0 && peer.Selects(t.prefixes)
+					}
+					if !selects {
+						continue
+					}
+					v := VerdictAllow
+					if rule.Deny {
+						v = VerdictDeny
+					}
+					k := PolicyKey{Identity: t.id, Direction: dir}
+					if len(rule.Ports) == 0 {
+						grant(k, v, p.Name)
+					}
+					for _, pp := range rule.Ports {
+						for _, block := range pp.appendKeys(nil, k) {
+							grant(block, v, p.Name)
 						}
 					}
 				}
 			}
 		}
 	}
+	// What a key matches: a protocol (0 any) and a port interval.
+	span := func(k PolicyKey) (Protocol, uint32, uint32) {
+		if k.Protocol == ProtocolAny {
+			return ProtocolAny, 0, 65535
+		}
+		return k.Protocol, uint32(k.Port), uint32(k.Port) + 1<<k.PortWildcardBits - 1
+	}
 	out := map[PolicyKey]string{}
-	for k, names := range allowed {
-		out[k] = strings.Join(slices.Sorted(maps.Keys(names)), ",")
+	for k, verdicts := range granted {
+		if names, denied := verdicts[VerdictDeny]; denied {
+			out[k] = "deny:" + strings.Join(slices.Sorted(maps.Keys(names)), ",")
+			continue
+		}
+		covered := false
+		protocol, lo, hi := span(k)
+		for d, dv := range granted {
+			if _, denied := dv[VerdictDeny]; !denied || d.Identity != k.Identity || d.Direction != k.Direction {
+				continue
+			}
+			dp, dlo, dhi := span(d)
+			covered = covered || dp == ProtocolAny || dp == protocol && dlo <= lo && hi <= dhi
+		}
+		if !covered {
+			out[k] = strings.Join(slices.Sorted(maps.Keys(verdicts[VerdictAllow])), ",")
+		}
 	}
 	return out
 }
@@ -300,8 +336,16 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 			}
 			rule.Peers = append(rule.Peers, peer)
 		}
-		if rng.IntN(2) == 0 && len(rule.Peers) > 0 {
+		rule.Deny = rng.IntN(4) == 0
+		rule.AnyPeer = rng.IntN(6) == 0
+		rule.NoDefaultDeny = rng.IntN(4) == 0
+		switch rng.IntN(6) {
+		case 0:
 			rule.Ports = []PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: ProtocolUDP}, {Port: 443, Protocol: ProtocolTCP}}
+		case 1:
+			rule.Ports = []PortRange{{Port: uint16(440 + rng.IntN(4)), EndPort: uint16(444 + rng.IntN(8)), Protocol: ProtocolTCP}}
+		case 2:
+			rule.Ports = []PortRange{{Protocol: ProtocolTCP}, {Port: 8, Protocol: ProtocolICMP}}
 		}
 		return rule
 	}
@@ -354,14 +398,18 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 
 		want := bruteForce(slices.Collect(maps.Values(policies)), slices.Collect(maps.Values(identities)))
 		require.Equal(t, want, f.table(), "step %d", step)
-		wantEnforced := map[Direction]bool{Ingress: false, Egress: false}
+		wantEnforced, wantDeny := map[Direction]bool{}, map[Direction]bool{}
 		for _, p := range policies {
 			for _, dir := range Directions() {
-				wantEnforced[dir] = wantEnforced[dir] || len(p.Rules(dir)) > 0
+				for _, rule := range p.Rules(dir) {
+					wantEnforced[dir] = wantEnforced[dir] || !rule.NoDefaultDeny
+					wantDeny[dir] = wantDeny[dir] || rule.Deny
+				}
 			}
 		}
 		for e := range f.enforcement.All(f.db.ReadTxn()) {
 			require.Equal(t, wantEnforced[e.Direction], e.Enforced, "step %d: %s", step, e.Direction)
+			require.Equal(t, wantDeny[e.Direction], e.HasDeny, "step %d: %s", step, e.Direction)
 		}
 		require.Equal(t, 2, f.enforcement.NumObjects(f.db.ReadTxn()))
 		for e := range f.entries.All(f.db.ReadTxn()) {

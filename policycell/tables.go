@@ -5,6 +5,7 @@ package policycell
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,9 +102,42 @@ func (k PolicyKey) key() index.Key {
 	return key
 }
 
-// String returns "identity/direction/protocol/port", the form db/get takes.
+// String returns "identity/direction/protocol/ports": the form db/get
+// takes for a single port ("16777217/egress/TCP/443"); a block of ports
+// is "first-last", every port of the protocol "any", an ICMP type
+// "type=8", any protocol "any/any".
 func (k PolicyKey) String() string {
-	return fmt.Sprintf("%d/%s/%s/%d", k.Identity, k.Direction, k.Protocol, k.Port)
+	return fmt.Sprintf("%d/%s/%s/%s", k.Identity, k.Direction, k.Protocol, k.PortString())
+}
+
+// PortString returns the key's ports as String does: "443", "8000-8063",
+// "any", "type=8".
+func (k PolicyKey) PortString() string {
+	switch {
+	case k.Protocol == ProtocolAny || k.PortWildcardBits >= 16:
+		return "any"
+	case k.Protocol == ProtocolICMP || k.Protocol == ProtocolICMPv6:
+		return "type=" + strconv.Itoa(int(k.Port>>8))
+	case k.PortWildcardBits == 0:
+		return strconv.Itoa(int(k.Port))
+	}
+	last := uint32(k.Port) | (1<<k.PortWildcardBits - 1)
+	return fmt.Sprintf("%d-%d", k.Port, last)
+}
+
+// Matches reports whether the key's prefix (its first MapPrefixLen bits)
+// covers other: other is of the same identity and direction and lies
+// inside the key's protocol and port block.
+func (k PolicyKey) Matches(other PolicyKey) bool {
+	switch {
+	case k.Identity != other.Identity || k.Direction != other.Direction:
+		return false
+	case k.Protocol == ProtocolAny:
+		return true
+	case k.Protocol != other.Protocol || other.PortWildcardBits > k.PortWildcardBits:
+		return false
+	}
+	return uint32(k.Port)>>k.PortWildcardBits == uint32(other.Port)>>k.PortWildcardBits
 }
 
 func comparePolicyKeys(a, b PolicyKey) int {
@@ -130,8 +164,9 @@ func cmpInt[T ~uint8 | ~uint16 | ~uint32](a, b T) int {
 	return 0
 }
 
-// policyKeyFromString parses "identity[/direction[/protocol[/port]]]", e.g.
-// "16777217/egress/UDP/53". Fewer fields give a key prefix, for
+// policyKeyFromString parses "identity[/direction[/protocol[/ports]]]",
+// e.g. "16777217/egress/UDP/53", ports as PortString writes them ("443",
+// "8000-8063", "any", "type=8"). Fewer fields give a key prefix, for
 // `db/prefix policy 16777217`.
 func policyKeyFromString(s string) (index.Key, error) {
 	fields := strings.Split(s, "/")
@@ -155,24 +190,56 @@ func policyKeyFromString(s string) (index.Key, error) {
 		}
 	}
 	if len(fields) > 3 {
-		port, err := strconv.ParseUint(fields[3], 10, 16)
-		if err != nil {
-			return nil, fmt.Errorf("parse policy key %q: port: %w", s, err)
+		if k.Port, k.PortWildcardBits, err = parsePorts(fields[3], k.Protocol); err != nil {
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
 		}
-		k.Port = uint16(port)
 	}
 	return k.key()[:[]int{4, 5, 6, 9}[len(fields)-1]], nil
 }
 
+// parsePorts parses ports as PortString writes them for protocol.
+func parsePorts(s string, protocol Protocol) (port uint16, wildcard uint8, err error) {
+	first, last, isRange := strings.Cut(s, "-")
+	switch {
+	case s == "any" && protocol == ProtocolAny:
+		return 0, 0, nil
+	case s == "any":
+		return 0, 16, nil
+	case strings.HasPrefix(s, "type=") && (protocol == ProtocolICMP || protocol == ProtocolICMPv6):
+		t, err := strconv.ParseUint(strings.TrimPrefix(s, "type="), 10, 8)
+		if err != nil {
+			return 0, 0, fmt.Errorf("ICMP type %q: want 0..255", s)
+		}
+		return uint16(t) << 8, 8, nil
+	}
+	start, err := strconv.ParseUint(first, 10, 16)
+	if err != nil {
+		return 0, 0, fmt.Errorf("port %q: want a port, a block first-last, any or type=N", s)
+	}
+	if !isRange {
+		return uint16(start), 0, nil
+	}
+	end, err := strconv.ParseUint(last, 10, 16)
+	size := end - start + 1
+	if err != nil || end < start || size&(size-1) != 0 || start&(size-1) != 0 {
+		return 0, 0, fmt.Errorf("ports %q: not an aligned block of ports", s)
+	}
+	return uint16(start), uint8(bits.TrailingZeros64(size)), nil
+}
+
 // PolicyEntry is a row of the desired `policy` table: a policy-map entry
-// and the policies that allow it.
+// and the policies (and their rules) that give it its verdict.
 type PolicyEntry struct {
 	Key     PolicyKey `json:"key" yaml:"key"`
 	Verdict Verdict   `json:"verdict" yaml:"verdict"`
 
-	// Policies are the names of the policies in force that allow the
-	// entry, sorted. Immutable.
+	// Policies are the names of the policies in force whose rules give the
+	// entry its verdict (for a deny entry, the deny rules' alone), sorted.
+	// Immutable.
 	Policies []string `json:"policies" yaml:"policies"`
+	// Rules name those rules, sorted, each as [RuleRef] spells it:
+	// "<policy>:<rule>", e.g. "shop/web:egressDeny[0]". Immutable.
+	Rules []string `json:"rules" yaml:"rules"`
 
 	// Status is the datapath's reconciliation status of the entry.
 	Status reconciler.Status `json:"status" yaml:"status"`
@@ -180,23 +247,28 @@ type PolicyEntry struct {
 
 // TableHeader implements statedb.TableWritable.
 func (*PolicyEntry) TableHeader() []string {
-	return []string{"Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Status"}
+	return []string{"Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Rules", "Status"}
 }
 
-// TableRow implements statedb.TableWritable. Port 0 shows as "any".
+// TableRow implements statedb.TableWritable. Port is as
+// [PolicyKey.PortString].
 func (e *PolicyEntry) TableRow() []string {
-	port := "any"
-	if e.Key.Port != 0 {
-		port = strconv.FormatUint(uint64(e.Key.Port), 10)
-	}
-	return []string{e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), port,
-		e.Verdict.String(), strings.Join(e.Policies, ","), e.Status.String()}
+	return []string{e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), e.Key.PortString(),
+		e.Verdict.String(), strings.Join(e.Policies, ","), strings.Join(e.Rules, ","), e.Status.String()}
 }
+
+// RuleRef names a rule of a policy in the `policy` table's Rules:
+// "<policy>:<rule>". Policy names never hold ':' (Kubernetes' and the
+// native format's name rules), so the first ':' splits it. Rules are
+// named by their place in the file ([Rule].Name), as Cilium rules have no
+// name of their own; policy/explain adds the file and line.
+func RuleRef(policy, rule string) string { return policy + ":" + rule }
 
 // sameEntry reports whether two entries say the same, whatever their
 // reconciliation status.
 func (e *PolicyEntry) sameEntry(other *PolicyEntry) bool {
-	return e.Key == other.Key && e.Verdict == other.Verdict && slices.Equal(e.Policies, other.Policies)
+	return e.Key == other.Key && e.Verdict == other.Verdict && slices.Equal(e.Policies, other.Policies) &&
+		slices.Equal(e.Rules, other.Rules)
 }
 
 // Clone returns a shallow copy, for the reconciler.
@@ -246,27 +318,45 @@ type PolicyReconcilerTable struct {
 	statedb.RWTable[*PolicyEntry]
 }
 
-// Enforcement is a row of the `policy-enforcement` table: whether a
-// direction is enforced. A direction is enforced when at least one policy
-// in force has a rule in it; then only what the `policy` table allows
-// passes. Once the table is initialized it has a row for each direction.
+// Enforcement is a row of the `policy-enforcement` table: how a direction
+// is enforced (docs/CONTRACT.md, "Policy semantics"). Enforced (default
+// deny): only what the `policy` table allows passes, and its deny entries
+// drop; a direction is enforced when a policy in force has allow or deny
+// rules in it, unless each such rule's policy says enableDefaultDeny false
+// for it, or by --enable-policy=always. HasDeny: a policy in force has
+// deny rules in the direction. Not Enforced but HasDeny: packets are
+// looked up, a deny drops, everything else passes. Neither (or
+// --enable-policy=never): everything passes. Once the table is
+// initialized it has a row for each direction.
 type Enforcement struct {
 	Direction Direction `json:"direction" yaml:"direction"`
 	Enforced  bool      `json:"enforced" yaml:"enforced"`
-	// HasDeny: the direction has deny entries, so the datapath looks
-	// packets up even when the direction is not enforced.
-	HasDeny bool `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
+	HasDeny   bool      `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
 
 	// Status is the datapath's reconciliation status of the row.
 	Status reconciler.Status `json:"status" yaml:"status"`
 }
 
 // TableHeader implements statedb.TableWritable.
-func (*Enforcement) TableHeader() []string { return []string{"Direction", "Enforced", "Status"} }
+func (*Enforcement) TableHeader() []string {
+	return []string{"Direction", "Enforced", "HasDeny", "Status"}
+}
 
 // TableRow implements statedb.TableWritable.
 func (e *Enforcement) TableRow() []string {
-	return []string{e.Direction.String(), strconv.FormatBool(e.Enforced), e.Status.String()}
+	return []string{e.Direction.String(), strconv.FormatBool(e.Enforced), strconv.FormatBool(e.HasDeny), e.Status.String()}
+}
+
+// strictness orders what the row lets through: 0 everything (not
+// enforced), 1 all but deny entries, 2 only allow entries (default deny).
+func (e *Enforcement) strictness() int {
+	switch {
+	case e.Enforced:
+		return 2
+	case e.HasDeny:
+		return 1
+	}
+	return 0
 }
 
 // Clone returns a shallow copy, for the reconciler.

@@ -22,13 +22,12 @@ type FileValidation struct {
 
 // ValidateFiles checks policy files as the agent would read them from its
 // policy directory, without one: the same size and type limits, the same
-// parser, the same gate on what is not enforced yet (ParseFile), and the
-// same rule for a policy name that several files use: files are taken in
+// parser (ParseFile), and the same rule for a policy name that several files use: files are taken in
 // name order and the first to use a name keeps it. The results are in the
 // order of files; a file given twice is read twice.
 //
-// Each result's Err is a *FileError wrapping ErrInvalidPolicy (with
-// ErrNotEnforced), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
+// Each result's Err is a *FileError wrapping ErrInvalidPolicy,
+// ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
 // of opening or reading the file.
 func ValidateFiles(files []string) []FileValidation {
 	results := make([]FileValidation, len(files))

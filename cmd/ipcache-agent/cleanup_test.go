@@ -39,6 +39,7 @@ func tcxPrograms(t *testing.T, device string, attach ebpf.AttachType) int {
 // (enforcement and maps stay), then runs cleanup: no pinned object, no
 // attached program and no state file is left.
 func TestCleanupLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	const device = "ipcatest0"
 	out, err := exec.Command("ip", "link", "add", device, "type", "veth", "peer", "name", device+"p").CombinedOutput()
@@ -111,6 +112,7 @@ func requireSocket(t *testing.T, path, why string) {
 // default state directory. A socket an agent listens on, or a path that is
 // not a socket, is left alone (exit 1).
 func TestPrivilegedCleanupRemovesShellSocket(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	require.Equal(t, filepath.Join(identitycell.DefaultConfig.StateDir, defaultShellSockName), cells.DefaultShellSockPath,
 		"without the flag, cleanup removes the agent's default socket of the default state directory")

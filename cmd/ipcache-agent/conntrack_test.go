@@ -116,6 +116,7 @@ func (e *e2e) ctList() []ctListEntry {
 // during and after an agent restart, across a SIGKILL of the agent and
 // while no agent runs; cleanup removes the map.
 func TestPrivilegedConntrackAcrossRestarts(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	e.policyFile("ct.yaml", ctPolicy)
 	e.startAgent()
@@ -192,6 +193,7 @@ func TestPrivilegedConntrackAcrossRestarts(t *testing.T) {
 // --conntrack-map-max-entries migrates the map, entries and all; with the
 // test timeout, the agent's job deletes expired entries.
 func TestPrivilegedConntrackCollection(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	e.policyFile("ct.yaml", ctPolicy)
 	e.extraArgs = []string{"--conntrack-map-max-entries=1024"}
@@ -236,6 +238,7 @@ func TestPrivilegedConntrackCollection(t *testing.T) {
 // --conntrack-map-max-entries is a documented flag, checked at start; the
 // test flags are hidden.
 func TestConntrackFlags(t *testing.T) {
+	t.Parallel()
 	stdout, _, code := runAgentCommand(t, "--help")
 	require.Equal(t, agentcmd.ExitOK, code)
 	require.Contains(t, stdout, "--conntrack-map-max-entries uint32")

@@ -89,6 +89,7 @@ const (
 // policy set alone. A last run stops cleanly: its checkpoint names exactly
 // the identities in the map.
 func TestPrivilegedCrashSafety(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv(crashSeedEnv); s != "" {

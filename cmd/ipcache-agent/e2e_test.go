@@ -54,7 +54,9 @@ func mustRun(t *testing.T, args ...string) {
 
 func newE2E(t *testing.T) *e2e {
 	privileged.Test(t)
-	suffix := strconv.Itoa(os.Getpid() % 100000)
+	// The tests run in parallel, each in namespaces of its own: the name
+	// tells the test and the test process.
+	suffix := strconv.Itoa(os.Getpid()%100000) + "-" + nsSafe.ReplaceAllString(t.Name(), "-")
 	e := &e2e{
 		t: t, epNS: "ipca-ep-" + suffix, hostNS: "ipca-host-" + suffix,
 		bpfRoot: filepath.Join(t.TempDir(), "bpf"), stateDir: t.TempDir(), policyDir: t.TempDir(),
@@ -112,8 +114,27 @@ func (e *e2e) startAgent() {
 	cmd.Stdout, cmd.Stderr = e.agentLog, e.agentLog
 	require.NoError(e.t, cmd.Start())
 	e.agent = cmd
-	require.Eventually(e.t, func() bool { return strings.Contains(e.agentLog.String(), "Started hive") },
-		15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+	require.Eventually(e.t, func() bool {
+		return strings.Contains(e.agentLog.String(), "Started hive") || exited(cmd.Process.Pid)
+	}, 15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+	if !strings.Contains(e.agentLog.String(), "Started hive") {
+		// An agent that refuses its flags or configuration exits at
+		// once: say so now rather than after the whole wait.
+		err := cmd.Wait()
+		e.agent = nil
+		require.FailNow(e.t, "agent exited at start", "%v: %s", err, e.agentLog)
+	}
+}
+
+// exited reports whether the child pid has exited (a zombie not yet
+// waited for), without waiting for it: its exec.Cmd's Wait still reaps it.
+func exited(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := strings.Cut(string(stat), ") ")
+	return strings.HasPrefix(rest, "Z")
 }
 
 func (e *e2e) stopAgent() {
@@ -127,8 +148,12 @@ func (e *e2e) stopAgent() {
 }
 
 // reachable pings addr once from the endpoint.
-func (e *e2e) reachable(addr string) bool {
-	return exec.Command("ip", "netns", "exec", e.epNS, "ping", "-c1", "-W1", addr).Run() == nil
+func (e *e2e) reachable(addr string) bool { return pingsFrom(e.epNS, addr) }
+
+// pingsFrom pings addr (IPv4 or IPv6) once from the namespace ns and
+// reports whether the echo was answered within a second.
+func pingsFrom(ns, addr string) bool {
+	return exec.Command("ip", "netns", "exec", ns, "ping", "-c1", "-W1", addr).Run() == nil
 }
 
 func (e *e2e) waitVerdicts(allowed, denied string) {
@@ -235,6 +260,10 @@ func (e *e2e) pinnedPolicy() map[datapathcell.PolicyMapKey]uint32 {
 	return m
 }
 
+// nsSafe matches what a test's name may hold that a namespace's name
+// (a file in /run/netns) should not.
+var nsSafe = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
 
 // TestPrivilegedEndToEnd runs the agent binary on the host side of an
@@ -243,6 +272,7 @@ var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`
 // restart of the agent and past the restore grace period loses nothing,
 // and both pinned maps are the same before and after.
 func TestPrivilegedEndToEnd(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	require.True(t, e.reachable(allowedIP) && e.reachable(otherIP), "before the agent, everything passes")
 

@@ -346,7 +346,7 @@ func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
 	}, faultAgentTimeout, 20*time.Millisecond, "the replaced policy map works")
 	a.stop()
 
-	for name, typ := range map[string]ebpf.MapType{datapathcell.IPCacheMapName: ebpf.LPMTrie, datapathcell.PolicyMapName: ebpf.Hash} {
+	for name, typ := range map[string]ebpf.MapType{datapathcell.IPCacheMapName: ebpf.LPMTrie, datapathcell.PolicyMapName: ebpf.LPMTrie} {
 		m, err := ebpf.LoadPinnedMap(r.pin(name), &ebpf.LoadPinOptions{ReadOnly: true})
 		require.NoError(t, err)
 		require.Equal(t, typ, m.Type(), name)

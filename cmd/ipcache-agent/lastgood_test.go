@@ -107,6 +107,7 @@ func (e *e2e) requireNoLoss(what string, pinger *probing, atLeast int) {
 // otherIP is dropped, and a ping every millisecond across the restart
 // loses nothing.
 func TestPrivilegedTypoThenRestart(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	good := "name: e2e\negress:\n  - toCIDR: [\"" + allowedOnly + "\"]\n"
 	e.policyFile(policyFile, good)
@@ -141,6 +142,7 @@ func TestPrivilegedTypoThenRestart(t *testing.T) {
 // there, so allowedIP keeps passing (not one probe lost) and otherIP stays
 // dropped.
 func TestPrivilegedContestedNameRestart(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	e.policyFile("z.yaml", "name: x\negress:\n  - toCIDR: [\""+allowedOnly+"\"]\n")
 	e.startAgent()
@@ -179,6 +181,7 @@ func TestPrivilegedContestedNameRestart(t *testing.T) {
 // keeps its identity number. Another policy keeps egress enforced, so
 // that the file's rules going away would drop probes.
 func TestPrivilegedEditorSave(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	content := []byte("name: e2e\negress:\n  - toCIDR: [\"" + allowedOnly + "\"]\n")
 	path := filepath.Join(e.policyDir, policyFile)

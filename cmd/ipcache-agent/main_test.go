@@ -4,10 +4,13 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +44,26 @@ func TestMain(m *testing.M) {
 	}
 	stopsignal.Release()
 	defaultSIGHUP()
+	moreParallel()
 	goleak.VerifyTestMain(m)
+}
+
+// minParallel is how many tests of this package run at once unless
+// -test.parallel says otherwise: they spend most of their time waiting on
+// agents, grace periods and probes rather than on the CPU, so the default
+// (GOMAXPROCS, two cores in CI) leaves the machine idle.
+const minParallel = 4
+
+// moreParallel raises -test.parallel to minParallel when it was not given.
+func moreParallel() {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given && runtime.GOMAXPROCS(0) < minParallel {
+		if err := flag.Set("test.parallel", strconv.Itoa(minParallel)); err != nil {
+			panic(fmt.Sprintf("set -test.parallel: %v", err))
+		}
+	}
 }
 
 // defaultSIGHUP sets SIGHUP's disposition to SIG_DFL, which os/signal
@@ -64,7 +86,14 @@ func agentCommand(args ...string) *exec.Cmd {
 
 func runAgentCommand(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runAgentCommandEnv(t, nil, args...)
+}
+
+// runAgentCommandEnv is runAgentCommand with more environment variables.
+func runAgentCommandEnv(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	cmd := agentCommand(args...)
+	cmd.Env = append(cmd.Env, env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -76,6 +105,7 @@ func runAgentCommand(t *testing.T, args ...string) (stdout, stderr string, code 
 }
 
 func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -86,6 +116,8 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"--log-format=xml"}, "--log-format"},
 		{[]string{"--ipcache-map-max-entries=0"}, "--ipcache-map-max-entries"},
 		{[]string{"--ipcache-map-max-entries=lots"}, "--ipcache-map-max-entries"},
+		{[]string{"--enable-policy=sometimes"}, "--enable-policy"},
+		{[]string{"hive", "--enable-policy=Always"}, "--enable-policy"},
 		{[]string{"--no-such-flag"}, "--no-such-flag"},
 		{[]string{"hive", "--no-such-flag"}, "--no-such-flag"},
 		{[]string{"unexpected-argument"}, "unexpected-argument"},
@@ -96,7 +128,24 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 	}
 }
 
+// TestEnablePolicyFromEnvironment: IPCACHE_AGENT_ENABLE_POLICY goes
+// through the flag's validation: a bad value exits 2 naming the flag, a
+// good one is the configuration.
+func TestEnablePolicyFromEnvironment(t *testing.T) {
+	t.Parallel()
+	run := func(value string, args ...string) (string, string, int) {
+		return runAgentCommandEnv(t, []string{"IPCACHE_AGENT_ENABLE_POLICY=" + value}, args...)
+	}
+	_, stderr, code := run("sometimes", "hive")
+	require.Equal(t, agentcmd.ExitUsage, code, stderr)
+	require.Contains(t, stderr, `--enable-policy "sometimes": want default, always or never`)
+	stdout, stderr, code := run("never", "hive")
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Contains(t, stdout, "EnablePolicy: (string) (len=5) \"never\"")
+}
+
 func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
+	t.Parallel()
 	stdout, stderr, code := runAgentCommand(t, "hive")
 	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	for _, want := range []string{"identity (Local CIDR identity allocation)", "ipcache (", "datapath (", "datapathcell.Config", "identitycell.Config", "StateDir", "IdentityRestoreGracePeriod: (time.Duration) 10m0s", "Start hooks"} {
@@ -105,6 +154,7 @@ func TestHiveListsIdentityModuleAndConfig(t *testing.T) {
 }
 
 func TestHiveDotGraph(t *testing.T) {
+	t.Parallel()
 	stdout, stderr, code := runAgentCommand(t, "hive", "dot-graph")
 	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	require.True(t, strings.HasPrefix(stdout, "digraph {"), stdout)
@@ -112,10 +162,11 @@ func TestHiveDotGraph(t *testing.T) {
 }
 
 func TestHelpDescribesFlags(t *testing.T) {
+	t.Parallel()
 	stdout, _, code := runAgentCommand(t, "--help")
 	require.Equal(t, agentcmd.ExitOK, code)
 	for _, flag := range []string{"--state-dir", "--identity-restore-grace-period", "--log-level", "--log-format",
-		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries"} {
+		"--bpf-root", "--devices", "--ipcache-map-max-entries", "--policy-map-max-entries", "--enable-policy"} {
 		require.Contains(t, stdout, flag)
 	}
 	require.NotContains(t, stdout, "identity-local-space-size", "test-only flags are hidden")
@@ -125,6 +176,7 @@ func TestHelpDescribesFlags(t *testing.T) {
 // and stops it with SIGTERM and with SIGINT: both are a clean stop (exit 0)
 // that leaves the identity checkpoint behind.
 func TestRunStopsCleanlyOnSignal(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		stateDir := filepath.Join(t.TempDir(), "state")
@@ -151,6 +203,7 @@ func TestRunStopsCleanlyOnSignal(t *testing.T) {
 // TestPolicyDirNotADirectoryExitsTwo: a --policy-dir that is a file (or a
 // symlink to one) is bad configuration: exit 2 at start, naming the flag.
 func TestPolicyDirNotADirectoryExitsTwo(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "policies.yaml")
 	require.NoError(t, os.WriteFile(file, []byte("name: p\n"), 0o600))
 	link := filepath.Join(t.TempDir(), "policies")
@@ -168,6 +221,7 @@ func TestPolicyDirNotADirectoryExitsTwo(t *testing.T) {
 // TestShellWithoutAgentFailsFast: `shell` with no agent on the socket exits
 // 1 at once, with one message naming the socket.
 func TestShellWithoutAgentFailsFast(t *testing.T) {
+	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "shell.sock")
 	for _, args := range [][]string{{"health"}, nil} {
 		start := time.Now()
@@ -179,6 +233,7 @@ func TestShellWithoutAgentFailsFast(t *testing.T) {
 }
 
 func TestRuntimeFailureExitsOne(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "not-a-dir")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
 	_, stderr, code := runAgentCommand(t, "--state-dir="+filepath.Join(file, "state"), "--shell-sock-path=")

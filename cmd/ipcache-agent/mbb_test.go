@@ -22,6 +22,11 @@ import (
 // through the enforcement program while a policy change that keeps the
 // address allowed is applied, and not one probe lost, round after round.
 
+// These tests do not run in parallel with the others: the pinger is a
+// goroutine of the test process, and the probe rate they require (one per
+// 5 ms at worst) is not kept with the other tests' agents and samplers on
+// the same two cores.
+
 // mbbAfter is how long the probes go on once the change is applied.
 const mbbAfter = 200 * time.Millisecond
 

@@ -78,6 +78,7 @@ func matching(events []map[string]any, dst string) []map[string]any {
 }
 
 func TestPrivilegedMonitor(t *testing.T) {
+	t.Parallel()
 	e := newE2E(t)
 	e.writePolicy(allowedIP)
 	e.startAgent()
@@ -208,6 +209,9 @@ func (e *e2e) flood(dst string, pps int, stop <-chan struct{}) int {
 	}
 }
 
+// TestPrivilegedMonitorFlood does not run in parallel with the other tests:
+// the flood is sent by the test process, at a rate it does not keep with
+// the other tests' agents on the same two cores.
 func TestPrivilegedMonitorFlood(t *testing.T) {
 	e := newE2E(t)
 	e.writePolicy(allowedIP)

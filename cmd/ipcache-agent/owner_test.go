@@ -56,6 +56,7 @@ func requireServes(t *testing.T, d agentDirs) {
 // running agent's pid, and leaves its maps, checkpoint and socket alone;
 // the first one keeps running, healthy.
 func TestPrivilegedSecondAgentExitsOne(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	first := startAgentProcess(t, agentCommand(dirs.args()...))
@@ -93,6 +94,7 @@ func TestPrivilegedSecondAgentExitsOne(t *testing.T) {
 // running agent's pid and removes nothing; once the agent stopped, it
 // cleans up.
 func TestPrivilegedCleanupRefusedWhileAgentRuns(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	agent := startAgentProcess(t, agentCommand(dirs.args()...))
@@ -119,6 +121,7 @@ func TestPrivilegedCleanupRefusedWhileAgentRuns(t *testing.T) {
 // TestPrivilegedKilledAgentDoesNotBlock: the locks of a SIGKILLed agent go
 // with it; the next agent on the same directories starts and stops cleanly.
 func TestPrivilegedKilledAgentDoesNotBlock(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	killed := startAgentProcess(t, agentCommand(dirs.args()...))

@@ -47,7 +47,7 @@ func newValidateCommand(stdout io.Writer) *cobra.Command {
 		Short: "Check policy files as the agent would read them, without an agent",
 		Long: `validate reads each policy file with the agent's parser and checks: the
 formats (native, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy,
-NetworkPolicy, List), what this version cannot enforce yet, the size limit,
+NetworkPolicy, List), what the agent cannot enforce, the size limit,
 and policy names used by several of the files (taken in name order, the
 first keeps the name, as in a policy directory). It prints one line per
 file, "FILE: ok (N policies: names)" or the agent's error, or with -o json

@@ -25,13 +25,14 @@ const (
 	validCNP = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: web, namespace: shop}\n" +
 		"spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n"
 	validNative = "name: a\negress:\n  - toCIDR: [192.0.2.0/24]\n---\nname: b\ningress: [{}]\n"
-	denyCNP     = "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: deny}\n" +
-		"spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n"
+	fqdnCNP     = "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: fqdn}\n" +
+		"spec:\n  egress:\n    - toFQDNs: [{matchName: example.com}]\n"
 )
 
 func TestPolicyValidate(t *testing.T) {
+	t.Parallel()
 	dir := writeFiles(t, map[string]string{
-		"cnp.yaml": validCNP, "native.yaml": validNative, "deny.yaml": denyCNP,
+		"cnp.yaml": validCNP, "native.yaml": validNative, "fqdn.yaml": fqdnCNP,
 		"typo.yaml":  "name: c\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPort: []\n",
 		"again.yaml": "name: a\ningress: [{}]\n",
 	})
@@ -42,11 +43,11 @@ func TestPolicyValidate(t *testing.T) {
 	require.Equal(t, path("cnp.yaml")+": ok (1 policies: shop/web)\n"+path("native.yaml")+": ok (2 policies: a, b)\n", stdout)
 	require.Empty(t, stderr)
 
-	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("deny.yaml"))
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("fqdn.yaml"))
 	require.Equal(t, 1, code)
 	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b)\n"+
-		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts`+"\n"+
-		path("deny.yaml")+`:6: invalid policy file: policy "deny": egressDeny[0]: deny rules (egressDeny) are not enforced by this version yet`+"\n", stdout)
+		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps`+"\n"+
+		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
 	require.Equal(t, "ipcache-agent: invalid policy files: 2 of 3\n", stderr)
 
 	// A name two files use: the first in name order keeps it.
@@ -65,6 +66,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestPolicyValidateJSON(t *testing.T) {
+	t.Parallel()
 	dir := writeFiles(t, map[string]string{"cnp.yaml": validCNP, "typo.yaml": "name: c\nnme: d\n"})
 	stdout, _, code := runAgentCommand(t, "policy", "validate", "-o", "json", filepath.Join(dir, "cnp.yaml"), filepath.Join(dir, "typo.yaml"))
 	require.Equal(t, 1, code)
@@ -99,6 +101,7 @@ func TestPolicyValidateJSON(t *testing.T) {
 }
 
 func TestPolicyValidateUsage(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := runAgentCommand(t, "policy", "validate")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "requires at least 1 arg(s)")

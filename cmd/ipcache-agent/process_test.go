@@ -134,6 +134,7 @@ func signalsCaught(pid int) (bool, error) {
 // any package's init; it kills any Go program) is sent as soon as that is
 // over, and counted.
 func TestPrivilegedEarlySIGTERMExitsZero(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	deferred := 0
 	for i := range 30 {
@@ -165,6 +166,7 @@ func TestPrivilegedEarlySIGTERMExitsZero(t *testing.T) {
 // TestPrivilegedSIGHUPIsIgnored: SIGHUP does not stop the agent (before or
 // after it started); SIGTERM then stops it cleanly.
 func TestPrivilegedSIGHUPIsIgnored(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	p := startAgentProcess(t, agentCommand(newAgentDirs(t).args()...))
 	require.Eventually(t, func() bool { caught, _ := signalsCaught(p.cmd.Process.Pid); return caught },
@@ -183,6 +185,7 @@ func TestPrivilegedSIGHUPIsIgnored(t *testing.T) {
 // (a policy file change logs, the shell answers) and exits 0 on SIGTERM,
 // which logs too.
 func TestPrivilegedClosedOutputDoesNotKill(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	policyDir := t.TempDir()

@@ -153,6 +153,7 @@ func listeningSockets(t *testing.T, pid int) []inetSocket {
 // listens on no network address: no TCP socket in LISTEN and no unconnected
 // UDP socket, in IPv4 or IPv6 (the shell is a unix socket).
 func TestPrivilegedNoListeningSocketByDefault(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	_, pid := startPrivateAgent(t)
 	require.Empty(t, listeningSockets(t, pid), "the agent listens on a network address without being asked")
@@ -161,6 +162,7 @@ func TestPrivilegedNoListeningSocketByDefault(t *testing.T) {
 // TestPrivilegedListensOnlyWhereAsked: with --prometheus-serve-addr the
 // agent listens on that one address, TCP, and on nothing else.
 func TestPrivilegedListensOnlyWhereAsked(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	log, pid := startPrivateAgent(t, "--prometheus-serve-addr=127.0.0.1:0")
 

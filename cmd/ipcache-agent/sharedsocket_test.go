@@ -39,6 +39,7 @@ func requireTouchedNothing(t *testing.T, d agentDirs) {
 // first one keeps its socket and serves. Once the first one stopped, the
 // second starts on that path.
 func TestPrivilegedSecondAgentSameSocketExitsOne(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	first := startAgentProcess(t, agentCommand(dirs.args()...))
@@ -69,6 +70,7 @@ func TestPrivilegedSecondAgentSameSocketExitsOne(t *testing.T) {
 // though nobody holds its lock (an agent of a version that takes none) is
 // not removed: the agent exits 1 naming the listener's pid.
 func TestPrivilegedLiveSocketWithoutLockNotStolen(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	dirs := newAgentDirs(t)
 	require.NoError(t, os.MkdirAll(dirs.stateDir, 0o700))

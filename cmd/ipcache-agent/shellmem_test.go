@@ -173,10 +173,34 @@ func (c *lineCount) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// shellClient runs command with bin's `shell`, as an operator would, and
+// counts the lines it prints. The clients are processes of the binary as
+// it ships rather than goroutines of the test: under the race detector,
+// reading 200k rows 50 times over would take most of the test's time.
+// A client whose turn did not come within the shell's wait (on a loaded
+// machine 50 clients of 200k rows take longer than that, two at a time)
+// is told so and asks again, as an operator would: the bound is on
+// memory, not on waiting.
+func shellClient(bin, sock, command string, out *lineCount) error {
+	for {
+		*out = lineCount{}
+		cmd := exec.Command(bin, append([]string{"shell", "--shell-sock-path=" + sock}, strings.Fields(command)...)...)
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = out, &stderr
+		err := cmd.Run()
+		if err == nil {
+			return nil
+		}
+		if !strings.Contains(stderr.String(), cells.ErrShellBusy.Error()) {
+			return fmt.Errorf("%s: %w: %s", command, err, &stderr)
+		}
+	}
+}
+
 // shellRound runs command on clients clients at once and returns the
 // agent's peak RSS over steady during it (the kernel's VmHWM) and how long
 // it took.
-func shellRound(t *testing.T, pid int, sock string, clients int, command func(i int) string, check func(i int, out *lineCount)) (peak int64, elapsed time.Duration) {
+func shellRound(t *testing.T, bin string, pid int, sock string, clients int, command func(i int) string, check func(i int, out *lineCount)) (peak int64, elapsed time.Duration) {
 	t.Helper()
 	resetPeakRSS(t, pid)
 	sampler := sampleRSS(t, pid)
@@ -185,19 +209,7 @@ func shellRound(t *testing.T, pid int, sock string, clients int, command func(i 
 	errs := make([]error, clients)
 	outs := make([]lineCount, clients)
 	for i := range clients {
-		wg.Go(func() {
-			// A client whose turn did not come within the shell's wait (on
-			// a loaded machine 50 clients of 200k rows take longer than
-			// that, two at a time) is told so and asks again, as an
-			// operator would: the bound is on memory, not on waiting.
-			for {
-				outs[i] = lineCount{}
-				errs[i] = cells.ShellExchange(sock, command(i), &outs[i])
-				if errs[i] == nil || !strings.HasPrefix(errs[i].Error(), cells.ErrShellBusy.Error()) {
-					return
-				}
-			}
-		})
+		wg.Go(func() { errs[i] = shellClient(bin, sock, command(i), &outs[i]) })
 	}
 	wg.Wait()
 	elapsed = time.Since(start)
@@ -235,6 +247,7 @@ func waitRSSBack(t *testing.T, pid int, steady int64) (rss int64, took time.Dura
 // shellRSSReturn. (Before the shell streamed and bounded its commands,
 // the issue measured 7.5 GB, still 7.2 GB afterwards, and 2.2 GB mixed.)
 func TestPrivilegedShellMemory(t *testing.T) {
+	t.Parallel()
 	privileged.Test(t)
 	bin := buildAgent(t)
 	dirs := newAgentDirs(t)
@@ -254,7 +267,7 @@ func TestPrivilegedShellMemory(t *testing.T) {
 	loaded := time.Since(loadStart)
 	steady := steadyRSS(t, pid)
 
-	showPeak, showTime := shellRound(t, pid, sock, shellRSSClients,
+	showPeak, showTime := shellRound(t, bin, pid, sock, shellRSSClients,
 		func(int) string { return "db/show ipcache" },
 		func(i int, out *lineCount) {
 			require.Equal(t, shellRSSPrefixes+1, out.lines, "client %d: a header and one row per prefix", i)
@@ -266,7 +279,7 @@ func TestPrivilegedShellMemory(t *testing.T) {
 		"db/show --format=json ipcache", "db/prefix ipcache 10.0.0.0/16", "ipcache/lookup 10.0.0.5",
 		"policy/list", "health", "db",
 	}
-	mixedPeak, mixedTime := shellRound(t, pid, sock, shellRSSClients,
+	mixedPeak, mixedTime := shellRound(t, bin, pid, sock, shellRSSClients,
 		func(i int) string { return commands[i%len(commands)] },
 		func(i int, out *lineCount) { require.Positive(t, out.lines, commands[i%len(commands)]) })
 	mixedAfter, mixedBack, mixedReturned := waitRSSBack(t, pid, steady)

@@ -15,6 +15,7 @@ import (
 // embedded object's SHA-256 and both programs' tags; with no agent's pins
 // under --bpf-root, nothing attached and no error.
 func TestVersionJSON(t *testing.T) {
+	t.Parallel()
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"version", "-o", "json", "--bpf-root", t.TempDir()}, &stdout, &stderr)
 	require.Zero(t, code, "stderr: %s", &stderr)

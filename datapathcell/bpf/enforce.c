@@ -15,14 +15,21 @@
 //                          address is the source.
 //
 // For an IP packet, the remote address's identity is the longest-prefix
-// match in `ipcache` (world, 2, when nothing matches). When the direction is
-// enforced (`enforcement`[direction] == 1) the packet passes only if it
-// replies to a tracked connection (below) or `policy` allows the identity
-// for (protocol, port), (protocol, any port) or (any protocol); otherwise it
-// is dropped. Every verdict on IP traffic is counted in `counters`, in
-// packets and bytes (skb->len): index direction * 4 + slot, slot 0 allowed,
-// slot REASON_NO_POLICY (1) or REASON_MALFORMED (2) a drop of that reason,
-// slot 3 unused (layout in ../abi.go).
+// match in `ipcache` (world, 2, when nothing matches). A direction is
+// enforced when `enforcement`[direction] is ENFORCE_DEFAULT_DENY (1) or
+// ENFORCE_DENY_ONLY (2). There a packet that replies to a tracked
+// connection (below) passes; any other is looked up in `policy` (an LPM
+// trie, policy_verdict) for the remote identity and for identity 0 (rules
+// for any identity; skipped while the agent says, in policy_flags, that
+// the map holds none), with its protocol and destination port (ICMP: type
+// and code) at prefix length 64, or with the protocol only (48) when it
+// has no port. A deny from either lookup drops it (REASON_POLICY_DENY);
+// else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
+// and 2 passes it (REASON_NOT_DENIED). Every verdict on IP traffic is
+// counted in `counters`, in packets and bytes (skb->len): index
+// direction * 4 + slot, slot 0 allowed, slot REASON_NO_POLICY (1),
+// REASON_MALFORMED (2) or REASON_POLICY_DENY (3) a drop of that reason
+// (layout in ../abi.go).
 //
 // Connection tracking (docs/CONTRACT.md; map layout in ../abi.go):
 //   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
@@ -35,7 +42,8 @@
 //     jiffy and CPU and keeps it in the per-CPU, unpinned map `clock`
 //     (now_ns), so an expiry may be set one tick early.
 //   - Tracked: TCP, UDP and SCTP (by ports), ICMP and ICMPv6 echo (by the
-//     echo identifier, in the endpoint port; remote port 0). SCTP is
+//     echo identifier, in the endpoint port; remote port 0: the policy
+//     lookup uses the type and code instead, see flow.dport). SCTP is
 //     tracked like UDP, by its common header's ports: its chunks are not
 //     read, and a multihomed association's packets from or to another of
 //     the peer's addresses are another entry. Nothing else is
@@ -144,10 +152,12 @@
 //     lost_full); the agent sums them (ipcache_agent_events_lost_total).
 //   - Reasons (one table, mirrored in ../events.go): drops REASON_NO_POLICY
 //     (default deny: no policy entry allows it), REASON_MALFORMED (an IP
-//     header too short); allows REASON_POLICY (a policy entry), REASON_REPLY
-//     (a reply of a tracked connection), REASON_ESTABLISHED (a tracked
-//     forward packet allowed at the current revision), REASON_RELATED (an
-//     ICMP error about a tracked connection).
+//     header too short), REASON_POLICY_DENY (a deny entry matches it);
+//     allows REASON_POLICY (a policy entry), REASON_REPLY (a reply of a
+//     tracked connection), REASON_ESTABLISHED (a tracked forward packet
+//     allowed at the current revision), REASON_RELATED (an ICMP error about
+//     a tracked connection), REASON_NOT_DENIED (nothing matches it in a
+//     direction of deny rules only).
 //     A drop's reason is also its slot in `counters` (COUNT_ALLOWED, 0, is
 //     the allowed packets'), so the drop reasons stay below 4.
 //
@@ -266,6 +276,19 @@ struct __sk_buff {
 
 #define IDENTITY_WORLD 2
 #define VERDICT_ALLOW 1
+#define VERDICT_DENY 2
+
+// Prefix lengths of policy_key lookups: a packet with a port (or an ICMP
+// type and code) is looked up with all of it; one without, with identity,
+// direction and protocol only, so that only protocol-wide and any-protocol
+// entries match it.
+#define POLICY_PREFIX_PORT 64
+#define POLICY_PREFIX_PROTOCOL 48
+
+// Values of `enforcement`[direction].
+#define ENFORCE_NONE 0
+#define ENFORCE_DEFAULT_DENY 1
+#define ENFORCE_DENY_ONLY 2
 
 // Bits of ipcache_key before ip: cluster_id, pad and family.
 #define IPCACHE_STATIC_PREFIX_BITS 32
@@ -298,13 +321,21 @@ struct __sk_buff {
 #define COUNT_ALLOWED 0
 #define REASON_NO_POLICY 1
 #define REASON_MALFORMED 2
+#define REASON_POLICY_DENY 3
 #define REASON_POLICY 16
 #define REASON_REPLY 17
 #define REASON_ESTABLISHED 18
 #define REASON_RELATED 19
+#define REASON_NOT_DENIED 20
 
 #define EVENT_DROP 0
 #define EVENT_ALLOW 1
+
+// policy_flags is set by the agent at run time (POLICY_*), in .bss: a
+// new program starts at 0, which skips nothing, until the agent knows
+// what the pinned policy map holds.
+#define POLICY_NO_ANY_IDENTITY 0x1 // no identity-0 entry: skip that lookup
+volatile __u32 policy_flags;
 
 // events_mask is set by the agent at run time (EVENTS_*): in .bss, which
 // the agent writes through its mapping.
@@ -334,7 +365,11 @@ struct remote_endpoint_info {
 	__u8 flags;
 };
 
+// The policy map's LPM key: prefixlen counts the bits after it that must
+// match (40 identity and direction, 48 also the protocol, 48 + n also the
+// first n bits of dport).
 struct policy_key {
+	__u32 prefixlen;
 	__u32 sec_identity;
 	__u8 direction;
 	__u8 protocol;
@@ -381,10 +416,11 @@ struct {
 } ipcache SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct policy_key);
 	__type(value, struct policy_value);
 	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } policy SEC(".maps");
 
 struct {
@@ -490,7 +526,7 @@ struct flow {
 	__u32 ports;      // endpoint_port and remote_port as in the key
 	__u8 protocol;
 	__u8 family;
-	__be16 dport;
+	__be16 dport;      // for ICMP and ICMPv6: the bytes type, code
 	__u8 has_port;
 	__u8 tracked;      // a TCP, UDP, SCTP or ICMP echo packet with its ports or identifier
 	__u8 tcp_flags;
@@ -646,6 +682,10 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 		if (!l4)
 			break;
 		flow->icmp_type = l4[0];
+		// Policy matches type (and code) as a port: the type in the
+		// high byte of dport, in network order.
+		flow->dport = LOAD16(l4, 0);
+		flow->has_port = 1;
 		if (protocol == IPPROTO_ICMP ? (l4[0] == ICMP_ECHO || l4[0] == ICMP_ECHOREPLY)
 					     : (l4[0] == ICMPV6_ECHO_REQUEST || l4[0] == ICMPV6_ECHO_REPLY)) {
 			flow->echo_request = protocol == IPPROTO_ICMP ? l4[0] == ICMP_ECHO
@@ -811,26 +851,38 @@ static __always_inline __u32 remote_identity(const struct ipcache_key *key)
 	return info ? info->sec_identity : IDENTITY_WORLD;
 }
 
-static __always_inline int policy_allows(__u32 identity, __u8 direction, const struct flow *flow)
+// policy_verdict looks the packet up for the remote identity and for
+// identity 0 (entries for any identity): VERDICT_DENY if either finds a
+// deny, else VERDICT_ALLOW if either finds an allow, else 0. Each lookup
+// finds the longest matching prefix, so inside one identity an allow
+// narrower than a deny would win; the agent never writes such an allow
+// (docs/CONTRACT.md).
+static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, const struct flow *flow)
 {
-	// struct policy_key as one word, written in one store (set_ct_tail).
-	__u64 any = (__u64)identity | (__u64)direction << 32;
-	__u64 protocol = any | (__u64)flow->protocol << 40;
-	__u64 key = protocol | (__u64)flow->dport << 48;
-	struct policy_value *value;
+	// Both keys are written whole, in word stores, before either lookup
+	// (see set_remote_key).
+	__u64 keys[4] __attribute__((aligned(8)));
+	__u64 prefixlen = flow->has_port ? POLICY_PREFIX_PORT : POLICY_PREFIX_PROTOCOL;
+	__u64 tail = (__u64)direction | (__u64)flow->protocol << 8 |
+		     (__u64)(flow->has_port ? flow->dport : 0) << 16;
+	struct policy_value *remote, *any;
 
-	if (flow->has_port) {
-		value = bpf_map_lookup_elem(&policy, &key);
-		if (value && value->verdict == VERDICT_ALLOW)
-			return 1;
-	}
-	key = protocol;
-	value = bpf_map_lookup_elem(&policy, &key);
-	if (value && value->verdict == VERDICT_ALLOW)
-		return 1;
-	key = any;
-	value = bpf_map_lookup_elem(&policy, &key);
-	return value && value->verdict == VERDICT_ALLOW;
+	keys[0] = prefixlen | (__u64)identity << 32;
+	keys[1] = tail;
+	keys[2] = prefixlen;
+	keys[3] = tail;
+	remote = bpf_map_lookup_elem(&policy, &keys[0]);
+	if (remote && remote->verdict == VERDICT_DENY)
+		return VERDICT_DENY;
+	// The agent sets the flag only while the map holds no identity-0
+	// entry (and clears it before it writes one): the lookup could find
+	// nothing then.
+	any = (policy_flags & POLICY_NO_ANY_IDENTITY) ? 0 : bpf_map_lookup_elem(&policy, &keys[2]);
+	if (any && any->verdict == VERDICT_DENY)
+		return VERDICT_DENY;
+	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
+		return VERDICT_ALLOW;
+	return 0;
 }
 
 // now_ns is bpf_ktime_get_coarse_ns, read once per jiffy and CPU. The
@@ -1044,8 +1096,9 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 	__u32 quoted = 0;
 	__u64 checked;
-	__u32 identity;
+	__u32 identity, verdict;
 	__u32 *value;
+	__u32 mode;
 	int enforced, other_enforced = 0;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
 	const __u8 *eth;
@@ -1058,11 +1111,14 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
 		return TCX_NEXT;
 
+	// Default deny and deny-only are tracked and checked alike; they
+	// differ only in what a packet that matches nothing gets.
 	value = bpf_map_lookup_elem(&enforcement, &index);
-	enforced = value && *value == 1;
+	mode = value ? *value : ENFORCE_NONE;
+	enforced = mode != ENFORCE_NONE;
 	if (!enforced) {
 		value = bpf_map_lookup_elem(&enforcement, &other);
-		other_enforced = value && *value == 1;
+		other_enforced = value && *value != ENFORCE_NONE;
 	}
 	if (!enforced && !other_enforced) {
 		// Nothing to enforce, and no reply to track for.
@@ -1127,14 +1183,15 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// cache line that every CPU shares.
 	checked = flow.tracked ? current_revision() : 0;
 	identity = remote_identity(&remote);
-	if (policy_allows(identity, direction, &flow)) {
+	verdict = policy_verdict(identity, direction, &flow);
+	if (verdict == VERDICT_ALLOW || (!verdict && mode == ENFORCE_DENY_ONLY)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, checked);
-		return allow(skb, &flow, direction, REASON_POLICY, identity);
+		return allow(skb, &flow, direction, verdict ? REASON_POLICY : REASON_NOT_DENIED, identity);
 	}
 	if (ct)
 		bpf_map_delete_elem(&conntrack, &flow.ct);
-	return drop(skb, &flow, direction, REASON_NO_POLICY, identity);
+	return drop(skb, &flow, direction, verdict ? REASON_POLICY_DENY : REASON_NO_POLICY, identity);
 }
 
 SEC("tcx/ingress")

@@ -35,6 +35,7 @@ const (
 	EnforceVarCtTimeoutTcpEstablished = "ct_timeout_tcp_established"
 	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
 	EnforceVarEventsMask              = "events_mask"
+	EnforceVarPolicyFlags             = "policy_flags"
 )
 
 // LoadEnforce returns the embedded CollectionSpec for Enforce.
@@ -107,6 +108,7 @@ type EnforceVariableSpecs struct {
 	CtTimeoutTcpEstablished *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
 	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
+	PolicyFlags             *ebpf.VariableSpec `ebpf:"policy_flags"`
 }
 
 // EnforceObjects contains all objects after they have been loaded into the kernel.
@@ -163,6 +165,7 @@ type EnforceVariables struct {
 	CtTimeoutTcpEstablished *ebpf.Variable `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
 	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
+	PolicyFlags             *ebpf.Variable `ebpf:"policy_flags"`
 }
 
 // EnforcePrograms contains all programs after they have been loaded into the kernel.

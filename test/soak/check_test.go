@@ -240,8 +240,8 @@ func (a *agent) checkConverged(m *model) string {
 		return err.Error()
 	}
 	for e := range a.policy.All(txn) {
-		k := datapathcell.NewPolicyMapKey(uint32(e.Key.Identity), uint8(e.Key.Direction), uint8(e.Key.Protocol), e.Key.Port)
-		if v, ok := pinnedPolicy[k]; !ok || v != uint32(policycell.VerdictAllow) {
+		k := datapathcell.NewPolicyMapKey(e.Key)
+		if v, ok := pinnedPolicy[k]; !ok || v != uint32(e.Verdict) {
 			return fmt.Sprintf("pinned policy map has %s -> %d (present %t)", e.Key, v, ok)
 		}
 	}

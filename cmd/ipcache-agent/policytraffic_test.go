@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+)
+
+// Deny, port ranges, ICMP types, enableDefaultDeny and --enable-policy
+// through the real binary (issue 19; docs/CONTRACT.md, DESIGN.md sections
+// 6, 7 and 9): policy files in the formats people already have, and
+// connections, datagrams and pings from the endpoint through the
+// enforcement program. One agent serves every scenario that runs with the
+// same flags; a scenario replaces the policy directory's content and
+// waits until the agent holds exactly its files in force.
+
+// probeTimeout bounds a TCP connect or a UDP datagram's arrival. A SYN
+// the program drops is retransmitted after a second, so a dropped connect
+// times out rather than being refused, while an allowed one on the veth
+// is answered at once.
+const probeTimeout = 500 * time.Millisecond
+
+// The endpoint's IPv6 address and the host side's, on the veth.
+const (
+	epAddr6       = "fd00:201::2"
+	hostSideAddr6 = "fd00:201::1"
+)
+
+// What a probe saw.
+const (
+	connected = "connected"
+	timedOut  = "timed out"
+	delivered = "delivered"
+	answered  = "answered"
+	lost      = "lost"
+)
+
+// probe is one piece of traffic and what it must see.
+type probe struct {
+	what string
+	run  func() string
+	want string
+}
+
+// tcpProbe connects from the endpoint to addr (an EchoTCP server) and
+// echoes a byte: connected, timed out, or the error (a refused connection
+// is neither a pass nor a policy drop).
+func (e *e2e) tcpProbe(addr string, want string) probe {
+	return probe{what: "TCP " + addr, want: want, run: func() string {
+		var c net.Conn
+		err := netnstest.InNetns(e.t, e.epNS, func() (err error) {
+			c, err = net.DialTimeout("tcp", addr, probeTimeout)
+			return err
+		})
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			return timedOut
+		}
+		if err != nil {
+			return err.Error()
+		}
+		defer c.Close()
+		if err := c.SetDeadline(time.Now().Add(probeTimeout)); err != nil {
+			return err.Error()
+		}
+		if _, err := c.Write([]byte{1}); err != nil {
+			return "connected, write: " + err.Error()
+		}
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			return "connected, no echo: " + err.Error()
+		}
+		return connected
+	}}
+}
+
+// echoTCP serves TCP echo on every port at addr in the host side's
+// namespace, for the running subtest.
+func (e *e2e) echoTCP(addr string, ports ...int) {
+	for _, port := range ports {
+		netnstest.EchoTCP(e.t, e.hostNS, net.JoinHostPort(addr, fmt.Sprint(port)))
+	}
+}
+
+// udpSink is a UDP socket on the host side that the endpoint's datagrams
+// are to reach.
+type udpSink struct {
+	conn net.PacketConn
+	addr string
+	seq  int
+}
+
+func (e *e2e) udpSink(addr string) *udpSink {
+	e.t.Helper()
+	s := &udpSink{addr: addr}
+	require.NoError(e.t, netnstest.InNetns(e.t, e.hostNS, func() (err error) {
+		s.conn, err = net.ListenPacket("udp", addr)
+		return err
+	}))
+	e.t.Cleanup(func() { s.conn.Close() })
+	return s
+}
+
+// udpProbe sends a datagram from the endpoint to the sink: delivered if
+// it arrives within probeTimeout, else lost. Each datagram says which it
+// is, so a late one of an earlier round is not taken for this one's.
+func (e *e2e) udpProbe(s *udpSink, want string) probe {
+	return probe{what: "UDP " + s.addr, want: want, run: func() string {
+		s.seq++
+		msg := fmt.Sprintf("probe %d", s.seq)
+		err := netnstest.InNetns(e.t, e.epNS, func() error {
+			c, err := net.Dial("udp", s.addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte(msg))
+			return err
+		})
+		if err != nil {
+			return "send: " + err.Error()
+		}
+		if err := s.conn.SetReadDeadline(time.Now().Add(probeTimeout)); err != nil {
+			return err.Error()
+		}
+		buf := make([]byte, 64)
+		for {
+			n, _, err := s.conn.ReadFrom(buf)
+			if err != nil {
+				return lost
+			}
+			if string(buf[:n]) == msg {
+				return delivered
+			}
+		}
+	}}
+}
+
+// pingProbe pings to from the namespace from once.
+func pingProbe(from, to, want string) probe {
+	return probe{what: "ping " + to, want: want, run: func() string {
+		if pingsFrom(from, to) {
+			return answered
+		}
+		return lost
+	}}
+}
+
+// expect runs every probe until all see what they want in one round, for
+// at most ten seconds (the enforcement map and the program follow the
+// tables a moment later), and fails with what each saw last.
+func (e *e2e) expect(probes ...probe) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for round := 1; ; round++ {
+		var report strings.Builder
+		ok := true
+		for _, p := range probes {
+			got := p.run()
+			mark := "ok"
+			if got != p.want {
+				ok, mark = false, "WRONG"
+			}
+			fmt.Fprintf(&report, "  %-5s %-28s want %-9s got %s\n", mark, p.what, p.want, got)
+		}
+		if ok {
+			e.t.Logf("round %d:\n%s", round, &report)
+			return
+		}
+		if time.Now().After(deadline) {
+			require.FailNow(e.t, "traffic not as the policy says",
+				"after %d rounds:\n%sagent log:\n%s", round, &report, e.agentLog)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// usePolicies makes files (name -> content) the policy directory's whole
+// content and waits until the agent lists exactly them, all in force and
+// all written to the policy map. A rejected file fails at once with the
+// agent's reason.
+func (e *e2e) usePolicies(files map[string]string) {
+	e.t.Helper()
+	dir, err := os.ReadDir(e.policyDir)
+	require.NoError(e.t, err)
+	for _, f := range dir {
+		if _, keep := files[f.Name()]; !keep && !strings.HasPrefix(f.Name(), ".") {
+			e.removePolicyFile(f.Name())
+		}
+	}
+	for name, content := range files {
+		e.policyFile(name, content)
+	}
+	want := slices.Sorted(maps.Keys(files))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var list []struct {
+			File, Status, Error string
+			NotWritten          int
+		}
+		out := e.shell("policy/list", "-o", "json")
+		require.NoError(e.t, json.Unmarshal([]byte(out), &list), "policy/list: %s", out)
+		var inForce []string
+		for _, f := range list {
+			name := filepath.Base(f.File)
+			if _, mine := files[name]; mine && f.Status == "rejected" {
+				require.FailNow(e.t, "policy file rejected", "%s: %s", name, f.Error)
+			}
+			if f.Status == "in force" && f.NotWritten == 0 {
+				inForce = append(inForce, name)
+			}
+		}
+		slices.Sort(inForce)
+		if slices.Equal(want, inForce) && len(list) == len(want) && e.policyMapIsTable() {
+			return
+		}
+		if time.Now().After(deadline) {
+			require.FailNow(e.t, "policy files not in force", "want %v; policy/list: %s\nagent log:\n%s", want, out, e.agentLog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// policyMapIsTable reports whether the pinned policy map holds exactly
+// the `policy` table's entries.
+func (e *e2e) policyMapIsTable() bool {
+	var diff struct{ Total int }
+	out := e.shell("bpf/policy", "--diff", "-o", "json")
+	require.NoError(e.t, json.Unmarshal([]byte(out), &diff), "bpf/policy --diff: %s", out)
+	return diff.Total == 0
+}
+
+// runAgentWith makes the running agent one started with args: restarted
+// if it runs with other flags, started if none runs.
+func (e *e2e) runAgentWith(args ...string) {
+	e.t.Helper()
+	if e.agent != nil && slices.Equal(e.extraArgs, args) {
+		return
+	}
+	e.stopAgent()
+	e.extraArgs = args
+	e.startAgent()
+}
+
+// scenario points e at the subtest t (its failures, its servers'
+// cleanups), and back at the parent when t ends, and has an agent run with
+// agentArgs for it.
+func (e *e2e) scenario(t *testing.T, agentArgs ...string) {
+	parent := e.t
+	e.t = t
+	t.Cleanup(func() { e.t = parent })
+	e.runAgentWith(agentArgs...)
+}
+
+// cnp is a CiliumNetworkPolicy in namespace e2e with spec.
+func cnp(name, spec string) string {
+	return "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: " + name +
+		"\n  namespace: e2e\nspec:\n  endpointSelector: {}\n" + spec
+}
+
+// denyAll denies everything both ways, for every peer.
+var denyAll = cnp("deny-all", `  egressDeny:
+    - toEntities: [all]
+  ingressDeny:
+    - fromEntities: [all]
+`)
+
+func TestPrivilegedPolicyTraffic(t *testing.T) {
+	t.Parallel()
+	e := newE2E(t)
+	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", hostSideAddr6+"/64", "dev", e2eDevice, "nodad")
+	mustRun(t, "ip", "-n", e.epNS, "addr", "add", epAddr6+"/64", "dev", "eth0", "nodad")
+	require.Eventually(t, func() bool { return pingsFrom(e.epNS, hostSideAddr6) }, 10*time.Second, 50*time.Millisecond,
+		"the endpoint reaches %s before any agent runs", hostSideAddr6)
+	x, other := allowedIP, otherIP
+	hostPort := func(addr string, port int) string { return net.JoinHostPort(addr, fmt.Sprint(port)) }
+
+	// --enable-policy=always: both directions default deny without a
+	// single policy.
+	t.Run("enable-policy=always without policies drops both ways", func(t *testing.T) {
+		e.scenario(t, "--enable-policy=always")
+		e.usePolicies(nil)
+		e.expect(pingProbe(e.epNS, x, lost), pingProbe(e.hostNS, epAddr, lost))
+	})
+
+	// --enable-policy=never: a policy that denies everything is read and
+	// written to the policy map, and nothing is enforced. The same file
+	// in the default mode drops both ways: what passed is the flag's doing.
+	t.Run("enable-policy=never with deny-all passes both ways", func(t *testing.T) {
+		e.scenario(t, "--enable-policy=never")
+		e.usePolicies(map[string]string{"deny-all.yaml": denyAll})
+		e.expect(pingProbe(e.epNS, x, answered), pingProbe(e.hostNS, epAddr, answered))
+		verdicts := e.pinnedPolicy()
+		require.NotEmpty(t, verdicts, "the policy map keeps the entries")
+		for key, verdict := range verdicts {
+			require.Equal(t, uint32(2), verdict, "entry %x: deny (2)", key)
+		}
+
+		e.runAgentWith()
+		e.usePolicies(map[string]string{"deny-all.yaml": denyAll})
+		e.expect(pingProbe(e.epNS, x, lost), pingProbe(e.hostNS, epAddr, lost))
+	})
+
+	// An L3 deny of x wins over an allow of x's TCP port (narrower: the
+	// longest-prefix match alone would find the allow); the same allow of
+	// the other address, not denied, lets its connection through. The
+	// monitor shows the drop as policy-deny, naming the deny's policy.
+	t.Run("L3 deny beats a narrower port allow", func(t *testing.T) {
+		e.scenario(t)
+		e.echoTCP(x, 7001)
+		e.echoTCP(other, 7001)
+		drops := e.startMonitor("drop")
+		e.usePolicies(map[string]string{"l3-deny.yaml": cnp("l3-deny", `  egress:
+    - toCIDR: ["`+x+`/32", "`+other+`/32"]
+      toPorts: [{ports: [{port: "7001", protocol: TCP}]}]
+  egressDeny:
+    - toCIDR: ["`+x+`/32"]
+`)})
+		e.expect(e.tcpProbe(hostPort(x, 7001), timedOut), e.tcpProbe(hostPort(other, 7001), connected))
+
+		var denied map[string]any
+		require.Eventually(t, func() bool {
+			e.tcpProbe(hostPort(x, 7001), timedOut).run()
+			for _, ev := range drops.events() {
+				if ev["dst"] == x && ev["dport"] == float64(7001) {
+					denied = ev
+					return true
+				}
+			}
+			return false
+		}, 10*time.Second, 10*time.Millisecond, "monitor --type drop shows the denied SYN: %s", drops.out)
+		require.Equal(t, "drop", denied["verdict"])
+		require.Equal(t, "egress", denied["direction"])
+		require.Equal(t, "policy-deny", denied["reason"], "a deny entry dropped it, not default deny")
+		require.Equal(t, "e2e/l3-deny", denied["policy"], "the policy of the deny entry")
+	})
+
+	// A deny of x's TCP port 8080 wins over an L3 allow of x (broader):
+	// x's other port and ICMP pass; the other address, in no allow rule,
+	// is dropped by default deny. Native format.
+	t.Run("port deny beats a broader L3 allow", func(t *testing.T) {
+		e.scenario(t)
+		e.echoTCP(x, 8080, 8081)
+		e.echoTCP(other, 8081)
+		e.usePolicies(map[string]string{"port-deny.yaml": `name: port-deny
+egress:
+  - toCIDR: ["` + x + `/32"]
+egressDeny:
+  - toCIDR: ["` + x + `/32"]
+    toPorts: [{port: 8080, protocol: TCP}]
+`})
+		e.expect(e.tcpProbe(hostPort(x, 8080), timedOut), e.tcpProbe(hostPort(x, 8081), connected),
+			pingProbe(e.epNS, x, answered), e.tcpProbe(hostPort(other, 8081), timedOut))
+	})
+
+	// A NetworkPolicy port range 8000-8009, TCP and UDP: its first and
+	// last ports (in different aligned blocks: 8000-8007 and 8008-8009)
+	// pass, the ports on either side of it do not.
+	t.Run("endPort range first last and one past", func(t *testing.T) {
+		e.scenario(t)
+		ports := []int{7999, 8000, 8009, 8010}
+		e.echoTCP(x, ports...)
+		sinks := map[int]*udpSink{}
+		for _, port := range ports {
+			sinks[port] = e.udpSink(hostPort(x, port))
+		}
+		e.usePolicies(map[string]string{"range.yaml": `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: range, namespace: e2e}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress:
+    - to: [{ipBlock: {cidr: "` + x + `/32"}}]
+      ports:
+        - {port: 8000, endPort: 8009, protocol: TCP}
+        - {port: 8000, endPort: 8009, protocol: UDP}
+`})
+		e.expect(
+			e.tcpProbe(hostPort(x, 7999), timedOut), e.tcpProbe(hostPort(x, 8000), connected),
+			e.tcpProbe(hostPort(x, 8009), connected), e.tcpProbe(hostPort(x, 8010), timedOut),
+			e.udpProbe(sinks[7999], lost), e.udpProbe(sinks[8000], delivered),
+			e.udpProbe(sinks[8009], delivered), e.udpProbe(sinks[8010], lost))
+	})
+
+	// An ICMP type rule (echo request: IPv4 type 8, IPv6 type 128) lets
+	// pings through and nothing else to the same addresses; a rule of
+	// another type (timestamp, 13) does not let pings through: the type
+	// is matched, not just the protocol.
+	t.Run("ICMP echo request type rule", func(t *testing.T) {
+		e.scenario(t)
+		e.echoTCP(x, 7001)
+		e.echoTCP(hostSideAddr6, 7001)
+		e.usePolicies(map[string]string{"icmp.yaml": cnp("icmp", `  egress:
+    - toCIDR: ["`+x+`/32", "`+hostSideAddr6+`/128"]
+      icmps: [{fields: [{type: 8, family: IPv4}, {type: 128, family: IPv6}]}]
+    - toCIDR: ["`+other+`/32"]
+      icmps: [{fields: [{type: 13, family: IPv4}]}]
+`)})
+		e.expect(pingProbe(e.epNS, x, answered), e.tcpProbe(hostPort(x, 7001), timedOut),
+			pingProbe(e.epNS, hostSideAddr6, answered), e.tcpProbe(hostPort(hostSideAddr6, 7001), timedOut),
+			pingProbe(e.epNS, other, lost))
+	})
+
+	// enableDefaultDeny {egress: false} and only a deny rule: the denied
+	// port is dropped and everything else passes (no default deny).
+	// Native format.
+	t.Run("enableDefaultDeny egress false with only a deny", func(t *testing.T) {
+		e.scenario(t)
+		e.echoTCP(x, 8080, 8081)
+		e.echoTCP(other, 8080)
+		e.usePolicies(map[string]string{"deny-only.yaml": `name: deny-only
+enableDefaultDeny: {egress: false}
+egressDeny:
+  - toCIDR: ["` + x + `/32"]
+    toPorts: [{port: 8080, protocol: TCP}]
+`})
+		e.expect(e.tcpProbe(hostPort(x, 8080), timedOut), e.tcpProbe(hostPort(x, 8081), connected),
+			pingProbe(e.epNS, x, answered), e.tcpProbe(hostPort(other, 8080), connected),
+			pingProbe(e.epNS, other, answered))
+	})
+}

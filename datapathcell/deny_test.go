@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"context"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/hivetest"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// putPolicy writes one policy map entry, as the policy writer would for
+// a row of the `policy` table.
+func putPolicy(t *testing.T, maps enforcerMaps, key policycell.PolicyKey, verdict policycell.Verdict) {
+	t.Helper()
+	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(key), NewPolicyMapValue(uint32(verdict))))
+	bumpRevision(t, maps)
+}
+
+func putEnforcement(t *testing.T, maps enforcerMaps, direction policycell.Direction, value enforcementValue) {
+	t.Helper()
+	require.NoError(t, maps.Enforcement.Put(uint32(direction), uint32(value)))
+	bumpRevision(t, maps)
+}
+
+// sendICMP sends one ICMP message of type typ (code 0, 20 bytes) from
+// namespace ns to dst.
+func sendICMP(t *testing.T, ns, dst string, typ uint8) {
+	t.Helper()
+	msg := make([]byte, 20)
+	msg[0] = typ
+	var sum uint32
+	for i := 0; i < len(msg); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(msg[i:]))
+	}
+	sum = sum>>16 + sum&0xffff
+	binary.BigEndian.PutUint16(msg[2:], ^uint16(sum+sum>>16))
+	require.NoError(t, inNetns(t, ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, msg, 0, &unix.SockaddrInet4{Addr: netip.MustParseAddr(dst).As4()})
+	}))
+}
+
+// egressDrops returns the egress drops of reason so far.
+func egressDrops(t *testing.T, maps enforcerMaps, reason Reason) uint64 {
+	t.Helper()
+	for _, d := range readTestCounters(t, maps).Drops {
+		if d.Direction == policycell.Egress && d.Reason == reason {
+			return d.Packets
+		}
+	}
+	t.Fatalf("no egress count of %s", reason)
+	return 0
+}
+
+// The endpoint connects to two peers (identities A and B) through the
+// program, with policy map entries written as the agent writes them:
+// deny against broader and narrower allows, across the remote identity and
+// identity 0; a port range as aligned blocks; an ICMP type; a direction
+// with deny rules only.
+func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
+	privileged.Test(t)
+	const peerA, peerB = "10.200.0.2", "10.200.0.3"
+	const idA, idB = testIdentityAllowed, testIdentityDenied
+	nw := newEndpointNetwork(t, peerA, peerB)
+	maps := newTestEnforcerMaps(t)
+	putIdentity(t, maps, peerA+"/32", idA)
+	putIdentity(t, maps, peerB+"/32", idB)
+	const port = 5978
+	for _, p := range []int{port, 7999, 8000, 8009, 8010} {
+		netnstest.EchoTCP(t, nw.host, hostPort("0.0.0.0", p))
+	}
+	enf := loadTestEnforcer(t, maps)
+	nw.attach(t, enf, newTestLinksDir(t))
+	tcp := func(addr string, port int) bool {
+		t.Helper()
+		c, err := dialIn(t, nw.ep, "", hostPort(addr, port))
+		return err == nil && exchange(c, "x") == nil
+	}
+	egress := func(id uint32, protocol policycell.Protocol, port uint16, wildcard uint8) policycell.PolicyKey {
+		return policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Egress, Protocol: protocol, Port: port, PortWildcardBits: wildcard}
+	}
+	reset := func(t *testing.T) {
+		t.Cleanup(func() { putEnforcement(t, maps, policycell.Egress, enforceNone); clearPolicyMap(t, maps) })
+	}
+
+	t.Run("an identity's any-protocol deny beats an any-identity port allow", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, 0, 0, 0), policycell.VerdictDeny)
+		putPolicy(t, maps, egress(0, policycell.ProtocolTCP, port, 0), policycell.VerdictAllow)
+		denied := egressDrops(t, maps, ReasonPolicyDeny)
+		require.False(t, tcp(peerA, port), "A is denied whatever the port")
+		require.Greater(t, egressDrops(t, maps, ReasonPolicyDeny), denied, "counted as a deny")
+		require.True(t, tcp(peerB, port), "B is allowed by the any-identity allow")
+		require.False(t, tcp(peerB, 8000), "nothing allows B's other ports")
+	})
+
+	t.Run("an any-identity port deny beats an identity's any-protocol allow", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(0, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
+		putPolicy(t, maps, egress(idA, 0, 0, 0), policycell.VerdictAllow)
+		require.False(t, tcp(peerA, port))
+		require.True(t, tcp(peerA, 8000), "the deny is of one port")
+		require.True(t, nw.pingOnce(t, peerA), "and of one protocol")
+
+		// policy_flags: while the agent says the map holds no identity-0
+		// entry, the program does not look them up.
+		require.NoError(t, enf.policyFlags.Set(uint32(policyNoAnyIdentity)))
+		require.True(t, tcp(peerA, port), "identity 0 not looked up")
+		require.NoError(t, enf.policyFlags.Set(uint32(0)))
+		require.False(t, tcp(peerA, port))
+	})
+
+	t.Run("a port deny inside an identity's protocol-wide allow", func(t *testing.T) {
+		// The agent writes no allow inside a deny's prefix of the same
+		// identity; a deny inside an allow's is the LPM's longest match.
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 0, 16), policycell.VerdictAllow)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
+		require.False(t, tcp(peerA, port))
+		require.True(t, tcp(peerA, 8000))
+	})
+
+	t.Run("port range 8000-8009: blocks 8000/3 and 8008/1", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 8000, 3), policycell.VerdictAllow)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 8008, 1), policycell.VerdictAllow)
+		require.True(t, tcp(peerA, 8000), "first")
+		require.True(t, tcp(peerA, 8009), "last")
+		require.False(t, tcp(peerA, 8010), "one past the last")
+		require.False(t, tcp(peerA, 7999), "one before the first")
+	})
+
+	t.Run("ICMP type 8 allows echo requests, not other types", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolICMP, 8<<8, 8), policycell.VerdictAllow)
+		require.True(t, nw.pingOnce(t, peerA), "echo request (type 8), its reply tracked")
+		require.False(t, nw.pingOnce(t, peerB), "another identity")
+		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		sendICMP(t, nw.ep, peerA, 13) // timestamp request
+		require.Eventually(t, func() bool { return egressDrops(t, maps, ReasonNoPolicy) == noPolicy+1 },
+			time.Second, 10*time.Millisecond, "type 13 dropped")
+		require.False(t, tcp(peerA, port), "an ICMP rule allows no TCP")
+	})
+
+	t.Run("deny rules only: a deny drops, everything else passes", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policycell.Egress, enforceDenyOnly)
+		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
+		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		require.False(t, tcp(peerA, port))
+		require.True(t, tcp(peerA, 8000))
+		require.True(t, tcp(peerB, port), "the deny is A's")
+		require.True(t, nw.pingOnce(t, peerB))
+		require.Equal(t, noPolicy, egressDrops(t, maps, ReasonNoPolicy), "no default deny")
+	})
+}
+
+// TestPrivilegedPolicyWriterTellsAnyIdentity: the policy writer tells the
+// program that the map may hold identity-0 keys before it writes the
+// first, and that it holds none once the last is deleted; a previous
+// run's identity-0 key counts from the first call.
+func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
+	privileged.Test(t)
+	m, err := ebpf.NewMap(policyMapSpec(16))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	pinned := NewPolicyMapKey(policycell.PolicyKey{Direction: policycell.Egress})
+	require.NoError(t, m.Put(pinned, NewPolicyMapValue(uint32(policycell.VerdictAllow))), "a previous run's")
+
+	log := hivetest.Logger(t)
+	p := newPolicyOps(func() kernelMap { return m }, &mapStats{}, newOrdering(log, nil, nil, nil, nil), log)
+	var told []bool
+	p.anyIdentity = func(present bool) error {
+		// Told before the write: the map holds no key the program skips.
+		found := false
+		require.NoError(t, readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
+			if id, _, _, _ := k.Fields(); id == 0 {
+				found = true
+			}
+		}))
+		if found {
+			require.True(t, present, "told none while the map holds an identity-0 key")
+		}
+		told = append(told, present)
+		return nil
+	}
+	entry := func(id uint32) *policycell.PolicyEntry {
+		return &policycell.PolicyEntry{Key: policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Egress,
+			Protocol: policycell.ProtocolTCP, Port: 80}, Verdict: policycell.VerdictAllow}
+	}
+	ctx := context.Background()
+	require.NoError(t, p.Update(ctx, nil, 0, entry(16777217)))
+	require.Equal(t, []bool{true}, told, "the pinned identity-0 key")
+
+	p.mu.Lock()
+	require.NoError(t, p.ops.deleteKeys([]PolicyMapKey{pinned}))
+	p.deletedLocked([]PolicyMapKey{pinned})
+	p.mu.Unlock()
+	require.Equal(t, []bool{true, false}, told, "none left")
+
+	require.NoError(t, p.Update(ctx, nil, 0, entry(16777218)))
+	require.Equal(t, []bool{true, false}, told, "no change, nothing told")
+	require.NoError(t, p.Update(ctx, nil, 0, entry(0)))
+	require.Equal(t, []bool{true, false, true}, told, "before the identity-0 key is written")
+	var v PolicyMapValue
+	require.NoError(t, m.Lookup(NewPolicyMapKey(entry(0).Key), &v))
+}
+
+// TestEnforcementOf: a row's enforcement map value.
+func TestEnforcementOf(t *testing.T) {
+	for _, c := range []struct {
+		enforced, hasDeny bool
+		want              enforcementValue
+	}{
+		{false, false, enforceNone},
+		{true, false, enforceDefaultDeny},
+		{true, true, enforceDefaultDeny},
+		{false, true, enforceDenyOnly},
+	} {
+		require.Equal(t, c.want, enforcementOf(&policycell.Enforcement{Enforced: c.enforced, HasDeny: c.hasDeny}), "%+v", c)
+	}
+}

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/hivetest"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policycell"
+)
+
+// hashPolicyObject is the enforcement program as it was when the policy
+// map was a hash with 8-byte keys (the committed object of that time).
+var hashPolicyObject = filepath.Join("testdata", "enforce_hashpolicy_bpfel.o")
+
+// TestPrivilegedUpgradeFromHashPolicyMap: an agent of the previous layout
+// left its program attached, enforcing with a pinned hash policy map that
+// allows the endpoint's echo requests (egress, any protocol) and nothing
+// else; the new datapath starts over the same pins while a 1 ms ping runs.
+// It converts the map before its program replaces the old one, so no probe
+// is lost (the datapath alone, no reconciler: the converted entries are
+// all the new program has), and the old map is freed once the old program
+// is gone. Five rounds, each from a fresh old agent.
+func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
+	privileged.Test(t)
+	nw := newEndpointNetwork(t, "10.200.0.2")
+	for round := range 5 {
+		linksDir := newTestLinksDir(t)
+		bpfRoot := filepath.Dir(filepath.Dir(linksDir))
+		pinDir := PinDir(bpfRoot)
+		oldMapID := startHashPolicyAgent(t, nw, pinDir, linksDir)
+
+		pinger := netnstest.StartPinger(t, nw.ep, "10.200.0.2", time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
+		cfg := DefaultConfig
+		cfg.BPFRoot, cfg.Devices = bpfRoot, []string{nw.hostDevice}
+		cfg.IPCacheMapMaxEntries, cfg.PolicyMapMaxEntries, cfg.ConntrackMapMaxEntries = 1024, 512, 4096
+		d := newDatapath(cfg, hivetest.Logger(t))
+		require.NoError(t, inNetns(t, nw.host, func() error { return d.Start(context.Background()) }), "round %d", round)
+		time.Sleep(200 * time.Millisecond)
+		sent, answered, longestLoss := pinger.Stop()
+		require.NoError(t, d.Stop(context.Background()))
+
+		require.Greater(t, sent, 100, "round %d: probes sent across the switch", round)
+		require.Equal(t, sent, answered, "round %d: no probe lost (longest loss %d)", round, longestLoss)
+		t.Logf("round %d: %d probes 1 ms apart across the switch, %d answered", round, sent, answered)
+
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, PolicyMapName), nil)
+		require.NoError(t, err)
+		require.Equal(t, ebpf.LPMTrie, m.Type(), "the pin is the new layout")
+		got := map[policycell.PolicyKey]policycell.Verdict{}
+		require.NoError(t, readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
+			key, err := k.PolicyKey()
+			require.NoError(t, err)
+			got[key] = policycell.Verdict(v.Verdict())
+		}))
+		m.Close()
+		require.Equal(t, map[policycell.PolicyKey]policycell.Verdict{
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Egress}:                                                          policycell.VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolTCP, PortWildcardBits: 16}: policycell.VerdictAllow,
+			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolUDP, Port: 53}:             policycell.VerdictAllow,
+		}, got, "converted: any protocol, a protocol's every port, one port")
+
+		// The old map is freed once nothing holds it: the old program went
+		// at the switch, and the agent closed its descriptor.
+		require.Eventually(t, func() bool {
+			old, err := ebpf.NewMapFromID(oldMapID)
+			if err == nil {
+				old.Close()
+			}
+			return err != nil
+		}, 10*time.Second, 10*time.Millisecond, "round %d: old policy map %d still exists", round, oldMapID)
+		_, err = ebpf.NewMapFromID(oldMapID)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	}
+}
+
+// startHashPolicyAgent does what the previous agent left behind: its maps
+// pinned in pinDir, the policy map a hash, and its program attached to the
+// host device with links pinned in linksDir, enforcing both directions. It
+// returns the ID of the hash policy map, of which it keeps no descriptor.
+func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir string) ebpf.MapID {
+	t.Helper()
+	pinned := func(spec *ebpf.MapSpec) *ebpf.Map {
+		m, err := createPinned(spec, filepath.Join(pinDir, spec.Name))
+		require.NoError(t, err, spec.Name)
+		return m
+	}
+	require.NoError(t, os.MkdirAll(pinDir, 0o700))
+	maps := enforcerMaps{
+		IPCache:     pinned(IPCacheMapSpec(1024)),
+		Policy:      pinned(hashPolicyMapSpec()),
+		Enforcement: pinned(enforcementMapSpec()),
+		Counters:    pinned(countersMapSpec()),
+		Conntrack:   pinned(conntrackMapSpec(4096)),
+		Revision:    pinned(revisionMapSpec()),
+	}
+	defer func() {
+		for _, m := range []*ebpf.Map{maps.IPCache, maps.Policy, maps.Enforcement, maps.Counters, maps.Conntrack, maps.Revision} {
+			m.Close()
+		}
+	}()
+	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	world := uint32(identitycell.IdentityWorld)
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Egress), 0, 0), allow))
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), testProtoTCP, 0), allow))
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), testProtoUDP, 53), allow))
+	// Never looked up by that program (protocol 0 with a port): not
+	// converted.
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), 0, 80), allow))
+	info, err := maps.Policy.Info()
+	require.NoError(t, err)
+	id, ok := info.ID()
+	require.True(t, ok)
+
+	spec, err := ebpf.LoadCollectionSpec(hashPolicyObject)
+	require.NoError(t, err)
+	require.Equal(t, ebpf.Hash, spec.Maps[PolicyMapName].Type, "the fixture is of the previous layout")
+	for name, m := range map[string]*ebpf.Map{IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, ConntrackMapName: maps.Conntrack} {
+		spec.Maps[name].MaxEntries = m.MaxEntries()
+	}
+	var objs struct {
+		FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
+		ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
+	}
+	require.NoError(t, spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
+		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
+		CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack, RevisionMapName: maps.Revision,
+	}}))
+	old := &enforcer{fromEndpoint: objs.FromEndpoint, toEndpoint: objs.ToEndpoint}
+	defer old.Close()
+	nw.attach(t, old, linksDir)
+	for _, dir := range []uint32{uint32(policycell.Ingress), uint32(policycell.Egress)} {
+		require.NoError(t, maps.Enforcement.Put(dir, uint32(enforceDefaultDeny)))
+	}
+	bumpRevision(t, maps)
+	require.Equal(t, 10, nw.ping(t, "10.200.0.2", 10, "0.01"), "the old program allows the ping")
+	return id
+}
