@@ -398,9 +398,8 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
-	prefixes := h.knownPrefixes()
-	for start := 0; start < len(prefixes); start += releaseChunkSize {
-		chunk := prefixes[start:min(start+releaseChunkSize, len(prefixes))]
+	next := h.releaseChunks()
+	for chunk := next(); len(chunk) > 0; chunk = next() {
 		if limiter != nil {
 			if err := limiter.WaitN(ctx, len(chunk)); err != nil {
 				return fmt.Errorf("release %s: %w", h.resource, err)
@@ -431,25 +430,56 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	return nil
 }
 
-// knownPrefixes returns the prefixes the resource has rows for, in address
-// order: from the handle's set, or when it keeps none, from a scan of the
-// table (the handle is the only writer of its rows, and holds mu).
-func (h *Handle) knownPrefixes() []netip.Prefix {
-	if h.prefixes == nil {
-		var prefixes []netip.Prefix
-		for row := range h.ipcache.metadata.All(h.ipcache.db.ReadTxn()) {
-			if row.Resource == h.resource {
-				prefixes = append(prefixes, row.Prefix)
-			}
+// releaseChunks returns a function that gives the resource's prefixes in
+// address order, at most releaseChunkSize at a time, and none once all are
+// given: from the handle's set, or when it keeps none, from a scan of the
+// table that goes a chunk at a time (the handle is the only writer of its
+// rows, and holds mu). A scan of the whole table up front would take its
+// CPU at once and keep every prefix alive until a paced release ends.
+func (h *Handle) releaseChunks() func() []netip.Prefix {
+	if h.prefixes != nil {
+		prefixes := make([]netip.Prefix, 0, len(h.prefixes))
+		for key := range h.prefixes {
+			prefixes = append(prefixes, key.prefix())
 		}
-		return prefixes // the table's order is the prefixes'
+		slices.SortFunc(prefixes, prefixkey.Compare)
+		return func() []netip.Prefix {
+			chunk := prefixes[:min(releaseChunkSize, len(prefixes))]
+			prefixes = prefixes[len(chunk):]
+			return chunk
+		}
 	}
-	prefixes := make([]netip.Prefix, 0, len(h.prefixes))
-	for key := range h.prefixes {
-		prefixes = append(prefixes, key.prefix())
+	c := h.ipcache
+	var (
+		from  netip.Prefix // the last prefix given: its other rows are not the resource's
+		done  bool
+		chunk = make([]netip.Prefix, 0, releaseChunkSize)
+	)
+	return func() []netip.Prefix {
+		chunk = chunk[:0]
+		if done {
+			return chunk
+		}
+		rows := c.metadata.All(c.db.ReadTxn())
+		if from.IsValid() {
+			rows = c.metadata.LowerBound(c.db.ReadTxn(), MetadataIndex.Query(from))
+		}
+		done = true
+		for row := range rows {
+			if row.Resource != h.resource {
+				continue
+			}
+			if len(chunk) == releaseChunkSize {
+				done = false
+				break
+			}
+			chunk = append(chunk, row.Prefix)
+		}
+		if len(chunk) > 0 {
+			from = chunk[len(chunk)-1]
+		}
+		return chunk
 	}
-	slices.SortFunc(prefixes, prefixkey.Compare)
-	return prefixes
 }
 
 // writeChunked calls write for 0..n-1, committing every writeChunkSize;

@@ -321,3 +321,30 @@ func testReleaseGraduallyStops(t *testing.T, maxKnown int) {
 	require.Zero(t, h.NumPrefixes())
 	require.ErrorIs(t, h.Upsert(prefixes[0], Metadata{}), ErrHandleReleased)
 }
+
+// A handle without its set releases by a scan a chunk at a time: across
+// the chunks' bounds, every row of its own goes and no other resource's
+// row of the same prefixes does.
+func TestReleaseByScanAcrossChunks(t *testing.T) {
+	f := newFixture(t)
+	a, err := f.ipcache.NewHandle("a", source.Local)
+	require.NoError(t, err)
+	a.maxKnown = 1
+	b, err := f.ipcache.NewHandle("b", source.Directory)
+	require.NoError(t, err)
+	n := 2*releaseChunkSize + 5
+	upsertAll(t, a, hostPrefixes(0, n))
+	upsertAll(t, b, hostPrefixes(releaseChunkSize-3, 10))
+	upsertAll(t, b, hostPrefixes(n-1, 2))
+	require.Nil(t, a.prefixes)
+
+	require.NoError(t, a.Release())
+	require.Zero(t, a.NumPrefixes())
+	left := 0
+	for row := range f.metadata.All(f.db.ReadTxn()) {
+		require.Equal(t, "b", row.Resource)
+		left++
+	}
+	require.Equal(t, 12, left)
+	require.Equal(t, 12, b.NumPrefixes())
+}
