@@ -14,7 +14,6 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
@@ -365,7 +364,6 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	// selectors find it and two prefixes never share a local identity.
 	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
 	desired := &Entry{Prefix: prefix, Source: res.source}
-	desired.SetStatus(reconciler.StatusPending())
 	// The labels the current entry's identity was allocated for (the
 	// entry does not keep them: see Entry).
 	var currentLabels labels.Labels
@@ -412,14 +410,12 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	if hasCurrent && current.sameMapping(desired) {
 		return nil
 	}
-	if hasCurrent && current.Identity == desired.Identity {
-		// Only the source or the labels changed (an owner re-asserting a
-		// prefix another producer holds, for one): the datapath maps the
-		// prefix to the identity alone, so the entry keeps its
-		// reconciliation status and the reconciler has nothing to do
-		// (docs/SCALE.md, restart: each entry reconciled once, not twice).
-		desired.keepStatusOf(current)
-	}
+	// When only the source changed (an owner re-asserting a prefix another
+	// producer holds, restore's after a restart for one), the datapath's
+	// writer sees a new revision of the same key and value: it skips the
+	// write while the map's content at start is known (until its first
+	// prune), and rewrites the same value after, which lookups do not see
+	// (datapathcell README, "The ipcache writer").
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {
 		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)
 	}
