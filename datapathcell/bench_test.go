@@ -84,7 +84,9 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 			dp      *datapathcell.Datapath
 		)
 		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell,
-			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable, p *datapathcell.Datapath) { db, entries, dp = d, t, p }))
+			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable, p *datapathcell.Datapath) {
+				db, entries, dp = d, t, p
+			}))
 		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) {
 			c.BPFRoot = bpfRoot

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,10 @@ type ipcacheWriter struct {
 	revQueue   failureQueue
 	retryTimer *time.Timer
 	retryDue   chan struct{}
+	// drained are the table revisions of the latest snapshots whose every
+	// change was attempted (the round's changes ran out before its
+	// limit), oldest first, at most maxDrained (see wroteRevision).
+	drained []statedb.Revision
 
 	// attempted is the revision up to which every change was attempted;
 	// numFailing counts the failed keys. Both let status answer without
@@ -88,6 +93,11 @@ type failure struct {
 }
 
 var _ reconciler.Reconciler[*ipcachecell.Entry] = (*ipcacheWriter)(nil)
+
+// maxDrained bounds ipcacheWriter.drained: what it forgets makes
+// wroteRevision answer false for a change that waited longer than that
+// many rounds, which costs one write of an unchanged value.
+const maxDrained = 1024
 
 func newIPCacheWriter(p reconciler.Params, table statedb.RWTable[*ipcachecell.Entry],
 	ops *mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]) *ipcacheWriter {
@@ -254,22 +264,44 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 		lastRev          statedb.Revision
 		n                int
 	)
+	// drained: the loop ran out of changes, not into the round's limit.
+	// (The iterator moves past a change as it yields it: the loop stops
+	// after a change, never on one.)
+	drained := true
 	for change, rev := range seq {
+		if n++; n >= w.roundSize {
+			drained = false
+		}
 		lastRev = rev
 		// A newer change of a failed key supersedes the failure.
+		failing := false
 		if len(w.failing) > 0 {
 			if f, ok := w.failing[w.ops.key(change.Object)]; ok {
 				w.clearFailure(f)
+				failing = true
 			}
 		}
+		// Only the source changed, and the map has the identity of the
+		// entry this one replaced: nothing to write.
 		entry := reconciler.BatchEntry[*ipcachecell.Entry]{Object: change.Object, Revision: rev}
-		if change.Deleted {
+		switch since := change.Object.IdentityUnchangedSince(); {
+		case change.Deleted:
 			deletes = append(deletes, entry)
-		} else {
+		case since != 0 && !failing && w.wroteRevision(since, rev):
+			w.ops.stats.Unchanged.Add(1)
+		default:
 			updates = append(updates, entry)
 		}
-		if n++; n >= w.roundSize {
+		if !drained {
 			break
+		}
+	}
+	if drained {
+		if t := w.table.Revision(txn); len(w.drained) == 0 || t > w.drained[len(w.drained)-1] {
+			if len(w.drained) == maxDrained {
+				w.drained = append(w.drained[:0], w.drained[maxDrained/2:]...)
+			}
+			w.drained = append(w.drained, t)
 		}
 	}
 	if len(deletes) > 0 {
@@ -307,6 +339,20 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 	}
 	w.mu.Unlock()
 	return newErrors
+}
+
+// wroteRevision reports whether the writer attempted, with success, the
+// object of revision since, which a change of revision cur replaced (the
+// same key). It did if some round attempted every change of a snapshot
+// that had since but not yet cur: the rounds before it and that round
+// then went past since with snapshots in which since was the key's
+// latest revision, so the key's change at since was one of theirs. (A
+// change that was superseded before the writer read it is not seen: the
+// change iterator gives a key's latest revision only.) The caller checks
+// that the key is not failing.
+func (w *ipcacheWriter) wroteRevision(since, cur statedb.Revision) bool {
+	i, _ := slices.BinarySearch(w.drained, since)
+	return i < len(w.drained) && w.drained[i] < cur
 }
 
 // results records the failed entries of a batch.
@@ -353,7 +399,8 @@ func (w *ipcacheWriter) retry(ctx context.Context, txn statedb.ReadTxn, limit in
 
 // fail records that the write of obj's key at revision rev failed, and
 // when to retry it: the delay doubles with each failure of the same
-// object, from minBackoff up to maxBackoff.
+// object, from minBackoff up to maxBackoff. The round's retry arms the
+// timer once for all (a full map fails thousands of keys at a time).
 func (w *ipcacheWriter) fail(obj *ipcachecell.Entry, rev statedb.Revision, deleted bool, err error) {
 	k := w.ops.key(obj)
 	f, ok := w.failing[k]
@@ -382,7 +429,6 @@ func (w *ipcacheWriter) fail(obj *ipcachecell.Entry, rev statedb.Revision, delet
 	w.mu.Lock()
 	w.failedRevs[rev] = err
 	w.mu.Unlock()
-	w.armRetry()
 }
 
 // clearFailure forgets a failed key: written, or superseded.

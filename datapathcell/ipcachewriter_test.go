@@ -19,6 +19,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -309,4 +310,52 @@ func TestIPCacheWriterPrunesAfterInitialization(t *testing.T) {
 
 	f.writer.Prune()
 	require.Eventually(t, func() bool { return f.stats.Prunes.Load() == 2 }, 10*time.Second, time.Millisecond)
+}
+
+// After the first prune (the writer no longer knows the map's content from
+// start), an owner re-asserting a prefix another producer holds changes
+// only the entry's source: a new revision whose identity the map already
+// has, which the writer does not write again.
+func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
+	f := newOrderFixture(t, 16384)
+	require.Eventually(t, func() bool { return f.datapath.Prunes(IPCacheMapName) >= 1 }, 10*time.Second, time.Millisecond)
+	prefix := netip.MustParsePrefix("10.7.0.1/32")
+	restored, err := f.ipcache.NewHandle("test/restored", source.Restored)
+	require.NoError(t, err)
+	require.NoError(t, restored.Upsert(prefix, ipcachecell.Metadata{}))
+	f.converged("restored", f.has("10.7.0.1/32"))
+	written, unchanged := f.datapath.MapWrites(IPCacheMapName)
+	first, firstRev, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+
+	owner, err := f.ipcache.NewHandle("test/owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{}))
+	var rev statedb.Revision
+	require.Eventually(t, func() bool {
+		var e *ipcachecell.Entry
+		e, rev, _ = f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+		return e.Source == source.Local
+	}, 10*time.Second, time.Millisecond)
+	_, _, err = f.datapath.ipcacheWriter.WaitUntilReconciled(context.Background(), rev)
+	require.NoError(t, err)
+	second, _, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+	require.Equal(t, first.Identity, second.Identity)
+	require.Equal(t, firstRev, second.IdentityUnchangedSince())
+	kind, err := f.datapath.IPCacheStatus(rev)
+	require.NoError(t, err)
+	require.Equal(t, reconciler.StatusKindDone, kind)
+	nowWritten, nowUnchanged := f.datapath.MapWrites(IPCacheMapName)
+	require.Equal(t, written, nowWritten, "no map write")
+	require.Equal(t, unchanged+1, nowUnchanged, "counted as unchanged")
+
+	// New labels: a new identity, written.
+	appX, err := labels.Parse("app:x")
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{Labels: appX}))
+	f.converged("new identity", func() bool {
+		e, _, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+		return e.Identity != first.Identity && f.identityOf("10.7.0.1") == uint32(e.Identity)
+	})
+	nowWritten, _ = f.datapath.MapWrites(IPCacheMapName)
+	require.Greater(t, nowWritten, written)
 }

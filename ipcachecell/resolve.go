@@ -348,7 +348,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	for row := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
 		res.merge(row)
 	}
-	current, _, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
+	current, currentRev, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
 
 	if !res.hasAnyMetadataRow {
 		if hasCurrent {
@@ -410,12 +410,14 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	if hasCurrent && current.sameMapping(desired) {
 		return nil
 	}
-	// When only the source changed (an owner re-asserting a prefix another
-	// producer holds, restore's after a restart for one), the datapath's
-	// writer sees a new revision of the same key and value: it skips the
-	// write while the map's content at start is known (until its first
-	// prune), and rewrites the same value after, which lookups do not see
-	// (datapathcell README, "The ipcache writer").
+	if hasCurrent && current.Identity == desired.Identity {
+		// Only the source changed (an owner re-asserting a prefix another
+		// producer holds, restore's after a restart for one): the datapath
+		// maps the prefix to the identity alone, and its writer need not
+		// write this entry if it wrote the current one (docs/SCALE.md,
+		// restart: each entry written at most once).
+		desired.unchangedSince = currentRev
+	}
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {
 		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)
 	}

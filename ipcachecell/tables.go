@@ -75,6 +75,11 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 type Entry struct {
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 
+	// unchangedSince is, when this entry replaced one with the same
+	// identity (only the source changed), that entry's revision; zero
+	// otherwise. See IdentityUnchangedSince.
+	unchangedSince statedb.Revision
+
 	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
 	Source   source.Source                `json:"source" yaml:"source"`
 
@@ -93,10 +98,18 @@ func (e *Entry) TableRow() []string {
 	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
 }
 
+// IdentityUnchangedSince returns, if this entry replaced one with the
+// same identity (an owner re-asserting a restored prefix changes only its
+// source), the replaced entry's table revision; zero otherwise. The
+// datapath maps a prefix to its identity alone: its writer need not write
+// this entry if it wrote that revision.
+func (e *Entry) IdentityUnchangedSince() statedb.Revision { return e.unchangedSince }
+
 // sameMapping reports whether two entries say the same thing of their
 // prefix.
 func (e *Entry) sameMapping(other *Entry) bool {
-	return *e == *other
+	return e.Prefix == other.Prefix && e.Identity == other.Identity && e.Source == other.Source &&
+		e.Explicit == other.Explicit
 }
 
 // ReconcilerTable is the `ipcache` table for the datapath's writer, which
