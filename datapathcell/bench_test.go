@@ -81,9 +81,12 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 		var (
 			db      *statedb.DB
 			entries ipcachecell.ReconcilerTable
+			dp      *datapathcell.Datapath
 		)
 		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell,
-			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable) { db, entries = d, t }))
+			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable, p *datapathcell.Datapath) {
+				db, entries, dp = d, t, p
+			}))
 		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) {
 			c.BPFRoot = bpfRoot
@@ -96,17 +99,17 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 		for start := 0; start < len(prefixes); start += 4096 {
 			txn := db.WriteTxn(entries)
 			for _, p := range prefixes[start:min(start+4096, len(prefixes))] {
-				_, _, err := entries.Insert(txn, (&ipcachecell.Entry{Prefix: p, Identity: 16777217, Source: source.Local, Explicit: true}).SetStatus(reconciler.StatusPending()))
+				_, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: 16777217, Source: source.Local, Explicit: true})
 				require.NoError(b, err)
 			}
 			txn.Commit()
 		}
-		// The reconciler goes in revision order: once the last row is
+		// The writer goes in revision order: once the last row is
 		// done, all are.
 		last := prefixes[len(prefixes)-1]
 		for {
-			entry, _, _ := entries.Get(db.ReadTxn(), ipcachecell.EntryIndex.Query(last))
-			if entry.GetStatus().Kind == reconciler.StatusKindDone {
+			_, rev, _ := entries.Get(db.ReadTxn(), ipcachecell.EntryIndex.Query(last))
+			if kind, _ := dp.IPCacheStatus(rev); kind == reconciler.StatusKindDone {
 				break
 			}
 			time.Sleep(time.Millisecond)

@@ -106,14 +106,24 @@ func newLifecycleDatapath(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Data
 // write transaction on the table.
 const reconcilerRoundSize = 10000
 
-// reconcilerOptions are shared by the map reconcilers. Pruning happens once
-// the desired table is initialized, then every minute.
+// The map writers' other round limits and retry backoff: at most so many
+// rounds a second, so that a batch builds up; a failed object is retried
+// after minBackoff, then twice as late each time, up to maxBackoff.
+const (
+	reconcilerRoundRate  = 1000
+	reconcilerMinBackoff = 100 * time.Millisecond
+	reconcilerMaxBackoff = time.Minute
+)
+
+// reconcilerOptions are shared by the statedb reconcilers of the policy
+// map. Pruning happens once the desired table is initialized, then every
+// minute; the ipcache writer does the same (ipcacheWriter).
 func reconcilerOptions(name string) []reconciler.Option {
 	return []reconciler.Option{
 		reconciler.WithName(name),
 		reconciler.WithPruning(time.Minute),
-		reconciler.WithRetry(100*time.Millisecond, time.Minute),
-		reconciler.WithRoundLimits(reconcilerRoundSize, rate.NewLimiter(1000, 1)),
+		reconciler.WithRetry(reconcilerMinBackoff, reconcilerMaxBackoff),
+		reconciler.WithRoundLimits(reconcilerRoundSize, rate.NewLimiter(reconcilerRoundRate, 1)),
 	}
 }
 
@@ -148,6 +158,7 @@ func registerWriters(p writersParams) error {
 		return fmt.Errorf("register policy reconciler: %w", err)
 	}
 
+	var writer *ipcacheWriter
 	ipcache := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
 		name:       IPCacheMapName,
 		target:     d.ipcacheMap,
@@ -168,7 +179,10 @@ func registerWriters(p writersParams) error {
 				return
 			}
 			entry := func(e *ipcachecell.Entry) {
-				yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity)), e.GetStatus().Kind != reconciler.StatusKindDone)
+				// The entry's revision says whether it is written (status).
+				_, rev, _ := p.IPCache.Get(txn, ipcachecell.EntryIndex.Query(e.Prefix))
+				kind, _ := writer.status(rev)
+				yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity)), kind != reconciler.StatusKindDone)
 			}
 			if e, found := ipcachecell.LookupCovering(txn, p.IPCache.RWTable, prefix); found {
 				entry(e)
@@ -184,12 +198,12 @@ func registerWriters(p writersParams) error {
 		failed:  func(k IPCacheMapKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
 		written: order.ipcacheWritten,
 	}
-	order.ipcacheWriter, err = reconciler.Register(p.Reconciler, p.IPCache.RWTable,
-		(*ipcachecell.Entry).Clone, (*ipcachecell.Entry).SetStatus, (*ipcachecell.Entry).GetStatus,
-		ipcache, ipcache, reconcilerOptions(IPCacheMapName)...)
-	if err != nil {
-		return fmt.Errorf("register ipcache reconciler: %w", err)
-	}
+	// The ipcache map's writer keeps the entries' status itself
+	// (ipcacheWriter); its job has the name of a statedb reconciler's, and
+	// so its health.
+	writer = newIPCacheWriter(p.Reconciler, p.IPCache.RWTable, ipcache)
+	p.Reconciler.JobGroup.Add(job.OneShot("reconcile-"+IPCacheMapName, writer.run))
+	order.ipcacheWriter = writer
 
 	enforcement := &enforcementWriter{
 		db: p.Reconciler.DB, table: p.Enforcement.RWTable, target: d.enforcementMap, order: order,
@@ -199,6 +213,6 @@ func registerWriters(p writersParams) error {
 		job.OneShot("write-enforcement-map", enforcement.run),
 		job.OneShot("drain-policy-map", policy.drain),
 	)
-	d.order, d.policyOps = order, policy
+	d.order, d.policyOps, d.ipcacheWriter = order, policy, writer
 	return nil
 }

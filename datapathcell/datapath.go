@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 )
 
 // Datapath owns the pinned BPF maps (and the enforcement program on the
@@ -36,8 +38,9 @@ type Datapath struct {
 
 	// order and policyOps are the map writers' shared state, set at
 	// registration.
-	order     *ordering
-	policyOps *policyOps
+	order         *ordering
+	policyOps     *policyOps
+	ipcacheWriter *ipcacheWriter
 
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
@@ -212,6 +215,18 @@ func (d *Datapath) Prunes(mapName string) uint64 {
 		return s.Prunes.Load()
 	}
 	return 0
+}
+
+// IPCacheStatus returns whether the `ipcache` entry of table revision rev
+// (what statedb's Get and iteration return with it) is in the ipcache map:
+// Done if the writer wrote it (or its delete), Error with the error if its
+// write failed and is retried, Pending if the writer has not got to it. The
+// entries carry no status: the writer keeps it (ipcacheWriter).
+func (d *Datapath) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
+	if d.ipcacheWriter == nil {
+		return reconciler.StatusKindPending, nil
+	}
+	return d.ipcacheWriter.status(rev)
 }
 
 // Counters returns the enforcement program's verdict counts from the pinned

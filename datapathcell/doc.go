@@ -5,8 +5,9 @@
 //
 // It owns the BPF maps pinned under <bpf-root>/ipcache-agent/ (ipcache,
 // policy, enforcement, counters, layouts in abi.go, an ABI; conntrack,
-// layout in conntrack.go, written by the program), the statedb
-// reconcilers that write them from the desired tables, and the enforcement
+// layout in conntrack.go, written by the program), the writers that write
+// them from the desired tables (statedb's reconciler for the policy map, a
+// writer of its own for the ipcache map: ipcacheWriter), and the enforcement
 // program (bpf/) attached with TCX to every --devices interface through
 // pinned links.
 //
@@ -35,5 +36,8 @@
 //
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
 // `policy-enforcement` tables (policycell). Writes: the pinned maps and
-// links; reconciliation status in those tables.
+// links; reconciliation status in the policy tables. The ipcache map's
+// writer keeps the status of the `ipcache` entries itself, by revision
+// (Datapath.IPCacheStatus): writing a million entries to the map does not
+// rewrite a million rows.
 package datapathcell

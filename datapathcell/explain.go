@@ -8,6 +8,8 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
@@ -126,4 +128,9 @@ func (r mapsReader) Enforcement(dir policycell.Direction) (enforced, denyOnly bo
 		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
 	return found && v == enforceDefaultDeny, found && v == enforceDenyOnly, nil
+}
+
+// IPCacheStatus implements policycell.DatapathMaps.
+func (r mapsReader) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
+	return r.d.IPCacheStatus(rev)
 }

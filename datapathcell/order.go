@@ -126,7 +126,7 @@ func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheMapKey) {
 	if old, ok := o.held[k]; ok {
 		o.unheldLocked(old)
 	} else if o.numHeld.Add(1) == 1 {
-		o.log.Warn("An ipcache map entry keeps its previous value: its write failed or waits for the policy map (db/show ipcache says why)",
+		o.log.Warn("An ipcache map entry keeps its previous value: its write failed or waits for the policy map (datapath/ipcache-status says why)",
 			"prefix", prefixOf(k), "identity-in-map", id)
 	}
 	o.held[k] = id

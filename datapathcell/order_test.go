@@ -408,9 +408,9 @@ func (f *orderFixture) unconverged() string {
 	f.maps.mu.Lock()
 	defer f.maps.mu.Unlock()
 	wantIPCache := map[IPCacheMapKey]IPCacheMapValue{}
-	for e := range f.entries.All(txn) {
-		if status := e.GetStatus(); status.Kind != reconciler.StatusKindDone {
-			return fmt.Sprintf("ipcache %s is %s", e.Prefix, status)
+	for e, rev := range f.entries.All(txn) {
+		if kind, err := f.datapath.IPCacheStatus(rev); kind != reconciler.StatusKindDone {
+			return fmt.Sprintf("ipcache %s is %s (%v)", e.Prefix, kind, err)
 		}
 		wantIPCache[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
 	}
@@ -558,9 +558,9 @@ func TestOrderFullPolicyMap(t *testing.T) {
 
 	f.writePolicy("narrow.yaml", egressPolicy("narrow", `"10.1.2.3/32"`))
 	require.Eventually(t, func() bool {
-		e, _, found := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(netip.MustParsePrefix("10.1.2.3/32")))
-		return found && e.GetStatus().Kind == reconciler.StatusKindError &&
-			strings.Contains(e.GetStatus().String(), ErrPolicyEntriesNotWritten.Error())
+		_, rev, found := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(netip.MustParsePrefix("10.1.2.3/32")))
+		kind, err := f.datapath.IPCacheStatus(rev)
+		return found && kind == reconciler.StatusKindError && errors.Is(err, ErrPolicyEntriesNotWritten)
 	}, 10*time.Second, 5*time.Millisecond, "the /32's entry is held with an error saying why")
 	require.Equal(t, wide, f.identityOf(pinged), "the address keeps its old identity")
 	f.noViolations("map full")

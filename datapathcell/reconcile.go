@@ -192,9 +192,18 @@ func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
 	}
 	o.noRoom[k] = struct{}{}
 	if o.stats.NoRoom.Add(1) == 1 && o.log != nil {
-		o.log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (db/show %s says which)", o.name, o.name),
+		o.log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (%s says which)", o.name, o.whichFailed()),
 			"map", o.name, "max-entries", o.target().MaxEntries(), "flag", "--"+o.name+"-map-max-entries", "error", err)
 	}
+}
+
+// whichFailed names the shell command that lists the entries not written
+// and why: the ipcache map's writer keeps the status out of the rows.
+func (o *mapOps[Obj, K, V]) whichFailed() string {
+	if o.name == IPCacheMapName {
+		return "datapath/ipcache-status"
+	}
+	return "db/show " + o.name
 }
 
 // roomFor records that k, if it did not fit before, is written or gone,

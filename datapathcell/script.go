@@ -5,15 +5,65 @@ package datapathcell
 import (
 	"fmt"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
-func scriptCommands(d *Datapath) hive.ScriptCmdsOut {
+// ipcacheStatusText is datapath/ipcache-status's output: the counts, then
+// the entries not written. Only those are listed: at a million entries a
+// line for each would be a large output saying little.
+func ipcacheStatusText(d *Datapath, txn statedb.ReadTxn, entries statedb.Table[*ipcachecell.Entry]) string {
+	var (
+		done, pending, failed int
+		out                   strings.Builder
+	)
+	w := tabwriter.NewWriter(&out, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(w, "Prefix\tIdentity\tStatus")
+	for e, rev := range entries.All(txn) {
+		kind, err := d.IPCacheStatus(rev)
+		switch kind {
+		case reconciler.StatusKindDone:
+			done++
+			continue
+		case reconciler.StatusKindError:
+			failed++
+			fmt.Fprintf(w, "%s\t%s\tError: %v\n", e.Prefix, e.Identity, err)
+		default:
+			pending++
+			fmt.Fprintf(w, "%s\t%s\tPending\n", e.Prefix, e.Identity)
+		}
+	}
+	w.Flush()
+	return fmt.Sprintf("done=%d pending=%d error=%d\n", done, pending, failed) + out.String()
+}
+
+func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachecell.Entry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
+		"datapath/ipcache-status": script.Command(
+			script.CmdUsage{
+				Summary: "Count the ipcache entries the datapath wrote, and list those it did not, with why",
+				Detail: []string{
+					"The first line counts the `ipcache` table's entries by status: done (in",
+					"the ipcache map), pending (not written yet), error (the write failed or",
+					"is held for make before break: the map keeps the prefix's previous",
+					"value; retried). Then one line per entry that is not done: prefix,",
+					"identity, status and error. The entries carry no status of their own",
+					"(db/show ipcache shows none): the map's writer keeps it.",
+				},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 0 {
+					return nil, script.ErrUsage
+				}
+				return scriptcmd.Result(ipcacheStatusText(d, db.ReadTxn(), entries), nil)
+			}),
 		"datapath/counters": script.Command(
 			script.CmdUsage{
 				Summary: "Show the enforcement program's allowed and dropped packets and bytes per direction",

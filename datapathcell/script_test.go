@@ -48,10 +48,10 @@ func TestPrivilegedScript(t *testing.T) {
 }
 
 // mapCheckCell provides test/map-check.
-var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config,
+var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config, d *datapathcell.Datapath,
 	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"test/map-check":      mapCheckCmd(db, cfg.BPFRoot, entries, policies),
+		"test/map-check":      mapCheckCmd(db, cfg.BPFRoot, d, entries, policies),
 		"test/bpf-enforced":   bpfEnforcedCmd(cfg.BPFRoot),
 		"test/bpf-policy-put": bpfPolicyPutCmd(cfg.BPFRoot),
 	})
@@ -189,7 +189,7 @@ func compare(rows []desiredRow, pinned map[string]string) mapCheck {
 // desired table whose status is Done (with their values), none whose
 // status is Error, nothing else, and the counts of Done and Error rows are
 // the given ones.
-func mapCheckCmd(db *statedb.DB, bpfRoot string, entries statedb.Table[*ipcachecell.Entry],
+func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entries statedb.Table[*ipcachecell.Entry],
 	policies statedb.Table[*policycell.PolicyEntry]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
@@ -213,8 +213,13 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, entries statedb.Table[*ipcachec
 			case "ipcache":
 				read = func() ([]desiredRow, map[string]string, error) {
 					var rows []desiredRow
-					for e := range entries.All(db.ReadTxn()) {
-						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), e.GetStatus().Kind, e.GetStatus().GetError()})
+					for e, rev := range entries.All(db.ReadTxn()) {
+						kind, err := d.IPCacheStatus(rev)
+						errText := ""
+						if err != nil {
+							errText = err.Error()
+						}
+						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), kind, errText})
 					}
 					m, err := datapathcell.ReadPinnedIPCache(bpfRoot)
 					pinned := map[string]string{}

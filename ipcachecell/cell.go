@@ -56,7 +56,7 @@ func newModuleIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata],
 }
 
 // newReconcilerTable returns the `ipcache` table for the datapath's
-// reconciler.
+// writer.
 func newReconcilerTable(entries statedb.RWTable[*Entry]) ReconcilerTable {
 	return ReconcilerTable{entries}
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -213,25 +212,18 @@ func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
 	}
 }
 
-// An entry whose identity stays the same keeps its reconciliation status:
-// the datapath maps the prefix to the identity alone. When the identity
-// changes, the entry is pending again.
-func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
+// An owner re-asserting a restored prefix changes the entry's source, not
+// its identity (the datapath's writer then has the same value to write);
+// new labels give it a new identity.
+func TestEntryKeepsIdentityWhenSourceChanges(t *testing.T) {
 	f := newFixture(t)
 	prefix := netip.MustParsePrefix("10.0.0.1/32")
 	restored, err := f.ipcache.NewHandle("restored", source.Restored)
 	require.NoError(t, err)
 	require.NoError(t, restored.Upsert(prefix, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 7}))
 	f.round(t)
-
-	// What the datapath's reconciler does once the entry is written.
-	txn := f.db.WriteTxn(f.entries)
-	entry, _, found := f.entries.Get(txn, EntryIndex.Query(prefix))
+	_, restoredRev, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.True(t, found)
-	require.Equal(t, reconciler.StatusKindPending, entry.GetStatus().Kind)
-	_, _, err = f.entries.Insert(txn, entry.Clone().SetStatus(reconciler.StatusDone()))
-	require.NoError(t, err)
-	txn.Commit()
 
 	// The owner re-asserts the prefix: the source changes, the identity
 	// does not.
@@ -239,10 +231,10 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, owner.Upsert(prefix, Metadata{}))
 	f.round(t)
-	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
+	entry, ownerRev, _ := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.Equal(t, source.Local, entry.Source)
 	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity)
-	require.Equal(t, reconciler.StatusKindDone, entry.GetStatus().Kind, "same identity: nothing for the datapath to write")
+	require.Greater(t, ownerRev, restoredRev, "a new revision of the same mapping")
 
 	// New labels, a new identity (restore no longer asks for the old
 	// number): the datapath has to write it.
@@ -253,7 +245,6 @@ func TestEntryKeepsStatusWhileIdentityStays(t *testing.T) {
 	f.round(t)
 	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.NotEqual(t, identitycell.MinLocalIdentity+7, entry.Identity)
-	require.Equal(t, reconciler.StatusKindPending, entry.GetStatus().Kind)
 }
 
 // A gradual release removes a chunk at a time, each within the rate; when

@@ -14,7 +14,6 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
@@ -349,7 +348,7 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	for row := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
 		res.merge(row)
 	}
-	current, _, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
+	current, currentRev, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
 
 	if !res.hasAnyMetadataRow {
 		if hasCurrent {
@@ -365,7 +364,6 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 	// selectors find it and two prefixes never share a local identity.
 	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
 	desired := &Entry{Prefix: prefix, Source: res.source}
-	desired.SetStatus(reconciler.StatusPending())
 	// The labels the current entry's identity was allocated for (the
 	// entry does not keep them: see Entry).
 	var currentLabels labels.Labels
@@ -413,12 +411,12 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		return nil
 	}
 	if hasCurrent && current.Identity == desired.Identity {
-		// Only the source or the labels changed (an owner re-asserting a
-		// prefix another producer holds, for one): the datapath maps the
-		// prefix to the identity alone, so the entry keeps its
-		// reconciliation status and the reconciler has nothing to do
-		// (docs/SCALE.md, restart: each entry reconciled once, not twice).
-		desired.keepStatusOf(current)
+		// Only the source changed (an owner re-asserting a prefix another
+		// producer holds, restore's after a restart for one): the datapath
+		// maps the prefix to the identity alone, and its writer need not
+		// write this entry if it wrote the current one (docs/SCALE.md,
+		// restart: each entry written at most once).
+		desired.unchangedSince = currentRev
 	}
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {
 		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)

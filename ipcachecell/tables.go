@@ -3,15 +3,12 @@
 package ipcachecell
 
 import (
-	"encoding/json"
 	"iter"
 	"net/netip"
 	"strconv"
-	"time"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
-	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
@@ -71,96 +68,54 @@ func optionalIdentity(id identitycell.NumericIdentity) string {
 // resolved to. The identity's labels are in the `identities` table.
 //
 // There is an entry per prefix, so its size counts (TestRowSizes keeps
-// it): no copy of the identity's labels, the reconciliation status kept
-// compact.
+// it): no copy of the identity's labels, and no reconciliation status.
+// The datapath's writer keeps whether an entry is in the BPF map by the
+// entry's table revision (datapathcell's Datapath.IPCacheStatus), so that
+// writing an entry to the map does not rewrite its row.
 type Entry struct {
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
 
-	// The reconciliation status, a reconciler.Status in fewer bytes (see
-	// GetStatus), its one-byte kind beside the other small fields: the
-	// time as Unix nanoseconds (the status shows how long ago, a
-	// wall-clock figure).
-	statusUpdatedAt int64
-	statusID        uint64
-	statusError     *string
+	// unchangedSince is, when this entry replaced one with the same
+	// identity (only the source changed), that entry's revision; zero
+	// otherwise. See IdentityUnchangedSince.
+	unchangedSince statedb.Revision
 
 	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
 	Source   source.Source                `json:"source" yaml:"source"`
-
-	statusKind reconciler.StatusKind
 
 	// Explicit is set when the identity was allocated elsewhere and the
 	// ipcache holds no reference to it.
 	Explicit bool `json:"explicit,omitempty" yaml:"explicit,omitempty"`
 }
 
-// entryEncoding is how an entry reads in JSON and YAML (the shell's
-// db/show -format): its fields and its reconciliation status.
-type entryEncoding struct {
-	Prefix   netip.Prefix                 `json:"prefix" yaml:"prefix"`
-	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
-	Source   source.Source                `json:"source" yaml:"source"`
-	Explicit bool                         `json:"explicit,omitempty" yaml:"explicit,omitempty"`
-	Status   reconciler.Status            `json:"status" yaml:"status"`
-}
-
-func (e *Entry) encoding() entryEncoding {
-	return entryEncoding{Prefix: e.Prefix, Identity: e.Identity, Source: e.Source, Explicit: e.Explicit, Status: e.GetStatus()}
-}
-
-// MarshalJSON implements json.Marshaler.
-//
-// Possible errors: none (every field encodes).
-func (e *Entry) MarshalJSON() ([]byte, error) { return json.Marshal(e.encoding()) }
-
-// MarshalYAML implements yaml.Marshaler.
-//
-// Possible errors: none.
-func (e *Entry) MarshalYAML() (any, error) { return e.encoding(), nil }
-
 // TableHeader implements statedb.TableWritable.
 func (*Entry) TableHeader() []string {
-	return []string{"Prefix", "Identity", "Source", "Explicit", "Status"}
+	return []string{"Prefix", "Identity", "Source", "Explicit"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (e *Entry) TableRow() []string {
-	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(),
-		strconv.FormatBool(e.Explicit), e.GetStatus().String()}
+	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
 }
 
+// IdentityUnchangedSince returns, if this entry replaced one with the
+// same identity (an owner re-asserting a restored prefix changes only its
+// source), the replaced entry's table revision; zero otherwise. The
+// datapath maps a prefix to its identity alone: its writer need not write
+// this entry if it wrote that revision.
+func (e *Entry) IdentityUnchangedSince() statedb.Revision { return e.unchangedSince }
+
 // sameMapping reports whether two entries say the same thing of their
-// prefix, whatever their reconciliation status.
+// prefix.
 func (e *Entry) sameMapping(other *Entry) bool {
 	return e.Prefix == other.Prefix && e.Identity == other.Identity && e.Source == other.Source &&
 		e.Explicit == other.Explicit
 }
 
-// Clone returns a shallow copy, for the reconciler.
-func (e *Entry) Clone() *Entry {
-	c := *e
-	return &c
-}
-
-// GetStatus returns the reconciliation status, for the reconciler.
-func (e *Entry) GetStatus() reconciler.Status {
-	return reconciler.Status{UpdatedAt: time.Unix(0, e.statusUpdatedAt), ID: e.statusID, Error: e.statusError, Kind: e.statusKind}
-}
-
-// SetStatus sets the reconciliation status, for the reconciler.
-func (e *Entry) SetStatus(status reconciler.Status) *Entry {
-	e.statusUpdatedAt, e.statusID, e.statusError, e.statusKind = status.UpdatedAt.UnixNano(), status.ID, status.Error, status.Kind
-	return e
-}
-
-// keepStatusOf gives e the reconciliation status of other.
-func (e *Entry) keepStatusOf(other *Entry) {
-	e.statusUpdatedAt, e.statusID, e.statusError, e.statusKind = other.statusUpdatedAt, other.statusID, other.statusError, other.statusKind
-}
-
-// ReconcilerTable is the `ipcache` table for the datapath's reconciler,
-// which writes the reconciliation status of entries through it. Nothing
-// else writes through it: entries are the resolver's.
+// ReconcilerTable is the `ipcache` table for the datapath's writer, which
+// follows its changes (a change iterator needs a write transaction on the
+// table to start). Nothing writes entries through it: they are the
+// resolver's.
 type ReconcilerTable struct {
 	statedb.RWTable[*Entry]
 }

@@ -90,8 +90,8 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 	txn := c.db.ReadTxn()
 	if c.ipcache != nil && c.cfg.IPCacheMapMaxEntries > 0 {
 		n := 0
-		for e := range c.ipcache.All(txn) {
-			if e.GetStatus().Kind == reconciler.StatusKindDone {
+		for _, rev := range c.ipcache.All(txn) {
+			if kind, _ := c.datapath.IPCacheStatus(rev); kind == reconciler.StatusKindDone {
 				n++
 			}
 		}

@@ -5,6 +5,9 @@ package policycell
 import (
 	"net/netip"
 
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
 
@@ -33,4 +36,8 @@ type DatapathMaps interface {
 	//
 	// Possible errors: as LookupIdentity.
 	Enforcement(dir Direction) (enforced, denyOnly bool, err error)
+	// IPCacheStatus returns whether the `ipcache` entry of table revision
+	// rev is in the ipcache map: Done, Error with why not (a failed or held
+	// write), or Pending. The entries carry no status of their own.
+	IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error)
 }

@@ -446,16 +446,21 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 			lbls = identity.Labels
 		}
 		fmt.Fprintf(out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
-		if status := entry.GetStatus(); status.Kind == reconciler.StatusKindError {
+		var kind reconciler.StatusKind
+		var writeErr error
+		if src.datapath != nil {
+			// The entry's status is the datapath writer's, by revision.
+			_, rev, _ := src.ipcache.Get(txn, ipcachecell.EntryIndex.Query(entry.Prefix))
+			kind, writeErr = src.datapath.IPCacheStatus(rev)
+		}
+		if kind == reconciler.StatusKindError {
 			// Held or failed: the datapath still has what the map had.
 			held = true
-			fmt.Fprintf(out, "Datapath: the ipcache map does not have this entry yet, it keeps the prefix's previous value (%s)", status)
-			if src.datapath != nil {
-				if inMap, found, err := src.datapath.LookupIdentity(addr); err == nil && found {
-					fmt.Fprintf(out, "; the datapath uses identity %s for %s", inMap, addr)
-				} else if err == nil {
-					fmt.Fprintf(out, "; the datapath uses world (%s) for %s: no ipcache map entry covers it", identitycell.IdentityWorld, addr)
-				}
+			fmt.Fprintf(out, "Datapath: the ipcache map does not have this entry yet, it keeps the prefix's previous value (Error: %v)", writeErr)
+			if inMap, found, err := src.datapath.LookupIdentity(addr); err == nil && found {
+				fmt.Fprintf(out, "; the datapath uses identity %s for %s", inMap, addr)
+			} else if err == nil {
+				fmt.Fprintf(out, "; the datapath uses world (%s) for %s: no ipcache map entry covers it", identitycell.IdentityWorld, addr)
 			}
 			out.WriteString("\n")
 		}

@@ -65,7 +65,16 @@ type fakeDatapathMaps struct {
 	policy     map[PolicyKey]Verdict
 	// enforcement is the map's value: 1 default deny, 2 deny rules only.
 	enforcement map[Direction]int
-	err         error
+	// failedRevs are the ipcache entries, by revision, whose write failed.
+	failedRevs map[statedb.Revision]error
+	err        error
+}
+
+func (m *fakeDatapathMaps) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
+	if err, failed := m.failedRevs[rev]; failed {
+		return reconciler.StatusKindError, err
+	}
+	return reconciler.StatusKindDone, nil
 }
 
 func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
@@ -155,12 +164,11 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, db.Stop()) })
 
 	full := reconciler.StatusError(errors.New("policy map is full"))
-	held := reconciler.StatusError(errors.New("policy entries of the identity are not in the policy map"))
 	txn := db.WriteTxn(ipcache, entries, enforcement, policies)
 	for _, e := range []*ipcachecell.Entry{
 		{Prefix: netip.MustParsePrefix("10.0.0.0/24"), Identity: 16777217},
 		{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Identity: 16777218},
-		(&ipcachecell.Entry{Prefix: netip.MustParsePrefix("10.0.2.0/24"), Identity: 16777217}).SetStatus(held),
+		{Prefix: netip.MustParsePrefix("10.0.2.0/24"), Identity: 16777217},
 	} {
 		_, _, err := ipcache.Insert(txn, e)
 		require.NoError(t, err)
@@ -178,8 +186,10 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	_, _, err = enforcement.Insert(txn, &Enforcement{Direction: Egress, Enforced: true})
 	require.NoError(t, err)
 	txn.Commit()
+	_, heldRev, _ := ipcache.Get(db.ReadTxn(), ipcachecell.EntryIndex.Query(netip.MustParsePrefix("10.0.2.0/24")))
 
 	maps := &fakeDatapathMaps{
+		failedRevs: map[statedb.Revision]error{heldRev: errors.New("policy entries of the identity are not in the policy map")},
 		identities: map[netip.Addr]identitycell.NumericIdentity{
 			netip.MustParseAddr("10.0.0.1"): 16777217,
 			netip.MustParseAddr("10.0.2.1"): 16777220, // the held prefix's previous identity

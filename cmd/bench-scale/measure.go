@@ -412,8 +412,12 @@ func (s *upsertSampler) run(done <-chan struct{}) {
 // state says whether the prefix is in the `ipcache` table, and whether the
 // reconciler wrote it to the map.
 func (s *upsertSampler) state(prefix netip.Prefix) (inTable, inDatapath bool) {
-	entry, _, found := s.agent.entries.Get(s.agent.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
-	return found, found && entry.GetStatus().Kind == reconciler.StatusKindDone
+	_, rev, found := s.agent.entries.Get(s.agent.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+	if !found {
+		return false, false
+	}
+	kind, _ := s.agent.datapath.IPCacheStatus(rev)
+	return true, kind == reconciler.StatusKindDone
 }
 
 func (s *upsertSampler) count() int {

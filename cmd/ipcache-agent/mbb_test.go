@@ -210,7 +210,7 @@ func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
 	e.pingDuring("map full", e.epNS, allowedIP,
 		func() { e.policyFile("narrow.yaml", mbbPolicy("narrow", policycell.Egress, 0, allowedIP+"/32")) },
 		func(map[netip.Prefix]uint32, [2]bool) bool {
-			return strings.Contains(e.shell("db/show", "ipcache"), "policy entries of the identity are not in the policy map")
+			return strings.Contains(e.shell("datapath/ipcache-status"), "policy entries of the identity are not in the policy map")
 		})
 	ipcache, _ = e.state()
 	_, own := ipcache[prefixOf(allowedIP+"/32")]

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
@@ -54,6 +55,7 @@ type agent struct {
 	enforcement statedb.Table[*policycell.Enforcement]
 	health      *cell.SimpleHealth
 	restorer    *restorecell.Restorer
+	datapath    *datapathcell.Datapath
 
 	// The last computation of the policy table from scratch, for a model
 	// and a revision of the identities table.
@@ -85,8 +87,8 @@ func startAgent(t *testing.T, extraFlags ...string) *agent {
 			ids statedb.Table[*identitycell.Identity], md statedb.Table[*ipcachecell.PrefixMetadata],
 			entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.Policy],
 			policy statedb.Table[*policycell.PolicyEntry], enforcement statedb.Table[*policycell.Enforcement],
-			health *cell.SimpleHealth, restorer *restorecell.Restorer) {
-			a.db, a.ipcache, a.identities, a.metadata, a.entries = db, ipc, ids, md, entries
+			health *cell.SimpleHealth, restorer *restorecell.Restorer, dp *datapathcell.Datapath) {
+			a.db, a.ipcache, a.identities, a.metadata, a.entries, a.datapath = db, ipc, ids, md, entries, dp
 			a.policies, a.policy, a.enforcement, a.health, a.restorer = policies, policy, enforcement, health, restorer
 		}),
 	)

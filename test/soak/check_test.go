@@ -177,9 +177,10 @@ func (a *agent) checkConverged(m *model) string {
 		return identity.Labels
 	}
 	n = 0
-	for e := range a.entries.All(txn) {
+	for e, rev := range a.entries.All(txn) {
 		n++
 		w := m.entries[e.Prefix]
+		kind, writeErr := a.datapath.IPCacheStatus(rev)
 		switch {
 		case w == nil:
 			return fmt.Sprintf("ipcache entry %s that nobody owns", e.Prefix)
@@ -189,8 +190,8 @@ func (a *agent) checkConverged(m *model) string {
 			return fmt.Sprintf("ipcache entry %s is %d (explicit %t), want explicit %d", e.Prefix, e.Identity, e.Explicit, w.explicit)
 		case w.explicit == 0 && (e.Explicit || labelsOf(e.Identity) != w.labels):
 			return fmt.Sprintf("ipcache entry %s has identity %d with labels %s (explicit %t), want %s", e.Prefix, e.Identity, labelsOf(e.Identity), e.Explicit, w.labels)
-		case e.GetStatus().Kind != reconciler.StatusKindDone:
-			return fmt.Sprintf("ipcache entry %s not reconciled: %s", e.Prefix, e.GetStatus())
+		case kind != reconciler.StatusKindDone:
+			return fmt.Sprintf("ipcache entry %s not reconciled: %s %v", e.Prefix, kind, writeErr)
 		}
 	}
 	if n != len(m.entries) {

@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
+)
+
+// failingMap is a fake ipcache map whose writes of chosen keys fail, and
+// which counts the keys written.
+type failingMap struct {
+	kernelMap
+	mu     sync.Mutex
+	fail   map[IPCacheMapKey]error
+	failed map[IPCacheMapKey]int
+	writes int
+}
+
+func (m *failingMap) failFor(k IPCacheMapKey) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err := m.fail[k]
+	if err != nil {
+		m.failed[k]++
+	}
+	return err
+}
+
+// failures returns how many writes of prefix failed.
+func (m *failingMap) failures(prefix string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failed[NewIPCacheMapKey(netip.MustParsePrefix(prefix))]
+}
+
+func (m *failingMap) setFail(p netip.Prefix, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil {
+		delete(m.fail, NewIPCacheMapKey(p))
+		return
+	}
+	m.fail[NewIPCacheMapKey(p)] = err
+}
+
+func (m *failingMap) written() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.writes
+}
+
+func (m *failingMap) Put(key, value any) error {
+	if err := m.failFor(*key.(*IPCacheMapKey)); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.writes++
+	m.mu.Unlock()
+	return m.kernelMap.Put(key, value)
+}
+
+func (m *failingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
+	ks, vs := keys.([]IPCacheMapKey), values.([]IPCacheMapValue)
+	for i, k := range ks {
+		if err := m.failFor(k); err != nil {
+			n, _ := m.BatchUpdate(ks[:i], vs[:i], opts)
+			return n, err
+		}
+	}
+	m.mu.Lock()
+	m.writes += len(ks)
+	m.mu.Unlock()
+	return m.kernelMap.BatchUpdate(keys, values, opts)
+}
+
+// writerFixture runs an ipcache writer over a fake map and an `ipcache`
+// table of its own, without the rest of the agent: no gate, no hold.
+type writerFixture struct {
+	t      *testing.T
+	db     *statedb.DB
+	table  statedb.RWTable[*ipcachecell.Entry]
+	m      *failingMap
+	maps   *recordingMaps
+	stats  *mapStats
+	writer *ipcacheWriter
+	health *cell.SimpleHealth
+	// initialized marks the table initialized.
+	initialized func(statedb.WriteTxn)
+}
+
+// newWriterFixture starts a writer over a map that holds pinned at start.
+func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixture {
+	f := &writerFixture{t: t, db: statedb.New(), maps: newRecordingMaps(t, 0), stats: &mapStats{}}
+	table, err := ipcachecell.NewEntriesTable(f.db)
+	require.NoError(t, err)
+	f.table = table
+	require.NoError(t, f.db.Start())
+	txn := f.db.WriteTxn(table)
+	f.initialized = table.RegisterInitializer(txn, "test")
+	txn.Commit()
+
+	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[IPCacheMapKey]error{}, failed: map[IPCacheMapKey]int{}}
+	snapshot := map[IPCacheMapKey]IPCacheMapValue{}
+	for p, id := range pinned {
+		k, v := NewIPCacheMapKey(p), NewIPCacheMapValue(id)
+		f.maps.ipcache[k], snapshot[k] = v, v
+	}
+	ops := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
+		name:       IPCacheMapName,
+		target:     func() kernelMap { return f.m },
+		stats:      f.stats,
+		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
+		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
+		writeOrder: IPCacheMapKey.compare,
+		readPinned: func() map[IPCacheMapKey]IPCacheMapValue { return snapshot },
+	}
+	f.writer = newIPCacheWriter(reconciler.Params{DB: f.db, Log: hivetest.Logger(t)}, table, ops)
+	var health cell.Health
+	health, f.health = cell.NewSimpleHealth()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.writer.run(ctx, health) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, f.db.Stop())
+	})
+	return f
+}
+
+// upsert writes an entry and returns its revision.
+func (f *writerFixture) upsert(prefix string, id uint32, src source.Source) statedb.Revision {
+	txn := f.db.WriteTxn(f.table)
+	_, _, err := f.table.Insert(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix), Identity: identitycell.NumericIdentity(id), Source: src})
+	require.NoError(f.t, err)
+	rev := f.table.Revision(txn)
+	txn.Commit()
+	return rev
+}
+
+func (f *writerFixture) remove(prefix string) statedb.Revision {
+	txn := f.db.WriteTxn(f.table)
+	_, _, err := f.table.Delete(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix)})
+	require.NoError(f.t, err)
+	rev := f.table.Revision(txn)
+	txn.Commit()
+	return rev
+}
+
+func (f *writerFixture) healthLevel() cell.Level {
+	f.health.Lock()
+	defer f.health.Unlock()
+	return f.health.Level
+}
+
+func (f *writerFixture) initialize() {
+	txn := f.db.WriteTxn(f.table)
+	f.initialized(txn)
+	txn.Commit()
+}
+
+// inMap returns the map's value for prefix.
+func (f *writerFixture) inMap(prefix string) (uint32, bool) {
+	f.maps.mu.Lock()
+	defer f.maps.mu.Unlock()
+	v, ok := f.maps.ipcache[NewIPCacheMapKey(netip.MustParsePrefix(prefix))]
+	return v.Identity(), ok
+}
+
+// waitStatus waits until the entry of revision rev has status kind.
+func (f *writerFixture) waitStatus(rev statedb.Revision, kind reconciler.StatusKind) error {
+	f.t.Helper()
+	var err error
+	require.Eventually(f.t, func() bool {
+		var got reconciler.StatusKind
+		got, err = f.writer.status(rev)
+		return got == kind
+	}, 10*time.Second, time.Millisecond, "revision %d never %s", rev, kind)
+	return err
+}
+
+// A key whose write fails is Error with the kernel's error, holds the
+// retry low watermark at its revision and makes health degraded; it is
+// retried until the write succeeds, then Done, and the watermark clears.
+// The other keys of its batch are written meanwhile.
+func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
+	f := newWriterFixture(t, nil)
+	failure := errors.New("injected failure")
+	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), failure)
+	revA := f.upsert("10.0.0.1/32", 100, source.Local)
+	revB := f.upsert("10.0.0.2/32", 200, source.Local)
+
+	require.ErrorIs(t, f.waitStatus(revB, reconciler.StatusKindError), failure)
+	kind, err := f.writer.status(revA)
+	require.Equal(t, reconciler.StatusKindDone, kind)
+	require.NoError(t, err)
+	attempted, low, err := f.writer.WaitUntilReconciled(context.Background(), revB)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, attempted, revB)
+	require.Equal(t, revB, low, "the failing object's revision is the low watermark")
+	require.Eventually(t, func() bool {
+		return f.healthLevel() == cell.StatusDegraded
+	}, 10*time.Second, time.Millisecond)
+	id, ok := f.inMap("10.0.0.1/32")
+	require.True(t, ok)
+	require.EqualValues(t, 100, id)
+	_, ok = f.inMap("10.0.0.2/32")
+	require.False(t, ok)
+
+	// Still failing after a few retries.
+	require.Eventually(t, func() bool { return f.m.failures("10.0.0.2/32") >= 3 },
+		10*time.Second, time.Millisecond, "retried with backoff")
+	kind, err = f.writer.status(revB)
+	require.Equal(t, reconciler.StatusKindError, kind)
+	require.ErrorIs(t, err, failure)
+
+	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), nil)
+	require.NoError(t, f.waitStatus(revB, reconciler.StatusKindDone))
+	id, ok = f.inMap("10.0.0.2/32")
+	require.True(t, ok)
+	require.EqualValues(t, 200, id)
+	_, low, err = f.writer.WaitUntilReconciled(context.Background(), revB)
+	require.NoError(t, err)
+	require.Zero(t, low, "nothing fails")
+	require.Eventually(t, func() bool { return f.healthLevel() == cell.StatusOK }, 10*time.Second, time.Millisecond)
+}
+
+// A newer change of a failing key supersedes the failure: the old
+// revision is no longer Error, the watermark moves, and the new value is
+// written when it can be.
+func TestIPCacheWriterNewChangeSupersedesFailure(t *testing.T) {
+	f := newWriterFixture(t, nil)
+	failure := errors.New("injected failure")
+	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), failure)
+	old := f.upsert("10.0.0.2/32", 200, source.Local)
+	require.ErrorIs(t, f.waitStatus(old, reconciler.StatusKindError), failure)
+
+	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), nil)
+	newer := f.upsert("10.0.0.2/32", 300, source.Local)
+	require.NoError(t, f.waitStatus(newer, reconciler.StatusKindDone))
+	kind, _ := f.writer.status(old)
+	require.Equal(t, reconciler.StatusKindDone, kind, "superseded, no longer failing")
+	id, ok := f.inMap("10.0.0.2/32")
+	require.True(t, ok)
+	require.EqualValues(t, 300, id)
+
+	del := f.remove("10.0.0.2/32")
+	_, _, err := f.writer.WaitUntilReconciled(context.Background(), del)
+	require.NoError(t, err)
+	_, ok = f.inMap("10.0.0.2/32")
+	require.False(t, ok, "deleted")
+}
+
+// After a restart, an entry restored with the value the map holds, then
+// re-asserted by its owner (only its source changes), costs no map write;
+// both revisions are Done.
+func TestIPCacheWriterSourceOnlyChangeWritesNothing(t *testing.T) {
+	f := newWriterFixture(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.0.1/32"): 100})
+	restored := f.upsert("10.0.0.1/32", 100, source.Restored)
+	require.NoError(t, f.waitStatus(restored, reconciler.StatusKindDone))
+	owned := f.upsert("10.0.0.1/32", 100, source.Local)
+	require.NoError(t, f.waitStatus(owned, reconciler.StatusKindDone))
+	require.Zero(t, f.m.written(), "the map already held the value")
+	require.EqualValues(t, 2, f.stats.Unchanged.Load(), "both skipped")
+
+	// A new value is written.
+	changed := f.upsert("10.0.0.1/32", 101, source.Local)
+	require.NoError(t, f.waitStatus(changed, reconciler.StatusKindDone))
+	require.Equal(t, 1, f.m.written())
+}
+
+// The writer prunes once the table is initialized (not before), then when
+// asked: keys no entry has are deleted.
+func TestIPCacheWriterPrunesAfterInitialization(t *testing.T) {
+	f := newWriterFixture(t, map[netip.Prefix]uint32{
+		netip.MustParsePrefix("10.0.0.1/32"): 100,
+		netip.MustParsePrefix("10.9.9.9/32"): 999, // stale: no entry
+	})
+	rev := f.upsert("10.0.0.1/32", 100, source.Local)
+	require.NoError(t, f.waitStatus(rev, reconciler.StatusKindDone))
+	f.writer.Prune() // not before the table is initialized
+	time.Sleep(50 * time.Millisecond)
+	require.Zero(t, f.stats.Prunes.Load())
+	_, ok := f.inMap("10.9.9.9/32")
+	require.True(t, ok, "not pruned before the table is initialized")
+
+	f.initialize()
+	require.Eventually(t, func() bool { return f.stats.Prunes.Load() == 1 }, 10*time.Second, time.Millisecond)
+	_, ok = f.inMap("10.9.9.9/32")
+	require.False(t, ok, "pruned")
+	_, ok = f.inMap("10.0.0.1/32")
+	require.True(t, ok)
+
+	f.writer.Prune()
+	require.Eventually(t, func() bool { return f.stats.Prunes.Load() == 2 }, 10*time.Second, time.Millisecond)
+}
+
+// After the first prune (the writer no longer knows the map's content from
+// start), an owner re-asserting a prefix another producer holds changes
+// only the entry's source: a new revision whose identity the map already
+// has, which the writer does not write again.
+func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
+	f := newOrderFixture(t, 16384)
+	require.Eventually(t, func() bool { return f.datapath.Prunes(IPCacheMapName) >= 1 }, 10*time.Second, time.Millisecond)
+	prefix := netip.MustParsePrefix("10.7.0.1/32")
+	restored, err := f.ipcache.NewHandle("test/restored", source.Restored)
+	require.NoError(t, err)
+	require.NoError(t, restored.Upsert(prefix, ipcachecell.Metadata{}))
+	f.converged("restored", f.has("10.7.0.1/32"))
+	written, unchanged := f.datapath.MapWrites(IPCacheMapName)
+	first, firstRev, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+
+	owner, err := f.ipcache.NewHandle("test/owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{}))
+	var rev statedb.Revision
+	require.Eventually(t, func() bool {
+		var e *ipcachecell.Entry
+		e, rev, _ = f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+		return e.Source == source.Local
+	}, 10*time.Second, time.Millisecond)
+	_, _, err = f.datapath.ipcacheWriter.WaitUntilReconciled(context.Background(), rev)
+	require.NoError(t, err)
+	second, _, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+	require.Equal(t, first.Identity, second.Identity)
+	require.Equal(t, firstRev, second.IdentityUnchangedSince())
+	kind, err := f.datapath.IPCacheStatus(rev)
+	require.NoError(t, err)
+	require.Equal(t, reconciler.StatusKindDone, kind)
+	nowWritten, nowUnchanged := f.datapath.MapWrites(IPCacheMapName)
+	require.Equal(t, written, nowWritten, "no map write")
+	require.Equal(t, unchanged+1, nowUnchanged, "counted as unchanged")
+
+	// New labels: a new identity, written.
+	appX, err := labels.Parse("app:x")
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{Labels: appX}))
+	f.converged("new identity", func() bool {
+		e, _, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
+		return e.Identity != first.Identity && f.identityOf("10.7.0.1") == uint32(e.Identity)
+	})
+	nowWritten, _ = f.datapath.MapWrites(IPCacheMapName)
+	require.Greater(t, nowWritten, written)
+}
