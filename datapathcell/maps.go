@@ -331,36 +331,22 @@ func copyEntries(from, to *ebpf.Map) error {
 // prefix are kept apart with a warning: restore must not act on what it
 // cannot read, and the first prune deletes them.
 func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
-	// Read as keys and numbers first, which hold no pointers: growing
-	// that slice to a million entries costs the collector nothing, where
-	// growing one of netip prefixes (which hold one) had it scan and
-	// copy with write barriers every doubling; the entries are then
-	// allocated once, at their size.
-	type rawEntry struct {
-		key   IPCacheMapKey
-		value IPCacheMapValue
-	}
-	var raw []rawEntry
 	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	err := readEntries(m, func(key IPCacheMapKey, value IPCacheMapValue) {
-		raw = append(raw, rawEntry{key, value})
-	})
-	if err != nil {
-		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
-	}
-	snapshot.entries = make([]PinnedEntry, 0, len(raw))
-	for _, r := range raw {
-		prefix, err := r.key.decode()
+		prefix, err := key.decode()
 		if err != nil {
 			log.Warn("Unreadable pinned ipcache entry: not restored, deleted at the first prune", "error", err)
-			snapshot.unreadable[r.key] = r.value
-			continue
+			snapshot.unreadable[key] = value
+			return
 		}
 		if masked := prefix.Masked(); masked != prefix {
 			log.Warn("Pinned ipcache entry with host bits set: read as its prefix", "key", prefix, "prefix", masked)
 			prefix = masked
 		}
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(r.value.Identity())})
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
+	})
+	if err != nil {
+		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
 	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	return snapshot, nil
