@@ -272,8 +272,55 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // whichever lane that came in (a restart: restore's lane and the owner's
 // hold the same million prefixes, taken at different points).
 type resolveQueue struct {
-	lanes map[string][]queuedPrefix
+	lanes map[string]*lane
 	order []string // lanes with prefixes, in turn order
+}
+
+// lane is one resource's queued prefixes, first in, first out, in blocks:
+// a lane of a million grows without copying what it holds (growing one
+// slice was most of what queueing cost), and a block taken is garbage.
+type lane struct {
+	blocks  [][]queuedPrefix // the first one partly taken
+	n       int              // prefixes queued
+	nextCap int              // of the next block: small lanes stay small
+}
+
+// Blocks grow from minLaneBlock to maxLaneBlock prefixes: the largest
+// still a small allocation.
+const (
+	minLaneBlock = 16
+	maxLaneBlock = 512
+)
+
+func (l *lane) push(p queuedPrefix) {
+	if last := len(l.blocks) - 1; last >= 0 && len(l.blocks[last]) < cap(l.blocks[last]) {
+		l.blocks[last] = append(l.blocks[last], p)
+		l.n++
+		return
+	}
+	l.nextCap = min(max(2*l.nextCap, minLaneBlock), maxLaneBlock)
+	block := make([]queuedPrefix, 1, l.nextCap)
+	block[0] = p
+	l.blocks = append(l.blocks, block)
+	l.n++
+}
+
+// take appends the first k prefixes (at most all) to out and removes them.
+func (l *lane) take(k int, out []queuedPrefix) []queuedPrefix {
+	for k > 0 && len(l.blocks) > 0 {
+		block := l.blocks[0]
+		m := min(k, len(block))
+		out = append(out, block[:m]...)
+		k, l.n = k-m, l.n-m
+		if m == len(block) {
+			l.blocks[0] = nil
+			l.blocks = l.blocks[1:]
+		} else {
+			// The block keeps its capacity's end: push fills it up.
+			l.blocks[0] = block[m:]
+		}
+	}
+	return out
 }
 
 // queuedPrefix is a prefix whose metadata changed, and the revision of
@@ -287,13 +334,15 @@ type queuedPrefix struct {
 // changed.
 func (q *resolveQueue) add(resource string, prefix netip.Prefix, changed statedb.Revision) {
 	if q.lanes == nil {
-		q.lanes = map[string][]queuedPrefix{}
+		q.lanes = map[string]*lane{}
 	}
-	lane, active := q.lanes[resource]
+	l, active := q.lanes[resource]
 	if !active {
+		l = &lane{}
+		q.lanes[resource] = l
 		q.order = append(q.order, resource)
 	}
-	q.lanes[resource] = append(lane, queuedPrefix{prefix, changed})
+	l.push(queuedPrefix{prefix, changed})
 }
 
 // next takes up to n prefixes, an equal share from each lane (what a lane
@@ -301,17 +350,21 @@ func (q *resolveQueue) add(resource string, prefix netip.Prefix, changed statedb
 // order in which their entries reach the datapath, and in which the
 // kernel's LPM trie inserts fastest.
 func (q *resolveQueue) next(n int) []queuedPrefix {
-	var chunk []queuedPrefix
+	queued := 0
+	for _, resource := range q.order {
+		queued += q.lanes[resource].n
+	}
+	if queued == 0 {
+		return nil
+	}
+	chunk := make([]queuedPrefix, 0, min(n, queued))
 	for len(chunk) < n && len(q.order) > 0 {
 		share := max((n-len(chunk))/len(q.order), 1)
 		for _, resource := range q.order {
-			lane := q.lanes[resource]
-			k := min(share, n-len(chunk), len(lane))
-			chunk = append(chunk, lane[:k]...)
-			q.lanes[resource] = lane[k:]
+			chunk = q.lanes[resource].take(min(share, n-len(chunk)), chunk)
 		}
 		q.order = slices.DeleteFunc(q.order, func(resource string) bool {
-			if len(q.lanes[resource]) == 0 {
+			if q.lanes[resource].n == 0 {
 				delete(q.lanes, resource)
 				return true
 			}

@@ -147,3 +147,29 @@ func TestResolverResolvesPrefixQueuedTwiceOnce(t *testing.T) {
 	require.Equal(t, 4, f.resolver.resolutions)
 	require.Zero(t, f.entries.NumObjects(f.db.ReadTxn()))
 }
+
+// A lane is first in, first out across its blocks, however pushes and
+// takes interleave.
+func TestResolveLaneIsFIFO(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var (
+		l         lane
+		want, got []queuedPrefix
+		pushed    int
+	)
+	for range 200 {
+		for range rng.IntN(3 * maxLaneBlock) {
+			addr := netip.AddrFrom4([4]byte{10, byte(pushed >> 16), byte(pushed >> 8), byte(pushed)})
+			p := queuedPrefix{netip.PrefixFrom(addr, 32), uint64(pushed)}
+			l.push(p)
+			want = append(want, p)
+			pushed++
+		}
+		got = l.take(rng.IntN(3*maxLaneBlock), got)
+		require.Equal(t, len(want)-len(got), l.n)
+	}
+	got = l.take(l.n+1, got)
+	require.Equal(t, want, got)
+	require.Zero(t, l.n)
+	require.Empty(t, l.blocks)
+}
