@@ -74,8 +74,19 @@ func (f *fixture) round(tb testing.TB) {
 // be what the owners said, and each identity's reference count must equal
 // the entries resolved to it plus the references held elsewhere. When every
 // handle and outside reference is gone, nothing is left.
+//
+// Checked after every step, each change is resolved in a round of its own;
+// in the second run, rounds come every few steps and every prefix is a
+// chunk, so that a prefix queued by several changes is taken once per
+// change, the earlier ones superseded by the later.
 func TestRandomOwnershipKeepsReferencesExact(t *testing.T) {
+	t.Run("every step", func(t *testing.T) { testRandomOwnership(t, 1, maxResolveChunkSize) })
+	t.Run("chunks of one, rounds every few steps", func(t *testing.T) { testRandomOwnership(t, 4, 1) })
+}
+
+func testRandomOwnership(t *testing.T, stepsPerRound, chunkSize int) {
 	f := newFixture(t)
+	f.resolver.chunkSize, f.resolver.maxChunkSize = chunkSize, chunkSize
 	rng := rand.New(rand.NewPCG(1, 2))
 
 	prefixes := []netip.Prefix{}
@@ -164,9 +175,13 @@ func TestRandomOwnershipKeepsReferencesExact(t *testing.T) {
 				break
 			}
 		}
-		f.round(t)
-		f.checkAgainst(t, step, said, resources, heldElsewhere)
+		if rng.IntN(stepsPerRound) == 0 {
+			f.round(t)
+			f.checkAgainst(t, step, said, resources, heldElsewhere)
+		}
 	}
+	f.round(t)
+	f.checkAgainst(t, -1, said, resources, heldElsewhere)
 
 	for _, h := range handles {
 		require.NoError(t, h.Release())

@@ -3,11 +3,13 @@
 package ipcachecell
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
+	"math"
 	"net/netip"
 	"slices"
 	"time"
@@ -69,8 +71,13 @@ type resolver struct {
 	retryDue   bool
 	retryAfter time.Duration
 
-	// chunkSize is the prefixes to resolve in the next transaction.
-	chunkSize int
+	// chunkSize is the prefixes to resolve in the next transaction, at
+	// most maxChunkSize (tests lower it to make every prefix a chunk).
+	chunkSize, maxChunkSize int
+
+	// resolutions counts the prefixes resolved, superseded ones not
+	// included; tests use it to show what a change costs.
+	resolutions int
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
@@ -102,6 +109,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		failed:          map[netip.Prefix]error{},
 		retryAfter:      minRetryBackoff,
 		chunkSize:       minResolveChunkSize,
+		maxChunkSize:    maxResolveChunkSize,
 	}
 }
 
@@ -190,15 +198,15 @@ func (r *resolver) round() (<-chan struct{}, error) {
 	if r.retryDue {
 		r.retryDue = false
 		for prefix := range r.failed {
-			queue.add("", prefix) // a lane of their own
+			queue.add("", prefix, math.MaxUint64) // a lane of their own, never superseded
 		}
 	}
 	for {
 		snapshot = r.db.ReadTxn()
 		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
 		changed, watch = r.changes.Next(snapshot)
-		for change := range changed {
-			queue.add(change.Object.Resource, change.Object.Prefix)
+		for change, revision := range changed {
+			queue.add(change.Object.Resource, change.Object.Prefix, revision)
 		}
 		chunk := queue.next(r.chunkSize)
 		if len(chunk) == 0 {
@@ -206,13 +214,20 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		}
 		chunkStart := time.Now()
 		txn := r.allocator.WriteTxn(r.entries)
-		for _, prefix := range chunk {
-			if err := r.resolve(txn, prefix); err != nil {
+		for _, queued := range chunk {
+			prefix := queued.prefix
+			superseded, err := r.resolve(txn, prefix, queued.changed)
+			switch {
+			case superseded:
+				// A later change of the prefix resolves it: failed
+				// stays as that one leaves it.
+				continue
+			case err != nil:
 				if _, known := r.failed[prefix]; !known {
 					newFailures = append(newFailures, prefix)
 				}
 				r.failed[prefix] = err
-			} else {
+			default:
 				delete(r.failed, prefix)
 			}
 		}
@@ -248,42 +263,107 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // one chunk. Each lane is first in, first out.
 //
 // A prefix queued twice (by two owners, or changed again while queued) is
-// resolved once if both fall in one chunk, else twice: resolving is
-// idempotent, and a set of the queued prefixes, to keep each once, cost a
-// map insert and delete per prefix (docs/SCALE.md).
+// taken once if both fall in one chunk, else twice; a set of the queued
+// prefixes, to keep each once, cost a map insert and delete per prefix
+// (docs/SCALE.md). Each is queued with the revision of its change instead:
+// the resolver skips it when one of the prefix's rows is newer (see
+// resolver.resolve), so that it is resolved once, for the last change,
+// whichever lane that came in (a restart: restore's lane and the owner's
+// hold the same million prefixes, taken at different points).
 type resolveQueue struct {
-	lanes map[string][]netip.Prefix
+	lanes map[string]*lane
 	order []string // lanes with prefixes, in turn order
 }
 
-// add queues a prefix whose metadata of resource changed.
-func (q *resolveQueue) add(resource string, prefix netip.Prefix) {
-	if q.lanes == nil {
-		q.lanes = map[string][]netip.Prefix{}
+// lane is one resource's queued prefixes, first in, first out, in blocks:
+// a lane of a million grows without copying what it holds (growing one
+// slice was most of what queueing cost), and a block taken is garbage.
+type lane struct {
+	blocks  [][]queuedPrefix // the first one partly taken
+	n       int              // prefixes queued
+	nextCap int              // of the next block: small lanes stay small
+}
+
+// Blocks grow from minLaneBlock to maxLaneBlock prefixes: the largest
+// still a small allocation.
+const (
+	minLaneBlock = 16
+	maxLaneBlock = 512
+)
+
+func (l *lane) push(p queuedPrefix) {
+	if last := len(l.blocks) - 1; last >= 0 && len(l.blocks[last]) < cap(l.blocks[last]) {
+		l.blocks[last] = append(l.blocks[last], p)
+		l.n++
+		return
 	}
-	lane, active := q.lanes[resource]
+	l.nextCap = min(max(2*l.nextCap, minLaneBlock), maxLaneBlock)
+	block := make([]queuedPrefix, 1, l.nextCap)
+	block[0] = p
+	l.blocks = append(l.blocks, block)
+	l.n++
+}
+
+// take appends the first k prefixes (at most all) to out and removes them.
+func (l *lane) take(k int, out []queuedPrefix) []queuedPrefix {
+	for k > 0 && len(l.blocks) > 0 {
+		block := l.blocks[0]
+		m := min(k, len(block))
+		out = append(out, block[:m]...)
+		k, l.n = k-m, l.n-m
+		if m == len(block) {
+			l.blocks[0] = nil
+			l.blocks = l.blocks[1:]
+		} else {
+			// The block keeps its capacity's end: push fills it up.
+			l.blocks[0] = block[m:]
+		}
+	}
+	return out
+}
+
+// queuedPrefix is a prefix whose metadata changed, and the revision of
+// the change.
+type queuedPrefix struct {
+	prefix  netip.Prefix
+	changed statedb.Revision
+}
+
+// add queues a prefix whose metadata of resource changed at revision
+// changed.
+func (q *resolveQueue) add(resource string, prefix netip.Prefix, changed statedb.Revision) {
+	if q.lanes == nil {
+		q.lanes = map[string]*lane{}
+	}
+	l, active := q.lanes[resource]
 	if !active {
+		l = &lane{}
+		q.lanes[resource] = l
 		q.order = append(q.order, resource)
 	}
-	q.lanes[resource] = append(lane, prefix)
+	l.push(queuedPrefix{prefix, changed})
 }
 
 // next takes up to n prefixes, an equal share from each lane (what a lane
 // does not use goes to the others), in address order and each once: the
 // order in which their entries reach the datapath, and in which the
 // kernel's LPM trie inserts fastest.
-func (q *resolveQueue) next(n int) []netip.Prefix {
-	var chunk []netip.Prefix
+func (q *resolveQueue) next(n int) []queuedPrefix {
+	queued := 0
+	for _, resource := range q.order {
+		queued += q.lanes[resource].n
+	}
+	if queued == 0 {
+		return nil
+	}
+	chunk := make([]queuedPrefix, 0, min(n, queued))
 	for len(chunk) < n && len(q.order) > 0 {
 		share := max((n-len(chunk))/len(q.order), 1)
 		for _, resource := range q.order {
-			lane := q.lanes[resource]
-			k := min(share, n-len(chunk), len(lane))
-			chunk = append(chunk, lane[:k]...)
-			q.lanes[resource] = lane[k:]
+			chunk = q.lanes[resource].take(min(share, n-len(chunk)), chunk)
 		}
 		q.order = slices.DeleteFunc(q.order, func(resource string) bool {
-			if len(q.lanes[resource]) == 0 {
+			if q.lanes[resource].n == 0 {
 				delete(q.lanes, resource)
 				return true
 			}
@@ -296,10 +376,20 @@ func (q *resolveQueue) next(n int) []netip.Prefix {
 	}
 	// A lane's prefixes mostly come in address order (batches are written
 	// so): sorting is then a check.
-	if !slices.IsSortedFunc(chunk, prefixkey.Compare) {
-		slices.SortFunc(chunk, prefixkey.Compare)
+	if !slices.IsSortedFunc(chunk, compareQueued) {
+		slices.SortFunc(chunk, compareQueued)
 	}
-	return slices.Compact(chunk)
+	// Of a prefix queued twice, the last change (first in the order): the
+	// other is superseded by it.
+	return slices.CompactFunc(chunk, func(a, b queuedPrefix) bool { return a.prefix == b.prefix })
+}
+
+// compareQueued orders by prefix, then the latest change first.
+func compareQueued(a, b queuedPrefix) int {
+	if c := prefixkey.Compare(a.prefix, b.prefix); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.changed, a.changed)
 }
 
 // adaptChunkSize sizes the next chunk from how long a full one took.
@@ -309,7 +399,7 @@ func (r *resolver) adaptChunkSize(resolved int, took time.Duration) {
 	}
 	scaled := int(float64(r.chunkSize) * float64(resolveChunkTime) / float64(took))
 	// Move halfway: one slow chunk (a GC pause) does not collapse the size.
-	r.chunkSize = min(max((r.chunkSize+scaled)/2, minResolveChunkSize), maxResolveChunkSize)
+	r.chunkSize = min(max((r.chunkSize+scaled)/2, minResolveChunkSize), r.maxChunkSize)
 }
 
 // resolution is the merge of all resources' metadata for one prefix.
@@ -341,13 +431,31 @@ func (res *resolution) merge(row *PrefixMetadata) {
 	}
 }
 
-// resolve brings the prefix's entry in line with its metadata. On error the
-// entry and the identity references are as they were.
-func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
+// resolve brings the prefix's entry in line with its metadata, queued by a
+// change at revision changed. On error the entry and the identity
+// references are as they were.
+//
+// It reports superseded, and does nothing, when one of the prefix's rows
+// is newer than changed: that row's change is queued too, or was
+// resolved already in a transaction that saw this one (its revision is
+// later), so resolving now would do again what that does or did. A
+// deleted row leaves nothing to compare with: a deletion's prefix is
+// resolved as queued.
+func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix, changed statedb.Revision) (superseded bool, err error) {
 	var res resolution
-	for row := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+	for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+		if revision > changed {
+			return true, nil
+		}
 		res.merge(row)
 	}
+	r.resolutions++
+	return false, r.resolveRows(txn, prefix, &res)
+}
+
+// resolveRows brings the prefix's entry in line with the merge of its
+// rows.
+func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *resolution) error {
 	current, currentRev, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
 
 	if !res.hasAnyMetadataRow {
@@ -360,16 +468,23 @@ func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix) error {
 		return nil
 	}
 
-	// A prefix's identity always carries its own cidr label, so that CIDR
-	// selectors find it and two prefixes never share a local identity.
-	wantLabels := res.labels.Union(labels.ForPrefix(prefix))
-	desired := &Entry{Prefix: prefix, Source: res.source}
 	// The labels the current entry's identity was allocated for (the
 	// entry does not keep them: see Entry).
 	var currentLabels labels.Labels
 	if hasCurrent && !current.Explicit {
 		currentLabels, _ = r.allocator.LabelsTxn(txn, current.Identity)
 	}
+	// A prefix's identity always carries its own cidr label, so that CIDR
+	// selectors find it and two prefixes never share a local identity.
+	// The current identity's labels hold it (they were allocated so,
+	// below): rows whose labels are those already need no label string
+	// built (an owner re-asserting what restore holds, a million times
+	// at a restart).
+	wantLabels := currentLabels
+	if res.labels.IsEmpty() || res.labels != currentLabels {
+		wantLabels = res.labels.Union(labels.ForPrefix(prefix))
+	}
+	desired := &Entry{Prefix: prefix, Source: res.source}
 	switch {
 	case res.explicit != identitycell.IdentityUnknown:
 		desired.Identity, desired.Explicit = res.explicit, true

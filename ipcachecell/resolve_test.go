@@ -11,7 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
 func hostPrefixes(first, n int) []netip.Prefix {
@@ -24,8 +27,17 @@ func hostPrefixes(first, n int) []netip.Prefix {
 
 func addAll(q *resolveQueue, resource string, prefixes []netip.Prefix) {
 	for _, p := range prefixes {
-		q.add(resource, p)
+		q.add(resource, p, 1)
 	}
+}
+
+// nextPrefixes is the prefixes of q's next chunk of up to n.
+func nextPrefixes(q *resolveQueue, n int) []netip.Prefix {
+	var out []netip.Prefix
+	for _, queued := range q.next(n) {
+		out = append(out, queued.prefix)
+	}
+	return out
 }
 
 // Another owner's single change, queued behind a large release, is in the
@@ -33,36 +45,37 @@ func addAll(q *resolveQueue, resource string, prefixes []netip.Prefix) {
 func TestResolveQueueSharesChunksAmongOwners(t *testing.T) {
 	var q resolveQueue
 	addAll(&q, "restore", hostPrefixes(0, 10_000))
-	require.Equal(t, hostPrefixes(0, 100), q.next(100), "a lone lane is first in, first out")
+	require.Equal(t, hostPrefixes(0, 100), nextPrefixes(&q, 100), "a lone lane is first in, first out")
 
 	single := netip.MustParsePrefix("192.0.2.1/32")
-	q.add("policy/a", single)
+	q.add("policy/a", single, 2)
 	addAll(&q, "restore", hostPrefixes(20_000, 1000)) // committed after it
-	chunk := q.next(100)
+	chunk := nextPrefixes(&q, 100)
 	require.Contains(t, chunk, single)
 	require.Subset(t, chunk, hostPrefixes(100, 99), "the rest of the chunk is the release, in order")
 	require.True(t, slices.IsSortedFunc(chunk, prefixkey.Compare), "a chunk is in address order")
 
 	addAll(&q, "policy/b", hostPrefixes(50_000, 1000))
-	chunk = q.next(100)
+	chunk = nextPrefixes(&q, 100)
 	require.Subset(t, chunk, hostPrefixes(199, 50), "two busy owners share a chunk")
 	require.Subset(t, chunk, hostPrefixes(50_000, 50))
 }
 
-// A prefix queued twice (by one owner or two) is in a chunk once; after it
-// is taken, it can be queued again (it changed again).
+// A prefix queued twice (by one owner or two) is in a chunk once, with its
+// latest change; after it is taken, it can be queued again (it changed
+// again).
 func TestResolveQueueDeduplicates(t *testing.T) {
 	var q resolveQueue
 	p := netip.MustParsePrefix("10.0.0.1/32")
 	other := netip.MustParsePrefix("10.0.0.0/32")
-	q.add("a", p)
-	q.add("a", other)
-	q.add("a", p)
-	q.add("b", p)
-	require.Equal(t, []netip.Prefix{other, p}, q.next(10))
+	q.add("a", p, 1)
+	q.add("a", other, 2)
+	q.add("a", p, 3)
+	q.add("b", p, 4)
+	require.Equal(t, []queuedPrefix{{other, 2}, {p, 4}}, q.next(10))
 	require.Empty(t, q.next(10))
-	q.add("b", p)
-	require.Equal(t, []netip.Prefix{p}, q.next(10))
+	q.add("b", p, 5)
+	require.Equal(t, []queuedPrefix{{p, 5}}, q.next(10))
 }
 
 // sortByPrefix orders rows as prefixkey.Compare does (IPv4 before IPv6,
@@ -88,4 +101,75 @@ func TestSortByPrefix(t *testing.T) {
 	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	sortByPrefix(rows)
 	require.Equal(t, want, rows)
+}
+
+// A prefix that two owners queued, taken in two chunks (a restart:
+// restore's row and the owner's re-assertion), is resolved once, for the
+// later change; so is one changed twice by the same owner, and a deletion
+// superseded by a later upsert.
+func TestResolverResolvesPrefixQueuedTwiceOnce(t *testing.T) {
+	f := newFixture(t)
+	f.resolver.chunkSize, f.resolver.maxChunkSize = 1, 1
+	p := netip.MustParsePrefix("10.0.0.1/32")
+	restore, err := f.ipcache.NewHandle("restore", source.Restored)
+	require.NoError(t, err)
+	owner, err := f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, restore.Upsert(p, Metadata{Labels: labels.ForPrefix(p), RequestedIdentity: identitycell.MinLocalIdentity + 7}))
+	require.NoError(t, owner.Upsert(p, Metadata{}))
+	f.round(t)
+	require.Equal(t, 1, f.resolver.resolutions, "restore's change is superseded by the owner's")
+	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+	require.True(t, found)
+	require.Equal(t, source.Local, entry.Source)
+	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity, "restore's row was merged")
+
+	appLabels, err := labels.New("app:x")
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(p, Metadata{}))
+	require.NoError(t, owner.Upsert(p, Metadata{Labels: appLabels}))
+	f.round(t)
+	require.Equal(t, 2, f.resolver.resolutions, "a row changed twice between rounds: one change")
+	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+	got, _ := f.allocator.LabelsTxn(f.db.ReadTxn(), entry.Identity)
+	require.Equal(t, labels.ForPrefix(p).Union(appLabels), got)
+
+	require.NoError(t, restore.Remove(p))
+	require.NoError(t, owner.Upsert(p, Metadata{}))
+	f.round(t)
+	require.Equal(t, 3, f.resolver.resolutions, "a deletion superseded by a later upsert")
+	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+	got, _ = f.allocator.LabelsTxn(f.db.ReadTxn(), entry.Identity)
+	require.Equal(t, labels.ForPrefix(p), got)
+
+	require.NoError(t, owner.Remove(p))
+	f.round(t)
+	require.Equal(t, 4, f.resolver.resolutions)
+	require.Zero(t, f.entries.NumObjects(f.db.ReadTxn()))
+}
+
+// A lane is first in, first out across its blocks, however pushes and
+// takes interleave.
+func TestResolveLaneIsFIFO(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var (
+		l         lane
+		want, got []queuedPrefix
+		pushed    int
+	)
+	for range 200 {
+		for range rng.IntN(3 * maxLaneBlock) {
+			addr := netip.AddrFrom4([4]byte{10, byte(pushed >> 16), byte(pushed >> 8), byte(pushed)})
+			p := queuedPrefix{netip.PrefixFrom(addr, 32), uint64(pushed)}
+			l.push(p)
+			want = append(want, p)
+			pushed++
+		}
+		got = l.take(rng.IntN(3*maxLaneBlock), got)
+		require.Equal(t, len(want)-len(got), l.n)
+	}
+	got = l.take(l.n+1, got)
+	require.Equal(t, want, got)
+	require.Zero(t, l.n)
+	require.Empty(t, l.blocks)
 }

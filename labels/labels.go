@@ -52,6 +52,14 @@ func Parse(s string) (Labels, error) {
 	if s == "" {
 		return Labels{}, nil
 	}
+	if !strings.Contains(s, separator) {
+		// One label (a CIDR identity's, nearly every identity at scale):
+		// it is its own canonical form, no list to split, sort and join.
+		if err := validate(s); err != nil {
+			return Labels{}, err
+		}
+		return Labels{canonical: s}, nil
+	}
 	return New(strings.Split(s, separator)...)
 }
 
@@ -65,6 +73,18 @@ func ForPrefix(prefix netip.Prefix) Labels {
 func CIDRLabel(prefix netip.Prefix) string {
 	return SourceCIDR + ":" + prefix.Masked().String()
 }
+
+// IsForPrefix reports whether the set is exactly ForPrefix(prefix), without
+// building its label.
+func (l Labels) IsForPrefix(prefix netip.Prefix) bool {
+	var buf [maxCIDRLabelLen]byte
+	label := prefix.Masked().AppendTo(append(buf[:0], SourceCIDR+":"...))
+	return l.canonical == string(label) // compared without a copy
+}
+
+// maxCIDRLabelLen is the longest cidr label, IPv6 text being longer than
+// IPv4's.
+const maxCIDRLabelLen = len(SourceCIDR + ":ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
 
 func validate(label string) error {
 	source, value, ok := strings.Cut(label, ":")
@@ -83,7 +103,8 @@ func validate(label string) error {
 		}
 		// One prefix, one label: "2001:DB8::/32" or "2001:db8:0::/32"
 		// would be a label set other than ForPrefix's, so another identity.
-		if value != prefix.String() {
+		var buf [maxCIDRLabelLen]byte
+		if value != string(prefix.AppendTo(buf[:0])) { // compared without a copy
 			return fmt.Errorf("%w %q: not in canonical form, want %s", ErrInvalidLabel, label, CIDRLabel(prefix))
 		}
 	}

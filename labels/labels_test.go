@@ -72,3 +72,35 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.Equal(t, in, out)
 	require.Error(t, json.Unmarshal([]byte(`"bogus"`), &out))
 }
+
+// A single label parses to itself, as the general path gives it, and is
+// validated as strictly; IsForPrefix tells a prefix's own label set.
+func TestParseSingleLabel(t *testing.T) {
+	for _, s := range []string{"cidr:10.0.0.0/8", "app:x", "cidr:2001:db8::/32", "cidr:::ffff:10.0.0.1/128"} {
+		got, err := Parse(s)
+		require.NoError(t, err, s)
+		want, err := New(s)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	for _, s := range []string{"cidr:10.0.0.1/8", "cidr:2001:DB8::/32", "nosource", "cidr:10.0.0.0/33", "a: b"} {
+		_, err := Parse(s)
+		require.ErrorIs(t, err, ErrInvalidLabel, s)
+	}
+
+	p := netip.MustParsePrefix("10.1.2.3/16")
+	require.True(t, ForPrefix(p).IsForPrefix(p))
+	require.True(t, ForPrefix(p).IsForPrefix(netip.MustParsePrefix("10.1.0.0/16")))
+	require.False(t, ForPrefix(p).IsForPrefix(netip.MustParsePrefix("10.1.0.0/17")))
+	require.False(t, ForPrefix(p).Union(mustNew(t, "app:x")).IsForPrefix(p))
+	require.False(t, Labels{}.IsForPrefix(p))
+	v6 := netip.MustParsePrefix("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128")
+	require.True(t, ForPrefix(v6).IsForPrefix(v6), "the longest label")
+}
+
+func mustNew(t *testing.T, lbls ...string) Labels {
+	t.Helper()
+	l, err := New(lbls...)
+	require.NoError(t, err)
+	return l
+}

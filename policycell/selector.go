@@ -98,9 +98,10 @@ type selectorEngine struct {
 
 	dirty map[identitycell.NumericIdentity]struct{}
 
-	// visited counts the selectors examined while recomputing entries;
-	// tests use it to show what a change costs.
-	visited int
+	// visited counts the selectors examined, recomputed the identities
+	// whose entries were recomputed; tests use them to show what a change
+	// costs.
+	visited, recomputed int
 }
 
 func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identities statedb.Table[*identitycell.Identity],
@@ -181,8 +182,13 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	for change := range policyChanges {
 		e.policyChanged(snapshot, change.Object, change.Deleted)
 	}
+	// With no rule in force and no entry written, an identity that
+	// changed has no entry to recompute: a rule added later marks the
+	// identities it selects itself (markWithin). The changes are still
+	// read, to move past them.
+	idle := e.idle(snapshot)
 	for change := range identityChanges {
-		if id := change.Object.ID; id != identitycell.IdentityWorld {
+		if id := change.Object.ID; id != identitycell.IdentityWorld && !idle {
 			e.dirty[id] = struct{}{}
 		}
 	}
@@ -342,7 +348,10 @@ func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
 func (e *selectorEngine) write(initializing bool) error {
 	// A fresh set each round: iterating or clearing a map costs its
 	// capacity, which the first round makes as large as all identities.
-	dirty := slices.Sorted(maps.Keys(e.dirty))
+	var dirty []identitycell.NumericIdentity
+	if !e.idle(e.db.ReadTxn()) {
+		dirty = slices.Sorted(maps.Keys(e.dirty))
+	}
 	e.dirty = map[identitycell.NumericIdentity]struct{}{}
 	writeEnforcement := initializing || e.markInitialized == nil
 	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
@@ -358,6 +367,7 @@ func (e *selectorEngine) write(initializing bool) error {
 			}
 		}
 		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
+			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
 			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
 				txn.Abort()
@@ -376,6 +386,14 @@ func (e *selectorEngine) write(initializing bool) error {
 		txn.Commit()
 	}
 	return nil
+}
+
+// idle reports whether no rule selects anything and the `policy` table is
+// empty: every identity's desired entries are then none, as are its
+// current ones, and there is nothing to recompute. The engine is the
+// table's only writer of rows, so txn sees all it wrote.
+func (e *selectorEngine) idle(txn statedb.ReadTxn) bool {
+	return len(e.selectors) == 0 && len(e.anyPeer) == 0 && e.entries.NumObjects(txn) == 0
 }
 
 // grant is one rule of a policy giving one key a verdict.

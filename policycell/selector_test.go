@@ -458,3 +458,49 @@ func TestIdentityCostIndependentOfOtherPolicies(t *testing.T) {
 	require.Equal(t, 1, small, "one selector contains the prefix")
 	require.Equal(t, small, large)
 }
+
+// TestSelectorIdleWithoutRules: with no rule in force, identities that
+// come and go mark nothing dirty and write nothing (a restart's million
+// identities cost no recomputation); a rule added afterwards selects the
+// identities that exist then, and once its entries are gone again the
+// engine is idle again.
+func TestSelectorIdleWithoutRules(t *testing.T) {
+	f := newEngineFixture(t)
+	f.policiesRead()
+	f.ipcacheResolved()
+	f.upsertIdentities(t,
+		identity(16777217, "cidr:10.1.0.0/16"),
+		identity(16777218, "cidr:192.0.2.0/24"),
+	)
+	f.round(t)
+	require.True(t, f.initialized())
+	require.Empty(t, f.table())
+	require.Zero(t, f.engine.recomputed, "no identity is recomputed while no rule is in force")
+	entriesRev := f.entries.Revision(f.db.ReadTxn())
+
+	f.deleteIdentity(t, identity(16777218, "cidr:192.0.2.0/24"))
+	f.upsertIdentities(t, identity(16777219, "cidr:10.2.0.0/16"))
+	f.round(t)
+	require.Zero(t, f.engine.recomputed)
+	require.Equal(t, entriesRev, f.entries.Revision(f.db.ReadTxn()), "nothing written")
+
+	web := cidrPolicy("web", Egress, nil, "10.0.0.0/8")
+	f.upsertPolicies(t, web)
+	f.round(t)
+	require.Equal(t, map[PolicyKey]string{
+		{Identity: 16777217, Direction: Egress}: "web",
+		{Identity: 16777219, Direction: Egress}: "web",
+	}, f.table(), "a rule added later selects the identities that exist")
+
+	// The rule goes and an identity it selected goes in the same round:
+	// its entry goes too, though no rule is in force any more.
+	f.deletePolicy(t, web)
+	f.deleteIdentity(t, identity(16777219, "cidr:10.2.0.0/16"))
+	f.round(t)
+	require.Empty(t, f.table())
+	recomputed := f.engine.recomputed
+	f.upsertIdentities(t, identity(16777220, "cidr:10.3.0.0/16"))
+	f.round(t)
+	require.Equal(t, recomputed, f.engine.recomputed, "idle again once the entries are gone")
+	require.Empty(t, f.table())
+}

@@ -117,7 +117,8 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 			continue
 		}
 		lbls, checkpointed := saved[id]
-		if checkpointed && !lbls.Has(labels.CIDRLabel(prefix)) {
+		// Nearly always the cidr label alone: told without building it.
+		if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) {
 			r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
 				"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
 			checkpointed = false
