@@ -269,7 +269,8 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // resource whose metadata changed. A chunk is shared among the lanes: one
 // owner's million-prefix batch (a grace-period release, a large policy)
 // does not hold up another owner's single change, which waits for about
-// one chunk. Each lane is first in, first out.
+// two chunks (the one being written, and the one read meanwhile). Each
+// lane is first in, first out.
 //
 // A prefix queued twice (by two owners, or changed again while queued) is
 // taken once if both fall in one chunk, else twice; a set of the queued
