@@ -78,6 +78,9 @@ type resolver struct {
 	// resolutions counts the prefixes resolved, superseded ones not
 	// included; tests use it to show what a change costs.
 	resolutions int
+
+	// spare is a chunk's slice the next chunk's read reuses.
+	spare []prefetched
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
@@ -193,6 +196,9 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		snapshot    statedb.ReadTxn
 		watch       <-chan struct{}
 		newFailures []netip.Prefix
+		// reading is the chunk whose metadata is being read while the
+		// one before it is written.
+		reading <-chan []prefetched
 	)
 	hadFailures := len(r.failed) > 0
 	if r.retryDue {
@@ -208,31 +214,34 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		for change, revision := range changed {
 			queue.add(change.Object.Resource, change.Object.Prefix, revision)
 		}
-		chunk := queue.next(r.chunkSize)
-		if len(chunk) == 0 {
+		// The next chunk's metadata is read on another goroutine while
+		// this one's is written: the read (the rows, their merge, the
+		// labels wanted) and the write (identities and entries) each take
+		// about half of a chunk's time, and the write transaction is the
+		// one that must be on a single goroutine.
+		//
+		// Reading before the write is correct because the metadata is
+		// read from a snapshot at least as new as the changes taken into
+		// the queue: a prefix is resolved for the change that queued it
+		// or a later one. A change committed after that snapshot (while
+		// the chunk before it is written, or between the read and this
+		// chunk's write) has a later revision, and the change iterator
+		// delivers it in a later pass of this loop, which resolves the
+		// prefix again from the rows as they are then. This is what
+		// reading in the write transaction relied on too: that also is a
+		// snapshot of the metadata, which its writers do not lock.
+		var next <-chan []prefetched
+		if chunk := queue.next(r.chunkSize); len(chunk) > 0 {
+			next = r.prefetch(chunk)
+		}
+		if reading == nil && next == nil {
 			break
 		}
-		chunkStart := time.Now()
-		txn := r.allocator.WriteTxn(r.entries)
-		for _, queued := range chunk {
-			prefix := queued.prefix
-			superseded, err := r.resolve(txn, prefix, queued.changed)
-			switch {
-			case superseded:
-				// A later change of the prefix resolves it: failed
-				// stays as that one leaves it.
-				continue
-			case err != nil:
-				if _, known := r.failed[prefix]; !known {
-					newFailures = append(newFailures, prefix)
-				}
-				r.failed[prefix] = err
-			default:
-				delete(r.failed, prefix)
-			}
+		if reading != nil {
+			waited := time.Now() // see write
+			newFailures = r.write(<-reading, waited, newFailures)
 		}
-		txn.Commit()
-		r.adaptChunkSize(len(chunk), time.Since(chunkStart))
+		reading = next
 	}
 	// Everything up to the snapshot is resolved (or failed, and is retried).
 	r.resolved.Set(r.metadata.Revision(snapshot))
@@ -260,7 +269,8 @@ func (r *resolver) round() (<-chan struct{}, error) {
 // resource whose metadata changed. A chunk is shared among the lanes: one
 // owner's million-prefix batch (a grace-period release, a large policy)
 // does not hold up another owner's single change, which waits for about
-// one chunk. Each lane is first in, first out.
+// two chunks (the one being written, and the one read meanwhile). Each
+// lane is first in, first out.
 //
 // A prefix queued twice (by two owners, or changed again while queued) is
 // taken once if both fall in one chunk, else twice; a set of the queued
@@ -411,6 +421,8 @@ type resolution struct {
 	explicit          identitycell.NumericIdentity
 	explicitSource    source.Source
 	hasAnyMetadataRow bool
+	// want is labels with the prefix's cidr label (see wantedLabels).
+	want labels.Labels
 }
 
 // merge folds one resource's row into the resolution. Rows come in resource
@@ -431,26 +443,104 @@ func (res *resolution) merge(row *PrefixMetadata) {
 	}
 }
 
-// resolve brings the prefix's entry in line with its metadata, queued by a
-// change at revision changed. On error the entry and the identity
-// references are as they were.
-//
-// It reports superseded, and does nothing, when one of the prefix's rows
-// is newer than changed: that row's change is queued too, or was
-// resolved already in a transaction that saw this one (its revision is
-// later), so resolving now would do again what that does or did. A
-// deleted row leaves nothing to compare with: a deletion's prefix is
-// resolved as queued.
-func (r *resolver) resolve(txn statedb.WriteTxn, prefix netip.Prefix, changed statedb.Revision) (superseded bool, err error) {
-	var res resolution
-	for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
-		if revision > changed {
-			return true, nil
-		}
-		res.merge(row)
+// prefetched is a queued prefix with the merge of its rows, read from a
+// snapshot ahead of its write.
+type prefetched struct {
+	queuedPrefix
+	// superseded is set when one of the prefix's rows is newer than the
+	// change that queued it: that row's change is queued too, or was
+	// resolved already in a transaction that saw this one (its revision
+	// is later), so resolving now would do again what that does or did.
+	// A deleted row leaves nothing to compare with: a deletion's prefix is
+	// resolved as queued.
+	superseded bool
+	res        resolution
+}
+
+// prefetch reads the metadata of the chunk's prefixes from a new snapshot
+// on a goroutine of its own, and sends the chunk with their merge on the
+// returned channel. It only reads: it ends without waiting for anyone, so
+// a round that receives every chunk it started leaves no goroutine
+// behind.
+func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
+	out := r.spare[:0]
+	if cap(out) < len(chunk) {
+		out = make([]prefetched, 0, len(chunk))
 	}
-	r.resolutions++
-	return false, r.resolveRows(txn, prefix, &res)
+	r.spare = nil
+	done := make(chan []prefetched, 1)
+	go func() {
+		txn := r.db.ReadTxn()
+		for _, queued := range chunk {
+			out = append(out, prefetched{queuedPrefix: queued})
+			p := &out[len(out)-1]
+			for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(queued.prefix)) {
+				if revision > queued.changed {
+					p.superseded = true
+					break
+				}
+				p.res.merge(row)
+			}
+			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identitycell.IdentityUnknown {
+				p.res.want = wantedLabels(p.res.labels, queued.prefix)
+			}
+		}
+		done <- out
+	}()
+	return done
+}
+
+// wantedLabels is the rows' labels with the prefix's cidr label: a
+// prefix's identity always carries its own cidr label, so that CIDR
+// selectors find it and two prefixes never share a local identity.
+func wantedLabels(rows labels.Labels, prefix netip.Prefix) labels.Labels {
+	switch {
+	case rows.IsEmpty():
+		return labels.ForPrefix(prefix)
+	case rows.IsForPrefix(prefix):
+		// An owner re-asserting what restore holds, a million times at a
+		// restart: no label string built.
+		return rows
+	}
+	return rows.Union(labels.ForPrefix(prefix))
+}
+
+// write resolves a prefetched chunk in one write transaction, records
+// its failures, and returns newFailures with the prefixes that failed for
+// the first time appended. The chunk is timed from start, when the write
+// began waiting for the read: a chunk's time is then what it adds to the
+// round, and chunks stay at about resolveChunkTime when the read is the
+// slower half (timed from the write alone, chunks grew, and a change
+// waited for a larger one: docs/SCALE.md, issue 21).
+func (r *resolver) write(chunk []prefetched, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
+	txn := r.allocator.WriteTxn(r.entries)
+	resolved := 0
+	for i := range chunk {
+		p := &chunk[i]
+		if p.superseded {
+			// A later change of the prefix resolves it: failed stays as
+			// that one leaves it.
+			continue
+		}
+		resolved++
+		switch err := r.resolveRows(txn, p.prefix, &p.res); {
+		case err != nil:
+			if _, known := r.failed[p.prefix]; !known {
+				newFailures = append(newFailures, p.prefix)
+			}
+			r.failed[p.prefix] = err
+		default:
+			delete(r.failed, p.prefix)
+		}
+	}
+	txn.Commit()
+	r.resolutions += resolved
+	r.adaptChunkSize(len(chunk), time.Since(start))
+	// The next chunk's read reuses the slice; the labels it holds are
+	// cleared so that it keeps no string alive.
+	clear(chunk)
+	r.spare = chunk
+	return newFailures
 }
 
 // resolveRows brings the prefix's entry in line with the merge of its
@@ -474,15 +564,12 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 	if hasCurrent && !current.Explicit {
 		currentLabels, _ = r.allocator.LabelsTxn(txn, current.Identity)
 	}
-	// A prefix's identity always carries its own cidr label, so that CIDR
-	// selectors find it and two prefixes never share a local identity.
-	// The current identity's labels hold it (they were allocated so,
-	// below): rows whose labels are those already need no label string
-	// built (an owner re-asserting what restore holds, a million times
-	// at a restart).
+	// The current identity's labels hold the prefix's cidr label (they
+	// were allocated so, below): rows whose labels are those already are
+	// what is wanted.
 	wantLabels := currentLabels
 	if res.labels.IsEmpty() || res.labels != currentLabels {
-		wantLabels = res.labels.Union(labels.ForPrefix(prefix))
+		wantLabels = res.want
 	}
 	desired := &Entry{Prefix: prefix, Source: res.source}
 	switch {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -172,4 +173,42 @@ func TestResolveLaneIsFIFO(t *testing.T) {
 	require.Equal(t, want, got)
 	require.Zero(t, l.n)
 	require.Empty(t, l.blocks)
+}
+
+// A chunk's metadata is read ahead of its write (see resolver.round): a
+// change committed between the read and the write is written stale by
+// that chunk, and resolved again, to the latest metadata, from the change
+// iterator in the same round.
+func TestResolverResolvesChangeBetweenReadAndWrite(t *testing.T) {
+	f := newFixture(t)
+	p := netip.MustParsePrefix("10.0.0.1/32")
+	owner, err := f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	labelsOf := func(s string) labels.Labels {
+		l, err := labels.New(s)
+		require.NoError(t, err)
+		return l
+	}
+	entryLabels := func() labels.Labels {
+		entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+		require.True(t, found)
+		got, _ := f.allocator.LabelsTxn(f.db.ReadTxn(), entry.Identity)
+		return got
+	}
+	require.NoError(t, owner.Upsert(p, Metadata{Labels: labelsOf("app:a")}))
+	f.round(t)
+	require.Equal(t, labelsOf("app:a").Union(labels.ForPrefix(p)), entryLabels())
+
+	require.NoError(t, owner.Upsert(p, Metadata{Labels: labelsOf("app:b")}))
+	// Queued as the round would: with the revision of app:b's change.
+	read := <-f.resolver.prefetch([]queuedPrefix{{p, f.metadata.Revision(f.db.ReadTxn())}})
+	require.NoError(t, owner.Upsert(p, Metadata{Labels: labelsOf("app:c")}))
+	f.resolver.write(read, time.Now(), nil)
+	require.Equal(t, labelsOf("app:b").Union(labels.ForPrefix(p)), entryLabels(), "written as read")
+
+	resolutions := f.resolver.resolutions
+	f.round(t)
+	require.Equal(t, labelsOf("app:c").Union(labels.ForPrefix(p)), entryLabels(), "the later change resolved again")
+	require.Equal(t, resolutions+1, f.resolver.resolutions, "app:b's change superseded by app:c's")
+	require.Empty(t, f.resolver.failed)
 }
