@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -117,11 +119,13 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 	txn.Commit()
 
 	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[IPCacheMapKey]error{}, failed: map[IPCacheMapKey]int{}}
-	snapshot := map[IPCacheMapKey]IPCacheMapValue{}
+	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	for p, id := range pinned {
 		k, v := NewIPCacheMapKey(p), NewIPCacheMapValue(id)
-		f.maps.ipcache[k], snapshot[k] = v, v
+		f.maps.ipcache[k] = v
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(id)})
 	}
+	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	ops := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
 		name:       IPCacheMapName,
 		target:     func() kernelMap { return f.m },
@@ -129,7 +133,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
 		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
 		writeOrder: IPCacheMapKey.compare,
-		readPinned: func() map[IPCacheMapKey]IPCacheMapValue { return snapshot },
+		readPinned: func() knownValues[IPCacheMapKey, IPCacheMapValue] { return newSnapshotValues(snapshot) },
 	}
 	f.writer = newIPCacheWriter(reconciler.Params{DB: f.db, Log: hivetest.Logger(t)}, table, ops)
 	var health cell.Health
