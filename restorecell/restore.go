@@ -102,26 +102,13 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 
-	// The numbers are withheld while the batch is built: they need only
-	// the snapshot, and the batch (the checkpoint's lookups and labels)
-	// does not need them; restore is a serial part of the start
-	// (docs/SCALE.md). They are withheld before any row is upserted,
-	// which the resolver could resolve to a new number.
-	withheld := make([]identitycell.NumericIdentity, 0, len(pinned))
-	for _, entry := range pinned {
-		if entry.Identity.IsLocal() {
-			withheld = append(withheld, entry.Identity)
-		}
-	}
-	withholdErr := make(chan error, 1)
-	go func() { withholdErr <- r.allocator.Withhold(withheld...) }()
-
 	// Sized up front, one label string per prefix, and the snapshot read
 	// as the datapath sorted it (no map lookup per prefix): building the
 	// batch is a large part of the restart's start (docs/SCALE.md).
 	var (
-		batch   = make([]ipcachecell.PrefixUpsert, 0, len(withheld))
-		skipped int
+		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
+		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
+		skipped  int
 	)
 	for _, entry := range pinned {
 		prefix, id := entry.Prefix, entry.Identity
@@ -143,9 +130,10 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 			Prefix:   prefix,
 			Metadata: ipcachecell.Metadata{Labels: lbls, RequestedIdentity: id},
 		})
+		withheld = append(withheld, id)
 	}
 
-	if err := <-withholdErr; err != nil {
+	if err := r.allocator.Withhold(withheld...); err != nil {
 		return fmt.Errorf("withhold %d restored numbers: %w", len(withheld), err)
 	}
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
