@@ -212,9 +212,9 @@ func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
 	revB := f.upsert("10.0.0.2/32", 200, source.Local)
 
 	require.ErrorIs(t, f.waitStatus(revB, reconciler.StatusKindError), failure)
-	kind, err := f.writer.status(revA)
-	require.Equal(t, reconciler.StatusKindDone, kind)
-	require.NoError(t, err)
+	// Waited for: the failure is recorded before the round's progress
+	// passes revA.
+	require.NoError(t, f.waitStatus(revA, reconciler.StatusKindDone))
 	attempted, low, err := f.writer.WaitUntilReconciled(context.Background(), revB)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, attempted, revB)
@@ -231,7 +231,7 @@ func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
 	// Still failing after a few retries.
 	require.Eventually(t, func() bool { return f.m.failures("10.0.0.2/32") >= 3 },
 		10*time.Second, time.Millisecond, "retried with backoff")
-	kind, err = f.writer.status(revB)
+	kind, err := f.writer.status(revB)
 	require.Equal(t, reconciler.StatusKindError, kind)
 	require.ErrorIs(t, err, failure)
 
