@@ -112,7 +112,7 @@ func NewIPCacheMapKey(prefix netip.Prefix) IPCacheMapKey {
 func (k IPCacheMapKey) Prefix() (netip.Prefix, error) {
 	prefix, err := k.decode()
 	if err == nil && prefix.Masked() != prefix {
-		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: host bits set", k[:])
+		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: host bits set", k)
 	}
 	return prefix, err
 }
@@ -120,10 +120,14 @@ func (k IPCacheMapKey) Prefix() (netip.Prefix, error) {
 // decode decodes the key, host bits and all: the kernel's trie matches only
 // the prefix's bits, so a key with host bits set is the entry of its
 // masked prefix.
+//
+// The errors format the key by value, not as k[:]: a slice of k would
+// move every key decoded to the heap, and the writer decodes one per
+// lookup of what the map held at start (snapshotValues).
 func (k IPCacheMapKey) decode() (netip.Prefix, error) {
 	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
 	if k[4] != 0 || k[5] != 0 || k[6] != 0 {
-		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: nonzero cluster_id or pad", k[:])
+		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: nonzero cluster_id or pad", k)
 	}
 	var addr netip.Addr
 	switch k[7] {
@@ -131,16 +135,16 @@ func (k IPCacheMapKey) decode() (netip.Prefix, error) {
 		addr = netip.AddrFrom4([4]byte(k[8:12]))
 		for _, b := range k[12:] {
 			if b != 0 {
-				return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: IPv4 key with bytes past the address", k[:])
+				return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: IPv4 key with bytes past the address", k)
 			}
 		}
 	case familyIPv6:
 		addr = netip.AddrFrom16([16]byte(k[8:24]))
 	default:
-		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: unknown family %d", k[:], k[7])
+		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: unknown family %d", k, k[7])
 	}
 	if bits < 0 || bits > addr.BitLen() {
-		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: prefix length %d out of range", k[:], bits)
+		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: prefix length %d out of range", k, bits)
 	}
 	return netip.PrefixFrom(addr, bits), nil
 }

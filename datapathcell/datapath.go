@@ -181,21 +181,14 @@ func (d *Datapath) IPCacheSnapshot(ctx context.Context) ([]PinnedEntry, error) {
 	return d.snapshot.entries, nil
 }
 
-// pinnedIPCache returns the snapshot of the pinned ipcache map in the map's
-// own key and value types, a copy the reconciler keeps up to date. The
-// unreadable keys are in it, so that the first prune deletes them.
-func (d *Datapath) pinnedIPCache() map[IPCacheMapKey]IPCacheMapValue {
+// pinnedIPCache returns what the pinned ipcache map held at start, kept
+// over the snapshot restore reads (snapshotValues). The unreadable keys are
+// in it, so that the first prune deletes them.
+func (d *Datapath) pinnedIPCache() knownValues[IPCacheMapKey, IPCacheMapValue] {
 	d.mu.Lock()
 	snapshot := d.snapshot
 	d.mu.Unlock()
-	pinned := make(map[IPCacheMapKey]IPCacheMapValue, len(snapshot.entries)+len(snapshot.unreadable))
-	for _, e := range snapshot.entries {
-		pinned[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
-	}
-	for k, v := range snapshot.unreadable {
-		pinned[k] = v
-	}
-	return pinned
+	return newSnapshotValues(snapshot)
 }
 
 // MapWrites returns how many keys the reconciler of the named map has

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -117,11 +119,13 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 	txn.Commit()
 
 	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[IPCacheMapKey]error{}, failed: map[IPCacheMapKey]int{}}
-	snapshot := map[IPCacheMapKey]IPCacheMapValue{}
+	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	for p, id := range pinned {
 		k, v := NewIPCacheMapKey(p), NewIPCacheMapValue(id)
-		f.maps.ipcache[k], snapshot[k] = v, v
+		f.maps.ipcache[k] = v
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(id)})
 	}
+	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	ops := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
 		name:       IPCacheMapName,
 		target:     func() kernelMap { return f.m },
@@ -129,7 +133,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
 		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
 		writeOrder: IPCacheMapKey.compare,
-		readPinned: func() map[IPCacheMapKey]IPCacheMapValue { return snapshot },
+		readPinned: func() knownValues[IPCacheMapKey, IPCacheMapValue] { return newSnapshotValues(snapshot) },
 	}
 	f.writer = newIPCacheWriter(reconciler.Params{DB: f.db, Log: hivetest.Logger(t)}, table, ops)
 	var health cell.Health
@@ -208,9 +212,9 @@ func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
 	revB := f.upsert("10.0.0.2/32", 200, source.Local)
 
 	require.ErrorIs(t, f.waitStatus(revB, reconciler.StatusKindError), failure)
-	kind, err := f.writer.status(revA)
-	require.Equal(t, reconciler.StatusKindDone, kind)
-	require.NoError(t, err)
+	// Waited for: the failure is recorded before the round's progress
+	// passes revA.
+	require.NoError(t, f.waitStatus(revA, reconciler.StatusKindDone))
 	attempted, low, err := f.writer.WaitUntilReconciled(context.Background(), revB)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, attempted, revB)
@@ -227,7 +231,7 @@ func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
 	// Still failing after a few retries.
 	require.Eventually(t, func() bool { return f.m.failures("10.0.0.2/32") >= 3 },
 		10*time.Second, time.Millisecond, "retried with backoff")
-	kind, err = f.writer.status(revB)
+	kind, err := f.writer.status(revB)
 	require.Equal(t, reconciler.StatusKindError, kind)
 	require.ErrorIs(t, err, failure)
 

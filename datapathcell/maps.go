@@ -330,8 +330,18 @@ func copyEntries(from, to *ebpf.Map) error {
 // dumpIPCache reads every entry of an ipcache map. Entries whose key is no
 // prefix are kept apart with a warning: restore must not act on what it
 // cannot read, and the first prune deletes them.
+//
+// The map does not say how many entries it holds: they are read into
+// blocks of a fixed size, joined once into a slice of the exact size.
+// Appending to one slice instead copies it at every growth (by a quarter
+// at this size), which cost more than reading the map (docs/SCALE.md).
 func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
 	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+	var (
+		blocks [][]PinnedEntry
+		block  []PinnedEntry
+		total  int
+	)
 	err := readEntries(m, func(key IPCacheMapKey, value IPCacheMapValue) {
 		prefix, err := key.decode()
 		if err != nil {
@@ -343,11 +353,34 @@ func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
 			log.Warn("Pinned ipcache entry with host bits set: read as its prefix", "key", prefix, "prefix", masked)
 			prefix = masked
 		}
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
+		if block == nil {
+			block = make([]PinnedEntry, 0, readBatchSize)
+		}
+		block = append(block, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
+		if len(block) == cap(block) {
+			blocks, block = append(blocks, block), nil
+		}
+		total++
 	})
 	if err != nil {
 		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
+	if block != nil {
+		blocks = append(blocks, block)
+	}
+	if len(blocks) == 1 {
+		snapshot.entries = blocks[0]
+	} else if len(blocks) > 1 {
+		snapshot.entries = make([]PinnedEntry, 0, total)
+		for _, b := range blocks {
+			snapshot.entries = append(snapshot.entries, b...)
+		}
+	}
 	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
+	// The kernel's trie holds one entry per prefix; were a masked key
+	// read beside its prefix's own, one entry is kept, as a map of the
+	// entries would: the writer finds an entry by its prefix
+	// (snapshotValues), and restore restores each prefix once.
+	snapshot.entries = slices.CompactFunc(snapshot.entries, func(a, b PinnedEntry) bool { return a.Prefix == b.Prefix })
 	return snapshot, nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync/atomic"
 
@@ -88,12 +87,12 @@ type mapOps[Obj any, K comparable, V comparable] struct {
 	// readPinned, if set, returns what the map holds before the first
 	// write, known without reading it (the ipcache map's snapshot, taken
 	// at start); otherwise skipUnchanged reads the map.
-	readPinned func() map[K]V
+	readPinned func() knownValues[K, V]
 	// pinned is what the map held before the first write, with the values
 	// written since to those keys, until the first prune; nil until read,
 	// and after. The map holds no other key than these and those of
 	// objects written (or deleted) by this reconciler.
-	pinned map[K]V
+	pinned knownValues[K, V]
 	// pruned is set by the first prune: pinned is no longer kept.
 	pruned bool
 
@@ -136,14 +135,15 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 		o.pinned = o.readPinned()
 	}
 	if o.pinned == nil {
-		o.pinned = map[K]V{}
-		if err := readEntries(o.target(), func(k K, v V) { o.pinned[k] = v }); err != nil {
-			o.pinned = map[K]V{} // unknown: write everything
+		read := mapValues[K, V]{}
+		if err := readEntries(o.target(), func(k K, v V) { read[k] = v }); err != nil {
+			read = mapValues[K, V]{} // unknown: write everything
 		}
+		o.pinned = read
 	}
 	n := 0
 	for i := range keys {
-		old, known := o.pinned[keys[i]]
+		old, known := o.pinned.get(keys[i])
 		if known && old == values[i] {
 			o.stats.Unchanged.Add(1)
 			continue
@@ -152,7 +152,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 		// retried, and a retry must not be skipped, so forget on failure
 		// (see failedWrite).
 		if known {
-			o.pinned[keys[i]] = values[i]
+			o.pinned.set(keys[i], values[i])
 		}
 		keys[n], values[n] = keys[i], values[i]
 		n++
@@ -164,7 +164,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 // failed: the map's value for it is unknown.
 func (o *mapOps[Obj, K, V]) failedWrite(k K) {
 	if o.pinned != nil {
-		delete(o.pinned, k)
+		o.pinned.forget(k)
 	}
 	if o.failed != nil {
 		o.failed(k)
@@ -222,7 +222,7 @@ func (o *mapOps[Obj, K, V]) roomFor(k K) {
 // forget marks keys as deleted (or pruned).
 func (o *mapOps[Obj, K, V]) forget(k K) {
 	if o.pinned != nil {
-		delete(o.pinned, k)
+		o.pinned.forget(k)
 	}
 	o.wrote(k)
 }
@@ -272,9 +272,7 @@ func (o *mapOps[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTx
 	}
 	for i := range first {
 		if o.pinned != nil {
-			if _, known := o.pinned[first[i]]; known {
-				o.pinned[first[i]] = values[i]
-			}
+			o.pinned.set(first[i], values[i])
 		}
 		// A failure is the fallback's own to retry.
 		_ = o.put(first[i], values[i])
@@ -389,9 +387,9 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 		// pinned is dropped now: what is left of it once the desired
 		// keys are taken out is what no object has.
 		for obj := range objects {
-			delete(pinned, o.key(obj))
+			pinned.forget(o.key(obj))
 		}
-		return slices.Collect(maps.Keys(pinned)), nil
+		return pinned.known(), nil
 	}
 	desired := map[K]struct{}{}
 	for obj := range objects {
