@@ -98,14 +98,18 @@ func (a *Allocator) release(id NumericIdentity) (freed bool, err error) {
 // and free (withheld numbers included); otherwise the next free,
 // non-withheld number is. requested may be IdentityUnknown.
 //
-// Possible errors: ErrNoLabels, ErrExhausted (wrapped).
+// Possible errors: ErrNoLabels, ErrExhausted (wrapped),
+// ErrTooManyReferences (wrapped).
 func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
 	if lbls.IsEmpty() {
 		return IdentityUnknown, ErrNoLabels
 	}
 	if existing, _, found := a.table.Get(txn, LabelsIndex.Query(lbls)); found {
+		if existing.References() == maxReferences {
+			return IdentityUnknown, fmt.Errorf("reference identity %d: %w", existing.ID, ErrTooManyReferences)
+		}
 		updated := *existing
-		updated.References++
+		updated.refs++
 		if _, _, err := a.table.Insert(txn, &updated); err != nil {
 			return IdentityUnknown, fmt.Errorf("reference identity %d: %w", existing.ID, err)
 		}
@@ -122,7 +126,7 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 	}
 	// A withheld number stays withheld while allocated: freed, it is again
 	// only for a request that names it.
-	if _, _, err := a.table.Insert(txn, &Identity{ID: id, Labels: lbls, References: 1, Withheld: withheld}); err != nil {
+	if _, _, err := a.table.Insert(txn, NewIdentity(id, lbls, 1, withheld)); err != nil {
 		return IdentityUnknown, fmt.Errorf("insert identity %d: %w", id, err)
 	}
 	if requested != IdentityUnknown && requested != id {
@@ -143,15 +147,15 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed 
 		return false, fmt.Errorf("release identity %d: %w", id, ErrNotAllocated)
 	}
 	switch {
-	case existing.References > 1:
+	case existing.References() > 1:
 		updated := *existing
-		updated.References--
+		updated.refs--
 		if _, _, err := a.table.Insert(txn, &updated); err != nil {
 			return false, fmt.Errorf("release identity %d: %w", id, err)
 		}
 		return false, nil
-	case existing.Withheld:
-		if _, _, err := a.table.Insert(txn, &Identity{ID: id, Withheld: true}); err != nil {
+	case existing.Withheld():
+		if _, _, err := a.table.Insert(txn, withheldOnly(id)); err != nil {
 			return false, fmt.Errorf("free withheld identity %d: %w", id, err)
 		}
 	default:
@@ -178,7 +182,7 @@ func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 			continue
 		}
 		// One lookup: an allocated number keeps its row, now withheld.
-		if _, _, err := a.table.Modify(txn, &Identity{ID: id, Withheld: true}, withholdRow); err != nil {
+		if _, _, err := a.table.Modify(txn, withheldOnly(id), withholdRow); err != nil {
 			txn.Abort()
 			return fmt.Errorf("withhold identity %d: %w", id, err)
 		}
@@ -191,8 +195,13 @@ func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 // old, withheld (statedb takes no object back that it holds).
 func withholdRow(old, _ *Identity) *Identity {
 	updated := *old
-	updated.Withheld = true
+	updated.setWithheld(true)
 	return &updated
+}
+
+// withheldOnly is the row of a number withheld and not allocated.
+func withheldOnly(id NumericIdentity) *Identity {
+	return &Identity{ID: id, refs: withheldBit}
 }
 
 // Unwithhold returns the numbers to general use, in one transaction: a
@@ -205,13 +214,13 @@ func (a *Allocator) Unwithhold(ids ...NumericIdentity) error {
 	txn := a.WriteTxn()
 	for _, id := range ids {
 		existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-		if !found || !existing.Withheld {
+		if !found || !existing.Withheld() {
 			continue
 		}
 		var err error
 		if existing.Allocated() {
 			updated := *existing
-			updated.Withheld = false
+			updated.setWithheld(false)
 			_, _, err = a.table.Insert(txn, &updated)
 		} else {
 			_, _, err = a.table.Delete(txn, existing)
@@ -245,7 +254,7 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) 
 	if a.inRange(requested) {
 		existing, _, found := a.table.Get(txn, IdentityIndex.Query(requested))
 		if !found || !existing.Allocated() {
-			return requested, found && existing.Withheld, nil
+			return requested, found && existing.Withheld(), nil
 		}
 	}
 

@@ -34,10 +34,10 @@ func cidr(n int) labels.Labels {
 }
 
 // tableState returns labels -> (identity, references) from the table.
-func tableState(db *statedb.DB, table statedb.Table[*Identity]) map[labels.Labels]Identity {
-	state := map[labels.Labels]Identity{}
+func tableState(db *statedb.DB, table statedb.Table[*Identity]) map[labels.Labels]*Identity {
+	state := map[labels.Labels]*Identity{}
 	for identity := range table.All(db.ReadTxn()) {
-		state[identity.Labels] = *identity
+		state[identity.Labels] = identity
 	}
 	return state
 }
@@ -55,7 +55,7 @@ func TestSameLabelsSameNumber(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, first, other)
 
-	require.Equal(t, uint32(2), tableState(db, table)[cidr(1)].References)
+	require.Equal(t, uint32(2), tableState(db, table)[cidr(1)].References())
 }
 
 func TestLastReleaseFrees(t *testing.T) {
@@ -66,7 +66,7 @@ func TestLastReleaseFrees(t *testing.T) {
 	freed, err := a.release(id)
 	require.NoError(t, err)
 	require.False(t, freed, "one reference is left")
-	require.Equal(t, uint32(1), tableState(db, table)[cidr(1)].References)
+	require.Equal(t, uint32(1), tableState(db, table)[cidr(1)].References())
 
 	freed, err = a.release(id)
 	require.NoError(t, err)
@@ -139,7 +139,7 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	require.NoError(t, a.Withhold(withheld))
 	row, _, found := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
 	require.True(t, found, "a withheld number has a row")
-	require.Equal(t, Identity{ID: withheld, Withheld: true}, *row, "withheld, not allocated")
+	require.Equal(t, NewIdentity(withheld, labels.Labels{}, 0, true), row, "withheld, not allocated")
 
 	x, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
@@ -155,12 +155,12 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	require.Equal(t, withheld, got, "a request naming a withheld number gets it")
 
 	row, _, _ = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
-	require.True(t, row.Withheld, "allocated and still withheld")
+	require.True(t, row.Withheld(), "allocated and still withheld")
 	_, err = a.release(got)
 	require.NoError(t, err)
 	row, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
 	require.True(t, found, "freed, the number stays withheld")
-	require.Equal(t, Identity{ID: withheld, Withheld: true}, *row)
+	require.Equal(t, NewIdentity(withheld, labels.Labels{}, 0, true), row)
 	_, err = a.allocate(cidr(6), 0)
 	require.ErrorIs(t, err, ErrExhausted, "freed and withheld: still not free for unrelated requests")
 	_, err = a.release(withheld)
@@ -275,7 +275,7 @@ func TestConcurrentAllocateRelease(t *testing.T) {
 	got := map[labels.Labels]uint32{}
 	seen := map[NumericIdentity]bool{}
 	for lbls, identity := range tableState(db, table) {
-		got[lbls] = identity.References
+		got[lbls] = identity.References()
 		require.False(t, seen[identity.ID], "number %d given to two label sets", identity.ID)
 		seen[identity.ID] = true
 	}
@@ -339,7 +339,7 @@ func TestTableEqualsModel(t *testing.T) {
 		for lbls, want := range model {
 			got := state[lbls]
 			require.Equal(t, want.id, got.ID, "step %d %s", step, lbls)
-			require.Equal(t, want.refs, got.References, "step %d %s", step, lbls)
+			require.Equal(t, want.refs, got.References(), "step %d %s", step, lbls)
 			require.True(t, got.ID >= MinLocalIdentity && got.ID < MinLocalIdentity+size)
 			numbers[got.ID] = true
 		}
@@ -359,7 +359,37 @@ func TestWithholdTwice(t *testing.T) {
 	require.NoError(t, a.Withhold(allocated, free))
 	rows := statedb.Collect(table.All(db.ReadTxn()))
 	require.Equal(t, []*Identity{
-		{ID: free, Withheld: true},
-		{ID: allocated, Labels: cidr(1), References: 1, Withheld: true},
+		NewIdentity(free, labels.Labels{}, 0, true),
+		NewIdentity(allocated, cidr(1), 1, true),
 	}, rows)
+}
+
+// The count shares its word with the withheld flag: the reference that
+// would carry into the flag is refused, and the row is left as it was.
+func TestReferenceLimit(t *testing.T) {
+	a, db, table := newTestAllocator(t, 10)
+	id, err := a.allocate(cidr(1), 0)
+	require.NoError(t, err)
+	require.NoError(t, a.Withhold(id))
+	txn := a.WriteTxn()
+	_, _, err = a.table.Insert(txn, NewIdentity(id, cidr(1), maxReferences, true))
+	require.NoError(t, err)
+	txn.Commit()
+
+	_, err = a.allocate(cidr(1), 0)
+	require.ErrorIs(t, err, ErrTooManyReferences)
+	row, _, _ := table.Get(db.ReadTxn(), IdentityIndex.Query(id))
+	require.Equal(t, NewIdentity(id, cidr(1), maxReferences, true), row)
+
+	freed, err := a.release(id)
+	require.NoError(t, err)
+	require.False(t, freed)
+	again, err := a.allocate(cidr(1), 0)
+	require.NoError(t, err, "below the limit again")
+	require.Equal(t, id, again)
+	row, _, _ = table.Get(db.ReadTxn(), IdentityIndex.Query(id))
+	require.Equal(t, uint32(maxReferences), row.References())
+	require.True(t, row.Withheld())
+
+	require.Panics(t, func() { NewIdentity(id, cidr(1), maxReferences+1, false) })
 }

@@ -22,7 +22,7 @@ import (
 func BenchmarkBaselineTableInsertDelete(b *testing.B) {
 	a, _, _ := newTestAllocator(b, 1<<20)
 	allocateMany(b, a, 10_000)
-	row := &Identity{ID: MinLocalIdentity + 20_000, Labels: cidr(20_000), References: 1}
+	row := NewIdentity(MinLocalIdentity+20_000, cidr(20_000), 1, false)
 	b.ReportAllocs()
 	for b.Loop() {
 		txn := a.WriteTxn()

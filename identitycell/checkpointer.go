@@ -210,7 +210,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 		snapshot := c.db.ReadTxn()
 		changed, watch := changes.Next(snapshot)
 		for change := range changed {
-			if change.Deleted || change.Object.References <= 1 {
+			if change.Deleted || change.Object.References() <= 1 {
 				dirty = true
 			}
 		}

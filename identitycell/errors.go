@@ -10,6 +10,11 @@ var (
 	// request that hit it fails.
 	ErrExhausted = errors.New("local identity space exhausted")
 
+	// ErrTooManyReferences is returned (wrapped) by [Allocator.AllocateTxn]
+	// when the identity of the labels already has 2^31-1 references, the
+	// most a row counts. Only the request that hit it fails.
+	ErrTooManyReferences = errors.New("identity reference count at its limit")
+
 	// ErrNotAllocated is returned (wrapped) by [Allocator.ReleaseTxn] when
 	// releasing a number that is not allocated: the caller released a
 	// reference it did not hold.

@@ -3,6 +3,7 @@
 package identitycell
 
 import (
+	"encoding/json"
 	"fmt"
 	"iter"
 	"net/netip"
@@ -52,16 +53,113 @@ func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id)
 // number is handed out only to a request that names it; one that is
 // withheld and not allocated has a row of its own, without labels or
 // references, so that the table is the whole of the allocator's state.
+//
+// Its JSON and YAML are {id, references, labels, withheld (when set)}.
 type Identity struct {
+	ID NumericIdentity
+
+	// refs is the reference count in its low 31 bits and the withheld
+	// flag in its top bit. There is a row per CIDR prefix, so its size is
+	// paid per prefix (docs/SCALE.md): a bool of its own would take the
+	// row to the next size class. No number has 2^31 holders; the
+	// allocator refuses the reference that would reach the flag
+	// (ErrTooManyReferences). It sits beside ID so that the two fill one
+	// word before the labels' aligned string.
+	refs uint32
+
+	Labels labels.Labels
+}
+
+const (
+	withheldBit   = 1 << 31
+	maxReferences = withheldBit - 1
+)
+
+// NewIdentity returns the row of id with the given labels, reference count
+// and withheld flag, for tests and tools that build rows outside the
+// allocator. references must be at most 2^31-1; more panics, as the
+// allocator never counts that many ([ErrTooManyReferences]).
+func NewIdentity(id NumericIdentity, lbls labels.Labels, references uint32, withheld bool) *Identity {
+	if references > maxReferences {
+		panic(fmt.Sprintf("identity %d: %d references, at most %d", id, references, maxReferences))
+	}
+	i := &Identity{ID: id, Labels: lbls, refs: references}
+	i.setWithheld(withheld)
+	return i
+}
+
+// References is the number of outstanding references to the identity: 0
+// for a number that is only withheld.
+func (i *Identity) References() uint32 { return i.refs & maxReferences }
+
+// Withheld reports whether the number is handed out only to a request
+// that names it.
+func (i *Identity) Withheld() bool { return i.refs&withheldBit != 0 }
+
+// Allocated reports whether the number is allocated: false for a row that
+// only withholds it.
+func (i *Identity) Allocated() bool { return i.References() > 0 }
+
+func (i *Identity) setWithheld(withheld bool) {
+	if withheld {
+		i.refs |= withheldBit
+	} else {
+		i.refs &^= withheldBit
+	}
+}
+
+// identityEncoding is the JSON and YAML form of a row, as it was when the
+// count and the flag were fields of their own: `db/show` and anything that
+// decodes its output see the same rows.
+type identityEncoding struct {
 	ID         NumericIdentity `json:"id" yaml:"id"`
 	References uint32          `json:"references" yaml:"references"`
 	Labels     labels.Labels   `json:"labels" yaml:"labels"`
 	Withheld   bool            `json:"withheld,omitempty" yaml:"withheld,omitempty"`
 }
 
-// Allocated reports whether the number is allocated: false for a row that
-// only withholds it.
-func (i *Identity) Allocated() bool { return i.References > 0 }
+func (i Identity) encoding() identityEncoding {
+	return identityEncoding{ID: i.ID, References: i.References(), Labels: i.Labels, Withheld: i.Withheld()}
+}
+
+func (i *Identity) decode(e identityEncoding) error {
+	if e.References > maxReferences {
+		return fmt.Errorf("identity %d: %d references: %w", e.ID, e.References, ErrTooManyReferences)
+	}
+	*i = Identity{ID: e.ID, Labels: e.Labels, refs: e.References}
+	i.setWithheld(e.Withheld)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (i Identity) MarshalJSON() ([]byte, error) { return json.Marshal(i.encoding()) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+//
+// Possible errors: those of encoding/json, ErrTooManyReferences (wrapped).
+func (i *Identity) UnmarshalJSON(data []byte) error {
+	var e identityEncoding
+	if err := json.Unmarshal(data, &e); err != nil {
+		return err
+	}
+	return i.decode(e)
+}
+
+// MarshalYAML implements yaml.Marshaler (go.yaml.in/yaml/v3).
+func (i Identity) MarshalYAML() (any, error) { return i.encoding(), nil }
+
+// UnmarshalYAML implements yaml.v3's obsolete, still supported
+// Unmarshaler, which needs no import of the YAML package here.
+//
+// Possible errors: those of the YAML decoder, ErrTooManyReferences
+// (wrapped).
+func (i *Identity) UnmarshalYAML(unmarshal func(any) error) error {
+	var e identityEncoding
+	if err := unmarshal(&e); err != nil {
+		return err
+	}
+	return i.decode(e)
+}
 
 // TableHeader implements statedb.TableWritable.
 func (*Identity) TableHeader() []string { return []string{"ID", "Labels", "References", "Withheld"} }
@@ -69,10 +167,10 @@ func (*Identity) TableHeader() []string { return []string{"ID", "Labels", "Refer
 // TableRow implements statedb.TableWritable.
 func (i *Identity) TableRow() []string {
 	withheld := ""
-	if i.Withheld {
+	if i.Withheld() {
 		withheld = "withheld"
 	}
-	return []string{i.ID.String(), i.Labels.String(), strconv.FormatUint(uint64(i.References), 10), withheld}
+	return []string{i.ID.String(), i.Labels.String(), strconv.FormatUint(uint64(i.References()), 10), withheld}
 }
 
 var _ statedb.TableWritable = &Identity{}

@@ -3,12 +3,14 @@
 package identitycell
 
 import (
+	"encoding/json"
 	"net/netip"
 	"slices"
 	"testing"
 
 	"github.com/cilium/statedb"
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
@@ -33,7 +35,7 @@ func TestLabelsIndexAndIdentitiesWithin(t *testing.T) {
 	for id, lbls := range rows {
 		l, err := labels.New(lbls...)
 		require.NoError(t, err)
-		_, _, err = table.Insert(txn, &Identity{ID: id, Labels: l, References: 1})
+		_, _, err = table.Insert(txn, NewIdentity(id, l, 1, false))
 		require.NoError(t, err)
 	}
 	txn.Commit()
@@ -63,4 +65,48 @@ func TestLabelsIndexAndIdentitiesWithin(t *testing.T) {
 	require.Empty(t, within("10.3.0.0/16"))
 	require.Len(t, within("0.0.0.0/0"), 5, "IPv4 only, without the no-cidr identity")
 	require.Equal(t, []NumericIdentity{MinLocalIdentity + 7, MinLocalIdentity + 8}, within("::/0"), "IPv6 only")
+}
+
+// A row's JSON and YAML (`db/show -format`, statedb's HTTP API) are those
+// of the fields it had before the count and the flag shared a word, and
+// decode back to the same row.
+func TestRowEncoding(t *testing.T) {
+	l, err := labels.Parse("cidr:10.0.5.0/24")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		row        *Identity
+		json, yaml string
+	}{{
+		row:  NewIdentity(MinLocalIdentity+5, l, 3, true),
+		json: `{"id":16777222,"references":3,"labels":"cidr:10.0.5.0/24","withheld":true}`,
+		yaml: "id: 16777222\nreferences: 3\nlabels: cidr:10.0.5.0/24\nwithheld: true\n",
+	}, {
+		row:  NewIdentity(MinLocalIdentity+5, l, 1, false),
+		json: `{"id":16777222,"references":1,"labels":"cidr:10.0.5.0/24"}`,
+		yaml: "id: 16777222\nreferences: 1\nlabels: cidr:10.0.5.0/24\n",
+	}, {
+		row:  NewIdentity(MinLocalIdentity+5, labels.Labels{}, 0, true),
+		json: `{"id":16777222,"references":0,"labels":"","withheld":true}`,
+		yaml: "id: 16777222\nreferences: 0\nlabels: \"\"\nwithheld: true\n",
+	}} {
+		out, err := json.Marshal(tc.row)
+		require.NoError(t, err)
+		require.Equal(t, tc.json, string(out))
+		var fromJSON Identity
+		require.NoError(t, json.Unmarshal(out, &fromJSON))
+		require.Equal(t, tc.row, &fromJSON)
+
+		out, err = yaml.Marshal(tc.row)
+		require.NoError(t, err)
+		require.Equal(t, tc.yaml, string(out))
+		var fromYAML Identity
+		require.NoError(t, yaml.Unmarshal(out, &fromYAML))
+		require.Equal(t, tc.row, &fromYAML)
+	}
+
+	var row Identity
+	require.ErrorIs(t, json.Unmarshal([]byte(`{"id":16777217,"references":2147483648,"labels":"cidr:10.0.0.0/8"}`), &row),
+		ErrTooManyReferences, "a count that would set the withheld bit")
+	require.ErrorIs(t, yaml.Unmarshal([]byte("id: 16777217\nreferences: 2147483648\nlabels: cidr:10.0.0.0/8\n"), &row),
+		ErrTooManyReferences)
 }

@@ -113,7 +113,7 @@ func (x *exhaustion) checkResolved(spaceSize int) {
 		}
 		seen[e.Identity] = e.Prefix
 		id, _, found := x.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity))
-		if !found || id.References != 1 || id.Labels.String() != "cidr:"+e.Prefix.String() {
+		if !found || id.References() != 1 || id.Labels.String() != "cidr:"+e.Prefix.String() {
 			x.t.Fatalf("%s maps to %d: allocated %t, identity %+v", e.Prefix, e.Identity, found, id)
 		}
 	}

@@ -256,7 +256,7 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 
 	actual := map[identitycell.NumericIdentity]uint32{}
 	for identity := range f.identities.All(txn) {
-		actual[identity.ID] = identity.References
+		actual[identity.ID] = identity.References()
 	}
 	require.Equal(t, references, actual, "step %d: reference counts", step)
 }

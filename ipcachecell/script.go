@@ -80,7 +80,7 @@ func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], pr
 // identityJSON returns what -o json shows of an identity.
 func (o identityOwners) identityJSON(txn statedb.ReadTxn, identity *identitycell.Identity) identityJSON {
 	out := identityJSON{
-		Identity: uint32(identity.ID), Labels: labelList(identity.Labels), References: uint64(identity.References),
+		Identity: uint32(identity.ID), Labels: labelList(identity.Labels), References: uint64(identity.References()),
 		Prefixes: []identityPrefixJSON{}, Owners: []string{},
 	}
 	seen := map[string]bool{}
@@ -183,7 +183,7 @@ func (o identityOwners) listCommand() script.Cmd {
 					continue // a number only withheld: no labels, no owners
 				}
 				prefixes, resources := o.owners(txn, identity)
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References,
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References(),
 					strings.Join(prefixes, ","), strings.Join(resources, ","), identity.Labels)
 			}
 			w.Flush()
@@ -225,7 +225,7 @@ func (o identityOwners) showCommand() script.Cmd {
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References)
+			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References())
 			for entry := range o.entriesOf(txn, identity) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
 				for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {

@@ -94,7 +94,7 @@ func (c *identityCollector) Collect(ch chan<- prometheus.Metric) {
 		if identity.Allocated() {
 			allocated++
 		}
-		if identity.Withheld {
+		if identity.Withheld() {
 			withheld++
 		}
 	}

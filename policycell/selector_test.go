@@ -136,7 +136,7 @@ func identity(id identitycell.NumericIdentity, lbls ...string) *identitycell.Ide
 	if err != nil {
 		panic(err)
 	}
-	return &identitycell.Identity{ID: id, Labels: l, References: 1}
+	return identitycell.NewIdentity(id, l, 1, false)
 }
 
 func cidrPolicy(name string, dir Direction, ports []PortRange, cidrs ...string) *Policy {

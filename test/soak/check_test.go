@@ -47,8 +47,8 @@ func (a *agent) checkReferences() string {
 			continue // a number restore withholds, not allocated
 		}
 		n++
-		if id.References != refs[id.ID] {
-			return fmt.Sprintf("identity %d (%s) has %d references, %d entries use it", id.ID, id.Labels, id.References, refs[id.ID])
+		if id.References() != refs[id.ID] {
+			return fmt.Sprintf("identity %d (%s) has %d references, %d entries use it", id.ID, id.Labels, id.References(), refs[id.ID])
 		}
 	}
 	if n != len(refs) {
