@@ -94,7 +94,7 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{},
+	return &Handle{ipcache: c, owner: &owner{resource: resource, source: src}, prefixes: map[compactPrefix]struct{}{},
 		maxKnown: maxKnownPrefixes}, nil
 }
 
@@ -185,9 +185,9 @@ func (g *resolutionGate) wait() <-chan struct{} {
 // safe for concurrent use. Resolution into the `ipcache` table happens
 // asynchronously after a method returns.
 type Handle struct {
-	ipcache  *IPCache
-	resource string
-	source   source.Source
+	ipcache *IPCache
+	// owner is the resource and source that each of its rows points to.
+	owner *owner
 
 	mu       sync.Mutex
 	released bool
@@ -210,10 +210,10 @@ type Handle struct {
 func (h *Handle) NumPrefixes() int { return int(h.numPrefixes.Load()) }
 
 // Resource returns the handle's resource name.
-func (h *Handle) Resource() string { return h.resource }
+func (h *Handle) Resource() string { return h.owner.resource }
 
 // Source returns the source of the handle's metadata.
-func (h *Handle) Source() source.Source { return h.source }
+func (h *Handle) Source() source.Source { return h.owner.source }
 
 // PrefixUpsert is one prefix's metadata in a batch.
 type PrefixUpsert struct {
@@ -246,9 +246,9 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 			err = validateMetadata(u.Metadata)
 		}
 		if err != nil {
-			return fmt.Errorf("upsert metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
+			return fmt.Errorf("upsert metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource, Source: h.source, Metadata: u.Metadata}
+		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner, Metadata: u.Metadata}
 	}
 	sortByPrefix(rows)
 	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
@@ -341,9 +341,9 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	for i, p := range prefixes {
 		prefix, err := canonicalPrefix(p)
 		if err != nil {
-			return fmt.Errorf("remove metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
+			return fmt.Errorf("remove metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource}
+		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner}
 	}
 	sortByPrefix(rows)
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
@@ -395,21 +395,21 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
+		return fmt.Errorf("release %s: %w", h.owner.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
 	next := h.releaseChunks()
 	for chunk := next(); len(chunk) > 0; chunk = next() {
 		if limiter != nil {
 			if err := limiter.WaitN(ctx, len(chunk)); err != nil {
-				return fmt.Errorf("release %s: %w", h.resource, err)
+				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}
 		}
 		txn := c.db.WriteTxn(c.metadata)
 		for _, prefix := range chunk {
-			if _, _, err := c.metadata.Delete(txn, &PrefixMetadata{Prefix: prefix, Resource: h.resource}); err != nil {
+			if _, _, err := c.metadata.Delete(txn, &PrefixMetadata{Prefix: prefix, owner: h.owner}); err != nil {
 				txn.Abort()
-				return fmt.Errorf("release %s: %w", h.resource, err)
+				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}
 		}
 		// The count drops before the rows go: whoever sees them gone (a
@@ -425,7 +425,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.released = true
 
 	c.mu.Lock()
-	delete(c.resources, h.resource)
+	delete(c.resources, h.owner.resource)
 	c.mu.Unlock()
 	return nil
 }
@@ -466,7 +466,7 @@ func (h *Handle) releaseChunks() func() []netip.Prefix {
 		}
 		done = true
 		for row := range rows {
-			if row.Resource != h.resource {
+			if row.Resource() != h.owner.resource {
 				continue
 			}
 			if len(chunk) == releaseChunkSize {
@@ -490,7 +490,7 @@ func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, i
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, ErrHandleReleased)
+		return fmt.Errorf("%s metadata of %s: %w", verb, h.owner.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
 	for start := 0; start < n; start += writeChunkSize {
@@ -501,7 +501,7 @@ func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, i
 			delta, err := write(txn, i)
 			if err != nil {
 				txn.Abort()
-				return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, err)
+				return fmt.Errorf("%s metadata of %s: %w", verb, h.owner.resource, err)
 			}
 			added += delta
 		}

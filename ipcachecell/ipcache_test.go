@@ -274,7 +274,7 @@ func TestHandleKnowsItsRows(t *testing.T) {
 			require.Zero(t, a.NumPrefixes())
 			var left []string
 			for row := range f.metadata.All(f.db.ReadTxn()) {
-				left = append(left, row.Resource+" "+row.Prefix.String())
+				left = append(left, row.Resource()+" "+row.Prefix.String())
 			}
 			require.Equal(t, []string{"b 10.0.0.1/32", "b ::ffff:10.0.0.0/104", "b 2001:db8::/32"}, left,
 				"the IPv4 prefix and its IPv4-mapped IPv6 look-alike are different prefixes")
@@ -333,7 +333,7 @@ func TestReleaseByScanAcrossChunks(t *testing.T) {
 	require.Zero(t, a.NumPrefixes())
 	left := 0
 	for row := range f.metadata.All(f.db.ReadTxn()) {
-		require.Equal(t, "b", row.Resource)
+		require.Equal(t, "b", row.Resource())
 		left++
 	}
 	require.Equal(t, 12, left)

@@ -212,7 +212,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
 		changed, watch = r.changes.Next(snapshot)
 		for change, revision := range changed {
-			queue.add(change.Object.Resource, change.Object.Prefix, revision)
+			queue.add(change.Object.Resource(), change.Object.Prefix, revision)
 		}
 		// The next chunk's metadata is read on another goroutine while
 		// this one's is written: the read (the rows, their merge, the
@@ -429,17 +429,17 @@ type resolution struct {
 // order, so among equal sources the first resource wins, deterministically.
 func (res *resolution) merge(row *PrefixMetadata) {
 	res.labels = res.labels.Union(row.Labels)
-	if !res.hasAnyMetadataRow || row.Source.Overrides(res.source) {
-		res.source = row.Source
+	if !res.hasAnyMetadataRow || row.Source().Overrides(res.source) {
+		res.source = row.Source()
 	}
 	res.hasAnyMetadataRow = true
 	if row.RequestedIdentity != identitycell.IdentityUnknown &&
-		(res.requested == identitycell.IdentityUnknown || row.Source.Overrides(res.requestedSource)) {
-		res.requested, res.requestedSource = row.RequestedIdentity, row.Source
+		(res.requested == identitycell.IdentityUnknown || row.Source().Overrides(res.requestedSource)) {
+		res.requested, res.requestedSource = row.RequestedIdentity, row.Source()
 	}
 	if row.ExplicitIdentity != identitycell.IdentityUnknown &&
-		(res.explicit == identitycell.IdentityUnknown || row.Source.Overrides(res.explicitSource)) {
-		res.explicit, res.explicitSource = row.ExplicitIdentity, row.Source
+		(res.explicit == identitycell.IdentityUnknown || row.Source().Overrides(res.explicitSource)) {
+		res.explicit, res.explicitSource = row.ExplicitIdentity, row.Source()
 	}
 }
 

@@ -96,7 +96,7 @@ func TestSortByPrefix(t *testing.T) {
 			}
 		}
 		prefix := netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked()
-		rows = append(rows, &PrefixMetadata{Prefix: prefix, Resource: fmt.Sprint(i)})
+		rows = append(rows, &PrefixMetadata{Prefix: prefix, owner: &owner{resource: fmt.Sprint(i)}})
 	}
 	want := slices.Clone(rows)
 	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })

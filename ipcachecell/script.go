@@ -70,7 +70,7 @@ func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], pr
 	out := []ownerJSON{}
 	for row := range metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
 		out = append(out, ownerJSON{
-			Resource: row.Resource, Source: row.Source.String(), Labels: labelList(row.Labels),
+			Resource: row.Resource(), Source: row.Source().String(), Labels: labelList(row.Labels),
 			RequestedIdentity: uint32(row.RequestedIdentity), ExplicitIdentity: uint32(row.ExplicitIdentity),
 		})
 	}
@@ -138,9 +138,9 @@ func (o identityOwners) owners(txn statedb.ReadTxn, identity *identitycell.Ident
 	for entry := range o.entriesOf(txn, identity) {
 		prefixes = append(prefixes, entry.Prefix.String())
 		for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-			if !seen[row.Resource] {
-				seen[row.Resource] = true
-				resources = append(resources, row.Resource)
+			if !seen[row.Resource()] {
+				seen[row.Resource()] = true
+				resources = append(resources, row.Resource())
 			}
 		}
 	}
@@ -229,7 +229,7 @@ func (o identityOwners) showCommand() script.Cmd {
 			for entry := range o.entriesOf(txn, identity) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
 				for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource, row.Source)
+					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource(), row.Source())
 				}
 			}
 			w.Flush()
@@ -290,7 +290,7 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			fmt.Fprintf(w, "Prefix:\t%s\nIdentity:\t%s\nSource:\t%s\nLabels:\t%s\nExplicit:\t%t\nOwners:\n",
 				entry.Prefix, entry.Identity, entry.Source, lbls, entry.Explicit)
 			for row := range metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource, row.Source, row.Labels,
+				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource(), row.Source(), row.Labels,
 					optionalIdentity(row.RequestedIdentity), optionalIdentity(row.ExplicitIdentity))
 			}
 			w.Flush()
