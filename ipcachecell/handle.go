@@ -51,11 +51,18 @@ type IPCache struct {
 
 	mu        sync.Mutex
 	resources map[string]struct{} // resources with a live handle
+	// owners holds, per resource that ever had a handle, the owner of its
+	// latest one: a resource keeps its id (nextID when it came) for the
+	// IPCache's life, so that the rows' keys need no name. It grows with
+	// the distinct resource names, not with the prefixes.
+	owners map[string]*owner
+	nextID uint64
 }
 
 func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{}}
+	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{},
+		owners: map[string]*owner{}}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -94,8 +101,27 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, owner: &owner{resource: resource, source: src}, prefixes: map[compactPrefix]struct{}{},
+	return &Handle{ipcache: c, owner: c.ownerLocked(resource, src), prefixes: map[compactPrefix]struct{}{},
 		maxKnown: maxKnownPrefixes}, nil
+}
+
+// ownerLocked returns the owner of a new handle of resource with source
+// src: the one of the resource's previous handle if its source was the
+// same, else a new one with the resource's id. Called with mu held.
+func (c *IPCache) ownerLocked(resource string, src source.Source) *owner {
+	previous, known := c.owners[resource]
+	if known && previous.source == src {
+		return previous
+	}
+	o := &owner{resource: resource, source: src}
+	if known {
+		o.id = previous.id
+	} else {
+		o.id = c.nextID
+		c.nextID++
+	}
+	c.owners[resource] = o
+	return o
 }
 
 // ProducerOption changes how a registered producer takes part in start-up.
@@ -466,7 +492,7 @@ func (h *Handle) releaseChunks() func() []netip.Prefix {
 		}
 		done = true
 		for row := range rows {
-			if row.Resource() != h.owner.resource {
+			if row.owner.id != h.owner.id {
 				continue
 			}
 			if len(chunk) == releaseChunkSize {

@@ -56,7 +56,7 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 		table      []string
 	}{{
 		row: &PrefixMetadata{Prefix: netip.MustParsePrefix("10.0.0.0/8"),
-			owner:    &owner{resource: "policy/a", source: source.Directory},
+			owner:    &owner{resource: "policy/a", source: source.Directory, id: 3},
 			Metadata: Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}},
 		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
 			`"requested-identity":16777217,"explicit-identity":5}`,

@@ -3,6 +3,7 @@
 package ipcachecell
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"iter"
 	"net/netip"
@@ -50,10 +51,14 @@ type PrefixMetadata struct {
 	Metadata
 }
 
-// owner is what every row of one handle shares. It does not change.
+// owner is what every row of one handle shares. It does not change: a
+// resource's next handle with another source gets an owner of its own.
 type owner struct {
 	resource string
 	source   source.Source
+	// id is the resource's number in its IPCache, which the rows' keys
+	// hold instead of the name (see metadataKey).
+	id uint64
 }
 
 // Resource returns the name of the resource whose metadata this is.
@@ -160,11 +165,19 @@ var (
 	_ statedb.TableWritable = &Entry{}
 )
 
-// metadataKey is the prefix key followed by the resource: the rows of one
-// prefix are adjacent, and a prefix query on the prefix key finds them.
-func metadataKey(prefix netip.Prefix, resource string) index.Key {
-	key := make(index.Key, 0, prefixkey.Len(prefix)+len(resource))
-	return append(prefixkey.Append(key, prefix), resource...)
+// metadataKey is the prefix key followed by the resource's id (a uvarint;
+// an IPv4 row's key fits in 8 bytes while the IPCache has fewer than 16384
+// resources): the rows of one prefix are adjacent, and a prefix query on
+// the prefix key finds them. Within a prefix, rows are in the order of
+// their keys, not of resource names: what depends on an order among a
+// prefix's rows (the merge's ties, the shell's owners) orders by name
+// itself.
+func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
+	var id [binary.MaxVarintLen64]byte
+	n := binary.PutUvarint(id[:], resourceID)
+	// Of the exact length: the table keeps the key, a row's for its life.
+	key := make(index.Key, 0, prefixkey.Len(prefix)+n)
+	return append(prefixkey.Append(key, prefix), id[:n]...)
 }
 
 // MetadataIndex is the primary index of `ipcache-metadata`: (prefix,
@@ -172,7 +185,7 @@ func metadataKey(prefix netip.Prefix, resource string) index.Key {
 var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 	Name: "prefix-resource",
 	FromObject: func(m *PrefixMetadata) index.KeySet {
-		return index.NewKeySet(metadataKey(m.Prefix, m.owner.resource))
+		return index.NewKeySet(metadataKey(m.Prefix, m.owner.id))
 	},
 	// Querying by a prefix alone is a prefix search: every resource's row.
 	FromKey:    prefixKey,
