@@ -51,11 +51,18 @@ type IPCache struct {
 
 	mu        sync.Mutex
 	resources map[string]struct{} // resources with a live handle
+	// owners holds, per resource that ever had a handle, the owner of its
+	// latest one: a resource keeps its id (nextID when it came) for the
+	// IPCache's life, so that the rows' keys need no name. It grows with
+	// the distinct resource names, not with the prefixes.
+	owners map[string]*owner
+	nextID uint64
 }
 
 func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{}}
+	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{},
+		owners: map[string]*owner{}}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -94,8 +101,27 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, resource: resource, source: src, prefixes: map[compactPrefix]struct{}{},
+	return &Handle{ipcache: c, owner: c.ownerLocked(resource, src), prefixes: map[compactPrefix]struct{}{},
 		maxKnown: maxKnownPrefixes}, nil
+}
+
+// ownerLocked returns the owner of a new handle of resource with source
+// src: the one of the resource's previous handle if its source was the
+// same, else a new one with the resource's id. Called with mu held.
+func (c *IPCache) ownerLocked(resource string, src source.Source) *owner {
+	previous, known := c.owners[resource]
+	if known && previous.source == src {
+		return previous
+	}
+	o := &owner{resource: resource, source: src}
+	if known {
+		o.id = previous.id
+	} else {
+		o.id = c.nextID
+		c.nextID++
+	}
+	c.owners[resource] = o
+	return o
 }
 
 // ProducerOption changes how a registered producer takes part in start-up.
@@ -185,9 +211,9 @@ func (g *resolutionGate) wait() <-chan struct{} {
 // safe for concurrent use. Resolution into the `ipcache` table happens
 // asynchronously after a method returns.
 type Handle struct {
-	ipcache  *IPCache
-	resource string
-	source   source.Source
+	ipcache *IPCache
+	// owner is the resource and source that each of its rows points to.
+	owner *owner
 
 	mu       sync.Mutex
 	released bool
@@ -210,10 +236,10 @@ type Handle struct {
 func (h *Handle) NumPrefixes() int { return int(h.numPrefixes.Load()) }
 
 // Resource returns the handle's resource name.
-func (h *Handle) Resource() string { return h.resource }
+func (h *Handle) Resource() string { return h.owner.resource }
 
 // Source returns the source of the handle's metadata.
-func (h *Handle) Source() source.Source { return h.source }
+func (h *Handle) Source() source.Source { return h.owner.source }
 
 // PrefixUpsert is one prefix's metadata in a batch.
 type PrefixUpsert struct {
@@ -246,9 +272,9 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 			err = validateMetadata(u.Metadata)
 		}
 		if err != nil {
-			return fmt.Errorf("upsert metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
+			return fmt.Errorf("upsert metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource, Source: h.source, Metadata: u.Metadata}
+		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner, Metadata: u.Metadata}
 	}
 	sortByPrefix(rows)
 	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
@@ -341,9 +367,9 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	for i, p := range prefixes {
 		prefix, err := canonicalPrefix(p)
 		if err != nil {
-			return fmt.Errorf("remove metadata of %s: %w: %w", h.resource, ErrInvalidMetadata, err)
+			return fmt.Errorf("remove metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, Resource: h.resource}
+		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner}
 	}
 	sortByPrefix(rows)
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
@@ -395,21 +421,21 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return fmt.Errorf("release %s: %w", h.resource, ErrHandleReleased)
+		return fmt.Errorf("release %s: %w", h.owner.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
 	next := h.releaseChunks()
 	for chunk := next(); len(chunk) > 0; chunk = next() {
 		if limiter != nil {
 			if err := limiter.WaitN(ctx, len(chunk)); err != nil {
-				return fmt.Errorf("release %s: %w", h.resource, err)
+				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}
 		}
 		txn := c.db.WriteTxn(c.metadata)
 		for _, prefix := range chunk {
-			if _, _, err := c.metadata.Delete(txn, &PrefixMetadata{Prefix: prefix, Resource: h.resource}); err != nil {
+			if _, _, err := c.metadata.Delete(txn, &PrefixMetadata{Prefix: prefix, owner: h.owner}); err != nil {
 				txn.Abort()
-				return fmt.Errorf("release %s: %w", h.resource, err)
+				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}
 		}
 		// The count drops before the rows go: whoever sees them gone (a
@@ -425,7 +451,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.released = true
 
 	c.mu.Lock()
-	delete(c.resources, h.resource)
+	delete(c.resources, h.owner.resource)
 	c.mu.Unlock()
 	return nil
 }
@@ -466,7 +492,7 @@ func (h *Handle) releaseChunks() func() []netip.Prefix {
 		}
 		done = true
 		for row := range rows {
-			if row.Resource != h.resource {
+			if row.owner.id != h.owner.id {
 				continue
 			}
 			if len(chunk) == releaseChunkSize {
@@ -490,7 +516,7 @@ func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, i
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, ErrHandleReleased)
+		return fmt.Errorf("%s metadata of %s: %w", verb, h.owner.resource, ErrHandleReleased)
 	}
 	c := h.ipcache
 	for start := 0; start < n; start += writeChunkSize {
@@ -501,7 +527,7 @@ func (h *Handle) writeChunked(verb string, n int, write func(statedb.WriteTxn, i
 			delta, err := write(txn, i)
 			if err != nil {
 				txn.Abort()
-				return fmt.Errorf("%s metadata of %s: %w", verb, h.resource, err)
+				return fmt.Errorf("%s metadata of %s: %w", verb, h.owner.resource, err)
 			}
 			added += delta
 		}

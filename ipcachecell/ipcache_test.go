@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -274,7 +275,7 @@ func TestHandleKnowsItsRows(t *testing.T) {
 			require.Zero(t, a.NumPrefixes())
 			var left []string
 			for row := range f.metadata.All(f.db.ReadTxn()) {
-				left = append(left, row.Resource+" "+row.Prefix.String())
+				left = append(left, row.Resource()+" "+row.Prefix.String())
 			}
 			require.Equal(t, []string{"b 10.0.0.1/32", "b ::ffff:10.0.0.0/104", "b 2001:db8::/32"}, left,
 				"the IPv4 prefix and its IPv4-mapped IPv6 look-alike are different prefixes")
@@ -333,9 +334,66 @@ func TestReleaseByScanAcrossChunks(t *testing.T) {
 	require.Zero(t, a.NumPrefixes())
 	left := 0
 	for row := range f.metadata.All(f.db.ReadTxn()) {
-		require.Equal(t, "b", row.Resource)
+		require.Equal(t, "b", row.Resource())
 		left++
 	}
 	require.Equal(t, 12, left)
 	require.Equal(t, 12, b.NumPrefixes())
+}
+
+// A row's key is its prefix's followed by the resource's id: a resource
+// keeps its id across handles (of any source), an IPv4 key fits in 8
+// bytes, and with ids of two bytes a prefix query still finds exactly the
+// prefix's rows, and a release exactly the resource's.
+func TestMetadataKeysByResourceID(t *testing.T) {
+	f := newFixture(t)
+	p1, p2 := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
+	const n = 300 // ids from 128 on take two bytes
+	handles := make([]*Handle, n)
+	for i := range handles {
+		h, err := f.ipcache.NewHandle(fmt.Sprintf("r%03d", i), source.Local)
+		require.NoError(t, err)
+		require.EqualValues(t, i, h.owner.id)
+		upsertAll(t, h, []netip.Prefix{p1, p2})
+		handles[i] = h
+	}
+	require.Len(t, metadataKey(p1, 127), 7)
+	require.Len(t, metadataKey(p1, 16383), 8)
+	require.Len(t, metadataKey(netip.MustParsePrefix("2001:db8::/32"), 200), 20)
+
+	resourcesOf := func(prefix netip.Prefix) []string {
+		var out []string
+		for row := range f.metadata.Prefix(f.db.ReadTxn(), MetadataIndex.Query(prefix)) {
+			require.Equal(t, prefix, row.Prefix)
+			out = append(out, row.Resource())
+		}
+		slices.Sort(out)
+		return out
+	}
+	require.Len(t, resourcesOf(p1), n)
+	require.Len(t, resourcesOf(p2), n)
+
+	// r200 goes, and comes back with another source: same id, and its
+	// rows are written, found and released as before.
+	require.NoError(t, handles[200].Release())
+	require.Len(t, resourcesOf(p1), n-1)
+	require.NotContains(t, resourcesOf(p2), "r200")
+	again, err := f.ipcache.NewHandle("r200", source.Directory)
+	require.NoError(t, err)
+	require.EqualValues(t, 200, again.owner.id)
+	upsertAll(t, again, []netip.Prefix{p2})
+	require.Contains(t, resourcesOf(p2), "r200")
+	row, _, found := f.metadata.Get(f.db.ReadTxn(), MetadataIndex.QueryFromKey(metadataKey(p2, 200)))
+	require.True(t, found)
+	require.Equal(t, source.Directory, row.Source())
+	require.NoError(t, again.Remove(p2))
+	require.NotContains(t, resourcesOf(p2), "r200")
+	require.Len(t, resourcesOf(p2), n-1)
+
+	// The same name and source share the owner: nothing per handle.
+	require.NoError(t, again.Release())
+	third, err := f.ipcache.NewHandle("r200", source.Directory)
+	require.NoError(t, err)
+	require.Same(t, again.owner, third.owner)
+	require.Len(t, f.ipcache.owners, n, "one owner per resource name")
 }

@@ -212,7 +212,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
 		changed, watch = r.changes.Next(snapshot)
 		for change, revision := range changed {
-			queue.add(change.Object.Resource, change.Object.Prefix, revision)
+			queue.add(change.Object.Resource(), change.Object.Prefix, revision)
 		}
 		// The next chunk's metadata is read on another goroutine while
 		// this one's is written: the read (the rows, their merge, the
@@ -417,30 +417,41 @@ type resolution struct {
 	labels            labels.Labels
 	source            source.Source
 	requested         identitycell.NumericIdentity
-	requestedSource   source.Source
+	requestedBy       *owner // set with requested
 	explicit          identitycell.NumericIdentity
-	explicitSource    source.Source
+	explicitBy        *owner // set with explicit
 	hasAnyMetadataRow bool
 	// want is labels with the prefix's cidr label (see wantedLabels).
 	want labels.Labels
 }
 
-// merge folds one resource's row into the resolution. Rows come in resource
-// order, so among equal sources the first resource wins, deterministically.
+// merge folds one resource's row into the resolution. Among rows of equal
+// source, the resource first by name sets the requested and explicit
+// identity: the rows do not come in name order (see metadataKey), and the
+// outcome must not depend on which resource got its handle first.
 func (res *resolution) merge(row *PrefixMetadata) {
 	res.labels = res.labels.Union(row.Labels)
-	if !res.hasAnyMetadataRow || row.Source.Overrides(res.source) {
-		res.source = row.Source
+	if !res.hasAnyMetadataRow || row.Source().Overrides(res.source) {
+		res.source = row.Source()
 	}
 	res.hasAnyMetadataRow = true
 	if row.RequestedIdentity != identitycell.IdentityUnknown &&
-		(res.requested == identitycell.IdentityUnknown || row.Source.Overrides(res.requestedSource)) {
-		res.requested, res.requestedSource = row.RequestedIdentity, row.Source
+		(res.requested == identitycell.IdentityUnknown || row.owner.precedes(res.requestedBy)) {
+		res.requested, res.requestedBy = row.RequestedIdentity, row.owner
 	}
 	if row.ExplicitIdentity != identitycell.IdentityUnknown &&
-		(res.explicit == identitycell.IdentityUnknown || row.Source.Overrides(res.explicitSource)) {
-		res.explicit, res.explicitSource = row.ExplicitIdentity, row.Source
+		(res.explicit == identitycell.IdentityUnknown || row.owner.precedes(res.explicitBy)) {
+		res.explicit, res.explicitBy = row.ExplicitIdentity, row.owner
 	}
+}
+
+// precedes reports whether o's metadata wins over other's: a source of
+// higher precedence, or the same source and a resource first by name.
+func (o *owner) precedes(other *owner) bool {
+	if o.source != other.source {
+		return o.source.Overrides(other.source)
+	}
+	return o.resource < other.resource
 }
 
 // prefetched is a queued prefix with the merge of its rows, read from a

@@ -96,7 +96,7 @@ func TestSortByPrefix(t *testing.T) {
 			}
 		}
 		prefix := netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked()
-		rows = append(rows, &PrefixMetadata{Prefix: prefix, Resource: fmt.Sprint(i)})
+		rows = append(rows, &PrefixMetadata{Prefix: prefix, owner: &owner{resource: fmt.Sprint(i)}})
 	}
 	want := slices.Clone(rows)
 	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
@@ -211,4 +211,47 @@ func TestResolverResolvesChangeBetweenReadAndWrite(t *testing.T) {
 	require.Equal(t, labelsOf("app:c").Union(labels.ForPrefix(p)), entryLabels(), "the later change resolved again")
 	require.Equal(t, resolutions+1, f.resolver.resolutions, "app:b's change superseded by app:c's")
 	require.Empty(t, f.resolver.failed)
+}
+
+// Among owners of one source, the resource first by name sets the
+// requested and the explicit identity, whichever got its handle first
+// (a prefix's rows are in the order of the resources' ids, not names).
+func TestMergeTieGoesToResourceFirstByName(t *testing.T) {
+	f := newFixture(t)
+	requested := netip.MustParsePrefix("10.0.0.1/32")
+	explicit := netip.MustParsePrefix("10.0.0.2/32")
+	// "b" gets its handle, and so its id, first.
+	b, err := f.ipcache.NewHandle("b", source.Local)
+	require.NoError(t, err)
+	a, err := f.ipcache.NewHandle("a", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, b.Upsert(requested, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 2}))
+	require.NoError(t, a.Upsert(requested, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 1}))
+	require.NoError(t, b.Upsert(explicit, Metadata{ExplicitIdentity: 5002}))
+	require.NoError(t, a.Upsert(explicit, Metadata{ExplicitIdentity: 5001}))
+	f.round(t)
+
+	txn := f.db.ReadTxn()
+	var order []string
+	for row := range f.metadata.Prefix(txn, MetadataIndex.Query(requested)) {
+		order = append(order, row.Resource())
+	}
+	require.Equal(t, []string{"b", "a"}, order, "rows in id order")
+	entry, _, found := f.entries.Get(txn, EntryIndex.Query(requested))
+	require.True(t, found)
+	require.Equal(t, identitycell.MinLocalIdentity+1, entry.Identity, "a's request")
+	entry, _, found = f.entries.Get(txn, EntryIndex.Query(explicit))
+	require.True(t, found)
+	require.Equal(t, identitycell.NumericIdentity(5001), entry.Identity, "a's explicit identity")
+
+	// A source of higher precedence still wins over the name.
+	c, err := f.ipcache.NewHandle("c", source.KubeAPIServer)
+	require.NoError(t, err)
+	third := netip.MustParsePrefix("10.0.0.3/32")
+	require.NoError(t, a.Upsert(third, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 4}))
+	require.NoError(t, c.Upsert(third, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 3}))
+	f.round(t)
+	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(third))
+	require.True(t, found)
+	require.Equal(t, identitycell.MinLocalIdentity+3, entry.Identity, "c's request")
 }

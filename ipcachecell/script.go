@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -68,13 +69,28 @@ func labelList(l labels.Labels) []string {
 
 func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], prefix netip.Prefix) []ownerJSON {
 	out := []ownerJSON{}
-	for row := range metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+	for _, row := range appendPrefixRows(nil, txn, metadata, prefix) {
 		out = append(out, ownerJSON{
-			Resource: row.Resource, Source: row.Source.String(), Labels: labelList(row.Labels),
+			Resource: row.Resource(), Source: row.Source().String(), Labels: labelList(row.Labels),
 			RequestedIdentity: uint32(row.RequestedIdentity), ExplicitIdentity: uint32(row.ExplicitIdentity),
 		})
 	}
 	return out
+}
+
+// appendPrefixRows appends the rows of a prefix to rows, in resource name
+// order. The table keeps them in the order of the resources' ids (see
+// metadataKey), which is the order in which the resources got their first
+// handle: the shell shows a prefix's owners in one order whatever that
+// was.
+func appendPrefixRows(rows []*PrefixMetadata, txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata],
+	prefix netip.Prefix) []*PrefixMetadata {
+	start := len(rows)
+	for row := range metadata.Prefix(txn, MetadataIndex.Query(prefix)) {
+		rows = append(rows, row)
+	}
+	slices.SortFunc(rows[start:], func(a, b *PrefixMetadata) int { return strings.Compare(a.Resource(), b.Resource()) })
+	return rows
 }
 
 // identityJSON returns what -o json shows of an identity.
@@ -135,12 +151,14 @@ func (o identityOwners) entriesOf(txn statedb.ReadTxn, identity *identitycell.Id
 // prefix, the resources that own it.
 func (o identityOwners) owners(txn statedb.ReadTxn, identity *identitycell.Identity) (prefixes []string, resources []string) {
 	seen := map[string]bool{}
+	var rows []*PrefixMetadata
 	for entry := range o.entriesOf(txn, identity) {
 		prefixes = append(prefixes, entry.Prefix.String())
-		for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-			if !seen[row.Resource] {
-				seen[row.Resource] = true
-				resources = append(resources, row.Resource)
+		rows = appendPrefixRows(rows[:0], txn, o.metadata, entry.Prefix)
+		for _, row := range rows {
+			if !seen[row.Resource()] {
+				seen[row.Resource()] = true
+				resources = append(resources, row.Resource())
 			}
 		}
 	}
@@ -228,8 +246,8 @@ func (o identityOwners) showCommand() script.Cmd {
 			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References())
 			for entry := range o.entriesOf(txn, identity) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
-				for row := range o.metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource, row.Source)
+				for _, row := range appendPrefixRows(nil, txn, o.metadata, entry.Prefix) {
+					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource(), row.Source())
 				}
 			}
 			w.Flush()
@@ -289,8 +307,8 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "Prefix:\t%s\nIdentity:\t%s\nSource:\t%s\nLabels:\t%s\nExplicit:\t%t\nOwners:\n",
 				entry.Prefix, entry.Identity, entry.Source, lbls, entry.Explicit)
-			for row := range metadata.Prefix(txn, MetadataIndex.Query(entry.Prefix)) {
-				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource, row.Source, row.Labels,
+			for _, row := range appendPrefixRows(nil, txn, metadata, entry.Prefix) {
+				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource(), row.Source(), row.Labels,
 					optionalIdentity(row.RequestedIdentity), optionalIdentity(row.ExplicitIdentity))
 			}
 			w.Flush()

@@ -5,12 +5,14 @@ package ipcachecell
 import (
 	"encoding/json"
 	"net/netip"
+	"strings"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -19,7 +21,7 @@ import (
 // A field added in the wrong place grows them by a whole size class.
 func TestRowSizes(t *testing.T) {
 	require.EqualValues(t, 48, unsafe.Sizeof(Entry{}), "Entry")
-	require.EqualValues(t, 80, unsafe.Sizeof(PrefixMetadata{}), "PrefixMetadata")
+	require.EqualValues(t, 64, unsafe.Sizeof(PrefixMetadata{}), "PrefixMetadata")
 }
 
 // The entry reads in JSON and YAML (the shell's db/show -format) with its
@@ -39,4 +41,48 @@ func TestEntryEncodings(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(y), "source: local")
 	require.NotContains(t, string(y), "status")
+}
+
+// A metadata row reads in JSON and YAML as it did when it held its
+// resource and source itself (they are its owner's now): the fields, their
+// names and order, and what is left out when unset. YAML leaves the labels
+// out, as it did before (yaml sees no exported field in labels.Labels).
+func TestPrefixMetadataEncodings(t *testing.T) {
+	appLabels, err := labels.New("app:x")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		row        *PrefixMetadata
+		json, yaml string
+		table      []string
+	}{{
+		row: &PrefixMetadata{Prefix: netip.MustParsePrefix("10.0.0.0/8"),
+			owner:    &owner{resource: "policy/a", source: source.Directory, id: 3},
+			Metadata: Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}},
+		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
+			`"requested-identity":16777217,"explicit-identity":5}`,
+		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nrequested-identity: 16777217\nexplicit-identity: 5\n",
+		table: []string{"10.0.0.0/8", "policy/a", "directory", "app:x", "16777217", "5"},
+	}, {
+		row:   &PrefixMetadata{Prefix: netip.MustParsePrefix("2001:db8::/32"), owner: &owner{resource: "r", source: source.Local}},
+		json:  `{"prefix":"2001:db8::/32","resource":"r","source":"local","labels":""}`,
+		yaml:  "prefix: 2001:db8::/32\nresource: r\nsource: local\n",
+		table: []string{"2001:db8::/32", "r", "local", "", "", ""},
+	}} {
+		out, err := json.Marshal(tc.row)
+		require.NoError(t, err)
+		require.Equal(t, tc.json, string(out))
+		out, err = json.Marshal([]PrefixMetadata{*tc.row}) // not through a pointer
+		require.NoError(t, err)
+		require.Equal(t, "["+tc.json+"]", string(out))
+
+		out, err = yaml.Marshal(tc.row)
+		require.NoError(t, err)
+		require.Equal(t, tc.yaml, string(out))
+		out, err = yaml.Marshal([]any{tc.row})
+		require.NoError(t, err)
+		require.Equal(t, "- "+strings.ReplaceAll(strings.TrimSuffix(tc.yaml, "\n"), "\n", "\n  ")+"\n", string(out))
+
+		require.Equal(t, []string{"Prefix", "Resource", "Source", "Labels", "Requested", "Explicit"}, tc.row.TableHeader())
+		require.Equal(t, tc.table, tc.row.TableRow())
+	}
 }

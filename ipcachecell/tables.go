@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"iter"
 	"net/netip"
 	"strconv"
@@ -38,13 +40,51 @@ type Metadata struct {
 }
 
 // PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of
-// one resource for one prefix.
+// one resource for one prefix. Rows are written by handles only.
+//
+// There is a row per prefix and owner, so its size counts (TestRowSizes
+// keeps it): what all rows of one handle share (the resource, its source)
+// is one pointer to the handle's owner, not a copy in every row.
 type PrefixMetadata struct {
+	Prefix netip.Prefix
+	owner  *owner
+	Metadata
+}
+
+// owner is what every row of one handle shares. It does not change: a
+// resource's next handle with another source gets an owner of its own.
+type owner struct {
+	resource string
+	source   source.Source
+	// id is the resource's number in its IPCache, which the rows' keys
+	// hold instead of the name (see metadataKey).
+	id uint64
+}
+
+// Resource returns the name of the resource whose metadata this is.
+func (m *PrefixMetadata) Resource() string { return m.owner.resource }
+
+// Source returns the source of the resource's metadata.
+func (m *PrefixMetadata) Source() source.Source { return m.owner.source }
+
+// prefixMetadataEncoding is a row as JSON and YAML show it: the owner's
+// fields are the row's, as they were when every row held them.
+type prefixMetadataEncoding struct {
 	Prefix   netip.Prefix  `json:"prefix" yaml:"prefix"`
 	Resource string        `json:"resource" yaml:"resource"`
 	Source   source.Source `json:"source" yaml:"source"`
 	Metadata `yaml:",inline"`
 }
+
+func (m PrefixMetadata) encoding() prefixMetadataEncoding {
+	return prefixMetadataEncoding{Prefix: m.Prefix, Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
+}
+
+// MarshalJSON implements json.Marshaler (the shell's db/show -format json).
+func (m PrefixMetadata) MarshalJSON() ([]byte, error) { return json.Marshal(m.encoding()) }
+
+// MarshalYAML implements yaml.Marshaler (db/show -format yaml).
+func (m PrefixMetadata) MarshalYAML() (any, error) { return m.encoding(), nil }
 
 // TableHeader implements statedb.TableWritable.
 func (*PrefixMetadata) TableHeader() []string {
@@ -53,7 +93,7 @@ func (*PrefixMetadata) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (m *PrefixMetadata) TableRow() []string {
-	return []string{m.Prefix.String(), m.Resource, m.Source.String(), m.Labels.String(),
+	return []string{m.Prefix.String(), m.Resource(), m.Source().String(), m.Labels.String(),
 		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
 }
 
@@ -125,11 +165,19 @@ var (
 	_ statedb.TableWritable = &Entry{}
 )
 
-// metadataKey is the prefix key followed by the resource: the rows of one
-// prefix are adjacent, and a prefix query on the prefix key finds them.
-func metadataKey(prefix netip.Prefix, resource string) index.Key {
-	key := make(index.Key, 0, prefixkey.Len(prefix)+len(resource))
-	return append(prefixkey.Append(key, prefix), resource...)
+// metadataKey is the prefix key followed by the resource's id (a uvarint;
+// an IPv4 row's key fits in 8 bytes while the IPCache has fewer than 16384
+// resources): the rows of one prefix are adjacent, and a prefix query on
+// the prefix key finds them. Within a prefix, rows are in the order of
+// their keys, not of resource names: what depends on an order among a
+// prefix's rows (the merge's ties, the shell's owners) orders by name
+// itself.
+func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
+	var id [binary.MaxVarintLen64]byte
+	n := binary.PutUvarint(id[:], resourceID)
+	// Of the exact length: the table keeps the key, a row's for its life.
+	key := make(index.Key, 0, prefixkey.Len(prefix)+n)
+	return append(prefixkey.Append(key, prefix), id[:n]...)
 }
 
 // MetadataIndex is the primary index of `ipcache-metadata`: (prefix,
@@ -137,7 +185,7 @@ func metadataKey(prefix netip.Prefix, resource string) index.Key {
 var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 	Name: "prefix-resource",
 	FromObject: func(m *PrefixMetadata) index.KeySet {
-		return index.NewKeySet(metadataKey(m.Prefix, m.Resource))
+		return index.NewKeySet(metadataKey(m.Prefix, m.owner.id))
 	},
 	// Querying by a prefix alone is a prefix search: every resource's row.
 	FromKey:    prefixKey,

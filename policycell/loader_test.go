@@ -83,7 +83,7 @@ func (f *loaderFixture) inForce() map[string]string {
 func (f *loaderFixture) owned(resource string) []string {
 	var out []string
 	for m := range f.metadata.All(f.db.ReadTxn()) {
-		if m.Resource == resource {
+		if m.Resource() == resource {
 			out = append(out, m.Prefix.String())
 		}
 	}

@@ -334,7 +334,7 @@ func (r *Restorer) heldOnlyByRestore() int {
 			current, rows, hasRestore = row.Prefix, 0, false
 		}
 		rows++
-		hasRestore = hasRestore || row.Resource == Resource
+		hasRestore = hasRestore || row.Resource() == Resource
 	}
 	count()
 	return n
