@@ -21,4 +21,10 @@ var (
 	// valid or has a zone, or a requested identity that is not a local
 	// one. The batch then writes nothing.
 	ErrInvalidMetadata = errors.New("invalid ipcache metadata")
+
+	// ErrRowNotDecodable is returned by the JSON and YAML decoding of a
+	// [PrefixMetadata] row: a row belongs to its resource's handle, and
+	// only handles write rows. statedb's db/insert of a metadata row fails
+	// with it, rather than inserting a row that has no owner.
+	ErrRowNotDecodable = errors.New("ipcache metadata rows are written by handles only, not decoded")
 )

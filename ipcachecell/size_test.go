@@ -84,5 +84,11 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 
 		require.Equal(t, []string{"Prefix", "Resource", "Source", "Labels", "Requested", "Explicit"}, tc.row.TableHeader())
 		require.Equal(t, tc.table, tc.row.TableRow())
+
+		// Decoding what was shown gives no row: a row without its handle's
+		// owner would have no key (db/insert must fail, not panic).
+		var back PrefixMetadata
+		require.ErrorIs(t, json.Unmarshal([]byte(tc.json), &back), ErrRowNotDecodable)
+		require.ErrorIs(t, yaml.Unmarshal([]byte(tc.yaml), &back), ErrRowNotDecodable)
 	}
 }

@@ -86,6 +86,19 @@ func (m PrefixMetadata) MarshalJSON() ([]byte, error) { return json.Marshal(m.en
 // MarshalYAML implements yaml.Marshaler (db/show -format yaml).
 func (m PrefixMetadata) MarshalYAML() (any, error) { return m.encoding(), nil }
 
+// UnmarshalJSON implements json.Unmarshaler: it refuses, since a row
+// decoded would have no owner.
+//
+// Possible errors: ErrRowNotDecodable.
+func (m *PrefixMetadata) UnmarshalJSON([]byte) error { return ErrRowNotDecodable }
+
+// UnmarshalYAML implements yaml.v3's obsolete, still supported
+// Unmarshaler (statedb's db/insert decodes with it): it refuses, as
+// UnmarshalJSON does.
+//
+// Possible errors: ErrRowNotDecodable.
+func (m *PrefixMetadata) UnmarshalYAML(func(any) error) error { return ErrRowNotDecodable }
+
 // TableHeader implements statedb.TableWritable.
 func (*PrefixMetadata) TableHeader() []string {
 	return []string{"Prefix", "Resource", "Source", "Labels", "Requested", "Explicit"}
