@@ -323,7 +323,7 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 }
 
 // limitMemory bounds the memory the runtime may use while commands run to
-// what it used when the first of them started plus shellMemoryHeadroom
+// what it needed when the first of them started plus shellMemoryHeadroom
 // (the Go runtime's soft limit, debug.SetMemoryLimit: the collector runs
 // more often as it nears it), and sets the limit back once the last one
 // ended. Without it, the collector lets the heap grow to twice the live
@@ -338,15 +338,25 @@ func (s *shellServer) limitMemory(delta int) {
 	switch {
 	case delta > 0 && s.running == 1:
 		samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"},
-			{Name: "/memory/classes/heap/released:bytes"}, {Name: "/gc/heap/goal:bytes"}}
+			{Name: "/memory/classes/heap/released:bytes"}, {Name: "/memory/classes/heap/free:bytes"},
+			{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
 		metrics.Read(samples)
-		// From what the runtime uses, or the heap the collector lets grow
-		// anyway (twice the live heap) if that is more: right after a
-		// collection, what it uses is the live heap alone, and a limit
-		// close to it would have the collector run all the time.
-		used := max(samples[0].Value.Uint64()-samples[1].Value.Uint64(), samples[2].Value.Uint64())
+		value := func(i int) int64 { return int64(samples[i].Value.Uint64()) }
+		// What the runtime holds from the system, less its free spans and
+		// the garbage not yet collected: the live heap at the last
+		// collection and the runtime's own memory. Neither the heap goal
+		// (up to twice the live heap) nor what it holds now (the garbage
+		// of commands that just ended, when the shell was idle only for a
+		// moment between two) would do: the limit would ratchet up from
+		// one burst of commands to the next, past the documented bound
+		// over the steady state.
+		held := value(0) - value(1) - value(2)
+		needed := held - value(3) + value(4)
+		// Never below what it holds now and a quarter of the headroom: a
+		// live heap that grew since the last collection would otherwise
+		// have the collector run all the time.
 		s.limitBefore = debug.SetMemoryLimit(-1)
-		debug.SetMemoryLimit(min(s.limitBefore, int64(used)+shellMemoryHeadroom))
+		debug.SetMemoryLimit(min(s.limitBefore, max(needed+shellMemoryHeadroom, held+shellMemoryHeadroom/4)))
 	case delta < 0 && s.running == 0:
 		debug.SetMemoryLimit(s.limitBefore)
 	}
