@@ -48,6 +48,13 @@ func StartPinger(t testing.TB, ns, dst string, interval time.Duration) *Pinger {
 	if err != nil {
 		t.Fatalf("pinger socket in %s: %v", ns, err)
 	}
+	// Room for seconds of replies (the default holds a few hundred): on
+	// a loaded machine the receiver may not run for a while, and a reply
+	// the socket had no room for would count as a probe the datapath
+	// dropped. As root (the tests that ping are), past rmem_max.
+	if err := unix.SetsockoptInt(p.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20); err != nil {
+		t.Fatalf("pinger socket buffer: %v", err)
+	}
 	// A receive timeout lets the receiver notice the end.
 	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
 	if err := unix.SetsockoptTimeval(p.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
