@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -35,16 +36,26 @@ func tcxPrograms(t *testing.T, device string, attach ebpf.AttachType) int {
 	return len(result.Programs)
 }
 
+// addRootVeth adds a veth pair to the root namespace, named prefix and
+// this process's id (another test binary running at the same time, or one
+// that crashed before its cleanup, has other names), deleted at the end of
+// the test; it returns the first device's name.
+func addRootVeth(t *testing.T, prefix string) string {
+	t.Helper()
+	device := fmt.Sprintf("%s%d", prefix, os.Getpid())
+	out, err := exec.Command("ip", "link", "add", device, "type", "veth", "peer", "name", device+"p").CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Cleanup(func() { exec.Command("ip", "link", "del", device).Run() })
+	return device
+}
+
 // TestCleanupLeavesNothingBehind runs the agent on a veth device, stops it
 // (enforcement and maps stay), then runs cleanup: no pinned object, no
 // attached program and no state file is left.
 func TestCleanupLeavesNothingBehind(t *testing.T) {
 	t.Parallel()
 	privileged.Test(t)
-	const device = "ipcatest0"
-	out, err := exec.Command("ip", "link", "add", device, "type", "veth", "peer", "name", device+"p").CombinedOutput()
-	require.NoError(t, err, string(out))
-	t.Cleanup(func() { exec.Command("ip", "link", "del", device).Run() })
+	device := addRootVeth(t, "ipcat")
 	require.NoError(t, exec.Command("ip", "link", "set", device, "up").Run())
 
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
@@ -82,7 +93,7 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
 	require.Equal(t, agentcmd.ExitOK, code, errOut)
 	require.Contains(t, stdout, "Removed")
-	_, err = os.Stat(pins)
+	_, err := os.Stat(pins)
 	require.ErrorIs(t, err, os.ErrNotExist, "no pinned object left")
 	require.Zero(t, tcxPrograms(t, device, ebpf.AttachTCXIngress), "program detached")
 	require.Zero(t, tcxPrograms(t, device, ebpf.AttachTCXEgress))

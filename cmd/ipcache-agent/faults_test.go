@@ -390,11 +390,8 @@ func TestPrivilegedFaultMaxEntriesBelowContent(t *testing.T) {
 // is 0600.
 func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 	r := newFaultRig(t)
-	const device = "ipcafault0"
-	out, err := exec.Command("ip", "link", "add", device, "type", "veth", "peer", "name", device+"p").CombinedOutput()
-	require.NoError(t, err, string(out))
-	t.Cleanup(func() { exec.Command("ip", "link", "del", device).Run() })
-	_, err = net.InterfaceByName(device)
+	device := addRootVeth(t, "ipcaf")
+	_, err := net.InterfaceByName(device)
 	require.NoError(t, err)
 	r.mountBPFFS(0)
 	require.NoError(t, os.Mkdir(filepath.Dir(r.pin("x")), 0o777))
