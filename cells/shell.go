@@ -350,11 +350,14 @@ func (s *shellServer) limitMemory(delta int) {
 		// moment between two) would do: the limit would ratchet up from
 		// one burst of commands to the next, past the documented bound
 		// over the steady state.
-		held := value(0) - value(1) - value(2)
-		needed := held - value(3) + value(4)
+		held := value(0) - value(1) // what the runtime's limit counts
+		needed := held - value(2) - value(3) + value(4)
 		// Never below what it holds now and a quarter of the headroom: a
-		// live heap that grew since the last collection would otherwise
-		// have the collector run all the time.
+		// limit under it would have the collector run and the scavenger
+		// return memory at once, at every command that takes a turn (a
+		// monitoring script's `health` too); and a live heap that grew
+		// since the last collection would have the collector run all the
+		// time.
 		s.limitBefore = debug.SetMemoryLimit(-1)
 		debug.SetMemoryLimit(min(s.limitBefore, max(needed+shellMemoryHeadroom, held+shellMemoryHeadroom/4)))
 	case delta < 0 && s.running == 0:

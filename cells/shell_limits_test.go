@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"strings"
 	"sync"
@@ -395,4 +396,37 @@ func TestShellCommandTurns(t *testing.T) {
 	s.commands <- struct{}{}
 	_, err = s.turn(cancelled, "db/show ipcache")
 	require.ErrorIs(t, err, context.Canceled)
+}
+
+// TestShellMemoryLimitNeverUnderWhatIsHeld: while a command runs, the
+// runtime's soft limit is at least what the runtime holds then (what its
+// limit counts): a lower one would have the collector run and the
+// scavenger return memory the moment any command starts, a monitoring
+// script's `health` included. Once the last command ended, the limit is
+// what it was.
+func TestShellMemoryLimitNeverUnderWhatIsHeld(t *testing.T) {
+	// Garbage the collector has not collected yet, more than the
+	// headroom, as an agent holds between two collections after a load:
+	// the limit from what is needed alone would be under it.
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	keep := make([][]byte, 0, 64)
+	for i := range 320 {
+		b := make([]byte, 1<<20)
+		if i%5 == 0 {
+			keep = append(keep, b)
+		}
+	}
+	before := debug.SetMemoryLimit(-1)
+	s := &shellServer{}
+	s.limitMemory(+1)
+	samples := []metrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	metrics.Read(samples)
+	held := int64(samples[0].Value.Uint64() - samples[1].Value.Uint64())
+	limit := debug.SetMemoryLimit(-1)
+	s.limitMemory(-1)
+	runtime.KeepAlive(keep)
+	require.GreaterOrEqual(t, limit, held, "the limit while a command runs")
+	require.Less(t, limit, held+shellMemoryHeadroom+(64<<20), "the limit while a command runs: what is needed plus the headroom")
+	require.Equal(t, before, debug.SetMemoryLimit(-1), "the limit after the last command")
 }
