@@ -342,20 +342,21 @@ func (s *shellServer) limitMemory(delta int) {
 			{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
 		metrics.Read(samples)
 		value := func(i int) int64 { return int64(samples[i].Value.Uint64()) }
-		// What the runtime holds from the system, less its free spans and
-		// the garbage not yet collected: the live heap at the last
-		// collection and the runtime's own memory. Neither the heap goal
-		// (up to twice the live heap) nor what it holds now (the garbage
-		// of commands that just ended, when the shell was idle only for a
-		// moment between two) would do: the limit would ratchet up from
-		// one burst of commands to the next, past the documented bound
-		// over the steady state.
+		// The base is what the runtime needs: what it holds from the
+		// system less its free spans and the garbage not yet collected,
+		// that is the live heap at the last collection and the runtime's
+		// own memory. Neither the heap goal (up to twice the live heap)
+		// nor what it holds (the garbage of commands that just ended,
+		// when the shell was idle only for a moment between two) would
+		// do as the base: the limit would ratchet up from one burst of
+		// commands to the next, past the documented bound over the
+		// steady state.
 		held := value(0) - value(1) // what the runtime's limit counts
 		needed := held - value(2) - value(3) + value(4)
-		// Never below what it holds now and a quarter of the headroom: a
-		// limit under it would have the collector run and the scavenger
+		// The floor is what it holds and only a quarter of the headroom:
+		// a limit under it would have the collector run and the scavenger
 		// return memory at once, at every command that takes a turn (a
-		// monitoring script's `health` too); and a live heap that grew
+		// monitoring script's `health` too), and a live heap that grew
 		// since the last collection would have the collector run all the
 		// time.
 		s.limitBefore = debug.SetMemoryLimit(-1)
