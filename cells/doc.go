@@ -42,8 +42,8 @@
 //     Steps 3 and 4 need no order between them.
 //  5. Start hook, Restorer: it waits for steps 3 and 4 (with
 //     Checkpointer.Previous and Datapath.IPCacheSnapshot), then the
-//     previous run's local-scope numbers are withheld (rows of
-//     `identities`), their entries upserted through the restore handle
+//     previous run's local-scope numbers are withheld (the allocator's
+//     bitmap), their entries upserted through the restore handle
 //     with the old numbers requested, and the restore producer is done:
 //     the resolver's gate opens. Its hook runs after theirs by dependency,
 //     not by the order of the cells: the Checkpointer and the Datapath

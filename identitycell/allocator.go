@@ -5,7 +5,6 @@ package identitycell
 import (
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 
 	"github.com/cilium/statedb"
@@ -15,11 +14,15 @@ import (
 
 // Allocator hands out local identities. It is safe for concurrent use.
 //
-// Its state is the `identities` table: a number is allocated exactly when
-// the table has a row for it with references (the row's References is the
-// number of outstanding references), and withheld exactly when its row
-// says so (a withheld number that is not allocated has a row without
-// labels or references). Methods ending in Txn work inside a caller's
+// A number is allocated exactly when the `identities` table has a row for
+// it (the row's References is the number of outstanding references). The
+// withheld numbers are a bitmap beside the table, not rows: restore
+// withholds a million numbers at a restart, and a row each was a million
+// table writes in the start hook and as many replaced by the resolution
+// that allocates them (docs/SCALE.md). The row of an allocated number
+// says whether it is withheld too. The bitmap changes only under a write
+// transaction of the table, as the rows do, so that an allocation sees
+// either all of a Withhold or none of it. Methods ending in Txn work inside a caller's
 // write transaction (which must lock the identities table, see
 // [Allocator.WriteTxn]) so that a caller can change its own tables and the
 // identities it references atomically, and batch many allocations into
@@ -39,6 +42,13 @@ type Allocator struct {
 	// unlikely to take on a new meaning. It is a hint, not state; an
 	// aborted transaction may leave it anywhere.
 	next NumericIdentity
+
+	// withheld has a bit per number of first..last, set while the number
+	// is withheld; nil until the first Withhold. numWithheld counts the
+	// bits set. Both change under mu and a write transaction of the
+	// table (see Allocator).
+	withheld    []uint64
+	numWithheld int
 }
 
 // newAllocator returns an allocator of the numbers first..last, which must
@@ -146,92 +156,125 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed 
 	if !found || !existing.Allocated() {
 		return false, fmt.Errorf("release identity %d: %w", id, ErrNotAllocated)
 	}
-	switch {
-	case existing.References() > 1:
+	if existing.References() > 1 {
 		updated := *existing
 		updated.refs--
 		if _, _, err := a.table.Insert(txn, &updated); err != nil {
 			return false, fmt.Errorf("release identity %d: %w", id, err)
 		}
 		return false, nil
-	case existing.Withheld():
-		if _, _, err := a.table.Insert(txn, withheldOnly(id)); err != nil {
-			return false, fmt.Errorf("free withheld identity %d: %w", id, err)
-		}
-	default:
-		if _, _, err := a.table.Delete(txn, existing); err != nil {
-			return false, fmt.Errorf("free identity %d: %w", id, err)
-		}
+	}
+	// A withheld number stays withheld: its bit is not the row's.
+	if _, _, err := a.table.Delete(txn, existing); err != nil {
+		return false, fmt.Errorf("free identity %d: %w", id, err)
 	}
 	return true, nil
 }
 
-// Withhold reserves the numbers for requests that name them, in one
-// transaction. Numbers outside the local space are ignored. Withholding an
-// allocated number has no effect on its current owner.
+// Withhold reserves the numbers for requests that name them. Numbers
+// outside the allocator's range are ignored, and so is a number withheld
+// already. Withholding an allocated number has no effect on its current
+// owner; its row is marked withheld.
 //
 // Possible errors: statedb's write errors (a bug); nothing is withheld.
 func (a *Allocator) Withhold(ids ...NumericIdentity) error {
-	// In number order: the rows go into the table's tree in order, which
-	// is faster than in the order of the prefixes that held them.
-	// Once each: two pinned prefixes can claim one number.
-	sorted := slices.Compact(slices.Sorted(slices.Values(ids)))
 	txn := a.WriteTxn()
-	for _, id := range sorted {
-		if !a.inRange(id) {
+	defer txn.Abort()
+	// Only allocated numbers have rows to mark: none at a restart, where
+	// restore withholds before anything is allocated.
+	mark := a.table.NumObjects(txn) > 0
+	var added []NumericIdentity
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.withheld == nil && len(ids) > 0 {
+		a.withheld = make([]uint64, (int(a.last-a.first)+64)/64)
+	}
+	for _, id := range ids {
+		if !a.inRange(id) || a.isWithheld(id) {
 			continue
 		}
-		// One lookup: an allocated number keeps its row, now withheld.
-		if _, _, err := a.table.Modify(txn, withheldOnly(id), withholdRow); err != nil {
-			txn.Abort()
-			return fmt.Errorf("withhold identity %d: %w", id, err)
+		if mark {
+			if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found && !existing.Withheld() {
+				updated := *existing
+				updated.setWithheld(true)
+				if _, _, err := a.table.Insert(txn, &updated); err != nil {
+					a.setWithheld(added, false)
+					return fmt.Errorf("withhold identity %d: %w", id, err)
+				}
+			}
 		}
+		a.setWithheld([]NumericIdentity{id}, true)
+		added = append(added, id)
 	}
 	txn.Commit()
 	return nil
 }
 
-// withholdRow is the row of a number withheld that had one: a copy of
-// old, withheld (statedb takes no object back that it holds).
-func withholdRow(old, _ *Identity) *Identity {
-	updated := *old
-	updated.setWithheld(true)
-	return &updated
-}
-
-// withheldOnly is the row of a number withheld and not allocated.
-func withheldOnly(id NumericIdentity) *Identity {
-	return &Identity{ID: id, refs: withheldBit}
-}
-
-// Unwithhold returns the numbers to general use, in one transaction: a
-// caller with many paces them (each freed number is a deleted row that
-// statedb's graveyard collector must remove).
+// Unwithhold returns the numbers to general use, in one transaction: the
+// rows of those allocated lose their mark. A caller with many paces them
+// (each row rewritten is one more dead object for statedb's graveyard
+// collector).
 //
 // Possible errors: statedb's write errors (a bug); nothing is returned to
 // use.
 func (a *Allocator) Unwithhold(ids ...NumericIdentity) error {
 	txn := a.WriteTxn()
+	defer txn.Abort()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for _, id := range ids {
-		existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-		if !found || !existing.Withheld() {
+		if !a.inRange(id) || !a.isWithheld(id) {
 			continue
 		}
-		var err error
-		if existing.Allocated() {
+		if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found && existing.Withheld() {
 			updated := *existing
 			updated.setWithheld(false)
-			_, _, err = a.table.Insert(txn, &updated)
-		} else {
-			_, _, err = a.table.Delete(txn, existing)
-		}
-		if err != nil {
-			txn.Abort()
-			return fmt.Errorf("unwithhold identity %d: %w", id, err)
+			if _, _, err := a.table.Insert(txn, &updated); err != nil {
+				return fmt.Errorf("unwithhold identity %d: %w", id, err)
+			}
 		}
 	}
+	// Cleared only once nothing can fail: an error returns nothing to use.
+	a.setWithheld(ids, false)
 	txn.Commit()
 	return nil
+}
+
+// NumWithheld returns how many numbers are withheld, allocated or not.
+func (a *Allocator) NumWithheld() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.numWithheld
+}
+
+// isWithheld reports whether an in-range id is withheld. Called with mu
+// held.
+func (a *Allocator) isWithheld(id NumericIdentity) bool {
+	if a.withheld == nil {
+		return false
+	}
+	n := uint(id - a.first)
+	return a.withheld[n/64]&(1<<(n%64)) != 0
+}
+
+// setWithheld sets or clears the bits of the in-range ids, keeping the
+// count. Called with mu held.
+func (a *Allocator) setWithheld(ids []NumericIdentity, withheld bool) {
+	if a.withheld == nil {
+		return
+	}
+	for _, id := range ids {
+		if !a.inRange(id) || a.isWithheld(id) == withheld {
+			continue
+		}
+		n := uint(id - a.first)
+		a.withheld[n/64] ^= 1 << (n % 64)
+		if withheld {
+			a.numWithheld++
+		} else {
+			a.numWithheld--
+		}
+	}
 }
 
 func (a *Allocator) inRange(id NumericIdentity) bool {
@@ -248,20 +291,18 @@ func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id NumericIdentity) (labels.L
 }
 
 // pickNumber returns the requested number if it is in range and free
-// (withheld or not), else the next number that has no row: neither
-// allocated nor withheld. It reports whether the number is withheld.
+// (withheld or not), else the next number that is neither allocated nor
+// withheld. It reports whether the number is withheld.
 func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) (NumericIdentity, bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if a.inRange(requested) {
-		existing, _, found := a.table.Get(txn, IdentityIndex.Query(requested))
-		if !found || !existing.Allocated() {
-			return requested, found && existing.Withheld(), nil
+		if _, _, found := a.table.Get(txn, IdentityIndex.Query(requested)); !found {
+			return requested, a.isWithheld(requested), nil
 		}
 	}
 
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	size := int(a.last-a.first) + 1
-	// Every number has a row: each is allocated or withheld.
 	if a.table.NumObjects(txn) >= size {
 		return IdentityUnknown, false, a.exhausted()
 	}
@@ -270,9 +311,11 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) 
 		if !a.inRange(id) {
 			id = a.first
 		}
-		if _, _, found := a.table.Get(txn, IdentityIndex.Query(id)); !found {
-			a.next = id + 1
-			return id, false, nil
+		if !a.isWithheld(id) {
+			if _, _, found := a.table.Get(txn, IdentityIndex.Query(id)); !found {
+				a.next = id + 1
+				return id, false, nil
+			}
 		}
 		id++
 	}

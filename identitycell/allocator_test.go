@@ -137,9 +137,9 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	a, db, table := newTestAllocator(t, 3)
 	withheld := MinLocalIdentity
 	require.NoError(t, a.Withhold(withheld))
-	row, _, found := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
-	require.True(t, found, "a withheld number has a row")
-	require.Equal(t, NewIdentity(withheld, labels.Labels{}, 0, true), row, "withheld, not allocated")
+	_, _, found := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.False(t, found, "a withheld number that is not allocated has no row")
+	require.Equal(t, 1, a.NumWithheld())
 
 	x, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
@@ -154,21 +154,20 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "a request naming a withheld number gets it")
 
-	row, _, _ = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	row, _, _ := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
 	require.True(t, row.Withheld(), "allocated and still withheld")
 	_, err = a.release(got)
 	require.NoError(t, err)
-	row, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
-	require.True(t, found, "freed, the number stays withheld")
-	require.Equal(t, NewIdentity(withheld, labels.Labels{}, 0, true), row)
+	_, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
+	require.False(t, found, "freed: no row")
+	require.Equal(t, 1, a.NumWithheld(), "freed, the number stays withheld")
 	_, err = a.allocate(cidr(6), 0)
 	require.ErrorIs(t, err, ErrExhausted, "freed and withheld: still not free for unrelated requests")
 	_, err = a.release(withheld)
 	require.ErrorIs(t, err, ErrNotAllocated, "a withheld number that is not allocated has no reference to release")
 
 	require.NoError(t, a.Unwithhold(withheld))
-	_, _, found = table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
-	require.False(t, found, "unwithheld and not allocated: no row")
+	require.Zero(t, a.NumWithheld())
 	got, err = a.allocate(cidr(5), 0)
 	require.NoError(t, err)
 	require.Equal(t, withheld, got, "after unwithholding, the number is free for anyone")
@@ -348,7 +347,9 @@ func TestTableEqualsModel(t *testing.T) {
 }
 
 // A number can be withheld twice, in one call (two pinned prefixes with
-// one number) or in two, allocated or not: it stays one row, withheld.
+// one number) or in two, allocated or not: it is counted once, and the
+// allocated one's row is marked. Unwithheld, the mark goes, and with it
+// the count; the free number gets no row.
 func TestWithholdTwice(t *testing.T) {
 	a, db, table := newTestAllocator(t, 10)
 	free, allocated := MinLocalIdentity, MinLocalIdentity+1
@@ -357,11 +358,37 @@ func TestWithholdTwice(t *testing.T) {
 	require.Equal(t, allocated, got)
 	require.NoError(t, a.Withhold(free, allocated, free, allocated))
 	require.NoError(t, a.Withhold(allocated, free))
+	require.Equal(t, 2, a.NumWithheld())
 	rows := statedb.Collect(table.All(db.ReadTxn()))
-	require.Equal(t, []*Identity{
-		NewIdentity(free, labels.Labels{}, 0, true),
-		NewIdentity(allocated, cidr(1), 1, true),
-	}, rows)
+	require.Equal(t, []*Identity{NewIdentity(allocated, cidr(1), 1, true)}, rows)
+
+	require.NoError(t, a.Unwithhold(allocated, free, allocated))
+	require.Zero(t, a.NumWithheld())
+	rows = statedb.Collect(table.All(db.ReadTxn()))
+	require.Equal(t, []*Identity{NewIdentity(allocated, cidr(1), 1, false)}, rows)
+}
+
+// Withholding numbers before anything is allocated (a restart) writes no
+// row; a number allocated afterwards by request gets its row marked, and
+// a number withheld is skipped by unrelated allocations wherever the
+// search for a free number starts.
+func TestWithholdBeforeAllocation(t *testing.T) {
+	a, db, table := newTestAllocator(t, 4)
+	require.NoError(t, a.Withhold(MinLocalIdentity+1, MinLocalIdentity+2))
+	require.Zero(t, table.NumObjects(db.ReadTxn()))
+	x, err := a.allocate(cidr(1), 0)
+	require.NoError(t, err)
+	require.Equal(t, MinLocalIdentity, x)
+	y, err := a.allocate(cidr(2), 0)
+	require.NoError(t, err)
+	require.Equal(t, MinLocalIdentity+3, y, "the withheld numbers between are skipped")
+	z, err := a.allocate(cidr(3), MinLocalIdentity+2)
+	require.NoError(t, err)
+	require.Equal(t, MinLocalIdentity+2, z)
+	row, _, _ := table.Get(db.ReadTxn(), IdentityIndex.Query(z))
+	require.Equal(t, NewIdentity(z, cidr(3), 1, true), row)
+	_, err = a.allocate(cidr(4), 0)
+	require.ErrorIs(t, err, ErrExhausted, "the last free number is withheld")
 }
 
 // The count shares its word with the withheld flag: the reference that

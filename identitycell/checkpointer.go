@@ -69,8 +69,8 @@ func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.L
 }
 
 // identities lists the allocated identities of a snapshot in number
-// order, counting them in n: withheld numbers that are not allocated have
-// no labels to keep.
+// order, counting them in n (a row without references, which only a tool
+// builds, has nothing to keep).
 func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[NumericIdentity, labels.Labels] {
 	return func(yield func(NumericIdentity, labels.Labels) bool) {
 		for identity := range c.table.All(txn) {
@@ -188,8 +188,7 @@ func (c *Checkpointer) run(ctx context.Context, health cell.Health) error {
 	// Rows change on every reference; only a row that is new or gone can
 	// change the checkpoint (an identity's labels never change: a number is
 	// freed, then allocated anew). A row with one reference is new, or
-	// lost its other references; one with none is a freed number that
-	// stays withheld; either way it is taken as a change.
+	// lost its other references; either way it is taken as a change.
 	txn := c.db.WriteTxn(c.table)
 	changes, err := c.table.Changes(txn)
 	txn.Commit()

@@ -2,18 +2,20 @@
 
 // Package identitycell allocates local (CIDR) security identities.
 //
-// It owns the `identities` statedb table, which is the allocator's state and
-// not a copy of it: every allocation and release is a write to the table, so
-// the table can never disagree with the allocator, and other cells watch it to
-// learn of identities as they come and go.
+// It owns the `identities` statedb table, whose rows are the allocated
+// numbers and not a copy of them: every allocation and release is a write
+// to the table, so the table can never disagree with the allocator, and
+// other cells watch it to learn of identities as they come and go.
 //
 // An identity is determined by its label set: allocating the same labels
 // again returns the same number and takes another reference; releasing the
 // last reference frees the number. A request may name the number it wants
 // (restore uses this to keep numbers stable across restarts); numbers can be
-// withheld so that only a request naming them gets them. Withheld numbers
-// are in the table too: a withheld number that is not allocated has a row
-// without labels or references ([Identity.Allocated] is false).
+// withheld so that only a request naming them gets them. The withheld
+// numbers are a bitmap in the allocator ([Allocator.NumWithheld] counts
+// them), not rows: a restart withholds a million, and rows cost it a
+// million table writes before anything else could start. An allocated
+// number's row says whether it is withheld.
 //
 // The allocator's clients register as producers of identities
 // ([Allocator.RegisterProducer]); the table is initialized once all are

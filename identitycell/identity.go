@@ -46,13 +46,13 @@ func (id NumericIdentity) IsLocal() bool {
 // String returns the number in decimal.
 func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id), 10) }
 
-// Identity is a row of the `identities` table: a local number that is
-// allocated, withheld, or both. Rows are immutable once inserted.
+// Identity is a row of the `identities` table: an allocated local number.
+// Rows are immutable once inserted.
 //
-// An allocated number has labels and at least one reference. A withheld
-// number is handed out only to a request that names it; one that is
-// withheld and not allocated has a row of its own, without labels or
-// references, so that the table is the whole of the allocator's state.
+// An allocated number has labels and at least one reference. Its row also
+// says whether the number is withheld: handed out only to a request that
+// names it. A number withheld and not allocated has no row (see
+// [Allocator]).
 //
 // Its JSON and YAML are {id, references, labels, withheld (when set)}.
 type Identity struct {
@@ -88,16 +88,16 @@ func NewIdentity(id NumericIdentity, lbls labels.Labels, references uint32, with
 	return i
 }
 
-// References is the number of outstanding references to the identity: 0
-// for a number that is only withheld.
+// References is the number of outstanding references to the identity: at
+// least 1 in a row the allocator wrote.
 func (i *Identity) References() uint32 { return i.refs & maxReferences }
 
 // Withheld reports whether the number is handed out only to a request
 // that names it.
 func (i *Identity) Withheld() bool { return i.refs&withheldBit != 0 }
 
-// Allocated reports whether the number is allocated: false for a row that
-// only withholds it.
+// Allocated reports whether the row holds references: false only for a
+// row built outside the allocator with none (NewIdentity).
 func (i *Identity) Allocated() bool { return i.References() > 0 }
 
 func (i *Identity) setWithheld(withheld bool) {
@@ -198,8 +198,8 @@ var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
 
 // LabelsIndex finds the identity of a label set, and the identities with a
 // cidr prefix inside a CIDR (IdentitiesWithin). It is unique: a label set
-// has at most one identity. Only allocated numbers are in it: a row that
-// only withholds a number has no labels.
+// has at most one identity. Only rows with references are in it (the
+// allocator writes no other).
 //
 // A label set's keys are, for each of its cidr prefixes, the prefix's key
 // (package prefixkey) followed by the labels' canonical form (nothing when

@@ -198,7 +198,7 @@ func (o identityOwners) listCommand() script.Cmd {
 			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
 			for identity := range o.identities.All(txn) {
 				if !identity.Allocated() {
-					continue // a number only withheld: no labels, no owners
+					continue // only a tool builds such a row: no labels, no owners
 				}
 				prefixes, resources := o.owners(txn, identity)
 				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References(),

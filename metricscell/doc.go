@@ -8,7 +8,8 @@
 // their rounds, durations and errors to.
 //
 // Reads, at scrape time and never in the background: the `identities` table
-// (allocated and withheld numbers), the `ipcache` table, the restore's
+// (allocated numbers) and the allocator's count of withheld ones, the
+// `ipcache` table, the restore's
 // status, the datapath's map write statistics and its pinned counters map.
 // Each of these is optional, so a hive without (say) the datapath still
 // serves the rest.

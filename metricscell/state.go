@@ -31,6 +31,7 @@ type stateParams struct {
 	Log        *slog.Logger
 	DB         *statedb.DB
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
+	Allocator  *identitycell.Allocator               `optional:"true"`
 	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
@@ -43,8 +44,8 @@ type stateParams struct {
 
 func registerStateCollectors(p stateParams) error {
 	var cs []prometheus.Collector
-	if p.Identities != nil {
-		cs = append(cs, newIdentityCollector(p.DB, p.Identities))
+	if p.Identities != nil && p.Allocator != nil {
+		cs = append(cs, newIdentityCollector(p.DB, p.Identities, p.Allocator))
 	}
 	if p.Entries != nil {
 		cs = append(cs, newIPCacheCollector(p.DB, p.Entries))
@@ -63,21 +64,23 @@ func registerStateCollectors(p stateParams) error {
 	return nil
 }
 
-// identityCollector reports the local identities by state: allocated and
-// withheld (numbers that only a request naming them gets, as restore
-// holds them; a number can be both). Both are in the `identities` table,
-// counted in one pass at scrape time.
+// identityCollector reports the local identities by state: allocated (the
+// rows of the `identities` table) and withheld (numbers that only a
+// request naming them gets, as restore holds them; a number can be both),
+// which the allocator counts.
 type identityCollector struct {
 	db         *statedb.DB
 	identities statedb.Table[*identitycell.Identity]
+	allocator  *identitycell.Allocator
 	desc       *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*identityCollector)(nil)
 
-func newIdentityCollector(db *statedb.DB, identities statedb.Table[*identitycell.Identity]) *identityCollector {
+func newIdentityCollector(db *statedb.DB, identities statedb.Table[*identitycell.Identity],
+	allocator *identitycell.Allocator) *identityCollector {
 	return &identityCollector{
-		db: db, identities: identities,
+		db: db, identities: identities, allocator: allocator,
 		desc: prometheus.NewDesc(metricPrefix+"identities",
 			"Local identities by state: allocated, or withheld (numbers kept for requests naming them); a number can be both",
 			[]string{"state"}, nil),
@@ -89,17 +92,9 @@ func (c *identityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc 
 
 // Collect implements prometheus.Collector.
 func (c *identityCollector) Collect(ch chan<- prometheus.Metric) {
-	var allocated, withheld int
-	for identity := range c.identities.All(c.db.ReadTxn()) {
-		if identity.Allocated() {
-			allocated++
-		}
-		if identity.Withheld() {
-			withheld++
-		}
-	}
+	allocated := c.identities.NumObjects(c.db.ReadTxn())
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(allocated), "allocated")
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(withheld), "withheld")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(c.allocator.NumWithheld()), "withheld")
 }
 
 // ipcacheCollector reports the rows of the desired `ipcache` table by the

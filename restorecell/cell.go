@@ -110,8 +110,8 @@ func statusCommand(r *Restorer) hive.ScriptCmdOut {
 		script.CmdUsage{
 			Summary: "Show the restore: prefixes restored, still held only by restore, time left",
 			Detail: []string{
-				"-o json: one object (restored, heldOnlyByRestore, timeLeftSeconds,",
-				"releasing, released).",
+				"-o json: one object (restored, heldOnlyByRestore, withheld,",
+				"timeLeftSeconds, releasing, released).",
 			},
 			Flags: scriptcmd.OutputFlag,
 		},
@@ -126,13 +126,13 @@ func statusCommand(r *Restorer) hive.ScriptCmdOut {
 			st := r.Status()
 			if asJSON {
 				return scriptcmd.JSON(statusJSON{
-					Restored: st.Restored, HeldOnlyByRestore: st.HeldOnlyByRestore,
+					Restored: st.Restored, HeldOnlyByRestore: st.HeldOnlyByRestore, Withheld: st.Withheld,
 					TimeLeftSeconds: st.TimeLeft.Round(time.Millisecond).Seconds(),
 					Releasing:       st.Releasing, Released: st.Released,
 				}, nil)
 			}
-			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
-				st.Restored, st.HeldOnlyByRestore, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
+			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nWithheld numbers: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
+				st.Restored, st.HeldOnlyByRestore, st.Withheld, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
 			return scriptcmd.Result(out, nil)
 		}))
 }
@@ -141,6 +141,7 @@ func statusCommand(r *Restorer) hive.ScriptCmdOut {
 type statusJSON struct {
 	Restored          int     `json:"restored"`
 	HeldOnlyByRestore int     `json:"heldOnlyByRestore"`
+	Withheld          int     `json:"withheld"`
 	TimeLeftSeconds   float64 `json:"timeLeftSeconds"`
 	Releasing         bool    `json:"releasing"`
 	Released          bool    `json:"released"`

@@ -15,8 +15,8 @@
 // another owner re-asserts first still gets its old number.
 //
 // A job then waits --identity-restore-grace-period and releases the handle
-// (gradually) and un-withholds the numbers (at the same pace: each is a
-// row of the `identities` table).
+// (gradually) and un-withholds the numbers (at the same pace: each that is
+// allocated has its row in the `identities` table rewritten).
 // Entries that a real owner re-asserted in the meantime stay, with their
 // numbers; the rest go. Stopping the agent during the grace period releases
 // nothing: the next run restores again from what is pinned.

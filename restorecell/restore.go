@@ -247,10 +247,9 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 }
 
 // unwithholdGradually returns the withheld numbers to general use, paced
-// as the release is: each number the release freed has a row that only
-// withholds it, and each such row deleted is one more dead row for
-// statedb's graveyard collector; each number still allocated has its row
-// rewritten, which the policy selectors then look at again.
+// as the release is: each number still allocated has its row rewritten
+// (without the mark), one more dead row for statedb's graveyard collector,
+// and a change the policy selectors then look at again.
 func (r *Restorer) unwithholdGradually(ctx context.Context) error {
 	limiter := rate.NewLimiter(releaseRate, unwithholdChunkSize)
 	for start := 0; start < len(r.withheld); start += unwithholdChunkSize {
@@ -270,6 +269,9 @@ type Status struct {
 	Restored          int           // prefixes restored at start
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
+	// Withheld is how many numbers the allocator withholds: the restored
+	// ones until they are returned to use, after the release.
+	Withheld int
 	// Releasing is set while the restored prefixes are being released
 	// (at releaseRate, so a million take most of a minute); Released once
 	// they all are.
@@ -294,7 +296,8 @@ func (r *Restorer) Status() Status { return r.status(true) }
 
 func (r *Restorer) status(countHeld bool) Status {
 	r.mu.Lock()
-	status := Status{Restored: r.restored, Releasing: r.releasing, Released: r.released}
+	status := Status{Restored: r.restored, Releasing: r.releasing, Released: r.released,
+		Withheld: r.allocator.NumWithheld()}
 	if !r.released && !r.releaseAt.IsZero() {
 		status.TimeLeft = max(time.Until(r.releaseAt), 0)
 	}

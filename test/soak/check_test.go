@@ -44,7 +44,7 @@ func (a *agent) checkReferences() string {
 	n := 0
 	for id := range a.identities.All(txn) {
 		if !id.Allocated() {
-			continue // a number restore withholds, not allocated
+			continue // only a tool builds such a row
 		}
 		n++
 		if id.References() != refs[id.ID] {
