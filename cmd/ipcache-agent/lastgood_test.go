@@ -97,7 +97,8 @@ func (e *e2e) requireNoLoss(what string, pinger *probing, atLeast int) {
 	sent, answered, longest := pinger.Stop()
 	e.t.Logf("%s: %d probes, %d answered", what, sent, answered)
 	require.Greater(e.t, sent, atLeast, "%s: too few probes to tell", what)
-	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row; agent log:\n%s", what, longest, e.agentLog)
+	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row, sent at %s; agent log:\n%s",
+		what, longest, lostAt(pinger.Pinger), e.agentLog)
 }
 
 // TestPrivilegedTypoThenRestart (item 3): the only egress policy allows

@@ -102,7 +102,22 @@ func (e *e2e) pingDuring(what, from, to string, change func(), applied func(map[
 	e.t.Logf("%s: applied after %s; %d probes, %d answered", what, took.Round(time.Millisecond), sent, answered)
 	// A probe every millisecond, or not far from it on a busy machine.
 	require.Greater(e.t, sent, int(took/(5*time.Millisecond)), "%s: too few probes to tell", what)
-	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row; agent log:\n%s", what, longest, e.agentLog)
+	require.Equal(e.t, sent, answered, "%s: probes lost, at most %d in a row, sent at %s; agent log:\n%s",
+		what, longest, lostAt(pinger), e.agentLog)
+}
+
+// lostAt names when the probes a pinger lost were sent (the first ten),
+// in the agent log's time format.
+func lostAt(p *netnstest.Pinger) string {
+	var at []string
+	for _, t := range p.LostAt() {
+		if len(at) == 10 {
+			at = append(at, "...")
+			break
+		}
+		at = append(at, t.UTC().Format("15:04:05.000"))
+	}
+	return strings.Join(at, ", ")
 }
 
 func prefixOf(s string) netip.Prefix { return netip.MustParsePrefix(s) }

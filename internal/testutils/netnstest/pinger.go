@@ -31,6 +31,9 @@ type Pinger struct {
 	mu       sync.Mutex
 	sent     int
 	answered map[uint16]bool
+	// sentAt is when each probe was sent, by sequence number: a failing
+	// test names when it lost its probes, to set beside the agent's log.
+	sentAt []time.Time
 }
 
 // StartPinger starts probing dst from the namespace ns (an `ip netns`
@@ -82,6 +85,7 @@ func (p *Pinger) send(interval time.Duration) {
 		}
 		p.mu.Lock()
 		p.sent++
+		p.sentAt = append(p.sentAt, time.Now())
 		p.mu.Unlock()
 	}
 }
@@ -170,4 +174,18 @@ func (p *Pinger) Stop() (sent, answered, longestLoss int) {
 		longestLoss = max(longestLoss, run)
 	}
 	return p.sent, len(p.answered), longestLoss
+}
+
+// LostAt returns when each probe that got no answer was sent, in order;
+// call it after Stop.
+func (p *Pinger) LostAt() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var lost []time.Time
+	for seq, at := range p.sentAt {
+		if !p.answered[uint16(seq)] {
+			lost = append(lost, at)
+		}
+	}
+	return lost
 }
