@@ -27,6 +27,11 @@
 //     prune of the map is over (until then the reconciler keeps a copy of
 //     what the map holds; the prune starts as the table is initialized).
 //
+// Steps 2, 3 and 4 each start their agent from a collected heap, holding
+// nothing of what ran before, as a new process would: a restart is a new
+// process. Left uncollected, the stopped agent's heap made step 3 pay for
+// memory no restart has.
+//
 // Beside the times, the table has the process's CPU time (user and system)
 // of step 2 and its ratio to that of step 1's random-order write: on a
 // machine shared with other work it moves less than the times do.
