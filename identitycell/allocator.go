@@ -22,11 +22,13 @@ import (
 // that allocates them (docs/SCALE.md). The row of an allocated number
 // says whether it is withheld too. The bitmap changes only under a write
 // transaction of the table, as the rows do, so that an allocation sees
-// either all of a Withhold or none of it. Methods ending in Txn work inside a caller's
-// write transaction (which must lock the identities table, see
-// [Allocator.WriteTxn]) so that a caller can change its own tables and the
-// identities it references atomically, and batch many allocations into
-// one commit. If that transaction is aborted, nothing of it happened.
+// either all of a Withhold or none of it.
+//
+// Methods ending in Txn work inside a caller's write transaction (which
+// must lock the identities table, see [Allocator.WriteTxn]) so that a
+// caller can change its own tables and the identities it references
+// atomically, and batch many allocations into one commit. If that
+// transaction is aborted, nothing of it happened.
 type Allocator struct {
 	db    *statedb.DB
 	table statedb.RWTable[*Identity]
