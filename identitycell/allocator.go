@@ -182,32 +182,31 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed 
 func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 	txn := a.WriteTxn()
 	defer txn.Abort()
-	// Only allocated numbers have rows to mark: none at a restart, where
-	// restore withholds before anything is allocated.
-	mark := a.table.NumObjects(txn) > 0
-	var added []NumericIdentity
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// The rows first, so that an error leaves the bits as they were. Only
+	// allocated numbers have rows to mark: none at a restart, where
+	// restore withholds before anything is allocated.
+	if a.table.NumObjects(txn) > 0 {
+		for _, id := range ids {
+			if !a.inRange(id) {
+				continue
+			}
+			existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
+			if !found || existing.Withheld() {
+				continue
+			}
+			updated := *existing
+			updated.setWithheld(true)
+			if _, _, err := a.table.Insert(txn, &updated); err != nil {
+				return fmt.Errorf("withhold identity %d: %w", id, err)
+			}
+		}
+	}
 	if a.withheld == nil && len(ids) > 0 {
 		a.withheld = make([]uint64, (int(a.last-a.first)+64)/64)
 	}
-	for _, id := range ids {
-		if !a.inRange(id) || a.isWithheld(id) {
-			continue
-		}
-		if mark {
-			if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found && !existing.Withheld() {
-				updated := *existing
-				updated.setWithheld(true)
-				if _, _, err := a.table.Insert(txn, &updated); err != nil {
-					a.setWithheld(added, false)
-					return fmt.Errorf("withhold identity %d: %w", id, err)
-				}
-			}
-		}
-		a.setWithheld([]NumericIdentity{id}, true)
-		added = append(added, id)
-	}
+	a.setWithheld(ids, true)
 	txn.Commit()
 	return nil
 }

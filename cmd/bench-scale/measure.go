@@ -182,8 +182,8 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 
 	// 2. End to end, from an idle started agent; 5. its heap after.
-	// heapInUse collects what came before, as freshStart does for the
-	// steps after.
+	// heapInUse starts from a collected heap (freshStart), as the steps
+	// after do.
 	heapBefore := heapInUse()
 	first, err := startAgent(cfg, log)
 	if err != nil {
@@ -493,8 +493,7 @@ func freshStart() {
 }
 
 func heapInUse() int64 {
-	runtime.GC()
-	runtime.GC()
+	freshStart()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)

@@ -29,10 +29,10 @@ type Pinger struct {
 	done       sync.WaitGroup
 
 	mu       sync.Mutex
-	sent     int
 	answered map[uint16]bool
-	// sentAt is when each probe was sent, by sequence number: a failing
-	// test names when it lost its probes, to set beside the agent's log.
+	// sentAt is when each probe was sent, by sequence number (its length
+	// is the probes sent): a failing test names when it lost its probes,
+	// to set beside the agent's log.
 	sentAt []time.Time
 }
 
@@ -84,7 +84,6 @@ func (p *Pinger) send(interval time.Duration) {
 			return
 		}
 		p.mu.Lock()
-		p.sent++
 		p.sentAt = append(p.sentAt, time.Now())
 		p.mu.Unlock()
 	}
@@ -145,7 +144,7 @@ func (p *Pinger) receive() {
 func (p *Pinger) allAnswered() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.answered) >= p.sent
+	return len(p.answered) >= len(p.sentAt)
 }
 
 // Stop stops sending, waits up to a second for the replies of what was
@@ -165,7 +164,7 @@ func (p *Pinger) Stop() (sent, answered, longestLoss int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	run := 0
-	for seq := range p.sent {
+	for seq := range p.sentAt {
 		if p.answered[uint16(seq)] {
 			run = 0
 			continue
@@ -173,7 +172,7 @@ func (p *Pinger) Stop() (sent, answered, longestLoss int) {
 		run++
 		longestLoss = max(longestLoss, run)
 	}
-	return p.sent, len(p.answered), longestLoss
+	return len(p.sentAt), len(p.answered), longestLoss
 }
 
 // LostAt returns when each probe that got no answer was sent, in order;
