@@ -17,20 +17,89 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 func testCheckpoint(n int) Checkpoint {
-	c := Checkpoint{}
+	c := map[NumericIdentity]labels.Labels{}
 	for i := range n {
 		c[MinLocalIdentity+NumericIdentity(i)] = cidr(i)
 	}
+	return checkpointOf(c)
+}
+
+// checkpointOf is the checkpoint of the given identities.
+func checkpointOf(identities map[NumericIdentity]labels.Labels) Checkpoint {
+	b := newCheckpointBuilder("test", len(identities))
+	for id, lbls := range identities {
+		if err := b.add(id, lbls); err != nil {
+			panic(err)
+		}
+	}
+	c, err := b.checkpoint()
+	if err != nil {
+		panic(err)
+	}
 	return c
+}
+
+// TestCheckpointLabels: a number is found wherever it is in the array,
+// and a number not saved is not, whether the saved numbers are dense
+// (each at the place its number gives) or sparse.
+func TestCheckpointLabels(t *testing.T) {
+	for name, ids := range map[string][]NumericIdentity{
+		"dense":  {MinLocalIdentity, MinLocalIdentity + 1, MinLocalIdentity + 2, MinLocalIdentity + 3},
+		"sparse": {MinLocalIdentity + 1, MinLocalIdentity + 5, MinLocalIdentity + 6, MinLocalIdentity + 900, MinLocalIdentity + 901},
+		"one":    {MinLocalIdentity + 7},
+		"none":   nil,
+	} {
+		saved := map[NumericIdentity]labels.Labels{}
+		for i, id := range ids {
+			saved[id] = cidr(i)
+		}
+		c := checkpointOf(saved)
+		require.Equal(t, len(ids), c.Len(), name)
+		for id := MinLocalIdentity - 2; id < MinLocalIdentity+1000; id++ {
+			got, found := c.Labels(id)
+			want, saved := saved[id]
+			require.Equal(t, saved, found, "%s: identity %d", name, id)
+			require.Equal(t, want, got, "%s: identity %d", name, id)
+		}
+		var listed []NumericIdentity
+		for id, lbls := range c.All() {
+			require.Equal(t, saved[id], lbls, name)
+			listed = append(listed, id)
+		}
+		require.Equal(t, ids, listed, "%s: in number order", name)
+	}
+}
+
+// A file not in number order (not the agent's, which writes that order)
+// is read all the same, and a number listed twice anywhere in it is
+// corrupt.
+func TestCheckpointOutOfOrder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFileName)
+	for _, content := range []string{
+		"{\"version\":1,\"identities\":[\n{\"id\":16777219,\"labels\":\"a:c\"},\n{\"id\":16777217,\"labels\":\"a:a\"},\n{\"id\":16777218,\"labels\":\"a:b\"}\n]}\n",
+		`{"version":1,"identities":[{"id":16777219,"labels":"a:c"},{"id":16777217,"labels":"a:a"},{"id":16777218,"labels":"a:b"}]}`,
+	} {
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		got, err := ReadCheckpoint(path)
+		require.NoError(t, err)
+		want := map[NumericIdentity]labels.Labels{}
+		for i, l := range []string{"a:a", "a:b", "a:c"} {
+			lbls, err := labels.New(l)
+			require.NoError(t, err)
+			want[16777217+NumericIdentity(i)] = lbls
+		}
+		require.Equal(t, checkpointOf(want), got)
+	}
 }
 
 func TestCheckpointRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFileName)
 	want := testCheckpoint(5)
-	require.NoError(t, writeCheckpoint(path, want.inOrder()))
+	require.NoError(t, writeCheckpoint(path, want.All()))
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
 	require.Equal(t, want, got)
@@ -42,7 +111,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 func TestCheckpointAsWrittenTakesTheFastPath(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFileName)
 	want := testCheckpoint(100)
-	require.NoError(t, writeCheckpoint(path, want.inOrder()))
+	require.NoError(t, writeCheckpoint(path, want.All()))
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	got, ok, err := decodeCheckpointAsWritten(path, data)
@@ -67,18 +136,20 @@ func TestCheckpointMissingIsEmpty(t *testing.T) {
 func TestCheckpointCorrupt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), CheckpointFileName)
 	for name, content := range map[string]string{
-		"truncated":              `{"version":1,"identities":[{"id":16777217,"lab`,
-		"not json":               `hello`,
-		"wrong version":          `{"version":9,"identities":[]}`,
-		"unknown field":          `{"version":1,"identities":[],"extra":1}`,
-		"not local":              `{"version":1,"identities":[{"id":2,"labels":"reserved:world"}]}`,
-		"bad labels":             `{"version":1,"identities":[{"id":16777217,"labels":"cidr:10.0.0.1/8"}]}`,
-		"duplicate":              `{"version":1,"identities":[{"id":16777217,"labels":"a:b"},{"id":16777217,"labels":"a:c"}]}`,
-		"trailing data":          `{"version":1,"identities":[]} {}`,
-		"duplicate, as written":  "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"},\n{\"id\":16777217,\"labels\":\"a:c\"}\n]}\n",
-		"not local, as written":  "{\"version\":1,\"identities\":[\n{\"id\":2,\"labels\":\"reserved:world\"}\n]}\n",
-		"bad labels, as written": "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"cidr:10.0.0.1/8\"}\n]}\n",
-		"truncated, as written":  "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"}\n]",
+		"truncated":                   `{"version":1,"identities":[{"id":16777217,"lab`,
+		"not json":                    `hello`,
+		"wrong version":               `{"version":9,"identities":[]}`,
+		"unknown field":               `{"version":1,"identities":[],"extra":1}`,
+		"not local":                   `{"version":1,"identities":[{"id":2,"labels":"reserved:world"}]}`,
+		"bad labels":                  `{"version":1,"identities":[{"id":16777217,"labels":"cidr:10.0.0.1/8"}]}`,
+		"duplicate":                   `{"version":1,"identities":[{"id":16777217,"labels":"a:b"},{"id":16777217,"labels":"a:c"}]}`,
+		"duplicate, apart":            `{"version":1,"identities":[{"id":16777218,"labels":"a:b"},{"id":16777217,"labels":"a:c"},{"id":16777218,"labels":"a:d"}]}`,
+		"trailing data":               `{"version":1,"identities":[]} {}`,
+		"duplicate, as written":       "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"},\n{\"id\":16777217,\"labels\":\"a:c\"}\n]}\n",
+		"not local, as written":       "{\"version\":1,\"identities\":[\n{\"id\":2,\"labels\":\"reserved:world\"}\n]}\n",
+		"bad labels, as written":      "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"cidr:10.0.0.1/8\"}\n]}\n",
+		"duplicate apart, as written": "{\"version\":1,\"identities\":[\n{\"id\":16777218,\"labels\":\"a:b\"},\n{\"id\":16777217,\"labels\":\"a:c\"},\n{\"id\":16777218,\"labels\":\"a:d\"}\n]}\n",
+		"truncated, as written":       "{\"version\":1,\"identities\":[\n{\"id\":16777217,\"labels\":\"a:b\"}\n]",
 	} {
 		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 		_, err := ReadCheckpoint(path)
@@ -101,7 +172,7 @@ func tempFiles(t *testing.T, dir string) []string {
 func TestCheckpointStartIgnoresHalfWrittenTemp(t *testing.T) {
 	dir := t.TempDir()
 	want := testCheckpoint(3)
-	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want.inOrder()))
+	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want.All()))
 	half := filepath.Join(dir, "."+CheckpointFileName+".tmp-12345")
 	require.NoError(t, os.WriteFile(half, []byte(`{"version":1,"identities":[{"id":1677`), 0o600))
 
@@ -154,7 +225,7 @@ func TestCheckpointCrashWriter(t *testing.T) {
 	}
 	path := filepath.Join(dir, CheckpointFileName)
 	for n := 1; ; n++ {
-		if err := writeCheckpoint(path, testCheckpoint(n%5000).inOrder()); err != nil {
+		if err := writeCheckpoint(path, testCheckpoint(n%5000).All()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(3)
 		}
@@ -183,8 +254,8 @@ func TestCheckpointSurvivesCrashMidWrite(t *testing.T) {
 		c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
 		require.NoError(t, c.Start(nil), "round %d", round)
 		read := previous(t, c)
-		if len(read) > 0 {
-			require.Equal(t, testCheckpoint(len(read)), read, "round %d: a whole version", round)
+		if read.Len() > 0 {
+			require.Equal(t, testCheckpoint(read.Len()), read, "round %d: a whole version", round)
 		}
 		require.Empty(t, tempFiles(t, dir), "round %d", round)
 	}
@@ -196,7 +267,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, CheckpointFileName)
 	previous := testCheckpoint(2)
-	require.NoError(t, writeCheckpoint(path, previous.inOrder()))
+	require.NoError(t, writeCheckpoint(path, previous.All()))
 
 	done := a.RegisterProducer("producer")
 	c := newCheckpointer(db, table, hivetest.Logger(t), dir)
@@ -220,7 +291,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	txn.Commit()
 	require.Eventually(t, func() bool {
 		got, err := ReadCheckpoint(path)
-		return err == nil && len(got) == 1 && got[id] == cidr(7)
+		return err == nil && got.Len() == 1 && labelsOf(got, id) == cidr(7)
 	}, 5*time.Second, 5*time.Millisecond)
 
 	// A change made just before stopping is in the final checkpoint.
@@ -230,7 +301,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	require.NoError(t, <-stopped)
 	got, err = ReadCheckpoint(path)
 	require.NoError(t, err)
-	require.Equal(t, Checkpoint{id: cidr(7), id2: cidr(8)}, got)
+	require.Equal(t, checkpointOf(map[NumericIdentity]labels.Labels{id: cidr(7), id2: cidr(8)}), got)
 }
 
 // A number withheld and not allocated has no labels to keep: the
@@ -261,11 +332,17 @@ func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
 	go func() { stopped <- c.run(ctx, health) }()
 	require.Eventually(t, func() bool {
 		got, err := ReadCheckpoint(path)
-		return err == nil && len(got) > 0
+		return err == nil && got.Len() > 0
 	}, 5*time.Second, 5*time.Millisecond)
 	cancel()
 	require.NoError(t, <-stopped)
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
-	require.Equal(t, Checkpoint{kept: cidr(8)}, got)
+	require.Equal(t, checkpointOf(map[NumericIdentity]labels.Labels{kept: cidr(8)}), got)
+}
+
+// labelsOf is the labels c saved for id, empty if none.
+func labelsOf(c Checkpoint, id NumericIdentity) labels.Labels {
+	lbls, _ := c.Labels(id)
+	return lbls
 }

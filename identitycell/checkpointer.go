@@ -100,7 +100,7 @@ func (c *Checkpointer) Previous(ctx context.Context) (Checkpoint, error) {
 	case <-c.previousDecoded:
 		return c.previous, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for the previous identity checkpoint: %w", ctx.Err())
+		return Checkpoint{}, fmt.Errorf("wait for the previous identity checkpoint: %w", ctx.Err())
 	}
 }
 
@@ -151,7 +151,7 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 			}
 			return
 		}
-		c.log.Info("Read identity checkpoint", "path", c.path, "identities", len(previous))
+		c.log.Info("Read identity checkpoint", "path", c.path, "identities", previous.Len())
 		c.previous = previous
 	}()
 	return nil

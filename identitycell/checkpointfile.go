@@ -7,13 +7,13 @@ package identitycell
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"iter"
-	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -29,8 +29,111 @@ const (
 	checkpointVersion = 1
 )
 
-// Checkpoint is the saved number -> labels of the local identities.
-type Checkpoint map[NumericIdentity]labels.Labels
+// Checkpoint is the saved number -> labels of the local identities. The
+// zero value is empty.
+//
+// It is an array in number order, not a map: a restart decodes a million
+// numbers and looks each pinned prefix's up, and an array is built by
+// appending what the file lists in that order, and looked up mostly at
+// the place the number gives (see Labels), where a map inserted and
+// looked up at a random place for each (docs/SCALE.md).
+type Checkpoint struct {
+	// entries are in ascending number order, each number once.
+	entries []checkpointEntry
+}
+
+type checkpointEntry struct {
+	id     NumericIdentity
+	labels labels.Labels
+}
+
+// Len returns the number of identities in the checkpoint.
+func (c Checkpoint) Len() int { return len(c.entries) }
+
+// Labels returns the labels saved for id, and whether id was saved.
+func (c Checkpoint) Labels(id NumericIdentity) (labels.Labels, bool) {
+	e := c.entries
+	if len(e) == 0 || id < e[0].id {
+		return labels.Labels{}, false
+	}
+	// The numbers are distinct and ascending, so id is at most id-first
+	// places in, and exactly there when the numbers before it are all
+	// saved: the allocator hands out the lowest free number, so that is
+	// where it nearly always is.
+	if d := uint64(id - e[0].id); d < uint64(len(e)) {
+		if e[d].id == id {
+			return e[d].labels, true
+		}
+		e = e[:d]
+	}
+	i, found := slices.BinarySearchFunc(e, id, func(entry checkpointEntry, id NumericIdentity) int {
+		return cmp.Compare(entry.id, id)
+	})
+	if !found {
+		return labels.Labels{}, false
+	}
+	return e[i].labels, true
+}
+
+// All lists the checkpoint in ascending number order.
+func (c Checkpoint) All() iter.Seq2[NumericIdentity, labels.Labels] {
+	return func(yield func(NumericIdentity, labels.Labels) bool) {
+		for _, e := range c.entries {
+			if !yield(e.id, e.labels) {
+				return
+			}
+		}
+	}
+}
+
+// checkpointBuilder collects a decoded checkpoint's entries in the file's
+// order, which is number order for every file the agent writes.
+type checkpointBuilder struct {
+	path    string
+	entries []checkpointEntry
+	sorted  bool
+}
+
+func newCheckpointBuilder(path string, sizeHint int) *checkpointBuilder {
+	return &checkpointBuilder{path: path, entries: make([]checkpointEntry, 0, sizeHint), sorted: true}
+}
+
+// add adds a decoded entry, unless it is not a local identity with labels
+// or its number is the one listed just before it.
+func (b *checkpointBuilder) add(id NumericIdentity, lbls labels.Labels) error {
+	if !id.IsLocal() || lbls.IsEmpty() {
+		return corrupt(b.path, fmt.Sprintf("entry %d %q is not a local identity with labels", id, lbls))
+	}
+	if n := len(b.entries); n > 0 && id <= b.entries[n-1].id {
+		if id == b.entries[n-1].id {
+			return listedTwice(b.path, id)
+		}
+		b.sorted = false
+	}
+	b.entries = append(b.entries, checkpointEntry{id, lbls})
+	return nil
+}
+
+// checkpoint returns what was added, in number order, unless a number
+// was listed twice.
+func (b *checkpointBuilder) checkpoint() (Checkpoint, error) {
+	if len(b.entries) == 0 {
+		return Checkpoint{}, nil
+	}
+	if !b.sorted { // a file not written by the agent
+		slices.SortFunc(b.entries, func(a, b checkpointEntry) int { return cmp.Compare(a.id, b.id) })
+		for i := 1; i < len(b.entries); i++ {
+			if b.entries[i].id == b.entries[i-1].id {
+				return Checkpoint{}, listedTwice(b.path, b.entries[i].id)
+			}
+		}
+	}
+	return Checkpoint{entries: b.entries}, nil
+}
+
+func listedTwice(path string, id NumericIdentity) error {
+	return corrupt(path, fmt.Sprintf("identity %d listed twice", id))
+}
 
 type checkpointFile struct {
 	Version    int                  `json:"version"`
@@ -50,7 +153,7 @@ type checkpointIdentity struct {
 func ReadCheckpoint(path string) (Checkpoint, error) {
 	data, err := readCheckpointFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read identity checkpoint: %w", err)
+		return Checkpoint{}, fmt.Errorf("read identity checkpoint: %w", err)
 	}
 	return decodeCheckpoint(path, data)
 }
@@ -87,34 +190,21 @@ func decodeCheckpointJSON(path string, data []byte) (Checkpoint, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&file); err != nil {
-		return nil, corrupt(path, err.Error())
+		return Checkpoint{}, corrupt(path, err.Error())
 	}
 	if dec.More() {
-		return nil, corrupt(path, "trailing data")
+		return Checkpoint{}, corrupt(path, "trailing data")
 	}
 	if file.Version != checkpointVersion {
-		return nil, corrupt(path, fmt.Sprintf("version %d, want %d", file.Version, checkpointVersion))
+		return Checkpoint{}, corrupt(path, fmt.Sprintf("version %d, want %d", file.Version, checkpointVersion))
 	}
-	checkpoint := make(Checkpoint, len(file.Identities))
+	b := newCheckpointBuilder(path, len(file.Identities))
 	for _, entry := range file.Identities {
-		if err := checkpoint.add(path, entry.ID, entry.Labels); err != nil {
-			return nil, err
+		if err := b.add(entry.ID, entry.Labels); err != nil {
+			return Checkpoint{}, err
 		}
 	}
-	return checkpoint, nil
-}
-
-// add adds a decoded entry, unless it is not a local identity with labels
-// or its number is listed already.
-func (c Checkpoint) add(path string, id NumericIdentity, lbls labels.Labels) error {
-	if !id.IsLocal() || lbls.IsEmpty() {
-		return corrupt(path, fmt.Sprintf("entry %d %q is not a local identity with labels", id, lbls))
-	}
-	if _, dup := c[id]; dup {
-		return corrupt(path, fmt.Sprintf("identity %d listed twice", id))
-	}
-	c[id] = lbls
-	return nil
+	return b.checkpoint()
 }
 
 // decodeCheckpointAsWritten decodes a checkpoint laid out exactly as
@@ -127,44 +217,44 @@ func (c Checkpoint) add(path string, id NumericIdentity, lbls labels.Labels) err
 func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint, ok bool, err error) {
 	rest, found := bytes.CutPrefix(data, fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion))
 	if !found {
-		return nil, false, nil
+		return Checkpoint{}, false, nil
 	}
-	// Sized up front (an entry per line): growing a map of a million
-	// identities rehashes it again and again.
-	checkpoint = make(Checkpoint, bytes.Count(rest, []byte("\n{\"id\":")))
+	// Sized up front (an entry per line).
+	b := newCheckpointBuilder(path, bytes.Count(rest, []byte("\n{\"id\":")))
 	for first := true; ; first = false {
 		if tail, found := bytes.CutPrefix(rest, []byte("\n]}\n")); found && len(tail) == 0 {
-			return checkpoint, true, nil
+			checkpoint, err = b.checkpoint()
+			return checkpoint, true, err
 		}
 		if !first {
 			if rest, found = bytes.CutPrefix(rest, []byte(",")); !found {
-				return nil, false, nil
+				return Checkpoint{}, false, nil
 			}
 		}
 		if rest, found = bytes.CutPrefix(rest, []byte("\n{\"id\":")); !found {
-			return nil, false, nil
+			return Checkpoint{}, false, nil
 		}
 		digits, after, found := bytes.Cut(rest, []byte(",\"labels\":\""))
 		// A JSON number has no leading zero (nor sign, fraction, exponent).
 		if !found || len(digits) == 0 || (digits[0] == '0' && len(digits) > 1) {
-			return nil, false, nil
+			return Checkpoint{}, false, nil
 		}
 		id, err := strconv.ParseUint(string(digits), 10, 32)
 		if err != nil {
-			return nil, false, nil
+			return Checkpoint{}, false, nil
 		}
 		text, after, found := bytes.Cut(after, []byte("\"}"))
 		// Printable ASCII but the quote and the backslash: the string
 		// holds no escape, and decodes to itself.
 		if !found || bytes.ContainsFunc(text, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '\\' || r == '"' }) {
-			return nil, false, nil
+			return Checkpoint{}, false, nil
 		}
 		lbls, err := labels.Parse(string(text))
 		if err != nil {
-			return nil, false, nil // encoding/json reports it, in its words
+			return Checkpoint{}, false, nil // encoding/json reports it, in its words
 		}
-		if err := checkpoint.add(path, NumericIdentity(id), lbls); err != nil {
-			return nil, true, err
+		if err := b.add(NumericIdentity(id), lbls); err != nil {
+			return Checkpoint{}, true, err
 		}
 		rest = after
 	}
@@ -226,15 +316,4 @@ func appendJSONString(buf []byte, s string) []byte {
 	buf = append(buf, '"')
 	buf = append(buf, s...)
 	return append(buf, '"')
-}
-
-// inOrder lists the checkpoint in ascending number order.
-func (c Checkpoint) inOrder() iter.Seq2[NumericIdentity, labels.Labels] {
-	return func(yield func(NumericIdentity, labels.Labels) bool) {
-		for _, id := range slices.Sorted(maps.Keys(c)) {
-			if !yield(id, c[id]) {
-				return
-			}
-		}
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,8 +125,8 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 					return nil, err
 				}
 				var lines []string
-				for _, id := range slices.Sorted(maps.Keys(checkpoint)) {
-					lines = append(lines, fmt.Sprintf("%d %s\n", id, checkpoint[id]))
+				for id, lbls := range checkpoint.All() {
+					lines = append(lines, fmt.Sprintf("%d %s\n", id, lbls))
 				}
 				if got = strings.Join(lines, ""); got == string(want) {
 					return nil, nil

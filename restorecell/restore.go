@@ -116,7 +116,7 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 			skipped++ // reserved or explicit: its owner re-asserts it, or it goes
 			continue
 		}
-		lbls, checkpointed := saved[id]
+		lbls, checkpointed := saved.Labels(id)
 		// Nearly always the cidr label alone: told without building it.
 		if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) {
 			r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
@@ -153,7 +153,7 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", len(batch), "not-restored-non-local", skipped,
-		"checkpointed-identities", len(saved), "grace-period", r.cfg.IdentityRestoreGracePeriod)
+		"checkpointed-identities", saved.Len(), "grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
 }
 

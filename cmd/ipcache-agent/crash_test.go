@@ -155,10 +155,10 @@ func TestPrivilegedCrashSafety(t *testing.T) {
 	require.Equal(t, sortedKeys(run.wanted), sortedKeys(final), "the map after the release is the policy set")
 	checkpoint, err := identitycell.ReadCheckpoint(r.checkpointPath())
 	require.NoError(t, err)
-	require.Len(t, checkpoint, len(final), "the checkpoint after a clean stop holds exactly the map's identities")
+	require.Equal(t, len(final), checkpoint.Len(), "the checkpoint after a clean stop holds exactly the map's identities")
 	for prefix, id := range final {
-		require.True(t, checkpoint[identitycell.NumericIdentity(id)].Has(labels.CIDRLabel(prefix)),
-			"checkpoint: identity %d of %s has labels %q", id, prefix, checkpoint[identitycell.NumericIdentity(id)])
+		lbls, _ := checkpoint.Labels(identitycell.NumericIdentity(id))
+		require.True(t, lbls.Has(labels.CIDRLabel(prefix)), "checkpoint: identity %d of %s has labels %q", id, prefix, lbls)
 	}
 	r.stopCheckpointReader()
 	r.failOnViolations(run)
@@ -593,7 +593,7 @@ func (r *crashRig) waitCheckpointCovers(run *crashRun) {
 		require.NoError(r.t, err)
 		missing = missing[:0]
 		for prefix, id := range *run.last.Load() {
-			if !checkpoint[identitycell.NumericIdentity(id)].Has(labels.CIDRLabel(prefix)) {
+			if lbls, _ := checkpoint.Labels(identitycell.NumericIdentity(id)); !lbls.Has(labels.CIDRLabel(prefix)) {
 				missing = append(missing, fmt.Sprintf("%s=%d", prefix, id))
 			}
 		}

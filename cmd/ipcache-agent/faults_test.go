@@ -307,7 +307,8 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 	saved, err := identitycell.ReadCheckpoint(checkpoint)
 	require.NoError(t, err, "a good checkpoint is written again")
 	for prefix, id := range before {
-		require.Equal(t, "cidr:"+prefix.String(), saved[identitycell.NumericIdentity(id)].String())
+		lbls, _ := saved.Labels(identitycell.NumericIdentity(id))
+		require.Equal(t, "cidr:"+prefix.String(), lbls.String())
 	}
 }
 
@@ -453,7 +454,7 @@ func TestPrivilegedFaultStateDirBecomesReadOnly(t *testing.T) {
 	checkpointed := func(n int) func() bool {
 		return func() bool {
 			c, err := identitycell.ReadCheckpoint(checkpoint)
-			return err == nil && len(c) == n
+			return err == nil && c.Len() == n
 		}
 	}
 
