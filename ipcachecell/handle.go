@@ -49,20 +49,22 @@ type IPCache struct {
 	// has resolved every change.
 	resolved *progress.Tracker[statedb.Revision]
 
-	mu        sync.Mutex
-	resources map[string]struct{} // resources with a live handle
-	// owners holds, per resource that ever had a handle, the owner of its
-	// latest one: a resource keeps its id (nextID when it came) for the
-	// IPCache's life, so that the rows' keys need no name. It grows with
-	// the distinct resource names, not with the prefixes.
-	owners map[string]*owner
-	nextID uint64
+	mu sync.Mutex
+	// live holds the owner of each resource with a live handle. Its id
+	// is in the keys of the resource's rows instead of its name.
+	live map[string]*owner
+	// freeIDs are the ids of released resources, none of whose rows is
+	// left. A new handle takes one before a new id, so that what the
+	// IPCache keeps, and the length of the rows' keys, follows the
+	// resources that have handles, not every name that ever had one (an
+	// embedder naming a resource per workload).
+	freeIDs []uint64
+	nextID  uint64
 }
 
 func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate *resolutionGate,
 	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, resources: map[string]struct{}{},
-		owners: map[string]*owner{}}
+	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, live: map[string]*owner{}}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -97,31 +99,18 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, taken := c.resources[resource]; taken {
+	if _, taken := c.live[resource]; taken {
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
-	c.resources[resource] = struct{}{}
-	return &Handle{ipcache: c, owner: c.ownerLocked(resource, src), prefixes: map[compactPrefix]struct{}{},
-		maxKnown: maxKnownPrefixes}, nil
-}
-
-// ownerLocked returns the owner of a new handle of resource with source
-// src: the one of the resource's previous handle if its source was the
-// same, else a new one with the resource's id. Called with mu held.
-func (c *IPCache) ownerLocked(resource string, src source.Source) *owner {
-	previous, known := c.owners[resource]
-	if known && previous.source == src {
-		return previous
-	}
 	o := &owner{resource: resource, source: src}
-	if known {
-		o.id = previous.id
+	if last := len(c.freeIDs) - 1; last >= 0 {
+		o.id, c.freeIDs = c.freeIDs[last], c.freeIDs[:last]
 	} else {
 		o.id = c.nextID
 		c.nextID++
 	}
-	c.owners[resource] = o
-	return o
+	c.live[resource] = o
+	return &Handle{ipcache: c, owner: o, prefixes: map[compactPrefix]struct{}{}, maxKnown: maxKnownPrefixes}, nil
 }
 
 // ProducerOption changes how a registered producer takes part in start-up.
@@ -450,8 +439,14 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	}
 	h.released = true
 
+	// Every row of the resource is deleted: a later handle, of this
+	// resource or another, can have its id. A row inserted at the key of
+	// a deleted row that the resolver has not seen go yet replaces that
+	// deletion in statedb's graveyard: the resolver sees the prefix change
+	// either way, and resolves it from the rows it then has.
 	c.mu.Lock()
-	delete(c.resources, h.owner.resource)
+	delete(c.live, h.owner.resource)
+	c.freeIDs = append(c.freeIDs, h.owner.id)
 	c.mu.Unlock()
 	return nil
 }

@@ -341,10 +341,11 @@ func TestReleaseByScanAcrossChunks(t *testing.T) {
 	require.Equal(t, 12, b.NumPrefixes())
 }
 
-// A row's key is its prefix's followed by the resource's id: a resource
-// keeps its id across handles (of any source), an IPv4 key fits in 8
-// bytes, and with ids of two bytes a prefix query still finds exactly the
-// prefix's rows, and a release exactly the resource's.
+// A row's key is its prefix's followed by the resource's id: an IPv4 key
+// fits in 8 bytes, with ids of two bytes a prefix query still finds
+// exactly the prefix's rows and a release exactly the resource's, and a
+// released resource's id is the next handle's, so that names that come
+// and go do not grow the IPCache.
 func TestMetadataKeysByResourceID(t *testing.T) {
 	f := newFixture(t)
 	p1, p2 := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
@@ -373,8 +374,9 @@ func TestMetadataKeysByResourceID(t *testing.T) {
 	require.Len(t, resourcesOf(p1), n)
 	require.Len(t, resourcesOf(p2), n)
 
-	// r200 goes, and comes back with another source: same id, and its
-	// rows are written, found and released as before.
+	// r200 goes, and comes back with another source: it takes the id
+	// freed (the only one), and its rows are written, found and released
+	// as before.
 	require.NoError(t, handles[200].Release())
 	require.Len(t, resourcesOf(p1), n-1)
 	require.NotContains(t, resourcesOf(p2), "r200")
@@ -390,10 +392,18 @@ func TestMetadataKeysByResourceID(t *testing.T) {
 	require.NotContains(t, resourcesOf(p2), "r200")
 	require.Len(t, resourcesOf(p2), n-1)
 
-	// The same name and source share the owner: nothing per handle.
+	// A thousand names, one after the other, each released: each takes
+	// the id freed before it, and the IPCache keeps no name once released.
 	require.NoError(t, again.Release())
-	third, err := f.ipcache.NewHandle("r200", source.Directory)
-	require.NoError(t, err)
-	require.Same(t, again.owner, third.owner)
-	require.Len(t, f.ipcache.owners, n, "one owner per resource name")
+	for i := range 1000 {
+		h, err := f.ipcache.NewHandle(fmt.Sprintf("workload-%d", i), source.Local)
+		require.NoError(t, err)
+		require.EqualValues(t, 200, h.owner.id, "workload-%d", i)
+		upsertAll(t, h, []netip.Prefix{p1})
+		require.Len(t, resourcesOf(p1), n)
+		require.NoError(t, h.Release())
+	}
+	require.Len(t, resourcesOf(p1), n-1)
+	require.Len(t, f.ipcache.live, n-1, "the live resources only")
+	require.EqualValues(t, n, f.ipcache.nextID, "no id beyond the most resources live at once")
 }

@@ -179,12 +179,12 @@ var (
 )
 
 // metadataKey is the prefix key followed by the resource's id (a uvarint;
-// an IPv4 row's key fits in 8 bytes while the IPCache has fewer than 16384
-// resources): the rows of one prefix are adjacent, and a prefix query on
-// the prefix key finds them. Within a prefix, rows are in the order of
-// their keys, not of resource names: what depends on an order among a
-// prefix's rows (the merge's ties, the shell's owners) orders by name
-// itself.
+// an IPv4 row's key fits in 8 bytes while fewer than 16384 resources have
+// handles at once: ids are reused, see IPCache.freeIDs): the rows of one
+// prefix are adjacent, and a prefix query on the prefix key finds them.
+// Within a prefix, rows are in the order of their keys, not of resource
+// names: what depends on an order among a prefix's rows (the merge's
+// ties, the shell's owners) orders by name itself.
 func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
 	var id [binary.MaxVarintLen64]byte
 	n := binary.PutUvarint(id[:], resourceID)
