@@ -60,7 +60,7 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 			Metadata: Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}},
 		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
 			`"requested-identity":16777217,"explicit-identity":5}`,
-		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nrequested-identity: 16777217\nexplicit-identity: 5\n",
+		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nlabels: app:x\nrequested-identity: 16777217\nexplicit-identity: 5\n",
 		table: []string{"10.0.0.0/8", "policy/a", "directory", "app:x", "16777217", "5"},
 	}, {
 		row:   &PrefixMetadata{Prefix: netip.MustParsePrefix("2001:db8::/32"), owner: &owner{resource: "r", source: source.Local}},

@@ -117,6 +117,11 @@ func (l Labels) String() string { return l.canonical }
 // IsEmpty reports whether the set has no labels.
 func (l Labels) IsEmpty() bool { return l.canonical == "" }
 
+// IsZero reports whether the set has no labels. YAML's omitempty asks
+// it: without it, a set is a struct of no exported field, always "empty",
+// and a field of labels was never written.
+func (l Labels) IsZero() bool { return l.IsEmpty() }
+
 // Len returns the number of labels in the set.
 func (l Labels) Len() int {
 	if l.canonical == "" {

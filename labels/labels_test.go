@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestNewIsCanonical(t *testing.T) {
@@ -71,6 +72,25 @@ func TestJSONRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &out))
 	require.Equal(t, in, out)
 	require.Error(t, json.Unmarshal([]byte(`"bogus"`), &out))
+}
+
+// A set of labels is a field of its own in YAML, left out by omitempty
+// only when empty.
+func TestYAMLRoundTrip(t *testing.T) {
+	type row struct {
+		Labels Labels `yaml:"labels,omitempty"`
+	}
+	in, _ := New("cidr:192.0.2.0/24", "app:x")
+	data, err := yaml.Marshal(row{Labels: in})
+	require.NoError(t, err)
+	require.Equal(t, "labels: app:x,cidr:192.0.2.0/24\n", string(data))
+	var out row
+	require.NoError(t, yaml.Unmarshal(data, &out))
+	require.Equal(t, in, out.Labels)
+
+	data, err = yaml.Marshal(row{})
+	require.NoError(t, err)
+	require.Equal(t, "{}\n", string(data))
 }
 
 // A single label parses to itself, as the general path gives it, and is
