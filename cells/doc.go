@@ -36,16 +36,20 @@
 //  3. Start hook, Checkpointer: the state directory is made and probed
 //     writable, the previous checkpoint is read; it is decoded in the
 //     background. Checkpointer.Previous waits for it.
-//  4. Start hook, Datapath: the pinned maps are opened and the pinned
-//     ipcache map is read once, before anything writes to it, into its
-//     entries in address order. Datapath.IPCacheSnapshot waits for it.
+//  4. Start hook, Datapath: the pinned maps are opened, and the pinned
+//     ipcache map is read once, before anything writes to it, on a
+//     goroutine the hook starts last: restore took the read's stream
+//     (Datapath.StreamPinnedIPCache), so the hook does not wait for it.
+//     Datapath.IPCacheSnapshot and the ipcache map's writer wait for the
+//     read's end, when the entries are one snapshot in address order.
 //     Steps 3 and 4 need no order between them.
-//  5. Start hook, Restorer: it waits for steps 3 and 4 (with
-//     Checkpointer.Previous and Datapath.IPCacheSnapshot), then the
-//     previous run's local-scope numbers are withheld (the allocator's
-//     bitmap), their entries upserted through the restore handle
-//     with the old numbers requested, and the restore producer is done:
-//     the resolver's gate opens. Its hook runs after theirs by dependency,
+//  5. Start hook, Restorer: it waits for step 3 (Checkpointer.Previous),
+//     then takes the pinned map's entries a block at a time as step 4
+//     reads them: for each block, the previous run's local-scope numbers
+//     are withheld (the allocator's bitmap) and their entries upserted
+//     through the restore handle with the old numbers requested. A read
+//     that fails fails this hook. Then the restore producer is done: the
+//     resolver's gate opens. Its hook runs after theirs by dependency,
 //     not by the order of the cells: the Checkpointer and the Datapath
 //     append their hooks when constructed, and the Restorer is built over
 //     them. It is a start hook, not a job, because a started agent is a

@@ -429,7 +429,7 @@ func (c Config) conntrackTimeouts() ConntrackTimeouts {
 //
 // Possible errors: as openPinnedMaps (maps is closed then).
 func openConntrackMap(maps *pinnedMaps, dir string, cfg Config, log *slog.Logger) error {
-	m, err := openPinnedMap(dir, conntrackMapSpec(cfg.ConntrackMapMaxEntries), log, nil)
+	m, err := openPinnedMap(dir, conntrackMapSpec(cfg.ConntrackMapMaxEntries), log)
 	if err != nil {
 		maps.Close()
 		return fmt.Errorf("open pinned maps in %s: %w", dir, err)

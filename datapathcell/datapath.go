@@ -28,10 +28,17 @@ type Datapath struct {
 	mu       sync.Mutex
 	maps     *pinnedMaps
 	snapshot ipcacheSnapshot
-	enforcer *enforcer
-	// snapshotTaken is closed once Start has taken the snapshot:
-	// IPCacheSnapshot waits for it.
+	// snapshotErr is the error of reading the snapshot, if it failed.
+	snapshotErr error
+	enforcer    *enforcer
+	// snapshotTaken is closed once the pinned ipcache map is read (or
+	// its read failed): IPCacheSnapshot and the map's writer wait for it.
 	snapshotTaken chan struct{}
+	// stream, set before start by StreamPinnedIPCache, takes the read's
+	// blocks as they come; the start then does not wait for the read,
+	// which runs on a goroutine that Stop waits for (reading).
+	stream  *PinnedIPCacheStream
+	reading sync.WaitGroup
 	// revision is bumped after every write to the maps the writers write
 	// (revision.go); set at start.
 	revision *revisionCounter
@@ -74,6 +81,9 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		close(d.snapshotTaken) // empty: nothing was pinned
+		if d.stream != nil {
+			d.stream.end(nil)
+		}
 		return nil
 	}
 	mounted, err := EnsureBPFFS(d.cfg.BPFRoot)
@@ -83,7 +93,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 	if mounted {
 		d.log.Info("Mounted bpffs", "bpf-root", d.cfg.BPFRoot)
 	}
-	opened, snapshot, err := openPinnedMaps(PinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
+	opened, err := openPinnedMaps(PinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
 	if err != nil {
 		return fmt.Errorf("open pinned maps in %s: %w", PinDir(d.cfg.BPFRoot), err)
 	}
@@ -95,18 +105,58 @@ func (d *Datapath) Start(cell.HookContext) error {
 		opened.Close()
 		return err
 	}
-	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot), "pinned-ipcache-entries", len(snapshot.entries),
-		"unreadable-pinned-ipcache-entries", len(snapshot.unreadable))
+	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot))
 	d.mu.Lock()
-	d.maps, d.snapshot, d.revision = opened, snapshot, revision
+	d.maps, d.revision = opened, revision
 	d.mu.Unlock()
-	close(d.snapshotTaken)
 	if err := d.attachEnforcer(opened); err != nil {
 		return err
 	}
 	// After the program is replaced, so that what the old one stored
 	// cannot count either.
-	return revision.startAbove(opened.Conntrack)
+	if err := revision.startAbove(opened.Conntrack); err != nil {
+		return err
+	}
+	// Last, so that a start that fails leaves no read running. Nothing
+	// writes the ipcache map before the read ends: its writer waits for
+	// it (pinnedIPCache), and the program only reads the map.
+	if d.stream == nil {
+		return d.readPinned(opened.IPCache)
+	}
+	d.reading.Add(1)
+	go func() {
+		defer d.reading.Done()
+		// The error is the stream's reader's to report (see
+		// StreamPinnedIPCache).
+		_ = d.readPinned(opened.IPCache)
+	}()
+	return nil
+}
+
+// readPinned reads the pinned ipcache map into the snapshot, giving each
+// block to the stream (if any) as it is read, and ends the stream.
+//
+// Possible errors: the map cannot be read (wrapped).
+func (d *Datapath) readPinned(m kernelMap) error {
+	var publish func([]PinnedEntry)
+	if d.stream != nil {
+		publish = d.stream.publish
+	}
+	snapshot, err := dumpIPCache(m, d.log, publish)
+	if err != nil {
+		err = fmt.Errorf("read the pinned ipcache map in %s: %w", PinDir(d.cfg.BPFRoot), err)
+	} else {
+		d.log.Info("Read the pinned ipcache map", "entries", len(snapshot.entries),
+			"unreadable-entries", len(snapshot.unreadable))
+	}
+	d.mu.Lock()
+	d.snapshot, d.snapshotErr = snapshot, err
+	d.mu.Unlock()
+	close(d.snapshotTaken)
+	if d.stream != nil {
+		d.stream.end(err)
+	}
+	return err
 }
 
 // attachEnforcer loads the enforcement program over the pinned maps and
@@ -141,6 +191,7 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 //
 // Possible errors: the program's or the maps' descriptors cannot be closed.
 func (d *Datapath) Stop(cell.HookContext) error {
+	d.reading.Wait() // a read of the pinned map, which Start left running
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
@@ -169,7 +220,8 @@ func (d *Datapath) Stop(cell.HookContext) error {
 // modify them.
 //
 // Possible errors: ctx's, when it ends first (the hive stopping, or its
-// start failing, before the map was read).
+// start failing, before the map was read); the map cannot be read (when
+// a stream took the read's error from the start, see StreamPinnedIPCache).
 func (d *Datapath) IPCacheSnapshot(ctx context.Context) ([]PinnedEntry, error) {
 	select {
 	case <-d.snapshotTaken:
@@ -178,16 +230,20 @@ func (d *Datapath) IPCacheSnapshot(ctx context.Context) ([]PinnedEntry, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.snapshot.entries, nil
+	return d.snapshot.entries, d.snapshotErr
 }
 
 // pinnedIPCache returns what the pinned ipcache map held at start, kept
 // over the snapshot restore reads (snapshotValues). The unreadable keys are
 // in it, so that the first prune deletes them.
 func (d *Datapath) pinnedIPCache() knownValues[IPCacheMapKey, IPCacheMapValue] {
+	<-d.snapshotTaken // before Start returns, or on the read's goroutine after
 	d.mu.Lock()
-	snapshot := d.snapshot
+	snapshot, err := d.snapshot, d.snapshotErr
 	d.mu.Unlock()
+	if err != nil {
+		return nil // the writer reads the map itself
+	}
 	return newSnapshotValues(snapshot)
 }
 

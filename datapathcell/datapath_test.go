@@ -55,9 +55,15 @@ type agent struct {
 // done function returned.
 func (e *env) start(t *testing.T, producer string, flags ...string) (*agent, func()) {
 	t.Helper()
+	return e.startWith(t, cell.Group(), producer, flags...)
+}
+
+// startWith is start with extra cells in the hive.
+func (e *env) startWith(t *testing.T, extra cell.Cell, producer string, flags ...string) (*agent, func()) {
+	t.Helper()
 	a := &agent{}
 	var done func()
-	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell,
+	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell, extra,
 		cell.Invoke(func(c *ipcachecell.IPCache, d *datapathcell.Datapath) {
 			a.ipcache, a.datapath = c, d
 			if producer != "" {

@@ -14,9 +14,11 @@
 // At start, before anything writes: bpffs is mounted at --bpf-root if it is
 // not one; pinned maps are reused, migrated (max entries changed: entries
 // copied, pin swapped atomically) or replaced (other layout: reported,
-// nothing restored from it); a snapshot of the pinned ipcache map is taken
-// for restore, its entries in address order ([Datapath.IPCacheSnapshot]
-// waits for it). Reconcilers prune stale map
+// nothing restored from it); the pinned ipcache map is read once, into a
+// snapshot in address order ([Datapath.IPCacheSnapshot] waits for it).
+// Restore takes the read's blocks as they come
+// ([Datapath.StreamPinnedIPCache]): the start hook then returns before the
+// read ends, and the map's writer waits for it. Reconcilers prune stale map
 // entries only once their table is initialized, so a restart never removes
 // an entry that is still wanted.
 //

@@ -71,53 +71,49 @@ type ipcacheSnapshot struct {
 // the pin by an atomic rename; one of another type, key or value size or
 // flags, or a pin that is not a map, is reported and replaced by an empty
 // map. A pin that cannot be opened for lack of permission or because bpffs
-// is read-only is an error, not replaced: it may be a good map. The
-// returned snapshot is the ipcache map's content before anything wrote to
-// it (empty when there was no usable map).
+// is read-only is an error, not replaced: it may be a good map. Nothing is
+// read from the ipcache map here: a migrated map holds what the pinned
+// one held, a replaced one nothing, and the Datapath reads the map it
+// returns before anything writes to it (readPinned).
 //
 // Possible errors: dir cannot be created or made private; a pin cannot be
 // opened (permission, read-only bpffs), created or replaced; a map cannot
 // be migrated because it holds more entries than the new max entries
 // (nothing is changed then).
-func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, ipcacheSnapshot, error) {
+func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, ipcacheSnapshot{}, fmt.Errorf("create pin directory %s: %w", dir, err)
+		return nil, fmt.Errorf("create pin directory %s: %w", dir, err)
 	}
 	// Whoever can write here can change what is enforced: the pins are
 	// the owner's only, also when the directory was made with a wider mode.
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, ipcacheSnapshot{}, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
+		return nil, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
 	maps := &pinnedMaps{}
-	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	var err error
-	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log, func(old *ebpf.Map) error {
-		snapshot, err = dumpIPCache(old, log)
-		return err
-	})
+	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log)
 	if err == nil {
 		maps.Policy, err = openPolicyMap(dir, policyMapSpec(policyMaxEntries), log)
 	}
 	if err == nil {
-		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log, nil)
+		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log)
 	}
 	if err == nil {
-		maps.Counters, err = openPinnedMap(dir, countersMapSpec(), log, nil)
+		maps.Counters, err = openPinnedMap(dir, countersMapSpec(), log)
 	}
 	if err == nil {
-		maps.Revision, err = openPinnedMap(dir, revisionMapSpec(), log, nil)
+		maps.Revision, err = openPinnedMap(dir, revisionMapSpec(), log)
 	}
 	if err != nil {
 		maps.Close()
-		return nil, ipcacheSnapshot{}, err
+		return nil, err
 	}
-	return maps, snapshot, nil
+	return maps, nil
 }
 
 // openPinnedMap returns the map pinned at dir/spec.Name, creating,
-// migrating or replacing it as openPinnedMaps says. inspect, if set, is
-// called with a compatible pinned map (before migration) to read it.
-func openPinnedMap(dir string, spec *ebpf.MapSpec, log *slog.Logger, inspect func(*ebpf.Map) error) (*ebpf.Map, error) {
+// migrating or replacing it as openPinnedMaps says.
+func openPinnedMap(dir string, spec *ebpf.MapSpec, log *slog.Logger) (*ebpf.Map, error) {
 	path := filepath.Join(dir, spec.Name)
 	log = log.With("map", path)
 	old, err := ebpf.LoadPinnedMap(path, nil)
@@ -139,12 +135,6 @@ func openPinnedMap(dir string, spec *ebpf.MapSpec, log *slog.Logger, inspect fun
 			"difference", incompatible)
 		old.Close()
 		return replacePinned(spec, path, nil)
-	}
-	if inspect != nil {
-		if err := inspect(old); err != nil {
-			old.Close()
-			return nil, fmt.Errorf("read pinned map %s: %w", path, err)
-		}
 	}
 	if old.MaxEntries() == spec.MaxEntries {
 		return old, nil
@@ -245,7 +235,7 @@ func openPolicyMap(dir string, spec *ebpf.MapSpec, log *slog.Logger) (*ebpf.Map,
 		if err == nil {
 			old.Close()
 		}
-		return openPinnedMap(dir, spec, log, nil)
+		return openPinnedMap(dir, spec, log)
 	}
 	defer old.Close()
 	var converted, skipped int
@@ -335,7 +325,9 @@ func copyEntries(from, to *ebpf.Map) error {
 // blocks of a fixed size, joined once into a slice of the exact size.
 // Appending to one slice instead copies it at every growth (by a quarter
 // at this size), which cost more than reading the map (docs/SCALE.md).
-func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
+// publish, if set, is given each block as it is read (in the kernel's
+// order, before the join); it must not modify it.
+func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ipcacheSnapshot, error) {
 	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
 	var (
 		blocks [][]PinnedEntry
@@ -358,6 +350,9 @@ func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
 		}
 		block = append(block, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
 		if len(block) == cap(block) {
+			if publish != nil {
+				publish(block)
+			}
 			blocks, block = append(blocks, block), nil
 		}
 		total++
@@ -366,11 +361,14 @@ func dumpIPCache(m kernelMap, log *slog.Logger) (ipcacheSnapshot, error) {
 		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
 	if block != nil {
+		if publish != nil {
+			publish(block)
+		}
 		blocks = append(blocks, block)
 	}
-	if len(blocks) == 1 {
-		snapshot.entries = blocks[0]
-	} else if len(blocks) > 1 {
+	// Joined into a new slice also from a single block: the sort below
+	// must not reorder a block published.
+	if len(blocks) > 0 {
 		snapshot.entries = make([]PinnedEntry, 0, total)
 		for _, b := range blocks {
 			snapshot.entries = append(snapshot.entries, b...)

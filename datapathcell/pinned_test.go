@@ -42,7 +42,7 @@ func TestDumpIPCacheAcrossBlocks(t *testing.T) {
 	r.ipcache[unreadable] = NewIPCacheMapValue(98)
 	slices.SortFunc(want, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 
-	snapshot, err := dumpIPCache(r.maps().ipcache, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	snapshot, err := dumpIPCache(r.maps().ipcache, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	require.NoError(t, err)
 	require.Greater(t, len(snapshot.entries), 2*readBatchSize, "more than two blocks")
 	require.Equal(t, want, snapshot.entries)

@@ -24,7 +24,7 @@ func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
 		return nil, fmt.Errorf("open pinned ipcache map: %w", err)
 	}
 	defer m.Close()
-	snapshot, err := dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	snapshot, err := dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		return nil, err
 	}

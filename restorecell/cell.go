@@ -66,7 +66,6 @@ type restorerParams struct {
 	DB           *statedb.DB
 	Metadata     statedb.Table[*ipcachecell.PrefixMetadata]
 	Entries      statedb.Table[*ipcachecell.Entry]
-	Datapath     *datapathcell.Datapath
 	Checkpointer *identitycell.Checkpointer
 	Allocator    *identitycell.Allocator
 	IPCache      *ipcachecell.IPCache
@@ -79,7 +78,6 @@ func newRestorer(p restorerParams) *Restorer {
 		db:         p.DB,
 		metadata:   p.Metadata,
 		entries:    p.Entries,
-		pinned:     p.Datapath,
 		checkpoint: p.Checkpointer,
 		allocator:  p.Allocator,
 		ipcache:    p.IPCache,
@@ -88,21 +86,32 @@ func newRestorer(p restorerParams) *Restorer {
 }
 
 // registerRestorer registers what the module runs: restore as a producer
-// that holds the ipcache's resolution, its start hook, and its job in the
-// module's one job group.
+// that holds the ipcache's resolution, as the reader of the pinned ipcache
+// map's stream, its start hook, and its job in the module's one job group.
 //
 // The start hook runs after the Checkpointer's and the Datapath's, whose
 // outputs it waits for, by their dependency, not by the order of the
 // cells: both append their start hooks when they are constructed, and the
 // hive constructs them before this Invoke, which takes the Restorer built
-// over them, can run. Restore is a start hook, not a job, because a
-// started agent is a restored one ("Started hive" comes after "Restored
-// prefixes").
-func registerRestorer(r *Restorer, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+// over them, can run. The Datapath's start then returns before it has
+// read the pinned map, and restore writes its rows as the blocks come
+// (it takes the read's error: a map that cannot be read fails restore's
+// start). Restore is a start hook, not a job, because a started agent is
+// a restored one ("Started hive" comes after "Restored prefixes").
+//
+// Possible errors: datapathcell.ErrStreamTaken (wrapped), if another
+// reader took the stream.
+func registerRestorer(r *Restorer, d *datapathcell.Datapath, lc cell.Lifecycle, jobs job.Registry, health cell.Health) error {
+	stream, err := d.StreamPinnedIPCache()
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	r.pinned = stream
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
 	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
 	group.Add(job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
+	return nil
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {

@@ -5,6 +5,7 @@ package restorecell
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -43,10 +44,11 @@ const releaseRate = 20_000
 // enough that the resolver, which writes the same table, never waits long.
 const unwithholdChunkSize = 1024
 
-// pinnedState and checkpoint are what the previous run left behind. Each
-// waits until its cell's start hook has read it.
+// pinnedState and checkpoint are what the previous run left behind. The
+// pinned map's entries come as the datapath reads them, after its start
+// hook; the checkpoint waits until its cell's start hook has read it.
 type pinnedState interface {
-	IPCacheSnapshot(context.Context) ([]datapathcell.PinnedEntry, error)
+	Blocks(context.Context) iter.Seq2[[]datapathcell.PinnedEntry, error]
 }
 
 type checkpoint interface {
@@ -83,76 +85,82 @@ type Restorer struct {
 
 // Start implements cell.HookInterface: it restores, before any other
 // producer's metadata is resolved. It waits, with the hook's context, for
-// the two things it reads: the datapath's snapshot of the pinned map and
-// the previous checkpoint. Both are ready when it runs (see
-// registerRestorer); the waits make the dependency explicit, and a wrong
-// order fail the start with an error naming what was missing, not hang.
+// the two things it reads: the previous checkpoint, decoded by the time
+// it runs or soon after, and the pinned map's entries, which it takes as
+// the datapath reads them (see registerRestorer). The waits make the
+// dependencies explicit, and a wrong order fail the start with an error
+// naming what was missing, not hang.
 //
-// Possible errors: ctx's, wrapped by Datapath.IPCacheSnapshot or
-// Checkpointer.Previous; those of identitycell.Allocator.Withhold,
-// ipcachecell.IPCache.NewHandle and ipcachecell.Handle.UpsertBatch
-// (wrapped). Each fails the start.
+// Possible errors: ctx's, wrapped by Checkpointer.Previous or yielded by
+// datapathcell.PinnedIPCacheStream.Blocks; the pinned map cannot be read
+// (the datapath's start leaves that error to restore); those of
+// identitycell.Allocator.Withhold, ipcachecell.IPCache.NewHandle and
+// ipcachecell.Handle.UpsertBatch (wrapped). Each fails the start.
 func (r *Restorer) Start(ctx cell.HookContext) error {
-	pinned, err := r.pinned.IPCacheSnapshot(ctx)
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
 	saved, err := r.checkpoint.Previous(ctx)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
-	}
-
-	// Sized up front, one label string per prefix, and the snapshot read
-	// as the datapath sorted it (no map lookup per prefix): building the
-	// batch is a large part of the restart's start (docs/SCALE.md).
-	var (
-		batch    = make([]ipcachecell.PrefixUpsert, 0, len(pinned))
-		withheld = make([]identitycell.NumericIdentity, 0, len(pinned))
-		skipped  int
-	)
-	for _, entry := range pinned {
-		prefix, id := entry.Prefix, entry.Identity
-		if !id.IsLocal() {
-			skipped++ // reserved or explicit: its owner re-asserts it, or it goes
-			continue
-		}
-		lbls, checkpointed := saved.Labels(id)
-		// Nearly always the cidr label alone: told without building it.
-		if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) {
-			r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
-				"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
-			checkpointed = false
-		}
-		if !checkpointed {
-			lbls = labels.ForPrefix(prefix)
-		}
-		batch = append(batch, ipcachecell.PrefixUpsert{
-			Prefix:   prefix,
-			Metadata: ipcachecell.Metadata{Labels: lbls, RequestedIdentity: id},
-		})
-		withheld = append(withheld, id)
-	}
-
-	if err := r.allocator.Withhold(withheld...); err != nil {
-		return fmt.Errorf("withhold %d restored numbers: %w", len(withheld), err)
 	}
 	handle, err := r.ipcache.NewHandle(Resource, source.Restored)
 	if err != nil {
 		return fmt.Errorf("create restore handle: %w", err)
 	}
-	if err := handle.UpsertBatch(batch); err != nil {
-		return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
+
+	// A block at a time as the datapath reads the map: each block's rows
+	// are written while the kernel reads the next ones, which took as
+	// long as all of this after the read (docs/SCALE.md).
+	var (
+		batch    []ipcachecell.PrefixUpsert // one block's, reused
+		withheld []identitycell.NumericIdentity
+		skipped  int
+	)
+	for block, err := range r.pinned.Blocks(ctx) {
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		batch = batch[:0]
+		first := len(withheld)
+		for _, entry := range block {
+			prefix, id := entry.Prefix, entry.Identity
+			if !id.IsLocal() {
+				skipped++ // reserved or explicit: its owner re-asserts it, or it goes
+				continue
+			}
+			lbls, checkpointed := saved.Labels(id)
+			// Nearly always the cidr label alone: told without building it.
+			if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) {
+				r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
+					"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
+				checkpointed = false
+			}
+			if !checkpointed {
+				lbls = labels.ForPrefix(prefix)
+			}
+			batch = append(batch, ipcachecell.PrefixUpsert{
+				Prefix:   prefix,
+				Metadata: ipcachecell.Metadata{Labels: lbls, RequestedIdentity: id},
+			})
+			withheld = append(withheld, id)
+		}
+		// Withheld before any number is allocated: resolution waits for
+		// restore (registerRestorer).
+		if err := r.allocator.Withhold(withheld[first:]...); err != nil {
+			return fmt.Errorf("withhold %d restored numbers: %w", len(withheld)-first, err)
+		}
+		if err := handle.UpsertBatch(batch); err != nil {
+			return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
+		}
 	}
 
 	r.mu.Lock()
-	r.handle, r.withheld, r.restored = handle, withheld, len(batch)
+	r.handle, r.withheld, r.restored = handle, withheld, handle.NumPrefixes()
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
 	close(r.restoredCh)
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
-		"restored", len(batch), "not-restored-non-local", skipped,
+		"restored", handle.NumPrefixes(), "not-restored-non-local", skipped,
 		"checkpointed-identities", saved.Len(), "grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
 }
