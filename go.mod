@@ -7,6 +7,7 @@ require (
 	github.com/cilium/hive v1.0.4
 	github.com/cilium/statedb v0.9.4
 	github.com/fsnotify/fsnotify v1.10.1
+	github.com/google/gopacket v1.1.19
 	github.com/liggitt/tabwriter v0.0.0-20181228230101-89fcab3d43de
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
