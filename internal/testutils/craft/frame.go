@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,11 @@ type Link struct {
 //
 // Possible errors: no IP layer first; gopacket's serialization errors.
 func Serialize(ls ...gopacket.SerializableLayer) ([]byte, error) {
+	// An empty chain is no layer: the IP header announces what follows it.
+	ls = slices.DeleteFunc(slices.Clone(ls), func(l gopacket.SerializableLayer) bool {
+		d, ok := l.(*DestinationOptions)
+		return ok && d.Count == 0
+	})
 	if len(ls) == 0 {
 		return nil, errors.New("serialize: no layers")
 	}
@@ -157,7 +163,7 @@ func Quote(packet []byte, extra []byte) []byte {
 // (next header 60), eight bytes each (a PadN option filling it); the last
 // announces Next (Serialize sets it from the layer that follows when it is
 // zero). The IPv6 layer before it must announce 60 (Serialize sets that
-// too).
+// too). Serialize leaves out a chain of Count 0.
 type DestinationOptions struct {
 	Count int
 	Next  layers.IPProtocol
