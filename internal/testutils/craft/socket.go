@@ -77,14 +77,24 @@ func OpenSender(t testing.TB, ns, ifname string, dst net.HardwareAddr) *Sender {
 	return s
 }
 
+// ErrDroppedOnTransmit: the device's transmit path dropped the frame (its
+// TCX egress program or qdisc said drop, NET_XMIT_DROP, which send(2)
+// reports as ENOBUFS). For a frame meant to be dropped there, it is no
+// failure.
+var ErrDroppedOnTransmit = errors.New("frame dropped on the transmit path")
+
 // Send sends one frame (Ethernet header included).
 //
-// Possible errors: the kernel's (the device is down, the frame is longer
-// than its MTU).
+// Possible errors: ErrDroppedOnTransmit; the kernel's (the device is down,
+// the frame is longer than its MTU).
 func (s *Sender) Send(frame []byte) error {
 	to := &unix.SockaddrLinklayer{Ifindex: s.ifindex, Halen: 6}
 	copy(to.Addr[:], frame[:6])
-	if err := unix.Sendto(s.fd, frame, 0, to); err != nil {
+	err := unix.Sendto(s.fd, frame, 0, to)
+	if errors.Is(err, unix.ENOBUFS) {
+		err = ErrDroppedOnTransmit
+	}
+	if err != nil {
 		return fmt.Errorf("send frame of %d bytes: %w", len(frame), err)
 	}
 	return nil
