@@ -381,6 +381,15 @@ func (b *bypassRig) vlanTags(t *testing.T) {
 			at: f.tcpAtPeer, send: func(m []byte) error { return b.fromEP.SendIP(syn(f.ep, f.denied, 40000, 22, m)) }})
 		b.requireDropped(t, attack{name: f.name + " untagged from the denied peer", direction: "ingress", reason: "policy-deny",
 			at: f.udpAtEP, send: func(m []byte) error { return b.fromHost.SendIP(udp(f.denied, f.ep, 40000, 5353, m)) }})
+		// The single tag is metadata, so the program sees IP and the deny:
+		// what the stacked tags below hide is what the program sees here.
+		b.requireDropped(t, attack{name: f.name + " TCP to the denied peer behind one priority tag", direction: "egress",
+			reason: "policy-deny", at: f.tcpAtPeer,
+			send: func(m []byte) error { return b.fromEP.SendIP(syn(f.ep, f.denied, 40000, 22, m), q0) }})
+		// At TCX egress nothing moved it: the frame still says 0x8100.
+		b.requireDropped(t, attack{name: f.name + " UDP from the denied peer behind one priority tag", direction: "ingress",
+			reason: "vlan-tagged", at: f.udpAtEP,
+			send: func(m []byte) error { return b.fromHost.SendIP(udp(f.denied, f.ep, 40000, 5353, m), q0) }})
 
 		for _, stack := range stacks {
 			b.requireDropped(t, attack{name: f.name + " TCP to the denied peer behind " + stack.name,
