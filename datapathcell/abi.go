@@ -47,13 +47,17 @@ import (
 // deny (only what policy allows passes), 2 deny rules only (what a deny
 // entry matches is dropped, the rest passes).
 //
-// counters (per-CPU array, 8 entries of 16 bytes: packets u64 | bytes
-// u64, bytes being skb->len): index direction*4 + slot. Slot 0 counts
-// allowed packets, slots 1-3 drops of ReasonNoPolicy, ReasonMalformed
-// and ReasonPolicyDeny (a drop's slot is its reason code, events.go):
+// counters (per-CPU array, 16 entries of 16 bytes: packets u64 | bytes
+// u64, bytes being skb->len): index direction*8 + slot. Slot 0 counts
+// allowed packets, slots 1-6 drops of ReasonNoPolicy, ReasonMalformed,
+// ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders and ReasonFragment
+// (a drop's slot is its reason code, events.go), slot 7 is unused:
 //
-//	0 ingress allowed   1 ingress no-policy   2 ingress malformed   3 ingress policy-deny
-//	4 egress allowed    5 egress no-policy    6 egress malformed    7 egress policy-deny
+//	0 ingress allowed   1-6 ingress drops by reason    7 unused
+//	8 egress allowed    9-14 egress drops by reason   15 unused
+//
+// A pinned counters map of the previous layout (8 entries, index
+// direction*4 + slot) is migrated to this one at start (maps.go).
 
 const (
 	ipcacheKeySize   = 24

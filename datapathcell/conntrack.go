@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,23 +27,27 @@ import (
 // enforcement program (bpf/enforce.c says when), read and collected by the
 // agent:
 //
-//	key   (40 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
-//	                  remote_port be16 | protocol u8 | family u8 | pad u16
+//	key   (44 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
+//	                  remote_port be16 | protocol u8 | family u8 | pad u16 | ifindex u32
 //	value (16 bytes): expires u64 | origin u8 | flags u8 | checked 48 bits (u16 | u32)
 //
 // The endpoint is the side behind the device, the remote the other one;
 // IPv4 addresses take the first 4 bytes. ICMP and ICMPv6 echo put the echo
-// identifier in endpoint_port, remote_port is 0. expires is in
+// identifier in endpoint_port, remote_port is 0. ifindex is the device the
+// entry was created on: a connection is only itself on that device, so a
+// packet on another device that carries the same addresses and ports
+// neither finds nor creates its entry. expires is in
 // CLOCK_MONOTONIC_COARSE nanoseconds (bpf_ktime_get_coarse_ns). origin is the direction
 // of the packet that created the entry (0 ingress, 1 egress): packets the
 // other way are its replies. flags: ConntrackEstablished,
-// ConntrackFINOrigin, ConntrackFINReply, ConntrackRST, ConntrackReplySeen.
+// ConntrackFINOrigin, ConntrackFINReply, ConntrackRST, ConntrackReplySeen,
+// ConntrackRevoked.
 // checked is the second little-endian u64 shifted right by 16: the low 48
 // bits of the revision (revision.go) at which policy last allowed a
 // forward packet, 0 if never (a direction not enforced creates entries
 // without a verdict).
 const (
-	conntrackKeySize   = 40
+	conntrackKeySize   = 44
 	conntrackValueSize = 16
 )
 
@@ -57,6 +63,11 @@ const (
 	ConntrackRST = 0x08
 	// ConntrackReplySeen: a reply passed.
 	ConntrackReplySeen = 0x10
+	// ConntrackRevoked: policy dropped a forward packet since it last
+	// allowed one. Packets the other way are then no replies, and the
+	// entry stays so that they cannot open a connection of the other
+	// origin in a direction that is not enforced.
+	ConntrackRevoked = 0x20
 )
 
 // ConntrackKey is the key of the conntrack map.
@@ -65,10 +76,11 @@ type ConntrackKey [conntrackKeySize]byte
 // ConntrackValue is the value of the conntrack map.
 type ConntrackValue [conntrackValueSize]byte
 
-// newConntrackKey encodes a connection's key. Both addresses must be of
-// the same family; ports are in host order.
-func newConntrackKey(endpoint, remote netip.AddrPort, protocol uint8) ConntrackKey {
+// newConntrackKey encodes the key of a connection on the device ifindex.
+// Both addresses must be of the same family; ports are in host order.
+func newConntrackKey(ifindex uint32, endpoint, remote netip.AddrPort, protocol uint8) ConntrackKey {
 	var k ConntrackKey
+	binary.NativeEndian.PutUint32(k[40:44], ifindex)
 	if endpoint.Addr().Is4() {
 		a, b := endpoint.Addr().As4(), remote.Addr().As4()
 		copy(k[0:4], a[:])
@@ -174,6 +186,8 @@ func setConntrackTimeouts(spec *ebpf.CollectionSpec, t ConntrackTimeouts) error 
 type ConntrackEntry struct {
 	Endpoint, Remote netip.AddrPort
 	Protocol         uint8
+	// Ifindex is the device the connection was seen on.
+	Ifindex uint32
 	// Origin is the direction that opened the connection.
 	Origin uint8
 	Flags  uint8
@@ -352,6 +366,7 @@ func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
 			continue // not the program's: skip it
 		}
 		out = append(out, ConntrackEntry{Endpoint: endpoint, Remote: remote, Protocol: protocol,
+			Ifindex: binary.NativeEndian.Uint32(k[40:44]),
 			Origin: v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
 	}
 	if err := it.Err(); err != nil {
@@ -410,6 +425,54 @@ func (c Config) validateConntrack() error {
 	return nil
 }
 
+// previousConntrackKeySize is the key size of the layout before the
+// device was part of the key: the same fields without ifindex.
+const previousConntrackKeySize = 40
+
+// convertPreviousConntrack replaces a pinned conntrack map of the previous
+// layout by one of spec's, holding its entries once per device of devices
+// (resolved in the agent's namespace; a device that does not exist gets
+// none). It returns nil and no error when the pin is not of that layout.
+//
+// Possible errors: the old map cannot be read; the new one cannot be
+// created, filled or pinned.
+func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, log *slog.Logger) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return nil, nil // openPinnedMap says what it is
+	}
+	defer old.Close()
+	if old.Type() != spec.Type || old.KeySize() != previousConntrackKeySize || old.ValueSize() != spec.ValueSize {
+		return nil, nil
+	}
+	var ifindexes []uint32
+	for _, name := range devices {
+		if iface, err := net.InterfaceByName(name); err == nil {
+			ifindexes = append(ifindexes, uint32(iface.Index))
+		}
+	}
+	log.Info("Converting pinned conntrack map to the layout with the device in the key",
+		"map", path, "entries-per-device", true, "devices", len(ifindexes))
+	return replacePinnedWith(spec, path, old, func(from, to *ebpf.Map) error {
+		var k [previousConntrackKeySize]byte
+		var v ConntrackValue
+		it := from.Iterate()
+		for it.Next(&k, &v) {
+			var nk ConntrackKey
+			copy(nk[:], k[:])
+			for _, ifindex := range ifindexes {
+				binary.NativeEndian.PutUint32(nk[40:44], ifindex)
+				// A full LRU map evicts: nothing to handle here.
+				if err := to.Put(nk, v); err != nil {
+					return err
+				}
+			}
+		}
+		return it.Err()
+	})
+}
+
 // conntrackTimeouts are the program's timeouts: zero (its defaults) unless
 // the test flag is set.
 func (c Config) conntrackTimeouts() ConntrackTimeouts {
@@ -425,11 +488,18 @@ func (c Config) conntrackTimeouts() ConntrackTimeouts {
 // entries (into a smaller map, the LRU keeps what fits); entries the
 // program creates in the old map while the copy runs are lost, and those
 // connections' replies are decided by policy until their next forward
-// packet.
+// packet. A map of the previous layout (40-byte keys, without the device)
+// is converted: each entry is copied once for every device in --devices,
+// since the old key does not say which device its connection was on; the
+// copies on other devices are never matched and expire.
 //
 // Possible errors: as openPinnedMaps (maps is closed then).
 func openConntrackMap(maps *pinnedMaps, dir string, cfg Config, log *slog.Logger) error {
-	m, err := openPinnedMap(dir, conntrackMapSpec(cfg.ConntrackMapMaxEntries), log)
+	spec := conntrackMapSpec(cfg.ConntrackMapMaxEntries)
+	m, err := convertPreviousConntrack(dir, spec, cfg.Devices, log)
+	if err == nil && m == nil {
+		m, err = openPinnedMap(dir, spec, log)
+	}
 	if err != nil {
 		maps.Close()
 		return fmt.Errorf("open pinned maps in %s: %w", dir, err)

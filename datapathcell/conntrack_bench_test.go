@@ -176,7 +176,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	const syn, ack = 0x02, 0x10
 	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
 	replyACK := tcpPacket(peer, out, ack)
-	key := newConntrackKey(out, peer, testProtoTCP)
+	key := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 
 	passThrough := passThroughProgram(b)
 	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))

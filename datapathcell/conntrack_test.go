@@ -153,7 +153,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		}
 		entries := conntrackEntries(t, maps.Conntrack)
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := entries[key]
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
@@ -182,13 +182,15 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		require.NoError(t, maps.Policy.Delete(policyMapKey(testIdentityAllowed, uint8(policycell.Egress), 0, 0)))
 		bumpRevision(t, maps)
 		require.Error(t, exchange(conns[0], "after"), "data passed without a rule")
-		// The dropped forward packet took the entry with it: the replies
-		// stop too.
+		// The dropped forward packet revoked the entry: the replies stop
+		// too, and the entry stays so that they cannot open one of their
+		// own.
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := newConntrackKey(netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
-		_, ok := conntrackEntries(t, maps.Conntrack)[key]
-		require.False(t, ok, "entry of a connection policy now drops")
+		v, ok := conntrackEntries(t, maps.Conntrack)[key]
+		require.True(t, ok, "entry of a connection policy now drops")
+		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry of a connection policy now drops is not revoked")
 	})
 }
 
@@ -293,7 +295,7 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 	now := monotonicNow()
 	const expired, alive = 300, 200
 	for i := range expired + alive {
-		k := newConntrackKey(netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
+		k := newConntrackKey(progRunIfindex, netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
 			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
 		expires := now - time.Second
 		if i >= expired {
@@ -338,7 +340,7 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 		t.Cleanup(func() { maps.Close() })
 		return maps.Conntrack
 	}
-	key := newConntrackKey(netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	key := newConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
 	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
 
 	first := open(1024)
@@ -392,7 +394,7 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 	peer := netip.MustParseAddrPort(hostPort(ctPeer4, 80))
 	syn := func(port uint16) (ConntrackKey, []byte) {
 		ep := netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), port)
-		return newConntrackKey(ep, peer, testProtoTCP), tcpPacket(ep, peer, 0x02)
+		return newConntrackKey(progRunIfindex, ep, peer, testProtoTCP), tcpPacket(ep, peer, 0x02)
 	}
 	opening := uint64(time.Minute) // the TCP opening timeout the program is loaded with
 	for attempt := range 200 {

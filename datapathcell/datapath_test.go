@@ -333,9 +333,9 @@ func countPinned(t *testing.T, m *ebpf.Map) int {
 	return n
 }
 
-// A counters map pinned by an agent of the previous layout (4 entries of
-// u64 packets) is replaced by one of 8 entries of packets and bytes, which
-// Counters reads.
+// A counters map pinned by an agent of an older layout (4 entries of
+// u64 packets) is replaced by one of 16 entries of packets and bytes,
+// which Counters reads.
 func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 	e := newEnv(t)
 	first, _ := e.start(t, "")
@@ -352,8 +352,47 @@ func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 	defer m.Close()
 	require.Equal(t, ebpf.PerCPUArray, m.Type())
 	require.Equal(t, uint32(16), m.ValueSize())
-	require.Equal(t, uint32(8), m.MaxEntries())
+	require.Equal(t, uint32(16), m.MaxEntries())
 	c, err := a.datapath.Counters()
 	require.NoError(t, err)
 	require.Len(t, c.Drops, 2*len(datapathcell.DropReasons()))
+}
+
+// A counters map of the previous layout (8 entries: direction*4 + slot)
+// keeps its counts, each in its direction's slot of the current layout
+// (direction*8 + slot), not copied index for index.
+func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
+	e := newEnv(t)
+	first, _ := e.start(t, "")
+	first.stop()
+	require.NoError(t, unix.Unlink(e.pinPath(datapathcell.CountersMapName)))
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16, MaxEntries: 8})
+	require.NoError(t, err)
+	type counter struct{ Packets, Bytes uint64 }
+	cpus, err := ebpf.PossibleCPU()
+	require.NoError(t, err)
+	for index := range uint32(8) {
+		values := make([]counter, cpus)
+		values[0] = counter{Packets: uint64(index + 1), Bytes: uint64(100 * (index + 1))}
+		require.NoError(t, old.Put(index, values))
+	}
+	require.NoError(t, old.Pin(e.pinPath(datapathcell.CountersMapName)))
+	old.Close()
+
+	a, _ := e.start(t, "")
+	c, err := a.datapath.Counters()
+	require.NoError(t, err)
+	// Old index 0 ingress allowed, 1-3 ingress drops; 4 egress allowed,
+	// 5-7 egress drops.
+	require.Equal(t, uint64(1), c.IngressAllowed)
+	require.Equal(t, uint64(5), c.EgressAllowed)
+	require.Equal(t, uint64(2+3+4), c.IngressDropped)
+	require.Equal(t, uint64(6+7+8), c.EgressDropped)
+	require.Equal(t, uint64(800), c.EgressDroppedBytes-uint64(100*(6+7)))
+	for _, d := range c.Drops {
+		if d.Reason == datapathcell.ReasonPolicyDeny {
+			want := map[policycell.Direction]uint64{policycell.Ingress: 4, policycell.Egress: 8}[d.Direction]
+			require.Equal(t, want, d.Packets, "policy-deny drops of %v", d.Direction)
+		}
+	}
 }

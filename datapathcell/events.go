@@ -43,6 +43,17 @@ const (
 	ReasonNoPolicy    Reason = 1
 	ReasonMalformed   Reason = 2
 	ReasonPolicyDeny  Reason = 3
+	// ReasonVLANTagged drops a frame that still carries a VLAN tag in
+	// the packet (802.1Q or 802.1ad; the kernel moves only the outer
+	// one to metadata), whatever it holds.
+	ReasonVLANTagged Reason = 4
+	// ReasonExtHeaders drops an IPv6 packet whose extension headers go
+	// on past the number the program walks (8).
+	ReasonExtHeaders Reason = 5
+	// ReasonFragment drops a fragment the program cannot place: one
+	// whose datagram's first fragment did not pass (or was not seen), or
+	// one that does not start where the fragments before it ended.
+	ReasonFragment Reason = 6
 	ReasonPolicy      Reason = 16
 	ReasonReply       Reason = 17
 	ReasonEstablished Reason = 18
@@ -50,6 +61,9 @@ const (
 	// ReasonNotDenied allows a packet that no entry matches in a direction
 	// that enforces deny rules only (no default deny).
 	ReasonNotDenied Reason = 20
+	// ReasonFragmentOfAllowed allows a later fragment of a datagram
+	// whose first fragment passed.
+	ReasonFragmentOfAllowed Reason = 21
 )
 
 // String is the reason's name in monitor's JSON (docs/CONTRACT.md).
@@ -61,6 +75,12 @@ func (r Reason) String() string {
 		return "malformed-ip-header"
 	case ReasonPolicyDeny:
 		return "policy-deny"
+	case ReasonVLANTagged:
+		return "vlan-tagged"
+	case ReasonExtHeaders:
+		return "ext-headers"
+	case ReasonFragment:
+		return "unplaced-fragment"
 	case ReasonPolicy:
 		return "policy"
 	case ReasonReply:
@@ -71,6 +91,8 @@ func (r Reason) String() string {
 		return "related"
 	case ReasonNotDenied:
 		return "not-denied"
+	case ReasonFragmentOfAllowed:
+		return "fragment-of-allowed"
 	}
 	return fmt.Sprintf("reason-%d", uint8(r))
 }

@@ -99,7 +99,7 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log)
 	}
 	if err == nil {
-		maps.Counters, err = openPinnedMap(dir, countersMapSpec(), log)
+		maps.Counters, err = openCountersMap(dir, countersMapSpec(), log)
 	}
 	if err == nil {
 		maps.Revision, err = openPinnedMap(dir, revisionMapSpec(), log)
@@ -216,6 +216,39 @@ func replacePinnedWith(spec *ebpf.MapSpec, path string, from *ebpf.Map, fill fun
 		return nil, fmt.Errorf("open replaced map %s: %w", path, err)
 	}
 	return reopened, nil
+}
+
+// openCountersMap is openPinnedMap for the counters map, which moves a
+// pinned map of the previous layout (8 entries: direction*4 + slot, three
+// drop reasons) to the current one rather than copying entries by index,
+// which would count the old egress slots as ingress ones.
+//
+// Possible errors: those of openPinnedMap; the old map cannot be read.
+func openCountersMap(dir string, spec *ebpf.MapSpec, log *slog.Logger) (*ebpf.Map, error) {
+	path := filepath.Join(dir, spec.Name)
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil || old.MaxEntries() != previousCountersEntries || layoutDifference(spec, old) != "" {
+		if err == nil {
+			old.Close()
+		}
+		return openPinnedMap(dir, spec, log)
+	}
+	defer old.Close()
+	log.Info("Migrating pinned counters map to the layout with more drop reasons", "map", path,
+		"from", old.MaxEntries(), "to", spec.MaxEntries)
+	return replacePinnedWith(spec, path, old, func(from, to *ebpf.Map) error {
+		for index := uint32(0); index < previousCountersEntries; index++ {
+			var perCPU []counterValue
+			if err := from.Lookup(index, &perCPU); err != nil {
+				return err
+			}
+			direction, slot := index/previousCountersSlots, index%previousCountersSlots
+			if err := to.Put(direction*countersSlots+slot, perCPU); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // openPolicyMap is openPinnedMap for the policy map, which also converts

@@ -343,15 +343,19 @@ type DropCount struct {
 // DropReasons are the reasons the program drops for, each a slot of the
 // counters map (abi.go).
 func DropReasons() []Reason {
-	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny}
+	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders, ReasonFragment}
 }
 
 const (
 	// countersValueSize: packets u64 | bytes u64 (abi.go).
 	countersValueSize = 16
-	// countersSlots per direction: allowed, the three drop reasons.
-	countersSlots   = 4
+	// countersSlots per direction: allowed, the six drop reasons, and
+	// room for one more.
+	countersSlots   = 8
 	countersEntries = 2 * countersSlots
+	// The previous layout's slots and entries (openCountersMap).
+	previousCountersSlots   = 4
+	previousCountersEntries = 2 * previousCountersSlots
 	// countAllowed is the slot of allowed packets; a drop's is its reason.
 	countAllowed = 0
 )

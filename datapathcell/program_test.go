@@ -31,6 +31,10 @@ const (
 
 	testProtoTCP = 6
 	testProtoUDP = 17
+
+	// progRunIfindex is the device of packets run with BPF_PROG_RUN
+	// without a context: the loopback, which is 1 in every namespace.
+	progRunIfindex = 1
 )
 
 // The C declarations of the maps must match mapspecs.go: the loader swaps
@@ -82,13 +86,14 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 }
 
 func TestCounterIndex(t *testing.T) {
-	// abi.go: direction*4 + slot; slot 0 allowed, a drop's slot its reason.
+	// abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
 	require.Equal(t, uint32(0), counterIndex(policycell.Ingress, countAllowed))
 	require.Equal(t, uint32(1), counterIndex(policycell.Ingress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(2), counterIndex(policycell.Ingress, uint32(ReasonMalformed)))
-	require.Equal(t, uint32(4), counterIndex(policycell.Egress, countAllowed))
-	require.Equal(t, uint32(5), counterIndex(policycell.Egress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(6), counterIndex(policycell.Egress, uint32(ReasonMalformed)))
+	require.Equal(t, uint32(6), counterIndex(policycell.Ingress, uint32(ReasonFragment)))
+	require.Equal(t, uint32(8), counterIndex(policycell.Egress, countAllowed))
+	require.Equal(t, uint32(9), counterIndex(policycell.Egress, uint32(ReasonNoPolicy)))
+	require.Equal(t, uint32(10), counterIndex(policycell.Egress, uint32(ReasonMalformed)))
+	require.Equal(t, uint32(12), counterIndex(policycell.Egress, uint32(ReasonVLANTagged)))
 	for _, r := range DropReasons() {
 		require.Less(t, uint32(r), uint32(countersSlots), "reason %s has no slot", r)
 	}

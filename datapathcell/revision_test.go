@@ -35,7 +35,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	forward := tcpPacket(out, peer, 0x10)
-	ctKey := newConntrackKey(out, peer, testProtoTCP)
+	ctKey := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 	peerKey := NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))
 	allowKey := policyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
 	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
@@ -62,7 +62,9 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 		t.Helper()
 		run(tcxDropRet, "after "+what)
 		var v ConntrackValue
-		require.ErrorIs(t, maps.Conntrack.Lookup(ctKey, &v), ebpf.ErrKeyNotExist, "entry deleted after "+what)
+		require.NoError(t, maps.Conntrack.Lookup(ctKey, &v), "entry kept after "+what)
+		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry revoked after "+what)
+		require.Zero(t, v.checked(), "no verdict kept after "+what)
 	}
 
 	establish()
@@ -110,12 +112,47 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	putEnforced(t, maps, policycell.Ingress, true)
-	ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x10)})
+	// An ACK passes but opens nothing there (see the next test); a SYN
+	// opens the connection.
+	ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x02)})
 	require.NoError(t, err)
 	require.EqualValues(t, tcxNextRet, ret)
 	var v ConntrackValue
-	require.NoError(t, maps.Conntrack.Lookup(newConntrackKey(out, peer, testProtoTCP), &v))
+	require.NoError(t, maps.Conntrack.Lookup(newConntrackKey(progRunIfindex, out, peer, testProtoTCP), &v))
 	require.Zero(t, v.checked())
+}
+
+// In a direction that is not enforced only a packet that opens a
+// connection creates an entry: a TCP SYN without ACK, an echo request, a
+// UDP datagram. A peer's ACK there cannot make the connection its own
+// (origin ingress), which would let the endpoint's packets pass egress as
+// its replies (issue 32, hole 5).
+func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	enf := loadTestEnforcer(t, maps)
+	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	// Egress enforced, default deny, nothing allowed; ingress not enforced.
+	putEnforced(t, maps, policycell.Egress, true)
+	key := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	for _, flags := range []uint8{0x10, 0x12, 0x18, 0x11, 0x04} { // ACK, SYN-ACK, PSH-ACK, FIN-ACK, RST
+		ret, err := enf.toEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(peer, out, flags)})
+		require.NoError(t, err)
+		require.EqualValues(t, tcxNextRet, ret, "ingress is not enforced")
+		var v ConntrackValue
+		require.ErrorIs(t, maps.Conntrack.Lookup(key, &v), ebpf.ErrKeyNotExist, "TCP flags %#x created an entry", flags)
+		ret, err = enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x10)})
+		require.NoError(t, err)
+		require.EqualValues(t, tcxDropRet, ret, "the endpoint's ACK passed egress after the peer's flags %#x", flags)
+	}
+	// The peer's SYN does open a connection, whose replies then pass.
+	ret, err := enf.toEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(peer, out, 0x02)})
+	require.NoError(t, err)
+	require.EqualValues(t, tcxNextRet, ret)
+	ret, err = enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x12)})
+	require.NoError(t, err)
+	require.EqualValues(t, tcxNextRet, ret, "the SYN-ACK of a connection the peer opened")
 }
 
 func TestPrivilegedRevisionCounter(t *testing.T) {
@@ -138,7 +175,7 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 			v[10], v[11] = byte(checked), byte(checked>>8)
 			v[12], v[13], v[14], v[15] = byte(checked>>16), byte(checked>>24), byte(checked>>32), byte(checked>>40)
 			require.Equal(t, checked, v.checked())
-			require.NoError(t, ct.Put(newConntrackKey(netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:1"), uint8(i)), v))
+			require.NoError(t, ct.Put(newConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:1"), uint8(i)), v))
 		}
 		require.NoError(t, counter.startAbove(ct))
 		require.Equal(t, uint64(1<<40+1), counter.load())

@@ -73,7 +73,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	tracked := func(remote netip.AddrPort) bool {
 		t.Helper()
 		var v ConntrackValue
-		err := maps.Conntrack.Lookup(newConntrackKey(out, remote, testProtoSCTP), &v)
+		err := maps.Conntrack.Lookup(newConntrackKey(progRunIfindex, out, remote, testProtoSCTP), &v)
 		if err != nil {
 			require.ErrorIs(t, err, ebpf.ErrKeyNotExist)
 			return false

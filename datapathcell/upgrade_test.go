@@ -101,8 +101,8 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 		IPCache:     pinned(IPCacheMapSpec(1024)),
 		Policy:      pinned(hashPolicyMapSpec()),
 		Enforcement: pinned(enforcementMapSpec()),
-		Counters:    pinned(countersMapSpec()),
-		Conntrack:   pinned(conntrackMapSpec(4096)),
+		Counters:    pinned(previousCountersMapSpec()),
+		Conntrack:   pinned(previousConntrackMapSpec(4096)),
 		Revision:    pinned(revisionMapSpec()),
 	}
 	defer func() {
@@ -146,4 +146,20 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 	bumpRevision(t, maps)
 	require.Equal(t, 10, nw.ping(t, "10.200.0.2", 10, "0.01"), "the old program allows the ping")
 	return id
+}
+
+// previousCountersMapSpec is the counters map of the previous layout (8
+// entries: direction*4 + slot), which the fixture's program declares.
+func previousCountersMapSpec() *ebpf.MapSpec {
+	spec := countersMapSpec()
+	spec.MaxEntries = previousCountersEntries
+	return spec
+}
+
+// previousConntrackMapSpec is the conntrack map of the previous layout
+// (40-byte keys, without the device).
+func previousConntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
+	spec := conntrackMapSpec(maxEntries)
+	spec.KeySize = previousConntrackKeySize
+	return spec
 }

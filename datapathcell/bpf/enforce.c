@@ -213,6 +213,26 @@ struct __sk_buff {
 	__u32 data_end;
 };
 
+// struct bpf_fib_lookup (include/uapi/linux/bpf.h), with the unions
+// reduced to the members used here; the size is the UAPI's (64 bytes).
+struct bpf_fib_lookup {
+	__u8 family;
+	__u8 l4_protocol;
+	__be16 sport;
+	__be16 dport;
+	__u16 tot_len;
+	__u32 ifindex;
+	__be32 flowinfo;
+	__u32 ipv6_src[4];
+	__u32 ipv6_dst[4];
+	__u32 tbid;
+	__u8 smac[6];
+	__u8 dmac[6];
+};
+
+#define BPF_FIB_LKUP_RET_NOT_FWDED 4
+#define BPF_FIB_LKUP_RET_FWD_DISABLED 5
+
 // Kernel UAPI values (include/uapi/linux/bpf.h, if_ether.h, in.h, pkt_cls.h,
 // icmp.h, icmpv6.h, tcp.h).
 #define BPF_MAP_TYPE_HASH 1
@@ -228,6 +248,9 @@ struct __sk_buff {
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+#define AF_INET6 10
 
 #define IPPROTO_HOPOPTS 0
 #define IPPROTO_ICMP 1
@@ -293,7 +316,7 @@ struct __sk_buff {
 // Bits of ipcache_key before ip: cluster_id, pad and family.
 #define IPCACHE_STATIC_PREFIX_BITS 32
 
-#define MAX_IPV6_EXT_HDRS 4
+#define MAX_IPV6_EXT_HDRS 8
 
 #define NSEC_PER_SEC 1000000000ULL
 
@@ -303,6 +326,7 @@ struct __sk_buff {
 #define CT_FIN_REPLY 0x04   // TCP: FIN from the reply side
 #define CT_RST 0x08         // TCP: RST from either side
 #define CT_REPLY_SEEN 0x10  // a reply passed
+#define CT_REVOKED 0x20     // policy dropped a forward packet since it last allowed one
 
 // An entry's expiry is rewritten only when it moves by more than this.
 #define CT_REFRESH_NS NSEC_PER_SEC
@@ -316,17 +340,28 @@ struct __sk_buff {
 #define EVENTS_PER_SEC_PER_CPU 1000
 #define EVENTS_RING_BYTES (256 * 1024)
 
+// Datagrams being fragmented at once (per program, all devices).
+#define FRAGMENTS_MAX_ENTRIES 8192
+
 // COUNT_ALLOWED is the `counters` slot of allowed packets; a drop's slot is
 // its reason.
 #define COUNT_ALLOWED 0
 #define REASON_NO_POLICY 1
 #define REASON_MALFORMED 2
 #define REASON_POLICY_DENY 3
+#define REASON_VLAN_TAGGED 4
+#define REASON_EXT_HEADERS 5
+#define REASON_FRAGMENT 6
 #define REASON_POLICY 16
 #define REASON_REPLY 17
 #define REASON_ESTABLISHED 18
 #define REASON_RELATED 19
 #define REASON_NOT_DENIED 20
+#define REASON_FRAGMENT_OF_ALLOWED 21
+
+// Slots of `counters` per direction: COUNT_ALLOWED and the drop reasons
+// (1..6), with room for one more.
+#define COUNTERS_SLOTS 8
 
 #define EVENT_DROP 0
 #define EVENT_ALLOW 1
@@ -390,6 +425,7 @@ struct ct_key {
 	__u8 protocol;
 	__u8 family;
 	__u16 pad;
+	__u32 ifindex; // the device it was created on
 };
 
 // The second word is origin | flags << 8 | checked << 16: checked is the
@@ -440,7 +476,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, struct counter);
-	__uint(max_entries, 8);
+	__uint(max_entries, 2 * COUNTERS_SLOTS);
 } counters SEC(".maps");
 
 struct {
@@ -476,6 +512,41 @@ struct {
 	__type(value, struct clock_cache);
 	__uint(max_entries, 1);
 } clock SEC(".maps");
+
+// A fragmented datagram whose first fragment passed, keyed as the
+// connection is (its addresses, the device) with the datagram's
+// identification and the direction instead of the ports, which only the
+// first fragment carries. Not pinned: a reload starts it empty, and the
+// rest of a datagram in flight then is dropped (a fragment the program
+// cannot place).
+struct frag_key {
+	__u8 endpoint_addr[16];
+	__u8 remote_addr[16];
+	__u32 id; // IPv4's 16-bit or IPv6's 32-bit identification
+	__u8 family;
+	__u8 direction;
+	__u16 pad;
+	__u32 ifindex;
+};
+
+// What the first fragment told, and the offset (in bytes) the next
+// fragment must start at: fragments are placed in order, and one that
+// overlaps or leaves a gap drops the rest of the datagram.
+struct frag_value {
+	__u32 ports;
+	__be16 dport;
+	__u8 protocol;
+	__u8 has_port;
+	__u32 next;
+	__u32 identity;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+	__uint(max_entries, FRAGMENTS_MAX_ENTRIES);
+} fragments SEC(".maps");
 
 // One event in `events` (64 bytes). Addresses and ports are the
 // connection key's: the endpoint's and the remote's (the direction says
@@ -533,11 +604,20 @@ struct flow {
 	__u8 echo_request;
 	__u8 icmp_error;   // ct is then the quoted packet's connection, if it has one
 	__u8 icmp_type;    // for events
+	__u8 fragment;     // part of a fragmented datagram
+	__u8 first_fragment;
+	__u8 more_fragments;
+	__u16 frag_offset; // bytes
+	__u16 frag_len;    // bytes of the datagram in this fragment
+	__u32 frag_id;
 };
 
 // Offsets in the IPv4 header.
 #define IPV4_HLEN 20
+#define IPV4_OFF_TOTLEN 2
+#define IPV4_OFF_ID 4
 #define IPV4_OFF_FRAG 6
+#define IPV4_FRAG_MORE 0x2000
 #define IPV4_OFF_PROTO 9
 #define IPV4_OFF_SADDR 12
 #define IPV4_OFF_DADDR 16
@@ -545,20 +625,22 @@ struct flow {
 
 // Offsets in the IPv6 header.
 #define IPV6_HLEN 40
+#define IPV6_OFF_PAYLOAD_LEN 4
 #define IPV6_OFF_NEXTHDR 6
 #define IPV6_OFF_HOPLIMIT 7
 #define IPV6_OFF_SADDR 8
 #define IPV6_OFF_DADDR 24
 #define IPV6_FRAG_OFFSET_MASK 0xfff8
+#define IPV6_FRAG_MORE 0x0001
 
 // The ICMP and ICMPv6 header before the quoted packet of an error.
 #define ICMP_HLEN 8
 
 enum parse_result {
 	PARSE_OK,
-	PARSE_NOT_IP,    // pass, not counted
-	PARSE_NDP,       // pass, counted as allowed
-	PARSE_MALFORMED, // drop when enforced
+	PARSE_NDP,         // pass, counted as allowed
+	PARSE_MALFORMED,   // drop when enforced (REASON_MALFORMED)
+	PARSE_EXT_HEADERS, // drop when enforced (REASON_EXT_HEADERS)
 };
 
 // header returns where the len bytes at off of the packet can be read: in
@@ -567,16 +649,40 @@ enum parse_result {
 // is shorter. Callers read fields with loads of their natural alignment
 // relative to the header: the verifier requires that of stack reads, and
 // byte-wise copies out of the packet were a large part of a reply's cost.
-static __always_inline const __u8 *header(struct __sk_buff *skb, __u32 off, __u32 len, void *buf)
+static __always_inline const __u8 *header_at(struct __sk_buff *skb, __u32 off, __u32 len, void *buf, int direct)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
+	void *data, *data_end;
 
-	if (off < 0xffff && data + off + len <= data_end)
+	// Read with an instruction of their own each time: the compiler
+	// would otherwise keep skb + offsetof(data) in a register across
+	// calls, and the verifier refuses a load through a moved context
+	// pointer.
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)"
+		     : "=r"(data_end)
+		     : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+
+	if (direct && off < 0xffff && data + off + len <= data_end)
 		return data + off;
 	if (bpf_skb_load_bytes(skb, off, buf, len) < 0)
 		return 0;
 	return buf;
+}
+
+// header is header_at reading from the linear data where it can.
+static __always_inline const __u8 *header(struct __sk_buff *skb, __u32 off, __u32 len, void *buf)
+{
+	return header_at(skb, off, len, buf, 1);
+}
+
+// header_copy is header_at always through the helper: for headers at an
+// offset that depends on a walk (behind IPv6 extension headers, inside an
+// ICMP error), which are rare. The verifier must treat an offset added to
+// a packet pointer as precise, so each distinct offset of a walk would be
+// one more state for all that follows; as a helper's argument it is not.
+static __always_inline const __u8 *header_copy(struct __sk_buff *skb, __u32 off, __u32 len, void *buf)
+{
+	return header_at(skb, off, len, buf, 0);
 }
 
 #define LOAD16(p, off) (*(const __u16 *)((p) + (off)))
@@ -587,7 +693,7 @@ static __always_inline const __u8 *header(struct __sk_buff *skb, __u32 off, __u3
 // the drop's reason (REASON_NO_POLICY, REASON_MALFORMED).
 static __always_inline void count(struct __sk_buff *skb, __u8 direction, __u32 slot)
 {
-	__u32 index = direction * 4 + slot;
+	__u32 index = direction * COUNTERS_SLOTS + slot;
 	struct counter *value = bpf_map_lookup_elem(&counters, &index);
 
 	// Per-CPU: no other writer on this CPU while the program runs.
@@ -642,7 +748,7 @@ static __always_inline void set_ct_addrs6(struct ct_key *ct, __u8 direction, con
 // bytes are there for certain, so TCP flags are not read. The key's ports
 // are zero unless set here.
 static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32 l4_off,
-				    struct flow *flow, __u32 *quoted, int quoted_pkt)
+				    struct flow *flow, __u32 *quoted, int quoted_pkt, int direct)
 {
 	__u8 buf[16] __attribute__((aligned(8)));
 	const __u8 *l4;
@@ -654,17 +760,17 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
 		if (protocol == IPPROTO_TCP && !quoted_pkt) {
-			l4 = header(skb, l4_off, 14, buf);
+			l4 = header_at(skb, l4_off, 14, buf, direct);
 			if (l4) {
 				flow->tcp_flags = l4[13];
 				flow->tracked = 1;
 			} else {
-				l4 = header(skb, l4_off, 4, buf);
+				l4 = header_at(skb, l4_off, 4, buf, direct);
 				if (!l4)
 					break;
 			}
 		} else {
-			l4 = header(skb, l4_off, 4, buf);
+			l4 = header_at(skb, l4_off, 4, buf, direct);
 			if (!l4)
 				break;
 			flow->tracked = 1;
@@ -678,7 +784,7 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 		break;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
-		l4 = header(skb, l4_off, 8, buf);
+		l4 = header_at(skb, l4_off, 8, buf, direct);
 		if (!l4)
 			break;
 		flow->icmp_type = l4[0];
@@ -720,7 +826,7 @@ static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, 
 	if (flow->family == FAMILY_IPV4) {
 		__u32 ihl;
 
-		ip = header(skb, off, IPV4_HLEN, buf);
+		ip = header_copy(skb, off, IPV4_HLEN, buf);
 		if (!ip)
 			return;
 		ihl = (ip[0] & 0x0f) * 4;
@@ -730,7 +836,7 @@ static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, 
 		flow->protocol = ip[IPV4_OFF_PROTO];
 		l4_off = off + ihl;
 	} else {
-		ip = header(skb, off, IPV6_HLEN, buf);
+		ip = header_copy(skb, off, IPV6_HLEN, buf);
 		if (!ip)
 			return;
 		if ((ip[0] >> 4) != 6)
@@ -739,7 +845,7 @@ static __always_inline void parse_quoted(struct __sk_buff *skb, __u8 direction, 
 		flow->protocol = ip[IPV6_OFF_NEXTHDR];
 		l4_off = off + IPV6_HLEN;
 	}
-	read_l4(skb, other, l4_off, flow, &unused, 1);
+	read_l4(skb, other, l4_off, flow, &unused, 1, 0);
 	set_ct_tail(flow);
 }
 
@@ -748,23 +854,73 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb, __u8 
 {
 	__u8 buf[IPV4_HLEN] __attribute__((aligned(8)));
 	const __u8 *ip;
-	__u32 ihl;
+	__u32 ihl, total;
+	__u16 frag;
 
 	ip = header(skb, ETH_HLEN, IPV4_HLEN, buf);
 	if (!ip)
 		return PARSE_MALFORMED;
 	ihl = (ip[0] & 0x0f) * 4;
+	total = bpf_ntohs(LOAD16(ip, IPV4_OFF_TOTLEN));
 	if ((ip[0] >> 4) != 4 || ihl < IPV4_HLEN)
 		return PARSE_MALFORMED;
 
 	set_ct_addrs4(&flow->ct, direction, ip);
 	flow->protocol = ip[IPV4_OFF_PROTO];
 	flow->family = FAMILY_IPV4;
+	frag = bpf_ntohs(LOAD16(ip, IPV4_OFF_FRAG));
+	if (frag & (IPV4_FRAG_OFFSET_MASK | IPV4_FRAG_MORE)) {
+		flow->fragment = 1;
+		flow->frag_offset = (frag & IPV4_FRAG_OFFSET_MASK) * 8;
+		flow->first_fragment = flow->frag_offset == 0;
+		flow->more_fragments = !!(frag & IPV4_FRAG_MORE);
+		// The total length is only read for fragments: a GSO packet of
+		// BIG TCP may carry 0 there, but is never a fragment.
+		flow->frag_len = total > ihl ? total - ihl : 0;
+		flow->frag_id = LOAD16(ip, IPV4_OFF_ID);
+	}
 	// A non-first fragment has no L4 header.
-	if (!(bpf_ntohs(LOAD16(ip, IPV4_OFF_FRAG)) & IPV4_FRAG_OFFSET_MASK))
-		read_l4(skb, direction, ETH_HLEN + ihl, flow, quoted, 0);
+	if (!flow->fragment || flow->first_fragment)
+		read_l4(skb, direction, ETH_HLEN + ihl, flow, quoted, 0, 1);
 	set_ct_tail(flow);
 	return PARSE_OK;
+}
+
+// is_ipv6_ext says whether nexthdr is an extension header the program
+// walks past.
+static __always_inline int is_ipv6_ext(__u8 nexthdr)
+{
+	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING || nexthdr == IPPROTO_DSTOPTS ||
+	       nexthdr == IPPROTO_FRAGMENT || nexthdr == IPPROTO_AH;
+}
+
+// ndp_on_link says whether a neighbour discovery message stays on the
+// link: its remote address (the destination of what the endpoint sends,
+// the source of what it receives) is one the host does not forward to:
+// link-local, link-scope multicast, or one of the host's own addresses.
+// The kernel's FIB tells (bpf_fib_lookup: BPF_FIB_LKUP_RET_NOT_FWDED for
+// all three; BPF_FIB_LKUP_RET_FWD_DISABLED when the device does not
+// forward). The unspecified source of duplicate address detection is on
+// the link too. Only ICMPv6 133-137 with hop limit 255 get here, so the
+// lookup costs nothing on other traffic.
+static __always_inline int ndp_on_link(struct __sk_buff *skb, const struct flow *flow)
+{
+	struct bpf_fib_lookup fib = {};
+	const __u32 *remote = (const __u32 *)flow->ct.remote_addr;
+	const __u32 *endpoint = (const __u32 *)flow->ct.endpoint_addr;
+	long ret;
+
+	if (!(remote[0] | remote[1] | remote[2] | remote[3]))
+		return 1;
+	fib.family = AF_INET6;
+	fib.ifindex = skb->ifindex;
+	fib.l4_protocol = IPPROTO_ICMPV6;
+	for (int i = 0; i < 4; i++) {
+		fib.ipv6_src[i] = endpoint[i];
+		fib.ipv6_dst[i] = remote[i];
+	}
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	return ret == BPF_FIB_LKUP_RET_NOT_FWDED || ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }
 
 static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 direction, struct flow *flow,
@@ -773,8 +929,8 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 	__u8 buf[IPV6_HLEN] __attribute__((aligned(8)));
 	const __u8 *ip;
 	__u32 off = ETH_HLEN + IPV6_HLEN;
+	__u32 payload_end;
 	__u8 nexthdr, hoplimit;
-	int first_fragment = 1;
 
 	ip = header(skb, ETH_HLEN, IPV6_HLEN, buf);
 	if (!ip)
@@ -786,42 +942,73 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 	flow->family = FAMILY_IPV6;
 	nexthdr = ip[IPV6_OFF_NEXTHDR];
 	hoplimit = ip[IPV6_OFF_HOPLIMIT];
+	payload_end = ETH_HLEN + IPV6_HLEN + bpf_ntohs(LOAD16(ip, IPV6_OFF_PAYLOAD_LEN));
+
+	if (!is_ipv6_ext(nexthdr)) {
+		// The common case: the transport header right after the IPv6
+		// one.
+		flow->protocol = nexthdr;
+		if (nexthdr == IPPROTO_ICMPV6 && hoplimit == 255) {
+			__u8 type_buf[8] __attribute__((aligned(8)));
+			const __u8 *type = header(skb, off, 1, type_buf);
+
+			// 133 router solicitation .. 137 redirect.
+			if (type && *type >= 133 && *type <= 137 && ndp_on_link(skb, flow))
+				return PARSE_NDP;
+		}
+		read_l4(skb, direction, off, flow, quoted, 0, 1);
+		set_ct_tail(flow);
+		return PARSE_OK;
+	}
 
 #pragma unroll
 	for (int i = 0; i < MAX_IPV6_EXT_HDRS; i++) {
 		__u8 ext_buf[8] __attribute__((aligned(8)));
 		const __u8 *ext;
 
-		if (nexthdr != IPPROTO_HOPOPTS && nexthdr != IPPROTO_ROUTING &&
-		    nexthdr != IPPROTO_DSTOPTS && nexthdr != IPPROTO_FRAGMENT &&
-		    nexthdr != IPPROTO_AH)
+		if (!is_ipv6_ext(nexthdr))
 			break;
-		ext = header(skb, off, 4, ext_buf);
+		ext = header_copy(skb, off, 8, ext_buf);
 		if (!ext)
 			return PARSE_MALFORMED;
 		if (nexthdr == IPPROTO_FRAGMENT) {
-			if (bpf_ntohs(LOAD16(ext, 2)) & IPV6_FRAG_OFFSET_MASK)
-				first_fragment = 0;
+			__u16 frag = bpf_ntohs(LOAD16(ext, 2));
+
 			off += 8;
-		} else if (nexthdr == IPPROTO_AH) {
-			off += ((__u32)ext[1] + 2) * 4;
-		} else {
-			off += ((__u32)ext[1] + 1) * 8;
+			nexthdr = ext[0];
+			// An atomic fragment (offset 0, no more) is a whole datagram.
+			if (frag & (IPV6_FRAG_OFFSET_MASK | IPV6_FRAG_MORE)) {
+				flow->fragment = 1;
+				flow->frag_offset = frag & IPV6_FRAG_OFFSET_MASK;
+				flow->first_fragment = flow->frag_offset == 0;
+				flow->more_fragments = frag & IPV6_FRAG_MORE;
+				flow->frag_id = LOAD32(ext, 4);
+				flow->frag_len = payload_end > off ? payload_end - off : 0;
+				// What follows a later fragment's header is the
+				// datagram's data, not headers.
+				if (!flow->first_fragment)
+					break;
+			}
+			continue;
 		}
+		if (nexthdr == IPPROTO_AH)
+			off += ((__u32)ext[1] + 2) * 4;
+		else
+			off += ((__u32)ext[1] + 1) * 8;
 		nexthdr = ext[0];
 	}
-	flow->protocol = nexthdr;
-
-	if (nexthdr == IPPROTO_ICMPV6 && first_fragment && hoplimit == 255) {
-		__u8 type_buf[8] __attribute__((aligned(8)));
-		const __u8 *type = header(skb, off, 1, type_buf);
-
-		// 133 router solicitation .. 137 redirect.
-		if (type && *type >= 133 && *type <= 137)
-			return PARSE_NDP;
+	if (flow->fragment && !flow->first_fragment) {
+		set_ct_tail(flow);
+		return PARSE_OK;
 	}
-	if (first_fragment)
-		read_l4(skb, direction, off, flow, quoted, 0);
+	// A chain longer than the program walks: Linux walks it all, so the
+	// protocol and port it would deliver to are not known here.
+	if (is_ipv6_ext(nexthdr))
+		return PARSE_EXT_HEADERS;
+	// Neighbour discovery behind extension headers is not exempt: policy
+	// decides on it.
+	flow->protocol = nexthdr;
+	read_l4(skb, direction, off, flow, quoted, 0, 0);
 	set_ct_tail(flow);
 	return PARSE_OK;
 }
@@ -995,7 +1182,8 @@ static __always_inline int allowed_at(struct ct_value *ct)
 // ct_forward creates the entry of an allowed forward packet, or refreshes
 // the one it has. checked is the revision read before policy allowed the
 // packet, or 0 when policy was not looked up (a direction not enforced):
-// it is stored with the entry, or left as it is when 0.
+// it is stored with the entry, or left as it is when 0. A packet that
+// passes forward clears the entry's CT_REVOKED.
 static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction,
 				       __u64 checked)
 {
@@ -1004,8 +1192,9 @@ static __always_inline void ct_forward(struct ct_value *ct, const struct flow *f
 
 	if (ct) {
 		ct_update(ct, flow, 0, now);
-		if (checked && (*(volatile __u64 *)ct_word(ct) >> 16) != checked)
-			*(volatile __u64 *)ct_word(ct) = (__u64)ct->origin | (__u64)ct->flags << 8 | checked << 16;
+		if ((checked && (*(volatile __u64 *)ct_word(ct) >> 16) != checked) || (ct->flags & CT_REVOKED))
+			*(volatile __u64 *)ct_word(ct) =
+				(__u64)ct->origin | (__u64)(ct->flags & ~CT_REVOKED) << 8 | checked << 16;
 		return;
 	}
 	ct_update(&created, flow, 0, now);
@@ -1013,6 +1202,59 @@ static __always_inline void ct_forward(struct ct_value *ct, const struct flow *f
 	// An LRU map makes room by evicting; should the insertion fail anyway,
 	// the packet still passes (see the top of the file).
 	bpf_map_update_elem(&conntrack, &flow->ct, &created, BPF_ANY);
+}
+
+// ct_revoke marks the entry of a connection whose forward packet policy
+// dropped: its packets the other way are no longer replies, and the
+// entry is kept (not deleted) so that they cannot create an entry of
+// their own, of the other origin, in a direction that is not enforced.
+// Its stored revision goes with it.
+static __always_inline void ct_revoke(struct ct_value *ct)
+{
+	if (!(ct->flags & CT_REVOKED) || (*(volatile __u64 *)ct_word(ct) >> 16))
+		*(volatile __u64 *)ct_word(ct) = (__u64)ct->origin | (__u64)(ct->flags | CT_REVOKED) << 8;
+}
+
+// ct_opens says whether a packet opens a connection, so that it may
+// create an entry in a direction that is not enforced: a TCP SYN without
+// ACK, an ICMP echo request, any UDP or SCTP packet (the first of a flow
+// has nothing to tell it from the others).
+static __always_inline int ct_opens(const struct flow *flow)
+{
+	if (flow->protocol == IPPROTO_TCP)
+		return (flow->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+	if (flow->protocol == IPPROTO_ICMP || flow->protocol == IPPROTO_ICMPV6)
+		return flow->echo_request;
+	return 1;
+}
+
+// quotes_own_flow says whether an ICMP error (flow) is consistent with
+// the packet it quotes (about, whose key is the quoted connection's): the
+// error goes to the quoted packet's source, and an error the endpoint
+// sends comes from the quoted packet's destination, the endpoint itself.
+// A router on the path may send an error about a packet of the
+// endpoint's, so the source of one the endpoint receives is not checked
+// (netfilter does the same); deny rules still apply to it.
+static __always_inline int quotes_own_flow(const struct flow *flow, const struct flow *about, __u8 direction)
+{
+	const __u64 *oe = (const __u64 *)flow->ct.endpoint_addr, *qe = (const __u64 *)about->ct.endpoint_addr;
+	const __u64 *or = (const __u64 *)flow->ct.remote_addr, *qr = (const __u64 *)about->ct.remote_addr;
+
+	if (oe[0] != qe[0] || oe[1] != qe[1])
+		return 0;
+	return direction != DIRECTION_EGRESS || (or[0] == qr[0] && or[1] == qr[1]);
+}
+
+// set_frag_key sets key to the fragment key of the flow's datagram.
+static __always_inline void set_frag_key(struct frag_key *key, const struct flow *flow, __u8 direction)
+{
+	__builtin_memcpy(key->endpoint_addr, flow->ct.endpoint_addr, 16);
+	__builtin_memcpy(key->remote_addr, flow->ct.remote_addr, 16);
+	key->id = flow->frag_id;
+	key->family = flow->family;
+	key->direction = direction;
+	key->pad = 0;
+	key->ifindex = flow->ct.ifindex;
 }
 
 // emit writes an event of the packet, within the rate limit. identity 0
@@ -1066,10 +1308,25 @@ static __always_inline void emit(struct __sk_buff *skb, const struct flow *flow,
 }
 
 // allow counts an allowed packet of an enforced direction, with an event
-// when verdict events are on.
+// when verdict events are on. The first fragment of a datagram that
+// passes lets the rest of it pass (fragments).
 static __always_inline int allow(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
 				 __u32 identity)
 {
+	if (flow->fragment) {
+		struct frag_key key;
+		struct frag_value value = {
+			.ports = flow->ports,
+			.dport = flow->dport,
+			.protocol = flow->protocol,
+			.has_port = flow->has_port,
+			.next = flow->frag_len,
+			.identity = identity,
+		};
+
+		set_frag_key(&key, flow, direction);
+		bpf_map_update_elem(&fragments, &key, &value, BPF_ANY);
+	}
 	count(skb, direction, COUNT_ALLOWED);
 	if (events_mask & EVENTS_VERDICTS)
 		emit(skb, flow, direction, EVENT_ALLOW, reason, identity);
@@ -1077,13 +1334,50 @@ static __always_inline int allow(struct __sk_buff *skb, const struct flow *flow,
 }
 
 // drop counts a dropped packet, with an event when drop events are on.
+// A dropped fragment ends its datagram: the rest of it is dropped too.
 static __always_inline int drop(struct __sk_buff *skb, const struct flow *flow, __u8 direction, __u8 reason,
 				__u32 identity)
 {
+	if (flow->fragment) {
+		struct frag_key key;
+
+		set_frag_key(&key, flow, direction);
+		bpf_map_delete_elem(&fragments, &key);
+	}
 	count(skb, direction, reason);
 	if (events_mask & EVENTS_DROPS)
 		emit(skb, flow, direction, EVENT_DROP, reason, identity);
 	return TCX_DROP;
+}
+
+// later_fragment decides on a fragment after the first: it passes when
+// its datagram's first fragment passed and it starts where the fragments
+// before it ended (so none overlaps or leaves a gap); the last one ends
+// the datagram's entry. Anything else is dropped (REASON_FRAGMENT) and
+// ends the datagram.
+static __always_inline int later_fragment(struct __sk_buff *skb, struct flow *flow, __u8 direction)
+{
+	struct frag_key key;
+	struct frag_value *value;
+	__u32 identity;
+
+	set_frag_key(&key, flow, direction);
+	value = bpf_map_lookup_elem(&fragments, &key);
+	if (!value || value->next != flow->frag_offset)
+		return drop(skb, flow, direction, REASON_FRAGMENT, 0);
+	flow->protocol = value->protocol;
+	flow->ports = value->ports;
+	flow->dport = value->dport;
+	flow->has_port = value->has_port;
+	identity = value->identity;
+	if (flow->more_fragments)
+		value->next += flow->frag_len;
+	else
+		bpf_map_delete_elem(&fragments, &key);
+	count(skb, direction, COUNT_ALLOWED);
+	if (events_mask & EVENTS_VERDICTS)
+		emit(skb, flow, direction, EVENT_ALLOW, REASON_FRAGMENT_OF_ALLOWED, identity);
+	return TCX_NEXT;
 }
 
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
@@ -1099,7 +1393,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 identity, verdict;
 	__u32 *value;
 	__u32 mode;
-	int enforced, other_enforced = 0;
+	int enforced, other_enforced = 0, vlan;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
 	const __u8 *eth;
 	__be16 ethertype;
@@ -1108,7 +1402,8 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (!eth)
 		return TCX_NEXT;
 	ethertype = LOAD16(eth, 0);
-	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6))
+	vlan = ethertype == bpf_htons(ETH_P_8021Q) || ethertype == bpf_htons(ETH_P_8021AD);
+	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6) && !vlan)
 		return TCX_NEXT;
 
 	// Default deny and deny-only are tracked and checked alike; they
@@ -1125,7 +1420,18 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
+	if (vlan) {
+		// A tag still in the frame (the kernel moved the outer one to
+		// metadata): the kernel may strip a priority tag and route what
+		// is inside without running this program again.
+		if (!enforced) {
+			count(skb, direction, COUNT_ALLOWED);
+			return TCX_NEXT;
+		}
+		return drop(skb, &flow, direction, REASON_VLAN_TAGGED, 0);
+	}
 
+	flow.ct.ifindex = skb->ifindex;
 	if (ethertype == bpf_htons(ETH_P_IP))
 		parsed = parse_ipv4(skb, direction, &flow, &quoted);
 	else
@@ -1134,8 +1440,17 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
-	if (parsed != PARSE_OK)
+	if (parsed == PARSE_MALFORMED)
 		return drop(skb, &flow, direction, REASON_MALFORMED, 0);
+	if (parsed == PARSE_EXT_HEADERS)
+		return drop(skb, &flow, direction, REASON_EXT_HEADERS, 0);
+	if (flow.fragment && !flow.first_fragment) {
+		if (!enforced) {
+			count(skb, direction, COUNT_ALLOWED);
+			return TCX_NEXT;
+		}
+		return later_fragment(skb, &flow, direction);
+	}
 
 	if (enforced)
 		set_remote_key(&remote, &flow);
@@ -1148,18 +1463,22 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 				count(skb, direction, COUNT_ALLOWED);
 				return TCX_NEXT;
 			}
-			return allow(skb, &flow, direction, REASON_REPLY, 0);
+			// A revoked connection's packets this way are no replies:
+			// policy decides on them (below).
+			if (!(ct->flags & CT_REVOKED))
+				return allow(skb, &flow, direction, REASON_REPLY, 0);
 		}
 		// An echo request against an entry of the other direction is a
 		// connection of its own that cannot have an entry (same key):
-		// policy alone decides on it.
+		// policy alone decides on it, as on a revoked connection's
+		// packets against its origin.
 		if (ct && ct->origin != direction) {
 			flow.tracked = 0;
 			ct = 0;
 		}
 	}
 	if (!enforced) {
-		if (flow.tracked)
+		if (flow.tracked && (ct || ct_opens(&flow)))
 			ct_forward(ct, &flow, direction, 0);
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
@@ -1171,12 +1490,22 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
 	}
 	if (flow.icmp_error && quoted) {
-		// Decided by the connection it is about, if that is tracked.
+		// Decided by the connection it is about, if that is tracked and
+		// the error is consistent with it; deny rules for its own
+		// remote address still apply.
 		struct flow about = flow;
+		struct ct_value *related;
 
 		parse_quoted(skb, direction, quoted, &about);
-		if (about.tracked && bpf_map_lookup_elem(&conntrack, &about.ct))
-			return allow(skb, &flow, direction, REASON_RELATED, 0);
+		if (about.tracked && quotes_own_flow(&flow, &about, direction)) {
+			related = bpf_map_lookup_elem(&conntrack, &about.ct);
+			if (related && !(related->flags & CT_REVOKED)) {
+				identity = remote_identity(&remote);
+				if (policy_verdict(identity, direction, &flow) == VERDICT_DENY)
+					return drop(skb, &flow, direction, REASON_POLICY_DENY, identity);
+				return allow(skb, &flow, direction, REASON_RELATED, identity);
+			}
+		}
 	}
 
 	// Read only for an entry to store it in: the atomic read writes a
@@ -1190,7 +1519,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return allow(skb, &flow, direction, verdict ? REASON_POLICY : REASON_NOT_DENIED, identity);
 	}
 	if (ct)
-		bpf_map_delete_elem(&conntrack, &flow.ct);
+		ct_revoke(ct);
 	return drop(skb, &flow, direction, verdict ? REASON_POLICY_DENY : REASON_NO_POLICY, identity);
 }
 

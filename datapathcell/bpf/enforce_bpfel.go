@@ -25,6 +25,7 @@ const (
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapEventState              = "event_state"
 	EnforceMapEvents                  = "events"
+	EnforceMapFragments               = "fragments"
 	EnforceMapIpcache                 = "ipcache"
 	EnforceMapPolicy                  = "policy"
 	EnforceMapRevision                = "revision"
@@ -94,6 +95,7 @@ type EnforceMapSpecs struct {
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	EventState  *ebpf.MapSpec `ebpf:"event_state"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
+	Fragments   *ebpf.MapSpec `ebpf:"fragments"`
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
 	Revision    *ebpf.MapSpec `ebpf:"revision"`
@@ -137,6 +139,7 @@ type EnforceMaps struct {
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	EventState  *ebpf.Map `ebpf:"event_state"`
 	Events      *ebpf.Map `ebpf:"events"`
+	Fragments   *ebpf.Map `ebpf:"fragments"`
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	Policy      *ebpf.Map `ebpf:"policy"`
 	Revision    *ebpf.Map `ebpf:"revision"`
@@ -150,6 +153,7 @@ func (m *EnforceMaps) Close() error {
 		m.Enforcement,
 		m.EventState,
 		m.Events,
+		m.Fragments,
 		m.Ipcache,
 		m.Policy,
 		m.Revision,
