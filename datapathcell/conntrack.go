@@ -367,7 +367,7 @@ func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
 		}
 		out = append(out, ConntrackEntry{Endpoint: endpoint, Remote: remote, Protocol: protocol,
 			Ifindex: binary.NativeEndian.Uint32(k[40:44]),
-			Origin: v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
+			Origin:  v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
 	}
 	if err := it.Err(); err != nil {
 		return nil, 0, fmt.Errorf("read conntrack map: %w", err)

@@ -40,9 +40,9 @@ type Reason uint8
 
 // The reason codes, as the program writes them.
 const (
-	ReasonNoPolicy    Reason = 1
-	ReasonMalformed   Reason = 2
-	ReasonPolicyDeny  Reason = 3
+	ReasonNoPolicy   Reason = 1
+	ReasonMalformed  Reason = 2
+	ReasonPolicyDeny Reason = 3
 	// ReasonVLANTagged drops a frame that still carries a VLAN tag in
 	// the packet (802.1Q or 802.1ad; the kernel moves only the outer
 	// one to metadata), whatever it holds.
@@ -53,7 +53,7 @@ const (
 	// ReasonFragment drops a fragment the program cannot place: one
 	// whose datagram's first fragment did not pass (or was not seen), or
 	// one that does not start where the fragments before it ended.
-	ReasonFragment Reason = 6
+	ReasonFragment    Reason = 6
 	ReasonPolicy      Reason = 16
 	ReasonReply       Reason = 17
 	ReasonEstablished Reason = 18
