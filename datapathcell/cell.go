@@ -44,9 +44,10 @@ type Config struct {
 
 	// Conntrack (conntrack.go). ConntrackGCInterval and
 	// ConntrackTestTimeout are hidden flags, for tests.
-	ConntrackMapMaxEntries uint32
-	ConntrackGCInterval    time.Duration
-	ConntrackTestTimeout   time.Duration
+	ConntrackMapMaxEntries        uint32
+	ConntrackOpeningMapMaxEntries uint32
+	ConntrackGCInterval           time.Duration
+	ConntrackTestTimeout          time.Duration
 }
 
 // DefaultConfig is the configuration on the defaults.
@@ -55,8 +56,9 @@ var DefaultConfig = Config{
 	IPCacheMapMaxEntries: 512000,
 	PolicyMapMaxEntries:  16384,
 
-	ConntrackMapMaxEntries: 262144,
-	ConntrackGCInterval:    10 * time.Second,
+	ConntrackMapMaxEntries:        262144,
+	ConntrackOpeningMapMaxEntries: 65536,
+	ConntrackGCInterval:           10 * time.Second,
 }
 
 // Flags implements cell.Flagger.

@@ -23,9 +23,15 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 )
 
-// conntrack (LRU hash, --conntrack-map-max-entries), written by the
-// enforcement program (bpf/enforce.c says when), read and collected by the
-// agent:
+// conntrack (hash, --conntrack-map-max-entries) and ct_opening (LRU hash,
+// --conntrack-opening-map-max-entries), written by the enforcement program
+// (bpf/enforce.c says when), read and collected by the agent. A new
+// connection's entry is made in ct_opening; it moves to conntrack when its
+// origin sends a packet after a reply (the last packet of a TCP
+// handshake), so that a flood of new connections churns ct_opening only
+// and never evicts an established connection. A full conntrack leaves the
+// connection in ct_opening, and the program counts it (ConntrackFull).
+// Both have this layout:
 //
 //	key   (44 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
 //	                  remote_port be16 | protocol u8 | family u8 | pad u16 | ifindex u32
@@ -188,6 +194,9 @@ type ConntrackEntry struct {
 	Protocol         uint8
 	// Ifindex is the device the connection was seen on.
 	Ifindex uint32
+	// Opening: the entry is in ct_opening (its origin has not spoken
+	// after a reply yet).
+	Opening bool
 	// Origin is the direction that opened the connection.
 	Origin uint8
 	Flags  uint8
@@ -204,7 +213,7 @@ const conntrackGCBatch = 4096
 // so that a full default map (262144) takes 4 rounds.
 const conntrackGCRoundEntries = 65536
 
-// ConntrackStats are the collector's counts.
+// ConntrackStats are the collector's counts of one map.
 type ConntrackStats struct {
 	// Entries is how many entries the last complete pass over the map
 	// found alive (0 before the first pass ends).
@@ -318,9 +327,29 @@ func (g *conntrackGC) stats(maxEntries uint32) ConntrackStats {
 // registerConntrackGC adds the collection job: a round every
 // --conntrack-gc-interval.
 func registerConntrackGC(cfg Config, d *Datapath, jobs job.Group) {
+	var lastFull uint64
 	jobs.Add(job.Timer("conntrack-gc", func(ctx context.Context) error {
 		_, err := d.conntrackGC.round(ctx)
-		return err
+		if err == nil {
+			_, err = d.openingGC.round(ctx)
+		}
+		if err != nil {
+			return err
+		}
+		// A new program counts from 0 again.
+		full, err := d.ConntrackFull()
+		if err != nil || full == lastFull {
+			lastFull = full
+			return nil
+		}
+		more := full - lastFull
+		if full < lastFull {
+			more = full
+		}
+		lastFull = full
+		return fmt.Errorf("%w (max entries %d; raise --conntrack-map-max-entries): %d times since the last round "+
+			"an established connection could not move there and stays in ct_opening", ErrConntrackFull,
+			cfg.ConntrackMapMaxEntries, more)
 	}, cfg.ConntrackGCInterval))
 }
 
@@ -335,13 +364,53 @@ func (d *Datapath) conntrackMap() *ebpf.Map {
 	return d.maps.Conntrack
 }
 
-// ConntrackStats returns the collector's counts and the map's size.
-func (d *Datapath) ConntrackStats() ConntrackStats {
-	var maxEntries uint32
+// conntrackOpeningMap returns the pinned ct_opening map, nil while the
+// maps are not open.
+func (d *Datapath) conntrackOpeningMap() *ebpf.Map {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil {
+		return nil
+	}
+	return d.maps.ConntrackOpening
+}
+
+// ConntrackStats returns the collector's counts and the map's size, of
+// conntrack (established connections) and of ct_opening.
+func (d *Datapath) ConntrackStats() (established, opening ConntrackStats) {
+	var maxEntries, openingMax uint32
 	if m := d.conntrackMap(); m != nil {
 		maxEntries = m.MaxEntries()
 	}
-	return d.conntrackGC.stats(maxEntries)
+	if m := d.conntrackOpeningMap(); m != nil {
+		openingMax = m.MaxEntries()
+	}
+	return d.conntrackGC.stats(maxEntries), d.openingGC.stats(openingMax)
+}
+
+// ConntrackFull counts the connections the program could not move to the
+// conntrack map because it was full, summed over CPUs, since the program
+// was loaded (they stay in ct_opening, where a flood of new connections
+// can evict them).
+//
+// Possible errors: ErrMapsNotOpen before start or after stop; the
+// kernel's error when the program's ct_stats cannot be read.
+func (d *Datapath) ConntrackFull() (uint64, error) {
+	d.mu.Lock()
+	enf := d.enforcer
+	d.mu.Unlock()
+	if enf == nil {
+		return 0, fmt.Errorf("read ct_stats: %w", ErrMapsNotOpen)
+	}
+	var perCPU []uint64
+	if err := enf.ctStats.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, fmt.Errorf("read ct_stats: %w", err)
+	}
+	var total uint64
+	for _, n := range perCPU {
+		total += n
+	}
+	return total, nil
 }
 
 // Conntrack returns the entries of the conntrack map, expired ones
@@ -351,26 +420,28 @@ func (d *Datapath) ConntrackStats() ConntrackStats {
 // Possible errors: ErrMapsNotOpen before start or after stop; the
 // kernel's error when the map cannot be read.
 func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
-	m := d.conntrackMap()
-	if m == nil {
+	established, opening := d.conntrackMap(), d.conntrackOpeningMap()
+	if established == nil || opening == nil {
 		return nil, 0, fmt.Errorf("read conntrack map: %w", ErrMapsNotOpen)
 	}
 	now := monotonicNow()
 	var out []ConntrackEntry
-	var k ConntrackKey
-	var v ConntrackValue
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		endpoint, remote, protocol, err := k.Fields()
-		if err != nil {
-			continue // not the program's: skip it
+	for _, m := range []*ebpf.Map{established, opening} {
+		var k ConntrackKey
+		var v ConntrackValue
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			endpoint, remote, protocol, err := k.Fields()
+			if err != nil {
+				continue // not the program's: skip it
+			}
+			out = append(out, ConntrackEntry{Endpoint: endpoint, Remote: remote, Protocol: protocol,
+				Ifindex: binary.NativeEndian.Uint32(k[40:44]), Opening: m == opening,
+				Origin: v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
 		}
-		out = append(out, ConntrackEntry{Endpoint: endpoint, Remote: remote, Protocol: protocol,
-			Ifindex: binary.NativeEndian.Uint32(k[40:44]),
-			Origin:  v.Origin(), Flags: v.Flags(), Expires: v.Expires()})
-	}
-	if err := it.Err(); err != nil {
-		return nil, 0, fmt.Errorf("read conntrack map: %w", err)
+		if err := it.Err(); err != nil {
+			return nil, 0, fmt.Errorf("read conntrack map %s: %w", m, err)
+		}
 	}
 	return out, now, nil
 }
@@ -382,30 +453,36 @@ func (d *Datapath) Conntrack() ([]ConntrackEntry, time.Duration, error) {
 // Possible errors: ErrMapsNotOpen before start or after stop; the
 // kernel's error when the map cannot be read or an entry deleted.
 func (d *Datapath) FlushConntrack() (int, error) {
-	m := d.conntrackMap()
-	if m == nil {
+	established, opening := d.conntrackMap(), d.conntrackOpeningMap()
+	if established == nil || opening == nil {
 		return 0, fmt.Errorf("flush conntrack map: %w", ErrMapsNotOpen)
 	}
-	var keys []ConntrackKey
-	var k ConntrackKey
-	var v ConntrackValue
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
+	total := 0
+	for _, m := range []*ebpf.Map{established, opening} {
+		var keys []ConntrackKey
+		var k ConntrackKey
+		var v ConntrackValue
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			keys = append(keys, k)
+		}
+		if err := it.Err(); err != nil {
+			return total, fmt.Errorf("flush conntrack map: %w", err)
+		}
+		deleted, err := deleteConntrackKeys(m, keys)
+		total += deleted
+		if err != nil {
+			return total, fmt.Errorf("flush conntrack map: %w", err)
+		}
 	}
-	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("flush conntrack map: %w", err)
-	}
-	deleted, err := deleteConntrackKeys(m, keys)
-	if err != nil {
-		return deleted, fmt.Errorf("flush conntrack map: %w", err)
-	}
-	return deleted, nil
+	return total, nil
 }
 
 func conntrackFlags(def Config, flags *pflag.FlagSet) {
 	flags.Uint32("conntrack-map-max-entries", def.ConntrackMapMaxEntries,
-		"Maximum entries of the conntrack map (LRU: the least recently used connections are evicted when it is full)")
+		"Maximum entries of the conntrack map of established connections (never evicted: when it is full, new connections stay in ct_opening, counted)")
+	flags.Uint32("conntrack-opening-map-max-entries", def.ConntrackOpeningMapMaxEntries,
+		"Maximum entries of the ct_opening map of connections not yet established (LRU: the least recently used are evicted when it is full)")
 	flags.Duration("conntrack-gc-interval", def.ConntrackGCInterval, "Interval of the rounds that delete expired conntrack entries")
 	flags.Duration("conntrack-test-timeout", def.ConntrackTestTimeout, "If set, every conntrack timeout is this (tests only)")
 	// Hidden: for tests, not for users.
@@ -417,6 +494,8 @@ func (c Config) validateConntrack() error {
 	switch {
 	case c.ConntrackMapMaxEntries == 0:
 		return fmt.Errorf("--conntrack-map-max-entries must be positive")
+	case c.ConntrackOpeningMapMaxEntries == 0:
+		return fmt.Errorf("--conntrack-opening-map-max-entries must be positive")
 	case c.ConntrackGCInterval <= 0:
 		return fmt.Errorf("--conntrack-gc-interval must be positive")
 	case c.ConntrackTestTimeout < 0:
@@ -443,7 +522,7 @@ func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, 
 		return nil, nil // openPinnedMap says what it is
 	}
 	defer old.Close()
-	if old.Type() != spec.Type || old.KeySize() != previousConntrackKeySize || old.ValueSize() != spec.ValueSize {
+	if old.Type() != ebpf.LRUHash || old.KeySize() != previousConntrackKeySize || old.ValueSize() != spec.ValueSize {
 		return nil, nil
 	}
 	var ifindexes []uint32
@@ -463,8 +542,11 @@ func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, 
 			copy(nk[:], k[:])
 			for _, ifindex := range ifindexes {
 				binary.NativeEndian.PutUint32(nk[40:44], ifindex)
-				// A full LRU map evicts: nothing to handle here.
-				if err := to.Put(nk, v); err != nil {
+				// What does not fit is left out: those connections'
+				// next forward packets make their entries again.
+				if err := to.Put(nk, v); errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOMEM) {
+					return it.Err()
+				} else if err != nil {
 					return err
 				}
 			}
@@ -483,15 +565,16 @@ func (c Config) conntrackTimeouts() ConntrackTimeouts {
 }
 
 // openConntrackMap opens, creates, migrates or replaces the pinned
-// conntrack map as openPinnedMaps does the others, so that established
+// conntrack and ct_opening maps as openPinnedMaps does the others, so that
 // connections keep their entries across restarts. A migration copies the
-// entries (into a smaller map, the LRU keeps what fits); entries the
-// program creates in the old map while the copy runs are lost, and those
-// connections' replies are decided by policy until their next forward
-// packet. A map of the previous layout (40-byte keys, without the device)
-// is converted: each entry is copied once for every device in --devices,
-// since the old key does not say which device its connection was on; the
-// copies on other devices are never matched and expire.
+// entries (into a smaller map, what fits); entries the program creates in
+// the old map while the copy runs are lost, and those connections'
+// replies are decided by policy until their next forward packet. A
+// conntrack map of the previous layout (an LRU hash with 40-byte keys,
+// without the device) is converted: each entry is copied into the
+// conntrack map once for every device in --devices, since the old key
+// does not say which device its connection was on; the copies on other
+// devices are never matched and expire.
 //
 // Possible errors: as openPinnedMaps (maps is closed then).
 func openConntrackMap(maps *pinnedMaps, dir string, cfg Config, log *slog.Logger) error {
@@ -500,7 +583,13 @@ func openConntrackMap(maps *pinnedMaps, dir string, cfg Config, log *slog.Logger
 	if err == nil && m == nil {
 		m, err = openPinnedMap(dir, spec, log)
 	}
+	if err == nil {
+		maps.ConntrackOpening, err = openPinnedMap(dir, conntrackOpeningMapSpec(cfg.ConntrackOpeningMapMaxEntries), log)
+	}
 	if err != nil {
+		if m != nil {
+			m.Close()
+		}
 		maps.Close()
 		return fmt.Errorf("open pinned maps in %s: %w", dir, err)
 	}

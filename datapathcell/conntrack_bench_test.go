@@ -101,7 +101,9 @@ func benchMaps(tb testing.TB) enforcerMaps {
 		Enforcement: newMap(enforcementMapSpec()),
 		Counters:    newMap(countersMapSpec()),
 		Conntrack:   newMap(conntrackMapSpec(262144)),
-		Revision:    newMap(revisionMapSpec()),
+
+		ConntrackOpening: newMap(conntrackOpeningMapSpec(65536)),
+		Revision:         newMap(revisionMapSpec()),
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	seen := map[netip.Addr]bool{benchPeer: true, benchEndpoint: true}
@@ -212,6 +214,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	require.NoError(b, err)
 	b.Cleanup(func() { enf.Close() })
 	var before *enforcer
+	// beforeCT is the earlier program's conntrack map when its key is of
+	// the previous layout (without the device): the same connection's
+	// entry is then kept in both maps alike (ctPut, ctDelete).
+	var beforeCT *ebpf.Map
 	if path := os.Getenv("IPCACHE_AGENT_BENCH_BEFORE"); path != "" {
 		spec, err := ebpf.LoadCollectionSpec(path)
 		require.NoError(b, err)
@@ -226,6 +232,12 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			ConntrackMapName: maps.Conntrack,
 		}
 		shareCounters(spec, replacements)
+		if ct := spec.Maps[ConntrackMapName]; ct.KeySize != maps.Conntrack.KeySize() {
+			beforeCT, err = ebpf.NewMap(ct)
+			require.NoError(b, err)
+			b.Cleanup(func() { beforeCT.Close() })
+			replacements[ConntrackMapName] = beforeCT
+		}
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.
 		if _, ok := spec.Maps[RevisionMapName]; ok {
@@ -234,6 +246,22 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: replacements}))
 		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
 		b.Cleanup(func() { before.Close() })
+	}
+	ctPut := func(v ConntrackValue) {
+		require.NoError(b, maps.Conntrack.Put(key, v))
+		if beforeCT != nil {
+			require.NoError(b, beforeCT.Put(key[:previousConntrackKeySize], v))
+		}
+	}
+	ctDelete := func() {
+		for m, k := range map[*ebpf.Map][]byte{maps.Conntrack: key[:], maps.ConntrackOpening: key[:], beforeCT: key[:previousConntrackKeySize]} {
+			if m == nil {
+				continue
+			}
+			if err := m.Delete(k); err != nil {
+				require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
+			}
+		}
 	}
 	// addBefore measures the earlier program, if one is given, on the case
 	// just measured.
@@ -286,12 +314,12 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			var single, newConn time.Duration
 			for range benchNewConnections {
 				single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
-				if err := maps.Conntrack.Delete(key); err != nil {
-					require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
-				}
+				ctDelete()
 				newConn += runPerPacket(b, prog, forwardSYN, 1, tcxNextRet)
 			}
-			require.NoError(b, maps.Conntrack.Lookup(key, &v), "the SYN created the entry")
+			if before == nil || prog != before.fromEndpoint || beforeCT == nil {
+				require.NoError(b, maps.ConntrackOpening.Lookup(key, &v), "the SYN created the entry")
+			}
 			rows = append(rows, row{name,
 				float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
 		}
@@ -300,13 +328,18 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		}
 		newConnection("tracking: new connection (SYN; single runs, ratio to single runs)", enf.fromEndpoint)
 
+		// The connection becomes established as a real one does: a reply,
+		// then its origin speaks again (the entry moves to conntrack).
+		runPerPacket(b, enf.toEndpoint, replyACK, 1, tcxNextRet)
+		runPerPacket(b, enf.fromEndpoint, forwardACK, 1, tcxNextRet)
+		require.NoError(b, maps.Conntrack.Lookup(key, &v), "established")
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "established, forward", from, forwardACK)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
 		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
 		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
 		addBefore(add, "established, reply", to, replyACK)
-		require.NoError(b, maps.Conntrack.Delete(key))
+		ctDelete()
 		add("tracking: untracked reply (dropped)", enf.toEndpoint, replyACK, tcxDropRet)
 		addBefore(add, "untracked reply (dropped)", to, replyACK)
 		// As when the map holds no identity-0 entry: the agent then
@@ -317,16 +350,16 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEvents(EventDrops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
-		require.NoError(b, maps.Conntrack.Put(key, newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
+		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished))
 		setEvents(EventDrops | EventVerdicts)
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
-		require.NoError(b, maps.Conntrack.Delete(key))
+		ctDelete()
 
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
-		require.NoError(b, maps.Conntrack.Put(key, newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)))
+		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)

@@ -34,6 +34,13 @@ type conntrackJSON struct {
 	// State is TCP's (opening, established, closing); "" for others.
 	State     string `json:"state,omitempty"`
 	ReplySeen bool   `json:"replySeen"`
+	// Map is where the entry is: conntrack (established) or ct_opening.
+	Map string `json:"map"`
+	// Device is the ifindex of the device the connection is on.
+	Device uint32 `json:"device"`
+	// Revoked: policy dropped its forward packet since it last allowed
+	// one; its packets the other way are no replies.
+	Revoked bool `json:"revoked,omitempty"`
 	// ExpiresIn is the time left in seconds, negative when expired and
 	// not yet collected.
 	ExpiresIn float64 `json:"expiresIn"`
@@ -96,6 +103,10 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 					Protocol: protocolName(e.Protocol), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
 					Origin: policycell.Direction(e.Origin).String(), ReplySeen: e.Flags&ConntrackReplySeen != 0,
 					ExpiresIn: (e.Expires - now).Round(time.Millisecond).Seconds(),
+					Map:       ConntrackMapName, Device: e.Ifindex, Revoked: e.Flags&ConntrackRevoked != 0,
+				}
+				if e.Opening {
+					row.Map = ConntrackOpeningMapName
 				}
 				if e.Protocol == 1 || e.Protocol == 58 {
 					row.Endpoint = fmt.Sprintf("%s id %d", e.Endpoint.Addr(), e.Endpoint.Port())
@@ -114,13 +125,17 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "Protocol\tEndpoint\tRemote\tOrigin\tState\tReply\tExpires in\n")
+			fmt.Fprintf(w, "Protocol\tEndpoint\tRemote\tOrigin\tState\tReply\tExpires in\tMap\tDevice\n")
 			for _, r := range rows {
 				state := r.State
 				if state == "" {
 					state = "-"
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%t\t%.0fs\n", r.Protocol, r.Endpoint, r.Remote, r.Origin, state, r.ReplySeen, r.ExpiresIn)
+				if r.Revoked {
+					state += " (revoked)"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%t\t%.0fs\t%s\t%d\n",
+					r.Protocol, r.Endpoint, r.Remote, r.Origin, state, r.ReplySeen, r.ExpiresIn, r.Map, r.Device)
 			}
 			w.Flush()
 			return scriptcmd.Result(out.String(), nil)

@@ -103,7 +103,17 @@ func hostPort(addr string, port int) string {
 }
 
 // conntrackEntries reads the conntrack map.
-func conntrackEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackValue {
+func conntrackEntries(t *testing.T, maps enforcerMaps) map[ConntrackKey]ConntrackValue {
+	t.Helper()
+	out := conntrackMapEntries(t, maps.Conntrack)
+	for k, v := range conntrackMapEntries(t, maps.ConntrackOpening) {
+		out[k] = v
+	}
+	return out
+}
+
+// conntrackMapEntries reads one of the two conntrack maps.
+func conntrackMapEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackValue {
 	t.Helper()
 	out := map[ConntrackKey]ConntrackValue{}
 	var k ConntrackKey
@@ -114,6 +124,15 @@ func conntrackEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackValue
 	}
 	require.NoError(t, it.Err())
 	return out
+}
+
+// lookupConntrack finds a connection's entry in conntrack or ct_opening.
+func lookupConntrack(maps enforcerMaps, key ConntrackKey, v *ConntrackValue) error {
+	err := maps.Conntrack.Lookup(key, v)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return maps.ConntrackOpening.Lookup(key, v)
+	}
+	return err
 }
 
 // Both directions enforced: egress allows the peer, ingress allows only
@@ -151,7 +170,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 			require.NoError(t, udpExchange(t, nw.ep, hostPort(peer, ctUDPPort), "datagram"), "UDP to %s", peer)
 			require.True(t, nw.pingOnce(t, peer), "ping %s", peer)
 		}
-		entries := conntrackEntries(t, maps.Conntrack)
+		entries := conntrackEntries(t, maps)
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
 		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
@@ -188,7 +207,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
 		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
-		v, ok := conntrackEntries(t, maps.Conntrack)[key]
+		v, ok := conntrackEntries(t, maps)[key]
 		require.True(t, ok, "entry of a connection policy now drops")
 		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry of a connection policy now drops is not revoked")
 	})
@@ -216,16 +235,18 @@ func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
 	require.False(t, nw.pingOnce(t, ctPeer4))
 }
 
-// A full LRU map evicts: every allowed exchange still gets its reply, and
-// the map holds no more than its size.
+// A full ct_opening map (LRU) evicts: every allowed exchange still gets
+// its reply, and the map holds no more than its size. (A UDP exchange of
+// one datagram each way never becomes established: its origin does not
+// speak after the reply.)
 func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	privileged.Test(t)
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
-	small, err := ebpf.NewMap(conntrackMapSpec(64))
+	small, err := ebpf.NewMap(conntrackOpeningMapSpec(64))
 	require.NoError(t, err)
 	t.Cleanup(func() { small.Close() })
-	maps.Conntrack = small
+	maps.ConntrackOpening = small
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
 	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
@@ -237,7 +258,7 @@ func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	for i := range flows {
 		require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"), "exchange %d", i)
 	}
-	n := len(conntrackEntries(t, small))
+	n := len(conntrackMapEntries(t, small))
 	require.LessOrEqual(t, n, 64)
 	require.Positive(t, n)
 }
@@ -260,8 +281,9 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	start := monotonicNow()
 	require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"))
 	require.True(t, nw.pingOnce(t, ctPeer4))
-	entries := conntrackEntries(t, maps.Conntrack)
+	entries := conntrackEntries(t, maps)
 	require.Len(t, entries, 2, "the UDP exchange and the ping")
+	require.Len(t, conntrackMapEntries(t, maps.ConntrackOpening), 2, "neither is established: the origin did not speak after the reply")
 	for _, v := range entries {
 		require.LessOrEqual(t, v.Expires(), monotonicNow()+timeout, "the test timeout applies")
 		// The program's clock may be a tick behind (now_ns in enforce.c);
@@ -269,7 +291,7 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 		require.GreaterOrEqual(t, v.Expires(), start+timeout-10*time.Millisecond)
 	}
 
-	gc := newConntrackGC(func() *ebpf.Map { return maps.Conntrack }, hivetest.Logger(t))
+	gc := newConntrackGC(func() *ebpf.Map { return maps.ConntrackOpening }, hivetest.Logger(t))
 	done, err := gc.round(context.Background())
 	require.NoError(t, err)
 	require.True(t, done)
@@ -278,7 +300,7 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, err := gc.round(context.Background())
 		require.NoError(t, err)
-		return len(conntrackEntries(t, maps.Conntrack)) == 0
+		return len(conntrackEntries(t, maps)) == 0
 	}, 10*time.Second, 100*time.Millisecond, "expired entries not collected")
 	st := gc.stats(4096)
 	require.EqualValues(t, 2, st.Collected)
@@ -319,10 +341,10 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 	st := gc.stats(m.MaxEntries())
 	require.EqualValues(t, expired, st.Collected)
 	require.EqualValues(t, alive, st.Entries)
-	for _, v := range conntrackEntries(t, m) {
+	for _, v := range conntrackMapEntries(t, m) {
 		require.Greater(t, v.Expires(), now)
 	}
-	require.Len(t, conntrackEntries(t, m), alive)
+	require.Len(t, conntrackMapEntries(t, m), alive)
 }
 
 // The pinned conntrack map is reused as it is, migrated (entries kept)
@@ -336,7 +358,8 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	open := func(maxEntries uint32) *ebpf.Map {
 		t.Helper()
 		maps := &pinnedMaps{}
-		require.NoError(t, openConntrackMap(maps, dir, Config{ConntrackMapMaxEntries: maxEntries}, log))
+		cfg := Config{ConntrackMapMaxEntries: maxEntries, ConntrackOpeningMapMaxEntries: 256, Devices: []string{"lo"}}
+		require.NoError(t, openConntrackMap(maps, dir, cfg, log))
 		t.Cleanup(func() { maps.Close() })
 		return maps.Conntrack
 	}
@@ -357,7 +380,7 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	migrated := open(2048)
 	require.NotEqual(t, id(first), id(migrated))
 	require.EqualValues(t, 2048, migrated.MaxEntries())
-	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackEntries(t, migrated), "entries kept")
+	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackMapEntries(t, migrated), "entries kept")
 
 	// A map of the previous layout (say, a smaller value) is replaced.
 	pin := filepath.Join(dir, ConntrackMapName)
@@ -370,7 +393,20 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	require.NoError(t, old.Pin(pin))
 	replaced := open(2048)
 	require.Equal(t, uint32(conntrackValueSize), replaced.ValueSize())
-	require.Empty(t, conntrackEntries(t, replaced))
+	require.Empty(t, conntrackMapEntries(t, replaced))
+
+	// A map of the layout before the device was in the key (an LRU hash
+	// with 40-byte keys) is converted: each entry once per device of
+	// --devices (here the loopback, ifindex 1).
+	require.NoError(t, os.Remove(pin))
+	previous, err := ebpf.NewMap(previousConntrackMapSpec(2048))
+	require.NoError(t, err)
+	defer previous.Close()
+	require.NoError(t, previous.Put(key[:previousConntrackKeySize], value))
+	require.NoError(t, previous.Pin(pin))
+	converted := open(2048)
+	require.Equal(t, ebpf.Hash, converted.Type())
+	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackMapEntries(t, converted), "entries kept, on the device")
 }
 
 // The program reads the coarse clock once per jiffy and CPU and keeps it in
@@ -422,7 +458,7 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 		key, pkt := syn(uint16(30000 + attempt))
 		runPerPacket(t, enf.fromEndpoint, pkt, 1, tcxNextRet)
 		var v ConntrackValue
-		require.NoError(t, maps.Conntrack.Lookup(key, &v))
+		require.NoError(t, lookupConntrack(maps, key, &v))
 		if uint64(v.Expires()) == planted+opening {
 			return
 		}

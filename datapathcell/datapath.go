@@ -53,7 +53,8 @@ type Datapath struct {
 	// pinned maps; nothing is pinned or attached then.
 	fakeMaps *writtenMaps
 
-	conntrackGC *conntrackGC
+	// conntrackGC and openingGC collect conntrack and ct_opening.
+	conntrackGC, openingGC *conntrackGC
 
 	// events hands the program's events to monitor clients (events.go).
 	events eventHub
@@ -69,6 +70,7 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
 	}, snapshotTaken: make(chan struct{})}
 	d.conntrackGC = newConntrackGC(d.conntrackMap, log)
+	d.openingGC = newConntrackGC(d.conntrackOpeningMap, log)
 	return d
 }
 
@@ -114,7 +116,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 	}
 	// After the program is replaced, so that what the old one stored
 	// cannot count either.
-	if err := revision.startAbove(opened.Conntrack); err != nil {
+	if err := revision.startAbove(opened.Conntrack, opened.ConntrackOpening); err != nil {
 		return err
 	}
 	// Last, so that a start that fails leaves no read running. Nothing
@@ -168,7 +170,8 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 		return nil
 	}
 	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters,
-		Conntrack: m.Conntrack, Revision: m.Revision, ConntrackTimeouts: d.cfg.conntrackTimeouts()})
+		Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
+		ConntrackTimeouts: d.cfg.conntrackTimeouts()})
 	if err != nil {
 		return err
 	}

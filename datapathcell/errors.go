@@ -23,6 +23,12 @@ var (
 	// that a script reading them has an exit status to test.
 	ErrMapDiffers = errors.New("the pinned map differs")
 
+	// ErrConntrackFull is the conntrack collector's error (its job's
+	// health is Degraded) while connections that became established
+	// could not move to the full conntrack map: they stay in ct_opening,
+	// where a flood of new connections can evict them.
+	ErrConntrackFull = errors.New("the conntrack map is full")
+
 	// ErrNoProgram is returned by what reads the enforcement program's
 	// events (Subscribe, EventsLost) when the agent loaded none: no
 	// --devices, or before start and after stop.

@@ -29,12 +29,12 @@ func linksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 
 // pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type pinnedMaps struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack, Revision *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
 }
 
 func (m *pinnedMaps) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.Revision} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}

@@ -14,7 +14,10 @@ const (
 	EnforcementMapName = "enforcement"
 	CountersMapName    = "counters"
 	ConntrackMapName   = "conntrack"
-	RevisionMapName    = "revision"
+	// ConntrackOpeningMapName is the map of connections that have not yet
+	// had their origin speak after a reply (conntrack.go).
+	ConntrackOpeningMapName = "ct_opening"
+	RevisionMapName         = "revision"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
@@ -73,17 +76,27 @@ func countersMapSpec() *ebpf.MapSpec {
 	}
 }
 
-// conntrackMapSpec: an LRU hash, so that a full map evicts the least
-// recently used connections rather than refusing new ones (layout in
-// conntrack.go).
+// conntrackMapSpec: a hash, which never evicts: a connection gets here
+// only once its handshake is done, and a flood of new connections cannot
+// push it out (layout in conntrack.go).
 func conntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
 		Name:       ConntrackMapName,
-		Type:       ebpf.LRUHash,
+		Type:       ebpf.Hash,
 		KeySize:    conntrackKeySize,
 		ValueSize:  conntrackValueSize,
 		MaxEntries: maxEntries,
 	}
+}
+
+// conntrackOpeningMapSpec: an LRU hash of conntrack's layout, so that a
+// full map evicts the least recently used new connections rather than
+// refusing the next one.
+func conntrackOpeningMapSpec(maxEntries uint32) *ebpf.MapSpec {
+	spec := conntrackMapSpec(maxEntries)
+	spec.Name = ConntrackOpeningMapName
+	spec.Type = ebpf.LRUHash
+	return spec
 }
 
 // revisionMapSpec: one u64, the revision counter (revision.go).

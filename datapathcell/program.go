@@ -34,7 +34,7 @@ import (
 // enforcerMaps are the maps the enforcement program uses in place of the
 // ones it declares: the agent's pinned maps, of the layouts in mapspecs.go.
 type enforcerMaps struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack, Revision *ebpf.Map
+	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
 	// ConntrackTimeouts are set in the program; zero keeps its defaults.
 	ConntrackTimeouts ConntrackTimeouts
 }
@@ -50,6 +50,9 @@ type enforcer struct {
 	// limit and lost counters, eventsMask what it writes (events.go).
 	events, eventState *ebpf.Map
 	eventsMask         *ebpf.Variable
+	// ctStats counts, per CPU, the connections that could not move to a
+	// full conntrack map (Datapath.ConntrackFull).
+	ctStats *ebpf.Map
 	// policyFlags is the program's policy_flags (policyNoAnyIdentity).
 	policyFlags *ebpf.Variable
 }
@@ -76,6 +79,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		bpf.EnforceMapEnforcement: maps.Enforcement,
 		bpf.EnforceMapCounters:    maps.Counters,
 		bpf.EnforceMapConntrack:   maps.Conntrack,
+		bpf.EnforceMapCtOpening:   maps.ConntrackOpening,
 		bpf.EnforceMapRevision:    maps.Revision,
 	}
 	for name, m := range replacements {
@@ -89,6 +93,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	spec.Maps[bpf.EnforceMapIpcache].MaxEntries = maps.IPCache.MaxEntries()
 	spec.Maps[bpf.EnforceMapPolicy].MaxEntries = maps.Policy.MaxEntries()
 	spec.Maps[bpf.EnforceMapConntrack].MaxEntries = maps.Conntrack.MaxEntries()
+	spec.Maps[bpf.EnforceMapCtOpening].MaxEntries = maps.ConntrackOpening.MaxEntries()
 	if err := setConntrackTimeouts(spec, maps.ConntrackTimeouts); err != nil {
 		return nil, err
 	}
@@ -97,6 +102,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		bpf.EnforcePrograms
 		Events      *ebpf.Map      `ebpf:"events"`
 		EventState  *ebpf.Map      `ebpf:"event_state"`
+		CtStats     *ebpf.Map      `ebpf:"ct_stats"`
 		EventsMask  *ebpf.Variable `ebpf:"events_mask"`
 		PolicyFlags *ebpf.Variable `ebpf:"policy_flags"`
 	}
@@ -108,6 +114,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		toEndpoint:   objs.EnforceToEndpoint,
 		events:       objs.Events,
 		eventState:   objs.EventState,
+		ctStats:      objs.CtStats,
 		eventsMask:   objs.EventsMask,
 		policyFlags:  objs.PolicyFlags,
 	}, nil
@@ -116,7 +123,8 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 // Close releases the agent's references to the programs. Attached programs
 // stay attached: their pinned links hold them.
 func (e *enforcer) Close() error {
-	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close(), e.events.Close(), e.eventState.Close())
+	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close(), e.events.Close(), e.eventState.Close(),
+		e.ctStats.Close())
 }
 
 // tcxHook is one of the two attachment points of the program on a device.

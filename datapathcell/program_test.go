@@ -116,6 +116,8 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		Counters:    newMap(countersMapSpec()),
 		Conntrack:   newMap(conntrackMapSpec(4096)),
 		Revision:    newMap(revisionMapSpec()),
+
+		ConntrackOpening: newMap(conntrackOpeningMapSpec(1024)),
 	}
 }
 

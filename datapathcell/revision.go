@@ -76,12 +76,17 @@ func (r *revisionCounter) load() uint64 { return atomic.LoadUint64(r.word) }
 // never makes an old entry's revision current again.
 //
 // Possible errors: ct cannot be read.
-func (r *revisionCounter) startAbove(ct *ebpf.Map) error {
-	if r.load()&revisionMask == 0 && ct != nil {
+func (r *revisionCounter) startAbove(cts ...*ebpf.Map) error {
+	if r.load()&revisionMask == 0 {
 		var highest uint64
-		err := readEntries(ct, func(_ ConntrackKey, v ConntrackValue) { highest = max(highest, v.checked()) })
-		if err != nil {
-			return fmt.Errorf("read conntrack map for the revision: %w", err)
+		for _, ct := range cts {
+			if ct == nil {
+				continue
+			}
+			err := readEntries(ct, func(_ ConntrackKey, v ConntrackValue) { highest = max(highest, v.checked()) })
+			if err != nil {
+				return fmt.Errorf("read conntrack map for the revision: %w", err)
+			}
 		}
 		atomic.StoreUint64(r.word, highest)
 	}

@@ -55,14 +55,14 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 		require.NoError(t, w.enforcement.Put(uint32(policycell.Egress), uint32(1)))
 		run(tcxNextRet, "allowed")
 		var v ConntrackValue
-		require.NoError(t, maps.Conntrack.Lookup(ctKey, &v))
+		require.NoError(t, lookupConntrack(maps, ctKey, &v))
 		require.Equal(t, counter.load()&revisionMask, v.checked(), "verdict stored at the current revision")
 	}
 	dropped := func(what string) {
 		t.Helper()
 		run(tcxDropRet, "after "+what)
 		var v ConntrackValue
-		require.NoError(t, maps.Conntrack.Lookup(ctKey, &v), "entry kept after "+what)
+		require.NoError(t, lookupConntrack(maps, ctKey, &v), "entry kept after "+what)
 		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry revoked after "+what)
 		require.Zero(t, v.checked(), "no verdict kept after "+what)
 	}
@@ -118,7 +118,7 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, tcxNextRet, ret)
 	var v ConntrackValue
-	require.NoError(t, maps.Conntrack.Lookup(newConntrackKey(progRunIfindex, out, peer, testProtoTCP), &v))
+	require.NoError(t, lookupConntrack(maps, newConntrackKey(progRunIfindex, out, peer, testProtoTCP), &v))
 	require.Zero(t, v.checked())
 }
 
@@ -141,7 +141,7 @@ func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, tcxNextRet, ret, "ingress is not enforced")
 		var v ConntrackValue
-		require.ErrorIs(t, maps.Conntrack.Lookup(key, &v), ebpf.ErrKeyNotExist, "TCP flags %#x created an entry", flags)
+		require.ErrorIs(t, lookupConntrack(maps, key, &v), ebpf.ErrKeyNotExist, "TCP flags %#x created an entry", flags)
 		ret, err = enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x10)})
 		require.NoError(t, err)
 		require.EqualValues(t, tcxDropRet, ret, "the endpoint's ACK passed egress after the peer's flags %#x", flags)

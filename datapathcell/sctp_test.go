@@ -73,7 +73,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	tracked := func(remote netip.AddrPort) bool {
 		t.Helper()
 		var v ConntrackValue
-		err := maps.Conntrack.Lookup(newConntrackKey(progRunIfindex, out, remote, testProtoSCTP), &v)
+		err := lookupConntrack(maps, newConntrackKey(progRunIfindex, out, remote, testProtoSCTP), &v)
 		if err != nil {
 			require.ErrorIs(t, err, ebpf.ErrKeyNotExist)
 			return false
@@ -87,7 +87,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	run(enf.fromEndpoint, sctpPacket(out, allowed), tcxNextRet, "SCTP to the allowed port")
 	require.True(t, tracked(allowed), "the allowed association is tracked")
 	run(enf.toEndpoint, sctpPacket(allowed, out), tcxNextRet, "the reply of the allowed association")
-	entries := conntrackEntries(t, maps.Conntrack)
+	entries := conntrackEntries(t, maps)
 	require.Len(t, entries, 1)
 	for k, v := range entries {
 		_, _, protocol, err := k.Fields()
@@ -116,5 +116,5 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	run(enf.fromEndpoint, short, tcxDropRet, "a short SCTP header with only a port rule")
 	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoSCTP, 0)
 	run(enf.fromEndpoint, short, tcxNextRet, "a short SCTP header with a rule for the whole protocol")
-	require.Len(t, conntrackEntries(t, maps.Conntrack), 1, "the short packet is not tracked")
+	require.Len(t, conntrackEntries(t, maps), 1, "the short packet is not tracked")
 }

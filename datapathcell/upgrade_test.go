@@ -160,6 +160,7 @@ func previousCountersMapSpec() *ebpf.MapSpec {
 // (40-byte keys, without the device).
 func previousConntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	spec := conntrackMapSpec(maxEntries)
+	spec.Type = ebpf.LRUHash
 	spec.KeySize = previousConntrackKeySize
 	return spec
 }

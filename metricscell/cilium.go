@@ -108,9 +108,14 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(n)/float64(c.cfg.PolicyMapMaxEntries), datapathcell.PolicyMapName)
 	}
-	if ct := c.datapath.ConntrackStats(); ct.MaxEntries > 0 {
+	ct, opening := c.datapath.ConntrackStats()
+	if ct.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(ct.Entries)/float64(ct.MaxEntries), datapathcell.ConntrackMapName)
+	}
+	if opening.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+			float64(opening.Entries)/float64(opening.MaxEntries), datapathcell.ConntrackOpeningMapName)
 	}
 	if c.policies != nil {
 		ch <- prometheus.MustNewConstMetric(c.policyCount, prometheus.GaugeValue, float64(c.policies.NumObjects(txn)))

@@ -183,6 +183,7 @@ type datapathCollector struct {
 	writes, unchanged, packets *prometheus.Desc
 
 	conntrackEntries, conntrackCollected, conntrackPressure *prometheus.Desc
+	openingEntries, openingPressure, conntrackFull         *prometheus.Desc
 
 	// Cilium's names (cilium.go).
 	drops, forwards, dropBytes, forwardBytes *prometheus.Desc
@@ -213,7 +214,13 @@ func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathC
 		conntrackCollected: prometheus.NewDesc(metricPrefix+"conntrack_collected_total",
 			"Expired conntrack entries deleted by the collector since start", nil, nil),
 		conntrackPressure: prometheus.NewDesc(metricPrefix+"conntrack_map_pressure",
-			"Live conntrack entries over the map's max entries (at 1 the LRU evicts live connections)", nil, nil),
+			"Live entries of the conntrack map (established connections) over its max entries; it never evicts: at 1, connections that become established stay in ct_opening (conntrack_full_total)", nil, nil),
+		openingEntries: prometheus.NewDesc(metricPrefix+"conntrack_opening_entries",
+			"Live entries of the ct_opening map (connections not yet established), as counted by the last complete collection pass", nil, nil),
+		openingPressure: prometheus.NewDesc(metricPrefix+"conntrack_opening_map_pressure",
+			"Live ct_opening entries over its max entries; an LRU map, which may evict the least recently used new connections before 1 (the kernel keeps free entries per CPU)", nil, nil),
+		conntrackFull: prometheus.NewDesc(metricPrefix+"conntrack_full_total",
+			"Established connections the program could not move to the full conntrack map since it was loaded (they stay in ct_opening, where new connections can evict them)", nil, nil),
 		drops: prometheus.NewDesc(ciliumPrefix+"drop_count_total",
 			"Packets the enforcement program dropped, by reason and direction (INGRESS, EGRESS), since the pinned counters map was created",
 			[]string{"reason", "direction"}, nil),
@@ -240,6 +247,9 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.conntrackEntries
 	ch <- c.conntrackCollected
 	ch <- c.conntrackPressure
+	ch <- c.openingEntries
+	ch <- c.openingPressure
+	ch <- c.conntrackFull
 	ch <- c.drops
 	ch <- c.forwards
 	ch <- c.dropBytes
@@ -255,11 +265,18 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
 		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
 	}
-	ct := c.datapath.ConntrackStats()
+	ct, opening := c.datapath.ConntrackStats()
 	ch <- prometheus.MustNewConstMetric(c.conntrackEntries, prometheus.GaugeValue, float64(ct.Entries))
-	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected))
+	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected+opening.Collected))
 	if ct.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.conntrackPressure, prometheus.GaugeValue, float64(ct.Entries)/float64(ct.MaxEntries))
+	}
+	ch <- prometheus.MustNewConstMetric(c.openingEntries, prometheus.GaugeValue, float64(opening.Entries))
+	if opening.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.openingPressure, prometheus.GaugeValue, float64(opening.Entries)/float64(opening.MaxEntries))
+	}
+	if full, err := c.datapath.ConntrackFull(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
 	}
 	rateLimited, ringFull, err := c.datapath.EventsLost()
 	if err == nil || errors.Is(err, datapathcell.ErrNoProgram) {

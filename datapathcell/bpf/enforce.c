@@ -244,6 +244,7 @@ struct bpf_fib_lookup {
 #define BPF_F_NO_PREALLOC 1
 #define BPF_F_MMAPABLE 1024
 #define BPF_ANY 0
+#define BPF_NOEXIST 1
 
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
@@ -479,12 +480,36 @@ struct {
 	__uint(max_entries, 2 * COUNTERS_SLOTS);
 } counters SEC(".maps");
 
+// Connections live in two maps of the same layout. A new one starts in
+// `ct_opening` (LRU hash) and moves to `conntrack` (hash, never evicts)
+// once its origin has sent a packet after a reply, the third packet of a
+// TCP handshake: a flood of new connections (SYNs from spoofed sources
+// never get that far) churns `ct_opening` only, and cannot evict an
+// established connection. When `conntrack` is full, a connection stays in
+// `ct_opening` and the move's failure is counted in `ct_stats`.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 	__uint(max_entries, 262144);
 } conntrack SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_value);
+	__uint(max_entries, 65536);
+} ct_opening SEC(".maps");
+
+// ct_stats counts, per CPU, the moves to `conntrack` that failed because
+// it was full (index CT_STAT_FULL). Not pinned.
+#define CT_STAT_FULL 0
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} ct_stats SEC(".maps");
 
 // revision counts the agent's writes that can change a verdict (ipcache,
 // policy, enforcement): the agent adds one after each such write has
@@ -1179,13 +1204,39 @@ static __always_inline int allowed_at(struct ct_value *ct)
 	return current != 0 && (*(volatile __u64 *)ct_word(ct) >> 16) == current;
 }
 
-// ct_forward creates the entry of an allowed forward packet, or refreshes
-// the one it has. checked is the revision read before policy allowed the
-// packet, or 0 when policy was not looked up (a direction not enforced):
-// it is stored with the entry, or left as it is when 0. A packet that
-// passes forward clears the entry's CT_REVOKED.
+// ct_promote moves an entry of `ct_opening` whose origin spoke after a
+// reply to `conntrack`; a full `conntrack` leaves it where it is, counted.
+static __always_inline void ct_promote(struct ct_value *ct, const struct flow *flow)
+{
+	struct ct_value copy = *ct;
+
+	if (bpf_map_update_elem(&conntrack, &flow->ct, &copy, BPF_NOEXIST) == 0) {
+		bpf_map_delete_elem(&ct_opening, &flow->ct);
+	} else {
+		__u32 zero = CT_STAT_FULL;
+		__u64 *full = bpf_map_lookup_elem(&ct_stats, &zero);
+
+		if (full)
+			*full += 1;
+	}
+}
+
+// ct_refresh updates an entry with a forward packet, and moves it to
+// `conntrack` when it is in `ct_opening` (opening) and has seen a reply.
+static __always_inline void ct_refresh(struct ct_value *ct, const struct flow *flow, int opening, __u64 now)
+{
+	ct_update(ct, flow, 0, now);
+	if (opening && (ct->flags & CT_REPLY_SEEN))
+		ct_promote(ct, flow);
+}
+
+// ct_forward creates the entry of an allowed forward packet (in
+// `ct_opening`), or refreshes the one it has. checked is the revision read
+// before policy allowed the packet, or 0 when policy was not looked up (a
+// direction not enforced): it is stored with the entry, or left as it is
+// when 0. A packet that passes forward clears the entry's CT_REVOKED.
 static __always_inline void ct_forward(struct ct_value *ct, const struct flow *flow, __u8 direction,
-				       __u64 checked)
+				       __u64 checked, int opening)
 {
 	__u64 now = now_ns();
 	struct ct_value created = {.origin = direction};
@@ -1195,13 +1246,29 @@ static __always_inline void ct_forward(struct ct_value *ct, const struct flow *f
 		if ((checked && (*(volatile __u64 *)ct_word(ct) >> 16) != checked) || (ct->flags & CT_REVOKED))
 			*(volatile __u64 *)ct_word(ct) =
 				(__u64)ct->origin | (__u64)(ct->flags & ~CT_REVOKED) << 8 | checked << 16;
+		if (opening && (ct->flags & CT_REPLY_SEEN))
+			ct_promote(ct, flow);
 		return;
 	}
 	ct_update(&created, flow, 0, now);
 	*ct_word(&created) |= checked << 16;
 	// An LRU map makes room by evicting; should the insertion fail anyway,
 	// the packet still passes (see the top of the file).
-	bpf_map_update_elem(&conntrack, &flow->ct, &created, BPF_ANY);
+	bpf_map_update_elem(&ct_opening, &flow->ct, &created, BPF_ANY);
+}
+
+// ct_lookup finds a connection's entry in `conntrack`, else in
+// `ct_opening` (and says so in *opening).
+static __always_inline struct ct_value *ct_lookup(struct ct_key *key, int *opening)
+{
+	struct ct_value *ct = bpf_map_lookup_elem(&conntrack, key);
+
+	*opening = 0;
+	if (ct)
+		return ct;
+	ct = bpf_map_lookup_elem(&ct_opening, key);
+	*opening = ct != 0;
+	return ct;
 }
 
 // ct_revoke marks the entry of a connection whose forward packet policy
@@ -1393,7 +1460,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	__u32 identity, verdict;
 	__u32 *value;
 	__u32 mode;
-	int enforced, other_enforced = 0, vlan;
+	int enforced, other_enforced = 0, vlan, opening = 0;
 	__u8 eth_buf[8] __attribute__((aligned(8)));
 	const __u8 *eth;
 	__be16 ethertype;
@@ -1456,7 +1523,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		set_remote_key(&remote, &flow);
 
 	if (flow.tracked) {
-		ct = bpf_map_lookup_elem(&conntrack, &flow.ct);
+		ct = ct_lookup(&flow.ct, &opening);
 		if (ct && ct->origin != direction && !flow.echo_request) {
 			ct_update(ct, &flow, 1, now_ns());
 			if (!enforced) {
@@ -1479,14 +1546,14 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	}
 	if (!enforced) {
 		if (flow.tracked && (ct || ct_opens(&flow)))
-			ct_forward(ct, &flow, direction, 0);
+			ct_forward(ct, &flow, direction, 0, opening);
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
 	}
 	// A forward packet of a connection that policy allowed at the current
 	// revision: nothing that could change the verdict was written since.
 	if (ct && allowed_at(ct)) {
-		ct_update(ct, &flow, 0, now_ns());
+		ct_refresh(ct, &flow, opening, now_ns());
 		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
 	}
 	if (flow.icmp_error && quoted) {
@@ -1498,7 +1565,9 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 
 		parse_quoted(skb, direction, quoted, &about);
 		if (about.tracked && quotes_own_flow(&flow, &about, direction)) {
-			related = bpf_map_lookup_elem(&conntrack, &about.ct);
+			int unused;
+
+			related = ct_lookup(&about.ct, &unused);
 			if (related && !(related->flags & CT_REVOKED)) {
 				identity = remote_identity(&remote);
 				if (policy_verdict(identity, direction, &flow) == VERDICT_DENY)
@@ -1515,7 +1584,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	verdict = policy_verdict(identity, direction, &flow);
 	if (verdict == VERDICT_ALLOW || (!verdict && mode == ENFORCE_DENY_ONLY)) {
 		if (flow.tracked)
-			ct_forward(ct, &flow, direction, checked);
+			ct_forward(ct, &flow, direction, checked, opening);
 		return allow(skb, &flow, direction, verdict ? REASON_POLICY : REASON_NOT_DENIED, identity);
 	}
 	if (ct)

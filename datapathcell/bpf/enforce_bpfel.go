@@ -22,6 +22,8 @@ const (
 	EnforceMapClock                   = "clock"
 	EnforceMapConntrack               = "conntrack"
 	EnforceMapCounters                = "counters"
+	EnforceMapCtOpening               = "ct_opening"
+	EnforceMapCtStats                 = "ct_stats"
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapEventState              = "event_state"
 	EnforceMapEvents                  = "events"
@@ -92,6 +94,8 @@ type EnforceMapSpecs struct {
 	Clock       *ebpf.MapSpec `ebpf:"clock"`
 	Conntrack   *ebpf.MapSpec `ebpf:"conntrack"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	CtOpening   *ebpf.MapSpec `ebpf:"ct_opening"`
+	CtStats     *ebpf.MapSpec `ebpf:"ct_stats"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	EventState  *ebpf.MapSpec `ebpf:"event_state"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
@@ -136,6 +140,8 @@ type EnforceMaps struct {
 	Clock       *ebpf.Map `ebpf:"clock"`
 	Conntrack   *ebpf.Map `ebpf:"conntrack"`
 	Counters    *ebpf.Map `ebpf:"counters"`
+	CtOpening   *ebpf.Map `ebpf:"ct_opening"`
+	CtStats     *ebpf.Map `ebpf:"ct_stats"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	EventState  *ebpf.Map `ebpf:"event_state"`
 	Events      *ebpf.Map `ebpf:"events"`
@@ -150,6 +156,8 @@ func (m *EnforceMaps) Close() error {
 		m.Clock,
 		m.Conntrack,
 		m.Counters,
+		m.CtOpening,
+		m.CtStats,
 		m.Enforcement,
 		m.EventState,
 		m.Events,
