@@ -183,7 +183,7 @@ type datapathCollector struct {
 	writes, unchanged, packets *prometheus.Desc
 
 	conntrackEntries, conntrackCollected, conntrackPressure *prometheus.Desc
-	openingEntries, openingPressure, conntrackFull         *prometheus.Desc
+	openingEntries, openingPressure, conntrackFull          *prometheus.Desc
 
 	// Cilium's names (cilium.go).
 	drops, forwards, dropBytes, forwardBytes *prometheus.Desc
