@@ -5,6 +5,7 @@ package policycell
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -39,6 +40,86 @@ type selector struct {
 	deny      bool
 	peer      *CIDRSelector
 	ports     []PortRange
+	// source is the rule, for errors that point at it.
+	source *Rule
+}
+
+// selectorIndex finds the selectors of an identity without looking at
+// the others: selectors by their CIDR (a hash map), probed at each prefix
+// length of the identity's prefixes that some selector has. Both the
+// selector engine and the count of a file's entries (expansion.go) use it.
+type selectorIndex struct {
+	byCIDR map[netip.Prefix][]*selector
+	// lengths counts the selector CIDRs of each family (IPv4, IPv6) and
+	// prefix length.
+	lengths [2][129]int
+	// anyPeer are the selectors of rules for every peer: they give the
+	// entries of identity 0 (any identity).
+	anyPeer []*selector
+}
+
+func newSelectorIndex() selectorIndex {
+	return selectorIndex{byCIDR: map[netip.Prefix][]*selector{}}
+}
+
+// add indexes a selector.
+func (x *selectorIndex) add(s *selector) {
+	if s.peer == nil {
+		x.anyPeer = append(x.anyPeer, s)
+		return
+	}
+	cidr := s.peer.CIDR
+	if len(x.byCIDR[cidr]) == 0 {
+		x.lengths[family(cidr)][cidr.Bits()]++
+	}
+	x.byCIDR[cidr] = append(x.byCIDR[cidr], s)
+}
+
+// removeCIDR removes the policy's selectors on cidr (nothing if they are
+// already gone: a second selector of the policy on the same CIDR).
+func (x *selectorIndex) removeCIDR(policy string, cidr netip.Prefix) {
+	at, ok := x.byCIDR[cidr]
+	if !ok {
+		return
+	}
+	at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == policy })
+	if len(at) == 0 {
+		delete(x.byCIDR, cidr)
+		x.lengths[family(cidr)][cidr.Bits()]--
+	} else {
+		x.byCIDR[cidr] = at
+	}
+}
+
+// removeAnyPeer removes the policy's selectors of every peer.
+func (x *selectorIndex) removeAnyPeer(policy string) {
+	x.anyPeer = slices.DeleteFunc(x.anyPeer, func(s *selector) bool { return s.policy == policy })
+}
+
+// empty reports whether no selector is indexed.
+func (x *selectorIndex) empty() bool { return len(x.byCIDR) == 0 && len(x.anyPeer) == 0 }
+
+// candidates yields the CIDR selectors whose CIDR contains one of the
+// prefixes (an identity's), except prefixes not checked: the caller
+// checks them (CIDRSelector.excludes), against all of the identity's
+// prefixes.
+func (x *selectorIndex) candidates(prefixes []netip.Prefix) iter.Seq[*selector] {
+	return func(yield func(*selector) bool) {
+		for _, prefix := range prefixes {
+			lengths := &x.lengths[family(prefix)]
+			for bits := prefix.Bits(); bits >= 0; bits-- {
+				if lengths[bits] == 0 {
+					continue
+				}
+				cidr, _ := prefix.Addr().Prefix(bits)
+				for _, s := range x.byCIDR[cidr] {
+					if !yield(s) {
+						return
+					}
+				}
+			}
+		}
+	}
 }
 
 // selectorEngine computes the desired `policy` and `policy-enforcement`
@@ -77,17 +158,11 @@ type selectorEngine struct {
 	policyChanges   statedb.ChangeIterator[*Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
 
-	// indexed are the policies whose selectors are in selectors, by name.
+	// indexed are the policies whose selectors are in index, by name.
+	// Identity 0 (the rules for every peer) is not in the identities
+	// table: it is recomputed when its selectors change.
 	indexed map[string]*Policy
-	// selectors are the selectors by their CIDR; lengths counts the
-	// selector CIDRs of each family (IPv4, IPv6) and prefix length.
-	selectors map[netip.Prefix][]*selector
-	lengths   [2][129]int
-
-	// anyPeer are the selectors of rules for every peer: they give the
-	// entries of identity 0 (any identity), which is not in the
-	// identities table; it is recomputed when they change.
-	anyPeer []*selector
+	index   selectorIndex
 
 	// defaultDenyIn counts the policies with rules in each direction that
 	// make it enforced (not enableDefaultDeny false); denyIn those with
@@ -124,9 +199,9 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed:   map[string]*Policy{},
-		selectors: map[netip.Prefix][]*selector{},
-		dirty:     map[identitycell.NumericIdentity]struct{}{},
+		indexed: map[string]*Policy{},
+		index:   newSelectorIndex(),
+		dirty:   map[identitycell.NumericIdentity]struct{}{},
 
 		enablePolicy: enablePolicy,
 	}
@@ -219,7 +294,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	e.progress.computed.Set(Computed{
 		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
-		Selectors: len(e.selectors),
+		Selectors: len(e.index.byCIDR),
 	})
 	if initializing {
 		e.markInitialized = nil
@@ -265,25 +340,15 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
 				if by > 0 {
-					e.anyPeer = append(e.anyPeer, e.newSelector(p, dir, rule, nil))
+					e.index.add(newSelector(p, dir, rule, nil))
 				}
 			}
 			for j := range rule.Peers {
 				peer := &rule.Peers[j]
 				if by > 0 {
-					if len(e.selectors[peer.CIDR]) == 0 {
-						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
-					}
-					e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], e.newSelector(p, dir, rule, peer))
-				} else if at, ok := e.selectors[peer.CIDR]; ok {
-					// !ok: a second selector of p on the same CIDR, already gone.
-					at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == p.Name })
-					if len(at) == 0 {
-						delete(e.selectors, peer.CIDR)
-						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]--
-					} else {
-						e.selectors[peer.CIDR] = at
-					}
+					e.index.add(newSelector(p, dir, rule, peer))
+				} else {
+					e.index.removeCIDR(p.Name, peer.CIDR)
 				}
 				e.markWithin(txn, peer.CIDR)
 			}
@@ -296,12 +361,13 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 		}
 	}
 	if by < 0 {
-		e.anyPeer = slices.DeleteFunc(e.anyPeer, func(s *selector) bool { return s.policy == p.Name })
+		e.index.removeAnyPeer(p.Name)
 	}
 }
 
-func (e *selectorEngine) newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
-	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer, ports: rule.Ports}
+func newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
+	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer,
+		ports: rule.Ports, source: rule}
 }
 
 // family indexes lengths.
@@ -393,7 +459,7 @@ func (e *selectorEngine) write(initializing bool) error {
 // current ones, and there is nothing to recompute. The engine is the
 // table's only writer of rows, so txn sees all it wrote.
 func (e *selectorEngine) idle(txn statedb.ReadTxn) bool {
-	return len(e.selectors) == 0 && len(e.anyPeer) == 0 && e.entries.NumObjects(txn) == 0
+	return e.index.empty() && e.entries.NumObjects(txn) == 0
 }
 
 // grant is one rule of a policy giving one key a verdict.
@@ -409,28 +475,19 @@ type grant struct {
 // of the rules for every peer.
 func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []grant) []grant {
 	if id == 0 {
-		for _, s := range e.anyPeer {
+		for _, s := range e.index.anyPeer {
 			e.visited++
 			out = s.appendGrants(out, id)
 		}
 		return out
 	}
 	prefixes := e.prefixesOf(txn, id)
-	for _, prefix := range prefixes {
-		lengths := &e.lengths[family(prefix)]
-		for bits := prefix.Bits(); bits >= 0; bits-- {
-			if lengths[bits] == 0 {
-				continue
-			}
-			cidr, _ := prefix.Addr().Prefix(bits)
-			for _, s := range e.selectors[cidr] {
-				e.visited++
-				if s.peer.excludes(prefixes) {
-					continue
-				}
-				out = s.appendGrants(out, id)
-			}
+	for s := range e.index.candidates(prefixes) {
+		e.visited++
+		if s.peer.excludes(prefixes) {
+			continue
 		}
+		out = s.appendGrants(out, id)
 	}
 	return out
 }
