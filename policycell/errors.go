@@ -34,6 +34,14 @@ var (
 
 	// ErrTooLarge rejects a policy file larger than maxFileSize.
 	ErrTooLarge = errors.New("policy file too large")
+
+	// ErrTooManyEntries rejects a policy file whose policies compute more
+	// policy-map entries than the policy map holds
+	// (--policy-map-max-entries), counted before anything is expanded
+	// (CountEntries): such a file could never be enforced, and expanding
+	// it would cost memory in proportion to its CIDRs times its port
+	// blocks.
+	ErrTooManyEntries = errors.New("more than the policy map holds")
 )
 
 // The errors of the saved policies in force (in the state directory).
