@@ -34,7 +34,9 @@ var Cell = cell.Module(
 	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps,
 		// The policy cell rejects a file that computes more entries than the
 		// map holds, and bounds its table by it.
-		func(c Config) policycell.PolicyMapCapacity { return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries) }),
+		func(c Config) policycell.PolicyMapCapacity {
+			return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries)
+		}),
 	cell.Invoke(registerWriters, registerConntrackGC),
 )
 
