@@ -147,12 +147,17 @@ type selectorParams struct {
 	Enforcement statedb.RWTable[*Enforcement]
 	Progress    *SelectorProgress
 	Log         *slog.Logger
+	// Capacity is the datapath's --policy-map-max-entries.
+	Capacity PolicyMapCapacity `optional:"true"`
 }
 
-// newSelectorEngineOf returns the selector engine over the cell's tables.
+// newSelectorEngineOf returns the selector engine over the cell's tables,
+// its table bounded by the policy map's size.
 func newSelectorEngineOf(p selectorParams) *selectorEngine {
-	return newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
+	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
 		p.Config.EnablePolicy)
+	e.maxEntries = entryBound * p.Capacity.maxEntries()
+	return e
 }
 
 type jobsParams struct {

@@ -44,6 +44,12 @@ var (
 	ErrTooManyEntries = errors.New("more than the policy map holds")
 )
 
+// ErrPolicyTableFull is wrapped by the selector job's health error when
+// the policies in force compute more entries than the `policy` table may
+// hold (twice the policy map's size): those beyond are not computed
+// until there is room.
+var ErrPolicyTableFull = errors.New("the policy table is at its bound")
+
 // The errors of the saved policies in force (in the state directory).
 var (
 	// ErrCorruptInForce is wrapped by the error for a saved file of the

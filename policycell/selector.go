@@ -20,6 +20,12 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
+// entryBound is how many times the policy map's size the `policy` table
+// may hold: beyond the map's size, rows show as not written (status
+// Error); beyond this, entries are not computed at all, so the table's
+// memory does not grow with what the policies select.
+const entryBound = 2
+
 // writeChunkSize bounds the identities whose entries are written in one
 // transaction, so that a large change does not block the datapath's
 // reconciler (which writes statuses into the same table) for long.
@@ -173,6 +179,16 @@ type selectorEngine struct {
 
 	dirty map[identitycell.NumericIdentity]struct{}
 
+	// maxEntries bounds the rows of the `policy` table (entryBound times
+	// the policy map's size): each file fits the map (CountEntries), but
+	// files together, or one file's CIDR with another's many narrower
+	// prefixes, may compute more than it holds, and no more than that
+	// bound is ever held. notComputed are the identities whose entries did
+	// not all fit under it, with how many did not; they are recomputed
+	// when room appears.
+	maxEntries  int
+	notComputed map[identitycell.NumericIdentity]int
+
 	// visited counts the selectors examined, recomputed the identities
 	// whose entries were recomputed; tests use them to show what a change
 	// costs.
@@ -199,9 +215,11 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed: map[string]*Policy{},
-		index:   newSelectorIndex(),
-		dirty:   map[identitycell.NumericIdentity]struct{}{},
+		indexed:     map[string]*Policy{},
+		index:       newSelectorIndex(),
+		dirty:       map[identitycell.NumericIdentity]struct{}{},
+		maxEntries:  entryBound * DefaultPolicyMapMaxEntries,
+		notComputed: map[identitycell.NumericIdentity]int{},
 
 		enablePolicy: enablePolicy,
 	}
@@ -289,6 +307,17 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	}
 	if err := e.write(initializing); err != nil {
 		return nil, err
+	}
+	if len(e.notComputed) > 0 && e.entries.NumObjects(e.db.ReadTxn()) < e.maxEntries {
+		// The round made room: what did not fit before is tried in the
+		// next round, at once. That round fills the room or computes them
+		// all, so this does not repeat without a change.
+		for id := range e.notComputed {
+			e.dirty[id] = struct{}{}
+		}
+		now := make(chan struct{})
+		close(now)
+		watch.Add(now)
 	}
 	written := e.db.ReadTxn()
 	e.progress.computed.Set(Computed{
@@ -569,10 +598,13 @@ func resolve(grants []grant) []*PolicyEntry {
 
 // writeIdentity makes the identity's entries the desired ones: changed
 // and new entries are written (pending reconciliation), entries no longer
-// desired are deleted, and unchanged ones are left alone.
+// desired are deleted, and unchanged ones are left alone. New keys are
+// added only while the table has fewer rows than maxEntries, denies
+// first (a missing allow drops traffic, a missing deny would let it
+// through); the identity is in notComputed while some are left out.
 func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, desired []*PolicyEntry) error {
 	// Both are in key order: the index orders keys as comparePolicyKeys.
-	var current []*PolicyEntry
+	var current, added []*PolicyEntry
 	for entry := range e.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
 		current = append(current, entry)
 	}
@@ -583,22 +615,43 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.Num
 			}
 			current = current[1:]
 		}
-		if len(current) > 0 && current[0].Key == want.Key {
-			have := current[0]
-			current = current[1:]
-			if have.sameEntry(want) {
-				continue
-			}
+		if len(current) == 0 || current[0].Key != want.Key {
+			added = append(added, want)
+			continue
 		}
-		want.Status = reconciler.StatusPending()
-		if _, _, err := e.entries.Insert(txn, want); err != nil {
-			return fmt.Errorf("write policy entry %s: %w", want.Key, err)
+		have := current[0]
+		current = current[1:]
+		if have.sameEntry(want) {
+			continue
+		}
+		if err := e.insertEntry(txn, want); err != nil {
+			return err
 		}
 	}
 	for _, stale := range current {
 		if err := e.deleteEntry(txn, stale); err != nil {
 			return err
 		}
+	}
+	slices.SortStableFunc(added, func(a, b *PolicyEntry) int { return -cmpInt(a.Verdict, b.Verdict) })
+	room := e.maxEntries - e.entries.NumObjects(txn)
+	for i, want := range added {
+		if i >= room {
+			e.notComputed[id] = len(added) - i
+			return nil
+		}
+		if err := e.insertEntry(txn, want); err != nil {
+			return err
+		}
+	}
+	delete(e.notComputed, id)
+	return nil
+}
+
+func (e *selectorEngine) insertEntry(txn statedb.WriteTxn, want *PolicyEntry) error {
+	want.Status = reconciler.StatusPending()
+	if _, _, err := e.entries.Insert(txn, want); err != nil {
+		return fmt.Errorf("write policy entry %s: %w", want.Key, err)
 	}
 	return nil
 }
@@ -692,6 +745,17 @@ func (e *selectorEngine) reportHealth(health cell.Health) {
 		}
 		return strings.Join(dirs, ", ")
 	}
-	health.OK(fmt.Sprintf("%d policy entries from %d policies; --enable-policy=%s; enforced (default deny): %s; deny rules only: %s",
-		e.entries.NumObjects(txn), len(e.indexed), e.enablePolicy, list(enforced), list(denyOnly)))
+	status := fmt.Sprintf("%d policy entries from %d policies; --enable-policy=%s; enforced (default deny): %s; deny rules only: %s",
+		e.entries.NumObjects(txn), len(e.indexed), e.enablePolicy, list(enforced), list(denyOnly))
+	if len(e.notComputed) == 0 {
+		health.OK(status)
+		return
+	}
+	missing := 0
+	for _, n := range e.notComputed {
+		missing += n
+	}
+	health.Degraded(status, fmt.Errorf("%d policy entries of %d identities not computed: %w (%d entries, %d times --policy-map-max-entries %d): "+
+		"the policies in force select more than the policy map holds, and their traffic is dropped; raise --policy-map-max-entries or remove policies",
+		missing, len(e.notComputed), ErrPolicyTableFull, e.maxEntries, entryBound, e.maxEntries/entryBound))
 }
