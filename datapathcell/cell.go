@@ -31,7 +31,12 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps),
+	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps,
+		// The policy cell rejects a file that computes more entries than the
+		// map holds, and bounds its table by it.
+		func(c Config) policycell.PolicyMapCapacity {
+			return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries)
+		}),
 	cell.Invoke(registerWriters, registerConntrackGC),
 )
 

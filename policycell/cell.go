@@ -110,12 +110,25 @@ type loaderParams struct {
 	IPCache  *ipcachecell.IPCache
 	Log      *slog.Logger
 	Identity identitycell.Config // for --state-dir
+	// Capacity is the datapath's --policy-map-max-entries.
+	Capacity PolicyMapCapacity `optional:"true"`
+}
+
+// maxEntries returns the policy map's size: the datapath's, else its
+// default.
+func (c PolicyMapCapacity) maxEntries() int {
+	if c == 0 {
+		return DefaultPolicyMapMaxEntries
+	}
+	return int(c)
 }
 
 // newConfiguredLoader returns the loader of --policy-dir, saving the
-// versions in force in --state-dir (they survive a restart).
+// versions in force in --state-dir (they survive a restart), and
+// rejecting files over the policy map's size.
 func newConfiguredLoader(p loaderParams) *loader {
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
+	l.maxEntries = p.Capacity.maxEntries()
 	if p.Config.PolicyDir != "" {
 		l.saveInForceIn(p.Identity.StateDir)
 	}
@@ -134,12 +147,17 @@ type selectorParams struct {
 	Enforcement statedb.RWTable[*Enforcement]
 	Progress    *SelectorProgress
 	Log         *slog.Logger
+	// Capacity is the datapath's --policy-map-max-entries.
+	Capacity PolicyMapCapacity `optional:"true"`
 }
 
-// newSelectorEngineOf returns the selector engine over the cell's tables.
+// newSelectorEngineOf returns the selector engine over the cell's tables,
+// its table bounded by the policy map's size.
 func newSelectorEngineOf(p selectorParams) *selectorEngine {
-	return newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
+	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
 		p.Config.EnablePolicy)
+	e.maxEntries = entryBound * p.Capacity.maxEntries()
+	return e
 }
 
 type jobsParams struct {

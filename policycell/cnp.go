@@ -172,7 +172,7 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 			if err != nil {
 				return err
 			}
-			rule.Name, rule.Line = name, item.Line()
+			rule.Name, rule.Line, rule.Column = name, item.Line(), item.Column()
 			if field.dir == Ingress {
 				policy.Ingress = append(policy.Ingress, rule)
 			} else {

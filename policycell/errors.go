@@ -34,7 +34,21 @@ var (
 
 	// ErrTooLarge rejects a policy file larger than maxFileSize.
 	ErrTooLarge = errors.New("policy file too large")
+
+	// ErrTooManyEntries rejects a policy file whose policies compute more
+	// policy-map entries than the policy map holds
+	// (--policy-map-max-entries), counted before anything is expanded
+	// (CountEntries): such a file could never be enforced, and expanding
+	// it would cost memory in proportion to its CIDRs times its port
+	// blocks.
+	ErrTooManyEntries = errors.New("more than the policy map holds")
 )
+
+// ErrPolicyTableFull is wrapped by the selector job's health error when
+// the policies in force compute more entries than the `policy` table may
+// hold (twice the policy map's size): those beyond are not computed
+// until there is room.
+var ErrPolicyTableFull = errors.New("the policy table is at its bound")
 
 // The errors of the saved policies in force (in the state directory).
 var (

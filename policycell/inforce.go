@@ -249,6 +249,12 @@ func (l *loader) restoreInForce() {
 	}
 	policies := 0
 	for name, s := range saved {
+		// A version over the policy map's size (--policy-map-max-entries
+		// lowered since) is not put in force: the file as it is now decides.
+		if _, err := CountEntries(name, s.policies, l.maxEntries); err != nil {
+			l.log.Warn("Saved version of a policy file is over the policy map's size, not restored", "file", name, "error", err)
+			continue
+		}
 		l.files[name] = &policyFile{
 			digest: s.digest, content: s.content, parsed: s.policies,
 			inForce: s.policies, inForceDigest: s.digest, inForceContent: s.content, hasInForce: true,

@@ -37,6 +37,9 @@ type loader struct {
 	policies statedb.RWTable[*Policy]
 	ipcache  *ipcachecell.IPCache
 	log      *slog.Logger
+	// maxEntries is the policy map's size: a file whose policies compute
+	// more entries is rejected (CountEntries).
+	maxEntries int
 
 	// initialized marks the first complete read applied; nil once done.
 	initialized func()
@@ -101,6 +104,7 @@ func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ip
 		policies:    policies,
 		ipcache:     ipcache,
 		log:         log,
+		maxEntries:  DefaultPolicyMapMaxEntries,
 		initialized: initialized,
 		files:       map[string]*policyFile{},
 		inForce:     map[string]*Policy{},
@@ -156,7 +160,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		digest := sha256.Sum256(read.content)
 		if f.parsed == nil && f.parseErr == nil || digest != f.digest {
 			f.digest, f.content = digest, read.content
-			f.parsed, f.parseErr = ParseFile(name, read.content)
+			f.parsed, f.parseErr = l.parse(name, read.content)
 			if f.parseErr != nil {
 				f.content = nil
 			}
@@ -177,6 +181,20 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		l.log.Info("Policy directory read", "dir", l.dir, "files", len(l.files), "policies", len(l.inForce))
 	}
 	return found.watchDirs, nil
+}
+
+// parse parses a file and counts its entries. A file over the policy
+// map's size is rejected before anything of it is expanded, and nothing
+// of it is kept: its parsed policies go with the error.
+func (l *loader) parse(name string, content []byte) ([]*Policy, error) {
+	policies, err := ParseFile(name, content)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := CountEntries(name, policies, l.maxEntries); err != nil {
+		return nil, err
+	}
+	return policies, nil
 }
 
 // decide chooses the version of each file in force. A file whose content

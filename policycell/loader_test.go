@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -308,4 +310,39 @@ func TestLoaderEmptiedFileValidAgainLogged(t *testing.T) {
 		f.load(t)
 		require.Empty(t, log.String(), "said once")
 	}
+}
+
+// TestLoaderRejectsFileOverPolicyMap: a file whose policies compute more
+// entries than the policy map holds is rejected when it is read (the
+// version in force stays), and nothing of it is kept: neither its content
+// nor its policies, so the heap after the read is what it was before.
+func TestLoaderRejectsFileOverPolicyMap(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/24], toPorts: [{port: 443}]}]\n")
+	f.load(t)
+	require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce())
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f.write(t, "a.yaml", string(policygen.CIDRsTimesPorts("a", 1000, 40)))
+	f.load(t)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+
+	require.ErrorIs(t, f.rejected()["a.yaml"], ErrTooManyEntries)
+	require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce())
+	require.Equal(t, []string{"10.0.0.0/24"}, f.owned("policy/a"), "nothing of the rejected file reached the ipcache")
+	file := f.loader.files["a.yaml"]
+	require.Nil(t, file.parsed)
+	require.Nil(t, file.content)
+	retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap after the rejected read: %+d bytes", retained)
+	require.Less(t, retained, int64(1<<20), "the rejected file's read left %d bytes on the heap", retained)
+
+	// Fixed, it is in force.
+	f.write(t, "a.yaml", string(policygen.CIDRsTimesPorts("a", 2, 1)))
+	f.load(t)
+	require.Empty(t, f.rejected())
+	require.Equal(t, []string{"10.0.0.0/24", "10.0.1.0/24"}, f.owned("policy/a"))
 }

@@ -86,7 +86,7 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 				if err != nil {
 					return nil, err
 				}
-				rule.Name, rule.Line = name, item.Line()
+				rule.Name, rule.Line, rule.Column = name, item.Line(), item.Column()
 				out = append(out, rule)
 			}
 		}

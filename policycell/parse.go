@@ -261,7 +261,7 @@ func (p *parser) policy(n node) (*Policy, error) {
 			if err != nil {
 				return nil, err
 			}
-			rule.Deny, rule.Name, rule.Line = field.deny, ruleName, item.Line()
+			rule.Deny, rule.Name, rule.Line, rule.Column = field.deny, ruleName, item.Line(), item.Column()
 			if field.dir == Ingress {
 				policy.Ingress = append(policy.Ingress, rule)
 			} else {

@@ -186,9 +186,11 @@ type Rule struct {
 
 	// Name names the rule within its policy, as the file spells its place:
 	// "egress[0]", "ingressDeny[1]", "specs[2].egress[0]"; Line is the
-	// line it starts at. For explain and list.
-	Name string `json:"name,omitempty" yaml:"name,omitempty"`
-	Line int    `json:"line,omitempty" yaml:"line,omitempty"`
+	// line it starts at (and Column its column, for errors about the
+	// whole rule). For explain and list.
+	Name   string `json:"name,omitempty" yaml:"name,omitempty"`
+	Line   int    `json:"line,omitempty" yaml:"line,omitempty"`
+	Column int    `json:"column,omitempty" yaml:"column,omitempty"`
 }
 
 // Policy is one document of a policy file, validated. Policies are
@@ -268,7 +270,7 @@ func (p *Policy) equal(other *Policy) bool {
 
 func (r Rule) equal(other Rule) bool {
 	return r.Deny == other.Deny && r.AnyPeer == other.AnyPeer && r.NoDefaultDeny == other.NoDefaultDeny &&
-		r.Name == other.Name && r.Line == other.Line && slices.Equal(r.Ports, other.Ports) &&
+		r.Name == other.Name && r.Line == other.Line && r.Column == other.Column && slices.Equal(r.Ports, other.Ports) &&
 		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
 			return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
 		})

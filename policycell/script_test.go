@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -55,6 +57,10 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			identitycell.Cell,
 			ipcachecell.Cell,
 			policycell.Cell,
+			cell.Config(policyMapConfig{PolicyMapMaxEntries: policycell.DefaultPolicyMapMaxEntries}),
+			cell.Provide(func(c policyMapConfig) policycell.PolicyMapCapacity {
+				return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries)
+			}),
 			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
 		)
 		flags := pflag.NewFlagSet("", pflag.ContinueOnError)
@@ -94,6 +100,17 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			return nil, h.Start(log, context.Background())
 		})
 	return &script.Engine{Cmds: cmds}
+}
+
+// policyMapConfig stands in for the datapath's --policy-map-max-entries,
+// which the policy cell reads (policycell.PolicyMapCapacity): the scripts'
+// hive has no datapath.
+type policyMapConfig struct {
+	PolicyMapMaxEntries uint32
+}
+
+func (def policyMapConfig) Flags(flags *pflag.FlagSet) {
+	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
 }
 
 // currentHiveCmd runs the command of that name of the current hive.
@@ -155,6 +172,23 @@ func inPolicyDir(dir, path string) (string, error) {
 	return full, nil
 }
 
+// writePolicyFile writes a file into the policy directory atomically
+// (temporary file and rename).
+func writePolicyFile(dir, name string, content []byte) error {
+	path, err := inPolicyDir(dir, name)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	temp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	if err := os.WriteFile(temp, content, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(temp, path)
+}
+
 func policyDirCommands(dir string) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"test/policy-write": script.Command(
@@ -170,18 +204,26 @@ func policyDirCommands(dir string) map[string]script.Cmd {
 				if err != nil {
 					return nil, err
 				}
-				path, err := inPolicyDir(dir, args[0])
+				return nil, writePolicyFile(dir, args[0], content)
+			}),
+		"test/policy-generate": script.Command(
+			script.CmdUsage{
+				Summary: "Write a policy of one egress rule of CIDRs times port ranges into the policy directory, atomically (policygen.CIDRsTimesPorts)",
+				Args:    "path-in-policy-dir name cidrs ranges",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 4 {
+					return nil, script.ErrUsage
+				}
+				cidrs, err := strconv.Atoi(args[2])
 				if err != nil {
 					return nil, err
 				}
-				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				ranges, err := strconv.Atoi(args[3])
+				if err != nil {
 					return nil, err
 				}
-				temp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-				if err := os.WriteFile(temp, content, 0o644); err != nil {
-					return nil, err
-				}
-				return nil, os.Rename(temp, path)
+				return nil, writePolicyFile(dir, args[0], policygen.CIDRsTimesPorts(args[1], cidrs, ranges))
 			}),
 		"test/policy-truncate": script.Command(
 			script.CmdUsage{

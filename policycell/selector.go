@@ -5,6 +5,7 @@ package policycell
 import (
 	"context"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -18,6 +19,12 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
+
+// entryBound is how many times the policy map's size the `policy` table
+// may hold: beyond the map's size, rows show as not written (status
+// Error); beyond this, entries are not computed at all, so the table's
+// memory does not grow with what the policies select.
+const entryBound = 2
 
 // writeChunkSize bounds the identities whose entries are written in one
 // transaction, so that a large change does not block the datapath's
@@ -39,6 +46,86 @@ type selector struct {
 	deny      bool
 	peer      *CIDRSelector
 	ports     []PortRange
+	// source is the rule, for errors that point at it.
+	source *Rule
+}
+
+// selectorIndex finds the selectors of an identity without looking at
+// the others: selectors by their CIDR (a hash map), probed at each prefix
+// length of the identity's prefixes that some selector has. Both the
+// selector engine and the count of a file's entries (expansion.go) use it.
+type selectorIndex struct {
+	byCIDR map[netip.Prefix][]*selector
+	// lengths counts the selector CIDRs of each family (IPv4, IPv6) and
+	// prefix length.
+	lengths [2][129]int
+	// anyPeer are the selectors of rules for every peer: they give the
+	// entries of identity 0 (any identity).
+	anyPeer []*selector
+}
+
+func newSelectorIndex() selectorIndex {
+	return selectorIndex{byCIDR: map[netip.Prefix][]*selector{}}
+}
+
+// add indexes a selector.
+func (x *selectorIndex) add(s *selector) {
+	if s.peer == nil {
+		x.anyPeer = append(x.anyPeer, s)
+		return
+	}
+	cidr := s.peer.CIDR
+	if len(x.byCIDR[cidr]) == 0 {
+		x.lengths[family(cidr)][cidr.Bits()]++
+	}
+	x.byCIDR[cidr] = append(x.byCIDR[cidr], s)
+}
+
+// removeCIDR removes the policy's selectors on cidr (nothing if they are
+// already gone: a second selector of the policy on the same CIDR).
+func (x *selectorIndex) removeCIDR(policy string, cidr netip.Prefix) {
+	at, ok := x.byCIDR[cidr]
+	if !ok {
+		return
+	}
+	at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == policy })
+	if len(at) == 0 {
+		delete(x.byCIDR, cidr)
+		x.lengths[family(cidr)][cidr.Bits()]--
+	} else {
+		x.byCIDR[cidr] = at
+	}
+}
+
+// removeAnyPeer removes the policy's selectors of every peer.
+func (x *selectorIndex) removeAnyPeer(policy string) {
+	x.anyPeer = slices.DeleteFunc(x.anyPeer, func(s *selector) bool { return s.policy == policy })
+}
+
+// empty reports whether no selector is indexed.
+func (x *selectorIndex) empty() bool { return len(x.byCIDR) == 0 && len(x.anyPeer) == 0 }
+
+// candidates yields the CIDR selectors whose CIDR contains one of the
+// prefixes (an identity's), except prefixes not checked: the caller
+// checks them (CIDRSelector.excludes), against all of the identity's
+// prefixes.
+func (x *selectorIndex) candidates(prefixes []netip.Prefix) iter.Seq[*selector] {
+	return func(yield func(*selector) bool) {
+		for _, prefix := range prefixes {
+			lengths := &x.lengths[family(prefix)]
+			for bits := prefix.Bits(); bits >= 0; bits-- {
+				if lengths[bits] == 0 {
+					continue
+				}
+				cidr, _ := prefix.Addr().Prefix(bits)
+				for _, s := range x.byCIDR[cidr] {
+					if !yield(s) {
+						return
+					}
+				}
+			}
+		}
+	}
 }
 
 // selectorEngine computes the desired `policy` and `policy-enforcement`
@@ -77,17 +164,11 @@ type selectorEngine struct {
 	policyChanges   statedb.ChangeIterator[*Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
 
-	// indexed are the policies whose selectors are in selectors, by name.
+	// indexed are the policies whose selectors are in index, by name.
+	// Identity 0 (the rules for every peer) is not in the identities
+	// table: it is recomputed when its selectors change.
 	indexed map[string]*Policy
-	// selectors are the selectors by their CIDR; lengths counts the
-	// selector CIDRs of each family (IPv4, IPv6) and prefix length.
-	selectors map[netip.Prefix][]*selector
-	lengths   [2][129]int
-
-	// anyPeer are the selectors of rules for every peer: they give the
-	// entries of identity 0 (any identity), which is not in the
-	// identities table; it is recomputed when they change.
-	anyPeer []*selector
+	index   selectorIndex
 
 	// defaultDenyIn counts the policies with rules in each direction that
 	// make it enforced (not enableDefaultDeny false); denyIn those with
@@ -97,6 +178,16 @@ type selectorEngine struct {
 	enablePolicy  string
 
 	dirty map[identitycell.NumericIdentity]struct{}
+
+	// maxEntries bounds the rows of the `policy` table (entryBound times
+	// the policy map's size): each file fits the map (CountEntries), but
+	// files together, or one file's CIDR with another's many narrower
+	// prefixes, may compute more than it holds, and no more than that
+	// bound is ever held. notComputed are the identities whose entries did
+	// not all fit under it, with how many did not; they are recomputed
+	// when room appears.
+	maxEntries  int
+	notComputed map[identitycell.NumericIdentity]int
 
 	// visited counts the selectors examined, recomputed the identities
 	// whose entries were recomputed; tests use them to show what a change
@@ -124,9 +215,11 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed:   map[string]*Policy{},
-		selectors: map[netip.Prefix][]*selector{},
-		dirty:     map[identitycell.NumericIdentity]struct{}{},
+		indexed:     map[string]*Policy{},
+		index:       newSelectorIndex(),
+		dirty:       map[identitycell.NumericIdentity]struct{}{},
+		maxEntries:  entryBound * DefaultPolicyMapMaxEntries,
+		notComputed: map[identitycell.NumericIdentity]int{},
 
 		enablePolicy: enablePolicy,
 	}
@@ -215,11 +308,22 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	if err := e.write(initializing); err != nil {
 		return nil, err
 	}
+	if len(e.notComputed) > 0 && e.entries.NumObjects(e.db.ReadTxn()) < e.maxEntries {
+		// The round made room: what did not fit before is tried in the
+		// next round, at once. That round fills the room or computes them
+		// all, so this does not repeat without a change.
+		for id := range e.notComputed {
+			e.dirty[id] = struct{}{}
+		}
+		now := make(chan struct{})
+		close(now)
+		watch.Add(now)
+	}
 	written := e.db.ReadTxn()
 	e.progress.computed.Set(Computed{
 		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
-		Selectors: len(e.selectors),
+		Selectors: len(e.index.byCIDR),
 	})
 	if initializing {
 		e.markInitialized = nil
@@ -265,25 +369,15 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
 				if by > 0 {
-					e.anyPeer = append(e.anyPeer, e.newSelector(p, dir, rule, nil))
+					e.index.add(newSelector(p, dir, rule, nil))
 				}
 			}
 			for j := range rule.Peers {
 				peer := &rule.Peers[j]
 				if by > 0 {
-					if len(e.selectors[peer.CIDR]) == 0 {
-						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]++
-					}
-					e.selectors[peer.CIDR] = append(e.selectors[peer.CIDR], e.newSelector(p, dir, rule, peer))
-				} else if at, ok := e.selectors[peer.CIDR]; ok {
-					// !ok: a second selector of p on the same CIDR, already gone.
-					at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == p.Name })
-					if len(at) == 0 {
-						delete(e.selectors, peer.CIDR)
-						e.lengths[family(peer.CIDR)][peer.CIDR.Bits()]--
-					} else {
-						e.selectors[peer.CIDR] = at
-					}
+					e.index.add(newSelector(p, dir, rule, peer))
+				} else {
+					e.index.removeCIDR(p.Name, peer.CIDR)
 				}
 				e.markWithin(txn, peer.CIDR)
 			}
@@ -296,12 +390,13 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 		}
 	}
 	if by < 0 {
-		e.anyPeer = slices.DeleteFunc(e.anyPeer, func(s *selector) bool { return s.policy == p.Name })
+		e.index.removeAnyPeer(p.Name)
 	}
 }
 
-func (e *selectorEngine) newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
-	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer, ports: rule.Ports}
+func newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
+	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer,
+		ports: rule.Ports, source: rule}
 }
 
 // family indexes lengths.
@@ -393,7 +488,7 @@ func (e *selectorEngine) write(initializing bool) error {
 // current ones, and there is nothing to recompute. The engine is the
 // table's only writer of rows, so txn sees all it wrote.
 func (e *selectorEngine) idle(txn statedb.ReadTxn) bool {
-	return len(e.selectors) == 0 && len(e.anyPeer) == 0 && e.entries.NumObjects(txn) == 0
+	return e.index.empty() && e.entries.NumObjects(txn) == 0
 }
 
 // grant is one rule of a policy giving one key a verdict.
@@ -409,28 +504,19 @@ type grant struct {
 // of the rules for every peer.
 func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []grant) []grant {
 	if id == 0 {
-		for _, s := range e.anyPeer {
+		for _, s := range e.index.anyPeer {
 			e.visited++
 			out = s.appendGrants(out, id)
 		}
 		return out
 	}
 	prefixes := e.prefixesOf(txn, id)
-	for _, prefix := range prefixes {
-		lengths := &e.lengths[family(prefix)]
-		for bits := prefix.Bits(); bits >= 0; bits-- {
-			if lengths[bits] == 0 {
-				continue
-			}
-			cidr, _ := prefix.Addr().Prefix(bits)
-			for _, s := range e.selectors[cidr] {
-				e.visited++
-				if s.peer.excludes(prefixes) {
-					continue
-				}
-				out = s.appendGrants(out, id)
-			}
+	for s := range e.index.candidates(prefixes) {
+		e.visited++
+		if s.peer.excludes(prefixes) {
+			continue
 		}
+		out = s.appendGrants(out, id)
 	}
 	return out
 }
@@ -512,10 +598,13 @@ func resolve(grants []grant) []*PolicyEntry {
 
 // writeIdentity makes the identity's entries the desired ones: changed
 // and new entries are written (pending reconciliation), entries no longer
-// desired are deleted, and unchanged ones are left alone.
+// desired are deleted, and unchanged ones are left alone. New keys are
+// added only while the table has fewer rows than maxEntries, denies
+// first (a missing allow drops traffic, a missing deny would let it
+// through); the identity is in notComputed while some are left out.
 func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, desired []*PolicyEntry) error {
 	// Both are in key order: the index orders keys as comparePolicyKeys.
-	var current []*PolicyEntry
+	var current, added []*PolicyEntry
 	for entry := range e.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
 		current = append(current, entry)
 	}
@@ -526,22 +615,43 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.Num
 			}
 			current = current[1:]
 		}
-		if len(current) > 0 && current[0].Key == want.Key {
-			have := current[0]
-			current = current[1:]
-			if have.sameEntry(want) {
-				continue
-			}
+		if len(current) == 0 || current[0].Key != want.Key {
+			added = append(added, want)
+			continue
 		}
-		want.Status = reconciler.StatusPending()
-		if _, _, err := e.entries.Insert(txn, want); err != nil {
-			return fmt.Errorf("write policy entry %s: %w", want.Key, err)
+		have := current[0]
+		current = current[1:]
+		if have.sameEntry(want) {
+			continue
+		}
+		if err := e.insertEntry(txn, want); err != nil {
+			return err
 		}
 	}
 	for _, stale := range current {
 		if err := e.deleteEntry(txn, stale); err != nil {
 			return err
 		}
+	}
+	slices.SortStableFunc(added, func(a, b *PolicyEntry) int { return -cmpInt(a.Verdict, b.Verdict) })
+	room := e.maxEntries - e.entries.NumObjects(txn)
+	for i, want := range added {
+		if i >= room {
+			e.notComputed[id] = len(added) - i
+			return nil
+		}
+		if err := e.insertEntry(txn, want); err != nil {
+			return err
+		}
+	}
+	delete(e.notComputed, id)
+	return nil
+}
+
+func (e *selectorEngine) insertEntry(txn statedb.WriteTxn, want *PolicyEntry) error {
+	want.Status = reconciler.StatusPending()
+	if _, _, err := e.entries.Insert(txn, want); err != nil {
+		return fmt.Errorf("write policy entry %s: %w", want.Key, err)
 	}
 	return nil
 }
@@ -635,6 +745,17 @@ func (e *selectorEngine) reportHealth(health cell.Health) {
 		}
 		return strings.Join(dirs, ", ")
 	}
-	health.OK(fmt.Sprintf("%d policy entries from %d policies; --enable-policy=%s; enforced (default deny): %s; deny rules only: %s",
-		e.entries.NumObjects(txn), len(e.indexed), e.enablePolicy, list(enforced), list(denyOnly)))
+	status := fmt.Sprintf("%d policy entries from %d policies; --enable-policy=%s; enforced (default deny): %s; deny rules only: %s",
+		e.entries.NumObjects(txn), len(e.indexed), e.enablePolicy, list(enforced), list(denyOnly))
+	if len(e.notComputed) == 0 {
+		health.OK(status)
+		return
+	}
+	missing := 0
+	for _, n := range e.notComputed {
+		missing += n
+	}
+	health.Degraded(status, fmt.Errorf("%d policy entries of %d identities not computed: %w (%d entries, %d times --policy-map-max-entries %d): "+
+		"the policies in force select more than the policy map holds, and their traffic is dropped; raise --policy-map-max-entries or remove policies",
+		missing, len(e.notComputed), ErrPolicyTableFull, e.maxEntries, entryBound, e.maxEntries/entryBound))
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -504,3 +505,64 @@ func TestSelectorIdleWithoutRules(t *testing.T) {
 	require.Equal(t, recomputed, f.engine.recomputed, "idle again once the entries are gone")
 	require.Empty(t, f.table())
 }
+
+// TestSelectorTableBounded: policies that select more than the table may
+// hold (entryBound times the policy map) leave the entries beyond it
+// uncomputed, denies first in, and nothing beyond the bound is held; once
+// room appears, they are computed.
+func TestSelectorTableBounded(t *testing.T) {
+	f := newEngineFixture(t)
+	f.policiesRead()
+	f.ipcacheResolved()
+	f.engine.maxEntries = 4
+	var ids []*identitycell.Identity
+	for i := range 6 {
+		ids = append(ids, identity(identitycell.MinLocalIdentity+identitycell.NumericIdentity(i),
+			labels.CIDRLabel(netip.MustParsePrefix(fmt.Sprintf("10.0.%d.0/24", i)))))
+	}
+	f.upsertIdentities(t, ids...)
+	wide := &Policy{Name: "wide", Egress: []Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/16")}},
+		Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}}}}
+	deny := &Policy{Name: "deny", Egress: []Rule{{Deny: true, Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.3.0/24")}},
+		Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}}}}
+	f.upsertPolicies(t, wide, deny)
+	f.round(t)
+	table := f.table()
+	require.Len(t, table, 4, "the table holds no more than its bound")
+	// The fourth identity had room for one of its two entries.
+	require.Equal(t, "deny:deny", table[PolicyKey{Identity: ids[3].ID, Direction: Egress, Protocol: ProtocolTCP, Port: 22}],
+		"an identity's deny goes in before its allows")
+	missing := 0
+	for _, n := range f.engine.notComputed {
+		missing += n
+	}
+	require.Equal(t, 3, missing, "7 entries, 4 computed")
+
+	health := &recordingHealth{}
+	f.engine.reportHealth(health)
+	require.ErrorIs(t, health.err, ErrPolicyTableFull)
+	require.Contains(t, health.err.Error(), "3 policy entries of")
+
+	// Room appears: the deny goes, and what did not fit is computed.
+	f.deletePolicy(t, deny)
+	f.round(t)
+	f.round(t) // the round that tries again what did not fit
+	require.Len(t, f.table(), 4)
+	f.deleteIdentity(t, ids[0])
+	f.deleteIdentity(t, ids[1])
+	f.round(t)
+	f.round(t)
+	require.Len(t, f.table(), 4)
+	require.Empty(t, f.engine.notComputed)
+	f.engine.reportHealth(health)
+	require.NoError(t, health.err)
+}
+
+// recordingHealth keeps the last health error reported.
+type recordingHealth struct {
+	cell.Health
+	err error
+}
+
+func (h *recordingHealth) OK(string)                  { h.err = nil }
+func (h *recordingHealth) Degraded(_ string, e error) { h.err = e }

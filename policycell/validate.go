@@ -16,26 +16,38 @@ import (
 type FileValidation struct {
 	File     string
 	Policies []*Policy
+	// Entries is the count of the policy-map entries the file's policies
+	// compute (CountEntries), zero when the file does not parse.
+	Entries EntryCount
 	// Err is nil when the agent would put the file in force.
 	Err error
 }
 
 // ValidateFiles checks policy files as the agent would read them from its
 // policy directory, without one: the same size and type limits, the same
-// parser (ParseFile), and the same rule for a policy name that several files use: files are taken in
-// name order and the first to use a name keeps it. The results are in the
-// order of files; a file given twice is read twice.
+// parser (ParseFile), the same count of policy-map entries against the
+// policy map's size maxEntries (CountEntries, the agent's
+// --policy-map-max-entries), and the same rule for a policy name that
+// several files use: files are taken in name order and the first to use a
+// name keeps it. The results are in the order of files; a file given twice
+// is read twice.
 //
-// Each result's Err is a *FileError wrapping ErrInvalidPolicy,
-// ErrNameInUse, ErrTooLarge, ErrNotRegular, or the error
-// of opening or reading the file.
-func ValidateFiles(files []string) []FileValidation {
+// Each result's Err is a *FileError wrapping ErrInvalidPolicy (and
+// ErrTooManyEntries), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the
+// error of opening or reading the file.
+func ValidateFiles(files []string, maxEntries int) []FileValidation {
 	results := make([]FileValidation, len(files))
 	for i, file := range files {
 		results[i] = FileValidation{File: file}
 		content, err := readPolicyFile(file)
 		if err == nil {
 			results[i].Policies, err = ParseFile(file, content)
+		}
+		if err == nil {
+			results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)
+			if err != nil {
+				results[i].Policies = nil
+			}
 		}
 		if err != nil {
 			if _, ok := err.(*FileError); !ok {

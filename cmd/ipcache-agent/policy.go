@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
@@ -38,31 +39,45 @@ type validation struct {
 	Error    string   `json:"error,omitempty"`
 	Line     int      `json:"line,omitempty"`
 	Column   int      `json:"column,omitempty"`
+	// Entries are the policy map entries the file computes; EntriesExact
+	// is false when counting stopped there (a file far over the limit).
+	Entries      int  `json:"entries"`
+	EntriesExact bool `json:"entriesExact"`
 }
 
 func newValidateCommand(stdout io.Writer) *cobra.Command {
 	var output string
+	var maxEntries uint32
 	cmd := &cobra.Command{
 		Use:   "validate FILE...",
 		Short: "Check policy files as the agent would read them, without an agent",
 		Long: `validate reads each policy file with the agent's parser and checks: the
 formats (native, CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy,
 NetworkPolicy, List), what the agent cannot enforce, the size limit,
-and policy names used by several of the files (taken in name order, the
-first keeps the name, as in a policy directory). It prints one line per
-file, "FILE: ok (N policies: names)" or the agent's error, or with -o json
-one JSON document.
+the policy map entries each file's policies compute (rejected over
+--policy-map-max-entries, at the rule that passes it), and policy names
+used by several of the files (taken in name order, the first keeps the
+name, as in a policy directory). It prints one line per file,
+"FILE: ok (N policies: names; M policy map entries)" or the agent's
+error, or with -o json one JSON document.
 Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 		Args: agentcmd.UsageArgs(cobra.MinimumNArgs(1)),
-		RunE: func(_ *cobra.Command, files []string) error {
+		RunE: func(cmd *cobra.Command, files []string) error {
 			if output != "text" && output != "json" {
 				return agentcmd.UsageError{Err: fmt.Errorf("-o %q: want text or json", output)}
 			}
-			results := policycell.ValidateFiles(files)
-			invalid := 0
+			if maxEntries == 0 {
+				return agentcmd.UsageError{Err: errors.New("--policy-map-max-entries must be positive")}
+			}
+			results := policycell.ValidateFiles(files, int(maxEntries))
+			invalid, total := 0, 0
 			out := make([]validation, len(results))
 			for i, r := range results {
-				out[i] = validation{File: r.File, Valid: r.Err == nil, Policies: []string{}}
+				out[i] = validation{File: r.File, Valid: r.Err == nil, Policies: []string{},
+					Entries: r.Entries.Entries, EntriesExact: r.Entries.Exact}
+				if r.Err == nil {
+					total += r.Entries.Entries
+				}
 				for _, p := range r.Policies {
 					out[i].Policies = append(out[i].Policies, p.Name)
 					out[i].Kinds = append(out[i].Kinds, p.Kind)
@@ -80,20 +95,30 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 				encoder := json.NewEncoder(stdout)
 				encoder.SetIndent("", "  ")
 				if err := encoder.Encode(struct {
-					Valid bool         `json:"valid"`
-					Files []validation `json:"files"`
-				}{invalid == 0, out}); err != nil {
+					Valid               bool         `json:"valid"`
+					Entries             int          `json:"entries"`
+					PolicyMapMaxEntries uint32       `json:"policyMapMaxEntries"`
+					Files               []validation `json:"files"`
+				}{invalid == 0, total, maxEntries, out}); err != nil {
 					return err
 				}
 			} else {
 				for _, v := range out {
 					if v.Valid {
-						fmt.Fprintf(stdout, "%s: ok (%d policies: %s)\n", v.File, len(v.Policies), strings.Join(v.Policies, ", "))
+						fmt.Fprintf(stdout, "%s: ok (%d policies: %s; %d policy map entries)\n", v.File, len(v.Policies),
+							strings.Join(v.Policies, ", "), v.Entries)
 					} else {
 						// The error names the file.
 						fmt.Fprintln(stdout, v.Error)
 					}
 				}
+			}
+			if total > int(maxEntries) {
+				// Each file fits, but not all of them together: the agent
+				// puts them in force and writes what fits (docs/FAULTS.md).
+				fmt.Fprintf(cmd.ErrOrStderr(), "ipcache-agent: note: the valid files compute %d policy map entries together, "+
+					"more than the policy map holds (%d, --policy-map-max-entries): the agent puts them in force, "+
+					"and the entries that do not fit are not in the policy map (their traffic is dropped)\n", total, maxEntries)
 			}
 			if invalid > 0 {
 				return fmt.Errorf("%w: %d of %d", errInvalidPolicyFiles, invalid, len(files))
@@ -102,5 +127,7 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "Output format: text or json")
+	cmd.Flags().Uint32Var(&maxEntries, "policy-map-max-entries", datapathcell.DefaultConfig.PolicyMapMaxEntries,
+		"Maximum entries of the policy map, as the agent's flag: a file whose policies compute more is invalid")
 	return cmd
 }

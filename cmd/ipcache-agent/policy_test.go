@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 )
 
 func writeFiles(t *testing.T, files map[string]string) string {
@@ -40,12 +42,13 @@ func TestPolicyValidate(t *testing.T) {
 
 	stdout, stderr, code := runAgentCommand(t, "policy", "validate", path("cnp.yaml"), path("native.yaml"))
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, path("cnp.yaml")+": ok (1 policies: shop/web)\n"+path("native.yaml")+": ok (2 policies: a, b)\n", stdout)
+	require.Equal(t, path("cnp.yaml")+": ok (1 policies: shop/web; 1 policy map entries)\n"+
+		path("native.yaml")+": ok (2 policies: a, b; 1 policy map entries)\n", stdout)
 	require.Empty(t, stderr)
 
 	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("fqdn.yaml"))
 	require.Equal(t, 1, code)
-	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b)\n"+
+	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b; 1 policy map entries)\n"+
 		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps`+"\n"+
 		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
 	require.Equal(t, "ipcache-agent: invalid policy files: 2 of 3\n", stderr)
@@ -54,7 +57,7 @@ func TestPolicyValidate(t *testing.T) {
 	stdout, _, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("again.yaml"))
 	require.Equal(t, 1, code)
 	require.Equal(t, path("native.yaml")+`:1: policy name already in use: policy "a" is in force from `+path("again.yaml")+"\n"+
-		path("again.yaml")+": ok (1 policies: a)\n", stdout)
+		path("again.yaml")+": ok (1 policies: a; 0 policy map entries)\n", stdout)
 
 	// A file that cannot be read is invalid too; a FIFO does not block.
 	require.NoError(t, syscall.Mkfifo(path("fifo.yaml"), 0o600))
@@ -98,6 +101,71 @@ func TestPolicyValidateJSON(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.NoError(t, json.Unmarshal([]byte(stdout), &out))
 	require.True(t, out.Valid)
+}
+
+// TestPolicyValidateEntries: the file of issue 32 item 9 (1,000 /24s
+// times 40 port ranges, 18 KB, 872,000 policy map entries) is invalid
+// against the agent's default policy map (16,384 entries), at its rule,
+// with the count and the limit; with a policy map that holds it, it is
+// valid and the count is in the ok line and the JSON.
+func TestPolicyValidateEntries(t *testing.T) {
+	t.Parallel()
+	dir := writeFiles(t, map[string]string{
+		"big.yaml":   string(policygen.CIDRsTimesPorts("big", 1000, 40)),
+		"small.yaml": string(policygen.CIDRsTimesPorts("small", 30, 1)),
+		"other.yaml": string(policygen.CIDRsTimesPorts("other", 30, 1)),
+	})
+	big, small, other := filepath.Join(dir, "big.yaml"), filepath.Join(dir, "small.yaml"), filepath.Join(dir, "other.yaml")
+
+	stdout, stderr, code := runAgentCommand(t, "policy", "validate", big)
+	require.Equal(t, 1, code)
+	require.Equal(t, big+`:3:5: invalid policy file: policy "big": egress[0]: the file's policies compute 872000 policy map entries `+
+		`(each CIDR's identity times the port blocks of the rules that select it), more than the policy map holds (16384, --policy-map-max-entries) `+
+		"from this rule on: write fewer CIDRs or port ranges, or raise --policy-map-max-entries\n", stdout)
+	require.Equal(t, "ipcache-agent: invalid policy files: 1 of 1\n", stderr)
+
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", "--policy-map-max-entries=872000", big)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, big+": ok (1 policies: big; 872000 policy map entries)\n", stdout)
+
+	stdout, _, code = runAgentCommand(t, "policy", "validate", "-o", "json", big, small)
+	require.Equal(t, 1, code)
+	var out struct {
+		Valid               bool   `json:"valid"`
+		Entries             int    `json:"entries"`
+		PolicyMapMaxEntries uint32 `json:"policyMapMaxEntries"`
+		Files               []struct {
+			Valid        bool   `json:"valid"`
+			Error        string `json:"error"`
+			Line         int    `json:"line"`
+			Column       int    `json:"column"`
+			Entries      int    `json:"entries"`
+			EntriesExact bool   `json:"entriesExact"`
+		} `json:"files"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &out), stdout)
+	require.False(t, out.Valid)
+	require.Equal(t, uint32(16384), out.PolicyMapMaxEntries)
+	require.Equal(t, 3, out.Files[0].Line)
+	require.Equal(t, 5, out.Files[0].Column)
+	require.Equal(t, 872000, out.Files[0].Entries)
+	require.True(t, out.Files[0].EntriesExact)
+	require.Contains(t, out.Files[0].Error, "more than the policy map holds (16384, --policy-map-max-entries)")
+	require.True(t, out.Files[1].Valid)
+	require.Equal(t, 30*20, out.Files[1].Entries, "30 CIDRs, 1001-2000 in 10 blocks, TCP and UDP")
+	require.Equal(t, 30*20, out.Entries, "the valid files' entries")
+
+	// Each file fits, the two together do not: valid, with a note.
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", "--policy-map-max-entries=1000", small, other)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, small+": ok (1 policies: small; 600 policy map entries)\n"+other+": ok (1 policies: other; 600 policy map entries)\n", stdout)
+	require.Equal(t, "ipcache-agent: note: the valid files compute 1200 policy map entries together, more than the policy map holds "+
+		"(1000, --policy-map-max-entries): the agent puts them in force, and the entries that do not fit are not in the policy map "+
+		"(their traffic is dropped)\n", stderr)
+
+	_, stderr, code = runAgentCommand(t, "policy", "validate", "--policy-map-max-entries=0", small)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "--policy-map-max-entries must be positive")
 }
 
 func TestPolicyValidateUsage(t *testing.T) {
