@@ -286,7 +286,7 @@ func (p *policyOps) guardedLocked(mk PolicyMapKey, kind guardKind) {
 		p.guard.guarded = map[PolicyMapKey]guardKind{}
 	}
 	if len(p.guard.guarded) == 0 {
-		p.log.Warn("A deny is not in the maps (a map is full): entries it would pass through are written as deny until it is (datapath/deny-guard lists them)",
+		p.log.Warn("A deny is not in the maps (a map is full): entries it would pass through are written as deny until it is (bpf/policy --diff shows them)",
 			"key", mk)
 	}
 	p.guard.guarded[mk] = kind
@@ -320,9 +320,20 @@ func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk PolicyMapKey) {
 	}
 }
 
-// GuardedKeys returns the policy-map keys the guard wrote deny to, with
-// how ("override" or "shadow").
-func (p *policyOps) GuardedKeys() map[policycell.PolicyKey]string {
+// DenyGuard returns the policy-map keys that the deny guard holds as
+// deny for a deny that is not in the maps (a full map), each with how:
+// "override" (an allow entry of the `policy` table, written as deny) or
+// "shadow" (a deny entry no row has). Empty while every deny is in the
+// maps, and before start.
+func (d *Datapath) DenyGuard() map[policycell.PolicyKey]string {
+	if d.policyOps == nil {
+		return map[policycell.PolicyKey]string{}
+	}
+	return d.policyOps.guardedKeys()
+}
+
+// guardedKeys returns the policy-map keys the guard wrote deny to.
+func (p *policyOps) guardedKeys() map[policycell.PolicyKey]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := map[policycell.PolicyKey]string{}
