@@ -125,7 +125,17 @@ func (p *policyOps) Reguard(txn statedb.ReadTxn) {
 // reguardLocked makes the guarded keys what the missing entries need:
 // new guards first, then the release of those no longer needed.
 func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
-	if txn == nil || !p.guardActiveLocked() {
+	if !p.guardActiveLocked() {
+		return
+	}
+	if p.db != nil {
+		// The newest tables, not the caller's snapshot: the ipcache
+		// writer's round read its snapshot before its gate waited for the
+		// selectors, so a held prefix's identity may have no rows in it
+		// yet, which would read as "allows nothing" and deny its fallback.
+		txn = p.db.ReadTxn()
+	}
+	if txn == nil {
 		return
 	}
 	inMap := map[identitycell.NumericIdentity][]mapEntry{}
