@@ -157,6 +157,9 @@ func registerWriters(p writersParams) error {
 
 	policy := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
 	policy.anyIdentity = d.setAnyIdentityEntries
+	policy.db = p.Reconciler.DB
+	policy.guard.heldIPCache = order.heldIPCacheIdentities
+	policy.guard.ipcacheEntry = desiredIPCacheIdentity(p.IPCache.RWTable)
 	var err error
 	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
 		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,
@@ -209,6 +212,7 @@ func registerWriters(p writersParams) error {
 	// (ipcacheWriter); its job has the name of a statedb reconciler's, and
 	// so its health.
 	writer = newIPCacheWriter(p.Reconciler, p.IPCache.RWTable, ipcache)
+	writer.afterRound = policy.Reguard
 	p.Reconciler.JobGroup.Add(job.OneShot("reconcile-"+IPCacheMapName, writer.run))
 	order.ipcacheWriter = writer
 

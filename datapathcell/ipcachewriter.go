@@ -50,6 +50,10 @@ type ipcacheWriter struct {
 
 	pruneTrigger chan struct{}
 
+	// afterRound, if set, is called at the end of each round with its
+	// snapshot: the deny guard recomputes what the held keys need.
+	afterRound func(statedb.ReadTxn)
+
 	// Owned by the writer's goroutine: the failed keys, by key, by the
 	// time of their next retry and by their object's revision.
 	failing    map[IPCacheMapKey]*failure
@@ -318,6 +322,9 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 	}
 
 	newErrors += w.retry(ctx, txn, w.roundSize-n)
+	if w.afterRound != nil {
+		w.afterRound(txn)
+	}
 
 	w.mu.Lock()
 	moved := false

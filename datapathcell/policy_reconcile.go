@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/cilium/hive/cell"
@@ -38,6 +39,11 @@ type policyOps struct {
 	anyIdentity func(present bool) error
 	anyKeys     map[PolicyMapKey]struct{}
 	told        *bool
+
+	// guard keeps the denies that are not in the maps from failing open
+	// (denyguard.go); db gives the drain job the tables to recompute it.
+	guard denyGuard
+	db    *statedb.DB
 }
 
 // drainAfter is what must be written before a policy key may go: the
@@ -83,7 +89,15 @@ func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb
 		return err
 	}
 	delete(p.draining, key) // wanted again: the map has it
-	return p.ops.Update(ctx, txn, rev, e)
+	if p.guardedAllowLocked(key, p.ops.value(e)) {
+		// The guard holds deny there; it writes the allow once released.
+		p.denyResult(key, e, nil)
+		return nil
+	}
+	err := p.ops.Update(ctx, txn, rev, e)
+	p.denyResult(key, e, err)
+	p.reguardLocked(txn)
+	return err
 }
 
 // UpdateBatch implements reconciler.BatchOperations.
@@ -105,7 +119,29 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 			delete(p.draining, k)
 		}
 	}
-	p.ops.UpdateBatch(ctx, txn, batch)
+	// Deny entries first: the allows of a batch do not take the room its
+	// denies need. Allows the guard holds as deny wait for its release.
+	write := make([]reconciler.BatchEntry[*policycell.PolicyEntry], 0, len(batch))
+	from := make([]int, 0, len(batch))
+	for pass := range 2 {
+		for i := range batch {
+			deny := batch[i].Object.Verdict == policycell.VerdictDeny
+			if deny != (pass == 0) {
+				continue
+			}
+			if p.guardedAllowLocked(keys[i], p.ops.value(batch[i].Object)) {
+				p.denyResult(keys[i], batch[i].Object, nil)
+				continue
+			}
+			write, from = append(write, batch[i]), append(from, i)
+		}
+	}
+	p.ops.UpdateBatch(ctx, txn, write)
+	for j, i := range from {
+		batch[i].Result = write[j].Result
+		p.denyResult(keys[i], batch[i].Object, write[j].Result)
+	}
+	p.reguardLocked(txn)
 }
 
 // writingLocked is called before keys are written: the program is told
@@ -181,6 +217,7 @@ func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drainLocked(txn, []PolicyMapKey{p.ops.key(e)})
+	p.reguardLocked(txn)
 	return nil
 }
 
@@ -193,6 +230,7 @@ func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []
 		keys[i] = p.ops.key(batch[i].Object)
 	}
 	p.drainLocked(txn, keys)
+	p.reguardLocked(txn)
 }
 
 // Prune implements reconciler.Operations: the stale keys drain.
@@ -206,7 +244,10 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 	if err != nil {
 		return err
 	}
+	// The guard's shadows have no row; it deletes them itself.
+	stale = slices.DeleteFunc(stale, func(k PolicyMapKey) bool { return p.guard.guarded[k] == guardShadow })
 	p.drainLocked(txn, stale)
+	p.reguardLocked(txn)
 	p.ops.stats.Prunes.Add(1)
 	// What the map holds is known now (the first prune may write
 	// nothing): the program may skip identity-0 lookups if it has none.
@@ -219,6 +260,7 @@ func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []PolicyMapKey) {
 	after := drainAfter{ipcache: p.order.ipcache.Revision(txn), enforcement: p.order.enforcement.Revision(txn)}
 	for _, k := range keys {
 		p.order.policyWritten(k) // no longer wanted: not a missing entry
+		delete(p.guard.failedDenies, k)
 		if _, ok := p.draining[k]; !ok {
 			p.draining[k] = after
 		}
@@ -278,6 +320,10 @@ func (p *policyOps) drain(ctx context.Context, _ cell.Health) error {
 		_, heldGone := p.order.heldIdentity(0)
 		p.mu.Lock()
 		left, after, revisions := p.deleteDrainedLocked()
+		if p.db != nil && p.guardActiveLocked() {
+			// A deleted key may have been what a denied packet met.
+			p.reguardLocked(p.db.ReadTxn())
+		}
 		p.mu.Unlock()
 		if left == 0 {
 			select {

@@ -209,6 +209,9 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 				return nil, script.ErrUsage
 			}
 			var read func() ([]desiredRow, map[string]string, error)
+			// guarded counts the policy map's keys that the deny guard
+			// holds as deny: each is taken as what it stands for.
+			guarded := 0
 			switch args[0] {
 			case "ipcache":
 				read = func() ([]desiredRow, map[string]string, error) {
@@ -242,6 +245,16 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 						id, dir, proto, port := k.Fields()
 						pinned[fmt.Sprintf("%d/%d/%d/%d", id, dir, proto, port)] = strconv.FormatUint(uint64(verdict), 10)
 					}
+					guard := d.DenyGuard()
+					guarded = len(guard)
+					for k, how := range guard {
+						key := fmt.Sprintf("%d/%d/%d/%d", k.Identity, k.Direction, k.Protocol, k.Port)
+						if how == "shadow" {
+							delete(pinned, key)
+						} else {
+							pinned[key] = strconv.FormatUint(uint64(policycell.VerdictAllow), 10)
+						}
+					}
 					return rows, pinned, err
 				}
 			default:
@@ -253,7 +266,11 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 				rows, pinned, err := read()
 				c := compare(rows, pinned)
 				if err == nil && len(c.problems) == 0 && c.pending == 0 && c.done == wantDone && c.errored == wantErrors {
-					return scriptcmd.Result(fmt.Sprintf("done=%d error=%d map=%d\n", c.done, c.errored, len(pinned)), nil)
+					out := fmt.Sprintf("done=%d error=%d map=%d", c.done, c.errored, len(pinned))
+					if guarded > 0 {
+						out += fmt.Sprintf(" guarded=%d", guarded)
+					}
+					return scriptcmd.Result(out+"\n", nil)
 				}
 				if time.Now().After(deadline) {
 					return scriptcmd.Result("", fmt.Errorf("%s: done=%d error=%d pending=%d map=%d (err %v), want done=%d error=%d; problems: %s",

@@ -5,6 +5,7 @@ package policycell
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -302,6 +303,18 @@ var PolicyKeyIndex = statedb.Index[*PolicyEntry, PolicyKey]{
 // table.
 func identityKey(id identitycell.NumericIdentity) index.Key {
 	return index.Uint32(uint32(id))
+}
+
+// IdentityEntries returns the entries of identity id in the `policy`
+// table, in key order.
+func IdentityEntries(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], id identitycell.NumericIdentity) iter.Seq[*PolicyEntry] {
+	return func(yield func(*PolicyEntry) bool) {
+		for e := range entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
+			if !yield(e) {
+				return
+			}
+		}
+	}
 }
 
 // newPolicyTable creates and registers the desired `policy` table. Only
