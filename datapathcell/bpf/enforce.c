@@ -27,38 +27,56 @@
 // else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
 // and 2 passes it (REASON_NOT_DENIED). Every verdict on IP traffic is
 // counted in `counters`, in packets and bytes (skb->len): index
-// direction * 4 + slot, slot 0 allowed, slot REASON_NO_POLICY (1),
-// REASON_MALFORMED (2) or REASON_POLICY_DENY (3) a drop of that reason
+// direction * COUNTERS_SLOTS (8) + slot, slot 0 allowed, slots 1-6 a drop
+// of that reason (REASON_NO_POLICY .. REASON_FRAGMENT), slot 7 unused
 // (layout in ../abi.go).
 //
-// Connection tracking (docs/CONTRACT.md; map layout in ../abi.go):
-//   - `conntrack` (LRU hash) holds one entry per connection, keyed by the
-//     endpoint's and the remote's address and port, protocol and family:
-//     both directions of a connection find the same entry. The entry says
-//     which direction opened it (`origin`), its TCP state and when it
-//     expires (CLOCK_MONOTONIC_COARSE, bpf_ktime_get_coarse_ns: a tick's
-//     resolution is plenty for timeouts in seconds, and reading it costs a
-//     fraction of bpf_ktime_get_ns). The program reads that clock once per
-//     jiffy and CPU and keeps it in the per-CPU, unpinned map `clock`
-//     (now_ns), so an expiry may be set one tick early.
+// Connection tracking (docs/CONTRACT.md; map layout in ../conntrack.go):
+//   - A connection's entry is keyed by the endpoint's and the remote's
+//     address and port, protocol, family and the device (ifindex) the
+//     packet is on: both directions of a connection find the same entry,
+//     and a packet on another device carrying the same addresses and
+//     ports (a second workload spoofing the first's address) neither finds
+//     nor creates it. The entry says which direction opened it (`origin`),
+//     its TCP state and when it expires (CLOCK_MONOTONIC_COARSE,
+//     bpf_ktime_get_coarse_ns: a tick's resolution is plenty for timeouts
+//     in seconds, and reading it costs a fraction of bpf_ktime_get_ns).
+//     The program reads that clock once per jiffy and CPU and keeps it in
+//     the per-CPU, unpinned map `clock` (now_ns), so an expiry may be set
+//     one tick early.
+//   - Two maps of that layout: a new connection's entry is made in
+//     `ct_opening` (LRU hash); it moves to `conntrack` (hash, never
+//     evicts) when its origin sends a packet after a reply was seen (for
+//     TCP, the handshake's last ACK). A flood of new connections (SYNs
+//     from spoofed sources never get that far) churns `ct_opening` only
+//     and cannot evict an established connection. A full `conntrack`
+//     leaves the connection in `ct_opening`, where it works on but can be
+//     evicted, and the failed move is counted in `ct_stats` (per CPU, not
+//     pinned). A packet looks its entry up in `conntrack`, then in
+//     `ct_opening`.
 //   - Tracked: TCP, UDP and SCTP (by ports), ICMP and ICMPv6 echo (by the
 //     echo identifier, in the endpoint port; remote port 0: the policy
 //     lookup uses the type and code instead, see flow.dport). SCTP is
 //     tracked like UDP, by its common header's ports: its chunks are not
 //     read, and a multihomed association's packets from or to another of
-//     the peer's addresses are another entry. Nothing else is
-//     tracked: every packet of another protocol, and every packet without
-//     ports (non-first fragments, unknown IPv6 headers, short L4 headers),
-//     is decided by policy alone, in both directions.
+//     the peer's addresses are another entry. Nothing else is tracked:
+//     every packet of another protocol, and every packet without ports
+//     (unknown IPv6 headers, short L4 headers), is decided by policy
+//     alone, in both directions.
 //   - A reply is a packet whose entry was opened in the other direction
-//     (an echo request never is one). It passes whatever its own
-//     direction's policy says, and refreshes the entry.
+//     and is not revoked (an echo request never is one). It passes
+//     whatever its own direction's policy says, and refreshes the entry.
 //   - Any other packet in an enforced direction is checked against policy,
 //     every packet, also when its connection is tracked. Allowed: its entry
-//     is created (any TCP packet creates one, not only a SYN, so that a
-//     connection that predates enforcement is picked up by its next
-//     packet) or refreshed. Dropped: its connection's entry is deleted, so
-//     that the replies of a connection whose policy went stop at once.
+//     is created (in an enforced direction any TCP packet creates one, not
+//     only a SYN, so that a connection that predates enforcement is picked
+//     up by its next packet that policy allows) or refreshed, and a revoked
+//     entry is no longer revoked. Dropped: its connection's entry is
+//     revoked (CT_REVOKED; its stored verdict cleared), not deleted: the
+//     connection's packets the other way are then no replies (policy
+//     decides on them, and they create nothing), so that revoking a policy
+//     stops the connection both ways, whatever the other direction
+//     enforces. The revoked entry lives while either side keeps sending.
 //   - The check of a tracked forward packet is kept in its entry: the entry
 //     stores the revision (the pinned `revision`, which the agent bumps
 //     after every write to ipcache, policy or enforcement) at which policy
@@ -72,24 +90,37 @@
 //     sees the write; one that reads the old one is concurrent with the
 //     write, as a packet in flight during a write always was. Revision 0
 //     (low 48 bits) is never trusted: entries created in a direction that
-//     is not enforced, and by older programs, hold it.
+//     is not enforced, revoked ones, and those of older programs hold it.
 //   - In a direction that is not enforced, packets pass. They are tracked
-//     (entries created and refreshed as above) only while the other
-//     direction is enforced, since an entry matters only to replies in an
-//     enforced direction; with neither direction enforced, nothing is
-//     parsed past the EtherType. So when a direction becomes enforced, the
-//     connections opened while neither was have no entry: one whose origin
-//     direction becomes enforced gets its entry from its next forward
-//     packet that policy allows; one whose reply direction becomes
-//     enforced gets it from its next forward packet (which now is tracked),
-//     and its replies before that are dropped.
+//     only while the other direction is enforced, since an entry matters
+//     only to replies in an enforced direction; with neither direction
+//     enforced, nothing is parsed past the EtherType. There only a packet
+//     that opens a connection creates an entry: a TCP SYN without ACK, an
+//     ICMP or ICMPv6 echo request, any UDP or SCTP packet (the first of a
+//     flow has nothing to tell it from the others). A peer's ACK in a
+//     direction that is not enforced thus cannot make a connection its own
+//     (origin flipped), which would let the endpoint's packets pass the
+//     enforced direction as its replies. So when a direction becomes
+//     enforced, the connections opened while neither was have no entry:
+//     one whose origin direction becomes enforced gets its entry from its
+//     next forward packet that policy allows; one whose reply direction
+//     becomes enforced has its replies decided by policy.
 //   - ICMP destination unreachable (including IPv4's fragmentation needed)
 //     and time exceeded, and ICMPv6 destination unreachable, packet too
-//     big and time exceeded, pass in either direction when the packet they
-//     quote (the inner IP header and the first 8 bytes after it: ports or
-//     echo identifier) belongs to a tracked connection. The inner IPv6
-//     header's extension headers are not walked: a quoted packet with any
-//     is not matched (policy decides).
+//     big and time exceeded, pass in either direction as related
+//     (REASON_RELATED) when the packet they quote (the inner IP header and
+//     the first 8 bytes after it: ports or echo identifier) belongs to a
+//     tracked connection that is not revoked, and the error is consistent
+//     with it: the error's destination is the quoted packet's source, and
+//     for an error the endpoint sends, the error's source is also the
+//     quoted packet's destination (the endpoint). A router on the path
+//     may send an error about the endpoint's packet, so the source of an
+//     error the endpoint receives is not otherwise checked (netfilter does
+//     the same); deny rules still apply to it: an error whose own remote
+//     address a deny entry matches is dropped (REASON_POLICY_DENY). Any
+//     other ICMP error is decided by policy. The inner IPv6 header's
+//     extension headers are not walked: a quoted packet with any is not
+//     matched (policy decides).
 //   - TCP states: opening (only SYNs seen so far) 60 s; established (a
 //     packet without SYN seen) 6 h; closing (a RST, or a FIN from both
 //     sides) 10 s. A SYN without ACK in the origin direction on a closing
@@ -100,39 +131,70 @@
 //     ct_timeout_*). An entry's expiry is rewritten only when it moves by
 //     more than CT_REFRESH_NS or gets shorter, so that a busy connection
 //     does not write its cache line on every packet.
-//   - A full map evicts the least recently used entries (LRU): a packet is
-//     never dropped because the map is full, and an insertion that fails
-//     anyway is ignored (the packet passes, its replies are then decided by
-//     policy). The agent deletes expired entries (conntrack.go).
+//   - A full `ct_opening` evicts its least recently used entries (LRU): a
+//     packet is never dropped because a map is full, and an insertion that
+//     fails anyway is ignored (the packet passes, its replies are then
+//     decided by policy). The agent deletes expired entries of both maps
+//     (conntrack.go).
 //
-// What is parsed, and what is not:
+// What is parsed, and what is not (a frame the program cannot classify
+// with certainty is dropped in an enforced direction, with a reason of
+// its own; only what is certainly not IP passes as non-IP):
 //   - Only Ethernet framing is understood: the program reads the EtherType at
 //     offset 12 (the loader refuses devices that are not Ethernet). The
-//     kernel moves a VLAN tag into skb metadata before TCX ingress, and
-//     offloaded tags at egress are metadata too, so they are invisible here.
-//     A frame that still carries an in-band tag (a second, stacked one) is
-//     not IP to this program and passes: the host hands it to IP only through
-//     a VLAN device stacked on the interface, which is not enforced here.
-//   - Non-IP traffic (ARP, LLDP, ...) passes and is not counted.
-//   - IPv6 neighbour discovery (ICMPv6 types 133-137 with hop limit 255, so
-//     never routed) passes and is counted as allowed: it is what ARP is to
-//     IPv4, and dropping it would cut an enforced endpoint off its link.
-//   - IPv4 non-first fragments and IPv6 fragments with a nonzero offset carry
-//     no L4 header: they are matched with "no port", i.e. only by rules for
-//     the whole protocol or for any protocol, and are not tracked (so a
-//     fragmented reply's later fragments need such a rule too). A rule with
-//     ports therefore passes the first fragment of a datagram and drops the
-//     rest (fail-closed; the agent does not track fragments).
+//     kernel moves a frame's outer VLAN tag into skb metadata before TCX
+//     ingress (offloaded tags at egress are metadata too), and the program
+//     then sees and enforces the packet inside. A frame whose EtherType is
+//     still 802.1Q or 802.1ad carries another tag in the packet: the kernel
+//     may strip a priority tag (VLAN ID 0) and route what is inside without
+//     running this program again, so such a frame is dropped in an enforced
+//     direction (REASON_VLAN_TAGGED), whatever it holds, and passes in one
+//     that is not.
+//   - Other EtherTypes (ARP, LLDP, ...) are not IP to the kernel either:
+//     they pass and are not counted.
+//   - IPv6 neighbour discovery (ICMPv6 types 133-137 with hop limit 255,
+//     right after the IPv6 header) passes and is counted as allowed when it
+//     stays on the link: its remote address (the destination of what the
+//     endpoint sends, the source of what it receives) is one the host does
+//     not forward to: link-local, link-scope multicast or one of the host's
+//     own addresses, as the kernel's FIB says (bpf_fib_lookup: "not
+//     forwarded", or "forwarding disabled" on the device), or the
+//     unspecified source of duplicate address detection. Neighbour
+//     discovery to or from any other address (a routed one), or behind
+//     extension headers, is decided by policy. It is exempt because it is
+//     what ARP is to IPv4: dropping it would cut an enforced endpoint off
+//     its link.
+//   - Fragments (IPv4: more-fragments set or an offset; IPv6: a fragment
+//     header with either) are placed by the map `fragments` (LRU hash, not
+//     pinned, FRAGMENTS_MAX_ENTRIES), keyed by the datagram: its addresses,
+//     identification, family, direction and device (and for IPv4 its
+//     protocol, which Linux's reassembly keys by too). The first fragment
+//     carries the ports and is decided like any packet; when it passes,
+//     the entry records its protocol, ports and where the next fragment
+//     must start. A later fragment passes (REASON_FRAGMENT_OF_ALLOWED)
+//     only if its datagram's entry exists and it starts exactly where the
+//     ones before it ended; the last one deletes the entry. A later
+//     fragment without an entry (its first fragment was dropped, not seen,
+//     or came after it), or one that overlaps or leaves a gap, is dropped
+//     (REASON_FRAGMENT) and deletes the entry, so the rest of that datagram
+//     is dropped too: fragments that come out of order fail closed. An
+//     allowed datagram thus passes whole and a denied one not at all.
+//     Fragments are not tracked by conntrack beyond their first fragment.
 //   - IPv6 extension headers (hop-by-hop, routing, fragment, destination
-//     options, AH) are walked, at most MAX_IPV6_EXT_HDRS of them. A packet
-//     with more, or with another header this program does not know (ESP,
-//     "no next header", ...), is matched with that next-header value as
-//     protocol and no port: only any-protocol rules pass it.
-//   - A packet too short for its IP header is dropped in an enforced
-//     direction (counted) and passed in a non-enforced one. A TCP, UDP or
-//     SCTP header too short to hold the ports (for TCP: the flags) is matched
-//     with no port and not tracked; so is an ICMP echo too short for its
-//     identifier.
+//     options, AH) are walked, at most MAX_IPV6_EXT_HDRS (8) of them. A
+//     chain that goes on past that is dropped in an enforced direction
+//     (REASON_EXT_HEADERS), whatever the policy: Linux walks the whole
+//     chain, so the protocol and port it would deliver to are not known
+//     here. After a later fragment's header, what follows is data and is
+//     not walked. Another next header (ESP, "no next header", ...) is
+//     matched as that protocol, without a port: only rules for that
+//     protocol or for any protocol pass it.
+//   - A packet too short for its IP header, or with a wrong version or
+//     IPv4 header length, is dropped in an enforced direction
+//     (REASON_MALFORMED) and passed in a non-enforced one. A TCP, UDP or
+//     SCTP header too short to hold the ports (for TCP: the flags) is
+//     matched with no port and not tracked; so is an ICMP echo too short
+//     for its identifier.
 //
 // Events (docs/CONTRACT.md "Monitor events"; layout in ../events.go):
 //   - The program writes one struct event per verdict to the ring buffer
@@ -152,14 +214,18 @@
 //     lost_full); the agent sums them (ipcache_agent_events_lost_total).
 //   - Reasons (one table, mirrored in ../events.go): drops REASON_NO_POLICY
 //     (default deny: no policy entry allows it), REASON_MALFORMED (an IP
-//     header too short), REASON_POLICY_DENY (a deny entry matches it);
-//     allows REASON_POLICY (a policy entry), REASON_REPLY (a reply of a
-//     tracked connection), REASON_ESTABLISHED (a tracked forward packet
-//     allowed at the current revision), REASON_RELATED (an ICMP error about
-//     a tracked connection), REASON_NOT_DENIED (nothing matches it in a
-//     direction of deny rules only).
+//     header too short or wrong), REASON_POLICY_DENY (a deny entry matches
+//     it), REASON_VLAN_TAGGED (a VLAN tag in the packet),
+//     REASON_EXT_HEADERS (an IPv6 extension header chain past the bound),
+//     REASON_FRAGMENT (a fragment the program cannot place); allows
+//     REASON_POLICY (a policy entry), REASON_REPLY (a reply of a tracked
+//     connection), REASON_ESTABLISHED (a tracked forward packet allowed at
+//     the current revision), REASON_RELATED (an ICMP error about a tracked
+//     connection), REASON_NOT_DENIED (nothing matches it in a direction of
+//     deny rules only), REASON_FRAGMENT_OF_ALLOWED (a later fragment of a
+//     datagram whose first fragment passed).
 //     A drop's reason is also its slot in `counters` (COUNT_ALLOWED, 0, is
-//     the allowed packets'), so the drop reasons stay below 4.
+//     the allowed packets'), so the drop reasons stay below COUNTERS_SLOTS.
 //
 // Headers are read directly from the linear part of the skb when they lie
 // in it (the common case, and several times cheaper than a helper call),
@@ -541,7 +607,8 @@ struct {
 // A fragmented datagram whose first fragment passed, keyed as the
 // connection is (its addresses, the device) with the datagram's
 // identification and the direction instead of the ports, which only the
-// first fragment carries. Not pinned: a reload starts it empty, and the
+// first fragment carries (and for IPv4 the protocol, as Linux keys its
+// reassembly). Not pinned: a reload starts it empty, and the
 // rest of a datagram in flight then is dropped (a fragment the program
 // cannot place).
 struct frag_key {
@@ -550,7 +617,8 @@ struct frag_key {
 	__u32 id; // IPv4's 16-bit or IPv6's 32-bit identification
 	__u8 family;
 	__u8 direction;
-	__u16 pad;
+	__u8 protocol; // IPv4's, which is part of its datagram's key; 0 for IPv6
+	__u8 pad;
 	__u32 ifindex;
 };
 
@@ -1320,6 +1388,9 @@ static __always_inline void set_frag_key(struct frag_key *key, const struct flow
 	key->id = flow->frag_id;
 	key->family = flow->family;
 	key->direction = direction;
+	// Every IPv4 fragment carries the protocol, and Linux reassembles by
+	// it too; IPv6's later fragments do not.
+	key->protocol = flow->family == FAMILY_IPV4 ? flow->protocol : 0;
 	key->pad = 0;
 	key->ifindex = flow->ct.ifindex;
 }
