@@ -3,7 +3,7 @@
 // Package craft builds Ethernet frames that no socket API would send (stacked
 // VLAN tags, chains of IPv6 extension headers, ICMP errors quoting a chosen
 // flow, neighbour discovery typed packets to any address, packets with a
-// spoofed source) and sends them from inside a network namespace through an
+// spoofed source, IPv4 and IPv6 fragments at any offset: Fragment, Split) and sends them from inside a network namespace through an
 // AF_PACKET socket bound to one interface, so that they enter the link
 // exactly as written: the sender's own IP stack never sees them.
 //

@@ -91,6 +91,10 @@ func Serialize(ls ...gopacket.SerializableLayer) ([]byte, error) {
 			if l.Next == 0 && i+2 < len(ls) {
 				l.Next = protocolOf(ls[i+2])
 			}
+		case *FragmentHeader:
+			if l.Next == 0 && i+2 < len(ls) {
+				l.Next = protocolOf(ls[i+2])
+			}
 		}
 	}
 	buf := gopacket.NewSerializeBuffer()
@@ -123,6 +127,8 @@ func protocolOf(l gopacket.SerializableLayer) layers.IPProtocol {
 		return layers.IPProtocolICMPv6
 	case *DestinationOptions:
 		return layers.IPProtocolIPv6Destination
+	case *FragmentHeader:
+		return layers.IPProtocolIPv6Fragment
 	}
 	return 0
 }
