@@ -158,7 +158,9 @@
 //     endpoint sends, the source of what it receives) is one the host does
 //     not forward to: link-local, link-scope multicast or one of the host's
 //     own addresses, as the kernel's FIB says (bpf_fib_lookup: "not
-//     forwarded", or "forwarding disabled" on the device), or the
+//     forwarded", or "forwarding disabled" on the device; of multicast
+//     groups only interface- and link-scope ones, which the FIB does not
+//     tell apart), or the
 //     unspecified source of duplicate address detection. Neighbour
 //     discovery to or from any other address (a routed one), or behind
 //     extension headers, is decided by policy. It is exempt because it is
@@ -192,9 +194,11 @@
 //   - A packet too short for its IP header, or with a wrong version or
 //     IPv4 header length, is dropped in an enforced direction
 //     (REASON_MALFORMED) and passed in a non-enforced one. A TCP, UDP or
-//     SCTP header too short to hold the ports (for TCP: the flags) is
-//     matched with no port and not tracked; so is an ICMP echo too short
-//     for its identifier.
+//     SCTP header too short to hold the ports (also one cut short by IPv4
+//     options that run past the packet) is matched with no port and not
+//     tracked; a TCP header too short for its flags is matched with its
+//     port but not tracked; an ICMP echo too short for its identifier is
+//     matched by type and code and not tracked.
 //
 // Events (docs/CONTRACT.md "Monitor events"; layout in ../events.go):
 //   - The program writes one struct event per verdict to the ring buffer
@@ -1005,6 +1009,11 @@ static __always_inline int ndp_on_link(struct __sk_buff *skb, const struct flow 
 
 	if (!(remote[0] | remote[1] | remote[2] | remote[3]))
 		return 1;
+	// The FIB says "not forwarded" of every multicast address: only
+	// interface- and link-scope groups stay on the link (a host that
+	// routes multicast forwards the others).
+	if (flow->ct.remote_addr[0] == 0xff)
+		return (flow->ct.remote_addr[1] & 0x0f) <= 2;
 	fib.family = AF_INET6;
 	fib.ifindex = skb->ifindex;
 	fib.l4_protocol = IPPROTO_ICMPV6;
