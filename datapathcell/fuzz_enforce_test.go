@@ -34,8 +34,9 @@ import (
 // against the program.
 //
 // BPF_PROG_RUN runs the frame as a linear skb on the loopback (ifindex
-// 1): the program's reads through bpf_skb_load_bytes of a non-linear part
-// are not exercised, and the FIB lookup of neighbour discovery
+// 1), and refuses IP frames shorter than the fixed IP header (those are
+// not run): the program's reads through bpf_skb_load_bytes of a
+// non-linear part are not exercised, and the FIB lookup of neighbour discovery
 // (ndp_on_link) sees the loopback, whose forwarding is normally off, so
 // that every neighbour discovery message passes: the oracle takes the
 // message's shape alone as the explanation.
@@ -47,9 +48,7 @@ func FuzzEnforceParser(f *testing.F) {
 	h := newParserFuzzHarness(f)
 	strict := os.Getenv("IPCACHE_AGENT_FUZZ_STRICT") == "1"
 	f.Fuzz(func(t *testing.T, frame []byte) {
-		// BPF_PROG_RUN refuses less than an Ethernet header and more than
-		// about a page.
-		if len(frame) < 14 || len(frame) > 1518 {
+		if !progRunAccepts(frame) {
 			return
 		}
 		for _, direction := range []policycell.Direction{policycell.Egress, policycell.Ingress} {
@@ -66,6 +65,22 @@ func FuzzEnforceParser(f *testing.F) {
 			}
 		}
 	})
+}
+
+// progRunAccepts says whether BPF_PROG_RUN takes frame: not less than an
+// Ethernet header, not more than about a page, and (since Linux 6.x) not
+// an IPv4 or IPv6 EtherType with less than the fixed IP header after it.
+func progRunAccepts(frame []byte) bool {
+	if len(frame) < 14 || len(frame) > 1518 {
+		return false
+	}
+	switch binary.BigEndian.Uint16(frame[12:14]) {
+	case etherTypeIPv4:
+		return len(frame) >= 14+20
+	case etherTypeIPv6:
+		return len(frame) >= 14+40
+	}
+	return true
 }
 
 // parserFuzzHarness is the program loaded once per fuzz process, with its
