@@ -43,6 +43,7 @@ FUZZ_TARGETS = \
 	identitycell:FuzzDecodeCheckpoint \
 	datapathcell:FuzzIPCacheKey datapathcell:FuzzIPCacheValue \
 	datapathcell:FuzzPolicyKey datapathcell:FuzzPolicyValue \
+	datapathcell:FuzzEnforceParser \
 	policycell:FuzzParseFile policycell:FuzzParseCIDR \
 	policycell:FuzzParseCNP policycell:FuzzParseNetworkPolicy \
 	policycell/internal/yamlread:FuzzReader
