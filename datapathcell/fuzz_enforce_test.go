@@ -186,6 +186,8 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		Counters:    newMap(countersMapSpec()),
 		Conntrack:   newMap(conntrackMapSpec(256)),
 		Revision:    newMap(revisionMapSpec()),
+
+		ConntrackOpening: newMap(conntrackOpeningMapSpec(256)),
 	}
 	oracle := &parserOracle{}
 	for _, e := range parserFuzzIPCache {
@@ -234,7 +236,7 @@ func programMap(tb testing.TB, prog *ebpf.Program, name string) *ebpf.Map {
 // clearState empties conntrack and fragments.
 func (h *parserFuzzHarness) clearState(tb testing.TB) {
 	tb.Helper()
-	for _, m := range []*ebpf.Map{h.maps.Conntrack, h.fragments} {
+	for _, m := range []*ebpf.Map{h.maps.Conntrack, h.maps.ConntrackOpening, h.fragments} {
 		var keys [][]byte
 		key, value := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
 		it := m.Iterate()

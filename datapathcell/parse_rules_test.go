@@ -102,7 +102,7 @@ func (h *ruleHarness) allow(identity uint32, direction policycell.Direction, pro
 func (h *ruleHarness) tracked(endpoint, remote netip.AddrPort, protocol uint8) (ConntrackValue, bool) {
 	h.t.Helper()
 	var v ConntrackValue
-	err := h.maps.Conntrack.Lookup(newConntrackKey(progRunIfindex, endpoint, remote, protocol), &v)
+	err := lookupConntrack(h.maps, newConntrackKey(progRunIfindex, endpoint, remote, protocol), &v)
 	if err != nil {
 		require.ErrorIs(h.t, err, ebpf.ErrKeyNotExist)
 		return v, false
@@ -281,7 +281,7 @@ func TestPrivilegedParseRuleESPAndNoNextHeaderMatchedWithoutPort(t *testing.T) {
 			for name, frame := range frames {
 				h.expect(dirOut, frame, tcxNextRet, countAllowed, name+", a rule of the whole protocol")
 			}
-			require.Empty(t, conntrackEntries(t, h.maps.Conntrack), "not tracked")
+			require.Empty(t, conntrackEntries(t, h.maps), "not tracked")
 		})
 	}
 }
@@ -298,17 +298,17 @@ func TestPrivilegedParseRuleShortTransportHeaderMatchedWithoutPort(t *testing.T)
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:3]), tcxDropRet, int(ReasonNoPolicy), "UDP of 3 bytes, a port rule")
 	h.expect(dirOut, frame6(ruleEP6, ruleA6, nil, testProtoTCP, tcp[:2]), tcxDropRet, int(ReasonNoPolicy), "IPv6 TCP of 2 bytes, a port rule")
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoTCP, tcp[:13]), tcxNextRet, countAllowed, "TCP of 13 bytes (no flags), a port rule")
-	require.Empty(t, conntrackEntries(t, h.maps.Conntrack), "TCP without flags is not tracked")
+	require.Empty(t, conntrackEntries(t, h.maps), "TCP without flags is not tracked")
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:4]), tcxNextRet, countAllowed, "UDP of 4 bytes, a port rule")
 	_, ok := h.tracked(netip.AddrPortFrom(ruleEP4, 40000), netip.AddrPortFrom(ruleA4, 80), testProtoUDP)
 	require.True(t, ok, "UDP with its ports is tracked")
 
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 0)
 	h.allow(testIdentityAllowed, dirOut, testProtoUDP, 0)
-	require.NoError(t, h.maps.Conntrack.Delete(newConntrackKey(progRunIfindex, netip.AddrPortFrom(ruleEP4, 40000), netip.AddrPortFrom(ruleA4, 80), testProtoUDP)))
+	require.NoError(t, h.maps.ConntrackOpening.Delete(newConntrackKey(progRunIfindex, netip.AddrPortFrom(ruleEP4, 40000), netip.AddrPortFrom(ruleA4, 80), testProtoUDP)))
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoTCP, tcp[:3]), tcxNextRet, countAllowed, "TCP of 3 bytes, a rule of the whole protocol")
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:3]), tcxNextRet, countAllowed, "UDP of 3 bytes, a rule of the whole protocol")
-	require.Empty(t, conntrackEntries(t, h.maps.Conntrack), "short headers are not tracked")
+	require.Empty(t, conntrackEntries(t, h.maps), "short headers are not tracked")
 }
 
 // ICMP echo is tracked by its identifier: the reply with the request's
@@ -329,11 +329,11 @@ func TestPrivilegedParseRuleICMPEchoTrackedByIdentifier(t *testing.T) {
 	h.expect(dirIn, frame6(ruleA6, ruleEP6, nil, protoICMPv6, icmpHeader(129, 0, 9, nil)), tcxNextRet, countAllowed, "ICMPv6 echo reply, same identifier")
 	h.expect(dirIn, frame6(ruleA6, ruleEP6, nil, protoICMPv6, icmpHeader(129, 0, 10, nil)), tcxDropRet, int(ReasonNoPolicy), "ICMPv6 echo reply, another identifier")
 
-	entries := len(conntrackEntries(t, h.maps.Conntrack))
+	entries := len(conntrackEntries(t, h.maps))
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoICMP, icmpHeader(8, 0, 11, nil)[:6]), tcxDropRet, int(ReasonNoPolicy), "an echo of 6 bytes, a type rule")
 	h.allow(testIdentityAllowed, dirOut, testProtoICMP, 0)
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoICMP, icmpHeader(8, 0, 11, nil)[:6]), tcxNextRet, countAllowed, "an echo of 6 bytes, a rule of the whole protocol")
-	require.Len(t, conntrackEntries(t, h.maps.Conntrack), entries, "a short echo is not tracked")
+	require.Len(t, conntrackEntries(t, h.maps), entries, "a short echo is not tracked")
 }
 
 // An ICMP error quoting a tracked connection's packet passes (related)
