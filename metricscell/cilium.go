@@ -21,7 +21,10 @@ const ciliumPrefix = "cilium_"
 // ciliumDropReason is Cilium's reason string for a drop reason of the
 // program: "Policy denied" for a packet no policy allows, "Invalid packet"
 // (Cilium's DROP_INVALID) for a malformed IP header, "Policy denied by
-// denylist" (Cilium's DROP_POLICY_DENY) for a packet a deny entry matches.
+// denylist" (Cilium's DROP_POLICY_DENY) for a packet a deny entry matches,
+// "Unsupported L2 protocol" for a VLAN tag in the packet, "Invalid IPv6
+// extension header" for a chain past the program's bound; a fragment the
+// program cannot place has no Cilium counterpart and keeps its own name.
 func ciliumDropReason(r datapathcell.Reason) string {
 	switch r {
 	case datapathcell.ReasonNoPolicy:
@@ -30,6 +33,10 @@ func ciliumDropReason(r datapathcell.Reason) string {
 		return "Invalid packet"
 	case datapathcell.ReasonPolicyDeny:
 		return "Policy denied by denylist"
+	case datapathcell.ReasonVLANTagged:
+		return "Unsupported L2 protocol"
+	case datapathcell.ReasonExtHeaders:
+		return "Invalid IPv6 extension header"
 	}
 	return r.String()
 }
