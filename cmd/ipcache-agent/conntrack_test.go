@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -202,19 +203,25 @@ func TestPrivilegedConntrackCollection(t *testing.T) {
 		_, enforced := e.state()
 		return enforced[0] && enforced[1] && e.reachable(allowedIP)
 	}, 20*time.Second, 100*time.Millisecond, "policy in force; agent log:\n%s", e.agentLog)
-	pin := filepath.Join(e.bpfRoot, "ipcache-agent", "conntrack")
+	// entries counts both maps: a ping's echo is one request and one
+	// reply, which leaves its entry in ct_opening (its origin does not
+	// speak again); conntrack must have maxEntries.
 	entries := func(maxEntries uint32) int {
-		m, err := ebpf.LoadPinnedMap(pin, nil)
-		require.NoError(t, err)
-		defer m.Close()
-		require.Equal(t, maxEntries, m.MaxEntries())
 		n := 0
-		var k, v []byte
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			n++
+		for _, name := range []string{datapathcell.ConntrackMapName, datapathcell.ConntrackOpeningMapName} {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", name), nil)
+			require.NoError(t, err)
+			if name == datapathcell.ConntrackMapName {
+				require.Equal(t, maxEntries, m.MaxEntries())
+			}
+			var k, v []byte
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				n++
+			}
+			require.NoError(t, it.Err())
+			m.Close()
 		}
-		require.NoError(t, it.Err())
 		return n
 	}
 	e.stopAgent()
