@@ -49,12 +49,12 @@ import (
 //
 // counters (per-CPU array, 16 entries of 16 bytes: packets u64 | bytes
 // u64, bytes being skb->len): index direction*8 + slot. Slot 0 counts
-// allowed packets, slots 1-6 drops of ReasonNoPolicy, ReasonMalformed,
-// ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders and ReasonFragment
-// (a drop's slot is its reason code, events.go), slot 7 is unused:
+// allowed packets, slots 1-7 drops of ReasonNoPolicy, ReasonMalformed,
+// ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders, ReasonFragment and
+// ReasonSpoofedSource (a drop's slot is its reason code, events.go):
 //
-//	0 ingress allowed   1-6 ingress drops by reason    7 unused
-//	8 egress allowed    9-14 egress drops by reason   15 unused
+//	0 ingress allowed   1-7 ingress drops by reason
+//	8 egress allowed    9-15 egress drops by reason
 //
 // A pinned counters map of the previous layout (8 entries, index
 // direction*4 + slot) is migrated to this one at start (maps.go).

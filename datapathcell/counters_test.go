@@ -51,12 +51,14 @@ func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 			{Direction: policycell.Ingress, Reason: ReasonVLANTagged},
 			{Direction: policycell.Ingress, Reason: ReasonExtHeaders},
 			{Direction: policycell.Ingress, Reason: ReasonFragment},
+			{Direction: policycell.Ingress, Reason: ReasonSpoofedSource},
 			{Direction: policycell.Egress, Reason: ReasonNoPolicy},
 			{Direction: policycell.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
 			{Direction: policycell.Egress, Reason: ReasonPolicyDeny},
 			{Direction: policycell.Egress, Reason: ReasonVLANTagged},
 			{Direction: policycell.Egress, Reason: ReasonExtHeaders},
 			{Direction: policycell.Egress, Reason: ReasonFragment},
+			{Direction: policycell.Egress, Reason: ReasonSpoofedSource},
 		},
 	}, c)
 }

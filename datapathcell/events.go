@@ -53,11 +53,15 @@ const (
 	// ReasonFragment drops a fragment the program cannot place: one
 	// whose datagram's first fragment did not pass (or was not seen), or
 	// one that does not start where the fragments before it ended.
-	ReasonFragment    Reason = 6
-	ReasonPolicy      Reason = 16
-	ReasonReply       Reason = 17
-	ReasonEstablished Reason = 18
-	ReasonRelated     Reason = 19
+	ReasonFragment Reason = 6
+	// ReasonSpoofedSource drops a packet the endpoint sent with a source
+	// address that the host routes to another device (a strict
+	// reverse-path filter, by the kernel's FIB).
+	ReasonSpoofedSource Reason = 7
+	ReasonPolicy        Reason = 16
+	ReasonReply         Reason = 17
+	ReasonEstablished   Reason = 18
+	ReasonRelated       Reason = 19
 	// ReasonNotDenied allows a packet that no entry matches in a direction
 	// that enforces deny rules only (no default deny).
 	ReasonNotDenied Reason = 20
@@ -81,6 +85,8 @@ func (r Reason) String() string {
 		return "ext-headers"
 	case ReasonFragment:
 		return "unplaced-fragment"
+	case ReasonSpoofedSource:
+		return "spoofed-source"
 	case ReasonPolicy:
 		return "policy"
 	case ReasonReply:

@@ -351,14 +351,14 @@ type DropCount struct {
 // DropReasons are the reasons the program drops for, each a slot of the
 // counters map (abi.go).
 func DropReasons() []Reason {
-	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders, ReasonFragment}
+	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders, ReasonFragment,
+		ReasonSpoofedSource}
 }
 
 const (
 	// countersValueSize: packets u64 | bytes u64 (abi.go).
 	countersValueSize = 16
-	// countersSlots per direction: allowed, the six drop reasons, and
-	// room for one more.
+	// countersSlots per direction: allowed and the seven drop reasons.
 	countersSlots   = 8
 	countersEntries = 2 * countersSlots
 	// The previous layout's slots and entries (openCountersMap).

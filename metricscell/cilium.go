@@ -37,6 +37,8 @@ func ciliumDropReason(r datapathcell.Reason) string {
 		return "Unsupported L2 protocol"
 	case datapathcell.ReasonExtHeaders:
 		return "Invalid IPv6 extension header"
+	case datapathcell.ReasonSpoofedSource:
+		return "Invalid source ip"
 	}
 	return r.String()
 }

@@ -332,6 +332,7 @@ func TestPrivilegedBypasses(t *testing.T) {
 	t.Run("neighbour discovery only on-link", b.neighbourDiscovery)
 	t.Run("a revoked egress policy stops a two-way flow", b.revocation)
 	t.Run("conntrack entries are bound to their device", b.deviceBinding)
+	t.Run("a source address of another device is dropped", b.spoofedSource)
 }
 
 // vlanTags: the kernel moves the outer VLAN tag of a received frame to
@@ -786,5 +787,27 @@ func (b *bypassRig) deviceBinding(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 				return b.fromPeer.SendIP(pshAck(f.denied, f.ep, port+2, 22, m))
 			}})
+	}
+}
+
+// spoofedSource: with egress enforced, what the second endpoint sends with
+// the first endpoint's address (which the host routes to ipcah0) is
+// dropped as spoofed-source, even to an allowed peer; with its own
+// address it passes.
+func (b *bypassRig) spoofedSource(t *testing.T) {
+	b.on(t)
+	b.usePolicies(map[string]string{"bypass.yaml": bypassPolicy})
+	for i, f := range b.families() {
+		own := secondEPAddr
+		if f.name == "IPv6" {
+			own = secondEPAddr6
+		}
+		port := uint16(42000 + 10*i)
+		b.requireDelivered(t, f.name+" second endpoint with its own address", f.udpAtPeer, func(m []byte) error {
+			return b.fromSecond.SendIP(udp(own, f.allowed, port, 7000, m))
+		})
+		b.requireDropped(t, attack{name: f.name + " second endpoint with the first's address", direction: "egress",
+			reason: "spoofed-source", at: f.udpAtPeer,
+			send: func(m []byte) error { return b.fromSecond.SendIP(udp(f.ep, f.allowed, port+1, 7000, m)) }})
 	}
 }

@@ -27,11 +27,18 @@
 // else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
 // and 2 passes it (REASON_NOT_DENIED). Every verdict on IP traffic is
 // counted in `counters`, in packets and bytes (skb->len): index
-// direction * COUNTERS_SLOTS (8) + slot, slot 0 allowed, slots 1-6 a drop
-// of that reason (REASON_NO_POLICY .. REASON_FRAGMENT), slot 7 unused
-// (layout in ../abi.go).
+// direction * COUNTERS_SLOTS (8) + slot, slot 0 allowed, slots 1-7 a drop
+// of that reason (REASON_NO_POLICY .. REASON_SPOOFED_SOURCE) (layout in
+// ../abi.go).
 //
 // Connection tracking (docs/CONTRACT.md; map layout in ../conntrack.go):
+//   - What the endpoint sends that is not a reply or an established
+//     connection's, and so is checked against policy, is first checked
+//     for its source address: when the host routes that address to
+//     another device (a strict reverse-path filter, by the kernel's FIB;
+//     not checked where the FIB cannot tell: a link-local source, a
+//     device that does not forward), it is dropped
+//     (REASON_SPOOFED_SOURCE).
 //   - A connection's entry is keyed by the endpoint's and the remote's
 //     address and port, protocol, family and the device (ifindex) the
 //     packet is on: both directions of a connection find the same entry,
@@ -221,7 +228,9 @@
 //     header too short or wrong), REASON_POLICY_DENY (a deny entry matches
 //     it), REASON_VLAN_TAGGED (a VLAN tag in the packet),
 //     REASON_EXT_HEADERS (an IPv6 extension header chain past the bound),
-//     REASON_FRAGMENT (a fragment the program cannot place); allows
+//     REASON_FRAGMENT (a fragment the program cannot place),
+//     REASON_SPOOFED_SOURCE (the endpoint sent it with a source address
+//     the host routes to another device); allows
 //     REASON_POLICY (a policy entry), REASON_REPLY (a reply of a tracked
 //     connection), REASON_ESTABLISHED (a tracked forward packet allowed at
 //     the current revision), REASON_RELATED (an ICMP error about a tracked
@@ -300,8 +309,10 @@ struct bpf_fib_lookup {
 	__u8 dmac[6];
 };
 
+#define BPF_FIB_LKUP_RET_SUCCESS 0
 #define BPF_FIB_LKUP_RET_NOT_FWDED 4
 #define BPF_FIB_LKUP_RET_FWD_DISABLED 5
+#define BPF_FIB_LOOKUP_SKIP_NEIGH (1U << 2)
 
 // Kernel UAPI values (include/uapi/linux/bpf.h, if_ether.h, in.h, pkt_cls.h,
 // icmp.h, icmpv6.h, tcp.h).
@@ -321,6 +332,7 @@ struct bpf_fib_lookup {
 #define ETH_P_IPV6 0x86DD
 #define ETH_P_8021Q 0x8100
 #define ETH_P_8021AD 0x88A8
+#define AF_INET 2
 #define AF_INET6 10
 
 #define IPPROTO_HOPOPTS 0
@@ -423,6 +435,7 @@ struct bpf_fib_lookup {
 #define REASON_VLAN_TAGGED 4
 #define REASON_EXT_HEADERS 5
 #define REASON_FRAGMENT 6
+#define REASON_SPOOFED_SOURCE 7
 #define REASON_POLICY 16
 #define REASON_REPLY 17
 #define REASON_ESTABLISHED 18
@@ -431,7 +444,7 @@ struct bpf_fib_lookup {
 #define REASON_FRAGMENT_OF_ALLOWED 21
 
 // Slots of `counters` per direction: COUNT_ALLOWED and the drop reasons
-// (1..6), with room for one more.
+// (1..7).
 #define COUNTERS_SLOTS 8
 
 #define EVENT_DROP 0
@@ -989,6 +1002,31 @@ static __always_inline int is_ipv6_ext(__u8 nexthdr)
 {
 	return nexthdr == IPPROTO_HOPOPTS || nexthdr == IPPROTO_ROUTING || nexthdr == IPPROTO_DSTOPTS ||
 	       nexthdr == IPPROTO_FRAGMENT || nexthdr == IPPROTO_AH;
+}
+
+// source_on_device says whether the source of a packet the endpoint sends
+// belongs behind the device it came from, as a strict reverse-path filter
+// decides: the host's route to that address leaves by this device. Only
+// when the FIB can tell (a route the device forwards by); a link-local
+// source, or a device that does not forward, is not checked. A second
+// workload cannot then speak with the first's address.
+static __always_inline int source_on_device(struct __sk_buff *skb, const struct flow *flow)
+{
+	struct bpf_fib_lookup fib = {};
+	const __u32 *endpoint = (const __u32 *)flow->ct.endpoint_addr;
+	long ret;
+
+	fib.ifindex = skb->ifindex;
+	if (flow->family == FAMILY_IPV4) {
+		fib.family = AF_INET;
+		fib.ipv6_dst[0] = endpoint[0];
+	} else {
+		fib.family = AF_INET6;
+		for (int i = 0; i < 4; i++)
+			fib.ipv6_dst[i] = endpoint[i];
+	}
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	return ret != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex == skb->ifindex;
 }
 
 // ndp_on_link says whether a neighbour discovery message stays on the
@@ -1656,6 +1694,12 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 			}
 		}
 	}
+
+	// Only here, off the path of established connections: a packet with
+	// another device's address finds no entry on this device (the device
+	// is in the key), so it gets here.
+	if (direction == DIRECTION_EGRESS && !source_on_device(skb, &flow))
+		return drop(skb, &flow, direction, REASON_SPOOFED_SOURCE, 0);
 
 	// Read only for an entry to store it in: the atomic read writes a
 	// cache line that every CPU shares.
