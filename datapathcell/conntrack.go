@@ -336,20 +336,25 @@ func registerConntrackGC(cfg Config, d *Datapath, jobs job.Group) {
 		if err != nil {
 			return err
 		}
-		// A new program counts from 0 again.
+		// Degraded while connections could not move since the last round,
+		// or while the last complete pass found the map full (the next
+		// one to become established will not move either).
 		full, err := d.ConntrackFull()
-		if err != nil || full == lastFull {
-			lastFull = full
-			return nil
+		if err != nil {
+			return nil // no program: nothing tracks
 		}
 		more := full - lastFull
 		if full < lastFull {
-			more = full
+			more = full // a new program counts from 0 again
 		}
 		lastFull = full
-		return fmt.Errorf("%w (max entries %d; raise --conntrack-map-max-entries): %d times since the last round "+
-			"an established connection could not move there and stays in ct_opening", ErrConntrackFull,
-			cfg.ConntrackMapMaxEntries, more)
+		established, _ := d.ConntrackStats()
+		if more == 0 && (established.MaxEntries == 0 || established.Entries < uint64(established.MaxEntries)) {
+			return nil
+		}
+		return fmt.Errorf("%w (max entries %d, %d live at the last pass; raise --conntrack-map-max-entries): "+
+			"%d times since the last round an established connection could not move there and stayed in ct_opening",
+			ErrConntrackFull, cfg.ConntrackMapMaxEntries, established.Entries, more)
 	}, cfg.ConntrackGCInterval))
 }
 
