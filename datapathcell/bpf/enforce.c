@@ -326,6 +326,7 @@ struct bpf_fib_lookup {
 #define BPF_F_MMAPABLE 1024
 #define BPF_ANY 0
 #define BPF_NOEXIST 1
+#define EEXIST 17
 
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
@@ -1324,8 +1325,10 @@ static __always_inline int allowed_at(struct ct_value *ct)
 static __always_inline void ct_promote(struct ct_value *ct, const struct flow *flow)
 {
 	struct ct_value copy = *ct;
+	long ret = bpf_map_update_elem(&conntrack, &flow->ct, &copy, BPF_NOEXIST);
 
-	if (bpf_map_update_elem(&conntrack, &flow->ct, &copy, BPF_NOEXIST) == 0) {
+	// -EEXIST: a packet of the connection on another CPU moved it first.
+	if (ret == 0 || ret == -EEXIST) {
 		bpf_map_delete_elem(&ct_opening, &flow->ct);
 	} else {
 		__u32 zero = CT_STAT_FULL;
