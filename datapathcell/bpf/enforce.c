@@ -38,7 +38,9 @@
 //     another device (a strict reverse-path filter, by the kernel's FIB;
 //     not checked where the FIB cannot tell: a link-local source, a
 //     device that does not forward), it is dropped
-//     (REASON_SPOOFED_SOURCE).
+//     (REASON_SPOOFED_SOURCE). The last answer is kept per CPU for a
+//     second (`src_check`, not pinned), so a route change is heeded
+//     within a second.
 //   - A connection's entry is keyed by the endpoint's and the remote's
 //     address and port, protocol, family and the device (ifindex) the
 //     packet is on: both directions of a connection find the same entry,
@@ -622,6 +624,28 @@ struct {
 	__uint(max_entries, 1);
 } clock SEC(".maps");
 
+// src_check is, per CPU, the last source address checked by
+// source_on_device, on which device, with the answer and until when it
+// holds (SRC_CHECK_NS): a workload opens its connections from the same
+// address, and the FIB lookup costs more than the rest of the check. Not
+// pinned. A route changed under it is heeded within SRC_CHECK_NS.
+struct src_check {
+	__u64 until; // now_ns() before which the answer holds
+	__u32 ifindex;
+	__u16 family;
+	__u16 on_device;
+	__u8 addr[16];
+};
+
+#define SRC_CHECK_NS NSEC_PER_SEC
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct src_check);
+	__uint(max_entries, 1);
+} src_check SEC(".maps");
+
 // A fragmented datagram whose first fragment passed, keyed as the
 // connection is (its addresses, the device) with the datagram's
 // identification and the direction instead of the ports, which only the
@@ -1005,6 +1029,8 @@ static __always_inline int is_ipv6_ext(__u8 nexthdr)
 	       nexthdr == IPPROTO_FRAGMENT || nexthdr == IPPROTO_AH;
 }
 
+static __always_inline __u64 now_ns(void);
+
 // source_on_device says whether the source of a packet the endpoint sends
 // belongs behind the device it came from, as a strict reverse-path filter
 // decides: the host's route to that address leaves by this device. Only
@@ -1015,8 +1041,16 @@ static __always_inline int source_on_device(struct __sk_buff *skb, const struct 
 {
 	struct bpf_fib_lookup fib = {};
 	const __u32 *endpoint = (const __u32 *)flow->ct.endpoint_addr;
+	const __u64 *addr = (const __u64 *)flow->ct.endpoint_addr;
+	__u32 zero = 0;
+	struct src_check *last = bpf_map_lookup_elem(&src_check, &zero);
+	__u64 now = now_ns();
 	long ret;
+	int on_device;
 
+	if (last && last->ifindex == skb->ifindex && last->family == flow->family && now < last->until &&
+	    ((const __u64 *)last->addr)[0] == addr[0] && ((const __u64 *)last->addr)[1] == addr[1])
+		return last->on_device;
 	fib.ifindex = skb->ifindex;
 	if (flow->family == FAMILY_IPV4) {
 		fib.family = AF_INET;
@@ -1027,7 +1061,17 @@ static __always_inline int source_on_device(struct __sk_buff *skb, const struct 
 			fib.ipv6_dst[i] = endpoint[i];
 	}
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
-	return ret != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex == skb->ifindex;
+	on_device = ret != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex == skb->ifindex;
+	if (last) {
+		// Per CPU: nobody else writes it while the program runs here.
+		last->until = now + SRC_CHECK_NS;
+		last->ifindex = skb->ifindex;
+		last->family = flow->family;
+		last->on_device = on_device;
+		((__u64 *)last->addr)[0] = addr[0];
+		((__u64 *)last->addr)[1] = addr[1];
+	}
+	return on_device;
 }
 
 // ndp_on_link says whether a neighbour discovery message stays on the

@@ -31,6 +31,7 @@ const (
 	EnforceMapIpcache                 = "ipcache"
 	EnforceMapPolicy                  = "policy"
 	EnforceMapRevision                = "revision"
+	EnforceMapSrcCheck                = "src_check"
 	EnforceProgEnforceFromEndpoint    = "enforce_from_endpoint"
 	EnforceProgEnforceToEndpoint      = "enforce_to_endpoint"
 	EnforceVarCtTimeoutOther          = "ct_timeout_other"
@@ -103,6 +104,7 @@ type EnforceMapSpecs struct {
 	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
 	Policy      *ebpf.MapSpec `ebpf:"policy"`
 	Revision    *ebpf.MapSpec `ebpf:"revision"`
+	SrcCheck    *ebpf.MapSpec `ebpf:"src_check"`
 }
 
 // EnforceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -149,6 +151,7 @@ type EnforceMaps struct {
 	Ipcache     *ebpf.Map `ebpf:"ipcache"`
 	Policy      *ebpf.Map `ebpf:"policy"`
 	Revision    *ebpf.Map `ebpf:"revision"`
+	SrcCheck    *ebpf.Map `ebpf:"src_check"`
 }
 
 func (m *EnforceMaps) Close() error {
@@ -165,6 +168,7 @@ func (m *EnforceMaps) Close() error {
 		m.Ipcache,
 		m.Policy,
 		m.Revision,
+		m.SrcCheck,
 	)
 }
 
