@@ -218,7 +218,7 @@ func registerWriters(p writersParams) error {
 
 	enforcement := &enforcementWriter{
 		db: p.Reconciler.DB, table: p.Enforcement.RWTable, target: d.enforcementMap, order: order,
-		stats: d.statsOf(EnforcementMapName), log: p.Log,
+		stats: d.statsOf(EnforcementMapName), log: p.Log, failClosed: policy.failClosed,
 	}
 	p.Jobs.Add(
 		job.OneShot("write-enforcement-map", enforcement.run),

@@ -69,6 +69,38 @@ type denyGuard struct {
 	heldIPCache func() map[IPCacheMapKey]uint32
 	// ipcacheEntry returns the desired identity of an ipcache prefix.
 	ipcacheEntry func(txn statedb.ReadTxn, prefix netip.Prefix) (uint32, bool)
+	// uncovered says, per direction, that a deny not in the maps has no
+	// policy-map entry around it to write deny over (neither its
+	// identity's nor identity 0's): its packets match nothing, which a
+	// direction of deny rules only passes. The enforcement writer then
+	// enforces that direction with default deny (failClosed).
+	uncovered [2]bool
+	// uncoveredChanged is closed when uncovered changes.
+	uncoveredChanged chan struct{}
+}
+
+// failClosed returns the directions whose missing denies nothing in the
+// policy map covers (denyGuard.uncovered), and a channel closed when that
+// changes.
+func (p *policyOps) failClosed() ([2]bool, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.guard.uncoveredChanged == nil {
+		p.guard.uncoveredChanged = make(chan struct{})
+	}
+	return p.guard.uncovered, p.guard.uncoveredChanged
+}
+
+// setUncoveredLocked records uncovered and wakes whoever waits on it.
+func (p *policyOps) setUncoveredLocked(uncovered [2]bool) {
+	if uncovered == p.guard.uncovered {
+		return
+	}
+	p.guard.uncovered = uncovered
+	if p.guard.uncoveredChanged != nil {
+		close(p.guard.uncoveredChanged)
+	}
+	p.guard.uncoveredChanged = make(chan struct{})
 }
 
 var denyValue = NewPolicyMapValue(uint32(policycell.VerdictDeny))
@@ -126,6 +158,7 @@ func (p *policyOps) Reguard(txn statedb.ReadTxn) {
 // new guards first, then the release of those no longer needed.
 func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	if !p.guardActiveLocked() {
+		p.setUncoveredLocked([2]bool{})
 		return
 	}
 	if p.db != nil {
@@ -178,11 +211,20 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	}
 
 	// A deny entry that did not fit: its identity's allows around it, and
-	// identity 0's if the identity has no key covering it.
-	for _, d := range p.guard.failedDenies {
-		if !allowsOver(d.Identity, d, false) && d.Identity != 0 {
-			allowsOver(0, d, false)
+	// identity 0's if the identity has no key covering it. Covered by
+	// neither, its packets match nothing.
+	var uncovered [2]bool
+	cover := func(d policycell.PolicyKey) {
+		covered := allowsOver(d.Identity, d, false)
+		if !covered && d.Identity != 0 {
+			covered = allowsOver(0, d, false)
 		}
+		if !covered && int(d.Direction) < len(uncovered) {
+			uncovered[d.Direction] = true
+		}
+	}
+	for _, d := range p.guard.failedDenies {
+		cover(d)
 	}
 
 	// An ipcache entry not in the map: its addresses get identity f.
@@ -201,7 +243,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 			if !ok || identitycell.NumericIdentity(id) == f {
 				continue
 			}
-			p.guardFallbackLocked(txn, identitycell.NumericIdentity(id), f, inMap, shadow, allowsOver, override)
+			p.guardFallbackLocked(txn, identitycell.NumericIdentity(id), f, inMap, shadow, allowsOver, override, cover)
 		}
 	}
 
@@ -213,9 +255,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 			continue
 		}
 		if err := target.Put(&mk, &denyValue); err != nil {
-			if !allowsOver(d.Identity, d, false) {
-				allowsOver(0, d, false)
-			}
+			cover(d)
 			delete(shadow, mk)
 			continue
 		}
@@ -231,6 +271,8 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 		}
 		p.guardedLocked(mk, guardOverride)
 	}
+
+	p.setUncoveredLocked(uncovered)
 
 	// Release what is no longer needed.
 	for mk, kind := range p.guard.guarded {
@@ -251,7 +293,8 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 // (an except prefix falling back to its CIDR).
 func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identitycell.NumericIdentity,
 	inMap map[identitycell.NumericIdentity][]mapEntry, shadow map[PolicyMapKey]policycell.PolicyKey,
-	allowsOver func(identitycell.NumericIdentity, policycell.PolicyKey, bool) bool, override map[PolicyMapKey]struct{}) {
+	allowsOver func(identitycell.NumericIdentity, policycell.PolicyKey, bool) bool, override map[PolicyMapKey]struct{},
+	cover func(policycell.PolicyKey)) {
 	var allows []policycell.PolicyKey
 	for e := range policycell.IdentityEntries(txn, p.order.entries, id) {
 		if e.Verdict == policycell.VerdictAllow {
@@ -267,6 +310,14 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identitycell.
 			}
 		}
 		if denied {
+			continue
+		}
+		// A deny whose own entry did not fit gets no shadow: the shadow
+		// would take the room that entry waits for (and the prefix is
+		// held until it is in), so neither would ever be written. Deny
+		// is written over what its packets meet under f instead.
+		if _, failed := p.guard.failedDenies[NewPolicyMapKey(e.Key)]; failed {
+			cover(d)
 			continue
 		}
 		shadow[NewPolicyMapKey(d)] = d

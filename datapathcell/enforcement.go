@@ -50,6 +50,12 @@ type enforcementWriter struct {
 	order  *ordering
 	stats  *mapStats
 	log    *slog.Logger
+	// failClosed returns the directions in which a deny that the full
+	// policy map could not take has nothing there to be written over
+	// (policyOps.failClosed): a direction of deny rules only is then
+	// enforced with default deny, so that the deny never fails open
+	// (nil: never).
+	failClosed func() ([2]bool, <-chan struct{})
 }
 
 // enforcementRetry bounds the wait before a failed write is tried again.
@@ -79,13 +85,28 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			errs    []error
 			done    []revisioned
 		)
+		var failClosed [2]bool
+		var guardChanged <-chan struct{}
+		if w.failClosed != nil {
+			failClosed, guardChanged = w.failClosed()
+		}
 		for row, rev := range rows {
 			dir := row.Direction
 			want := enforcementOf(row)
+			closing := want == enforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
+			if closing {
+				want = enforceDefaultDeny
+			}
 			var err error
 			switch {
 			case want == inMap[dir]:
 			case want == enforceNone:
+				err = w.put(dir, want)
+			case closing:
+				// Dropping more needs nothing written first.
+				w.log.Warn("A deny rule is not in the full policy map and nothing there covers it: "+
+					"enforcing default deny in its direction until it is written (raise --policy-map-max-entries)",
+					"direction", dir.String())
 				err = w.put(dir, want)
 			case w.onReady(txn):
 				// Switching on, or between default deny and deny only:
@@ -131,6 +152,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		case <-watch:
 		case <-retry:
 		case <-ready:
+		case <-guardChanged:
 		}
 		cancel()
 		<-ready
