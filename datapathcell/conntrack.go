@@ -358,26 +358,26 @@ func registerConntrackGC(cfg Config, d *Datapath, jobs job.Group) {
 	}, cfg.ConntrackGCInterval))
 }
 
-// conntrackMap returns the pinned conntrack map, nil while the maps are
-// not open.
-func (d *Datapath) conntrackMap() *ebpf.Map {
+// sharedMap returns the datapath's own handle of the pinned map that which
+// picks (unlike pinnedMap, no duplicate: for the collector's rounds,
+// which stop with the maps), nil while the maps are not open.
+func (d *Datapath) sharedMap(which func(*pinnedMaps) *ebpf.Map) *ebpf.Map {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.maps == nil {
 		return nil
 	}
-	return d.maps.Conntrack
+	return which(d.maps)
 }
 
-// conntrackOpeningMap returns the pinned ct_opening map, nil while the
-// maps are not open.
+// conntrackMap and conntrackOpeningMap return the pinned conntrack and
+// ct_opening maps, nil while the maps are not open.
+func (d *Datapath) conntrackMap() *ebpf.Map {
+	return d.sharedMap(func(m *pinnedMaps) *ebpf.Map { return m.Conntrack })
+}
+
 func (d *Datapath) conntrackOpeningMap() *ebpf.Map {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.maps == nil {
-		return nil
-	}
-	return d.maps.ConntrackOpening
+	return d.sharedMap(func(m *pinnedMaps) *ebpf.Map { return m.ConntrackOpening })
 }
 
 // ConntrackStats returns the collector's counts and the map's size, of
@@ -407,8 +407,16 @@ func (d *Datapath) ConntrackFull() (uint64, error) {
 	if enf == nil {
 		return 0, fmt.Errorf("read ct_stats: %w", ErrMapsNotOpen)
 	}
+	return enf.conntrackFull()
+}
+
+// conntrackFull sums the program's per-CPU count of failed moves to a
+// full conntrack map.
+//
+// Possible errors: the kernel's, when ct_stats cannot be read.
+func (e *enforcer) conntrackFull() (uint64, error) {
 	var perCPU []uint64
-	if err := enf.ctStats.Lookup(uint32(0), &perCPU); err != nil {
+	if err := e.ctStats.Lookup(uint32(0), &perCPU); err != nil {
 		return 0, fmt.Errorf("read ct_stats: %w", err)
 	}
 	var total uint64
@@ -537,7 +545,7 @@ func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, 
 		}
 	}
 	log.Info("Converting pinned conntrack map to the layout with the device in the key",
-		"map", path, "entries-per-device", true, "devices", len(ifindexes))
+		"map", path, "devices", len(ifindexes))
 	return replacePinnedWith(spec, path, old, func(from, to *ebpf.Map) error {
 		var k [previousConntrackKeySize]byte
 		var v ConntrackValue

@@ -40,11 +40,7 @@ func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
-	putIdentity(t, maps, "192.0.2.0/24", testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, 80)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putEnforced(t, maps, policycell.Egress, true)
-	bumpRevision(t, maps)
+	allowInboundPort80(t, maps)
 
 	endpoint := netip.MustParseAddrPort("10.0.0.1:80")
 	peer := netip.MustParseAddrPort("192.0.2.10:40000")
@@ -65,7 +61,7 @@ func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 	// nothing) only as replies.
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, tcpPacket(endpoint, peer, 0x10)), "reply after the flood")
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.toEndpoint, tcpPacket(peer, endpoint, 0x10)), "data in after the flood")
-	full, err := ctFull(enf)
+	full, err := enf.conntrackFull()
 	require.NoError(t, err)
 	require.Zero(t, full)
 }
@@ -81,11 +77,7 @@ func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 	t.Cleanup(func() { small.Close() })
 	maps.Conntrack = small
 	enf := loadTestEnforcer(t, maps)
-	putIdentity(t, maps, "192.0.2.0/24", testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, 80)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putEnforced(t, maps, policycell.Egress, true)
-	bumpRevision(t, maps)
+	allowInboundPort80(t, maps)
 
 	endpoint := netip.MustParseAddrPort("10.0.0.1:80")
 	for i := range 6 {
@@ -93,7 +85,7 @@ func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 	}
 	require.Len(t, conntrackMapEntries(t, small), 4)
 	require.Len(t, conntrackMapEntries(t, maps.ConntrackOpening), 2, "the two that did not fit")
-	full, err := ctFull(enf)
+	full, err := enf.conntrackFull()
 	require.NoError(t, err)
 	// Each of the two tried once, at its handshake's ACK (the data out is
 	// a reply, which moves nothing); each further packet of theirs from
@@ -101,21 +93,19 @@ func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 	require.EqualValues(t, 2, full)
 	last := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.10"), 40005)
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.toEndpoint, tcpPacket(last, endpoint, 0x10)), "data in")
-	full, err = ctFull(enf)
+	full, err = enf.conntrackFull()
 	require.NoError(t, err)
 	require.EqualValues(t, 3, full)
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, tcpPacket(endpoint, last, 0x10)), "a reply of a connection left in ct_opening")
 }
 
-// ctFull sums the program's per-CPU count of failed moves to conntrack.
-func ctFull(enf *enforcer) (uint64, error) {
-	var perCPU []uint64
-	if err := enf.ctStats.Lookup(uint32(0), &perCPU); err != nil {
-		return 0, err
-	}
-	var total uint64
-	for _, n := range perCPU {
-		total += n
-	}
-	return total, nil
+// allowInboundPort80 enforces both directions and allows TCP 80 in from
+// 192.0.2.0/24 only: the endpoint's packets then pass only as replies.
+func allowInboundPort80(t *testing.T, maps enforcerMaps) {
+	t.Helper()
+	putIdentity(t, maps, "192.0.2.0/24", testIdentityAllowed)
+	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, 80)
+	putEnforced(t, maps, policycell.Ingress, true)
+	putEnforced(t, maps, policycell.Egress, true)
+	bumpRevision(t, maps)
 }
