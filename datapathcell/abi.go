@@ -3,14 +3,15 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The BPF map layouts are an ABI shared with the enforcement program
@@ -35,12 +36,12 @@ import (
 //	value (8 bytes):  verdict u32 | pad u32
 //
 // prefixlen counts the bits after it that must match
-// (policycell.PolicyKey.MapPrefixLen): 40 identity and direction (any
+// (mapPrefixLen): 40 identity and direction (any
 // protocol), 48 also the protocol (any port), 48+n also the first n bits
 // of dport. sec_identity 0 is any identity. direction: 0 ingress, 1
-// egress (policycell.Direction). For ICMP and ICMPv6 dport holds the type
+// egress (policy.Direction). For ICMP and ICMPv6 dport holds the type
 // in its first byte and the code in its second. Bits past prefixlen are
-// zero. verdict 1 allow, 2 deny (policycell.Verdict).
+// zero. verdict 1 allow, 2 deny (policy.Verdict).
 //
 // enforcement (array, 2 entries, index = direction): value u32, 0 not
 // enforced (traffic passes, nothing is looked up), 1 enforced with default
@@ -164,9 +165,9 @@ func (k IPCacheMapKey) compare(other IPCacheMapKey) int {
 
 // NewIPCacheMapValue encodes an identity. The tunnel endpoint, key and flags
 // are zero: this agent does not tunnel.
-func NewIPCacheMapValue(identity uint32) IPCacheMapValue {
+func NewIPCacheMapValue(ident uint32) IPCacheMapValue {
 	var v IPCacheMapValue
-	binary.LittleEndian.PutUint32(v[0:4], identity)
+	binary.LittleEndian.PutUint32(v[0:4], ident)
 	return v
 }
 
@@ -174,12 +175,12 @@ func NewIPCacheMapValue(identity uint32) IPCacheMapValue {
 func (v IPCacheMapValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
 
 // NewPolicyMapKey encodes key in canonical form: prefixlen is
-// key.MapPrefixLen(), and the bits past it are zero (a protocol of an
+// mapPrefixLen(key), and the bits past it are zero (a protocol of an
 // any-protocol key, the wildcard bits of the port). Port is in host order;
 // it is stored in network order.
-func NewPolicyMapKey(key policycell.PolicyKey) PolicyMapKey {
+func NewPolicyMapKey(key policy.Key) PolicyMapKey {
 	var k PolicyMapKey
-	prefixLen := key.MapPrefixLen()
+	prefixLen := mapPrefixLen(key)
 	binary.LittleEndian.PutUint32(k[0:4], prefixLen)
 	binary.LittleEndian.PutUint32(k[4:8], uint32(key.Identity))
 	k[8] = uint8(key.Direction)
@@ -194,34 +195,34 @@ func NewPolicyMapKey(key policycell.PolicyKey) PolicyMapKey {
 // PolicyKey decodes the key: the inverse of NewPolicyMapKey.
 //
 // Possible errors: the key is not in canonical form (a prefix length that
-// no policycell.PolicyKey has, or bits set past it).
-func (k PolicyMapKey) PolicyKey() (policycell.PolicyKey, error) {
+// no policy.Key has, or bits set past it).
+func (k PolicyMapKey) PolicyKey() (policy.Key, error) {
 	prefixLen := binary.LittleEndian.Uint32(k[0:4])
-	key := policycell.PolicyKey{
-		Identity:  identitycell.NumericIdentity(binary.LittleEndian.Uint32(k[4:8])),
-		Direction: policycell.Direction(k[8]),
-		Protocol:  policycell.Protocol(k[9]),
+	key := policy.Key{
+		Identity:  identity.Number(binary.LittleEndian.Uint32(k[4:8])),
+		Direction: policy.Direction(k[8]),
+		Protocol:  policy.Protocol(k[9]),
 		Port:      binary.BigEndian.Uint16(k[10:12]),
 	}
 	switch {
 	case prefixLen == policyKeyStaticPrefixBits:
 		if key.Protocol != 0 || key.Port != 0 {
-			return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
+			return policy.Key{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
 		}
 	case prefixLen >= policyKeyStaticPrefixBits+8 && prefixLen <= policyKeyMaxPrefixBits && key.Protocol != 0:
 		key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
 	default:
-		return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: prefix length %d out of range", k[:], prefixLen)
+		return policy.Key{}, fmt.Errorf("decode policy key %x: prefix length %d out of range", k[:], prefixLen)
 	}
 	if NewPolicyMapKey(key) != k {
-		return policycell.PolicyKey{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
+		return policy.Key{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
 	}
 	return key, nil
 }
 
 // Fields decodes the key's fields as they are stored; dport is returned in
 // host order. PolicyKey also gives the prefix length, as PortWildcardBits.
-func (k PolicyMapKey) Fields() (identity uint32, direction, protocol uint8, dport uint16) {
+func (k PolicyMapKey) Fields() (ident uint32, direction, protocol uint8, dport uint16) {
 	return binary.LittleEndian.Uint32(k[4:8]), k[8], k[9], binary.BigEndian.Uint16(k[10:12])
 }
 
@@ -234,3 +235,13 @@ func NewPolicyMapValue(verdict uint32) PolicyMapValue {
 
 // Verdict returns the value's verdict.
 func (v PolicyMapValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+
+// mapPrefixLen is the key's prefix length in the policy map: the bits of
+// identity and direction (40), then the protocol's (8), then the port's
+// that must match.
+func mapPrefixLen(k policy.Key) uint32 {
+	if k.Protocol == policy.ProtocolAny {
+		return 40
+	}
+	return 48 + 16 - uint32(k.PortWildcardBits)
+}

@@ -3,12 +3,12 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 func TestIPCacheKeyBytes(t *testing.T) {
@@ -60,30 +60,30 @@ func TestIPCacheValueBytes(t *testing.T) {
 }
 
 func TestPolicyKeyValueBytes(t *testing.T) {
-	k := policyMapKey(16777217, uint8(policycell.Egress), 17, 53)
+	k := policyMapKey(16777217, uint8(policy.Egress), 17, 53)
 	require.Equal(t, PolicyMapKey{64, 0, 0, 0, 0x01, 0x00, 0x00, 0x01, 1, 17, 0x00, 0x35}, k, "dport in network order")
 	id, dir, proto, port := k.Fields()
 	require.Equal(t, []any{uint32(16777217), uint8(1), uint8(17), uint16(53)}, []any{id, dir, proto, port})
-	require.Equal(t, PolicyMapValue{1, 0, 0, 0, 0, 0, 0, 0}, NewPolicyMapValue(uint32(policycell.VerdictAllow)))
-	require.Equal(t, uint32(policycell.VerdictAllow), NewPolicyMapValue(uint32(policycell.VerdictAllow)).Verdict())
-	require.Equal(t, uint32(policycell.VerdictDeny), NewPolicyMapValue(uint32(policycell.VerdictDeny)).Verdict())
+	require.Equal(t, PolicyMapValue{1, 0, 0, 0, 0, 0, 0, 0}, NewPolicyMapValue(uint32(policy.VerdictAllow)))
+	require.Equal(t, uint32(policy.VerdictAllow), NewPolicyMapValue(uint32(policy.VerdictAllow)).Verdict())
+	require.Equal(t, uint32(policy.VerdictDeny), NewPolicyMapValue(uint32(policy.VerdictDeny)).Verdict())
 }
 
-// TestPolicyKeyPrefix: the prefix length is MapPrefixLen, the bits past
+// TestPolicyKeyPrefix: the prefix length is mapPrefixLen, the bits past
 // it are zero whatever the key holds there, and canonical keys decode
 // back while others do not.
 func TestPolicyKeyPrefix(t *testing.T) {
 	for _, c := range []struct {
-		key  policycell.PolicyKey
+		key  policy.Key
 		want PolicyMapKey
 	}{
-		{policycell.PolicyKey{Identity: 2, Direction: policycell.Egress, Protocol: 0, Port: 80},
+		{policy.Key{Identity: 2, Direction: policy.Egress, Protocol: 0, Port: 80},
 			PolicyMapKey{40, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0}},
-		{policycell.PolicyKey{Identity: 0, Protocol: policycell.ProtocolTCP, Port: 80, PortWildcardBits: 16},
+		{policy.Key{Identity: 0, Protocol: policy.ProtocolTCP, Port: 80, PortWildcardBits: 16},
 			PolicyMapKey{48, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0}},
-		{policycell.PolicyKey{Protocol: policycell.ProtocolTCP, Port: 8003, PortWildcardBits: 3}, // 8000-8007
+		{policy.Key{Protocol: policy.ProtocolTCP, Port: 8003, PortWildcardBits: 3}, // 8000-8007
 			PolicyMapKey{61, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0x1f, 0x40}},
-		{policycell.PolicyKey{Protocol: policycell.ProtocolICMP, Port: 8<<8 | 3, PortWildcardBits: 8}, // type 8
+		{policy.Key{Protocol: policy.ProtocolICMP, Port: 8<<8 | 3, PortWildcardBits: 8}, // type 8
 			PolicyMapKey{56, 0, 0, 0, 0, 0, 0, 0, 0, 1, 8, 0}},
 	} {
 		k := NewPolicyMapKey(c.key)

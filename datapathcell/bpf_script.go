@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"io"
@@ -16,10 +20,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // defaultBPFListLimit is how many rows bpf/ipcache and bpf/policy print
@@ -28,10 +30,10 @@ import (
 const defaultBPFListLimit = 10000
 
 func bpfScriptCommands(db *statedb.DB, d *Datapath, ipcache statedb.Table[*ipcachecell.Entry],
-	policy statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
+	pol statedb.Table[*policy.Entry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"bpf/ipcache": bpfIPCacheCommand(db, d, ipcache),
-		"bpf/policy":  bpfPolicyCommand(db, d, policy),
+		"bpf/policy":  bpfPolicyCommand(db, d, pol),
 	})
 }
 
@@ -282,7 +284,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 				}
 				fmt.Fprintln(w, "Prefix\tIdentity\tSource")
 				for _, r := range listing.Rows {
-					fmt.Fprintf(w, "%s\t%s\t%s\n", r.Prefix, identitycell.NumericIdentity(r.Identity), dash(r.Source))
+					fmt.Fprintf(w, "%s\t%s\t%s\n", r.Prefix, identity.Number(r.Identity), dash(r.Source))
 				}
 			})
 		})
@@ -307,8 +309,8 @@ type policyRowJSON struct {
 // stored, with the wildcard bits its prefix length gives.
 func policyRow(k PolicyMapKey) policyRowJSON {
 	id, dir, proto, port := k.Fields()
-	row := policyRowJSON{Identity: id, Direction: policycell.Direction(dir).String(),
-		Protocol: policycell.Protocol(proto).String(), Port: port}
+	row := policyRowJSON{Identity: id, Direction: policy.Direction(dir).String(),
+		Protocol: policy.Protocol(proto).String(), Port: port}
 	if key, err := k.PolicyKey(); err == nil {
 		row.PortWildcardBits = key.PortWildcardBits
 	}
@@ -327,7 +329,7 @@ func (r policyRowJSON) ports() string {
 	return fmt.Sprintf("%d-%d", r.Port, int(r.Port)|(1<<r.PortWildcardBits-1))
 }
 
-func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policycell.PolicyEntry]) script.Cmd {
+func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policy.Entry]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "List what the pinned policy map holds, or its differences from the policy table",
@@ -363,7 +365,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 			if !o.diff {
 				readErr = readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
 					row := policyRow(k)
-					row.Verdict = policycell.Verdict(v.Verdict()).String()
+					row.Verdict = policy.Verdict(v.Verdict()).String()
 					listing.add(row, o.limit)
 				})
 			} else {
@@ -374,7 +376,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 						if err != nil {
 							return PolicyMapValue{}, false
 						}
-						e, _, found := table.Get(txn, policycell.PolicyKeyIndex.Query(key))
+						e, _, found := table.Get(txn, policy.KeyIndex.Query(key))
 						if !found {
 							return PolicyMapValue{}, false
 						}
@@ -392,10 +394,10 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policyce
 						row := policyRow(k)
 						row.Difference = kind
 						if kind != diffMissing {
-							row.Verdict = policycell.Verdict(inMap.Verdict()).String()
+							row.Verdict = policy.Verdict(inMap.Verdict()).String()
 						}
 						if kind != diffExtra {
-							row.DesiredVerdict = policycell.Verdict(want.Verdict()).String()
+							row.DesiredVerdict = policy.Verdict(want.Verdict()).String()
 						}
 						listing.add(row, o.limit)
 					})

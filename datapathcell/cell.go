@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"log/slog"
 	"time"
@@ -140,8 +142,8 @@ type writersParams struct {
 	Reconciler  reconciler.Params
 	Datapath    *Datapath
 	IPCache     ipcachecell.ReconcilerTable
-	Policy      policycell.PolicyReconcilerTable
-	Enforcement policycell.EnforcementReconcilerTable
+	Policy      policy.ReconcilerTable
+	Enforcement policy.EnforcementReconcilerTable
 	Selectors   *policycell.SelectorProgress
 	Jobs        job.Group
 	Log         *slog.Logger
@@ -155,15 +157,15 @@ func registerWriters(p writersParams) error {
 	d := p.Datapath
 	order := newOrdering(p.Log, p.Selectors, p.IPCache.RWTable, p.Policy.RWTable, p.Enforcement.RWTable)
 
-	policy := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
-	policy.anyIdentity = d.setAnyIdentityEntries
-	policy.db = p.Reconciler.DB
-	policy.guard.heldIPCache = order.heldIPCacheIdentities
-	policy.guard.ipcacheEntry = desiredIPCacheIdentity(p.IPCache.RWTable)
+	pol := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
+	pol.anyIdentity = d.setAnyIdentityEntries
+	pol.db = p.Reconciler.DB
+	pol.guard.heldIPCache = order.heldIPCacheIdentities
+	pol.guard.ipcacheEntry = desiredIPCacheIdentity(p.IPCache.RWTable)
 	var err error
 	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
-		(*policycell.PolicyEntry).Clone, (*policycell.PolicyEntry).SetStatus, (*policycell.PolicyEntry).GetStatus,
-		policy, policy, reconcilerOptions(PolicyMapName)...)
+		(*policy.Entry).Clone, (*policy.Entry).SetStatus, (*policy.Entry).GetStatus,
+		pol, pol, reconcilerOptions(PolicyMapName)...)
 	if err != nil {
 		return fmt.Errorf("register policy reconciler: %w", err)
 	}
@@ -212,18 +214,18 @@ func registerWriters(p writersParams) error {
 	// (ipcacheWriter); its job has the name of a statedb reconciler's, and
 	// so its health.
 	writer = newIPCacheWriter(p.Reconciler, p.IPCache.RWTable, ipcache)
-	writer.afterRound = policy.Reguard
+	writer.afterRound = pol.Reguard
 	p.Reconciler.JobGroup.Add(job.OneShot("reconcile-"+IPCacheMapName, writer.run))
 	order.ipcacheWriter = writer
 
 	enforcement := &enforcementWriter{
 		db: p.Reconciler.DB, table: p.Enforcement.RWTable, target: d.enforcementMap, order: order,
-		stats: d.statsOf(EnforcementMapName), log: p.Log, failClosed: policy.failClosed,
+		stats: d.statsOf(EnforcementMapName), log: p.Log, failClosed: pol.failClosed,
 	}
 	p.Jobs.Add(
 		job.OneShot("write-enforcement-map", enforcement.run),
-		job.OneShot("drain-policy-map", policy.drain),
+		job.OneShot("drain-policy-map", pol.drain),
 	)
-	d.order, d.policyOps, d.ipcacheWriter = order, policy, writer
+	d.order, d.policyOps, d.ipcacheWriter = order, pol, writer
 	return nil
 }

@@ -3,9 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/binary"
 	"fmt"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -121,7 +122,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
 	for _, r := range benchPolicyRules() {
-		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policy.VerdictAllow))))
 	}
 	bumpRevision(tb, maps)
 	return maps
@@ -150,7 +151,7 @@ func benchPolicyRules() []benchPolicyRule {
 
 func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
 	tb.Helper()
-	for d, on := range map[uint32]bool{uint32(policycell.Ingress): ingress, uint32(policycell.Egress): egress} {
+	for d, on := range map[uint32]bool{uint32(policy.Ingress): ingress, uint32(policy.Egress): egress} {
 		var v uint32
 		if on {
 			v = 1
@@ -350,7 +351,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEvents(EventDrops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
-		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished))
+		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished))
 		setEvents(EventDrops | EventVerdicts)
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
@@ -359,7 +360,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
-		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished))
+		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)
@@ -428,7 +429,7 @@ func newHashPolicyMap(tb testing.TB, rules []benchPolicyRule) *ebpf.Map {
 	require.NoError(tb, err)
 	tb.Cleanup(func() { m.Close() })
 	for _, r := range rules {
-		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policycell.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policy.VerdictAllow))))
 	}
 	return m
 }

@@ -3,8 +3,9 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -101,7 +102,7 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			for _, e := range entries {
 				row := conntrackJSON{
 					Protocol: protocolName(e.Protocol), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
-					Origin: policycell.Direction(e.Origin).String(), ReplySeen: e.Flags&ConntrackReplySeen != 0,
+					Origin: policy.Direction(e.Origin).String(), ReplySeen: e.Flags&ConntrackReplySeen != 0,
 					ExpiresIn: (e.Expires - now).Round(time.Millisecond).Seconds(),
 					Map:       ConntrackMapName, Device: e.Ifindex, Revoked: e.Flags&ConntrackRevoked != 0,
 				}

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"errors"
 	"io"
@@ -21,7 +23,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 const (
@@ -153,11 +154,11 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 	echoUDP(t, nw.host, hostPort(ctPeer6, ctUDPPort))
 	netnstest.EchoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
 
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 	// Ingress allows something else entirely.
-	putAllow(t, maps, testIdentityDenied, policycell.Ingress, testProtoTCP, 80)
+	putAllow(t, maps, testIdentityDenied, policy.Ingress, testProtoTCP, 80)
 
 	var conns []net.Conn
 	parent := t // the connections outlive the first subtest
@@ -176,7 +177,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := entries[key]
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
-		require.Equal(t, uint8(policycell.Egress), v.Origin())
+		require.Equal(t, uint8(policy.Egress), v.Origin())
 		require.Equal(t, uint8(ConntrackEstablished|ConntrackReplySeen), v.Flags())
 		require.Greater(t, v.Expires(), monotonicNow()+5*time.Hour, "established: 6 h")
 	})
@@ -198,7 +199,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 	t.Run("removing the allowing rule stops the established connection", func(t *testing.T) {
 		require.NotEmpty(t, conns)
 		require.NoError(t, exchange(conns[0], "before"))
-		require.NoError(t, maps.Policy.Delete(policyMapKey(testIdentityAllowed, uint8(policycell.Egress), 0, 0)))
+		require.NoError(t, maps.Policy.Delete(policyMapKey(testIdentityAllowed, uint8(policy.Egress), 0, 0)))
 		bumpRevision(t, maps)
 		require.Error(t, exchange(conns[0], "after"), "data passed without a rule")
 		// The dropped forward packet revoked the entry: the replies stop
@@ -222,9 +223,9 @@ func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
 	netnstest.EchoTCP(t, nw.ep, hostPort(ctEndpoint4, ctEndpointPort))
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, ctEndpointPort)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Ingress, testProtoTCP, ctEndpointPort)
 
 	c, err := dialIn(t, nw.host, ctPeer4, hostPort(ctEndpoint4, ctEndpointPort))
 	require.NoError(t, err)
@@ -250,9 +251,9 @@ func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
 	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoUDP, ctUDPPort)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoUDP, ctUDPPort)
 
 	const flows = 300 // each from a port of its own
 	for i := range flows {
@@ -274,9 +275,9 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
 	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 
 	start := monotonicNow()
 	require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"))
@@ -323,7 +324,7 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 		if i >= expired {
 			expires = now + time.Hour
 		}
-		require.NoError(t, m.Put(k, newConntrackValue(expires, uint8(policycell.Egress), ConntrackEstablished)))
+		require.NoError(t, m.Put(k, newConntrackValue(expires, uint8(policy.Egress), ConntrackEstablished)))
 	}
 	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
 	gc.roundLimit, gc.keys, gc.values = 100, make([]ConntrackKey, 50), make([]ConntrackValue, 50)
@@ -364,7 +365,7 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 		return maps.Conntrack
 	}
 	key := newConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
-	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policycell.Egress), ConntrackEstablished)
+	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished)
 
 	first := open(1024)
 	require.NoError(t, first.Put(key, value))
@@ -419,9 +420,9 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoTCP, 80)
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoTCP, 80)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
 	enf := loadTestEnforcer(t, maps)
 	clock := enforcerClockMap(t, enf)
 

@@ -3,13 +3,14 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The program counts bytes (skb->len) with packets, and each drop under its
@@ -45,20 +46,20 @@ func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 		IngressDropped: 2, IngressDroppedBytes: 2 * uint64(len(denied)),
 		EgressDropped: 5, EgressDroppedBytes: 5 * uint64(len(short)),
 		Drops: []DropCount{
-			{Direction: policycell.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
-			{Direction: policycell.Ingress, Reason: ReasonMalformed},
-			{Direction: policycell.Ingress, Reason: ReasonPolicyDeny},
-			{Direction: policycell.Ingress, Reason: ReasonVLANTagged},
-			{Direction: policycell.Ingress, Reason: ReasonExtHeaders},
-			{Direction: policycell.Ingress, Reason: ReasonFragment},
-			{Direction: policycell.Ingress, Reason: ReasonSpoofedSource},
-			{Direction: policycell.Egress, Reason: ReasonNoPolicy},
-			{Direction: policycell.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
-			{Direction: policycell.Egress, Reason: ReasonPolicyDeny},
-			{Direction: policycell.Egress, Reason: ReasonVLANTagged},
-			{Direction: policycell.Egress, Reason: ReasonExtHeaders},
-			{Direction: policycell.Egress, Reason: ReasonFragment},
-			{Direction: policycell.Egress, Reason: ReasonSpoofedSource},
+			{Direction: policy.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
+			{Direction: policy.Ingress, Reason: ReasonMalformed},
+			{Direction: policy.Ingress, Reason: ReasonPolicyDeny},
+			{Direction: policy.Ingress, Reason: ReasonVLANTagged},
+			{Direction: policy.Ingress, Reason: ReasonExtHeaders},
+			{Direction: policy.Ingress, Reason: ReasonFragment},
+			{Direction: policy.Ingress, Reason: ReasonSpoofedSource},
+			{Direction: policy.Egress, Reason: ReasonNoPolicy},
+			{Direction: policy.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
+			{Direction: policy.Egress, Reason: ReasonPolicyDeny},
+			{Direction: policy.Egress, Reason: ReasonVLANTagged},
+			{Direction: policy.Egress, Reason: ReasonExtHeaders},
+			{Direction: policy.Egress, Reason: ReasonFragment},
+			{Direction: policy.Egress, Reason: ReasonSpoofedSource},
 		},
 	}, c)
 }

@@ -3,6 +3,10 @@
 package datapathcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"maps"
 	"net/netip"
@@ -123,16 +127,16 @@ func upsert(t *testing.T, h *ipcachecell.Handle, ps []netip.Prefix, md ipcachece
 
 // upsertHosts upserts n /32 prefixes a.b.x.y with an explicit identity and
 // returns them and the map content they should give.
-func upsertHosts(t *testing.T, h *ipcachecell.Handle, a, b byte, n int, identity uint32) ([]netip.Prefix, map[netip.Prefix]uint32) {
+func upsertHosts(t *testing.T, h *ipcachecell.Handle, a, b byte, n int, ident uint32) ([]netip.Prefix, map[netip.Prefix]uint32) {
 	t.Helper()
 	var ps []netip.Prefix
 	want := map[netip.Prefix]uint32{}
 	for i := range n {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{a, b, byte(i >> 8), byte(i)}), 32)
 		ps = append(ps, p)
-		want[p] = identity
+		want[p] = ident
 	}
-	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: identitycell.NumericIdentity(identity)})
+	upsert(t, h, ps, ipcachecell.Metadata{ExplicitIdentity: identity.Number(ident)})
 	return ps, want
 }
 
@@ -391,7 +395,7 @@ func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
 	require.Equal(t, uint64(800), c.EgressDroppedBytes-uint64(100*(6+7)))
 	for _, d := range c.Drops {
 		if d.Reason == datapathcell.ReasonPolicyDeny {
-			want := map[policycell.Direction]uint64{policycell.Ingress: 4, policycell.Egress: 8}[d.Direction]
+			want := map[policy.Direction]uint64{policy.Ingress: 4, policy.Egress: 8}[d.Direction]
 			require.Equal(t, want, d.Packets, "policy-deny drops of %v", d.Direction)
 		}
 	}

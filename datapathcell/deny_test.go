@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"encoding/binary"
 	"net/netip"
@@ -14,21 +18,19 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // putPolicy writes one policy map entry, as the policy writer would for
 // a row of the `policy` table.
-func putPolicy(t *testing.T, maps enforcerMaps, key policycell.PolicyKey, verdict policycell.Verdict) {
+func putPolicy(t *testing.T, maps enforcerMaps, key policy.Key, verdict policy.Verdict) {
 	t.Helper()
 	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(key), NewPolicyMapValue(uint32(verdict))))
 	bumpRevision(t, maps)
 }
 
-func putEnforcement(t *testing.T, maps enforcerMaps, direction policycell.Direction, value enforcementValue) {
+func putEnforcement(t *testing.T, maps enforcerMaps, direction policy.Direction, value enforcementValue) {
 	t.Helper()
 	require.NoError(t, maps.Enforcement.Put(uint32(direction), uint32(value)))
 	bumpRevision(t, maps)
@@ -60,7 +62,7 @@ func sendICMP(t *testing.T, ns, dst string, typ uint8) {
 func egressDrops(t *testing.T, maps enforcerMaps, reason Reason) uint64 {
 	t.Helper()
 	for _, d := range readTestCounters(t, maps).Drops {
-		if d.Direction == policycell.Egress && d.Reason == reason {
+		if d.Direction == policy.Egress && d.Reason == reason {
 			return d.Packets
 		}
 	}
@@ -92,18 +94,18 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		c, err := dialIn(t, nw.ep, "", hostPort(addr, port))
 		return err == nil && exchange(c, "x") == nil
 	}
-	egress := func(id uint32, protocol policycell.Protocol, port uint16, wildcard uint8) policycell.PolicyKey {
-		return policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Egress, Protocol: protocol, Port: port, PortWildcardBits: wildcard}
+	egress := func(id uint32, protocol policy.Protocol, port uint16, wildcard uint8) policy.Key {
+		return policy.Key{Identity: identity.Number(id), Direction: policy.Egress, Protocol: protocol, Port: port, PortWildcardBits: wildcard}
 	}
 	reset := func(t *testing.T) {
-		t.Cleanup(func() { putEnforcement(t, maps, policycell.Egress, enforceNone); clearPolicyMap(t, maps) })
+		t.Cleanup(func() { putEnforcement(t, maps, policy.Egress, enforceNone); clearPolicyMap(t, maps) })
 	}
 
 	t.Run("an identity's any-protocol deny beats an any-identity port allow", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
-		putPolicy(t, maps, egress(idA, 0, 0, 0), policycell.VerdictDeny)
-		putPolicy(t, maps, egress(0, policycell.ProtocolTCP, port, 0), policycell.VerdictAllow)
+		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, 0, 0, 0), policy.VerdictDeny)
+		putPolicy(t, maps, egress(0, policy.ProtocolTCP, port, 0), policy.VerdictAllow)
 		denied := egressDrops(t, maps, ReasonPolicyDeny)
 		require.False(t, tcp(peerA, port), "A is denied whatever the port")
 		require.Greater(t, egressDrops(t, maps, ReasonPolicyDeny), denied, "counted as a deny")
@@ -113,9 +115,9 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 
 	t.Run("an any-identity port deny beats an identity's any-protocol allow", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
-		putPolicy(t, maps, egress(0, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
-		putPolicy(t, maps, egress(idA, 0, 0, 0), policycell.VerdictAllow)
+		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(0, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
+		putPolicy(t, maps, egress(idA, 0, 0, 0), policy.VerdictAllow)
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000), "the deny is of one port")
 		require.True(t, nw.pingOnce(t, peerA), "and of one protocol")
@@ -132,18 +134,18 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		// The agent writes no allow inside a deny's prefix of the same
 		// identity; a deny inside an allow's is the LPM's longest match.
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 0, 16), policycell.VerdictAllow)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
+		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 0, 16), policy.VerdictAllow)
+		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000))
 	})
 
 	t.Run("port range 8000-8009: blocks 8000/3 and 8008/1", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 8000, 3), policycell.VerdictAllow)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, 8008, 1), policycell.VerdictAllow)
+		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 8000, 3), policy.VerdictAllow)
+		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 8008, 1), policy.VerdictAllow)
 		require.True(t, tcp(peerA, 8000), "first")
 		require.True(t, tcp(peerA, 8009), "last")
 		require.False(t, tcp(peerA, 8010), "one past the last")
@@ -152,8 +154,8 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 
 	t.Run("ICMP type 8 allows echo requests, not other types", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDefaultDeny)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolICMP, 8<<8, 8), policycell.VerdictAllow)
+		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policy.ProtocolICMP, 8<<8, 8), policy.VerdictAllow)
 		require.True(t, nw.pingOnce(t, peerA), "echo request (type 8), its reply tracked")
 		require.False(t, nw.pingOnce(t, peerB), "another identity")
 		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
@@ -165,8 +167,8 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 
 	t.Run("deny rules only: a deny drops, everything else passes", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policycell.Egress, enforceDenyOnly)
-		putPolicy(t, maps, egress(idA, policycell.ProtocolTCP, port, 0), policycell.VerdictDeny)
+		putEnforcement(t, maps, policy.Egress, enforceDenyOnly)
+		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
 		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000))
@@ -185,8 +187,8 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	m, err := ebpf.NewMap(policyMapSpec(16))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
-	pinned := NewPolicyMapKey(policycell.PolicyKey{Direction: policycell.Egress})
-	require.NoError(t, m.Put(pinned, NewPolicyMapValue(uint32(policycell.VerdictAllow))), "a previous run's")
+	pinned := NewPolicyMapKey(policy.Key{Direction: policy.Egress})
+	require.NoError(t, m.Put(pinned, NewPolicyMapValue(uint32(policy.VerdictAllow))), "a previous run's")
 
 	log := hivetest.Logger(t)
 	p := newPolicyOps(func() kernelMap { return m }, &mapStats{}, newOrdering(log, nil, nil, nil, nil), log)
@@ -205,9 +207,9 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 		told = append(told, present)
 		return nil
 	}
-	entry := func(id uint32) *policycell.PolicyEntry {
-		return &policycell.PolicyEntry{Key: policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Egress,
-			Protocol: policycell.ProtocolTCP, Port: 80}, Verdict: policycell.VerdictAllow}
+	entry := func(id uint32) *policy.Entry {
+		return &policy.Entry{Key: policy.Key{Identity: identity.Number(id), Direction: policy.Egress,
+			Protocol: policy.ProtocolTCP, Port: 80}, Verdict: policy.VerdictAllow}
 	}
 	ctx := context.Background()
 	require.NoError(t, p.Update(ctx, nil, 0, entry(16777217)))
@@ -238,6 +240,6 @@ func TestEnforcementOf(t *testing.T) {
 		{true, true, enforceDefaultDeny},
 		{false, true, enforceDenyOnly},
 	} {
-		require.Equal(t, c.want, enforcementOf(&policycell.Enforcement{Enforced: c.enforced, HasDeny: c.hasDeny}), "%+v", c)
+		require.Equal(t, c.want, enforcementOf(&policy.Enforcement{Enforced: c.enforced, HasDeny: c.hasDeny}), "%+v", c)
 	}
 }

@@ -3,15 +3,17 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The deny guard keeps a deny from failing open when a map is full
@@ -61,7 +63,7 @@ const (
 // denyGuard is policyOps' state of the guard; its lock is policyOps'.
 type denyGuard struct {
 	// failedDenies are the deny entries whose last write failed.
-	failedDenies map[PolicyMapKey]policycell.PolicyKey
+	failedDenies map[PolicyMapKey]policy.Key
 	// guarded are the keys the guard wrote deny to.
 	guarded map[PolicyMapKey]guardKind
 	// heldIPCache returns the ipcache keys the map holds back, with the
@@ -103,30 +105,30 @@ func (p *policyOps) setUncoveredLocked(uncovered [2]bool) {
 	p.guard.uncoveredChanged = make(chan struct{})
 }
 
-var denyValue = NewPolicyMapValue(uint32(policycell.VerdictDeny))
+var denyValue = NewPolicyMapValue(uint32(policy.VerdictDeny))
 
 // mapEntry is a policy-map entry as the guard reads it.
 type mapEntry struct {
-	key     policycell.PolicyKey
-	verdict policycell.Verdict
+	key     policy.Key
+	verdict policy.Verdict
 }
 
 // sameIdentity returns k with identity id: the guard compares keys of
 // different identities by their direction, protocol and ports.
-func sameIdentity(k policycell.PolicyKey, id identitycell.NumericIdentity) policycell.PolicyKey {
+func sameIdentity(k policy.Key, id identity.Number) policy.Key {
 	k.Identity = id
 	return k
 }
 
 // overlap reports whether two keys of one identity and direction match a
 // common packet: LPM prefixes that share a point are nested.
-func overlap(a, b policycell.PolicyKey) bool { return a.Matches(b) || b.Matches(a) }
+func overlap(a, b policy.Key) bool { return a.Matches(b) || b.Matches(a) }
 
 // denyResult records the outcome of a write of a deny entry.
-func (p *policyOps) denyResult(k PolicyMapKey, e *policycell.PolicyEntry, err error) {
-	if e.Verdict == policycell.VerdictDeny && err != nil {
+func (p *policyOps) denyResult(k PolicyMapKey, e *policy.Entry, err error) {
+	if e.Verdict == policy.VerdictDeny && err != nil {
 		if p.guard.failedDenies == nil {
-			p.guard.failedDenies = map[PolicyMapKey]policycell.PolicyKey{}
+			p.guard.failedDenies = map[PolicyMapKey]policy.Key{}
 		}
 		p.guard.failedDenies[k] = e.Key
 		return
@@ -171,15 +173,15 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	if txn == nil {
 		return
 	}
-	inMap := map[identitycell.NumericIdentity][]mapEntry{}
+	inMap := map[identity.Number][]mapEntry{}
 	err := readEntries(p.ops.target(), func(mk PolicyMapKey, v PolicyMapValue) {
 		k, err := mk.PolicyKey()
 		if err != nil {
 			return
 		}
-		verdict := policycell.Verdict(v.Verdict())
+		verdict := policy.Verdict(v.Verdict())
 		if p.guard.guarded[mk] == guardOverride {
-			verdict = policycell.VerdictAllow // what the map has without the guard
+			verdict = policy.VerdictAllow // what the map has without the guard
 		}
 		if p.guard.guarded[mk] == guardShadow {
 			return
@@ -196,13 +198,13 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	// allow overlapping d, or with inside only those inside d (a shadow
 	// or the identity's own deny covers the rest). It reports whether id
 	// has a key covering d.
-	allowsOver := func(id identitycell.NumericIdentity, d policycell.PolicyKey, inside bool) (covered bool) {
+	allowsOver := func(id identity.Number, d policy.Key, inside bool) (covered bool) {
 		d = sameIdentity(d, id)
 		for _, e := range inMap[id] {
 			if e.key.Matches(d) {
 				covered = true
 			}
-			if e.verdict != policycell.VerdictAllow || !overlap(e.key, d) || (inside && !d.Matches(e.key)) {
+			if e.verdict != policy.VerdictAllow || !overlap(e.key, d) || (inside && !d.Matches(e.key)) {
 				continue
 			}
 			override[NewPolicyMapKey(e.key)] = struct{}{}
@@ -214,7 +216,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	// identity 0's if the identity has no key covering it. Covered by
 	// neither, its packets match nothing.
 	var uncovered [2]bool
-	cover := func(d policycell.PolicyKey) {
+	cover := func(d policy.Key) {
 		covered := allowsOver(d.Identity, d, false)
 		if !covered && d.Identity != 0 {
 			covered = allowsOver(0, d, false)
@@ -228,7 +230,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	}
 
 	// An ipcache entry not in the map: its addresses get identity f.
-	shadow := map[PolicyMapKey]policycell.PolicyKey{}
+	shadow := map[PolicyMapKey]policy.Key{}
 	if p.order.numHeld.Load() > 0 && p.guard.heldIPCache != nil {
 		for k, inMapID := range p.guard.heldIPCache() {
 			prefix, err := k.Prefix()
@@ -236,14 +238,14 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 				continue
 			}
 			id, ok := p.guard.ipcacheEntry(txn, prefix)
-			f := identitycell.NumericIdentity(inMapID)
+			f := identity.Number(inMapID)
 			if f == 0 {
-				f = identitycell.IdentityWorld
+				f = identity.World
 			}
-			if !ok || identitycell.NumericIdentity(id) == f {
+			if !ok || identity.Number(id) == f {
 				continue
 			}
-			p.guardFallbackLocked(txn, identitycell.NumericIdentity(id), f, inMap, shadow, allowsOver, override, cover)
+			p.guardFallbackLocked(txn, identity.Number(id), f, inMap, shadow, allowsOver, override, cover)
 		}
 	}
 
@@ -291,20 +293,20 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 // shadow of each deny of id that f does not deny (with the allows of f
 // inside it), and deny over each allow of f that no allow of id covers
 // (an except prefix falling back to its CIDR).
-func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identitycell.NumericIdentity,
-	inMap map[identitycell.NumericIdentity][]mapEntry, shadow map[PolicyMapKey]policycell.PolicyKey,
-	allowsOver func(identitycell.NumericIdentity, policycell.PolicyKey, bool) bool, override map[PolicyMapKey]struct{},
-	cover func(policycell.PolicyKey)) {
-	var allows []policycell.PolicyKey
-	for e := range policycell.IdentityEntries(txn, p.order.entries, id) {
-		if e.Verdict == policycell.VerdictAllow {
+func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Number,
+	inMap map[identity.Number][]mapEntry, shadow map[PolicyMapKey]policy.Key,
+	allowsOver func(identity.Number, policy.Key, bool) bool, override map[PolicyMapKey]struct{},
+	cover func(policy.Key)) {
+	var allows []policy.Key
+	for e := range policy.IdentityEntries(txn, p.order.entries, id) {
+		if e.Verdict == policy.VerdictAllow {
 			allows = append(allows, e.Key)
 			continue
 		}
 		d := sameIdentity(e.Key, f)
 		denied := false
 		for _, fe := range inMap[f] {
-			if fe.verdict == policycell.VerdictDeny && fe.key.Matches(d) {
+			if fe.verdict == policy.VerdictDeny && fe.key.Matches(d) {
 				denied = true
 				break
 			}
@@ -324,7 +326,7 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identitycell.
 		allowsOver(f, d, true)
 	}
 	for _, fe := range inMap[f] {
-		if fe.verdict != policycell.VerdictAllow {
+		if fe.verdict != policy.VerdictAllow {
 			continue
 		}
 		covered := false
@@ -362,7 +364,7 @@ func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk PolicyMapKey) {
 	target := p.ops.target()
 	var err error
 	k, kerr := mk.PolicyKey()
-	if row, _, found := p.order.entries.Get(txn, policycell.PolicyKeyIndex.Query(k)); kerr == nil && found {
+	if row, _, found := p.order.entries.Get(txn, policy.KeyIndex.Query(k)); kerr == nil && found {
 		v := NewPolicyMapValue(uint32(row.Verdict))
 		err = target.Put(&mk, &v)
 	} else if _, draining := p.draining[mk]; !draining {
@@ -386,18 +388,18 @@ func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk PolicyMapKey) {
 // "override" (an allow entry of the `policy` table, written as deny) or
 // "shadow" (a deny entry no row has). Empty while every deny is in the
 // maps, and before start.
-func (d *Datapath) DenyGuard() map[policycell.PolicyKey]string {
+func (d *Datapath) DenyGuard() map[policy.Key]string {
 	if d.policyOps == nil {
-		return map[policycell.PolicyKey]string{}
+		return map[policy.Key]string{}
 	}
 	return d.policyOps.guardedKeys()
 }
 
 // guardedKeys returns the policy-map keys the guard wrote deny to.
-func (p *policyOps) guardedKeys() map[policycell.PolicyKey]string {
+func (p *policyOps) guardedKeys() map[policy.Key]string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[policycell.PolicyKey]string{}
+	out := map[policy.Key]string{}
 	for mk, kind := range p.guard.guarded {
 		k, err := mk.PolicyKey()
 		if err != nil {

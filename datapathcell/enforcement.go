@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"errors"
 	"fmt"
@@ -13,8 +15,6 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // enforcementValue is the enforcement map's value (abi.go).
@@ -28,7 +28,7 @@ const (
 
 // enforcementOf is the value a row asks for: default deny when enforced,
 // else deny only when the direction has deny entries, else nothing.
-func enforcementOf(row *policycell.Enforcement) enforcementValue {
+func enforcementOf(row *policy.Enforcement) enforcementValue {
 	switch {
 	case row.Enforced:
 		return enforceDefaultDeny
@@ -45,7 +45,7 @@ func enforcementOf(row *policycell.Enforcement) enforcementValue {
 // written the tables as they were when the row said so (see ordering).
 type enforcementWriter struct {
 	db     *statedb.DB
-	table  statedb.RWTable[*policycell.Enforcement]
+	table  statedb.RWTable[*policy.Enforcement]
 	target func() kernelMap
 	order  *ordering
 	stats  *mapStats
@@ -178,7 +178,7 @@ func (w *enforcementWriter) waitOnReady(ctx context.Context, txn statedb.ReadTxn
 	w.order.ipcacheWriter.WaitUntilReconciled(ctx, w.order.ipcache.Revision(txn))
 }
 
-func (w *enforcementWriter) put(dir policycell.Direction, value enforcementValue) error {
+func (w *enforcementWriter) put(dir policy.Direction, value enforcementValue) error {
 	key := uint32(dir)
 	if err := w.target().Put(&key, &value); err != nil {
 		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, EnforcementMapName, err)
@@ -197,7 +197,7 @@ func (w *enforcementWriter) put(dir policycell.Direction, value enforcementValue
 
 // revisioned is a row and its revision.
 type revisioned struct {
-	row *policycell.Enforcement
+	row *policy.Enforcement
 	rev statedb.Revision
 }
 
@@ -224,7 +224,7 @@ func (w *enforcementWriter) report(health cell.Health, inMap [2]enforcementValue
 		return
 	}
 	var on []string
-	for _, dir := range policycell.Directions() {
+	for _, dir := range policy.Directions() {
 		switch inMap[dir] {
 		case enforceDefaultDeny:
 			on = append(on, dir.String())

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,8 +14,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // Monitor events (bpf/enforce.c "Events", docs/CONTRACT.md "Monitor
@@ -115,7 +115,7 @@ type Event struct {
 	// Time is when the program saw the packet (to a clock tick).
 	Time      time.Time
 	Ifindex   uint32
-	Direction policycell.Direction
+	Direction policy.Direction
 	Allowed   bool
 	Reason    Reason
 	// Identity is the remote address's; 0 when not known (a malformed
@@ -147,7 +147,7 @@ func decodeEvent(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
 		Time:      wallNow.Add(-time.Duration(int64(monoNow - t))),
 		Ifindex:   ne.Uint32(b[8:]),
 		Identity:  ne.Uint32(b[12:]),
-		Direction: policycell.Direction(b[16]),
+		Direction: policy.Direction(b[16]),
 		Allowed:   b[17] == 1,
 		Reason:    Reason(b[18]),
 		Protocol:  b[20],
@@ -166,7 +166,7 @@ func decodeEvent(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
 		ep = netip.AddrFrom16([16]byte(b[32:48]))
 		rem = netip.AddrFrom16([16]byte(b[48:64]))
 	}
-	if e.Direction == policycell.Egress {
+	if e.Direction == policy.Egress {
 		e.Src, e.Dst, e.SrcPort, e.DstPort = ep, rem, epPort, remPort
 	} else {
 		e.Src, e.Dst, e.SrcPort, e.DstPort = rem, ep, remPort, epPort

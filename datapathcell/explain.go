@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"net/netip"
@@ -11,7 +15,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
@@ -51,40 +54,40 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 // LookupIdentity implements policycell.DatapathMaps: a lookup of the
 // address's full-length key in the LPM trie finds the longest prefix
 // containing it, as the program's does.
-func (r mapsReader) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
+func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, error) {
 	k := NewIPCacheMapKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
 	var v IPCacheMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
 	if err != nil {
 		return 0, false, fmt.Errorf("look up %s in the ipcache map: %w", addr, err)
 	}
-	return identitycell.NumericIdentity(v.Identity()), found, nil
+	return identity.Number(v.Identity()), found, nil
 }
 
 // LookupPolicy implements policycell.DatapathMaps: the kernel's lookup
-// of key's map key (the program's lookup, at key.MapPrefixLen()) gives
+// of key's map key (the program's lookup, at mapPrefixLen(key)) gives
 // the verdict; the entry it found is named by reading the map, the
 // longest of its keys that match.
-func (r mapsReader) LookupPolicy(key policycell.PolicyKey) (policycell.PolicyKey, policycell.Verdict, bool, error) {
+func (r mapsReader) LookupPolicy(key policy.Key) (policy.Key, policy.Verdict, bool, error) {
 	k := NewPolicyMapKey(key)
 	var v PolicyMapValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
 	if err == nil && found {
-		var matched policycell.PolicyKey
+		var matched policy.Key
 		matched, found, err = r.longestMatch(key)
 		if err == nil && found {
-			return matched, policycell.Verdict(v.Verdict()), true, nil
+			return matched, policy.Verdict(v.Verdict()), true, nil
 		}
 	}
 	if err != nil {
-		return policycell.PolicyKey{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
+		return policy.Key{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
 	}
-	return policycell.PolicyKey{}, 0, false, nil
+	return policy.Key{}, 0, false, nil
 }
 
 // longestMatch returns the policy map's longest key whose prefix key
 // matches, as the LPM trie's lookup finds it.
-func (r mapsReader) longestMatch(key policycell.PolicyKey) (matched policycell.PolicyKey, found bool, err error) {
+func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool, err error) {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
 	var m kernelMap
@@ -99,20 +102,20 @@ func (r mapsReader) longestMatch(key policycell.PolicyKey) (matched policycell.P
 	}
 	err = readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
 		entry, err := k.PolicyKey()
-		if err != nil || entry.MapPrefixLen() > key.MapPrefixLen() || (found && entry.MapPrefixLen() <= matched.MapPrefixLen()) {
+		if err != nil || mapPrefixLen(entry) > mapPrefixLen(key) || (found && mapPrefixLen(entry) <= mapPrefixLen(matched)) {
 			return
 		}
-		if NewPolicyMapKey(policyKeyAt(key, entry.MapPrefixLen())) == k {
+		if NewPolicyMapKey(policyKeyAt(key, mapPrefixLen(entry))) == k {
 			matched, found = entry, true
 		}
 	})
 	return matched, found, err
 }
 
-// policyKeyAt is key cut to prefixLen bits (as MapPrefixLen counts them).
-func policyKeyAt(key policycell.PolicyKey, prefixLen uint32) policycell.PolicyKey {
+// policyKeyAt is key cut to prefixLen bits (as mapPrefixLen counts them).
+func policyKeyAt(key policy.Key, prefixLen uint32) policy.Key {
 	if prefixLen <= policyKeyStaticPrefixBits {
-		return policycell.PolicyKey{Identity: key.Identity, Direction: key.Direction}
+		return policy.Key{Identity: key.Identity, Direction: key.Direction}
 	}
 	key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
 	return key
@@ -120,7 +123,7 @@ func policyKeyAt(key policycell.PolicyKey, prefixLen uint32) policycell.PolicyKe
 
 // Enforcement implements policycell.DatapathMaps: the enforcement map's
 // value for dir (abi.go).
-func (r mapsReader) Enforcement(dir policycell.Direction) (enforced, denyOnly bool, err error) {
+func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
 	var v enforcementValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)

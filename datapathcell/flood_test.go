@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"testing"
 
@@ -10,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // runVerdict runs one frame through prog and returns its verdict.
@@ -104,8 +105,8 @@ func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 func allowInboundPort80(t *testing.T, maps enforcerMaps) {
 	t.Helper()
 	putIdentity(t, maps, "192.0.2.0/24", testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoTCP, 80)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putEnforced(t, maps, policycell.Egress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Ingress, testProtoTCP, 80)
+	putEnforced(t, maps, policy.Ingress, true)
+	putEnforced(t, maps, policy.Egress, true)
 	bumpRevision(t, maps)
 }

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/binary"
 	"net"
 	"net/netip"
@@ -16,7 +18,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/craft"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // Fragmented datagrams (issue 32, item 10): the first fragment is decided
@@ -56,10 +57,10 @@ func newFragRig(t *testing.T) *fragRig {
 	r := &fragRig{t: t, maps: maps, enf: loadTestEnforcer(t, maps), ids: 0x1000}
 	putIdentity(t, maps, netip.PrefixFrom(benchPeer, 32).String(), testIdentityAllowed)
 	putIdentity(t, maps, netip.PrefixFrom(fragPeer6, 128).String(), testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoUDP, fragAllowedPort)
-	putAllow(t, maps, testIdentityAllowed, policycell.Ingress, testProtoUDP, fragAllowedPort)
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoUDP, fragAllowedPort)
+	putAllow(t, maps, testIdentityAllowed, policy.Ingress, testProtoUDP, fragAllowedPort)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
 	return r
 }
 
@@ -70,7 +71,7 @@ func (r *fragRig) id() uint32 { r.ids++; return r.ids }
 // send there.
 type fragPath struct {
 	name      string
-	direction policycell.Direction
+	direction policy.Direction
 	endpoint  netip.Addr
 	peer      netip.Addr
 }
@@ -82,8 +83,8 @@ func fragPaths() []fragPath {
 		endpoint, peer netip.Addr
 	}{{"IPv4", benchEndpoint, benchPeer}, {"IPv6", fragEndpoint6, fragPeer6}} {
 		paths = append(paths,
-			fragPath{fam.name + " egress", policycell.Egress, fam.endpoint, fam.peer},
-			fragPath{fam.name + " ingress", policycell.Ingress, fam.endpoint, fam.peer})
+			fragPath{fam.name + " egress", policy.Egress, fam.endpoint, fam.peer},
+			fragPath{fam.name + " ingress", policy.Ingress, fam.endpoint, fam.peer})
 	}
 	return paths
 }
@@ -96,7 +97,7 @@ func (p fragPath) datagram(size int, port uint16) []byte {
 		port = fragAllowedPort
 	}
 	src, dst := netip.AddrPortFrom(p.endpoint, fragEndpointPort), netip.AddrPortFrom(p.peer, port)
-	if p.direction == policycell.Ingress {
+	if p.direction == policy.Ingress {
 		src, dst = netip.AddrPortFrom(p.peer, fragPeerPort), netip.AddrPortFrom(p.endpoint, port)
 	}
 	return udpDatagram(src, dst, size)
@@ -122,10 +123,10 @@ func udpDatagram(src, dst netip.AddrPort, size int) []byte {
 }
 
 // run runs the program of direction on the IP packet in an Ethernet frame.
-func (r *fragRig) run(direction policycell.Direction, packet []byte) uint32 {
+func (r *fragRig) run(direction policy.Direction, packet []byte) uint32 {
 	r.t.Helper()
 	prog := r.enf.fromEndpoint
-	if direction == policycell.Ingress {
+	if direction == policy.Ingress {
 		prog = r.enf.toEndpoint
 	}
 	ret, err := prog.Run(&ebpf.RunOptions{Data: craft.Ethernet(fragLink, packet)})
@@ -138,11 +139,11 @@ type fragCounts struct {
 	allowed, unplaced, noPolicy, extHeaders uint64
 }
 
-func (r *fragRig) counts(direction policycell.Direction) fragCounts {
+func (r *fragRig) counts(direction policy.Direction) fragCounts {
 	r.t.Helper()
 	c := readTestCounters(r.t, r.maps)
 	n := fragCounts{allowed: c.IngressAllowed}
-	if direction == policycell.Egress {
+	if direction == policy.Egress {
 		n.allowed = c.EgressAllowed
 	}
 	for _, d := range c.Drops {
@@ -163,7 +164,7 @@ func (r *fragRig) counts(direction policycell.Direction) fragCounts {
 
 // expect runs the fragments in order on direction and requires each
 // verdict (true: passed), then the counters to have moved by want.
-func (r *fragRig) expect(direction policycell.Direction, fragments [][]byte, passes []bool, want fragCounts) {
+func (r *fragRig) expect(direction policy.Direction, fragments [][]byte, passes []bool, want fragCounts) {
 	r.t.Helper()
 	require.Len(r.t, passes, len(fragments), "a verdict per fragment")
 	before := r.counts(direction)
@@ -350,9 +351,9 @@ func TestPrivilegedFragments(t *testing.T) {
 				// The same addresses and identification the other way:
 				// the fragment is placed nowhere there.
 				r.t = t
-				other := policycell.Ingress
-				if d == policycell.Ingress {
-					other = policycell.Egress
+				other := policy.Ingress
+				if d == policy.Ingress {
+					other = policy.Egress
 				}
 				packet := p.datagram(3000, 0)
 				id := r.id()
@@ -381,14 +382,14 @@ func TestPrivilegedFragments(t *testing.T) {
 	// egress allows the endpoint's datagrams to the peer's port, and
 	// nothing allows the peer's port to the endpoint's.
 	for _, p := range fragPaths() {
-		if p.direction != policycell.Egress {
+		if p.direction != policy.Egress {
 			continue
 		}
 		t.Run(p.name+" fragmented replies", func(t *testing.T) {
 			r.t = t
-			require.EqualValues(t, tcxNextRet, r.run(policycell.Egress, p.datagram(100, 0)), "the flow")
+			require.EqualValues(t, tcxNextRet, r.run(policy.Egress, p.datagram(100, 0)), "the flow")
 			fragments := craft.Split(p.reply(3000), r.id(), 1000)
-			r.expect(policycell.Ingress, fragments, verdicts(4, true), fragCounts{allowed: 4})
+			r.expect(policy.Ingress, fragments, verdicts(4, true), fragCounts{allowed: 4})
 		})
 	}
 }

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"net/netip"
 	"testing"
@@ -13,8 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // These extend reconcile_test.go (TestPrivilegedBatchUpdatePartialFailure,
@@ -73,7 +73,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	ops := &mapOps[*policyEntry, PolicyMapKey, PolicyMapValue]{
 		name:   PolicyMapName,
 		target: func() kernelMap { return m },
-		key:    func(e *policyEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		key:    func(e *policyEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
 		value:  func(e *policyEntry) PolicyMapValue { return NewPolicyMapValue(e.verdict) },
 		stats:  &mapStats{},
 	}
@@ -92,7 +92,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 
 	var v PolicyMapValue
 	for _, e := range entries[:2] {
-		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v), "kept: %d", e.identity)
+		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policy.Egress), 0, 0), &v), "kept: %d", e.identity)
 	}
 
 	del := []reconciler.BatchEntry[*policyEntry]{{Object: entries[0]}, {Object: entries[1]}}
@@ -104,7 +104,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, retry[0].Result, "room appeared")
 	require.NoError(t, retry[1].Result)
 	for _, e := range entries[2:] {
-		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policycell.Egress), 0, 0), &v))
+		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policy.Egress), 0, 0), &v))
 	}
 }
 

@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -13,9 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // FuzzEnforceParser runs random frames through both entry points of the
@@ -51,7 +53,7 @@ func FuzzEnforceParser(f *testing.F) {
 		if !progRunAccepts(frame) {
 			return
 		}
-		for _, direction := range []policycell.Direction{policycell.Egress, policycell.Ingress} {
+		for _, direction := range []policy.Direction{policy.Egress, policy.Ingress} {
 			h.clearState(t)
 			ret := h.run(t, direction, frame)
 			want := h.oracle.decide(frame, direction)
@@ -126,14 +128,14 @@ var (
 // parserFuzzRule is a policy map entry: a key as the agent writes it and
 // its verdict.
 type parserFuzzRule struct {
-	key     policycell.PolicyKey
-	verdict policycell.Verdict
+	key     policy.Key
+	verdict policy.Verdict
 }
 
-func fuzzRule(identity uint32, direction policycell.Direction, protocol policycell.Protocol, port uint16, wildcardBits uint8, verdict policycell.Verdict) parserFuzzRule {
+func fuzzRule(ident uint32, direction policy.Direction, protocol policy.Protocol, port uint16, wildcardBits uint8, verdict policy.Verdict) parserFuzzRule {
 	return parserFuzzRule{
-		key: policycell.PolicyKey{
-			Identity:         identitycell.NumericIdentity(identity),
+		key: policy.Key{
+			Identity:         identity.Number(ident),
 			Direction:        direction,
 			Protocol:         protocol,
 			Port:             port,
@@ -150,24 +152,24 @@ func fuzzRule(identity uint32, direction policycell.Direction, protocol policyce
 // narrower than a deny of the same identity (the agent never writes one,
 // docs/CONTRACT.md).
 func parserFuzzPolicy() []parserFuzzRule {
-	const allow, deny = policycell.VerdictAllow, policycell.VerdictDeny
-	in, out := policycell.Ingress, policycell.Egress
+	const allow, deny = policy.VerdictAllow, policy.VerdictDeny
+	in, out := policy.Ingress, policy.Egress
 	return []parserFuzzRule{
-		fuzzRule(testIdentityAllowed, out, policycell.ProtocolTCP, 80, 0, allow),
-		fuzzRule(testIdentityAllowed, in, policycell.ProtocolTCP, 22, 0, allow),
-		fuzzRule(0, out, policycell.ProtocolUDP, 5000, 3, allow), // 5000-5007
-		fuzzRule(0, in, policycell.ProtocolUDP, 5000, 3, allow),
-		fuzzRule(testIdentityDenied, out, policycell.ProtocolUDP, 5003, 0, deny),
-		fuzzRule(testIdentityAllowed, in, policycell.ProtocolICMP, 8<<8, 8, allow),     // echo request, any code
-		fuzzRule(testIdentityAllowed, in, policycell.ProtocolICMPv6, 128<<8, 8, allow), // echo request, any code
-		fuzzRule(testIdentityAllowed, out, policycell.ProtocolICMP, 3<<8|4, 0, allow),  // fragmentation needed
-		fuzzRule(testIdentityC, out, policycell.ProtocolICMPv6, 0, 16, allow),
-		fuzzRule(testIdentityC, out, policycell.ProtocolAny, 0, 0, allow),
-		fuzzRule(testIdentityC, out, policycell.ProtocolTCP, 23, 0, deny),
-		fuzzRule(0, out, policycell.ProtocolTCP, 8443, 0, deny),
-		fuzzRule(testIdentityC, in, policycell.ProtocolUDP, 0, 16, allow),
-		fuzzRule(testIdentityWorld, out, policycell.ProtocolTCP, 443, 0, allow),
-		fuzzRule(testIdentityWorld, out, policycell.ProtocolSCTP, 9000, 0, allow),
+		fuzzRule(testIdentityAllowed, out, policy.ProtocolTCP, 80, 0, allow),
+		fuzzRule(testIdentityAllowed, in, policy.ProtocolTCP, 22, 0, allow),
+		fuzzRule(0, out, policy.ProtocolUDP, 5000, 3, allow), // 5000-5007
+		fuzzRule(0, in, policy.ProtocolUDP, 5000, 3, allow),
+		fuzzRule(testIdentityDenied, out, policy.ProtocolUDP, 5003, 0, deny),
+		fuzzRule(testIdentityAllowed, in, policy.ProtocolICMP, 8<<8, 8, allow),     // echo request, any code
+		fuzzRule(testIdentityAllowed, in, policy.ProtocolICMPv6, 128<<8, 8, allow), // echo request, any code
+		fuzzRule(testIdentityAllowed, out, policy.ProtocolICMP, 3<<8|4, 0, allow),  // fragmentation needed
+		fuzzRule(testIdentityC, out, policy.ProtocolICMPv6, 0, 16, allow),
+		fuzzRule(testIdentityC, out, policy.ProtocolAny, 0, 0, allow),
+		fuzzRule(testIdentityC, out, policy.ProtocolTCP, 23, 0, deny),
+		fuzzRule(0, out, policy.ProtocolTCP, 8443, 0, deny),
+		fuzzRule(testIdentityC, in, policy.ProtocolUDP, 0, 16, allow),
+		fuzzRule(testIdentityWorld, out, policy.ProtocolTCP, 443, 0, allow),
+		fuzzRule(testIdentityWorld, out, policy.ProtocolSCTP, 9000, 0, allow),
 	}
 }
 
@@ -199,7 +201,7 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(r.key), NewPolicyMapValue(uint32(r.verdict))))
 		oracle.policy = append(oracle.policy, r)
 	}
-	for _, d := range []policycell.Direction{policycell.Ingress, policycell.Egress} {
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
 		require.NoError(tb, maps.Enforcement.Put(uint32(d), uint32(enforceDefaultDeny)))
 	}
 	bumpRevision(tb, maps)
@@ -251,10 +253,10 @@ func (h *parserFuzzHarness) clearState(tb testing.TB) {
 }
 
 // run runs frame through the entry point of direction (the endpoint's).
-func (h *parserFuzzHarness) run(tb testing.TB, direction policycell.Direction, frame []byte) uint32 {
+func (h *parserFuzzHarness) run(tb testing.TB, direction policy.Direction, frame []byte) uint32 {
 	tb.Helper()
 	prog := h.enf.toEndpoint
-	if direction == policycell.Egress {
+	if direction == policy.Egress {
 		prog = h.enf.fromEndpoint
 	}
 	ret, err := prog.Run(&ebpf.RunOptions{Data: frame})
@@ -290,7 +292,7 @@ type oraclePacket struct {
 	port     uint16 // ICMP: type << 8 | code
 }
 
-func (o *parserOracle) decide(frame []byte, direction policycell.Direction) oracleVerdict {
+func (o *parserOracle) decide(frame []byte, direction policy.Direction) oracleVerdict {
 	etherType := binary.BigEndian.Uint16(frame[12:14])
 	switch etherType {
 	case etherTypeIPv4, etherTypeIPv6:
@@ -312,19 +314,19 @@ func (o *parserOracle) decide(frame []byte, direction policycell.Direction) orac
 	case bad != "":
 		return oracleVerdict{false, bad}
 	}
-	identity := uint32(testIdentityWorld)
+	ident := uint32(testIdentityWorld)
 	best := -1
 	for _, e := range o.ipcache {
 		if e.prefix.Contains(pkt.remote) && e.prefix.Bits() > best {
-			best, identity = e.prefix.Bits(), e.identity
+			best, ident = e.prefix.Bits(), e.identity
 		}
 	}
 	var allowed, denied []string
 	for _, r := range o.policy {
-		if !oracleMatches(r.key, identity, direction, pkt) {
+		if !oracleMatches(r.key, ident, direction, pkt) {
 			continue
 		}
-		if r.verdict == policycell.VerdictDeny {
+		if r.verdict == policy.VerdictDeny {
 			denied = append(denied, r.key.String())
 		} else {
 			allowed = append(allowed, r.key.String())
@@ -336,7 +338,7 @@ func (o *parserOracle) decide(frame []byte, direction policycell.Direction) orac
 	} else {
 		what += " without a port"
 	}
-	what += fmt.Sprintf(", identity %d", identity)
+	what += fmt.Sprintf(", identity %d", ident)
 	switch {
 	case len(denied) > 0:
 		return oracleVerdict{false, what + ": denied by " + strings.Join(denied, ", ")}
@@ -350,11 +352,11 @@ func (o *parserOracle) decide(frame []byte, direction policycell.Direction) orac
 // direction: a port rule only a packet with a port in its range; a rule
 // for a whole protocol every packet of it; an any-protocol rule every
 // packet.
-func oracleMatches(key policycell.PolicyKey, identity uint32, direction policycell.Direction, pkt oraclePacket) bool {
-	if key.Direction != direction || (key.Identity != 0 && uint32(key.Identity) != identity) {
+func oracleMatches(key policy.Key, ident uint32, direction policy.Direction, pkt oraclePacket) bool {
+	if key.Direction != direction || (key.Identity != 0 && uint32(key.Identity) != ident) {
 		return false
 	}
-	if key.Protocol == policycell.ProtocolAny {
+	if key.Protocol == policy.ProtocolAny {
 		return true
 	}
 	if uint8(key.Protocol) != pkt.protocol {
@@ -391,7 +393,7 @@ func oracleL4(pkt *oraclePacket, protocol uint8, l4 []byte) {
 
 // oracleParseIPv4 parses ip (what follows the Ethernet header); bad says
 // why it cannot pass when it cannot whatever the policy.
-func oracleParseIPv4(ip []byte, direction policycell.Direction) (oraclePacket, string) {
+func oracleParseIPv4(ip []byte, direction policy.Direction) (oraclePacket, string) {
 	var pkt oraclePacket
 	if len(ip) < 20 {
 		return pkt, "shorter than an IPv4 header"
@@ -402,7 +404,7 @@ func oracleParseIPv4(ip []byte, direction policycell.Direction) (oraclePacket, s
 	}
 	src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
 	pkt.remote = src
-	if direction == policycell.Egress {
+	if direction == policy.Egress {
 		pkt.remote = dst
 	}
 	if offset := binary.BigEndian.Uint16(ip[6:8]) & 0x1fff; offset != 0 {
@@ -422,7 +424,7 @@ const oracleMaxExtHeaders = 8
 
 // oracleParseIPv6 parses ip (what follows the Ethernet header) as
 // oracleParseIPv4 does.
-func oracleParseIPv6(ip []byte, direction policycell.Direction) (oraclePacket, string) {
+func oracleParseIPv6(ip []byte, direction policy.Direction) (oraclePacket, string) {
 	var pkt oraclePacket
 	if len(ip) < 40 {
 		return pkt, "shorter than an IPv6 header"
@@ -432,7 +434,7 @@ func oracleParseIPv6(ip []byte, direction policycell.Direction) (oraclePacket, s
 	}
 	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
 	pkt.remote = src
-	if direction == policycell.Egress {
+	if direction == policy.Egress {
 		pkt.remote = dst
 	}
 	next, hops := ip[6], ip[7]

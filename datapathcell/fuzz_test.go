@@ -3,12 +3,12 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"bytes"
 	"encoding/binary"
 	"net/netip"
 	"testing"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // FuzzIPCacheKey: any 24 bytes either decode to a prefix whose encoding is
@@ -71,10 +71,10 @@ func FuzzIPCacheValue(f *testing.F) {
 // decoded key's.
 func FuzzPolicyKey(f *testing.F) {
 	for _, k := range []PolicyMapKey{
-		policyMapKey(16777217, uint8(policycell.Egress), 17, 53),
-		policyMapKey(16777217, uint8(policycell.Egress), 6, 0),
-		policyMapKey(2, uint8(policycell.Ingress), 0, 0),
-		NewPolicyMapKey(policycell.PolicyKey{Protocol: policycell.ProtocolTCP, Port: 8000, PortWildcardBits: 3}),
+		policyMapKey(16777217, uint8(policy.Egress), 17, 53),
+		policyMapKey(16777217, uint8(policy.Egress), 6, 0),
+		policyMapKey(2, uint8(policy.Ingress), 0, 0),
+		NewPolicyMapKey(policy.Key{Protocol: policy.ProtocolTCP, Port: 8000, PortWildcardBits: 3}),
 	} {
 		f.Add(k[:])
 	}
@@ -95,8 +95,8 @@ func FuzzPolicyKey(f *testing.F) {
 		if NewPolicyMapKey(decoded) != key {
 			t.Fatalf("key %x does not round trip", data)
 		}
-		if decoded.MapPrefixLen() != binary.LittleEndian.Uint32(data[0:4]) {
-			t.Fatalf("key %x decodes to prefix length %d", data, decoded.MapPrefixLen())
+		if mapPrefixLen(decoded) != binary.LittleEndian.Uint32(data[0:4]) {
+			t.Fatalf("key %x decodes to prefix length %d", data, mapPrefixLen(decoded))
 		}
 	})
 }
@@ -105,7 +105,7 @@ func FuzzPolicyKey(f *testing.F) {
 // (little-endian u32 at 0; the pad is ignored), and a verdict encodes to a
 // value with a zero pad that decodes to it again.
 func FuzzPolicyValue(f *testing.F) {
-	v := NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	v := NewPolicyMapValue(uint32(policy.VerdictAllow))
 	f.Add(v[:])
 	f.Add([]byte{1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {

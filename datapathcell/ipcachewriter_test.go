@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"errors"
 	"net/netip"
@@ -18,7 +20,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -123,7 +124,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 	for p, id := range pinned {
 		k, v := NewIPCacheMapKey(p), NewIPCacheMapValue(id)
 		f.maps.ipcache[k] = v
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(id)})
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(id)})
 	}
 	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	ops := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
@@ -152,7 +153,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 // upsert writes an entry and returns its revision.
 func (f *writerFixture) upsert(prefix string, id uint32, src source.Source) statedb.Revision {
 	txn := f.db.WriteTxn(f.table)
-	_, _, err := f.table.Insert(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix), Identity: identitycell.NumericIdentity(id), Source: src})
+	_, _, err := f.table.Insert(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix), Identity: identity.Number(id), Source: src})
 	require.NoError(f.t, err)
 	rev := f.table.Revision(txn)
 	txn.Commit()

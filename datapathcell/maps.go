@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,9 +19,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // PinDir returns the directory of the agent's pinned objects under a bpffs
@@ -46,7 +48,7 @@ func (m *pinnedMaps) Close() error {
 // at start: a prefix and the identity the datapath mapped it to.
 type PinnedEntry struct {
 	Prefix   netip.Prefix
-	Identity identitycell.NumericIdentity
+	Identity identity.Number
 }
 
 // ipcacheSnapshot is what the pinned ipcache map held when the agent
@@ -292,12 +294,12 @@ const hashPolicyKeySize = 8
 // hashPolicyKey is the key a rule had in the previous layout, whose
 // program looked up the exact port, then port 0 (every port of the
 // protocol), then protocol 0 (any protocol, port 0).
-func hashPolicyKey(identity uint32, direction, protocol uint8, port uint16) policycell.PolicyKey {
-	key := policycell.PolicyKey{Identity: identitycell.NumericIdentity(identity), Direction: policycell.Direction(direction)}
+func hashPolicyKey(ident uint32, direction, protocol uint8, port uint16) policy.Key {
+	key := policy.Key{Identity: identity.Number(ident), Direction: policy.Direction(direction)}
 	if protocol == 0 {
 		return key
 	}
-	key.Protocol, key.Port = policycell.Protocol(protocol), port
+	key.Protocol, key.Port = policy.Protocol(protocol), port
 	if port == 0 {
 		key.PortWildcardBits = 16
 	}
@@ -381,7 +383,7 @@ func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ip
 		if block == nil {
 			block = make([]PinnedEntry, 0, readBatchSize)
 		}
-		block = append(block, PinnedEntry{Prefix: prefix, Identity: identitycell.NumericIdentity(value.Identity())})
+		block = append(block, PinnedEntry{Prefix: prefix, Identity: identity.Number(value.Identity())})
 		if len(block) == cap(block) {
 			if publish != nil {
 				publish(block)

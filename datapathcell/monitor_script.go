@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,7 +23,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // MonitorCommand is the shell command that streams the program's events
@@ -39,7 +42,7 @@ type monitorParams struct {
 	DB         *statedb.DB                           `optional:"true"`
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
 	// PolicyEntries name the policies of an allow by policy.
-	PolicyEntries statedb.Table[*policycell.PolicyEntry] `optional:"true"`
+	PolicyEntries statedb.Table[*policy.Entry] `optional:"true"`
 }
 
 func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
@@ -212,13 +215,13 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 		j.SrcPort, j.DstPort = &sp, &dp
 	}
 	if p.DB != nil && p.Identities != nil && e.Identity != 0 {
-		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(identitycell.NumericIdentity(e.Identity))); found {
+		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(identity.Number(e.Identity))); found {
 			for l := range id.Labels.All() {
 				j.Labels = append(j.Labels, l)
 			}
 		}
 	}
-	if len(j.Labels) == 0 && e.Identity == uint32(identitycell.IdentityWorld) {
+	if len(j.Labels) == 0 && e.Identity == uint32(identity.World) {
 		j.Labels = []string{"reserved:world"}
 	}
 	if e.Allowed && e.Reason == ReasonPolicy || !e.Allowed && e.Reason == ReasonPolicyDeny {
@@ -228,15 +231,15 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 }
 
 // allowingPolicies names the policies of the desired entry that decided
-// e, resolved as the program does (policycell.PolicyBehind: the remote
+// e, resolved as the program does (policy.Behind: the remote
 // identity's and identity 0's longest prefixes, a deny wins), if its
 // verdict is e's. Empty when the tables changed since.
 func (p monitorParams) allowingPolicies(e Event) string {
 	if p.DB == nil || p.PolicyEntries == nil {
 		return ""
 	}
-	pkt := policycell.PolicyLookup{
-		Identity: identitycell.NumericIdentity(e.Identity), Direction: e.Direction, Protocol: policycell.Protocol(e.Protocol),
+	pkt := policy.Lookup{
+		Identity: identity.Number(e.Identity), Direction: e.Direction, Protocol: policy.Protocol(e.Protocol),
 	}
 	switch e.Protocol {
 	case 6, 17, 132:
@@ -244,8 +247,8 @@ func (p monitorParams) allowingPolicies(e Event) string {
 	case 1, 58:
 		pkt.Port, pkt.HasPort = uint16(e.ICMPType)<<8, true
 	}
-	entry := policycell.PolicyBehind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
-	if entry == nil || (entry.Verdict == policycell.VerdictAllow) != e.Allowed {
+	entry := policy.Behind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
+	if entry == nil || (entry.Verdict == policy.VerdictAllow) != e.Allowed {
 		return ""
 	}
 	return strings.Join(entry.Policies, ",")

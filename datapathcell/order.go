@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -42,12 +44,12 @@ type ordering struct {
 	log         *slog.Logger
 	selectors   *policycell.SelectorProgress
 	ipcache     statedb.Table[*ipcachecell.Entry]
-	entries     statedb.Table[*policycell.PolicyEntry]
-	enforcement statedb.Table[*policycell.Enforcement]
+	entries     statedb.Table[*policy.Entry]
+	enforcement statedb.Table[*policy.Enforcement]
 
 	// Set at registration, before any writer runs.
 	ipcacheWriter reconciler.Reconciler[*ipcachecell.Entry]
-	policyWriter  reconciler.Reconciler[*policycell.PolicyEntry]
+	policyWriter  reconciler.Reconciler[*policy.Entry]
 
 	// switchedOff is the `policy-enforcement` revision up to which every
 	// direction the table says is not enforced is off in the map.
@@ -69,7 +71,7 @@ type ordering struct {
 }
 
 func newOrdering(log *slog.Logger, selectors *policycell.SelectorProgress, ipcache statedb.Table[*ipcachecell.Entry],
-	entries statedb.Table[*policycell.PolicyEntry], enforcement statedb.Table[*policycell.Enforcement]) *ordering {
+	entries statedb.Table[*policy.Entry], enforcement statedb.Table[*policy.Enforcement]) *ordering {
 	return &ordering{
 		log: log, selectors: selectors, ipcache: ipcache, entries: entries, enforcement: enforcement,
 		switchedOff: progress.New[statedb.Revision](0),

@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"errors"
 	"fmt"
@@ -88,7 +92,7 @@ func (r *recordingMaps) identityOf(addr netip.Addr) uint32 {
 			return v.Identity()
 		}
 	}
-	return uint32(identitycell.IdentityWorld)
+	return uint32(identity.World)
 }
 
 // allowed is the program's verdict for any protocol and port.
@@ -97,7 +101,7 @@ func (r *recordingMaps) allowed(addr netip.Addr, direction uint8) bool {
 		return true
 	}
 	for _, id := range []uint32{r.identityOf(addr), 0} {
-		if v, ok := r.policy[policyMapKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policycell.VerdictAllow) {
+		if v, ok := r.policy[policyMapKey(id, direction, 0, 0)]; ok && v.Verdict() == uint32(policy.VerdictAllow) {
 			return true
 		}
 	}
@@ -271,8 +275,8 @@ type orderFixture struct {
 	db       *statedb.DB
 	ipcache  *ipcachecell.IPCache
 	entries  statedb.Table[*ipcachecell.Entry]
-	policy   statedb.Table[*policycell.PolicyEntry]
-	enforce  statedb.Table[*policycell.Enforcement]
+	policy   statedb.Table[*policy.Entry]
+	enforce  statedb.Table[*policy.Enforcement]
 	datapath *Datapath
 }
 
@@ -287,7 +291,7 @@ func newOrderFixture(t *testing.T, policyMax int) *orderFixture {
 		policycell.Cell,
 		Cell,
 		cell.Invoke(func(d *Datapath, db *statedb.DB, c *ipcachecell.IPCache, e statedb.Table[*ipcachecell.Entry],
-			p statedb.Table[*policycell.PolicyEntry], en statedb.Table[*policycell.Enforcement]) {
+			p statedb.Table[*policy.Entry], en statedb.Table[*policy.Enforcement]) {
 			d.fakeMaps = f.maps.maps()
 			f.datapath, f.db, f.ipcache, f.entries, f.policy, f.enforce = d, db, c, e, p, en
 		}),
@@ -367,7 +371,7 @@ func (f *orderFixture) size(n int) func() bool {
 }
 
 // enforced returns a condition: the direction is (or is not) enforced.
-func (f *orderFixture) enforced(dir policycell.Direction, on bool) func() bool {
+func (f *orderFixture) enforced(dir policy.Direction, on bool) func() bool {
 	return func() bool {
 		f.maps.mu.Lock()
 		defer f.maps.mu.Unlock()
@@ -466,14 +470,14 @@ const pinged = "10.1.2.3"
 func TestOrderFirstAndLastPolicy(t *testing.T) {
 	f := newOrderFixture(t, 16384)
 	f.converged("start", f.has())
-	f.maps.watch(pinged, uint8(policycell.Egress))
+	f.maps.watch(pinged, uint8(policy.Egress))
 	others := hosts(2000)
 	for round := range 3 {
 		f.writePolicy("first.yaml", egressPolicy("first", append(others, `"10.1.0.0/16"`)...))
-		f.converged("first policy", all(f.enforced(policycell.Egress, true), f.size(len(others)+1)))
-		require.NotEqual(t, uint32(identitycell.IdentityWorld), f.identityOf(pinged))
+		f.converged("first policy", all(f.enforced(policy.Egress, true), f.size(len(others)+1)))
+		require.NotEqual(t, uint32(identity.World), f.identityOf(pinged))
 		f.removePolicy("first.yaml")
-		f.converged("no policy", all(f.has(), f.enforced(policycell.Egress, false)))
+		f.converged("no policy", all(f.has(), f.enforced(policy.Egress, false)))
 		f.noViolations(fmt.Sprintf("round %d", round))
 	}
 }
@@ -482,10 +486,10 @@ func TestOrderFirstAndLastPolicy(t *testing.T) {
 // address with 2,000 other /32s gets identities of its own (a second
 // policy names them), and goes again.
 func TestOrderNarrowerPrefixComesAndGoes(t *testing.T) {
-	for _, dir := range []policycell.Direction{policycell.Egress, policycell.Ingress} {
+	for _, dir := range []policy.Direction{policy.Egress, policy.Ingress} {
 		t.Run(dir.String(), func(t *testing.T) {
 			rule := func(cidrs ...string) string {
-				if dir == policycell.Egress {
+				if dir == policy.Egress {
 					return "egress:\n  - toCIDR: [" + strings.Join(cidrs, ", ") + "]\n"
 				}
 				return "ingress:\n  - fromCIDR: [" + strings.Join(cidrs, ", ") + "]\n"
@@ -512,8 +516,8 @@ func TestOrderNarrowerPrefixComesAndGoes(t *testing.T) {
 func TestOrderPolicyEditSwapsTheCIDR(t *testing.T) {
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("p.yaml", egressPolicy("p", `"10.1.0.0/16"`))
-	f.converged("/16", all(f.has("10.1.0.0/16"), f.enforced(policycell.Egress, true)))
-	f.maps.watch(pinged, uint8(policycell.Egress))
+	f.converged("/16", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))
+	f.maps.watch(pinged, uint8(policy.Egress))
 	for round, cidr := range []string{"10.1.2.0/24", "10.0.0.0/8", "10.1.2.0/24", "10.1.0.0/16"} {
 		f.writePolicy("p.yaml", egressPolicy("p", fmt.Sprintf("%q", cidr)))
 		f.converged(cidr, f.has(cidr))
@@ -527,9 +531,9 @@ func TestOrderPolicyEditSwapsTheCIDR(t *testing.T) {
 func TestOrderLabelsChange(t *testing.T) {
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("p.yaml", egressPolicy("p", `"10.1.0.0/16"`))
-	f.converged("policy", all(f.has("10.1.0.0/16"), f.enforced(policycell.Egress, true)))
+	f.converged("policy", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))
 	before := f.identityOf(pinged)
-	f.maps.watch(pinged, uint8(policycell.Egress))
+	f.maps.watch(pinged, uint8(policy.Egress))
 	h, err := f.ipcache.NewHandle("test/labels", source.Local)
 	require.NoError(t, err)
 	extra, err := labels.Parse("k8s:app=db")
@@ -554,7 +558,7 @@ func TestOrderFullPolicyMap(t *testing.T) {
 	f.writePolicy("other.yaml", egressPolicy("other", `"10.9.0.0/16"`, `"10.8.0.0/16"`))
 	f.converged("two policies fill the map", f.has("10.1.0.0/16", "10.9.0.0/16", "10.8.0.0/16"))
 	wide := f.identityOf(pinged)
-	f.maps.watch(pinged, uint8(policycell.Egress))
+	f.maps.watch(pinged, uint8(policy.Egress))
 
 	f.writePolicy("narrow.yaml", egressPolicy("narrow", `"10.1.2.3/32"`))
 	require.Eventually(t, func() bool {
@@ -578,11 +582,11 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 	m := r.maps()
 	k, v := NewIPCacheMapKey(netip.MustParsePrefix("10.1.0.0/16")), NewIPCacheMapValue(16777217)
 	require.NoError(t, m.ipcache.Put(&k, &v))
-	pk, pv := policyMapKey(16777217, uint8(policycell.Egress), 0, 0), NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	pk, pv := policyMapKey(16777217, uint8(policy.Egress), 0, 0), NewPolicyMapValue(uint32(policy.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
-	dir, on := uint32(policycell.Egress), enforcementValue(1)
+	dir, on := uint32(policy.Egress), enforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))
-	r.watch(pinged, uint8(policycell.Egress))
+	r.watch(pinged, uint8(policy.Egress))
 	require.NoError(t, m.policy.Delete(&pk))
 	require.Len(t, r.takeViolations(), 1)
 	require.True(t, errors.Is(m.policy.Delete(&pk), ebpf.ErrKeyNotExist))
@@ -595,9 +599,9 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 func TestOrderReleasedHandle(t *testing.T) {
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("wide.yaml", egressPolicy("wide", `"10.1.0.0/16"`))
-	f.converged("wide policy", all(f.has("10.1.0.0/16"), f.enforced(policycell.Egress, true)))
+	f.converged("wide policy", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))
 	wide := f.identityOf(pinged)
-	f.maps.watch(pinged, uint8(policycell.Egress))
+	f.maps.watch(pinged, uint8(policy.Egress))
 	for round := range 3 {
 		h, err := f.ipcache.NewHandle("test/owner", source.Restored)
 		require.NoError(t, err)

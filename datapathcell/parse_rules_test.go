@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"net/netip"
@@ -14,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // One test per parsing rule of enforce.c's header comment ("What is
@@ -49,8 +50,8 @@ func newRuleHarness(t *testing.T) *ruleHarness {
 	putIdentity(t, maps, "10.1.0.0/16", testIdentityAllowed)
 	putIdentity(t, maps, "10.2.0.0/16", testIdentityDenied)
 	putIdentity(t, maps, "fd00:1::/64", testIdentityAllowed)
-	putEnforced(t, maps, policycell.Ingress, true)
-	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
+	putEnforced(t, maps, policy.Egress, true)
 	return &ruleHarness{t: t, maps: maps, enf: loadTestEnforcer(t, maps)}
 }
 
@@ -74,10 +75,10 @@ const uncounted = -1
 // expect runs frame through the entry point of direction and requires the
 // verdict want (tcxNextRet or tcxDropRet) and one packet more in the
 // direction's slot (countAllowed or a drop reason), or none anywhere.
-func (h *ruleHarness) expect(direction policycell.Direction, frame []byte, want uint32, slot int, msg string) {
+func (h *ruleHarness) expect(direction policy.Direction, frame []byte, want uint32, slot int, msg string) {
 	h.t.Helper()
 	prog := h.enf.toEndpoint
-	if direction == policycell.Egress {
+	if direction == policy.Egress {
 		prog = h.enf.fromEndpoint
 	}
 	before := h.slots()
@@ -93,7 +94,7 @@ func (h *ruleHarness) expect(direction policycell.Direction, frame []byte, want 
 	require.Equal(h.t, wantSlots, after, "%s: counters (index direction*8 + slot, want slot %d of %s)", msg, slot, direction)
 }
 
-func (h *ruleHarness) allow(identity uint32, direction policycell.Direction, protocol uint8, port uint16) {
+func (h *ruleHarness) allow(identity uint32, direction policy.Direction, protocol uint8, port uint16) {
 	h.t.Helper()
 	putAllow(h.t, h.maps, identity, direction, protocol, port)
 }
@@ -111,8 +112,8 @@ func (h *ruleHarness) tracked(endpoint, remote netip.AddrPort, protocol uint8) (
 }
 
 const (
-	dirIn  = policycell.Ingress
-	dirOut = policycell.Egress
+	dirIn  = policy.Ingress
+	dirOut = policy.Egress
 )
 
 // A frame with an in-band 802.1Q or 802.1ad tag (the kernel moved any
@@ -368,7 +369,7 @@ func TestPrivilegedParseRuleICMPErrorRelatedOnlyWhenConsistent(t *testing.T) {
 	h.expect(dirOut, unreach(ruleEP4, netip.MustParseAddr("10.1.0.6"), received), tcxDropRet, int(ReasonNoPolicy), "to another address than the quoted source")
 
 	// A deny of the error's remote drops it.
-	putPolicy(t, h.maps, policycell.PolicyKey{Identity: testIdentityDenied, Direction: dirIn, Protocol: policycell.ProtocolAny}, policycell.VerdictDeny)
+	putPolicy(t, h.maps, policy.Key{Identity: testIdentityDenied, Direction: dirIn, Protocol: policy.ProtocolAny}, policy.VerdictDeny)
 	h.expect(dirIn, unreach(ruleB4, ruleEP4, sent), tcxDropRet, int(ReasonPolicyDeny), "from a denied remote, quoting a tracked connection")
 	h.expect(dirIn, unreach(ruleRouter4, ruleEP4, sent), tcxNextRet, countAllowed, "still from a router")
 

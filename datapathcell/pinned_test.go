@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"io"
 	"log/slog"
 	"net/netip"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
@@ -31,7 +32,7 @@ func TestDumpIPCacheAcrossBlocks(t *testing.T) {
 	for i := range n {
 		p := blockPrefix(i)
 		r.ipcache[NewIPCacheMapKey(p)] = NewIPCacheMapValue(uint32(i + 1))
-		want = append(want, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(i + 1)})
+		want = append(want, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
 	}
 	hostBits := NewIPCacheMapKey(netip.MustParsePrefix("192.168.0.0/16"))
 	hostBits[10] = 7 // 192.168.7.0/16
@@ -58,7 +59,7 @@ func TestSnapshotValues(t *testing.T) {
 	want := mapValues[IPCacheMapKey, IPCacheMapValue]{}
 	for i := range n {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 32)
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(i + 1)})
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
 		want[NewIPCacheMapKey(p)] = NewIPCacheMapValue(uint32(i + 1))
 	}
 	unreadable := NewIPCacheMapKey(netip.MustParsePrefix("10.9.9.0/24"))
@@ -110,7 +111,7 @@ func TestSnapshotValues(t *testing.T) {
 	}
 	require.ElementsMatch(t, want.known(), got.known())
 	require.Equal(t, NewIPCacheMapValue(5), snapshot.unreadable[unreadable], "the snapshot is not modified")
-	require.Equal(t, identitycell.NumericIdentity(1), snapshot.entries[0].Identity, "the snapshot is not modified")
+	require.Equal(t, identity.Number(1), snapshot.entries[0].Identity, "the snapshot is not modified")
 }
 
 // BenchmarkPinnedLookup: the ipcache writer's first round after a restart
@@ -123,7 +124,7 @@ func BenchmarkPinnedLookup(b *testing.B) {
 	keys := make([]IPCacheMapKey, n)
 	for i := range n {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32)
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identitycell.NumericIdentity(i + 1)})
+		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
 		keys[i] = NewIPCacheMapKey(p)
 	}
 	lookUp := func(b *testing.B, build func() knownValues[IPCacheMapKey, IPCacheMapValue]) {

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"iter"
@@ -13,8 +15,6 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // policyOps writes the `policy` table into the policy map. Updates go at
@@ -22,7 +22,7 @@ import (
 // deleted from the map only once nothing the map's users depend on still
 // points at it (see ordering), by the drain job or by a later call.
 type policyOps struct {
-	ops   *mapOps[*policycell.PolicyEntry, PolicyMapKey, PolicyMapValue]
+	ops   *mapOps[*policy.Entry, PolicyMapKey, PolicyMapValue]
 	order *ordering
 	log   *slog.Logger
 
@@ -60,15 +60,15 @@ func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slo
 		draining: map[PolicyMapKey]drainAfter{},
 		queued:   make(chan struct{}, 1),
 	}
-	p.ops = &mapOps[*policycell.PolicyEntry, PolicyMapKey, PolicyMapValue]{
+	p.ops = &mapOps[*policy.Entry, PolicyMapKey, PolicyMapValue]{
 		name:   PolicyMapName,
 		target: m,
 		stats:  stats,
 		log:    log,
-		key: func(e *policycell.PolicyEntry) PolicyMapKey {
+		key: func(e *policy.Entry) PolicyMapKey {
 			return NewPolicyMapKey(e.Key)
 		},
-		value:   func(e *policycell.PolicyEntry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
+		value:   func(e *policy.Entry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
 		failed:  order.policyFailed,
 		written: order.policyWritten,
 	}
@@ -76,12 +76,12 @@ func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slo
 }
 
 var (
-	_ reconciler.Operations[*policycell.PolicyEntry]      = (*policyOps)(nil)
-	_ reconciler.BatchOperations[*policycell.PolicyEntry] = (*policyOps)(nil)
+	_ reconciler.Operations[*policy.Entry]      = (*policyOps)(nil)
+	_ reconciler.BatchOperations[*policy.Entry] = (*policyOps)(nil)
 )
 
 // Update implements reconciler.Operations.
-func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policycell.PolicyEntry) error {
+func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policy.Entry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := p.ops.key(e)
@@ -101,7 +101,7 @@ func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb
 }
 
 // UpdateBatch implements reconciler.BatchOperations.
-func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
+func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := make([]PolicyMapKey, len(batch))
@@ -121,11 +121,11 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 	}
 	// Deny entries first: the allows of a batch do not take the room its
 	// denies need. Allows the guard holds as deny wait for its release.
-	write := make([]reconciler.BatchEntry[*policycell.PolicyEntry], 0, len(batch))
+	write := make([]reconciler.BatchEntry[*policy.Entry], 0, len(batch))
 	from := make([]int, 0, len(batch))
 	for pass := range 2 {
 		for i := range batch {
-			deny := batch[i].Object.Verdict == policycell.VerdictDeny
+			deny := batch[i].Object.Verdict == policy.VerdictDeny
 			if deny != (pass == 0) {
 				continue
 			}
@@ -213,7 +213,7 @@ func (p *policyOps) tellLocked() error {
 }
 
 // Delete implements reconciler.Operations: the key drains.
-func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policycell.PolicyEntry) error {
+func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drainLocked(txn, []PolicyMapKey{p.ops.key(e)})
@@ -222,7 +222,7 @@ func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 }
 
 // DeleteBatch implements reconciler.BatchOperations: the keys drain.
-func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policycell.PolicyEntry]) {
+func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := make([]PolicyMapKey, len(batch))
@@ -234,7 +234,7 @@ func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []
 }
 
 // Prune implements reconciler.Operations: the stale keys drain.
-func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.Seq2[*policycell.PolicyEntry, statedb.Revision]) error {
+func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.Seq2[*policy.Entry, statedb.Revision]) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.readAnyKeysLocked(); err != nil {

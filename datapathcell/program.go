@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"net"
@@ -15,8 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The enforcement program (bpf/enforce.c) runs on both TCX hooks of every
@@ -343,7 +343,7 @@ type Counters struct {
 
 // DropCount is the packets and bytes dropped in a direction for a reason.
 type DropCount struct {
-	Direction      policycell.Direction
+	Direction      policy.Direction
 	Reason         Reason
 	Packets, Bytes uint64
 }
@@ -375,7 +375,7 @@ type counterValue struct {
 
 // counterIndex is the index of a direction's slot in the counters map
 // (abi.go).
-func counterIndex(direction policycell.Direction, slot uint32) uint32 {
+func counterIndex(direction policy.Direction, slot uint32) uint32 {
 	return uint32(direction)*countersSlots + slot
 }
 
@@ -383,7 +383,7 @@ func counterIndex(direction policycell.Direction, slot uint32) uint32 {
 //
 // Possible errors: m is not a map of the counters layout.
 func readCounters(m *ebpf.Map) (Counters, error) {
-	sum := func(direction policycell.Direction, slot uint32) (counterValue, error) {
+	sum := func(direction policy.Direction, slot uint32) (counterValue, error) {
 		var perCPU []counterValue
 		if err := m.Lookup(counterIndex(direction, slot), &perCPU); err != nil {
 			return counterValue{}, fmt.Errorf("read counters: %w", err)
@@ -397,11 +397,11 @@ func readCounters(m *ebpf.Map) (Counters, error) {
 	}
 	var c Counters
 	for _, d := range []struct {
-		direction                                 policycell.Direction
+		direction                                 policy.Direction
 		allowed, dropped, allowedBytes, dropBytes *uint64
 	}{
-		{policycell.Ingress, &c.IngressAllowed, &c.IngressDropped, &c.IngressAllowedBytes, &c.IngressDroppedBytes},
-		{policycell.Egress, &c.EgressAllowed, &c.EgressDropped, &c.EgressAllowedBytes, &c.EgressDroppedBytes},
+		{policy.Ingress, &c.IngressAllowed, &c.IngressDropped, &c.IngressAllowedBytes, &c.IngressDroppedBytes},
+		{policy.Egress, &c.EgressAllowed, &c.EgressDropped, &c.EgressAllowedBytes, &c.EgressDroppedBytes},
 	} {
 		allowed, err := sum(d.direction, countAllowed)
 		if err != nil {

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"net"
 	"net/netip"
@@ -20,8 +22,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 const (
@@ -87,13 +87,13 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 
 func TestCounterIndex(t *testing.T) {
 	// abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
-	require.Equal(t, uint32(0), counterIndex(policycell.Ingress, countAllowed))
-	require.Equal(t, uint32(1), counterIndex(policycell.Ingress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(6), counterIndex(policycell.Ingress, uint32(ReasonFragment)))
-	require.Equal(t, uint32(8), counterIndex(policycell.Egress, countAllowed))
-	require.Equal(t, uint32(9), counterIndex(policycell.Egress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(10), counterIndex(policycell.Egress, uint32(ReasonMalformed)))
-	require.Equal(t, uint32(12), counterIndex(policycell.Egress, uint32(ReasonVLANTagged)))
+	require.Equal(t, uint32(0), counterIndex(policy.Ingress, countAllowed))
+	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(ReasonNoPolicy)))
+	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(ReasonFragment)))
+	require.Equal(t, uint32(8), counterIndex(policy.Egress, countAllowed))
+	require.Equal(t, uint32(9), counterIndex(policy.Egress, uint32(ReasonNoPolicy)))
+	require.Equal(t, uint32(10), counterIndex(policy.Egress, uint32(ReasonMalformed)))
+	require.Equal(t, uint32(12), counterIndex(policy.Egress, uint32(ReasonVLANTagged)))
 	for _, r := range DropReasons() {
 		require.Less(t, uint32(r), uint32(countersSlots), "reason %s has no slot", r)
 	}
@@ -165,9 +165,9 @@ func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32
 	bumpRevision(t, maps)
 }
 
-func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policycell.Direction, protocol uint8, dport uint16) {
+func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policy.Direction, protocol uint8, dport uint16) {
 	t.Helper()
-	require.NoError(t, maps.Policy.Put(policyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policycell.VerdictAllow))))
+	require.NoError(t, maps.Policy.Put(policyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policy.VerdictAllow))))
 	bumpRevision(t, maps)
 }
 
@@ -187,7 +187,7 @@ func clearPolicyMap(t *testing.T, maps enforcerMaps) {
 	bumpRevision(t, maps)
 }
 
-func putEnforced(t *testing.T, maps enforcerMaps, direction policycell.Direction, enforced bool) {
+func putEnforced(t *testing.T, maps enforcerMaps, direction policy.Direction, enforced bool) {
 	t.Helper()
 	var v uint32
 	if enforced {
@@ -251,9 +251,9 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 	})
 
 	t.Run("egress enforced: destination identity decides", func(t *testing.T) {
-		putEnforced(t, maps, policycell.Egress, true)
-		putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
-		t.Cleanup(func() { putEnforced(t, maps, policycell.Egress, false); clearPolicyMap(t, maps) })
+		putEnforced(t, maps, policy.Egress, true)
+		putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, policy.Egress, false); clearPolicyMap(t, maps) })
 
 		before := readTestCounters(t, maps)
 		require.Equal(t, map[string]bool{
@@ -265,17 +265,17 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 		require.Zero(t, after.IngressDropped-before.IngressDropped)
 
 		// An address in no ipcache entry is world.
-		putAllow(t, maps, testIdentityWorld, policycell.Egress, 0, 0)
+		putAllow(t, maps, testIdentityWorld, policy.Egress, 0, 0)
 		require.True(t, nw.pingOnce(t, world4))
 		require.False(t, nw.pingOnce(t, denied4))
 	})
 
 	t.Run("ingress enforced: source identity decides", func(t *testing.T) {
-		putEnforced(t, maps, policycell.Ingress, true)
-		putAllow(t, maps, testIdentityAllowed, policycell.Ingress, 0, 0)
+		putEnforced(t, maps, policy.Ingress, true)
+		putAllow(t, maps, testIdentityAllowed, policy.Ingress, 0, 0)
 		// An egress rule must not allow ingress.
-		putAllow(t, maps, testIdentityDenied, policycell.Egress, 0, 0)
-		t.Cleanup(func() { putEnforced(t, maps, policycell.Ingress, false); clearPolicyMap(t, maps) })
+		putAllow(t, maps, testIdentityDenied, policy.Egress, 0, 0)
+		t.Cleanup(func() { putEnforced(t, maps, policy.Ingress, false); clearPolicyMap(t, maps) })
 
 		// The endpoint's own pings are tracked at egress (not enforced,
 		// but ingress is): their replies pass whatever their source.
@@ -347,9 +347,9 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 			return err == nil && string(buf[:n]) == "probe"
 		}
 
-		putEnforced(t, maps, policycell.Egress, true)
-		putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoTCP, openPort)
-		t.Cleanup(func() { putEnforced(t, maps, policycell.Egress, false); clearPolicyMap(t, maps) })
+		putEnforced(t, maps, policy.Egress, true)
+		putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoTCP, openPort)
+		t.Cleanup(func() { putEnforced(t, maps, policy.Egress, false); clearPolicyMap(t, maps) })
 
 		require.NoError(t, dial(openPort), "TCP to the allowed port")
 		require.Error(t, dial(closedPort), "TCP to another port")
@@ -357,12 +357,12 @@ func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 		require.False(t, nw.pingOnce(t, allowed4), "ICMP with only a TCP rule")
 
 		// A protocol rule without port allows every port of that protocol.
-		putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoUDP, 0)
+		putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoUDP, 0)
 		require.True(t, udpArrives(), "UDP with a UDP rule for any port")
 		require.Error(t, dial(closedPort), "a UDP rule must not allow TCP")
 
 		// A rule without protocol allows everything.
-		putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+		putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 		require.NoError(t, dial(closedPort))
 		require.True(t, nw.pingOnce(t, allowed4))
 	})
@@ -400,8 +400,8 @@ func TestPrivilegedAttachUpdatesPinnedLinksInPlace(t *testing.T) {
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
 	putIdentity(t, maps, denied4+"/32", testIdentityDenied)
-	putEnforced(t, maps, policycell.Egress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+	putEnforced(t, maps, policy.Egress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 	linksDir := newTestLinksDir(t)
 	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
 	egressPin := filepath.Join(linksDir, testHostDevice+"-egress")
@@ -454,7 +454,7 @@ func TestPrivilegedAttachReplacesStaleLink(t *testing.T) {
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
-	putEnforced(t, maps, policycell.Egress, true) // no rules: everything dropped
+	putEnforced(t, maps, policy.Egress, true) // no rules: everything dropped
 	linksDir := newTestLinksDir(t)
 	ingressPin := filepath.Join(linksDir, testHostDevice+"-ingress")
 	e := loadTestEnforcer(t, maps)
@@ -496,7 +496,7 @@ func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
-	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policy.Egress, true)
 	linksDir := newTestLinksDir(t)
 	e := loadTestEnforcer(t, maps)
 	nw.attach(t, e, linksDir)
@@ -569,8 +569,8 @@ func TestPrivilegedProgramPlaceInTheTCXChain(t *testing.T) {
 	nw := newEndpointNetwork(t, allowed4, denied4)
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, allowed4+"/32", testIdentityAllowed)
-	putEnforced(t, maps, policycell.Egress, true)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, 0, 0)
+	putEnforced(t, maps, policy.Egress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 
 	attachFixed := func(verdict int32) link.Link {
 		var l link.Link

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"bytes"
 	"context"
 	"log/slog"
@@ -16,8 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 type testEntry struct {
@@ -167,7 +167,7 @@ func TestFullMapLogsOncePerTransition(t *testing.T) {
 	ops := &mapOps[*testEntry, PolicyMapKey, PolicyMapValue]{
 		name:   PolicyMapName,
 		target: func() kernelMap { return policyMap },
-		key:    func(e *testEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policycell.Egress), 0, 0) },
+		key:    func(e *testEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
 		value:  func(*testEntry) PolicyMapValue { return NewPolicyMapValue(1) },
 		stats:  &mapStats{},
 		log:    slog.New(slog.NewTextHandler(&logged, nil)),

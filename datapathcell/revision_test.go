@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"testing"
 
@@ -10,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // A forward packet of an established connection skips the policy lookups
@@ -37,8 +38,8 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	forward := tcpPacket(out, peer, 0x10)
 	ctKey := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 	peerKey := NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))
-	allowKey := policyMapKey(testIdentityAllowed, uint8(policycell.Egress), testProtoTCP, benchPeerPort)
-	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
+	allowKey := policyMapKey(testIdentityAllowed, uint8(policy.Egress), testProtoTCP, benchPeerPort)
+	allow := NewPolicyMapValue(uint32(policy.VerdictAllow))
 	run := func(want uint32, msg string) {
 		t.Helper()
 		ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: forward})
@@ -52,7 +53,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 		w := d.written()
 		require.NoError(t, w.ipcache.Put(peerKey, NewIPCacheMapValue(testIdentityAllowed)))
 		require.NoError(t, w.policy.Put(allowKey, allow))
-		require.NoError(t, w.enforcement.Put(uint32(policycell.Egress), uint32(1)))
+		require.NoError(t, w.enforcement.Put(uint32(policy.Egress), uint32(1)))
 		run(tcxNextRet, "allowed")
 		var v ConntrackValue
 		require.NoError(t, lookupConntrack(maps, ctKey, &v))
@@ -97,9 +98,9 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 
 	// Enforcement: egress off and on again around a raw policy delete.
 	establish()
-	require.NoError(t, d.written().enforcement.Put(uint32(policycell.Egress), uint32(0)))
+	require.NoError(t, d.written().enforcement.Put(uint32(policy.Egress), uint32(0)))
 	require.NoError(t, maps.Policy.Delete(allowKey))
-	require.NoError(t, d.written().enforcement.Put(uint32(policycell.Egress), uint32(1)))
+	require.NoError(t, d.written().enforcement.Put(uint32(policy.Egress), uint32(1)))
 	dropped("enforcement switched")
 }
 
@@ -111,7 +112,7 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	enf := loadTestEnforcer(t, maps)
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
-	putEnforced(t, maps, policycell.Ingress, true)
+	putEnforced(t, maps, policy.Ingress, true)
 	// An ACK passes but opens nothing there (see the next test); a SYN
 	// opens the connection.
 	ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x02)})
@@ -134,7 +135,7 @@ func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	// Egress enforced, default deny, nothing allowed; ingress not enforced.
-	putEnforced(t, maps, policycell.Egress, true)
+	putEnforced(t, maps, policy.Egress, true)
 	key := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 	for _, flags := range []uint8{0x10, 0x12, 0x18, 0x11, 0x04} { // ACK, SYN-ACK, PSH-ACK, FIN-ACK, RST
 		ret, err := enf.toEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(peer, out, flags)})

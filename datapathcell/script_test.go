@@ -3,6 +3,10 @@
 package datapathcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"maps"
@@ -24,12 +28,10 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/agenttest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // TestPrivilegedScript runs the datapath scenarios (testdata/*.txtar) with
@@ -49,7 +51,7 @@ func TestPrivilegedScript(t *testing.T) {
 
 // mapCheckCell provides test/map-check.
 var mapCheckCell = cell.Provide(func(db *statedb.DB, cfg datapathcell.Config, d *datapathcell.Datapath,
-	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.PolicyEntry]) hive.ScriptCmdsOut {
+	entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policy.Entry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"test/map-check":      mapCheckCmd(db, cfg.BPFRoot, d, entries, policies),
 		"test/bpf-enforced":   bpfEnforcedCmd(cfg.BPFRoot),
@@ -70,11 +72,11 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 			if err != nil {
 				return nil, err
 			}
-			dir, err := policycell.ParseDirection(args[1])
+			dir, err := policy.ParseDirection(args[1])
 			if err != nil {
 				return nil, err
 			}
-			proto, err := policycell.ParseProtocol(args[2])
+			proto, err := policy.ParseProtocol(args[2])
 			if err != nil {
 				return nil, err
 			}
@@ -92,8 +94,8 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 			}
 			defer m.Close()
 			// Port 0 of a protocol is every port, as rules without ports are.
-			key := policycell.PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: policycell.Direction(dir),
-				Protocol: policycell.Protocol(proto), Port: uint16(port)}
+			key := policy.Key{Identity: identity.Number(id), Direction: policy.Direction(dir),
+				Protocol: policy.Protocol(proto), Port: uint16(port)}
 			if proto != 0 && port == 0 {
 				key.PortWildcardBits = 16
 			}
@@ -116,7 +118,7 @@ func bpfEnforcedCmd(bpfRoot string) script.Cmd {
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			var want [2]bool
 			for _, arg := range args {
-				dir, err := policycell.ParseDirection(arg)
+				dir, err := policy.ParseDirection(arg)
 				if err != nil {
 					return nil, err
 				}
@@ -190,7 +192,7 @@ func compare(rows []desiredRow, pinned map[string]string) mapCheck {
 // status is Error, nothing else, and the counts of Done and Error rows are
 // the given ones.
 func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entries statedb.Table[*ipcachecell.Entry],
-	policies statedb.Table[*policycell.PolicyEntry]) script.Cmd {
+	policies statedb.Table[*policy.Entry]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Wait until a pinned map holds exactly the Done rows of its table, and count Done and Error rows",
@@ -252,7 +254,7 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 						if how == "shadow" {
 							delete(pinned, key)
 						} else {
-							pinned[key] = strconv.FormatUint(uint64(policycell.VerdictAllow), 10)
+							pinned[key] = strconv.FormatUint(uint64(policy.VerdictAllow), 10)
 						}
 					}
 					return rows, pinned, err

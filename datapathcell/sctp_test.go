@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"encoding/binary"
 	"net/netip"
 	"testing"
@@ -11,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 const (
@@ -60,9 +61,9 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	allowed := netip.AddrPortFrom(benchPeer, allowedPort)
 	other := netip.AddrPortFrom(benchPeer, otherPort)
 	putIdentity(t, maps, benchPeer.String()+"/32", testIdentityAllowed)
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoSCTP, allowedPort)
-	putEnforced(t, maps, policycell.Egress, true)
-	putEnforced(t, maps, policycell.Ingress, true)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoSCTP, allowedPort)
+	putEnforced(t, maps, policy.Egress, true)
+	putEnforced(t, maps, policy.Ingress, true)
 
 	run := func(prog *ebpf.Program, pkt []byte, want uint32, msg string) {
 		t.Helper()
@@ -114,7 +115,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	// does, and it is not tracked.
 	short := ipv4Packet(benchEndpoint, benchPeer, testProtoSCTP, []byte{0x9c, 0x40})
 	run(enf.fromEndpoint, short, tcxDropRet, "a short SCTP header with only a port rule")
-	putAllow(t, maps, testIdentityAllowed, policycell.Egress, testProtoSCTP, 0)
+	putAllow(t, maps, testIdentityAllowed, policy.Egress, testProtoSCTP, 0)
 	run(enf.fromEndpoint, short, tcxNextRet, "a short SCTP header with a rule for the whole protocol")
 	require.Len(t, conntrackEntries(t, maps), 1, "the short packet is not tracked")
 }

@@ -3,6 +3,10 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"os"
 	"path/filepath"
@@ -13,10 +17,8 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // hashPolicyObject is the enforcement program as it was when the policy
@@ -58,17 +60,17 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, PolicyMapName), nil)
 		require.NoError(t, err)
 		require.Equal(t, ebpf.LPMTrie, m.Type(), "the pin is the new layout")
-		got := map[policycell.PolicyKey]policycell.Verdict{}
+		got := map[policy.Key]policy.Verdict{}
 		require.NoError(t, readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
 			key, err := k.PolicyKey()
 			require.NoError(t, err)
-			got[key] = policycell.Verdict(v.Verdict())
+			got[key] = policy.Verdict(v.Verdict())
 		}))
 		m.Close()
-		require.Equal(t, map[policycell.PolicyKey]policycell.Verdict{
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Egress}:                                                          policycell.VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolTCP, PortWildcardBits: 16}: policycell.VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: policycell.Ingress, Protocol: policycell.ProtocolUDP, Port: 53}:             policycell.VerdictAllow,
+		require.Equal(t, map[policy.Key]policy.Verdict{
+			{Identity: identity.World, Direction: policy.Egress}:                                                      policy.VerdictAllow,
+			{Identity: identity.World, Direction: policy.Ingress, Protocol: policy.ProtocolTCP, PortWildcardBits: 16}: policy.VerdictAllow,
+			{Identity: identity.World, Direction: policy.Ingress, Protocol: policy.ProtocolUDP, Port: 53}:             policy.VerdictAllow,
 		}, got, "converted: any protocol, a protocol's every port, one port")
 
 		// The old map is freed once nothing holds it: the old program went
@@ -110,14 +112,14 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 			m.Close()
 		}
 	}()
-	allow := NewPolicyMapValue(uint32(policycell.VerdictAllow))
-	world := uint32(identitycell.IdentityWorld)
-	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Egress), 0, 0), allow))
-	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), testProtoTCP, 0), allow))
-	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), testProtoUDP, 53), allow))
+	allow := NewPolicyMapValue(uint32(policy.VerdictAllow))
+	world := uint32(identity.World)
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Egress), 0, 0), allow))
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Ingress), testProtoTCP, 0), allow))
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Ingress), testProtoUDP, 53), allow))
 	// Never looked up by that program (protocol 0 with a port): not
 	// converted.
-	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policycell.Ingress), 0, 80), allow))
+	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Ingress), 0, 80), allow))
 	info, err := maps.Policy.Info()
 	require.NoError(t, err)
 	id, ok := info.ID()
@@ -140,7 +142,7 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 	old := &enforcer{fromEndpoint: objs.FromEndpoint, toEndpoint: objs.ToEndpoint}
 	defer old.Close()
 	nw.attach(t, old, linksDir)
-	for _, dir := range []uint32{uint32(policycell.Ingress), uint32(policycell.Egress)} {
+	for _, dir := range []uint32{uint32(policy.Ingress), uint32(policy.Egress)} {
 		require.NoError(t, maps.Enforcement.Put(dir, uint32(enforceDefaultDeny)))
 	}
 	bumpRevision(t, maps)

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"log/slog"
 	"sync"
@@ -35,7 +37,7 @@ type Allocator struct {
 	log   *slog.Logger
 
 	// first and last bound the numbers this allocator hands out.
-	first, last NumericIdentity
+	first, last identity.Number
 
 	mu sync.Mutex
 	// next is where the search for a free number starts. It moves forward
@@ -43,7 +45,7 @@ type Allocator struct {
 	// wraps around: a datapath entry still carrying the old number is then
 	// unlikely to take on a new meaning. It is a hint, not state; an
 	// aborted transaction may leave it anywhere.
-	next NumericIdentity
+	next identity.Number
 
 	// withheld has a bit per number of first..last, set while the number
 	// is withheld; nil until the first Withhold. numWithheld counts the
@@ -55,7 +57,7 @@ type Allocator struct {
 
 // newAllocator returns an allocator of the numbers first..last, which must
 // lie in the local scope.
-func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger, first, last NumericIdentity) *Allocator {
+func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger, first, last identity.Number) *Allocator {
 	return &Allocator{
 		db:    db,
 		table: table,
@@ -78,12 +80,12 @@ func (a *Allocator) WriteTxn(tables ...statedb.TableMeta) statedb.WriteTxn {
 // next free, non-withheld number is. requested may be IdentityUnknown.
 //
 // Possible errors: ErrNoLabels, ErrExhausted.
-func (a *Allocator) allocate(lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
+func (a *Allocator) allocate(lbls labels.Labels, requested identity.Number) (identity.Number, error) {
 	txn := a.WriteTxn()
 	id, err := a.AllocateTxn(txn, lbls, requested)
 	if err != nil {
 		txn.Abort()
-		return IdentityUnknown, err
+		return identity.Unknown, err
 	}
 	txn.Commit()
 	return id, nil
@@ -93,7 +95,7 @@ func (a *Allocator) allocate(lbls labels.Labels, requested NumericIdentity) (Num
 // last. It reports whether the number was freed.
 //
 // Possible errors: ErrNotAllocated.
-func (a *Allocator) release(id NumericIdentity) (freed bool, err error) {
+func (a *Allocator) release(id identity.Number) (freed bool, err error) {
 	txn := a.WriteTxn()
 	freed, err = a.ReleaseTxn(txn, id)
 	if err != nil {
@@ -112,20 +114,20 @@ func (a *Allocator) release(id NumericIdentity) (freed bool, err error) {
 //
 // Possible errors: ErrNoLabels, ErrExhausted (wrapped),
 // ErrTooManyReferences (wrapped).
-func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested NumericIdentity) (NumericIdentity, error) {
+func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested identity.Number) (identity.Number, error) {
 	if lbls.IsEmpty() {
-		return IdentityUnknown, ErrNoLabels
+		return identity.Unknown, ErrNoLabels
 	}
 	if existing, _, found := a.table.Get(txn, LabelsIndex.Query(lbls)); found {
 		if existing.References() == maxReferences {
-			return IdentityUnknown, fmt.Errorf("reference identity %d: %w", existing.ID, ErrTooManyReferences)
+			return identity.Unknown, fmt.Errorf("reference identity %d: %w", existing.ID, ErrTooManyReferences)
 		}
 		updated := *existing
 		updated.refs++
 		if _, _, err := a.table.Insert(txn, &updated); err != nil {
-			return IdentityUnknown, fmt.Errorf("reference identity %d: %w", existing.ID, err)
+			return identity.Unknown, fmt.Errorf("reference identity %d: %w", existing.ID, err)
 		}
-		if requested != IdentityUnknown && requested != existing.ID {
+		if requested != identity.Unknown && requested != existing.ID {
 			a.log.Debug("Labels already have an identity, requested number not used",
 				"labels", lbls, "identity", existing.ID, "requested", requested)
 		}
@@ -134,14 +136,14 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 
 	id, withheld, err := a.pickNumber(txn, requested)
 	if err != nil {
-		return IdentityUnknown, fmt.Errorf("allocate identity for %s: %w", lbls, err)
+		return identity.Unknown, fmt.Errorf("allocate identity for %s: %w", lbls, err)
 	}
 	// A withheld number stays withheld while allocated: freed, it is again
 	// only for a request that names it.
 	if _, _, err := a.table.Insert(txn, NewIdentity(id, lbls, 1, withheld)); err != nil {
-		return IdentityUnknown, fmt.Errorf("insert identity %d: %w", id, err)
+		return identity.Unknown, fmt.Errorf("insert identity %d: %w", id, err)
 	}
-	if requested != IdentityUnknown && requested != id {
+	if requested != identity.Unknown && requested != id {
 		a.log.Debug("Requested identity not available, allocated another",
 			"labels", lbls, "identity", id, "requested", requested)
 	}
@@ -153,7 +155,7 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 // the number was freed.
 //
 // Possible errors: ErrNotAllocated (wrapped).
-func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed bool, err error) {
+func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id identity.Number) (freed bool, err error) {
 	existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
 	if !found || !existing.Allocated() {
 		return false, fmt.Errorf("release identity %d: %w", id, ErrNotAllocated)
@@ -179,7 +181,7 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id NumericIdentity) (freed 
 // owner; its row is marked withheld.
 //
 // Possible errors: statedb's write errors (a bug); nothing is withheld.
-func (a *Allocator) Withhold(ids ...NumericIdentity) error {
+func (a *Allocator) Withhold(ids ...identity.Number) error {
 	txn := a.WriteTxn()
 	defer txn.Abort()
 	a.mu.Lock()
@@ -218,7 +220,7 @@ func (a *Allocator) Withhold(ids ...NumericIdentity) error {
 //
 // Possible errors: statedb's write errors (a bug); nothing is returned to
 // use.
-func (a *Allocator) Unwithhold(ids ...NumericIdentity) error {
+func (a *Allocator) Unwithhold(ids ...identity.Number) error {
 	txn := a.WriteTxn()
 	defer txn.Abort()
 	a.mu.Lock()
@@ -250,7 +252,7 @@ func (a *Allocator) NumWithheld() int {
 
 // isWithheld reports whether an in-range id is withheld. Called with mu
 // held.
-func (a *Allocator) isWithheld(id NumericIdentity) bool {
+func (a *Allocator) isWithheld(id identity.Number) bool {
 	if a.withheld == nil {
 		return false
 	}
@@ -260,7 +262,7 @@ func (a *Allocator) isWithheld(id NumericIdentity) bool {
 
 // setWithheld sets or clears the bits of the in-range ids, keeping the
 // count. Called with mu held.
-func (a *Allocator) setWithheld(ids []NumericIdentity, withheld bool) {
+func (a *Allocator) setWithheld(ids []identity.Number, withheld bool) {
 	if a.withheld == nil {
 		return
 	}
@@ -278,23 +280,23 @@ func (a *Allocator) setWithheld(ids []NumericIdentity, withheld bool) {
 	}
 }
 
-func (a *Allocator) inRange(id NumericIdentity) bool {
+func (a *Allocator) inRange(id identity.Number) bool {
 	return id >= a.first && id <= a.last
 }
 
 // LabelsTxn returns the labels of an allocated identity.
-func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id NumericIdentity) (labels.Labels, bool) {
-	identity, _, found := a.table.Get(txn, IdentityIndex.Query(id))
-	if !found || !identity.Allocated() {
+func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id identity.Number) (labels.Labels, bool) {
+	ident, _, found := a.table.Get(txn, IdentityIndex.Query(id))
+	if !found || !ident.Allocated() {
 		return labels.Labels{}, false
 	}
-	return identity.Labels, true
+	return ident.Labels, true
 }
 
 // pickNumber returns the requested number if it is in range and free
 // (withheld or not), else the next number that is neither allocated nor
 // withheld. It reports whether the number is withheld.
-func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) (NumericIdentity, bool, error) {
+func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested identity.Number) (identity.Number, bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.inRange(requested) {
@@ -305,7 +307,7 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) 
 
 	size := int(a.last-a.first) + 1
 	if a.table.NumObjects(txn) >= size {
-		return IdentityUnknown, false, a.exhausted()
+		return identity.Unknown, false, a.exhausted()
 	}
 	id := a.next
 	for range size {
@@ -320,7 +322,7 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested NumericIdentity) 
 		}
 		id++
 	}
-	return IdentityUnknown, false, a.exhausted()
+	return identity.Unknown, false, a.exhausted()
 }
 
 func (a *Allocator) exhausted() error {

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -24,8 +26,8 @@ func newTestAllocator(tb testing.TB, size uint32) (*Allocator, *statedb.DB, stat
 	tb.Cleanup(func() { db.Stop() })
 	table, err := NewIdentitiesTable(db)
 	require.NoError(tb, err)
-	last := MinLocalIdentity + NumericIdentity(size) - 1
-	return newAllocator(db, table, hivetest.Logger(tb), MinLocalIdentity, last), db, table
+	last := identity.MinLocal + identity.Number(size) - 1
+	return newAllocator(db, table, hivetest.Logger(tb), identity.MinLocal, last), db, table
 }
 
 func cidr(n int) labels.Labels {
@@ -36,8 +38,8 @@ func cidr(n int) labels.Labels {
 // tableState returns labels -> (identity, references) from the table.
 func tableState(db *statedb.DB, table statedb.Table[*Identity]) map[labels.Labels]*Identity {
 	state := map[labels.Labels]*Identity{}
-	for identity := range table.All(db.ReadTxn()) {
-		state[identity.Labels] = identity
+	for ident := range table.All(db.ReadTxn()) {
+		state[ident.Labels] = ident
 	}
 	return state
 }
@@ -79,7 +81,7 @@ func TestLastReleaseFrees(t *testing.T) {
 
 func TestFreedNumberIsReusable(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 3)
-	var ids []NumericIdentity
+	var ids []identity.Number
 	for n := range 3 {
 		id, err := a.allocate(cidr(n), 0)
 		require.NoError(t, err)
@@ -103,7 +105,7 @@ func TestFreedNumberIsNotReusedAtOnce(t *testing.T) {
 
 func TestRequestedFreeNumberIsHonoured(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
-	want := MinLocalIdentity + 42
+	want := identity.MinLocal + 42
 	id, err := a.allocate(cidr(1), want)
 	require.NoError(t, err)
 	require.Equal(t, want, id)
@@ -118,7 +120,7 @@ func TestRequestedTakenNumberFallsBack(t *testing.T) {
 	require.NotEqual(t, taken, id)
 	require.True(t, id.IsLocal())
 
-	for _, outOfRange := range []NumericIdentity{IdentityWorld, MinLocalIdentity + 100, MaxLocalIdentity + 1} {
+	for _, outOfRange := range []identity.Number{identity.World, identity.MinLocal + 100, identity.MaxLocal + 1} {
 		id, err := a.allocate(labels.ForPrefix(netipPrefix(t, outOfRange)), outOfRange)
 		require.NoError(t, err)
 		require.NotEqual(t, outOfRange, id, "a number outside the space is not handed out")
@@ -128,14 +130,14 @@ func TestRequestedTakenNumberFallsBack(t *testing.T) {
 func TestRequestIgnoredForLabelsThatHaveAnIdentity(t *testing.T) {
 	a, _, _ := newTestAllocator(t, 100)
 	id, _ := a.allocate(cidr(1), 0)
-	again, err := a.allocate(cidr(1), MinLocalIdentity+50)
+	again, err := a.allocate(cidr(1), identity.MinLocal+50)
 	require.NoError(t, err)
 	require.Equal(t, id, again, "labels determine the identity")
 }
 
 func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	a, db, table := newTestAllocator(t, 3)
-	withheld := MinLocalIdentity
+	withheld := identity.MinLocal
 	require.NoError(t, a.Withhold(withheld))
 	_, _, found := table.Get(db.ReadTxn(), IdentityIndex.Query(withheld))
 	require.False(t, found, "a withheld number that is not allocated has no row")
@@ -145,7 +147,7 @@ func TestWithheldNumbersGoOnlyToRequestsNamingThem(t *testing.T) {
 	require.NoError(t, err)
 	y, err := a.allocate(cidr(2), 0)
 	require.NoError(t, err)
-	require.NotContains(t, []NumericIdentity{x, y}, withheld)
+	require.NotContains(t, []identity.Number{x, y}, withheld)
 
 	_, err = a.allocate(cidr(3), 0)
 	require.ErrorIs(t, err, ErrExhausted, "the withheld number is not free for unrelated requests")
@@ -225,7 +227,7 @@ func TestConcurrentAllocateRelease(t *testing.T) {
 
 	var (
 		mu       sync.Mutex
-		numberOf = map[labels.Labels]NumericIdentity{}
+		numberOf = map[labels.Labels]identity.Number{}
 		wg       sync.WaitGroup
 	)
 	kept := make([]map[labels.Labels]int, workers)
@@ -233,7 +235,7 @@ func TestConcurrentAllocateRelease(t *testing.T) {
 		kept[w] = map[labels.Labels]int{}
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
-			held := map[labels.Labels][]NumericIdentity{}
+			held := map[labels.Labels][]identity.Number{}
 			for range rounds {
 				lbls := cidr(rng.IntN(labelSets))
 				if refs := held[lbls]; len(refs) > 0 && rng.IntN(2) == 0 {
@@ -272,11 +274,11 @@ func TestConcurrentAllocateRelease(t *testing.T) {
 		}
 	}
 	got := map[labels.Labels]uint32{}
-	seen := map[NumericIdentity]bool{}
-	for lbls, identity := range tableState(db, table) {
-		got[lbls] = identity.References()
-		require.False(t, seen[identity.ID], "number %d given to two label sets", identity.ID)
-		seen[identity.ID] = true
+	seen := map[identity.Number]bool{}
+	for lbls, ident := range tableState(db, table) {
+		got[lbls] = ident.References()
+		require.False(t, seen[ident.ID], "number %d given to two label sets", ident.ID)
+		seen[ident.ID] = true
 	}
 	require.Equal(t, want, got)
 }
@@ -289,7 +291,7 @@ func TestTableEqualsModel(t *testing.T) {
 	const size = 16
 	a, db, table := newTestAllocator(t, size)
 	type modelEntry struct {
-		id   NumericIdentity
+		id   identity.Number
 		refs uint32
 	}
 	model := map[labels.Labels]modelEntry{}
@@ -310,9 +312,9 @@ func TestTableEqualsModel(t *testing.T) {
 				model[lbls] = entry
 			}
 		default:
-			requested := IdentityUnknown
+			requested := identity.Unknown
 			if rng.IntN(2) == 0 {
-				requested = MinLocalIdentity + NumericIdentity(rng.IntN(size))
+				requested = identity.MinLocal + identity.Number(rng.IntN(size))
 			}
 			requestedFree := true
 			for _, e := range model {
@@ -326,7 +328,7 @@ func TestTableEqualsModel(t *testing.T) {
 			require.NoError(t, err, "step %d", step)
 			if exists {
 				require.Equal(t, entry.id, id, "step %d", step)
-			} else if requested != IdentityUnknown && requestedFree {
+			} else if requested != identity.Unknown && requestedFree {
 				require.Equal(t, requested, id, "step %d: a free requested number is honoured", step)
 			}
 			model[lbls] = modelEntry{id: id, refs: entry.refs + 1}
@@ -334,12 +336,12 @@ func TestTableEqualsModel(t *testing.T) {
 
 		state := tableState(db, table)
 		require.Len(t, state, len(model), "step %d", step)
-		numbers := map[NumericIdentity]bool{}
+		numbers := map[identity.Number]bool{}
 		for lbls, want := range model {
 			got := state[lbls]
 			require.Equal(t, want.id, got.ID, "step %d %s", step, lbls)
 			require.Equal(t, want.refs, got.References(), "step %d %s", step, lbls)
-			require.True(t, got.ID >= MinLocalIdentity && got.ID < MinLocalIdentity+size)
+			require.True(t, got.ID >= identity.MinLocal && got.ID < identity.MinLocal+size)
 			numbers[got.ID] = true
 		}
 		require.Len(t, numbers, len(model), "step %d: numbers are distinct", step)
@@ -352,7 +354,7 @@ func TestTableEqualsModel(t *testing.T) {
 // the count; the free number gets no row.
 func TestWithholdTwice(t *testing.T) {
 	a, db, table := newTestAllocator(t, 10)
-	free, allocated := MinLocalIdentity, MinLocalIdentity+1
+	free, allocated := identity.MinLocal, identity.MinLocal+1
 	got, err := a.allocate(cidr(1), allocated)
 	require.NoError(t, err)
 	require.Equal(t, allocated, got)
@@ -374,17 +376,17 @@ func TestWithholdTwice(t *testing.T) {
 // search for a free number starts.
 func TestWithholdBeforeAllocation(t *testing.T) {
 	a, db, table := newTestAllocator(t, 4)
-	require.NoError(t, a.Withhold(MinLocalIdentity+1, MinLocalIdentity+2))
+	require.NoError(t, a.Withhold(identity.MinLocal+1, identity.MinLocal+2))
 	require.Zero(t, table.NumObjects(db.ReadTxn()))
 	x, err := a.allocate(cidr(1), 0)
 	require.NoError(t, err)
-	require.Equal(t, MinLocalIdentity, x)
+	require.Equal(t, identity.MinLocal, x)
 	y, err := a.allocate(cidr(2), 0)
 	require.NoError(t, err)
-	require.Equal(t, MinLocalIdentity+3, y, "the withheld numbers between are skipped")
-	z, err := a.allocate(cidr(3), MinLocalIdentity+2)
+	require.Equal(t, identity.MinLocal+3, y, "the withheld numbers between are skipped")
+	z, err := a.allocate(cidr(3), identity.MinLocal+2)
 	require.NoError(t, err)
-	require.Equal(t, MinLocalIdentity+2, z)
+	require.Equal(t, identity.MinLocal+2, z)
 	row, _, _ := table.Get(db.ReadTxn(), IdentityIndex.Query(z))
 	require.Equal(t, NewIdentity(z, cidr(3), 1, true), row)
 	_, err = a.allocate(cidr(4), 0)

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"bytes"
 	"net/netip"
 	"testing"
@@ -21,7 +23,7 @@ import (
 func BenchmarkBaselineTableInsertDelete(b *testing.B) {
 	a, _, _ := newTestAllocator(b, 1<<20)
 	allocateMany(b, a, 10_000)
-	row := NewIdentity(MinLocalIdentity+20_000, cidr(20_000), 1, false)
+	row := NewIdentity(identity.MinLocal+20_000, cidr(20_000), 1, false)
 	b.ReportAllocs()
 	for b.Loop() {
 		txn := a.WriteTxn()
@@ -125,11 +127,11 @@ func allocateMany(b *testing.B, a *Allocator, n int) {
 // in the table costs a restart (docs/SCALE.md).
 func BenchmarkRestoreNumbers(b *testing.B) {
 	const n = 100_000
-	ids := make([]NumericIdentity, n)
+	ids := make([]identity.Number, n)
 	lbls := make([]labels.Labels, n)
 	for i := range ids {
-		ids[i] = MinLocalIdentity + NumericIdentity(i)
-		lbls[i] = labels.ForPrefix(netipPrefix(b, NumericIdentity(i)))
+		ids[i] = identity.MinLocal + identity.Number(i)
+		lbls[i] = labels.ForPrefix(netipPrefix(b, identity.Number(i)))
 	}
 	for _, withhold := range []bool{false, true} {
 		name := "requested"
@@ -166,7 +168,7 @@ func BenchmarkDecodeCheckpoint(b *testing.B) {
 	const n = 1_000_000
 	checkpoint := newCheckpointBuilder("bench", n)
 	for i := range n {
-		id := MinLocalIdentity + NumericIdentity(i)
+		id := identity.MinLocal + identity.Number(i)
 		require.NoError(b, checkpoint.add(id, labels.ForPrefix(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32))))
 	}
 	saved, err := checkpoint.checkpoint()

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"log/slog"
 
@@ -42,7 +44,7 @@ type Config struct {
 // DefaultConfig is the configuration on the defaults.
 var DefaultConfig = Config{
 	StateDir:               "/run/ipcache-agent",
-	IdentityLocalSpaceSize: uint32(MaxLocalIdentity - MinLocalIdentity + 1),
+	IdentityLocalSpaceSize: uint32(identity.MaxLocal - identity.MinLocal + 1),
 }
 
 // Flags implements cell.Flagger.
@@ -59,15 +61,15 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 // Possible errors: one naming --identity-local-space-size when it is out of
 // range.
 func (c Config) Validate() error {
-	if max := uint32(MaxLocalIdentity - MinLocalIdentity + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
+	if max := uint32(identity.MaxLocal - identity.MinLocal + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
 		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)
 	}
 	return nil
 }
 
 func newConfiguredAllocator(cfg Config, db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger) *Allocator {
-	last := MinLocalIdentity + NumericIdentity(cfg.IdentityLocalSpaceSize) - 1
-	return newAllocator(db, table, log, MinLocalIdentity, last)
+	last := identity.MinLocal + identity.Number(cfg.IdentityLocalSpaceSize) - 1
+	return newAllocator(db, table, log, identity.MinLocal, last)
 }
 
 // newLifecycleCheckpointer returns the Checkpointer with its start hook

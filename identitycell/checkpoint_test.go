@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"bytes"
 	"context"
 	"fmt"
@@ -21,15 +23,15 @@ import (
 )
 
 func testCheckpoint(n int) Checkpoint {
-	c := map[NumericIdentity]labels.Labels{}
+	c := map[identity.Number]labels.Labels{}
 	for i := range n {
-		c[MinLocalIdentity+NumericIdentity(i)] = cidr(i)
+		c[identity.MinLocal+identity.Number(i)] = cidr(i)
 	}
 	return checkpointOf(c)
 }
 
 // checkpointOf is the checkpoint of the given identities.
-func checkpointOf(identities map[NumericIdentity]labels.Labels) Checkpoint {
+func checkpointOf(identities map[identity.Number]labels.Labels) Checkpoint {
 	b := newCheckpointBuilder("test", len(identities))
 	for id, lbls := range identities {
 		if err := b.add(id, lbls); err != nil {
@@ -47,25 +49,25 @@ func checkpointOf(identities map[NumericIdentity]labels.Labels) Checkpoint {
 // and a number not saved is not, whether the saved numbers are dense
 // (each at the place its number gives) or sparse.
 func TestCheckpointLabels(t *testing.T) {
-	for name, ids := range map[string][]NumericIdentity{
-		"dense":  {MinLocalIdentity, MinLocalIdentity + 1, MinLocalIdentity + 2, MinLocalIdentity + 3},
-		"sparse": {MinLocalIdentity + 1, MinLocalIdentity + 5, MinLocalIdentity + 6, MinLocalIdentity + 900, MinLocalIdentity + 901},
-		"one":    {MinLocalIdentity + 7},
+	for name, ids := range map[string][]identity.Number{
+		"dense":  {identity.MinLocal, identity.MinLocal + 1, identity.MinLocal + 2, identity.MinLocal + 3},
+		"sparse": {identity.MinLocal + 1, identity.MinLocal + 5, identity.MinLocal + 6, identity.MinLocal + 900, identity.MinLocal + 901},
+		"one":    {identity.MinLocal + 7},
 		"none":   nil,
 	} {
-		saved := map[NumericIdentity]labels.Labels{}
+		saved := map[identity.Number]labels.Labels{}
 		for i, id := range ids {
 			saved[id] = cidr(i)
 		}
 		c := checkpointOf(saved)
 		require.Equal(t, len(ids), c.Len(), name)
-		for id := MinLocalIdentity - 2; id < MinLocalIdentity+1000; id++ {
+		for id := identity.MinLocal - 2; id < identity.MinLocal+1000; id++ {
 			got, found := c.Labels(id)
 			want, saved := saved[id]
 			require.Equal(t, saved, found, "%s: identity %d", name, id)
 			require.Equal(t, want, got, "%s: identity %d", name, id)
 		}
-		var listed []NumericIdentity
+		var listed []identity.Number
 		for id, lbls := range c.All() {
 			require.Equal(t, saved[id], lbls, name)
 			listed = append(listed, id)
@@ -86,11 +88,11 @@ func TestCheckpointOutOfOrder(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
 		got, err := ReadCheckpoint(path)
 		require.NoError(t, err)
-		want := map[NumericIdentity]labels.Labels{}
+		want := map[identity.Number]labels.Labels{}
 		for i, l := range []string{"a:a", "a:b", "a:c"} {
 			lbls, err := labels.New(l)
 			require.NoError(t, err)
-			want[16777217+NumericIdentity(i)] = lbls
+			want[16777217+identity.Number(i)] = lbls
 		}
 		require.Equal(t, checkpointOf(want), got)
 	}
@@ -301,7 +303,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	require.NoError(t, <-stopped)
 	got, err = ReadCheckpoint(path)
 	require.NoError(t, err)
-	require.Equal(t, checkpointOf(map[NumericIdentity]labels.Labels{id: cidr(7), id2: cidr(8)}), got)
+	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{id: cidr(7), id2: cidr(8)}), got)
 }
 
 // A number withheld and not allocated has no labels to keep: the
@@ -314,8 +316,8 @@ func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
 	c.interval = time.Millisecond
 	require.NoError(t, c.Start(nil))
 
-	withheld := MinLocalIdentity + 10
-	require.NoError(t, a.Withhold(withheld, MinLocalIdentity+11))
+	withheld := identity.MinLocal + 10
+	require.NoError(t, a.Withhold(withheld, identity.MinLocal+11))
 	id, err := a.allocate(cidr(7), withheld)
 	require.NoError(t, err)
 	require.Equal(t, withheld, id)
@@ -338,11 +340,11 @@ func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
 	require.NoError(t, <-stopped)
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
-	require.Equal(t, checkpointOf(map[NumericIdentity]labels.Labels{kept: cidr(8)}), got)
+	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{kept: cidr(8)}), got)
 }
 
 // labelsOf is the labels c saved for id, empty if none.
-func labelsOf(c Checkpoint, id NumericIdentity) labels.Labels {
+func labelsOf(c Checkpoint, id identity.Number) labels.Labels {
 	lbls, _ := c.Labels(id)
 	return lbls
 }

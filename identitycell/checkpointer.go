@@ -6,6 +6,8 @@ package identitycell
 // checkpoint as the `identities` table changes.
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"errors"
 	"fmt"
@@ -71,14 +73,14 @@ func newCheckpointer(db *statedb.DB, table statedb.Table[*Identity], log *slog.L
 // identities lists the allocated identities of a snapshot in number
 // order, counting them in n (a row without references, which only a tool
 // builds, has nothing to keep).
-func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[NumericIdentity, labels.Labels] {
-	return func(yield func(NumericIdentity, labels.Labels) bool) {
-		for identity := range c.table.All(txn) {
-			if !identity.Allocated() {
+func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[identity.Number, labels.Labels] {
+	return func(yield func(identity.Number, labels.Labels) bool) {
+		for ident := range c.table.All(txn) {
+			if !ident.Allocated() {
 				continue
 			}
 			*n++
-			if !yield(identity.ID, identity.Labels) {
+			if !yield(ident.ID, ident.Labels) {
 				return
 			}
 		}

@@ -5,6 +5,8 @@ package identitycell
 // The checkpoint file: its format, and its encoding and decoding.
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"bufio"
 	"bytes"
 	"cmp"
@@ -43,7 +45,7 @@ type Checkpoint struct {
 }
 
 type checkpointEntry struct {
-	id     NumericIdentity
+	id     identity.Number
 	labels labels.Labels
 }
 
@@ -51,7 +53,7 @@ type checkpointEntry struct {
 func (c Checkpoint) Len() int { return len(c.entries) }
 
 // Labels returns the labels saved for id, and whether id was saved.
-func (c Checkpoint) Labels(id NumericIdentity) (labels.Labels, bool) {
+func (c Checkpoint) Labels(id identity.Number) (labels.Labels, bool) {
 	e := c.entries
 	if len(e) == 0 || id < e[0].id {
 		return labels.Labels{}, false
@@ -66,7 +68,7 @@ func (c Checkpoint) Labels(id NumericIdentity) (labels.Labels, bool) {
 		}
 		e = e[:d]
 	}
-	i, found := slices.BinarySearchFunc(e, id, func(entry checkpointEntry, id NumericIdentity) int {
+	i, found := slices.BinarySearchFunc(e, id, func(entry checkpointEntry, id identity.Number) int {
 		return cmp.Compare(entry.id, id)
 	})
 	if !found {
@@ -76,8 +78,8 @@ func (c Checkpoint) Labels(id NumericIdentity) (labels.Labels, bool) {
 }
 
 // All lists the checkpoint in ascending number order.
-func (c Checkpoint) All() iter.Seq2[NumericIdentity, labels.Labels] {
-	return func(yield func(NumericIdentity, labels.Labels) bool) {
+func (c Checkpoint) All() iter.Seq2[identity.Number, labels.Labels] {
+	return func(yield func(identity.Number, labels.Labels) bool) {
 		for _, e := range c.entries {
 			if !yield(e.id, e.labels) {
 				return
@@ -100,7 +102,7 @@ func newCheckpointBuilder(path string, sizeHint int) *checkpointBuilder {
 
 // add adds a decoded entry, unless it is not a local identity with labels
 // or its number is the one listed just before it.
-func (b *checkpointBuilder) add(id NumericIdentity, lbls labels.Labels) error {
+func (b *checkpointBuilder) add(id identity.Number, lbls labels.Labels) error {
 	if !id.IsLocal() || lbls.IsEmpty() {
 		return corrupt(b.path, fmt.Sprintf("entry %d %q is not a local identity with labels", id, lbls))
 	}
@@ -131,7 +133,7 @@ func (b *checkpointBuilder) checkpoint() (Checkpoint, error) {
 	return Checkpoint{entries: b.entries}, nil
 }
 
-func listedTwice(path string, id NumericIdentity) error {
+func listedTwice(path string, id identity.Number) error {
 	return corrupt(path, fmt.Sprintf("identity %d listed twice", id))
 }
 
@@ -141,7 +143,7 @@ type checkpointFile struct {
 }
 
 type checkpointIdentity struct {
-	ID     NumericIdentity `json:"id"`
+	ID     identity.Number `json:"id"`
 	Labels labels.Labels   `json:"labels"`
 }
 
@@ -253,7 +255,7 @@ func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint,
 		if err != nil {
 			return Checkpoint{}, false, nil // encoding/json reports it, in its words
 		}
-		if err := b.add(NumericIdentity(id), lbls); err != nil {
+		if err := b.add(identity.Number(id), lbls); err != nil {
 			return Checkpoint{}, true, err
 		}
 		rest = after
@@ -265,7 +267,7 @@ func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint,
 // identities must come in ascending number order, as the `identities`
 // table's primary index lists them. The encoding streams: a million
 // identities are written without building the file in memory first.
-func writeCheckpoint(path string, identities iter.Seq2[NumericIdentity, labels.Labels]) error {
+func writeCheckpoint(path string, identities iter.Seq2[identity.Number, labels.Labels]) error {
 	err := atomicfile.Write(path, func(w io.Writer) error { return encodeCheckpoint(w, identities) })
 	if err != nil {
 		return fmt.Errorf("write identity checkpoint: %w", err)
@@ -275,7 +277,7 @@ func writeCheckpoint(path string, identities iter.Seq2[NumericIdentity, labels.L
 
 // encodeCheckpoint writes the JSON form of checkpointFile, one identity per
 // line, with what encoding/json would write for each field.
-func encodeCheckpoint(w io.Writer, identities iter.Seq2[NumericIdentity, labels.Labels]) error {
+func encodeCheckpoint(w io.Writer, identities iter.Seq2[identity.Number, labels.Labels]) error {
 	out := bufio.NewWriterSize(w, 1<<16)
 	buf := fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion)
 	first := true

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"fmt"
 	"net/netip"
@@ -14,7 +16,7 @@ import (
 
 // netipPrefix returns a distinct /32 for a number, so tests can build
 // distinct label sets from numbers.
-func netipPrefix(tb testing.TB, n NumericIdentity) netip.Prefix {
+func netipPrefix(tb testing.TB, n identity.Number) netip.Prefix {
 	tb.Helper()
 	return netip.MustParsePrefix(fmt.Sprintf("%d.%d.%d.%d/32", byte(n>>24), byte(n>>16), byte(n>>8), byte(n)))
 }

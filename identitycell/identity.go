@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"encoding/json"
 	"fmt"
 	"iter"
@@ -16,36 +18,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-// NumericIdentity is the number of a security identity, as the datapath sees
-// it in the ipcache and policy maps.
-type NumericIdentity uint32
-
-const (
-	// IdentityUnknown is no identity.
-	IdentityUnknown NumericIdentity = 0
-
-	// IdentityWorld is the identity of any address that is in no ipcache
-	// entry.
-	IdentityWorld NumericIdentity = 2
-
-	// LocalScope marks the identities allocated on this node (CIDR
-	// identities), as in Cilium: local numbers are LocalScope|n for n in
-	// 1..0xFFFFFF.
-	LocalScope NumericIdentity = 1 << 24
-
-	// MinLocalIdentity and MaxLocalIdentity bound the local scope.
-	MinLocalIdentity = LocalScope | 1
-	MaxLocalIdentity = LocalScope | 0xFFFFFF
-)
-
-// IsLocal reports whether the number is in the local scope.
-func (id NumericIdentity) IsLocal() bool {
-	return id >= MinLocalIdentity && id <= MaxLocalIdentity
-}
-
-// String returns the number in decimal.
-func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id), 10) }
-
 // Identity is a row of the `identities` table: an allocated local number.
 // Rows are immutable once inserted.
 //
@@ -56,7 +28,7 @@ func (id NumericIdentity) String() string { return strconv.FormatUint(uint64(id)
 //
 // Its JSON and YAML are {id, references, labels, withheld (when set)}.
 type Identity struct {
-	ID NumericIdentity
+	ID identity.Number
 
 	// refs is the reference count in its low 31 bits and the withheld
 	// flag in its top bit. There is a row per CIDR prefix, so its size is
@@ -79,7 +51,7 @@ const (
 // and withheld flag, for tests and tools that build rows outside the
 // allocator. references must be at most 2^31-1; more panics, as the
 // allocator never counts that many ([ErrTooManyReferences]).
-func NewIdentity(id NumericIdentity, lbls labels.Labels, references uint32, withheld bool) *Identity {
+func NewIdentity(id identity.Number, lbls labels.Labels, references uint32, withheld bool) *Identity {
 	if references > maxReferences {
 		panic(fmt.Sprintf("identity %d: %d references, at most %d", id, references, maxReferences))
 	}
@@ -112,7 +84,7 @@ func (i *Identity) setWithheld(withheld bool) {
 // count and the flag were fields of their own: `db/show` and anything that
 // decodes its output see the same rows.
 type identityEncoding struct {
-	ID         NumericIdentity `json:"id" yaml:"id"`
+	ID         identity.Number `json:"id" yaml:"id"`
 	References uint32          `json:"references" yaml:"references"`
 	Labels     labels.Labels   `json:"labels" yaml:"labels"`
 	Withheld   bool            `json:"withheld,omitempty" yaml:"withheld,omitempty"`
@@ -180,12 +152,12 @@ const IdentitiesTableName = "identities"
 
 // IdentityIndex is the primary index of the `identities` table, ordered by
 // number.
-var IdentityIndex = statedb.Index[*Identity, NumericIdentity]{
+var IdentityIndex = statedb.Index[*Identity, identity.Number]{
 	Name: "id",
 	FromObject: func(i *Identity) index.KeySet {
 		return index.NewKeySet(index.Uint32(uint32(i.ID)))
 	},
-	FromKey: func(id NumericIdentity) index.Key { return index.Uint32(uint32(id)) },
+	FromKey: func(id identity.Number) index.Key { return index.Uint32(uint32(id)) },
 	FromString: func(s string) (index.Key, error) {
 		n, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
@@ -277,18 +249,18 @@ func labelsKeys(l labels.Labels) index.KeySet {
 // prefix. cidr must be masked.
 func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], cidr netip.Prefix) iter.Seq[*Identity] {
 	return func(yield func(*Identity) bool) {
-		for identity := range identities.LowerBound(txn, LabelsIndex.QueryFromKey(prefixkey.RangeStart(cidr))) {
+		for ident := range identities.LowerBound(txn, LabelsIndex.QueryFromKey(prefixkey.RangeStart(cidr))) {
 			// The key that found the identity is one of its prefixes': if
 			// none is in the CIDR's range, that key is past the range.
 			inRange, inside := false, false
-			for prefix := range identity.Labels.Prefixes() {
+			for prefix := range ident.Labels.Prefixes() {
 				inRange = inRange || prefixkey.InRange(cidr, prefix)
 				inside = inside || prefixkey.Inside(cidr, prefix)
 			}
 			if !inRange {
 				return
 			}
-			if inside && !yield(identity) {
+			if inside && !yield(ident) {
 				return
 			}
 		}

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"encoding/json"
 	"net/netip"
 	"slices"
@@ -21,15 +23,15 @@ func TestLabelsIndexAndIdentitiesWithin(t *testing.T) {
 	db := statedb.New()
 	table, err := NewIdentitiesTable(db)
 	require.NoError(t, err)
-	rows := map[NumericIdentity][]string{
-		MinLocalIdentity + 1: {"cidr:10.0.0.0/8"},
-		MinLocalIdentity + 2: {"cidr:10.1.0.0/16", "app:a"},
-		MinLocalIdentity + 3: {"cidr:10.1.0.0/16"},
-		MinLocalIdentity + 4: {"cidr:11.0.0.0/8", "cidr:10.2.0.1/32"}, // found through its second prefix
-		MinLocalIdentity + 5: {"app:no-cidr"},
-		MinLocalIdentity + 6: {"cidr:10.0.0.0/7"}, // same address as 10.0.0.0/8, shorter
-		MinLocalIdentity + 7: {"cidr:2001:db8::/32"},
-		MinLocalIdentity + 8: {"cidr:::ffff:10.0.0.0/104"}, // IPv6, whatever its bytes
+	rows := map[identity.Number][]string{
+		identity.MinLocal + 1: {"cidr:10.0.0.0/8"},
+		identity.MinLocal + 2: {"cidr:10.1.0.0/16", "app:a"},
+		identity.MinLocal + 3: {"cidr:10.1.0.0/16"},
+		identity.MinLocal + 4: {"cidr:11.0.0.0/8", "cidr:10.2.0.1/32"}, // found through its second prefix
+		identity.MinLocal + 5: {"app:no-cidr"},
+		identity.MinLocal + 6: {"cidr:10.0.0.0/7"}, // same address as 10.0.0.0/8, shorter
+		identity.MinLocal + 7: {"cidr:2001:db8::/32"},
+		identity.MinLocal + 8: {"cidr:::ffff:10.0.0.0/104"}, // IPv6, whatever its bytes
 	}
 	txn := db.WriteTxn(table)
 	for id, lbls := range rows {
@@ -50,21 +52,21 @@ func TestLabelsIndexAndIdentitiesWithin(t *testing.T) {
 	_, _, ok := table.Get(rtxn, LabelsIndex.Query(labels.ForPrefix(netip.MustParsePrefix("10.3.0.0/16"))))
 	require.False(t, ok)
 
-	within := func(cidr string) []NumericIdentity {
-		var ids []NumericIdentity
-		for identity := range IdentitiesWithin(rtxn, table, netip.MustParsePrefix(cidr)) {
-			ids = append(ids, identity.ID)
+	within := func(cidr string) []identity.Number {
+		var ids []identity.Number
+		for ident := range IdentitiesWithin(rtxn, table, netip.MustParsePrefix(cidr)) {
+			ids = append(ids, ident.ID)
 		}
 		slices.Sort(ids)
 		return slices.Compact(ids)
 	}
-	require.Equal(t, []NumericIdentity{MinLocalIdentity + 1, MinLocalIdentity + 2, MinLocalIdentity + 3, MinLocalIdentity + 4},
+	require.Equal(t, []identity.Number{identity.MinLocal + 1, identity.MinLocal + 2, identity.MinLocal + 3, identity.MinLocal + 4},
 		within("10.0.0.0/8"))
-	require.Equal(t, []NumericIdentity{MinLocalIdentity + 2, MinLocalIdentity + 3}, within("10.1.0.0/16"))
-	require.Equal(t, []NumericIdentity{MinLocalIdentity + 4}, within("11.0.0.0/8"))
+	require.Equal(t, []identity.Number{identity.MinLocal + 2, identity.MinLocal + 3}, within("10.1.0.0/16"))
+	require.Equal(t, []identity.Number{identity.MinLocal + 4}, within("11.0.0.0/8"))
 	require.Empty(t, within("10.3.0.0/16"))
 	require.Len(t, within("0.0.0.0/0"), 5, "IPv4 only, without the no-cidr identity")
-	require.Equal(t, []NumericIdentity{MinLocalIdentity + 7, MinLocalIdentity + 8}, within("::/0"), "IPv6 only")
+	require.Equal(t, []identity.Number{identity.MinLocal + 7, identity.MinLocal + 8}, within("::/0"), "IPv6 only")
 }
 
 // A row's JSON and YAML (`db/show -format`, statedb's HTTP API) are those
@@ -77,15 +79,15 @@ func TestRowEncoding(t *testing.T) {
 		row        *Identity
 		json, yaml string
 	}{{
-		row:  NewIdentity(MinLocalIdentity+5, l, 3, true),
+		row:  NewIdentity(identity.MinLocal+5, l, 3, true),
 		json: `{"id":16777222,"references":3,"labels":"cidr:10.0.5.0/24","withheld":true}`,
 		yaml: "id: 16777222\nreferences: 3\nlabels: cidr:10.0.5.0/24\nwithheld: true\n",
 	}, {
-		row:  NewIdentity(MinLocalIdentity+5, l, 1, false),
+		row:  NewIdentity(identity.MinLocal+5, l, 1, false),
 		json: `{"id":16777222,"references":1,"labels":"cidr:10.0.5.0/24"}`,
 		yaml: "id: 16777222\nreferences: 1\nlabels: cidr:10.0.5.0/24\n",
 	}, {
-		row:  NewIdentity(MinLocalIdentity+5, labels.Labels{}, 0, true),
+		row:  NewIdentity(identity.MinLocal+5, labels.Labels{}, 0, true),
 		json: `{"id":16777222,"references":0,"labels":"","withheld":true}`,
 		yaml: "id: 16777222\nreferences: 0\nlabels: \"\"\nwithheld: true\n",
 	}} {

@@ -3,6 +3,8 @@
 package identitycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"fmt"
 	"maps"
@@ -75,7 +77,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 					return nil, err
 				}
 			}
-			id, err := allocator.allocate(lbls, NumericIdentity(requested))
+			id, err := allocator.allocate(lbls, identity.Number(requested))
 			return scriptcmd.Result(id.String()+"\n", err)
 		})
 	cmds["identity/release"] = script.Command(
@@ -88,7 +90,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			if err != nil {
 				return nil, err
 			}
-			_, err = allocator.release(NumericIdentity(id))
+			_, err = allocator.release(identity.Number(id))
 			return nil, err
 		})
 	cmds["identity/withhold"] = script.Command(
@@ -99,7 +101,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				if err != nil {
 					return nil, err
 				}
-				if err := allocator.Withhold(NumericIdentity(id)); err != nil {
+				if err := allocator.Withhold(identity.Number(id)); err != nil {
 					return nil, err
 				}
 			}

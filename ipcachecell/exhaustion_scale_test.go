@@ -3,6 +3,8 @@
 package ipcachecell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -76,8 +78,8 @@ func startExhaustion(t *testing.T, spaceSize int) *exhaustion {
 }
 
 // resolved returns the `ipcache` table as prefix -> identity.
-func (x *exhaustion) resolved() map[netip.Prefix]identitycell.NumericIdentity {
-	out := map[netip.Prefix]identitycell.NumericIdentity{}
+func (x *exhaustion) resolved() map[netip.Prefix]identity.Number {
+	out := map[netip.Prefix]identity.Number{}
 	for e := range x.entries.All(x.db.ReadTxn()) {
 		out[e.Prefix] = e.Identity
 	}
@@ -102,10 +104,10 @@ func (x *exhaustion) waiting() map[netip.Prefix]struct{} {
 func (x *exhaustion) checkResolved(spaceSize int) {
 	x.t.Helper()
 	txn := x.db.ReadTxn()
-	seen := map[identitycell.NumericIdentity]netip.Prefix{}
-	last := identitycell.MinLocalIdentity + identitycell.NumericIdentity(spaceSize) - 1
+	seen := map[identity.Number]netip.Prefix{}
+	last := identity.MinLocal + identity.Number(spaceSize) - 1
 	for e := range x.entries.All(txn) {
-		if e.Explicit || e.Identity < identitycell.MinLocalIdentity || e.Identity > last {
+		if e.Explicit || e.Identity < identity.MinLocal || e.Identity > last {
 			x.t.Fatalf("%s maps to %d (explicit %t), outside the local space", e.Prefix, e.Identity, e.Explicit)
 		}
 		if other, dup := seen[e.Identity]; dup {
@@ -464,7 +466,7 @@ func TestIdentityExhaustionRetryNotStarvedByOtherChanges(t *testing.T) {
 	churn := func(d time.Duration) {
 		for i := 0; d > 0; i++ {
 			require.NoError(t, other.Upsert(netip.MustParsePrefix("192.0.2.1/32"),
-				ipcachecell.Metadata{ExplicitIdentity: identitycell.NumericIdentity(1000 + i%2)}))
+				ipcachecell.Metadata{ExplicitIdentity: identity.Number(1000 + i%2)}))
 			time.Sleep(50 * time.Millisecond)
 			d -= 50 * time.Millisecond
 		}

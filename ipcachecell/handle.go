@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -15,7 +17,6 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/time/rate"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -330,7 +331,7 @@ func sortByPrefix(rows []*PrefixMetadata) {
 }
 
 func validateMetadata(md Metadata) error {
-	if md.RequestedIdentity != identitycell.IdentityUnknown && !md.RequestedIdentity.IsLocal() {
+	if md.RequestedIdentity != identity.Unknown && !md.RequestedIdentity.IsLocal() {
 		return fmt.Errorf("requested identity %d is not a local identity", md.RequestedIdentity)
 	}
 	return nil

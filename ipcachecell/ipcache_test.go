@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"fmt"
 	"iter"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -200,7 +201,7 @@ func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
 		for i := 255; i >= 0; i-- {
 			prefix := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), 1}), 32)
 			batch = append(batch, PrefixUpsert{Prefix: prefix,
-				Metadata: Metadata{RequestedIdentity: identitycell.MinLocalIdentity + identitycell.NumericIdentity(round*256+i)}})
+				Metadata: Metadata{RequestedIdentity: identity.MinLocal + identity.Number(round*256+i)}})
 		}
 	}
 	require.NoError(t, h.UpsertBatch(batch))
@@ -208,7 +209,7 @@ func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
 	require.Equal(t, 256, f.metadata.NumObjects(txn))
 	for row := range f.metadata.All(txn) {
 		i := int(row.Prefix.Addr().As4()[2])
-		require.Equal(t, identitycell.MinLocalIdentity+identitycell.NumericIdentity(2*256+i), row.RequestedIdentity,
+		require.Equal(t, identity.MinLocal+identity.Number(2*256+i), row.RequestedIdentity,
 			"prefix %s", row.Prefix)
 	}
 }
@@ -221,7 +222,7 @@ func TestEntryKeepsIdentityWhenSourceChanges(t *testing.T) {
 	prefix := netip.MustParsePrefix("10.0.0.1/32")
 	restored, err := f.ipcache.NewHandle("restored", source.Restored)
 	require.NoError(t, err)
-	require.NoError(t, restored.Upsert(prefix, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 7}))
+	require.NoError(t, restored.Upsert(prefix, Metadata{RequestedIdentity: identity.MinLocal + 7}))
 	f.round(t)
 	_, restoredRev, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.True(t, found)
@@ -234,7 +235,7 @@ func TestEntryKeepsIdentityWhenSourceChanges(t *testing.T) {
 	f.round(t)
 	entry, ownerRev, _ := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
 	require.Equal(t, source.Local, entry.Source)
-	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity)
+	require.Equal(t, identity.MinLocal+7, entry.Identity)
 	require.Greater(t, ownerRev, restoredRev, "a new revision of the same mapping")
 
 	// New labels, a new identity (restore no longer asks for the old
@@ -245,7 +246,7 @@ func TestEntryKeepsIdentityWhenSourceChanges(t *testing.T) {
 	require.NoError(t, owner.Upsert(prefix, Metadata{Labels: appX}))
 	f.round(t)
 	entry, _, _ = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
-	require.NotEqual(t, identitycell.MinLocalIdentity+7, entry.Identity)
+	require.NotEqual(t, identity.MinLocal+7, entry.Identity)
 }
 
 // A gradual release removes a chunk at a time, each within the rate; when

@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"math/rand/v2"
 	"net/netip"
@@ -110,7 +112,7 @@ func testRandomOwnership(t *testing.T, stepsPerRound, chunkSize int) {
 
 	handles := map[string]*Handle{}
 	said := map[string]map[netip.Prefix]Metadata{} // what each resource said
-	heldElsewhere := map[identitycell.NumericIdentity]uint32{}
+	heldElsewhere := map[identity.Number]uint32{}
 
 	randomMetadata := func() Metadata {
 		var md Metadata
@@ -122,10 +124,10 @@ func testRandomOwnership(t *testing.T, stepsPerRound, chunkSize int) {
 		}
 		md.Labels, _ = labels.New(ls...)
 		if rng.IntN(3) == 0 {
-			md.RequestedIdentity = identitycell.MinLocalIdentity + identitycell.NumericIdentity(rng.IntN(20))
+			md.RequestedIdentity = identity.MinLocal + identity.Number(rng.IntN(20))
 		}
 		if rng.IntN(8) == 0 {
-			md.ExplicitIdentity = identitycell.NumericIdentity(5000 + rng.IntN(3))
+			md.ExplicitIdentity = identity.Number(5000 + rng.IntN(3))
 		}
 		return md
 	}
@@ -203,12 +205,12 @@ func testRandomOwnership(t *testing.T, stepsPerRound, chunkSize int) {
 
 // checkAgainst compares the tables with what the owners said.
 func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip.Prefix]Metadata,
-	sources map[string]source.Source, heldElsewhere map[identitycell.NumericIdentity]uint32) {
+	sources map[string]source.Source, heldElsewhere map[identity.Number]uint32) {
 	t.Helper()
 	type want struct {
 		labels         labels.Labels
 		source         source.Source
-		explicit       identitycell.NumericIdentity
+		explicit       identity.Number
 		explicitSource source.Source
 	}
 	wants := map[netip.Prefix]*want{}
@@ -231,7 +233,7 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 	}
 
 	txn := f.db.ReadTxn()
-	references := map[identitycell.NumericIdentity]uint32{}
+	references := map[identity.Number]uint32{}
 	for id, n := range heldElsewhere {
 		references[id] += n
 	}
@@ -247,16 +249,16 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 			continue
 		}
 		require.False(t, entry.Explicit, "step %d: %s", step, entry.Prefix)
-		identity, _, found := f.identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity))
+		ident, _, found := f.identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity))
 		require.True(t, found, "step %d: %s maps to unallocated identity %d", step, entry.Prefix, entry.Identity)
-		require.Equal(t, w.labels, identity.Labels, "step %d: labels of %s's identity", step, entry.Prefix)
+		require.Equal(t, w.labels, ident.Labels, "step %d: labels of %s's identity", step, entry.Prefix)
 		references[entry.Identity]++
 	}
 	require.Equal(t, len(wants), entries, "step %d: every owned prefix has an entry", step)
 
-	actual := map[identitycell.NumericIdentity]uint32{}
-	for identity := range f.identities.All(txn) {
-		actual[identity.ID] = identity.References()
+	actual := map[identity.Number]uint32{}
+	for ident := range f.identities.All(txn) {
+		actual[ident.ID] = ident.References()
 	}
 	require.Equal(t, references, actual, "step %d: reference counts", step)
 }

@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"cmp"
 	"context"
 	"errors"
@@ -416,9 +418,9 @@ func (r *resolver) adaptChunkSize(resolved int, took time.Duration) {
 type resolution struct {
 	labels            labels.Labels
 	source            source.Source
-	requested         identitycell.NumericIdentity
+	requested         identity.Number
 	requestedBy       *owner // set with requested
-	explicit          identitycell.NumericIdentity
+	explicit          identity.Number
 	explicitBy        *owner // set with explicit
 	hasAnyMetadataRow bool
 	// want is labels with the prefix's cidr label (see wantedLabels).
@@ -435,12 +437,12 @@ func (res *resolution) merge(row *PrefixMetadata) {
 		res.source = row.Source()
 	}
 	res.hasAnyMetadataRow = true
-	if row.RequestedIdentity != identitycell.IdentityUnknown &&
-		(res.requested == identitycell.IdentityUnknown || row.owner.precedes(res.requestedBy)) {
+	if row.RequestedIdentity != identity.Unknown &&
+		(res.requested == identity.Unknown || row.owner.precedes(res.requestedBy)) {
 		res.requested, res.requestedBy = row.RequestedIdentity, row.owner
 	}
-	if row.ExplicitIdentity != identitycell.IdentityUnknown &&
-		(res.explicit == identitycell.IdentityUnknown || row.owner.precedes(res.explicitBy)) {
+	if row.ExplicitIdentity != identity.Unknown &&
+		(res.explicit == identity.Unknown || row.owner.precedes(res.explicitBy)) {
 		res.explicit, res.explicitBy = row.ExplicitIdentity, row.owner
 	}
 }
@@ -492,7 +494,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 				}
 				p.res.merge(row)
 			}
-			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identitycell.IdentityUnknown {
+			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identity.Unknown {
 				p.res.want = wantedLabels(p.res.labels, queued.prefix)
 			}
 		}
@@ -584,7 +586,7 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 	}
 	desired := &Entry{Prefix: prefix, Source: res.source}
 	switch {
-	case res.explicit != identitycell.IdentityUnknown:
+	case res.explicit != identity.Unknown:
 		desired.Identity, desired.Explicit = res.explicit, true
 	case hasCurrent && !current.Explicit && currentLabels == wantLabels:
 		// Same labels, same identity: keep the reference we hold.

@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -12,7 +14,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -116,14 +117,14 @@ func TestResolverResolvesPrefixQueuedTwiceOnce(t *testing.T) {
 	require.NoError(t, err)
 	owner, err := f.ipcache.NewHandle("owner", source.Local)
 	require.NoError(t, err)
-	require.NoError(t, restore.Upsert(p, Metadata{Labels: labels.ForPrefix(p), RequestedIdentity: identitycell.MinLocalIdentity + 7}))
+	require.NoError(t, restore.Upsert(p, Metadata{Labels: labels.ForPrefix(p), RequestedIdentity: identity.MinLocal + 7}))
 	require.NoError(t, owner.Upsert(p, Metadata{}))
 	f.round(t)
 	require.Equal(t, 1, f.resolver.resolutions, "restore's change is superseded by the owner's")
 	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
 	require.True(t, found)
 	require.Equal(t, source.Local, entry.Source)
-	require.Equal(t, identitycell.MinLocalIdentity+7, entry.Identity, "restore's row was merged")
+	require.Equal(t, identity.MinLocal+7, entry.Identity, "restore's row was merged")
 
 	appLabels, err := labels.New("app:x")
 	require.NoError(t, err)
@@ -225,8 +226,8 @@ func TestMergeTieGoesToResourceFirstByName(t *testing.T) {
 	require.NoError(t, err)
 	a, err := f.ipcache.NewHandle("a", source.Local)
 	require.NoError(t, err)
-	require.NoError(t, b.Upsert(requested, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 2}))
-	require.NoError(t, a.Upsert(requested, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 1}))
+	require.NoError(t, b.Upsert(requested, Metadata{RequestedIdentity: identity.MinLocal + 2}))
+	require.NoError(t, a.Upsert(requested, Metadata{RequestedIdentity: identity.MinLocal + 1}))
 	require.NoError(t, b.Upsert(explicit, Metadata{ExplicitIdentity: 5002}))
 	require.NoError(t, a.Upsert(explicit, Metadata{ExplicitIdentity: 5001}))
 	f.round(t)
@@ -239,19 +240,19 @@ func TestMergeTieGoesToResourceFirstByName(t *testing.T) {
 	require.Equal(t, []string{"b", "a"}, order, "rows in id order")
 	entry, _, found := f.entries.Get(txn, EntryIndex.Query(requested))
 	require.True(t, found)
-	require.Equal(t, identitycell.MinLocalIdentity+1, entry.Identity, "a's request")
+	require.Equal(t, identity.MinLocal+1, entry.Identity, "a's request")
 	entry, _, found = f.entries.Get(txn, EntryIndex.Query(explicit))
 	require.True(t, found)
-	require.Equal(t, identitycell.NumericIdentity(5001), entry.Identity, "a's explicit identity")
+	require.Equal(t, identity.Number(5001), entry.Identity, "a's explicit identity")
 
 	// A source of higher precedence still wins over the name.
 	c, err := f.ipcache.NewHandle("c", source.KubeAPIServer)
 	require.NoError(t, err)
 	third := netip.MustParsePrefix("10.0.0.3/32")
-	require.NoError(t, a.Upsert(third, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 4}))
-	require.NoError(t, c.Upsert(third, Metadata{RequestedIdentity: identitycell.MinLocalIdentity + 3}))
+	require.NoError(t, a.Upsert(third, Metadata{RequestedIdentity: identity.MinLocal + 4}))
+	require.NoError(t, c.Upsert(third, Metadata{RequestedIdentity: identity.MinLocal + 3}))
 	f.round(t)
 	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(third))
 	require.True(t, found)
-	require.Equal(t, identitycell.MinLocalIdentity+3, entry.Identity, "c's request")
+	require.Equal(t, identity.MinLocal+3, entry.Identity, "c's request")
 }

@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"iter"
 	"net/netip"
@@ -94,13 +96,13 @@ func appendPrefixRows(rows []*PrefixMetadata, txn statedb.ReadTxn, metadata stat
 }
 
 // identityJSON returns what -o json shows of an identity.
-func (o identityOwners) identityJSON(txn statedb.ReadTxn, identity *identitycell.Identity) identityJSON {
+func (o identityOwners) identityJSON(txn statedb.ReadTxn, ident *identitycell.Identity) identityJSON {
 	out := identityJSON{
-		Identity: uint32(identity.ID), Labels: labelList(identity.Labels), References: uint64(identity.References()),
+		Identity: uint32(ident.ID), Labels: labelList(ident.Labels), References: uint64(ident.References()),
 		Prefixes: []identityPrefixJSON{}, Owners: []string{},
 	}
 	seen := map[string]bool{}
-	for entry := range o.entriesOf(txn, identity) {
+	for entry := range o.entriesOf(txn, ident) {
 		owners := ownersJSON(txn, o.metadata, entry.Prefix)
 		out.Prefixes = append(out.Prefixes, identityPrefixJSON{Prefix: entry.Prefix.String(), Source: entry.Source.String(), Owners: owners})
 		for _, owner := range owners {
@@ -136,11 +138,11 @@ type identityOwners struct {
 // holding a local identity has its own prefix's cidr label in the
 // identity's labels, so looking up those prefixes finds them all: no index
 // by identity (which would cost a million index entries) is needed.
-func (o identityOwners) entriesOf(txn statedb.ReadTxn, identity *identitycell.Identity) iter.Seq[*Entry] {
+func (o identityOwners) entriesOf(txn statedb.ReadTxn, ident *identitycell.Identity) iter.Seq[*Entry] {
 	return func(yield func(*Entry) bool) {
-		for prefix := range identity.Labels.Prefixes() {
+		for prefix := range ident.Labels.Prefixes() {
 			entry, _, found := o.entries.Get(txn, EntryIndex.Query(prefix))
-			if found && !entry.Explicit && entry.Identity == identity.ID && !yield(entry) {
+			if found && !entry.Explicit && entry.Identity == ident.ID && !yield(entry) {
 				return
 			}
 		}
@@ -149,10 +151,10 @@ func (o identityOwners) entriesOf(txn statedb.ReadTxn, identity *identitycell.Id
 
 // owners returns the prefixes that resolved to the identity and, per
 // prefix, the resources that own it.
-func (o identityOwners) owners(txn statedb.ReadTxn, identity *identitycell.Identity) (prefixes []string, resources []string) {
+func (o identityOwners) owners(txn statedb.ReadTxn, ident *identitycell.Identity) (prefixes []string, resources []string) {
 	seen := map[string]bool{}
 	var rows []*PrefixMetadata
-	for entry := range o.entriesOf(txn, identity) {
+	for entry := range o.entriesOf(txn, ident) {
 		prefixes = append(prefixes, entry.Prefix.String())
 		rows = appendPrefixRows(rows[:0], txn, o.metadata, entry.Prefix)
 		for _, row := range rows {
@@ -188,21 +190,21 @@ func (o identityOwners) listCommand() script.Cmd {
 			txn := o.db.ReadTxn()
 			if asJSON {
 				rows := []identityJSON{}
-				for identity := range o.identities.All(txn) {
-					rows = append(rows, o.identityJSON(txn, identity))
+				for ident := range o.identities.All(txn) {
+					rows = append(rows, o.identityJSON(txn, ident))
 				}
 				return scriptcmd.JSON(rows, nil)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
-			for identity := range o.identities.All(txn) {
-				if !identity.Allocated() {
+			for ident := range o.identities.All(txn) {
+				if !ident.Allocated() {
 					continue // only a tool builds such a row: no labels, no owners
 				}
-				prefixes, resources := o.owners(txn, identity)
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", identity.ID, identity.References(),
-					strings.Join(prefixes, ","), strings.Join(resources, ","), identity.Labels)
+				prefixes, resources := o.owners(txn, ident)
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", ident.ID, ident.References(),
+					strings.Join(prefixes, ","), strings.Join(resources, ","), ident.Labels)
 			}
 			w.Flush()
 			return scriptcmd.Result(out.String(), nil)
@@ -232,19 +234,19 @@ func (o identityOwners) showCommand() script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", fmt.Errorf("parse identity %q: %w", args[0], err))
 			}
-			id := identitycell.NumericIdentity(n)
+			id := identity.Number(n)
 			txn := o.db.ReadTxn()
-			identity, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
-			if !found || !identity.Allocated() {
+			ident, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+			if !found || !ident.Allocated() {
 				return scriptcmd.Result("", fmt.Errorf("identity %d is not allocated", id))
 			}
 			if asJSON {
-				return scriptcmd.JSON(o.identityJSON(txn, identity), nil)
+				return scriptcmd.JSON(o.identityJSON(txn, ident), nil)
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", identity.ID, identity.Labels, identity.References())
-			for entry := range o.entriesOf(txn, identity) {
+			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", ident.ID, ident.Labels, ident.References())
+			for entry := range o.entriesOf(txn, ident) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
 				for _, row := range appendPrefixRows(nil, txn, o.metadata, entry.Prefix) {
 					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource(), row.Source())
@@ -292,14 +294,14 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			}
 			// An explicit identity is not in the table: no labels shown.
 			var lbls string
-			if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
-				lbls = identity.Labels.String()
+			if ident, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
+				lbls = ident.Labels.String()
 			}
 			if asJSON {
 				out := lookupJSON{Prefix: entry.Prefix.String(), Identity: uint32(entry.Identity), Source: entry.Source.String(),
 					Labels: []string{}, Explicit: entry.Explicit, Owners: ownersJSON(txn, metadata, entry.Prefix)}
-				if identity, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
-					out.Labels = labelList(identity.Labels)
+				if ident, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
+					out.Labels = labelList(ident.Labels)
 				}
 				return scriptcmd.JSON(out, nil)
 			}

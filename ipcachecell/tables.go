@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"encoding/binary"
 	"encoding/json"
 	"iter"
@@ -12,7 +14,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -32,11 +33,11 @@ type Metadata struct {
 	// RequestedIdentity is the number wanted if an identity has to be
 	// allocated (a producer keeping numbers across restarts asks for the old
 	// one). Zero: no preference.
-	RequestedIdentity identitycell.NumericIdentity `json:"requested-identity,omitempty" yaml:"requested-identity,omitempty"`
+	RequestedIdentity identity.Number `json:"requested-identity,omitempty" yaml:"requested-identity,omitempty"`
 
 	// ExplicitIdentity is an identity allocated elsewhere; if set, the
 	// prefix maps to it and the ipcache takes no reference. Zero: none.
-	ExplicitIdentity identitycell.NumericIdentity `json:"explicit-identity,omitempty" yaml:"explicit-identity,omitempty"`
+	ExplicitIdentity identity.Number `json:"explicit-identity,omitempty" yaml:"explicit-identity,omitempty"`
 }
 
 // PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of
@@ -110,8 +111,8 @@ func (m *PrefixMetadata) TableRow() []string {
 		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
 }
 
-func optionalIdentity(id identitycell.NumericIdentity) string {
-	if id == identitycell.IdentityUnknown {
+func optionalIdentity(id identity.Number) string {
+	if id == identity.Unknown {
 		return ""
 	}
 	return id.String()
@@ -133,8 +134,8 @@ type Entry struct {
 	// otherwise. See IdentityUnchangedSince.
 	unchangedSince statedb.Revision
 
-	Identity identitycell.NumericIdentity `json:"identity" yaml:"identity"`
-	Source   source.Source                `json:"source" yaml:"source"`
+	Identity identity.Number `json:"identity" yaml:"identity"`
+	Source   source.Source   `json:"source" yaml:"source"`
 
 	// Explicit is set when the identity was allocated elsewhere and the
 	// ipcache holds no reference to it.

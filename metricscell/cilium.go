@@ -3,6 +3,8 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,8 +60,8 @@ func ciliumDirection(direction string) string {
 type mapPressureCollector struct {
 	db       *statedb.DB
 	ipcache  statedb.Table[*ipcachecell.Entry]
-	policy   statedb.Table[*policycell.PolicyEntry]
-	policies statedb.Table[*policycell.Policy]
+	policy   statedb.Table[*policy.Entry]
+	policies statedb.Table[*policy.Policy]
 	files    *policycell.PolicyFiles
 	cfg      datapathcell.Config
 	datapath *datapathcell.Datapath

@@ -3,6 +3,8 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,10 +38,10 @@ type stateParams struct {
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
 
-	PolicyEntries  statedb.Table[*policycell.PolicyEntry] `optional:"true"`
-	Policies       statedb.Table[*policycell.Policy]      `optional:"true"`
-	PolicyFiles    *policycell.PolicyFiles                `optional:"true"`
-	DatapathConfig datapathcell.Config                    `optional:"true"`
+	PolicyEntries  statedb.Table[*policy.Entry]  `optional:"true"`
+	Policies       statedb.Table[*policy.Policy] `optional:"true"`
+	PolicyFiles    *policycell.PolicyFiles       `optional:"true"`
+	DatapathConfig datapathcell.Config           `optional:"true"`
 }
 
 func registerStateCollectors(p stateParams) error {

@@ -3,6 +3,8 @@
 package policycell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -72,14 +74,14 @@ func BenchmarkDirectoryToPolicyTable(b *testing.B) {
 		b.StopTimer()
 		var (
 			db      *statedb.DB
-			entries statedb.Table[*policycell.PolicyEntry]
+			entries statedb.Table[*policy.Entry]
 		)
 		before := heapInUse()
 		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell,
 			// A policy map that holds the 100,000 entries (without it, the
 			// table would stop at twice the default map).
 			cell.Provide(func() policycell.PolicyMapCapacity { return policies * cidrsPerPolicy }),
-			cell.Invoke(func(d *statedb.DB, e statedb.Table[*policycell.PolicyEntry]) { db, entries = d, e }))
+			cell.Invoke(func(d *statedb.DB, e statedb.Table[*policy.Entry]) { db, entries = d, e }))
 		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *policycell.Config) { c.PolicyDir = dir })
 		require.NoError(b, h.Populate(log))

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -31,8 +33,8 @@ var Cell = cell.Module(
 	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(
 		newPoliciesTable,
-		newPolicyTable,
-		newEnforcementTable,
+		policy.NewEntryTable,
+		policy.NewEnforcementTable,
 		newConfiguredLoader,
 		newSelectorEngineOf,
 		// One job group for the module's jobs.
@@ -41,11 +43,15 @@ var Cell = cell.Module(
 		},
 	),
 	cell.Provide(
-		statedb.RWTable[*Policy].ToTable,
-		statedb.RWTable[*PolicyEntry].ToTable,
-		statedb.RWTable[*Enforcement].ToTable,
-		func(t statedb.RWTable[*PolicyEntry]) PolicyReconcilerTable { return PolicyReconcilerTable{t} },
-		func(t statedb.RWTable[*Enforcement]) EnforcementReconcilerTable { return EnforcementReconcilerTable{t} },
+		statedb.RWTable[*policy.Policy].ToTable,
+		statedb.RWTable[*policy.Entry].ToTable,
+		statedb.RWTable[*policy.Enforcement].ToTable,
+		func(t statedb.RWTable[*policy.Entry]) policy.ReconcilerTable {
+			return policy.ReconcilerTable{RWTable: t}
+		},
+		func(t statedb.RWTable[*policy.Enforcement]) policy.EnforcementReconcilerTable {
+			return policy.EnforcementReconcilerTable{RWTable: t}
+		},
 		scriptCommands,
 		newSelectorProgress,
 		newPolicyFiles,
@@ -106,7 +112,7 @@ type loaderParams struct {
 
 	Config   Config
 	DB       *statedb.DB
-	Policies statedb.RWTable[*Policy]
+	Policies statedb.RWTable[*policy.Policy]
 	IPCache  *ipcachecell.IPCache
 	Log      *slog.Logger
 	Identity identitycell.Config // for --state-dir
@@ -140,11 +146,11 @@ type selectorParams struct {
 
 	Config      Config
 	DB          *statedb.DB
-	Policies    statedb.Table[*Policy]
+	Policies    statedb.Table[*policy.Policy]
 	Identities  statedb.Table[*identitycell.Identity]
 	IPCache     statedb.Table[*ipcachecell.Entry]
-	Entries     statedb.RWTable[*PolicyEntry]
-	Enforcement statedb.RWTable[*Enforcement]
+	Entries     statedb.RWTable[*policy.Entry]
+	Enforcement statedb.RWTable[*policy.Enforcement]
 	Progress    *SelectorProgress
 	Log         *slog.Logger
 	// Capacity is the datapath's --policy-map-max-entries.
@@ -165,7 +171,7 @@ type jobsParams struct {
 
 	Config    Config
 	DB        *statedb.DB
-	Policies  statedb.RWTable[*Policy]
+	Policies  statedb.RWTable[*policy.Policy]
 	IPCache   *ipcachecell.IPCache
 	Loader    *loader
 	Selectors *selectorEngine
@@ -203,9 +209,9 @@ type scriptParams struct {
 	Config      Config
 	DB          *statedb.DB
 	Loader      *loader
-	Policies    statedb.Table[*Policy]
-	Entries     statedb.Table[*PolicyEntry]
-	Enforcement statedb.Table[*Enforcement]
+	Policies    statedb.Table[*policy.Policy]
+	Entries     statedb.Table[*policy.Entry]
+	Enforcement statedb.Table[*policy.Enforcement]
 	IPCache     statedb.Table[*ipcachecell.Entry]
 	Identities  statedb.Table[*identitycell.Identity]
 	// Datapath is provided by the datapath cell, if the hive has one.

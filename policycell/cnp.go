@@ -3,6 +3,9 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -53,9 +56,9 @@ var (
 // ciliumRuleFields are the fields of an ingress and of an egress rule
 // (allow or deny), supported or not.
 var ciliumRuleFields = [2][]string{
-	Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "toPorts", "icmps",
+	policy.Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "toPorts", "icmps",
 		"authentication", "fromEndpoints", "fromGroups", "fromNodes", "fromRequires"},
-	Egress: {"toCIDR", "toCIDRSet", "toEntities", "toPorts", "icmps",
+	policy.Egress: {"toCIDR", "toCIDRSet", "toEntities", "toPorts", "icmps",
 		"authentication", "toEndpoints", "toFQDNs", "toGroups", "toNodes", "toRequires", "toServices"},
 }
 
@@ -83,16 +86,16 @@ var (
 
 // ciliumPolicy parses a CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy
 // into one policy holding the rules of its spec and specs.
-func (p *parser) ciliumPolicy(n node, kind string) (*Policy, error) {
+func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status")
 	if err != nil {
 		return nil, err
 	}
-	name, line, err := p.metadata(n, fields, kind == KindCNP)
+	name, line, err := p.metadata(n, fields, kind == policy.KindCNP)
 	if err != nil {
 		return nil, err
 	}
-	policy := &Policy{Name: name, File: p.file, Line: line, Kind: kind}
+	pol := &policy.Policy{Name: name, File: p.file, Line: line, Kind: kind}
 	specs, places := []node{}, []string{}
 	if spec, ok := fields.get("spec"); ok {
 		specs, places = append(specs, spec), append(places, "")
@@ -110,16 +113,16 @@ func (p *parser) ciliumPolicy(n node, kind string) (*Policy, error) {
 		return nil, p.errorf(n, "%s: spec or specs is required", kind)
 	}
 	for i, spec := range specs {
-		if err := p.ciliumSpec(spec, places[i], policy); err != nil {
+		if err := p.ciliumSpec(spec, places[i], pol); err != nil {
 			return nil, err
 		}
 	}
-	return policy, nil
+	return pol, nil
 }
 
 // ciliumSpec appends the rules of one spec (a Cilium rule) to policy.
 // place prefixes the rules' names ("specs[1].").
-func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
+func (p *parser) ciliumSpec(n node, place string, pol *policy.Policy) error {
 	what := strings.TrimSuffix(place, ".")
 	if what == "" {
 		what = "spec"
@@ -152,9 +155,9 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 	var added [2]int
 	for _, field := range []struct {
 		name string
-		dir  Direction
+		dir  policy.Direction
 		deny bool
-	}{{"ingress", Ingress, false}, {"ingressDeny", Ingress, true}, {"egress", Egress, false}, {"egressDeny", Egress, true}} {
+	}{{"ingress", policy.Ingress, false}, {"ingressDeny", policy.Ingress, true}, {"egress", policy.Egress, false}, {"egressDeny", policy.Egress, true}} {
 		value, ok := fields.get(field.name)
 		if !ok {
 			continue
@@ -173,15 +176,15 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 				return err
 			}
 			rule.Name, rule.Line, rule.Column = name, item.Line(), item.Column()
-			if field.dir == Ingress {
-				policy.Ingress = append(policy.Ingress, rule)
+			if field.dir == policy.Ingress {
+				pol.Ingress = append(pol.Ingress, rule)
 			} else {
-				policy.Egress = append(policy.Egress, rule)
+				pol.Egress = append(pol.Egress, rule)
 			}
 			added[field.dir]++
 		}
 	}
-	if added[Ingress]+added[Egress] == 0 {
+	if added[policy.Ingress]+added[policy.Egress] == 0 {
 		// Cilium rejects such a rule too.
 		return p.errorf(n, "%s: no rules: at least one of ingress, ingressDeny, egress and egressDeny needs a rule", what)
 	}
@@ -189,7 +192,7 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 	if !ok {
 		return nil
 	}
-	return p.enableDefaultDeny(value, what+".enableDefaultDeny", place, policy, added)
+	return p.enableDefaultDeny(value, what+".enableDefaultDeny", place, pol, added)
 }
 
 // enableDefaultDeny applies {ingress, egress: bool} to the rules the
@@ -197,12 +200,12 @@ func (p *parser) ciliumSpec(n node, place string, policy *Policy) error {
 // direction): false marks them NoDefaultDeny; true without rules in the
 // direction adds an enforce-only rule (Cilium enforces the direction).
 // what is the field's name in errors.
-func (p *parser) enableDefaultDeny(value node, what, place string, policy *Policy, added [2]int) error {
+func (p *parser) enableDefaultDeny(value node, what, place string, pol *policy.Policy, added [2]int) error {
 	defaultDeny, err := p.fields(value, what, "ingress", "egress")
 	if err != nil {
 		return err
 	}
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		value, ok := defaultDeny.get(dir.String())
 		if !ok {
 			continue
@@ -211,9 +214,9 @@ func (p *parser) enableDefaultDeny(value node, what, place string, policy *Polic
 		if err != nil {
 			return err
 		}
-		rules := &policy.Ingress
-		if dir == Egress {
-			rules = &policy.Egress
+		rules := &pol.Ingress
+		if dir == policy.Egress {
+			rules = &pol.Egress
 		}
 		switch {
 		case !enabled:
@@ -223,7 +226,7 @@ func (p *parser) enableDefaultDeny(value node, what, place string, policy *Polic
 		case added[dir] == 0:
 			// Asked for explicitly, default deny applies without rules
 			// in the direction: an enforce-only rule, as `egress: [{}]`.
-			*rules = append(*rules, Rule{Name: place + "enableDefaultDeny." + dir.String(), Line: value.Line()})
+			*rules = append(*rules, policy.Rule{Name: place + "enableDefaultDeny." + dir.String(), Line: value.Line()})
 		}
 	}
 	return nil
@@ -253,74 +256,74 @@ func (p *parser) ruleLabels(n node, what string) error {
 }
 
 // ciliumRule parses one rule of ingress, ingressDeny, egress or egressDeny.
-func (p *parser) ciliumRule(n node, dir Direction, deny bool, what string) (Rule, error) {
+func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what string) (policy.Rule, error) {
 	peer, unsupported := "to", ciliumEgressUnsupported
-	if dir == Ingress {
+	if dir == policy.Ingress {
 		peer, unsupported = "from", ciliumIngressUnsupported
 	}
 	cidrField, setField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Entities"
 	fields, err := p.fields(n, what, ciliumRuleFields[dir]...)
 	if err != nil {
-		return Rule{}, err
+		return policy.Rule{}, err
 	}
 	if err := p.unsupportedField(n, what, unsupported); err != nil {
-		return Rule{}, err
+		return policy.Rule{}, err
 	}
 	// Cilium takes one kind of peer per rule.
 	peerField := ""
 	for key := range n.Pairs() {
 		if name := key.Value(); name == cidrField || name == setField || name == entityField {
 			if peerField != "" {
-				return Rule{}, p.errorf(key, "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
+				return policy.Rule{}, p.errorf(key, "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
 					what, peerField, name)
 			}
 			peerField = name
 		}
 	}
-	rule := Rule{Deny: deny}
+	rule := policy.Rule{Deny: deny}
 	if value, ok := fields.get(cidrField); ok {
 		peers, err := p.cidrPeers(value, what+"."+cidrField)
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		rule.Peers = append(rule.Peers, peers...)
 	}
 	if value, ok := fields.get(setField); ok {
 		items, err := p.nonEmptyList(value, what+"."+setField)
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		for i, item := range items {
 			itemWhat := fmt.Sprintf("%s.%s[%d]", what, setField, i)
 			if err := p.unsupportedField(item, itemWhat, map[string]string{
 				"cidrGroupRef": cidrGroupMessage, "cidrGroupSelector": cidrGroupMessage}); err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			set, err := p.cidrSet(item, itemWhat)
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
 	if value, ok := fields.get(entityField); ok {
 		if err := p.entities(value, what+"."+entityField, &rule); err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 	}
 	portsNode, hasPorts := fields.get("toPorts")
 	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
-		return Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: Cilium does not support combining them, write two rules", what)
+		return policy.Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: Cilium does not support combining them, write two rules", what)
 	}
 	if hasPorts {
 		if rule.Ports, err = p.ciliumPortRules(portsNode, what+".toPorts"); err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 	}
 	if hasICMPs {
 		if rule.Ports, err = p.icmpRules(icmpsNode, what+".icmps"); err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 	}
 	// Ports without peers are ports to and from anywhere (Cilium's L3
@@ -334,7 +337,7 @@ func (p *parser) ciliumRule(n node, dir Direction, deny bool, what string) (Rule
 // entities parses toEntities or fromEntities: world is every address
 // outside the ipcache's other identities, as the all-addresses CIDRs
 // select it; all is every peer.
-func (p *parser) entities(n node, what string, rule *Rule) error {
+func (p *parser) entities(n node, what string, rule *policy.Rule) error {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return err
@@ -348,8 +351,8 @@ func (p *parser) entities(n node, what string, rule *Rule) error {
 		switch entity {
 		case "world":
 			for _, all := range worldPrefixes() {
-				if !slices.ContainsFunc(rule.Peers, func(s CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
-					rule.Peers = append(rule.Peers, CIDRSelector{CIDR: all})
+				if !slices.ContainsFunc(rule.Peers, func(s policy.CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
+					rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: all})
 				}
 			}
 		case "all":
@@ -362,12 +365,12 @@ func (p *parser) entities(n node, what string, rule *Rule) error {
 }
 
 // ciliumPortRules parses toPorts: a list of {ports}.
-func (p *parser) ciliumPortRules(n node, what string) ([]PortRange, error) {
+func (p *parser) ciliumPortRules(n node, what string) ([]policy.PortRange, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return nil, err
 	}
-	var ports []PortRange
+	var ports []policy.PortRange
 	for i, item := range items {
 		itemWhat := fmt.Sprintf("%s[%d]", what, i)
 		fields, err := p.fields(item, itemWhat, "ports", "rules", "serverNames", "listener", "terminatingTLS", "originatingTLS")
@@ -401,7 +404,7 @@ func (p *parser) ciliumPortRules(n node, what string) ([]PortRange, error) {
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of
 // the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
-func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
+func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
 		return nil, err
@@ -415,7 +418,7 @@ func (p *parser) ciliumPort(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP, ProtocolSCTP}, true,
+	protocols, err := p.portProtocols(&fields, what, []policy.Protocol{policy.ProtocolTCP, policy.ProtocolUDP, policy.ProtocolSCTP}, true,
 		"want TCP, UDP, SCTP or ANY (ICMP goes in icmps)")
 	if err != nil {
 		return nil, err
@@ -459,35 +462,35 @@ func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (st
 	return uint16(port), uint16(endPort), nil
 }
 
-func portRanges(protocols []Protocol, start, end uint16) []PortRange {
-	out := make([]PortRange, len(protocols))
+func portRanges(protocols []policy.Protocol, start, end uint16) []policy.PortRange {
+	out := make([]policy.PortRange, len(protocols))
 	for i, protocol := range protocols {
-		out[i] = PortRange{Protocol: protocol, Port: start, EndPort: end}
+		out[i] = policy.PortRange{Protocol: protocol, Port: start, EndPort: end}
 	}
 	return out
 }
 
 // sortPorts sorts by protocol, port and end port, without duplicates.
-func sortPorts(ports []PortRange) []PortRange {
-	slices.SortFunc(ports, func(a, b PortRange) int {
+func sortPorts(ports []policy.PortRange) []policy.PortRange {
+	slices.SortFunc(ports, func(a, b policy.PortRange) int {
 		if a.Protocol != b.Protocol {
-			return cmpInt(a.Protocol, b.Protocol)
+			return cmp.Compare(a.Protocol, b.Protocol)
 		}
 		if a.Port != b.Port {
-			return cmpInt(a.Port, b.Port)
+			return cmp.Compare(a.Port, b.Port)
 		}
-		return cmpInt(a.EndPort, b.EndPort)
+		return cmp.Compare(a.EndPort, b.EndPort)
 	})
 	return slices.Compact(ports)
 }
 
 // icmpRules parses icmps: a list of {fields: [{type, family}]}.
-func (p *parser) icmpRules(n node, what string) ([]PortRange, error) {
+func (p *parser) icmpRules(n node, what string) ([]policy.PortRange, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return nil, err
 	}
-	var ports []PortRange
+	var ports []policy.PortRange
 	for i, item := range items {
 		itemWhat := fmt.Sprintf("%s[%d]", what, i)
 		fields, err := p.fields(item, itemWhat, "fields")
@@ -518,39 +521,39 @@ func (p *parser) icmpRules(n node, what string) ([]PortRange, error) {
 
 // icmpField parses {type, family}: the type as a number or Cilium's name
 // of it, the family IPv4 (the default) or IPv6.
-func (p *parser) icmpField(n node, what string) (PortRange, error) {
+func (p *parser) icmpField(n node, what string) (policy.PortRange, error) {
 	fields, err := p.fields(n, what, "type", "family")
 	if err != nil {
-		return PortRange{}, err
+		return policy.PortRange{}, err
 	}
-	protocol, names := ProtocolICMP, icmpTypes
+	protocol, names := policy.ProtocolICMP, icmpTypes
 	if familyNode, ok := fields.get("family"); ok {
 		family, err := p.scalar(familyNode, what+".family")
 		if err != nil {
-			return PortRange{}, err
+			return policy.PortRange{}, err
 		}
 		switch family {
 		case "IPv4":
 		case "IPv6":
-			protocol, names = ProtocolICMPv6, icmpv6Types
+			protocol, names = policy.ProtocolICMPv6, icmpv6Types
 		default:
-			return PortRange{}, p.errorf(familyNode, "%s.family: %q: want IPv4 or IPv6", what, family)
+			return policy.PortRange{}, p.errorf(familyNode, "%s.family: %q: want IPv4 or IPv6", what, family)
 		}
 	}
 	typeNode, ok := fields.get("type")
 	if !ok {
-		return PortRange{}, p.errorf(n, "%s: type is required", what)
+		return policy.PortRange{}, p.errorf(n, "%s: type is required", what)
 	}
 	if t, ok := number(typeNode, maxICMPType); ok {
-		return PortRange{Protocol: protocol, Port: uint16(t)}, nil
+		return policy.PortRange{Protocol: protocol, Port: uint16(t)}, nil
 	}
 	name, err := p.scalar(typeNode, what+".type")
 	if err != nil {
-		return PortRange{}, err
+		return policy.PortRange{}, err
 	}
 	t, ok := names[name]
 	if !ok {
-		return PortRange{}, p.errorf(typeNode, "%s.type: %q is not an %s type (0..255 or its name)", what, name, protocol)
+		return policy.PortRange{}, p.errorf(typeNode, "%s.type: %q is not an %s type (0..255 or its name)", what, name, protocol)
 	}
-	return PortRange{Protocol: protocol, Port: t}, nil
+	return policy.PortRange{Protocol: protocol, Port: t}, nil
 }

@@ -3,12 +3,14 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
 
 // DatapathMaps reads the maps the enforcement program looks up, so that
@@ -25,17 +27,17 @@ type DatapathMaps interface {
 	//
 	// Possible errors: the maps are not open (before start, after stop),
 	// or the lookup failed.
-	LookupIdentity(addr netip.Addr) (id identitycell.NumericIdentity, found bool, err error)
+	LookupIdentity(addr netip.Addr) (id identity.Number, found bool, err error)
 	// LookupPolicy returns the entry the program's lookup of key finds: the longest
-	// prefix in the policy map that matches key's first key.MapPrefixLen() bits.
+	// prefix in the policy map that matches key's prefix.
 	//
 	// Possible errors: as LookupIdentity.
-	LookupPolicy(key PolicyKey) (matched PolicyKey, verdict Verdict, found bool, err error)
+	LookupPolicy(key policy.Key) (matched policy.Key, verdict policy.Verdict, found bool, err error)
 	// Enforcement returns the enforcement map's value for dir: enforced with default
 	// deny, or deny rules only (both false: not enforced).
 	//
 	// Possible errors: as LookupIdentity.
-	Enforcement(dir Direction) (enforced, denyOnly bool, err error)
+	Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error)
 	// IPCacheStatus returns whether the `ipcache` entry of table revision
 	// rev is in the ipcache map: Done, Error with why not (a failed or held
 	// write), or Pending. The entries carry no status of their own.

@@ -28,7 +28,7 @@
 // behind it) and `policy-enforcement` (default deny, deny rules only, or
 // neither, as the policies and --enable-policy say), incrementally: a
 // change costs what it selects, not the number of policies or identities.
-// ResolvePolicy resolves a packet as the enforcement program does, for
+// policy.Resolve resolves a packet as the enforcement program does, for
 // policy/explain and the datapath's events.
 //
 // The versions of the files in force are saved in the state directory, so

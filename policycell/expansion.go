@@ -3,12 +3,15 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"iter"
 	"net/netip"
 	"slices"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
@@ -65,7 +68,7 @@ func (c EntryCount) String() string {
 // Possible errors: *FileError wrapping ErrInvalidPolicy and
 // ErrTooManyEntries when the count is over limit, at the line and column
 // of the rule whose entries pass it.
-func CountEntries(file string, policies []*Policy, limit int) (EntryCount, error) {
+func CountEntries(file string, policies []*policy.Policy, limit int) (EntryCount, error) {
 	limit = max(limit, 1)
 	c := newEntryCounter(policies, limit)
 	count := c.count()
@@ -86,7 +89,7 @@ type entryCounter struct {
 	world      bool
 	// denies and allows are one identity's distinct keys so far,
 	// reused from identity to identity.
-	denies, allows map[PolicyKey]struct{}
+	denies, allows map[policy.Key]struct{}
 	selected       []*selector
 
 	total int
@@ -95,12 +98,12 @@ type entryCounter struct {
 	over *selector
 }
 
-func newEntryCounter(policies []*Policy, limit int) *entryCounter {
+func newEntryCounter(policies []*policy.Policy, limit int) *entryCounter {
 	c := &entryCounter{limit: limit, index: newSelectorIndex(), exact: true,
-		denies: map[PolicyKey]struct{}{}, allows: map[PolicyKey]struct{}{}}
+		denies: map[policy.Key]struct{}{}, allows: map[policy.Key]struct{}{}}
 	var prefixes []netip.Prefix
 	for _, p := range policies {
-		for _, dir := range Directions() {
+		for _, dir := range policy.Directions() {
 			rules := p.Rules(dir)
 			for i := range rules {
 				rule := &rules[i]
@@ -136,7 +139,7 @@ func (c *entryCounter) count() EntryCount {
 	for _, prefixes := range c.identities {
 		c.selected = c.selected[:0]
 		for s := range c.index.candidates(prefixes) {
-			if !s.peer.excludes(prefixes) {
+			if !s.peer.Excludes(prefixes) {
 				c.selected = append(c.selected, s)
 			}
 		}
@@ -155,7 +158,7 @@ func (c *entryCounter) count() EntryCount {
 func (c *entryCounter) countIdentity(selectors []*selector) bool {
 	clear(c.denies)
 	clear(c.allows)
-	covered := func(k PolicyKey) (*PolicyEntry, bool) {
+	covered := func(k policy.Key) (*policy.Entry, bool) {
 		_, found := c.denies[k]
 		return nil, found
 	}
@@ -175,7 +178,7 @@ func (c *entryCounter) countIdentity(selectors []*selector) bool {
 						continue
 					}
 					if len(c.denies) > 0 {
-						if _, found := lookupEntries(key, covered); found {
+						if _, found := policy.LookupEntries(key, covered); found {
 							continue
 						}
 					}
@@ -197,16 +200,16 @@ func (c *entryCounter) countIdentity(selectors []*selector) bool {
 // keys yields the selector's keys for identity id, as appendGrants
 // appends them, one port range's blocks at a time (at most 30, on the
 // stack).
-func (s *selector) keys(id identitycell.NumericIdentity) iter.Seq[PolicyKey] {
-	return func(yield func(PolicyKey) bool) {
-		base := PolicyKey{Identity: id, Direction: s.direction}
+func (s *selector) keys(id identity.Number) iter.Seq[policy.Key] {
+	return func(yield func(policy.Key) bool) {
+		base := policy.Key{Identity: id, Direction: s.direction}
 		if len(s.ports) == 0 {
 			yield(base)
 			return
 		}
-		var blocks [32]PolicyKey
+		var blocks [32]policy.Key
 		for _, pr := range s.ports {
-			for _, key := range pr.appendKeys(blocks[:0], base) {
+			for _, key := range pr.AppendKeys(blocks[:0], base) {
 				if !yield(key) {
 					return
 				}

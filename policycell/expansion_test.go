@@ -3,6 +3,10 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -22,7 +26,7 @@ import (
 // fileIdentities returns one identity per distinct prefix of the
 // policies, labelled with it: the identities the file alone puts into the
 // ipcache.
-func fileIdentities(policies []*Policy) []*identitycell.Identity {
+func fileIdentities(policies []*policy.Policy) []*identitycell.Identity {
 	var prefixes []netip.Prefix
 	for _, p := range policies {
 		prefixes = append(prefixes, p.Prefixes()...)
@@ -30,7 +34,7 @@ func fileIdentities(policies []*Policy) []*identitycell.Identity {
 	slices.SortFunc(prefixes, prefixkey.Compare)
 	var out []*identitycell.Identity
 	for i, prefix := range slices.Compact(prefixes) {
-		out = append(out, identity(identitycell.MinLocalIdentity+identitycell.NumericIdentity(i), labels.CIDRLabel(prefix)))
+		out = append(out, identityRow(identity.MinLocal+identity.Number(i), labels.CIDRLabel(prefix)))
 	}
 	return out
 }
@@ -47,12 +51,12 @@ func TestCountEntriesMatchesSelectors(t *testing.T) {
 		"10.2.0.0/16", "192.0.2.0/24", "192.0.2.128/25", "::/0", "2001:db8::/32", "2001:db8:1::/48"} {
 		universe = append(universe, netip.MustParsePrefix(s))
 	}
-	randomRule := func() Rule {
-		var rule Rule
+	randomRule := func() policy.Rule {
+		var rule policy.Rule
 		for range rng.IntN(3) {
-			peer := CIDRSelector{CIDR: universe[rng.IntN(len(universe))]}
+			peer := policy.CIDRSelector{CIDR: universe[rng.IntN(len(universe))]}
 			for _, e := range universe {
-				if e != peer.CIDR && contains(peer.CIDR, e) && rng.IntN(4) == 0 {
+				if e != peer.CIDR && prefixkey.Inside(peer.CIDR, e) && rng.IntN(4) == 0 {
 					peer.Except = append(peer.Except, e)
 				}
 			}
@@ -62,20 +66,20 @@ func TestCountEntriesMatchesSelectors(t *testing.T) {
 		rule.AnyPeer = rng.IntN(6) == 0
 		switch rng.IntN(5) {
 		case 0:
-			rule.Ports = []PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: ProtocolUDP}, {Port: 443, Protocol: ProtocolTCP}}
+			rule.Ports = []policy.PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: policy.ProtocolUDP}, {Port: 443, Protocol: policy.ProtocolTCP}}
 		case 1:
-			rule.Ports = []PortRange{{Port: uint16(400 + rng.IntN(60)), EndPort: uint16(460 + rng.IntN(600)), Protocol: ProtocolTCP}}
+			rule.Ports = []policy.PortRange{{Port: uint16(400 + rng.IntN(60)), EndPort: uint16(460 + rng.IntN(600)), Protocol: policy.ProtocolTCP}}
 		case 2:
-			rule.Ports = []PortRange{{Protocol: ProtocolTCP}, {Port: 8, Protocol: ProtocolICMP}}
+			rule.Ports = []policy.PortRange{{Protocol: policy.ProtocolTCP}, {Port: 8, Protocol: policy.ProtocolICMP}}
 		case 3:
-			rule.Ports = []PortRange{{Port: 1, EndPort: 65535, Protocol: ProtocolUDP}}
+			rule.Ports = []policy.PortRange{{Port: 1, EndPort: 65535, Protocol: policy.ProtocolUDP}}
 		}
 		return rule
 	}
 	for round := range 500 {
-		var policies []*Policy
+		var policies []*policy.Policy
 		for i := range 1 + rng.IntN(3) {
-			p := &Policy{Name: fmt.Sprintf("p%d", i)}
+			p := &policy.Policy{Name: fmt.Sprintf("p%d", i)}
 			for range rng.IntN(4) {
 				p.Ingress = append(p.Ingress, randomRule())
 			}
@@ -117,7 +121,7 @@ func TestCountEntriesCIDRsTimesPorts(t *testing.T) {
 	// Each identity's keys: TCP and UDP, each range's aligned blocks.
 	perIdentity := 0
 	for _, pr := range policies[0].Egress[0].Ports {
-		perIdentity += len(pr.appendKeys(nil, PolicyKey{}))
+		perIdentity += len(pr.AppendKeys(nil, policy.Key{}))
 	}
 	want := 1000 * perIdentity
 	require.Greater(t, want, 800_000)

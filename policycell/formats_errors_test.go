@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"strings"
 	"testing"
@@ -140,34 +142,34 @@ func TestFormatsReject(t *testing.T) {
 // rules for every peer and enableDefaultDeny false are accepted (the
 // datapath enforces them) and read into the model.
 func TestFormerlyGatedConstructsParse(t *testing.T) {
-	cidr := []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}
+	cidr := []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}
 	for _, tc := range []struct {
 		name, content string
-		dir           Direction
-		want          Rule
+		dir           policy.Direction
+		want          policy.Rule
 	}{
-		{"egressDeny", cnpHead + "spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n", Egress,
-			Rule{Deny: true, Peers: cidr, Name: "egressDeny[0]", Line: 6}},
-		{"endPort", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"8000\", endPort: 8080, protocol: TCP}]}]\n", Egress,
-			Rule{Peers: cidr, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 8000, EndPort: 8080}}, Name: "egress[0]", Line: 6}},
-		{"icmps", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      icmps: [{fields: [{type: EchoRequest}]}]\n", Egress,
-			Rule{Peers: cidr, Ports: []PortRange{{Protocol: ProtocolICMP, Port: 8}}, Name: "egress[0]", Line: 6}},
-		{"toPorts without peers", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n", Egress,
-			Rule{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}, Name: "egress[0]", Line: 6}},
-		{"entity all", cnpHead + "spec:\n  ingress:\n    - fromEntities: [all]\n", Ingress,
-			Rule{AnyPeer: true, Name: "ingress[0]", Line: 6}},
-		{"NetworkPolicy allow all", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: [{}]\n", Egress,
-			Rule{AnyPeer: true, Name: "egress[0]", Line: 6}},
-		{"enableDefaultDeny false", cnpHead + "spec:\n  enableDefaultDeny: {ingress: false}\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n", Ingress,
-			Rule{Peers: cidr, NoDefaultDeny: true, Name: "ingress[0]", Line: 7}},
-		{"native deny, range, ICMP", "name: a\negressDeny:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90, protocol: TCP}]\n", Egress,
-			Rule{Deny: true, Peers: cidr, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 80, EndPort: 90}}, Name: "egressDeny[0]", Line: 3}},
+		{"egressDeny", cnpHead + "spec:\n  egressDeny:\n    - toCIDR: [10.0.0.0/8]\n", policy.Egress,
+			policy.Rule{Deny: true, Peers: cidr, Name: "egressDeny[0]", Line: 6}},
+		{"endPort", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"8000\", endPort: 8080, protocol: TCP}]}]\n", policy.Egress,
+			policy.Rule{Peers: cidr, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 8000, EndPort: 8080}}, Name: "egress[0]", Line: 6}},
+		{"icmps", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      icmps: [{fields: [{type: EchoRequest}]}]\n", policy.Egress,
+			policy.Rule{Peers: cidr, Ports: []policy.PortRange{{Protocol: policy.ProtocolICMP, Port: 8}}, Name: "egress[0]", Line: 6}},
+		{"toPorts without peers", cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n", policy.Egress,
+			policy.Rule{AnyPeer: true, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 443}}, Name: "egress[0]", Line: 6}},
+		{"entity all", cnpHead + "spec:\n  ingress:\n    - fromEntities: [all]\n", policy.Ingress,
+			policy.Rule{AnyPeer: true, Name: "ingress[0]", Line: 6}},
+		{"NetworkPolicy allow all", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: [{}]\n", policy.Egress,
+			policy.Rule{AnyPeer: true, Name: "egress[0]", Line: 6}},
+		{"enableDefaultDeny false", cnpHead + "spec:\n  enableDefaultDeny: {ingress: false}\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n", policy.Ingress,
+			policy.Rule{Peers: cidr, NoDefaultDeny: true, Name: "ingress[0]", Line: 7}},
+		{"native deny, range, ICMP", "name: a\negressDeny:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 80, endPort: 90, protocol: TCP}]\n", policy.Egress,
+			policy.Rule{Deny: true, Peers: cidr, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 80, EndPort: 90}}, Name: "egressDeny[0]", Line: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policies, err := ParseFile("good.yaml", []byte(tc.content))
 			require.NoError(t, err)
 			require.Len(t, policies, 1)
-			require.Equal(t, []Rule{tc.want}, withoutColumns(policies[0].Rules(tc.dir)))
+			require.Equal(t, []policy.Rule{tc.want}, withoutColumns(policies[0].Rules(tc.dir)))
 		})
 	}
 }
@@ -177,37 +179,37 @@ func TestFormerlyGatedConstructsParse(t *testing.T) {
 func TestGatePassesWhatIsEnforced(t *testing.T) {
 	for _, tc := range []struct {
 		name, content string
-		rules         []Rule
+		rules         []policy.Rule
 	}{
 		{"whole protocol", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"0\", protocol: SCTP}, {port: \"0\", protocol: TCP}]}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
-				Ports: []PortRange{{Protocol: ProtocolTCP}, {Protocol: ProtocolSCTP}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP}, {Protocol: policy.ProtocolSCTP}}}}},
 		{"endPort equal to port", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"80\", endPort: 80, protocol: TCP}]}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
-				Ports: []PortRange{{Protocol: ProtocolTCP, Port: 80}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 80}}}}},
 		{"world", cnpHead + "spec:\n  egress:\n    - toEntities: [world]\n      toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}},
-				Name: "egress[0]", Line: 6, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}}}},
-		{"enforce only", cnpHead + "spec:\n  egress: [{}]\n", []Rule{{Name: "egress[0]", Line: 5}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}},
+				Name: "egress[0]", Line: 6, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 443}}}}},
+		{"enforce only", cnpHead + "spec:\n  egress: [{}]\n", []policy.Rule{{Name: "egress[0]", Line: 5}}},
 		{"enableDefaultDeny true without rules", cnpHead + "spec:\n  ingress: [{}]\n  enableDefaultDeny: {egress: true}\n",
-			[]Rule{{Name: "enableDefaultDeny.egress", Line: 6}}},
+			[]policy.Rule{{Name: "enableDefaultDeny.egress", Line: 6}}},
 		{"NetworkPolicy ingress isolated by default", netpolHead + "spec:\n  podSelector: {}\n", nil},
-		{"NetworkPolicy egress []", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: []\n", []Rule{{Name: "egress", Line: 5}}},
+		{"NetworkPolicy egress []", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress: []\n", []policy.Rule{{Name: "egress", Line: 5}}},
 		{"NetworkPolicy port without number", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{protocol: UDP}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
-				Ports: []PortRange{{Protocol: ProtocolUDP}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolUDP}}}}},
 		{"SCTP port", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"9\", protocol: SCTP}]}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
-				Ports: []PortRange{{Protocol: ProtocolSCTP, Port: 9}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolSCTP, Port: 9}}}}},
 		{"port without protocol (ANY)", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts: [{ports: [{port: \"53\"}]}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
-				Ports: []PortRange{{Protocol: ProtocolTCP, Port: 53}, {Protocol: ProtocolUDP, Port: 53}, {Protocol: ProtocolSCTP, Port: 53}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 6,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 53}, {Protocol: policy.ProtocolUDP, Port: 53}, {Protocol: policy.ProtocolSCTP, Port: 53}}}}},
 		{"NetworkPolicy SCTP port", netpolHead + "spec:\n  policyTypes: [Egress]\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}}]\n      ports: [{port: 9, protocol: SCTP}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
-				Ports: []PortRange{{Protocol: ProtocolSCTP, Port: 9}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 7,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolSCTP, Port: 9}}}}},
 		{"native SCTP port", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 9, protocol: SCTP}, {port: 53}]\n",
-			[]Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 3,
-				Ports: []PortRange{{Protocol: ProtocolTCP, Port: 53}, {Protocol: ProtocolUDP, Port: 53}, {Protocol: ProtocolSCTP, Port: 9}}}}},
+			[]policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}, Name: "egress[0]", Line: 3,
+				Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 53}, {Protocol: policy.ProtocolUDP, Port: 53}, {Protocol: policy.ProtocolSCTP, Port: 9}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			policies, err := ParseFile("good.yaml", []byte(tc.content))
@@ -221,7 +223,7 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 	for _, content := range []string{netpolHead + "spec: {podSelector: {}}\n", netpolHead + "spec: {ingress: [], egress: []}\n"} {
 		policies, err := ParseFile("good.yaml", []byte(content))
 		require.NoError(t, err)
-		require.Equal(t, []Rule{{Name: "ingress", Line: 4}}, policies[0].Ingress, "ingress isolated")
+		require.Equal(t, []policy.Rule{{Name: "ingress", Line: 4}}, policies[0].Ingress, "ingress isolated")
 		require.Empty(t, policies[0].Egress, "egress not the policy's")
 	}
 }
@@ -229,9 +231,9 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 // TestCiliumRuleFields: the fields a Cilium rule may have are the
 // supported ones and the rejected ones, nothing else.
 func TestCiliumRuleFields(t *testing.T) {
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		peer, unsupported := "to", ciliumEgressUnsupported
-		if dir == Ingress {
+		if dir == policy.Ingress {
 			peer, unsupported = "from", ciliumIngressUnsupported
 		}
 		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", "toPorts", "icmps"}

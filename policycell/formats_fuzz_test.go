@@ -3,12 +3,16 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 // FuzzParseCNP: CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy and
@@ -58,7 +62,7 @@ func fuzzParseFormats(t *testing.T, data []byte) {
 // key, excepts inside their CIDRs, ports sorted and distinct with a
 // protocol (never "any"), ranges ordered, ICMP types without range, and
 // every rule of a Kubernetes document named and placed.
-func checkParsedModel(t *testing.T, policies []*Policy) {
+func checkParsedModel(t *testing.T, policies []*policy.Policy) {
 	t.Helper()
 	names := map[string]bool{}
 	for _, p := range policies {
@@ -67,27 +71,27 @@ func checkParsedModel(t *testing.T, policies []*Policy) {
 		}
 		names[p.Name] = true
 		switch p.Kind {
-		case KindCNP, KindNetworkPolicy:
+		case policy.KindCNP, policy.KindNetworkPolicy:
 			if !strings.Contains(p.Name, "/") {
 				t.Fatalf("namespaced policy %q without namespace", p.Name)
 			}
-		case KindCCNP, KindNative:
+		case policy.KindCCNP, policy.KindNative:
 			if strings.Contains(p.Name, "/") {
 				t.Fatalf("policy %q of kind %s with a namespace", p.Name, p.Kind)
 			}
 		default:
 			t.Fatalf("policy %q: kind %q", p.Name, p.Kind)
 		}
-		for _, dir := range Directions() {
+		for _, dir := range policy.Directions() {
 			for _, rule := range p.Rules(dir) {
-				if p.Kind != KindNative && (rule.Name == "" || rule.Line == 0) {
+				if p.Kind != policy.KindNative && (rule.Name == "" || rule.Line == 0) {
 					t.Fatalf("policy %q: a rule without name or line: %+v", p.Name, rule)
 				}
 				for _, peer := range rule.Peers {
 					checkPolicyPrefix(t, peer.CIDR)
 					for _, except := range peer.Except {
 						checkPolicyPrefix(t, except)
-						if !contains(peer.CIDR, except) {
+						if !prefixkey.Inside(peer.CIDR, except) {
 							t.Fatalf("policy %q: except %s outside %s", p.Name, except, peer.CIDR)
 						}
 					}
@@ -96,9 +100,9 @@ func checkParsedModel(t *testing.T, policies []*Policy) {
 					t.Fatalf("policy %q %s: ports not sorted and distinct: %v", p.Name, rule.Name, rule.Ports)
 				}
 				for _, port := range rule.Ports {
-					icmp := port.Protocol == ProtocolICMP || port.Protocol == ProtocolICMPv6
+					icmp := port.Protocol == policy.ProtocolICMP || port.Protocol == policy.ProtocolICMPv6
 					switch {
-					case port.Protocol == ProtocolAny:
+					case port.Protocol == policy.ProtocolAny:
 						t.Fatalf("policy %q %s: a port of any protocol", p.Name, rule.Name)
 					case port.EndPort != 0 && (port.EndPort <= port.Port || icmp || port.Port == 0):
 						t.Fatalf("policy %q %s: range %v", p.Name, rule.Name, port)

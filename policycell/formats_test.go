@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,16 +17,16 @@ import (
 // (names, files, lines, kinds) cleared: the selectors compute the
 // `policy` table from the directions, peers and ports alone, so equal
 // results here are equal tables.
-func rulesOnly(policies []*Policy) []Policy {
-	out := make([]Policy, len(policies))
+func rulesOnly(policies []*policy.Policy) []policy.Policy {
+	out := make([]policy.Policy, len(policies))
 	for i, p := range policies {
-		out[i] = Policy{Ingress: clearRuleNames(p.Ingress), Egress: clearRuleNames(p.Egress)}
+		out[i] = policy.Policy{Ingress: clearRuleNames(p.Ingress), Egress: clearRuleNames(p.Egress)}
 	}
 	return out
 }
 
-func clearRuleNames(rules []Rule) []Rule {
-	var out []Rule
+func clearRuleNames(rules []policy.Rule) []policy.Rule {
+	var out []policy.Rule
 	for _, r := range rules {
 		r.Name, r.Line, r.Column = "", 0, 0
 		out = append(out, r)
@@ -35,8 +37,8 @@ func clearRuleNames(rules []Rule) []Rule {
 // withoutColumns returns the rules with Column 0: the tests that name
 // each rule's line leave its column (for errors about the whole rule,
 // CountEntries) to TestParseFullModel.
-func withoutColumns(rules []Rule) []Rule {
-	var out []Rule
+func withoutColumns(rules []policy.Rule) []policy.Rule {
+	var out []policy.Rule
 	for _, r := range rules {
 		r.Column = 0
 		out = append(out, r)
@@ -44,7 +46,7 @@ func withoutColumns(rules []Rule) []Rule {
 	return out
 }
 
-func parseFixture(t *testing.T, name string) []*Policy {
+func parseFixture(t *testing.T, name string) []*policy.Policy {
 	t.Helper()
 	content, err := os.ReadFile(filepath.Join("testdata", "formats", name))
 	require.NoError(t, err)
@@ -62,16 +64,16 @@ func TestFormatsMatchNative(t *testing.T) {
 		names        []string
 		kinds        []string
 	}{
-		{"native.yaml", "cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"native.yaml", "cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindCNP}},
-		{"native.yaml", "ccnp.yaml", []string{"web", "dns"}, []string{KindCCNP, KindCCNP}},
-		{"native.yaml", "networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{KindNetworkPolicy, KindNetworkPolicy}},
-		{"native.yaml", "list.yaml", []string{"shop/web", "shop/dns"}, []string{KindCNP, KindNetworkPolicy}},
-		{"native.yaml", "mixed.yaml", []string{"web", "dns"}, []string{KindNative, KindCCNP}},
+		{"native.yaml", "cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindCNP}},
+		{"native.yaml", "cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindCNP}},
+		{"native.yaml", "ccnp.yaml", []string{"web", "dns"}, []string{policy.KindCCNP, policy.KindCCNP}},
+		{"native.yaml", "networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindNetworkPolicy, policy.KindNetworkPolicy}},
+		{"native.yaml", "list.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
+		{"native.yaml", "mixed.yaml", []string{"web", "dns"}, []string{policy.KindNative, policy.KindCCNP}},
 		// Deny, endPort, icmps, ports for every peer, enableDefaultDeny.
-		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
-		{"native-cilium.yaml", "ccnp-cilium.yaml", []string{"edge", "shop/ranges"}, []string{KindCCNP, KindCNP}},
-		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{KindCNP, KindNetworkPolicy}},
+		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
+		{"native-cilium.yaml", "ccnp-cilium.yaml", []string{"edge", "shop/ranges"}, []string{policy.KindCCNP, policy.KindCNP}},
+		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			native := parseFixture(t, tc.native)
@@ -103,7 +105,7 @@ func TestFormatsNameRulesAndLines(t *testing.T) {
 	require.Empty(t, netpol[1].Ingress, "policyTypes [Egress]: ingress is not the policy's")
 }
 
-func ruleNames(rules []Rule) []string {
+func ruleNames(rules []policy.Rule) []string {
 	var out []string
 	for _, r := range rules {
 		out = append(out, r.Name)
@@ -111,7 +113,7 @@ func ruleNames(rules []Rule) []string {
 	return out
 }
 
-func ruleLines(rules []Rule) []int {
+func ruleLines(rules []policy.Rule) []int {
 	var out []int
 	for _, r := range rules {
 		out = append(out, r.Line)
@@ -129,22 +131,22 @@ func TestParseFullModel(t *testing.T) {
 	require.Len(t, policies, 1)
 	p := policies[0]
 	require.Equal(t, "default/everything", p.Name, "a CiliumNetworkPolicy without namespace is in default, as kubectl applies it")
-	require.Equal(t, []Rule{
-		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.0/24")}},
-			Ports: []PortRange{
-				{Protocol: ProtocolTCP, Port: 8000, EndPort: 8100}, {Protocol: ProtocolTCP, Port: 9000},
-				{Protocol: ProtocolUDP, Port: 9000}, {Protocol: ProtocolSCTP, Port: 9000},
+	require.Equal(t, []policy.Rule{
+		{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.0/24")}},
+			Ports: []policy.PortRange{
+				{Protocol: policy.ProtocolTCP, Port: 8000, EndPort: 8100}, {Protocol: policy.ProtocolTCP, Port: 9000},
+				{Protocol: policy.ProtocolUDP, Port: 9000}, {Protocol: policy.ProtocolSCTP, Port: 9000},
 			},
 			NoDefaultDeny: true, Name: "egress[0]", Line: 11, Column: 7},
-		{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolICMP, Port: 8}, {Protocol: ProtocolICMPv6, Port: 128}},
+		{AnyPeer: true, Ports: []policy.PortRange{{Protocol: policy.ProtocolICMP, Port: 8}, {Protocol: policy.ProtocolICMPv6, Port: 128}},
 			NoDefaultDeny: true, Name: "egress[1]", Line: 13, Column: 7},
-		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}},
+		{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0")}, {CIDR: netip.MustParsePrefix("::/0")}},
 			NoDefaultDeny: true, Name: "egress[2]", Line: 14, Column: 7},
-		{Deny: true, Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: prefixes("10.1.0.0/16")}},
+		{Deny: true, Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: prefixes("10.1.0.0/16")}},
 			NoDefaultDeny: true, Name: "egressDeny[0]", Line: 16, Column: 7},
 	}, p.Egress)
-	require.Equal(t, []Rule{
-		{Deny: true, AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}, Name: "ingressDeny[0]", Line: 18},
+	require.Equal(t, []policy.Rule{
+		{Deny: true, AnyPeer: true, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 22}}, Name: "ingressDeny[0]", Line: 18},
 	}, withoutColumns(p.Ingress))
 }
 
@@ -153,11 +155,13 @@ func TestParseFullModel(t *testing.T) {
 // without peers and ports (Name "ingress"/"egress", no AnyPeer) allows
 // nothing and isolates its direction; `- {}` allows every peer and port.
 func TestNetworkPolicyKubernetesDefaults(t *testing.T) {
-	isolate := func(dir string, line int) []Rule { return []Rule{{Name: dir, Line: line}} }
-	allowAll := func(dir string, line int) []Rule { return []Rule{{AnyPeer: true, Name: dir + "[0]", Line: line}} }
+	isolate := func(dir string, line int) []policy.Rule { return []policy.Rule{{Name: dir, Line: line}} }
+	allowAll := func(dir string, line int) []policy.Rule {
+		return []policy.Rule{{AnyPeer: true, Name: dir + "[0]", Line: line}}
+	}
 	for _, tc := range []struct {
 		name, spec      string
-		ingress, egress []Rule
+		ingress, egress []policy.Rule
 	}{
 		{"default deny ingress", "  podSelector: {}\n  policyTypes: [Ingress]\n", isolate("ingress", 6), nil},
 		{"default deny ingress without policyTypes", "  podSelector: {}\n", isolate("ingress", 5), nil},
@@ -170,7 +174,7 @@ func TestNetworkPolicyKubernetesDefaults(t *testing.T) {
 		{"no egress rules without policyTypes: egress is not the policy's", "  podSelector: {}\n  egress: []\n  ingress:\n  - {}\n",
 			allowAll("ingress", 8), nil},
 		{"ports without a port: every port of TCP (the default) or of the protocol", "  podSelector: {}\n  ingress:\n  - ports: [{}, {protocol: UDP}]\n",
-			[]Rule{{AnyPeer: true, Ports: []PortRange{{Protocol: ProtocolTCP}, {Protocol: ProtocolUDP}}, Name: "ingress[0]", Line: 7}}, nil},
+			[]policy.Rule{{AnyPeer: true, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP}, {Protocol: policy.ProtocolUDP}}, Name: "ingress[0]", Line: 7}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			content := "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec:\n" + tc.spec

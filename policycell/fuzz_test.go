@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"net/netip"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
@@ -34,13 +37,13 @@ func FuzzParseFile(f *testing.F) {
 			return
 		}
 		for _, p := range policies {
-			for _, dir := range Directions() {
+			for _, dir := range policy.Directions() {
 				for _, rule := range p.Rules(dir) {
 					for _, peer := range rule.Peers {
 						checkPolicyPrefix(t, peer.CIDR)
 						for _, except := range peer.Except {
 							checkPolicyPrefix(t, except)
-							if !contains(peer.CIDR, except) {
+							if !prefixkey.Inside(peer.CIDR, except) {
 								t.Fatalf("policy %q: except %s is not inside %s", p.Name, except, peer.CIDR)
 							}
 						}

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"bufio"
 	"bytes"
 	"crypto/sha256"
@@ -55,7 +57,7 @@ type inForceEntry struct {
 type savedFile struct {
 	content  []byte
 	digest   [sha256.Size]byte
-	policies []*Policy
+	policies []*policy.Policy
 }
 
 // savedInForce keeps <state-dir>/policies-in-force.json in step with the

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"strconv"
 )
@@ -37,19 +39,19 @@ func isKubernetesDocument(n node) bool {
 // kubernetesDocument parses a Kubernetes object: a CiliumNetworkPolicy,
 // CiliumClusterwideNetworkPolicy, NetworkPolicy, or a List of them.
 // inList is the place of an item in a List ("" at the top).
-func (p *parser) kubernetesDocument(n node, inList string) ([]*Policy, error) {
+func (p *parser) kubernetesDocument(n node, inList string) ([]*policy.Policy, error) {
 	p.current = ""
 	apiVersion, kind, err := p.typeMeta(n, inList)
 	if err != nil {
 		return nil, err
 	}
 	switch {
-	case apiVersion == apiVersionCilium && (kind == KindCNP || kind == KindCCNP):
-		policy, err := p.ciliumPolicy(n, kind)
-		return []*Policy{policy}, err
-	case apiVersion == apiVersionNetworkPolicy && kind == KindNetworkPolicy:
-		policy, err := p.networkPolicy(n)
-		return []*Policy{policy}, err
+	case apiVersion == apiVersionCilium && (kind == policy.KindCNP || kind == policy.KindCCNP):
+		pol, err := p.ciliumPolicy(n, kind)
+		return []*policy.Policy{pol}, err
+	case apiVersion == apiVersionNetworkPolicy && kind == policy.KindNetworkPolicy:
+		pol, err := p.networkPolicy(n)
+		return []*policy.Policy{pol}, err
 	case apiVersion == apiVersionList && kind == kindList && inList == "":
 		return p.kubernetesList(n)
 	}
@@ -58,7 +60,7 @@ func (p *parser) kubernetesDocument(n node, inList string) ([]*Policy, error) {
 		what = inList
 	}
 	return nil, p.errorf(n, "%s: apiVersion %q, kind %q is not a policy this agent reads: want %s %s or %s, %s %s, or %s %s",
-		what, apiVersion, kind, apiVersionCilium, KindCNP, KindCCNP, apiVersionNetworkPolicy, KindNetworkPolicy,
+		what, apiVersion, kind, apiVersionCilium, policy.KindCNP, policy.KindCCNP, apiVersionNetworkPolicy, policy.KindNetworkPolicy,
 		apiVersionList, kindList)
 }
 
@@ -99,7 +101,7 @@ func orDocument(where string) string {
 }
 
 // kubernetesList parses a `kind: List`: its items are documents of their own.
-func (p *parser) kubernetesList(n node) ([]*Policy, error) {
+func (p *parser) kubernetesList(n node) ([]*policy.Policy, error) {
 	fields, err := p.fields(n, "List", "apiVersion", "kind", "metadata", "items")
 	if err != nil {
 		return nil, err
@@ -112,7 +114,7 @@ func (p *parser) kubernetesList(n node) ([]*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	var policies []*Policy
+	var policies []*policy.Policy
 	for i, item := range items {
 		more, err := p.kubernetesDocument(item, fmt.Sprintf("items[%d]", i))
 		if err != nil {

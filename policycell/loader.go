@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -34,7 +36,7 @@ import (
 type loader struct {
 	dir      string
 	db       *statedb.DB
-	policies statedb.RWTable[*Policy]
+	policies statedb.RWTable[*policy.Policy]
 	ipcache  *ipcachecell.IPCache
 	log      *slog.Logger
 	// maxEntries is the policy map's size: a file whose policies compute
@@ -45,7 +47,7 @@ type loader struct {
 	initialized func()
 
 	files      map[string]*policyFile         // by file name
-	inForce    map[string]*Policy             // by policy name: what the table and the handles say
+	inForce    map[string]*policy.Policy      // by policy name: what the table and the handles say
 	handles    map[string]*ipcachecell.Handle // by policy name
 	handleErrs map[string]error               // policies whose handle could not be obtained
 
@@ -66,7 +68,7 @@ type policyFile struct {
 	// (and be saved): not when it does not parse.
 	digest   [sha256.Size]byte
 	content  []byte
-	parsed   []*Policy
+	parsed   []*policy.Policy
 	parseErr error
 	readErr  error
 
@@ -74,7 +76,7 @@ type policyFile struct {
 	// inForceDigest and inForceContent the content it came from
 	// (hasInForce: any). restored: that version was restored from the
 	// save of the previous run and not read since.
-	inForce        []*Policy
+	inForce        []*policy.Policy
 	inForceDigest  [sha256.Size]byte
 	inForceContent []byte
 	hasInForce     bool
@@ -96,7 +98,7 @@ type fileStatus struct {
 	Error error
 }
 
-func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ipcache *ipcachecell.IPCache,
+func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*policy.Policy], ipcache *ipcachecell.IPCache,
 	log *slog.Logger, initialized func()) *loader {
 	return &loader{
 		dir:         dir,
@@ -107,7 +109,7 @@ func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*Policy], ip
 		maxEntries:  DefaultPolicyMapMaxEntries,
 		initialized: initialized,
 		files:       map[string]*policyFile{},
-		inForce:     map[string]*Policy{},
+		inForce:     map[string]*policy.Policy{},
 		handles:     map[string]*ipcachecell.Handle{},
 		handleErrs:  map[string]error{},
 	}
@@ -186,7 +188,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 // parse parses a file and counts its entries. A file over the policy
 // map's size is rejected before anything of it is expanded, and nothing
 // of it is kept: its parsed policies go with the error.
-func (l *loader) parse(name string, content []byte) ([]*Policy, error) {
+func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
 	policies, err := ParseFile(name, content)
 	if err != nil {
 		return nil, err
@@ -279,7 +281,7 @@ func (l *loader) decide() {
 
 // conflict returns the error for the first of a file's policies whose name
 // another file holds.
-func conflict(file string, policies []*Policy, holder map[string]string) error {
+func conflict(file string, policies []*policy.Policy, holder map[string]string) error {
 	for _, p := range policies {
 		if other, held := holder[p.Name]; held && other != file {
 			return &FileError{File: file, Line: p.Line,
@@ -289,7 +291,7 @@ func conflict(file string, policies []*Policy, holder map[string]string) error {
 	return nil
 }
 
-func policyNames(policies []*Policy) []string {
+func policyNames(policies []*policy.Policy) []string {
 	names := make([]string, len(policies))
 	for i, p := range policies {
 		names[i] = p.Name
@@ -304,23 +306,23 @@ func policyNames(policies []*Policy) []string {
 // before the datapath's enforcement of it switches on), and an edit never
 // leaves a prefix without metadata while a policy still selects it.
 func (l *loader) apply(ctx context.Context) {
-	want := map[string]*Policy{}
+	want := map[string]*policy.Policy{}
 	for _, f := range l.files {
 		for _, p := range f.inForce {
 			want[p.Name] = p
 		}
 	}
-	type edit struct{ old, new *Policy }
+	type edit struct{ old, new *policy.Policy }
 	var edits []edit
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		p, old := want[name], l.inForce[name]
 		_, missingHandle := l.handleErrs[name]
-		if old != nil && old.equal(p) && !missingHandle {
+		if old != nil && old.Equal(p) && !missingHandle {
 			continue
 		}
 		edits = append(edits, edit{old, p})
 	}
-	var removed []*Policy
+	var removed []*policy.Policy
 	for _, name := range slices.Sorted(maps.Keys(l.inForce)) {
 		if _, ok := want[name]; !ok {
 			removed = append(removed, l.inForce[name])
@@ -337,7 +339,7 @@ func (l *loader) apply(ctx context.Context) {
 	}
 	txn := l.db.WriteTxn(l.policies)
 	for _, e := range edits {
-		if e.old != nil && e.old.equal(e.new) {
+		if e.old != nil && e.old.Equal(e.new) {
 			continue // only the handle is retried
 		}
 		if _, _, err := l.policies.Insert(txn, e.new); err != nil {
@@ -362,7 +364,7 @@ func (l *loader) apply(ctx context.Context) {
 
 // upsertPrefixes puts the prefixes of p that old did not have into the
 // ipcache, through p's handle (obtained if p has none).
-func (l *loader) upsertPrefixes(old, p *Policy) {
+func (l *loader) upsertPrefixes(old, p *policy.Policy) {
 	h := l.handles[p.Name]
 	if h == nil {
 		var err error
@@ -393,7 +395,7 @@ func (l *loader) upsertPrefixes(old, p *Policy) {
 }
 
 // removePrefixes removes the prefixes of old that p no longer has.
-func (l *loader) removePrefixes(old, p *Policy) {
+func (l *loader) removePrefixes(old, p *policy.Policy) {
 	h := l.handles[p.Name]
 	if old == nil || h == nil {
 		return
@@ -411,7 +413,7 @@ func (l *loader) removePrefixes(old, p *Policy) {
 }
 
 // release gives up the handle of a policy that is no longer in force.
-func (l *loader) release(p *Policy) {
+func (l *loader) release(p *policy.Policy) {
 	delete(l.handleErrs, p.Name)
 	h := l.handles[p.Name]
 	if h == nil {

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"bytes"
 	"context"
 	"log/slog"
@@ -32,7 +34,7 @@ import (
 type loaderFixture struct {
 	dir         string
 	db          *statedb.DB
-	policies    statedb.RWTable[*Policy]
+	policies    statedb.RWTable[*policy.Policy]
 	metadata    statedb.Table[*ipcachecell.PrefixMetadata]
 	loader      *loader
 	initialized atomic.Int32

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"iter"
 )
@@ -19,8 +21,8 @@ var networkPolicyPeerUnsupported = map[string]string{
 // egress rules; a listed type without rules denies that direction; a rule
 // without from (to) is every peer, one without ports every port; a port
 // without protocol is TCP, one without a number every port.
-func (p *parser) networkPolicy(n node) (*Policy, error) {
-	fields, err := p.fields(n, KindNetworkPolicy, "apiVersion", "kind", "metadata", "spec", "status")
+func (p *parser) networkPolicy(n node) (*policy.Policy, error) {
+	fields, err := p.fields(n, policy.KindNetworkPolicy, "apiVersion", "kind", "metadata", "spec", "status")
 	if err != nil {
 		return nil, err
 	}
@@ -28,10 +30,10 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	policy := &Policy{Name: name, File: p.file, Line: line, Kind: KindNetworkPolicy}
+	pol := &policy.Policy{Name: name, File: p.file, Line: line, Kind: policy.KindNetworkPolicy}
 	specNode, ok := fields.get("spec")
 	if !ok {
-		return nil, p.errorf(n, "%s: spec is required", KindNetworkPolicy)
+		return nil, p.errorf(n, "%s: spec is required", policy.KindNetworkPolicy)
 	}
 	spec, err := p.fields(specNode, "spec", "podSelector", "policyTypes", "ingress", "egress")
 	if err != nil {
@@ -47,7 +49,7 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 		ruleNodes [2]node
 		counts    [2]int
 	)
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		value, ok := spec.get(dir.String())
 		if !ok {
 			continue
@@ -62,11 +64,11 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 		}
 		ruleNodes[dir], counts[dir] = value, value.Len()
 	}
-	types, typesLine, err := p.policyTypes(spec, specNode, counts[Egress] > 0)
+	types, typesLine, err := p.policyTypes(spec, specNode, counts[policy.Egress] > 0)
 	if err != nil {
 		return nil, err
 	}
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		if !types[dir] {
 			if counts[dir] > 0 {
 				return nil, p.errorf(ruleNodes[dir], "spec.%s: rules given but policyTypes does not list %s: Kubernetes would ignore them",
@@ -74,11 +76,11 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 			}
 			continue
 		}
-		var out []Rule
+		var out []policy.Rule
 		if counts[dir] == 0 {
 			// A listed type without rules isolates the direction: a rule
 			// that selects nothing.
-			out = append(out, Rule{Name: dir.String(), Line: typesLine})
+			out = append(out, policy.Rule{Name: dir.String(), Line: typesLine})
 		} else {
 			for i, item := range ruleNodes[dir].Items() {
 				name := fmt.Sprintf("%s[%d]", dir, i)
@@ -90,17 +92,17 @@ func (p *parser) networkPolicy(n node) (*Policy, error) {
 				out = append(out, rule)
 			}
 		}
-		if dir == Ingress {
-			policy.Ingress = out
+		if dir == policy.Ingress {
+			pol.Ingress = out
 		} else {
-			policy.Egress = out
+			pol.Egress = out
 		}
 	}
-	return policy, nil
+	return pol, nil
 }
 
-func policyTypeName(dir Direction) string {
-	if dir == Ingress {
+func policyTypeName(dir policy.Direction) string {
+	if dir == policy.Ingress {
 		return "Ingress"
 	}
 	return "Egress"
@@ -119,7 +121,7 @@ func (p *parser) policyTypes(spec fieldSet, specNode node, egressRules bool) ([2
 	}
 	if !ok || value.Len() == 0 {
 		// Kubernetes' defaulting.
-		return [2]bool{Ingress: true, Egress: egressRules}, specNode.Line(), nil
+		return [2]bool{policy.Ingress: true, policy.Egress: egressRules}, specNode.Line(), nil
 	}
 	var types [2]bool
 	for i, item := range items {
@@ -128,12 +130,12 @@ func (p *parser) policyTypes(spec fieldSet, specNode node, egressRules bool) ([2
 		if err != nil {
 			return [2]bool{}, 0, err
 		}
-		var dir Direction
+		var dir policy.Direction
 		switch s {
 		case "Ingress":
-			dir = Ingress
+			dir = policy.Ingress
 		case "Egress":
-			dir = Egress
+			dir = policy.Egress
 		default:
 			return [2]bool{}, 0, p.errorf(item, "%s: %q: want Ingress or Egress", what, s)
 		}
@@ -146,40 +148,40 @@ func (p *parser) policyTypes(spec fieldSet, specNode node, egressRules bool) ([2
 }
 
 // networkPolicyRule parses {from, ports} or {to, ports}.
-func (p *parser) networkPolicyRule(n node, dir Direction, what string) (Rule, error) {
+func (p *parser) networkPolicyRule(n node, dir policy.Direction, what string) (policy.Rule, error) {
 	peerField := "to"
-	if dir == Ingress {
+	if dir == policy.Ingress {
 		peerField = "from"
 	}
 	fields, err := p.fields(n, what, peerField, "ports")
 	if err != nil {
-		return Rule{}, err
+		return policy.Rule{}, err
 	}
-	var rule Rule
+	var rule policy.Rule
 	if value, ok := fields.get(peerField); ok {
 		peers, err := p.list(value, what+"."+peerField)
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		for i, peer := range peers {
 			peerWhat := fmt.Sprintf("%s.%s[%d]", what, peerField, i)
 			peerFields, err := p.fields(peer, peerWhat, "ipBlock", "podSelector", "namespaceSelector")
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			if err := p.unsupportedField(peer, peerWhat, networkPolicyPeerUnsupported); err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			block, ok := peerFields.get("ipBlock")
 			if !ok {
-				return Rule{}, p.errorf(peer, "%s: ipBlock is required", peerWhat)
+				return policy.Rule{}, p.errorf(peer, "%s: ipBlock is required", peerWhat)
 			}
 			set, err := p.cidrSet(block, peerWhat+".ipBlock")
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			if err := p.strictExcept(block, set, peerWhat+".ipBlock.except"); err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			rule.Peers = append(rule.Peers, set)
 		}
@@ -189,12 +191,12 @@ func (p *parser) networkPolicyRule(n node, dir Direction, what string) (Rule, er
 	if value, ok := fields.get("ports"); ok {
 		ports, err := p.list(value, what+".ports")
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		for i, port := range ports {
 			more, err := p.networkPolicyPort(port, fmt.Sprintf("%s.ports[%d]", what, i))
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			rule.Ports = append(rule.Ports, more)
 		}
@@ -205,48 +207,48 @@ func (p *parser) networkPolicyRule(n node, dir Direction, what string) (Rule, er
 
 // networkPolicyPort parses {port, endPort, protocol}: protocol TCP when
 // absent, every port of it when port is absent.
-func (p *parser) networkPolicyPort(n node, what string) (PortRange, error) {
+func (p *parser) networkPolicyPort(n node, what string) (policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
-		return PortRange{}, err
+		return policy.PortRange{}, err
 	}
-	protocol := ProtocolTCP
+	protocol := policy.ProtocolTCP
 	if value, ok := fields.get("protocol"); ok {
 		s, err := p.scalar(value, what+".protocol")
 		if err != nil {
-			return PortRange{}, err
+			return policy.PortRange{}, err
 		}
 		switch s {
 		case "TCP":
 		case "UDP":
-			protocol = ProtocolUDP
+			protocol = policy.ProtocolUDP
 		case "SCTP":
-			protocol = ProtocolSCTP
+			protocol = policy.ProtocolSCTP
 		default:
-			return PortRange{}, p.errorf(value, "%s.protocol: %q: want TCP, UDP or SCTP", what, s)
+			return policy.PortRange{}, p.errorf(value, "%s.protocol: %q: want TCP, UDP or SCTP", what, s)
 		}
 	}
 	portNode, ok := fields.get("port")
 	if !ok {
 		if end, ok := fields.get("endPort"); ok {
-			return PortRange{}, p.errorf(end, "%s.endPort: needs a port to start from", what)
+			return policy.PortRange{}, p.errorf(end, "%s.endPort: needs a port to start from", what)
 		}
-		return PortRange{Protocol: protocol}, nil
+		return policy.PortRange{Protocol: protocol}, nil
 	}
 	endNode, hasEnd := fields.get("endPort")
 	// Kubernetes' port is an IntOrString: quoted, it is a port name,
 	// and a name needs a letter, so `"80"` is rejected, not port 80.
 	if _, digits := number(portNode, maxPortNumber); digits && isString(portNode) {
-		return PortRange{}, p.errorf(portNode, "%s.port: %q is quoted, so Kubernetes reads it as a port name, which needs a letter: write the number without quotes", what, portNode.Value())
+		return policy.PortRange{}, p.errorf(portNode, "%s.port: %q is quoted, so Kubernetes reads it as a port name, which needs a letter: write the number without quotes", what, portNode.Value())
 	}
 	start, end, err := p.portRange(portNode, endNode, hasEnd, what)
 	if err != nil {
-		return PortRange{}, err
+		return policy.PortRange{}, err
 	}
 	if start == 0 {
-		return PortRange{}, p.errorf(portNode, "%s.port: 0 is not a port (omit port for every port)", what)
+		return policy.PortRange{}, p.errorf(portNode, "%s.port: 0 is not a port (omit port for every port)", what)
 	}
-	return PortRange{Protocol: protocol, Port: start, EndPort: end}, nil
+	return policy.PortRange{Protocol: protocol, Port: start, EndPort: end}, nil
 }
 
 // strictExcept rejects an ipBlock except prefix as long as (so equal to)
@@ -254,7 +256,7 @@ func (p *parser) networkPolicyPort(n node, what string) (PortRange, error) {
 // of cidr"), and read as written it would make the peer select nothing.
 // set is block as cidrSet read it, which checked the except prefixes'
 // syntax and that each is inside the cidr.
-func (p *parser) strictExcept(block node, set CIDRSelector, what string) error {
+func (p *parser) strictExcept(block node, set policy.CIDRSelector, what string) error {
 	if len(set.Except) == 0 {
 		return nil
 	}

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"fmt"
 	"io"
@@ -63,10 +65,10 @@ func (e *FileError) Unwrap() error { return e.Err }
 // about 10 times the content's size whatever the content (README).
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
-func ParseFile(file string, content []byte) ([]*Policy, error) {
+func ParseFile(file string, content []byte) ([]*policy.Policy, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
-	policies := []*Policy{}
+	policies := []*policy.Policy{}
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
@@ -86,12 +88,12 @@ func ParseFile(file string, content []byte) ([]*Policy, error) {
 			policies = append(policies, more...)
 			continue
 		}
-		policy, err := p.policy(root)
+		pol, err := p.policy(root)
 		if err != nil {
 			return nil, err
 		}
-		policy.Kind = KindNative
-		policies = append(policies, policy)
+		pol.Kind = policy.KindNative
+		policies = append(policies, pol)
 	}
 }
 
@@ -209,7 +211,7 @@ func (p *parser) scalar(n node, what string) (string, error) {
 	return n.Value(), nil
 }
 
-func (p *parser) policy(n node) (*Policy, error) {
+func (p *parser) policy(n node) (*policy.Policy, error) {
 	p.current = ""
 	fields, err := p.fields(n, "policy", nativePolicyFields...)
 	if err != nil {
@@ -234,13 +236,13 @@ func (p *parser) policy(n node) (*Policy, error) {
 	p.names[name] = nameNode.Line()
 	p.current = name
 
-	policy := &Policy{Name: name, File: p.file, Line: nameNode.Line()}
+	pol := &policy.Policy{Name: name, File: p.file, Line: nameNode.Line()}
 	var added [2]int
 	for _, field := range []struct {
 		name string
-		dir  Direction
+		dir  policy.Direction
 		deny bool
-	}{{"ingress", Ingress, false}, {"ingressDeny", Ingress, true}, {"egress", Egress, false}, {"egressDeny", Egress, true}} {
+	}{{"ingress", policy.Ingress, false}, {"ingressDeny", policy.Ingress, true}, {"egress", policy.Egress, false}, {"egressDeny", policy.Egress, true}} {
 		rulesNode, ok := fields.get(field.name)
 		if !ok {
 			continue
@@ -262,20 +264,20 @@ func (p *parser) policy(n node) (*Policy, error) {
 				return nil, err
 			}
 			rule.Deny, rule.Name, rule.Line, rule.Column = field.deny, ruleName, item.Line(), item.Column()
-			if field.dir == Ingress {
-				policy.Ingress = append(policy.Ingress, rule)
+			if field.dir == policy.Ingress {
+				pol.Ingress = append(pol.Ingress, rule)
 			} else {
-				policy.Egress = append(policy.Egress, rule)
+				pol.Egress = append(pol.Egress, rule)
 			}
 			added[field.dir]++
 		}
 	}
 	if value, ok := fields.get("enableDefaultDeny"); ok {
-		if err := p.enableDefaultDeny(value, "enableDefaultDeny", "", policy, added); err != nil {
+		if err := p.enableDefaultDeny(value, "enableDefaultDeny", "", pol, added); err != nil {
 			return nil, err
 		}
 	}
-	return policy, nil
+	return pol, nil
 }
 
 // validateName accepts names usable as (part of) a resource name and in
@@ -307,8 +309,8 @@ func validateName(name string) error {
 var (
 	nativePolicyFields = []string{"name", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
 	nativeRuleFields   = [2][]string{
-		Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
-		Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
+		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
+		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
 	}
 )
 
@@ -316,31 +318,31 @@ var (
 // icmps) or egress or egressDeny (toCIDR, toCIDRSet, toPorts, icmps) rule.
 // Ports or ICMP types without CIDRs are for every peer (AnyPeer), as in
 // Cilium; a rule with neither only makes its direction enforced.
-func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
+func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, error) {
 	peer := "to"
-	if dir == Ingress {
+	if dir == policy.Ingress {
 		peer = "from"
 	}
 	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
 	fields, err := p.fields(n, what, nativeRuleFields[dir]...)
 	if err != nil {
-		return Rule{}, err
+		return policy.Rule{}, err
 	}
-	var rule Rule
+	var rule policy.Rule
 	if value, ok := fields.get(cidrField); ok {
 		if rule.Peers, err = p.cidrPeers(value, what+"."+cidrField); err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 	}
 	if value, ok := fields.get(setField); ok {
 		items, err := p.nonEmptyList(value, what+"."+setField)
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		for i, item := range items {
 			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i))
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			rule.Peers = append(rule.Peers, set)
 		}
@@ -348,17 +350,17 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 	portsNode, hasPorts := fields.get("toPorts")
 	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
-		return Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: as in Cilium, write two rules", what)
+		return policy.Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: as in Cilium, write two rules", what)
 	}
 	if hasPorts {
 		items, err := p.nonEmptyList(portsNode, what+".toPorts")
 		if err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 		for i, item := range items {
 			ports, err := p.port(item, fmt.Sprintf("%s.toPorts[%d]", what, i))
 			if err != nil {
-				return Rule{}, err
+				return policy.Rule{}, err
 			}
 			rule.Ports = append(rule.Ports, ports...)
 		}
@@ -366,7 +368,7 @@ func (p *parser) rule(n node, dir Direction, what string) (Rule, error) {
 	}
 	if hasICMPs {
 		if rule.Ports, err = p.icmpRules(icmpsNode, what+".icmps"); err != nil {
-			return Rule{}, err
+			return policy.Rule{}, err
 		}
 	}
 	rule.AnyPeer = len(rule.Peers) == 0 && (hasPorts || hasICMPs)
@@ -383,49 +385,49 @@ func (p *parser) nonEmptyList(n node, what string) (iter.Seq2[int, node], error)
 
 // cidrPeers reads a non-empty list of CIDRs (toCIDR, fromCIDR), each a
 // peer without except.
-func (p *parser) cidrPeers(n node, what string) ([]CIDRSelector, error) {
+func (p *parser) cidrPeers(n node, what string) ([]policy.CIDRSelector, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
 		return nil, err
 	}
-	peers := make([]CIDRSelector, 0, n.Len())
+	peers := make([]policy.CIDRSelector, 0, n.Len())
 	for i, item := range items {
 		cidr, err := p.cidr(item, what, i)
 		if err != nil {
 			return nil, err
 		}
-		peers = append(peers, CIDRSelector{CIDR: cidr})
+		peers = append(peers, policy.CIDRSelector{CIDR: cidr})
 	}
 	return peers, nil
 }
 
-func (p *parser) cidrSet(n node, what string) (CIDRSelector, error) {
+func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 	fields, err := p.fields(n, what, "cidr", "except")
 	if err != nil {
-		return CIDRSelector{}, err
+		return policy.CIDRSelector{}, err
 	}
 	cidrNode, ok := fields.get("cidr")
 	if !ok {
-		return CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
+		return policy.CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
 	}
 	cidr, err := p.cidr(cidrNode, what+".cidr", -1)
 	if err != nil {
-		return CIDRSelector{}, err
+		return policy.CIDRSelector{}, err
 	}
-	set := CIDRSelector{CIDR: cidr}
+	set := policy.CIDRSelector{CIDR: cidr}
 	if value, ok := fields.get("except"); ok {
 		items, err := p.nonEmptyList(value, what+".except")
 		if err != nil {
-			return CIDRSelector{}, err
+			return policy.CIDRSelector{}, err
 		}
 		field := what + ".except"
 		for i, item := range items {
 			except, err := p.cidr(item, field, i)
 			if err != nil {
-				return CIDRSelector{}, err
+				return policy.CIDRSelector{}, err
 			}
-			if !contains(cidr, except) {
-				return CIDRSelector{}, p.errorf(item, "%s[%d]: %s is not inside %s", field, i, except, cidr)
+			if !prefixkey.Inside(cidr, except) {
+				return policy.CIDRSelector{}, p.errorf(item, "%s[%d]: %s is not inside %s", field, i, except, cidr)
 			}
 			set.Except = append(set.Except, except)
 		}
@@ -479,7 +481,7 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 // port parses {port, endPort, protocol}; without a protocol it is both
 // TCP and UDP (not SCTP: this format predates SCTP ports and keeps its
 // meaning). endPort, as in Cilium, makes the range port..endPort.
-func (p *parser) port(n node, what string) ([]PortRange, error) {
+func (p *parser) port(n node, what string) ([]policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
 		return nil, err
@@ -500,7 +502,7 @@ func (p *parser) port(n node, what string) ([]PortRange, error) {
 	if err != nil {
 		return nil, err
 	}
-	protocols, err := p.portProtocols(&fields, what, []Protocol{ProtocolTCP, ProtocolUDP}, false,
+	protocols, err := p.portProtocols(&fields, what, []policy.Protocol{policy.ProtocolTCP, policy.ProtocolUDP}, false,
 		"want TCP, UDP or SCTP (omit it for TCP and UDP)")
 	if err != nil {
 		return nil, err
@@ -511,7 +513,7 @@ func (p *parser) port(n node, what string) ([]PortRange, error) {
 // portProtocols reads a port's protocol field: TCP, UDP or SCTP; absent
 // (and, with anyAllowed, Cilium's ANY) is the given protocols. want ends
 // the error for another value.
-func (p *parser) portProtocols(fields *fieldSet, what string, absent []Protocol, anyAllowed bool, want string) ([]Protocol, error) {
+func (p *parser) portProtocols(fields *fieldSet, what string, absent []policy.Protocol, anyAllowed bool, want string) ([]policy.Protocol, error) {
 	protocolNode, ok := fields.get("protocol")
 	if !ok {
 		return absent, nil
@@ -522,11 +524,11 @@ func (p *parser) portProtocols(fields *fieldSet, what string, absent []Protocol,
 	}
 	switch {
 	case s == "TCP":
-		return []Protocol{ProtocolTCP}, nil
+		return []policy.Protocol{policy.ProtocolTCP}, nil
 	case s == "UDP":
-		return []Protocol{ProtocolUDP}, nil
+		return []policy.Protocol{policy.ProtocolUDP}, nil
 	case s == "SCTP":
-		return []Protocol{ProtocolSCTP}, nil
+		return []policy.Protocol{policy.ProtocolSCTP}, nil
 	case s == "ANY" && anyAllowed:
 		return absent, nil
 	}

@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"net/netip"
 	"testing"
 
@@ -50,29 +52,29 @@ egress:
 	require.Equal(t, "allow-dns-and-web", dns.Name)
 	require.Equal(t, "p.yaml", dns.File)
 	require.Equal(t, 3, dns.Line)
-	require.Equal(t, []Rule{{
-		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("203.0.113.0/24")}, {CIDR: netip.MustParsePrefix("2001:db8::/32")}},
+	require.Equal(t, []policy.Rule{{
+		Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("203.0.113.0/24")}, {CIDR: netip.MustParsePrefix("2001:db8::/32")}},
 	}}, clearRuleNames(dns.Ingress))
 	require.Equal(t, []string{"ingress[0]"}, ruleNames(dns.Ingress))
 	require.Equal(t, []int{11}, ruleLines(dns.Ingress))
-	require.Equal(t, []Rule{
+	require.Equal(t, []policy.Rule{
 		{
-			Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.96.0.0/12")}, {CIDR: netip.MustParsePrefix("192.0.2.10/32")}},
-			Ports: []PortRange{{Port: 53, Protocol: ProtocolUDP}},
+			Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.96.0.0/12")}, {CIDR: netip.MustParsePrefix("192.0.2.10/32")}},
+			Ports: []policy.PortRange{{Port: 53, Protocol: policy.ProtocolUDP}},
 		},
-		{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: prefixes("10.0.0.0/8")}}},
+		{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Except: prefixes("10.0.0.0/8")}}},
 	}, clearRuleNames(dns.Egress))
 	require.Equal(t, prefixes("0.0.0.0/0", "10.0.0.0/8", "10.96.0.0/12", "192.0.2.10/32", "203.0.113.0/24", "2001:db8::/32"),
 		dns.Prefixes())
 
 	ports := policies[1]
 	require.Equal(t, 15, ports.Line)
-	require.Equal(t, []Rule{{
-		Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.1/32")}},
+	require.Equal(t, []policy.Rule{{
+		Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("192.0.2.1/32")}},
 		// Sorted, distinct; a port without protocol is TCP and UDP.
-		Ports: []PortRange{{Port: 53, Protocol: ProtocolTCP}, {Port: 443, Protocol: ProtocolTCP}, {Port: 53, Protocol: ProtocolUDP}},
+		Ports: []policy.PortRange{{Port: 53, Protocol: policy.ProtocolTCP}, {Port: 443, Protocol: policy.ProtocolTCP}, {Port: 53, Protocol: policy.ProtocolUDP}},
 	}}, clearRuleNames(ports.Ingress))
-	require.Equal(t, []Rule{{}}, clearRuleNames(ports.Egress), "an empty rule selects nothing: it only enforces the direction")
+	require.Equal(t, []policy.Rule{{}}, clearRuleNames(ports.Egress), "an empty rule selects nothing: it only enforces the direction")
 }
 
 func TestParseEmptyFile(t *testing.T) {

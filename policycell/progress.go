@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 
 	"github.com/cilium/statedb"
@@ -31,12 +33,12 @@ type Computed struct {
 // table changes before the selectors have turned the change into entries.
 type SelectorProgress struct {
 	db         *statedb.DB
-	policies   statedb.Table[*Policy]
+	policies   statedb.Table[*policy.Policy]
 	identities statedb.Table[*identitycell.Identity]
 	computed   *progress.Tracker[Computed]
 }
 
-func newSelectorProgress(db *statedb.DB, policies statedb.Table[*Policy],
+func newSelectorProgress(db *statedb.DB, policies statedb.Table[*policy.Policy],
 	identities statedb.Table[*identitycell.Identity]) *SelectorProgress {
 	return &SelectorProgress{db: db, policies: policies, identities: identities, computed: progress.New(Computed{})}
 }

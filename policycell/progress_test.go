@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"testing"
 	"time"
@@ -22,14 +24,14 @@ func TestWaitComputed(t *testing.T) {
 		return err
 	}
 	f.round(t)
-	f.upsertIdentities(t, identity(16777217, "cidr:10.1.0.0/16"))
+	f.upsertIdentities(t, identityRow(16777217, "cidr:10.1.0.0/16"))
 	require.NoError(t, wait(), "no selectors: nothing to wait for")
 
-	f.upsertPolicies(t, cidrPolicy("p", Egress, nil, "10.0.0.0/8"))
+	f.upsertPolicies(t, cidrPolicy("p", policy.Egress, nil, "10.0.0.0/8"))
 	require.ErrorIs(t, wait(), context.DeadlineExceeded, "the policy is not computed yet")
 	f.round(t)
 	require.NoError(t, wait())
-	f.upsertIdentities(t, identity(16777218, "cidr:10.2.0.0/16"))
+	f.upsertIdentities(t, identityRow(16777218, "cidr:10.2.0.0/16"))
 	require.ErrorIs(t, wait(), context.DeadlineExceeded, "a new identity waits for the selectors' round")
 	f.round(t)
 	require.NoError(t, wait())

@@ -3,6 +3,10 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"iter"
 	"maps"
@@ -22,8 +26,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry],
-	enforcement statedb.Table[*Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
+func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry],
+	enforcement statedb.Table[*policy.Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
 	identities statedb.Table[*identitycell.Identity], datapath DatapathMaps, enablePolicy string) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"policy/list": listCommand(db, l, policies, entries),
@@ -35,7 +39,7 @@ func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*Policy
 // listCommand shows each policy file: its policies in force, how many of
 // their entries the datapath could not write and why, and, if its current
 // content is rejected, why.
-func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*Policy], entries statedb.Table[*PolicyEntry]) script.Cmd {
+func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry]) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "List the policy files, their policies in force and their errors",
@@ -149,12 +153,12 @@ type ruleJSON struct {
 
 // entriesByRule counts the `policy` rows of each rule (RuleRef), by
 // verdict.
-func entriesByRule(rows iter.Seq2[*PolicyEntry, statedb.Revision]) map[string][2]int {
+func entriesByRule(rows iter.Seq2[*policy.Entry, statedb.Revision]) map[string][2]int {
 	counts := map[string][2]int{}
 	for e := range rows {
 		for _, ref := range e.Rules {
 			c := counts[ref]
-			if e.Verdict == VerdictDeny {
+			if e.Verdict == policy.VerdictDeny {
 				c[1]++
 			} else {
 				c[0]++
@@ -166,15 +170,15 @@ func entriesByRule(rows iter.Seq2[*PolicyEntry, statedb.Revision]) map[string][2
 }
 
 // policyRules returns the rules of a policy in force with their entries.
-func policyRules(txn statedb.ReadTxn, policies statedb.Table[*Policy], name string, counts map[string][2]int) []ruleJSON {
+func policyRules(txn statedb.ReadTxn, policies statedb.Table[*policy.Policy], name string, counts map[string][2]int) []ruleJSON {
 	p, _, found := policies.Get(txn, PolicyNameIndex.Query(name))
 	if !found {
 		return []ruleJSON{}
 	}
 	out := []ruleJSON{}
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		for _, r := range p.Rules(dir) {
-			ref := RuleRef(p.Name, r.Name)
+			ref := policy.RuleRef(p.Name, r.Name)
 			c := counts[ref]
 			out = append(out, ruleJSON{Name: ref, Line: r.Line, Allow: c[0], Deny: c[1]})
 		}
@@ -182,7 +186,7 @@ func policyRules(txn statedb.ReadTxn, policies statedb.Table[*Policy], name stri
 	return out
 }
 
-func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fileStatus, notWritten []unwrittenEntries,
+func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*policy.Policy], status []fileStatus, notWritten []unwrittenEntries,
 	counts map[string][2]int) []fileJSON {
 	out := make([]fileJSON, 0, len(status))
 	for i, f := range status {
@@ -196,8 +200,8 @@ func filesJSON(txn statedb.ReadTxn, policies statedb.Table[*Policy], status []fi
 		}
 		for _, name := range f.Policies {
 			p := policyLineJSON{Name: name, Rules: policyRules(txn, policies, name, counts)}
-			if policy, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
-				p.Line = policy.Line
+			if pol, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
+				p.Line = pol.Line
 			}
 			row.Policies = append(row.Policies, p)
 		}
@@ -242,7 +246,7 @@ func (u unwrittenEntries) String() string {
 // (statedb's reconciler sets Error only on a failed write, and the policy
 // writer never holds a key back). A row that several of a file's policies
 // share counts once for the file.
-func notWrittenByFile(status []fileStatus, rows iter.Seq2[*PolicyEntry, statedb.Revision]) []unwrittenEntries {
+func notWrittenByFile(status []fileStatus, rows iter.Seq2[*policy.Entry, statedb.Revision]) []unwrittenEntries {
 	fileOf := map[string]int{}
 	for i, f := range status {
 		for _, name := range f.Policies {
@@ -280,9 +284,9 @@ func notWrittenByFile(status []fileStatus, rows iter.Seq2[*PolicyEntry, statedb.
 
 // explainSources are what policy/explain reads.
 type explainSources struct {
-	entries      statedb.Table[*PolicyEntry]
-	enforcement  statedb.Table[*Enforcement]
-	policies     statedb.Table[*Policy]
+	entries      statedb.Table[*policy.Entry]
+	enforcement  statedb.Table[*policy.Enforcement]
+	policies     statedb.Table[*policy.Policy]
 	ipcache      statedb.Table[*ipcachecell.Entry]
 	identities   statedb.Table[*identitycell.Identity]
 	datapath     DatapathMaps
@@ -329,11 +333,11 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", fmt.Errorf("parse address %q: %w", args[0], err))
 			}
-			dir, err := ParseDirection(args[1])
+			dir, err := policy.ParseDirection(args[1])
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			pkt := PolicyLookup{Direction: dir}
+			pkt := policy.Lookup{Direction: dir}
 			if len(args) == 3 {
 				if pkt, err = parsePacket(args[2], dir); err != nil {
 					return scriptcmd.Result("", err)
@@ -348,7 +352,7 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if !asJSON {
 				return scriptcmd.Result(text.String(), nil)
 			}
-			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identitycell.IdentityWorld),
+			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identity.World),
 				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
@@ -356,7 +360,7 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 				out.Identity, out.Prefix = uint32(entry.Identity), entry.Prefix.String()
 			}
-			if row, _, found := src.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir)); found {
+			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(dir)); found {
 				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
 			}
 			return scriptcmd.JSON(out, nil)
@@ -380,42 +384,42 @@ type explainJSON struct {
 
 // parsePacket parses "TCP/443" (or UDP, SCTP; port 1..65535) or
 // "ICMP/8" (or ICMPv6; the type, code 0) into a packet of direction dir.
-func parsePacket(s string, dir Direction) (PolicyLookup, error) {
+func parsePacket(s string, dir policy.Direction) (policy.Lookup, error) {
 	name, number, ok := strings.Cut(s, "/")
-	protocol, err := ParseProtocol(name)
+	protocol, err := policy.ParseProtocol(name)
 	if !ok || err != nil {
-		return PolicyLookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
+		return policy.Lookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
 	}
-	pkt := PolicyLookup{Direction: dir, Protocol: protocol, HasPort: true}
+	pkt := policy.Lookup{Direction: dir, Protocol: protocol, HasPort: true}
 	switch protocol {
-	case ProtocolTCP, ProtocolUDP, ProtocolSCTP:
+	case policy.ProtocolTCP, policy.ProtocolUDP, policy.ProtocolSCTP:
 		port, err := strconv.ParseUint(number, 10, 16)
 		if err != nil || port == 0 {
-			return PolicyLookup{}, fmt.Errorf("%q: port must be in 1..65535", s)
+			return policy.Lookup{}, fmt.Errorf("%q: port must be in 1..65535", s)
 		}
 		pkt.Port = uint16(port)
-	case ProtocolICMP, ProtocolICMPv6:
+	case policy.ProtocolICMP, policy.ProtocolICMPv6:
 		t, err := strconv.ParseUint(number, 10, 8)
 		if err != nil {
-			return PolicyLookup{}, fmt.Errorf("%q: ICMP type must be in 0..255", s)
+			return policy.Lookup{}, fmt.Errorf("%q: ICMP type must be in 0..255", s)
 		}
 		pkt.Port = uint16(t) << 8
 	default:
-		return PolicyLookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
+		return policy.Lookup{}, fmt.Errorf("%q: want TCP/port, UDP/port, SCTP/port, ICMP/type or ICMPv6/type", s)
 	}
 	return pkt, nil
 }
 
 // ruleNames names an entry's rules with their place: "shop/web:egress[0]
 // (a.yaml:12)".
-func (src explainSources) ruleNames(txn statedb.ReadTxn, e *PolicyEntry) string {
+func (src explainSources) ruleNames(txn statedb.ReadTxn, e *policy.Entry) string {
 	names := make([]string, 0, len(e.Rules))
 	for _, ref := range e.Rules {
-		policy, rule, _ := strings.Cut(ref, ":")
+		pol, rule, _ := strings.Cut(ref, ":")
 		name := ref
-		if p, _, found := src.policies.Get(txn, PolicyNameIndex.Query(policy)); found {
+		if p, _, found := src.policies.Get(txn, PolicyNameIndex.Query(pol)); found {
 			line := p.Line
-			for _, dir := range Directions() {
+			for _, dir := range policy.Directions() {
 				for _, r := range p.Rules(dir) {
 					if r.Name == rule && r.Line != 0 {
 						line = r.Line
@@ -435,15 +439,15 @@ func (src explainSources) ruleNames(txn statedb.ReadTxn, e *PolicyEntry) string 
 // write (its status is Error) is said, with the verdict the program gives
 // without it (unless the address's ipcache entry is held too, and the
 // program still finds the prefix's previous identity).
-func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, addr netip.Addr, pkt PolicyLookup) bool {
-	id := identitycell.IdentityWorld
+func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, addr netip.Addr, pkt policy.Lookup) bool {
+	id := identity.World
 	held := false
 	dir := pkt.Direction
 	if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 		id = entry.Identity
 		var lbls labels.Labels
-		if identity, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
-			lbls = identity.Labels
+		if ident, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
+			lbls = ident.Labels
 		}
 		fmt.Fprintf(out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
 		var kind reconciler.StatusKind
@@ -460,7 +464,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 			if inMap, found, err := src.datapath.LookupIdentity(addr); err == nil && found {
 				fmt.Fprintf(out, "; the datapath uses identity %s for %s", inMap, addr)
 			} else if err == nil {
-				fmt.Fprintf(out, "; the datapath uses world (%s) for %s: no ipcache map entry covers it", identitycell.IdentityWorld, addr)
+				fmt.Fprintf(out, "; the datapath uses world (%s) for %s: no ipcache map entry covers it", identity.World, addr)
 			}
 			out.WriteString("\n")
 		}
@@ -468,7 +472,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}
 	pkt.Identity = id
-	row, _, found := src.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
 	if !found || !row.Enforced && !row.HasDeny {
 		why := fmt.Sprintf("no policy has %s rules with default deny, nor %s deny rules", dir, dir)
 		if src.enablePolicy == EnablePolicyNever {
@@ -482,9 +486,8 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		mode = "deny rules only"
 	}
 	fmt.Fprintf(out, "Entries (%s %s):\n", dir, mode)
-	for _, of := range []identitycell.NumericIdentity{id, 0} {
-		prefix := PolicyKey{Identity: of, Direction: dir}.key()[:5]
-		for e := range src.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(prefix)) {
+	for _, of := range []identity.Number{id, 0} {
+		for e := range policy.DirectionEntries(txn, src.entries, of, dir) {
 			notWritten := ""
 			if e.Status.Kind == reconciler.StatusKindError {
 				notWritten = " (not in the policy map: " + e.Status.GetError() + ")"
@@ -493,11 +496,11 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 				src.ruleNames(txn, e), notWritten)
 		}
 	}
-	r, _ := ResolvePolicy(pkt, DesiredLookup(txn, src.entries, false))
+	r, _ := policy.Resolve(pkt, policy.DesiredLookup(txn, src.entries, false))
 	allowed := src.writeVerdict(out, txn, "Verdict", r, row.Enforced)
-	written, _ := ResolvePolicy(pkt, DesiredLookup(txn, src.entries, true))
+	written, _ := policy.Resolve(pkt, policy.DesiredLookup(txn, src.entries, true))
 	if written.Decided != r.Decided {
-		e, _, _ := src.entries.Get(txn, PolicyKeyIndex.Query(r.Decided.Matched))
+		e, _, _ := src.entries.Get(txn, policy.KeyIndex.Query(r.Decided.Matched))
 		what := "an entry"
 		if e != nil {
 			what = fmt.Sprintf("entry %s of %s", e.Key, src.ruleNames(txn, e))
@@ -517,7 +520,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 
 // writeVerdict writes the line of a resolution and returns whether it
 // allows the packet.
-func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn, label string, r PolicyResolution, enforced bool) bool {
+func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn, label string, r policy.Resolution, enforced bool) bool {
 	d := r.Decided
 	if !d.Found {
 		if enforced {
@@ -528,10 +531,10 @@ func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn
 		return true
 	}
 	rules := d.Matched.String()
-	if e, _, found := src.entries.Get(txn, PolicyKeyIndex.Query(d.Matched)); found {
+	if e, _, found := src.entries.Get(txn, policy.KeyIndex.Query(d.Matched)); found {
 		rules = fmt.Sprintf("%s of %s", d.Matched, src.ruleNames(txn, e))
 	}
-	if d.Verdict == VerdictDeny {
+	if d.Verdict == policy.VerdictDeny {
 		fmt.Fprintf(out, "%s: drop (deny entry %s)\n", label, rules)
 		return false
 	}
@@ -540,9 +543,9 @@ func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn
 }
 
 // explainMaps writes what the enforcement program decides from the maps
-// as they are now, resolving as it does (ResolvePolicy), and says so
+// as they are now, resolving as it does (policy.Resolve), and says so
 // when that is not the desired verdict.
-func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, pkt PolicyLookup, desired bool) {
+func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, pkt policy.Lookup, desired bool) {
 	verdict := func(allowed bool) string {
 		v := "drop"
 		if allowed {
@@ -560,7 +563,7 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, p
 		return
 	}
 	if !found {
-		id = identitycell.IdentityWorld
+		id = identity.World
 	}
 	pkt.Identity = id
 	enforced, denyOnly, err := datapath.Enforcement(dir)
@@ -576,13 +579,13 @@ func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, p
 	if !enforced {
 		mode = "deny rules only"
 	}
-	r, err := ResolvePolicy(pkt, PolicyLookupFunc(datapath.LookupPolicy))
+	r, err := policy.Resolve(pkt, policy.LookupFunc(datapath.LookupPolicy))
 	if err != nil {
 		fmt.Fprintf(out, "Maps: identity %s, %s %s; cannot read the policy map: %s\n", id, dir, mode, err)
 		return
 	}
 	switch d := r.Decided; {
-	case d.Found && d.Verdict == VerdictDeny:
+	case d.Found && d.Verdict == policy.VerdictDeny:
 		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map deny entry %s: %s\n", id, dir, mode, d.Matched, verdict(false))
 	case d.Found:
 		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map entry %s: %s\n", id, dir, mode, d.Matched, verdict(true))

@@ -3,6 +3,10 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"errors"
 	"net/netip"
 	"strings"
@@ -22,10 +26,10 @@ import (
 func TestNotWrittenByFile(t *testing.T) {
 	full := reconciler.StatusError(errors.New("policy map is full"))
 	other := reconciler.StatusError(errors.New("permission denied"))
-	row := func(id uint32, status reconciler.Status, policies ...string) *PolicyEntry {
-		return &PolicyEntry{Key: PolicyKey{Identity: identitycell.NumericIdentity(id), Direction: Egress}, Policies: policies, Status: status}
+	row := func(id uint32, status reconciler.Status, policies ...string) *policy.Entry {
+		return &policy.Entry{Key: policy.Key{Identity: identity.Number(id), Direction: policy.Egress}, Policies: policies, Status: status}
 	}
-	rows := []*PolicyEntry{
+	rows := []*policy.Entry{
 		row(1, full, "a1"),
 		row(2, full, "a1", "a2"), // both of a.yaml's: counts once
 		row(3, other, "a2", "b1"),
@@ -33,7 +37,7 @@ func TestNotWrittenByFile(t *testing.T) {
 		row(5, reconciler.StatusPending(), "b1"),
 		row(6, full, "gone"), // no file has it (any more)
 	}
-	seq := func(yield func(*PolicyEntry, statedb.Revision) bool) {
+	seq := func(yield func(*policy.Entry, statedb.Revision) bool) {
 		for i, r := range rows {
 			if !yield(r, statedb.Revision(i)) {
 				return
@@ -61,10 +65,10 @@ func TestNotWrittenByFile(t *testing.T) {
 // fakeDatapathMaps answers as the datapath's maps would: the policy map
 // is looked up by longest prefix, as the LPM trie is.
 type fakeDatapathMaps struct {
-	identities map[netip.Addr]identitycell.NumericIdentity
-	policy     map[PolicyKey]Verdict
+	identities map[netip.Addr]identity.Number
+	policy     map[policy.Key]policy.Verdict
 	// enforcement is the map's value: 1 default deny, 2 deny rules only.
-	enforcement map[Direction]int
+	enforcement map[policy.Direction]int
 	// failedRevs are the ipcache entries, by revision, whose write failed.
 	failedRevs map[statedb.Revision]error
 	err        error
@@ -77,28 +81,28 @@ func (m *fakeDatapathMaps) IPCacheStatus(rev statedb.Revision) (reconciler.Statu
 	return reconciler.StatusKindDone, nil
 }
 
-func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identitycell.NumericIdentity, bool, error) {
+func (m *fakeDatapathMaps) LookupIdentity(addr netip.Addr) (identity.Number, bool, error) {
 	id, found := m.identities[addr]
 	return id, found, m.err
 }
 
-func (m *fakeDatapathMaps) LookupPolicy(k PolicyKey) (PolicyKey, Verdict, bool, error) {
-	e, found := lookupEntries(k, func(k PolicyKey) (*PolicyEntry, bool) {
+func (m *fakeDatapathMaps) LookupPolicy(k policy.Key) (policy.Key, policy.Verdict, bool, error) {
+	e, found := policy.LookupEntries(k, func(k policy.Key) (*policy.Entry, bool) {
 		v, found := m.policy[k]
-		return &PolicyEntry{Key: k, Verdict: v}, found
+		return &policy.Entry{Key: k, Verdict: v}, found
 	})
 	if !found {
-		return PolicyKey{}, 0, false, m.err
+		return policy.Key{}, 0, false, m.err
 	}
 	return e.Key, e.Verdict, true, m.err
 }
 
-func (m *fakeDatapathMaps) Enforcement(dir Direction) (bool, bool, error) {
+func (m *fakeDatapathMaps) Enforcement(dir policy.Direction) (bool, bool, error) {
 	return m.enforcement[dir] == 1, m.enforcement[dir] == 2, m.err
 }
 
-func tcp(port uint16) PolicyLookup {
-	return PolicyLookup{Direction: Egress, Protocol: ProtocolTCP, Port: port, HasPort: true}
+func tcp(port uint16) policy.Lookup {
+	return policy.Lookup{Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: port, HasPort: true}
 }
 
 // TestExplainMaps: the Maps line follows the program's lookups (the
@@ -108,17 +112,17 @@ func tcp(port uint16) PolicyLookup {
 func TestExplainMaps(t *testing.T) {
 	addr := netip.MustParseAddr("10.0.0.1")
 	maps := &fakeDatapathMaps{
-		identities: map[netip.Addr]identitycell.NumericIdentity{addr: 16777217},
-		policy: map[PolicyKey]Verdict{
-			{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP, PortWildcardBits: 16}:             VerdictAllow,
-			{Identity: identitycell.IdentityWorld, Direction: Egress}:                                        VerdictAllow,
-			{Identity: 0, Direction: Egress, Protocol: ProtocolTCP, Port: 22}:                                VerdictDeny,
-			{Identity: 0, Direction: Ingress, Protocol: ProtocolTCP, Port: 8000, PortWildcardBits: 3}:        VerdictDeny,
-			{Identity: 16777217, Direction: Ingress, Protocol: ProtocolTCP, Port: 8000, PortWildcardBits: 2}: VerdictAllow,
+		identities: map[netip.Addr]identity.Number{addr: 16777217},
+		policy: map[policy.Key]policy.Verdict{
+			{Identity: 16777217, Direction: policy.Egress, Protocol: policy.ProtocolTCP, PortWildcardBits: 16}:             policy.VerdictAllow,
+			{Identity: identity.World, Direction: policy.Egress}:                                                           policy.VerdictAllow,
+			{Identity: 0, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 22}:                                policy.VerdictDeny,
+			{Identity: 0, Direction: policy.Ingress, Protocol: policy.ProtocolTCP, Port: 8000, PortWildcardBits: 3}:        policy.VerdictDeny,
+			{Identity: 16777217, Direction: policy.Ingress, Protocol: policy.ProtocolTCP, Port: 8000, PortWildcardBits: 2}: policy.VerdictAllow,
 		},
-		enforcement: map[Direction]int{Egress: 1, Ingress: 2},
+		enforcement: map[policy.Direction]int{policy.Egress: 1, policy.Ingress: 2},
 	}
-	explainLine := func(addr netip.Addr, pkt PolicyLookup, desired bool) string {
+	explainLine := func(addr netip.Addr, pkt policy.Lookup, desired bool) string {
 		var out strings.Builder
 		explainMaps(&out, maps, addr, pkt, desired)
 		return out.String()
@@ -128,17 +132,17 @@ func TestExplainMaps(t *testing.T) {
 	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map deny entry 0/egress/TCP/22: drop, not what the policies want\n",
 		explainLine(addr, tcp(22), true), "identity 0's deny wins over the remote identity's allow")
 	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
-		explainLine(addr, PolicyLookup{Direction: Egress}, true), "without a port only the any-protocol entry matches")
+		explainLine(addr, policy.Lookup{Direction: policy.Egress}, true), "without a port only the any-protocol entry matches")
 	require.Equal(t, "Maps: identity 2, egress enforced, policy map entry 2/egress/any/any: allow, not what the policies want\n",
-		explainLine(netip.MustParseAddr("192.0.2.1"), PolicyLookup{Direction: Egress}, false), "no ipcache entry: world")
+		explainLine(netip.MustParseAddr("192.0.2.1"), policy.Lookup{Direction: policy.Egress}, false), "no ipcache entry: world")
 	in := tcp(8007)
-	in.Direction = Ingress
+	in.Direction = policy.Ingress
 	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, policy map deny entry 0/ingress/TCP/8000-8007: drop\n",
 		explainLine(addr, in, false), "deny rules only: the block's deny")
 	in.Port = 8008
 	require.Equal(t, "Maps: identity 16777217, ingress deny rules only, no policy map entry denies it: allow\n",
 		explainLine(addr, in, true))
-	maps.enforcement[Ingress] = 0
+	maps.enforcement[policy.Ingress] = 0
 	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, in, true))
 	maps.err = errors.New("the pinned maps are not open")
 	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, tcp(1), true))
@@ -154,9 +158,9 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	require.NoError(t, err)
 	identities, err := identitycell.NewIdentitiesTable(db)
 	require.NoError(t, err)
-	entries, err := newPolicyTable(db)
+	entries, err := policy.NewEntryTable(db)
 	require.NoError(t, err)
-	enforcement, err := newEnforcementTable(db)
+	enforcement, err := policy.NewEnforcementTable(db)
 	require.NoError(t, err)
 	policies, err := newPoliciesTable(db)
 	require.NoError(t, err)
@@ -173,31 +177,31 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		_, _, err := ipcache.Insert(txn, e)
 		require.NoError(t, err)
 	}
-	_, _, err = policies.Insert(txn, &Policy{Name: "p", File: "p.yaml", Line: 1, Egress: []Rule{{Name: "egress[0]", Line: 3}}})
+	_, _, err = policies.Insert(txn, &policy.Policy{Name: "p", File: "p.yaml", Line: 1, Egress: []policy.Rule{{Name: "egress[0]", Line: 3}}})
 	require.NoError(t, err)
-	for _, e := range []*PolicyEntry{
-		{Key: PolicyKey{Identity: 16777217, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: full},
-		{Key: PolicyKey{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}, Verdict: VerdictAllow, Policies: []string{"q"}, Rules: []string{"q:egress[1]"}, Status: full},
-		{Key: PolicyKey{Identity: 16777218, Direction: Egress}, Verdict: VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: reconciler.StatusDone()},
+	for _, e := range []*policy.Entry{
+		{Key: policy.Key{Identity: 16777217, Direction: policy.Egress}, Verdict: policy.VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: full},
+		{Key: policy.Key{Identity: 16777218, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443}, Verdict: policy.VerdictAllow, Policies: []string{"q"}, Rules: []string{"q:egress[1]"}, Status: full},
+		{Key: policy.Key{Identity: 16777218, Direction: policy.Egress}, Verdict: policy.VerdictAllow, Policies: []string{"p"}, Rules: []string{"p:egress[0]"}, Status: reconciler.StatusDone()},
 	} {
 		_, _, err := entries.Insert(txn, e)
 		require.NoError(t, err)
 	}
-	_, _, err = enforcement.Insert(txn, &Enforcement{Direction: Egress, Enforced: true})
+	_, _, err = enforcement.Insert(txn, &policy.Enforcement{Direction: policy.Egress, Enforced: true})
 	require.NoError(t, err)
 	txn.Commit()
 	_, heldRev, _ := ipcache.Get(db.ReadTxn(), ipcachecell.EntryIndex.Query(netip.MustParsePrefix("10.0.2.0/24")))
 
 	maps := &fakeDatapathMaps{
 		failedRevs: map[statedb.Revision]error{heldRev: errors.New("policy entries of the identity are not in the policy map")},
-		identities: map[netip.Addr]identitycell.NumericIdentity{
+		identities: map[netip.Addr]identity.Number{
 			netip.MustParseAddr("10.0.0.1"): 16777217,
 			netip.MustParseAddr("10.0.2.1"): 16777220, // the held prefix's previous identity
 		},
-		policy:      map[PolicyKey]Verdict{{Identity: 16777220, Direction: Egress}: VerdictAllow},
-		enforcement: map[Direction]int{Egress: 1},
+		policy:      map[policy.Key]policy.Verdict{{Identity: 16777220, Direction: policy.Egress}: policy.VerdictAllow},
+		enforcement: map[policy.Direction]int{policy.Egress: 1},
 	}
-	run := func(datapath DatapathMaps, addr string, pkt PolicyLookup) string {
+	run := func(datapath DatapathMaps, addr string, pkt policy.Lookup) string {
 		src := explainSources{entries: entries, enforcement: enforcement, policies: policies, ipcache: ipcache,
 			identities: identities, datapath: datapath, enablePolicy: EnablePolicyDefault}
 		var out strings.Builder
@@ -208,7 +212,7 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		return out.String()
 	}
 
-	out := run(maps, "10.0.0.1", PolicyLookup{Direction: Egress})
+	out := run(maps, "10.0.0.1", policy.Lookup{Direction: policy.Egress})
 	require.Contains(t, out, "  16777217 any/any allow: p:egress[0] (p.yaml:3) (not in the policy map: policy map is full)\n")
 	require.Contains(t, out, "Verdict: allow (entry 16777217/egress/any/any of p:egress[0] (p.yaml:3))\n")
 	require.Contains(t, out, "Not written: entry 16777217/egress/any/any of p:egress[0] (p.yaml:3) (policy map is full) could not be written to the policy map\n")
@@ -221,7 +225,7 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		"the any entry allows what the port's unwritten entry does not")
 	require.NotContains(t, out, "Maps:")
 
-	out = run(maps, "10.0.2.1", PolicyLookup{Direction: Egress})
+	out = run(maps, "10.0.2.1", policy.Lookup{Direction: policy.Egress})
 	require.Contains(t, out, "; the datapath uses identity 16777220 for 10.0.2.1\n")
 	require.Contains(t, out, "could not be written to the policy map; the datapath still uses the prefix's previous value (Datapath above)\n")
 	require.Contains(t, out, "Maps: identity 16777220, egress enforced, policy map entry 16777220/egress/any/any: allow\n")

@@ -3,6 +3,11 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"cmp"
 	"context"
 	"fmt"
 	"iter"
@@ -42,12 +47,12 @@ func worldPrefixes() []netip.Prefix {
 type selector struct {
 	policy    string
 	rule      string // RuleRef
-	direction Direction
+	direction policy.Direction
 	deny      bool
-	peer      *CIDRSelector
-	ports     []PortRange
+	peer      *policy.CIDRSelector
+	ports     []policy.PortRange
 	// source is the rule, for errors that point at it.
-	source *Rule
+	source *policy.Rule
 }
 
 // selectorIndex finds the selectors of an identity without looking at
@@ -83,12 +88,12 @@ func (x *selectorIndex) add(s *selector) {
 
 // removeCIDR removes the policy's selectors on cidr (nothing if they are
 // already gone: a second selector of the policy on the same CIDR).
-func (x *selectorIndex) removeCIDR(policy string, cidr netip.Prefix) {
+func (x *selectorIndex) removeCIDR(pol string, cidr netip.Prefix) {
 	at, ok := x.byCIDR[cidr]
 	if !ok {
 		return
 	}
-	at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == policy })
+	at = slices.DeleteFunc(at, func(s *selector) bool { return s.policy == pol })
 	if len(at) == 0 {
 		delete(x.byCIDR, cidr)
 		x.lengths[family(cidr)][cidr.Bits()]--
@@ -98,8 +103,8 @@ func (x *selectorIndex) removeCIDR(policy string, cidr netip.Prefix) {
 }
 
 // removeAnyPeer removes the policy's selectors of every peer.
-func (x *selectorIndex) removeAnyPeer(policy string) {
-	x.anyPeer = slices.DeleteFunc(x.anyPeer, func(s *selector) bool { return s.policy == policy })
+func (x *selectorIndex) removeAnyPeer(pol string) {
+	x.anyPeer = slices.DeleteFunc(x.anyPeer, func(s *selector) bool { return s.policy == pol })
 }
 
 // empty reports whether no selector is indexed.
@@ -150,24 +155,24 @@ func (x *selectorIndex) candidates(prefixes []netip.Prefix) iter.Seq[*selector] 
 // and an insertion, and recomputing is what keeps that right.
 type selectorEngine struct {
 	db          *statedb.DB
-	policies    statedb.Table[*Policy]
+	policies    statedb.Table[*policy.Policy]
 	identities  statedb.Table[*identitycell.Identity]
 	ipcache     statedb.Table[*ipcachecell.Entry]
-	entries     statedb.RWTable[*PolicyEntry]
-	enforcement statedb.RWTable[*Enforcement]
+	entries     statedb.RWTable[*policy.Entry]
+	enforcement statedb.RWTable[*policy.Enforcement]
 	progress    *SelectorProgress
 	log         *slog.Logger
 
 	// markInitialized marks both tables initialized; nil once done.
 	markInitialized func(statedb.WriteTxn)
 
-	policyChanges   statedb.ChangeIterator[*Policy]
+	policyChanges   statedb.ChangeIterator[*policy.Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
 
 	// indexed are the policies whose selectors are in index, by name.
 	// Identity 0 (the rules for every peer) is not in the identities
 	// table: it is recomputed when its selectors change.
-	indexed map[string]*Policy
+	indexed map[string]*policy.Policy
 	index   selectorIndex
 
 	// defaultDenyIn counts the policies with rules in each direction that
@@ -177,7 +182,7 @@ type selectorEngine struct {
 	denyIn        [2]int
 	enablePolicy  string
 
-	dirty map[identitycell.NumericIdentity]struct{}
+	dirty map[identity.Number]struct{}
 
 	// maxEntries bounds the rows of the `policy` table (entryBound times
 	// the policy map's size): each file fits the map (CountEntries), but
@@ -187,7 +192,7 @@ type selectorEngine struct {
 	// not all fit under it, with how many did not; they are recomputed
 	// when room appears.
 	maxEntries  int
-	notComputed map[identitycell.NumericIdentity]int
+	notComputed map[identity.Number]int
 
 	// visited counts the selectors examined, recomputed the identities
 	// whose entries were recomputed; tests use them to show what a change
@@ -195,8 +200,8 @@ type selectorEngine struct {
 	visited, recomputed int
 }
 
-func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identities statedb.Table[*identitycell.Identity],
-	ipcache statedb.Table[*ipcachecell.Entry], entries statedb.RWTable[*PolicyEntry], enforcement statedb.RWTable[*Enforcement],
+func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], identities statedb.Table[*identitycell.Identity],
+	ipcache statedb.Table[*ipcachecell.Entry], entries statedb.RWTable[*policy.Entry], enforcement statedb.RWTable[*policy.Enforcement],
 	progress *SelectorProgress, log *slog.Logger, enablePolicy string) *selectorEngine {
 	txn := db.WriteTxn(entries, enforcement)
 	markEntries := entries.RegisterInitializer(txn, "policy-selectors")
@@ -215,11 +220,11 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*Policy], identiti
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed:     map[string]*Policy{},
+		indexed:     map[string]*policy.Policy{},
 		index:       newSelectorIndex(),
-		dirty:       map[identitycell.NumericIdentity]struct{}{},
+		dirty:       map[identity.Number]struct{}{},
 		maxEntries:  entryBound * DefaultPolicyMapMaxEntries,
-		notComputed: map[identitycell.NumericIdentity]int{},
+		notComputed: map[identity.Number]int{},
 
 		enablePolicy: enablePolicy,
 	}
@@ -281,7 +286,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	// read, to move past them.
 	idle := e.idle(snapshot)
 	for change := range identityChanges {
-		if id := change.Object.ID; id != identitycell.IdentityWorld && !idle {
+		if id := change.Object.ID; id != identity.World && !idle {
 			e.dirty[id] = struct{}{}
 		}
 	}
@@ -335,9 +340,9 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 
 // policyChanged re-indexes a policy's selectors and marks the identities
 // inside its old and new CIDRs dirty.
-func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *Policy, deleted bool) {
+func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *policy.Policy, deleted bool) {
 	old := e.indexed[p.Name]
-	if !deleted && old != nil && old.sameRules(p) {
+	if !deleted && old != nil && old.SameRules(p) {
 		e.indexed[p.Name] = p
 		return
 	}
@@ -352,14 +357,14 @@ func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *Policy, deleted b
 	e.indexPolicy(txn, p, 1)
 }
 
-func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *Policy) {
+func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *policy.Policy) {
 	e.indexPolicy(txn, p, -1)
 }
 
 // indexPolicy adds (by 1) or removes (by -1) the selectors and counts of
 // a policy, and marks the identities they select dirty.
-func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
-	for _, dir := range Directions() {
+func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by int) {
+	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)
 		defaultDeny, deny := false, false
 		for i := range rules {
@@ -394,8 +399,8 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *Policy, by int) {
 	}
 }
 
-func newSelector(p *Policy, dir Direction, rule *Rule, peer *CIDRSelector) *selector {
-	return &selector{policy: p.Name, rule: RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer,
+func newSelector(p *policy.Policy, dir policy.Direction, rule *policy.Rule, peer *policy.CIDRSelector) *selector {
+	return &selector{policy: p.Name, rule: policy.RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer,
 		ports: rule.Ports, source: rule}
 }
 
@@ -408,24 +413,24 @@ func family(p netip.Prefix) int {
 }
 
 // prefixesOf returns the cidr prefixes of an identity.
-func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identitycell.NumericIdentity) []netip.Prefix {
-	if id == identitycell.IdentityWorld {
+func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []netip.Prefix {
+	if id == identity.World {
 		return worldPrefixes()
 	}
-	identity, _, found := e.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+	ident, _, found := e.identities.Get(txn, identitycell.IdentityIndex.Query(id))
 	if !found {
 		return nil
 	}
-	return slices.Collect(identity.Labels.Prefixes())
+	return slices.Collect(ident.Labels.Prefixes())
 }
 
 // markWithin marks dirty the identities with a cidr prefix inside cidr.
 func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
 	if cidr.Bits() == 0 {
-		e.dirty[identitycell.IdentityWorld] = struct{}{}
+		e.dirty[identity.World] = struct{}{}
 	}
-	for identity := range identitycell.IdentitiesWithin(txn, e.identities, cidr) {
-		e.dirty[identity.ID] = struct{}{}
+	for ident := range identitycell.IdentitiesWithin(txn, e.identities, cidr) {
+		e.dirty[ident.ID] = struct{}{}
 	}
 }
 
@@ -443,11 +448,11 @@ func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
 func (e *selectorEngine) write(initializing bool) error {
 	// A fresh set each round: iterating or clearing a map costs its
 	// capacity, which the first round makes as large as all identities.
-	var dirty []identitycell.NumericIdentity
+	var dirty []identity.Number
 	if !e.idle(e.db.ReadTxn()) {
 		dirty = slices.Sorted(maps.Keys(e.dirty))
 	}
-	e.dirty = map[identitycell.NumericIdentity]struct{}{}
+	e.dirty = map[identity.Number]struct{}{}
 	writeEnforcement := initializing || e.markInitialized == nil
 	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
 		return nil // nothing changed that the entries depend on
@@ -493,8 +498,8 @@ func (e *selectorEngine) idle(txn statedb.ReadTxn) bool {
 
 // grant is one rule of a policy giving one key a verdict.
 type grant struct {
-	key     PolicyKey
-	verdict Verdict
+	key     policy.Key
+	verdict policy.Verdict
 	policy  string
 	rule    string
 }
@@ -502,7 +507,7 @@ type grant struct {
 // grants appends what the rules in force say of an identity's keys:
 // those of the rules whose selectors select it, or for identity 0 those
 // of the rules for every peer.
-func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIdentity, out []grant) []grant {
+func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []grant) []grant {
 	if id == 0 {
 		for _, s := range e.index.anyPeer {
 			e.visited++
@@ -513,7 +518,7 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIden
 	prefixes := e.prefixesOf(txn, id)
 	for s := range e.index.candidates(prefixes) {
 		e.visited++
-		if s.peer.excludes(prefixes) {
+		if s.peer.Excludes(prefixes) {
 			continue
 		}
 		out = s.appendGrants(out, id)
@@ -523,18 +528,18 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identitycell.NumericIden
 
 // appendGrants appends the selector's keys for identity id: any protocol
 // without ports, else each port range's blocks.
-func (s *selector) appendGrants(out []grant, id identitycell.NumericIdentity) []grant {
-	verdict := VerdictAllow
+func (s *selector) appendGrants(out []grant, id identity.Number) []grant {
+	verdict := policy.VerdictAllow
 	if s.deny {
-		verdict = VerdictDeny
+		verdict = policy.VerdictDeny
 	}
-	base := PolicyKey{Identity: id, Direction: s.direction}
+	base := policy.Key{Identity: id, Direction: s.direction}
 	if len(s.ports) == 0 {
 		return append(out, grant{base, verdict, s.policy, s.rule})
 	}
-	var keys [8]PolicyKey
+	var keys [8]policy.Key
 	for _, pr := range s.ports {
-		for _, key := range pr.appendKeys(keys[:0], base) {
+		for _, key := range pr.AppendKeys(keys[:0], base) {
 			out = append(out, grant{key, verdict, s.policy, s.rule})
 		}
 	}
@@ -549,13 +554,13 @@ func (s *selector) appendGrants(out []grant, id identitycell.NumericIdentity) []
 // rather than the deny. An allow wider than a deny stays: the lookup
 // finds the narrower deny for what the deny covers. (Across identity 0
 // and the remote identity, the program's two lookups resolve it.)
-func resolve(grants []grant) []*PolicyEntry {
+func resolve(grants []grant) []*policy.Entry {
 	slices.SortFunc(grants, func(a, b grant) int {
-		if c := comparePolicyKeys(a.key, b.key); c != 0 {
+		if c := policy.CompareKeys(a.key, b.key); c != 0 {
 			return c
 		}
 		if a.verdict != b.verdict {
-			return -cmpInt(a.verdict, b.verdict) // deny first
+			return -cmp.Compare(a.verdict, b.verdict) // deny first
 		}
 		if c := strings.Compare(a.policy, b.policy); c != 0 {
 			return c
@@ -563,14 +568,14 @@ func resolve(grants []grant) []*PolicyEntry {
 		return strings.Compare(a.rule, b.rule)
 	})
 	grants = slices.Compact(grants)
-	var entries []*PolicyEntry
-	var denies []PolicyKey
+	var entries []*policy.Entry
+	var denies []policy.Key
 	for i := 0; i < len(grants); {
 		j := i + 1
 		for j < len(grants) && grants[j].key == grants[i].key {
 			j++
 		}
-		entry := &PolicyEntry{Key: grants[i].key, Verdict: grants[i].verdict}
+		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
 		for _, g := range grants[i:j] {
 			if g.verdict != entry.Verdict {
 				break // the allows of a denied key
@@ -582,15 +587,15 @@ func resolve(grants []grant) []*PolicyEntry {
 		}
 		i = j
 		entries = append(entries, entry)
-		if entry.Verdict == VerdictDeny {
+		if entry.Verdict == policy.VerdictDeny {
 			denies = append(denies, entry.Key)
 		}
 	}
 	if len(denies) == 0 {
 		return entries
 	}
-	return slices.DeleteFunc(entries, func(entry *PolicyEntry) bool {
-		return entry.Verdict == VerdictAllow && slices.ContainsFunc(denies, func(deny PolicyKey) bool {
+	return slices.DeleteFunc(entries, func(entry *policy.Entry) bool {
+		return entry.Verdict == policy.VerdictAllow && slices.ContainsFunc(denies, func(deny policy.Key) bool {
 			return deny.Matches(entry.Key)
 		})
 	})
@@ -602,14 +607,14 @@ func resolve(grants []grant) []*PolicyEntry {
 // added only while the table has fewer rows than maxEntries, denies
 // first (a missing allow drops traffic, a missing deny would let it
 // through); the identity is in notComputed while some are left out.
-func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.NumericIdentity, desired []*PolicyEntry) error {
-	// Both are in key order: the index orders keys as comparePolicyKeys.
-	var current, added []*PolicyEntry
-	for entry := range e.entries.Prefix(txn, PolicyKeyIndex.QueryFromKey(identityKey(id))) {
+func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number, desired []*policy.Entry) error {
+	// Both are in key order: the index orders keys as policy.CompareKeys.
+	var current, added []*policy.Entry
+	for entry := range policy.IdentityEntries(txn, e.entries, id) {
 		current = append(current, entry)
 	}
 	for _, want := range desired {
-		for len(current) > 0 && comparePolicyKeys(current[0].Key, want.Key) < 0 {
+		for len(current) > 0 && policy.CompareKeys(current[0].Key, want.Key) < 0 {
 			if err := e.deleteEntry(txn, current[0]); err != nil {
 				return err
 			}
@@ -621,7 +626,7 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.Num
 		}
 		have := current[0]
 		current = current[1:]
-		if have.sameEntry(want) {
+		if have.Same(want) {
 			continue
 		}
 		if err := e.insertEntry(txn, want); err != nil {
@@ -633,7 +638,7 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.Num
 			return err
 		}
 	}
-	slices.SortStableFunc(added, func(a, b *PolicyEntry) int { return -cmpInt(a.Verdict, b.Verdict) })
+	slices.SortStableFunc(added, func(a, b *policy.Entry) int { return -cmp.Compare(a.Verdict, b.Verdict) })
 	room := e.maxEntries - e.entries.NumObjects(txn)
 	for i, want := range added {
 		if i >= room {
@@ -648,7 +653,7 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identitycell.Num
 	return nil
 }
 
-func (e *selectorEngine) insertEntry(txn statedb.WriteTxn, want *PolicyEntry) error {
+func (e *selectorEngine) insertEntry(txn statedb.WriteTxn, want *policy.Entry) error {
 	want.Status = reconciler.StatusPending()
 	if _, _, err := e.entries.Insert(txn, want); err != nil {
 		return fmt.Errorf("write policy entry %s: %w", want.Key, err)
@@ -656,7 +661,7 @@ func (e *selectorEngine) insertEntry(txn statedb.WriteTxn, want *PolicyEntry) er
 	return nil
 }
 
-func (e *selectorEngine) deleteEntry(txn statedb.WriteTxn, entry *PolicyEntry) error {
+func (e *selectorEngine) deleteEntry(txn statedb.WriteTxn, entry *policy.Entry) error {
 	if _, _, err := e.entries.Delete(txn, entry); err != nil {
 		return fmt.Errorf("delete policy entry %s: %w", entry.Key, err)
 	}
@@ -678,8 +683,8 @@ const (
 
 // desiredEnforcement is the row the policies in force and --enable-policy
 // give a direction.
-func (e *selectorEngine) desiredEnforcement(dir Direction) Enforcement {
-	row := Enforcement{Direction: dir, HasDeny: e.denyIn[dir] > 0}
+func (e *selectorEngine) desiredEnforcement(dir policy.Direction) policy.Enforcement {
+	row := policy.Enforcement{Direction: dir, HasDeny: e.denyIn[dir] > 0}
 	switch e.enablePolicy {
 	case EnablePolicyAlways:
 		row.Enforced = true
@@ -697,13 +702,13 @@ func (e *selectorEngine) desiredEnforcement(dir Direction) Enforcement {
 // false, the last true: a direction is loosened before the entries it no
 // longer needs go, and tightened after the entries it needs are in.
 func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) error {
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		want := e.desiredEnforcement(dir)
-		have, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+		have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
 		if found && have.Enforced == want.Enforced && have.HasDeny == want.HasDeny {
 			continue
 		}
-		looser := found && want.strictness() < have.strictness()
+		looser := found && want.Strictness() < have.Strictness()
 		if looser == stricter {
 			continue
 		}
@@ -718,9 +723,9 @@ func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) e
 // enforcementChanged reports whether a direction's row is missing or
 // differs from the desired one.
 func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		want := e.desiredEnforcement(dir)
-		row, _, found := e.enforcement.Get(txn, EnforcementDirectionIndex.Query(dir))
+		row, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
 		if !found || row.Enforced != want.Enforced || row.HasDeny != want.HasDeny {
 			return true
 		}
@@ -731,7 +736,7 @@ func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
 func (e *selectorEngine) reportHealth(health cell.Health) {
 	txn := e.db.ReadTxn()
 	var enforced, denyOnly []string
-	for _, dir := range Directions() {
+	for _, dir := range policy.Directions() {
 		switch row := e.desiredEnforcement(dir); {
 		case row.Enforced:
 			enforced = append(enforced, dir.String())

@@ -3,6 +3,10 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -27,7 +31,7 @@ func BenchmarkIdentityAppears(b *testing.B) {
 			f := newEngineFixture(b)
 			f.engine.log = slog.New(slog.DiscardHandler)
 			var (
-				batch      []*Policy
+				batch      []*policy.Policy
 				identities []*identitycell.Identity
 			)
 			for i := range n {
@@ -36,11 +40,11 @@ func BenchmarkIdentityAppears(b *testing.B) {
 					k := i*cidrsPerPolicy + j
 					cidr := fmt.Sprintf("%d.%d.%d.0/24", 10+k>>16, k>>8&0xff, k&0xff)
 					cidrs = append(cidrs, cidr)
-					identities = append(identities, identity(identitycell.MinLocalIdentity+identitycell.NumericIdentity(k),
+					identities = append(identities, identityRow(identity.MinLocal+identity.Number(k),
 						"cidr:"+cidr))
 				}
-				batch = append(batch, cidrPolicy(fmt.Sprintf("policy-%d", i), Egress,
-					[]PortRange{{Port: 443, Protocol: ProtocolTCP}}, cidrs...))
+				batch = append(batch, cidrPolicy(fmt.Sprintf("policy-%d", i), policy.Egress,
+					[]policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}}, cidrs...))
 			}
 			f.upsertPolicies(b, batch...)
 			f.upsertIdentities(b, identities...)
@@ -51,7 +55,7 @@ func BenchmarkIdentityAppears(b *testing.B) {
 
 			// A host inside the CIDR of the policy in the middle.
 			host := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.7/32", (n/2*cidrsPerPolicy)>>8&0xff, (n/2*cidrsPerPolicy)&0xff))
-			appearing := identity(identitycell.MaxLocalIdentity, "cidr:"+host.String())
+			appearing := identityRow(identity.MaxLocal, "cidr:"+host.String())
 			visited := 0
 			b.ResetTimer()
 			for range b.N {

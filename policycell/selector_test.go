@@ -3,6 +3,9 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -18,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
@@ -26,10 +30,10 @@ import (
 // it writes policies and identities directly and calls round.
 type engineFixture struct {
 	db          *statedb.DB
-	policies    statedb.RWTable[*Policy]
+	policies    statedb.RWTable[*policy.Policy]
 	identities  statedb.RWTable[*identitycell.Identity]
-	entries     statedb.RWTable[*PolicyEntry]
-	enforcement statedb.RWTable[*Enforcement]
+	entries     statedb.RWTable[*policy.Entry]
+	enforcement statedb.RWTable[*policy.Enforcement]
 	engine      *selectorEngine
 
 	// policiesRead and ipcacheResolved mark the `policies` and `ipcache`
@@ -47,9 +51,9 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	require.NoError(tb, err)
 	ipcache, err := ipcachecell.NewEntriesTable(f.db)
 	require.NoError(tb, err)
-	f.entries, err = newPolicyTable(f.db)
+	f.entries, err = policy.NewEntryTable(f.db)
 	require.NoError(tb, err)
-	f.enforcement, err = newEnforcementTable(f.db)
+	f.enforcement, err = policy.NewEnforcementTable(f.db)
 	require.NoError(tb, err)
 	require.NoError(tb, f.db.Start())
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })
@@ -84,7 +88,7 @@ func (f *engineFixture) round(tb testing.TB) {
 	require.NoError(tb, err)
 }
 
-func (f *engineFixture) upsertPolicies(tb testing.TB, policies ...*Policy) {
+func (f *engineFixture) upsertPolicies(tb testing.TB, policies ...*policy.Policy) {
 	tb.Helper()
 	txn := f.db.WriteTxn(f.policies)
 	for _, p := range policies {
@@ -94,7 +98,7 @@ func (f *engineFixture) upsertPolicies(tb testing.TB, policies ...*Policy) {
 	txn.Commit()
 }
 
-func (f *engineFixture) deletePolicy(tb testing.TB, p *Policy) {
+func (f *engineFixture) deletePolicy(tb testing.TB, p *policy.Policy) {
 	tb.Helper()
 	txn := f.db.WriteTxn(f.policies)
 	_, _, err := f.policies.Delete(txn, p)
@@ -121,18 +125,18 @@ func (f *engineFixture) deleteIdentity(tb testing.TB, i *identitycell.Identity) 
 }
 
 // table returns the `policy` table as key -> policies.
-func (f *engineFixture) table() map[PolicyKey]string {
-	out := map[PolicyKey]string{}
+func (f *engineFixture) table() map[policy.Key]string {
+	out := map[policy.Key]string{}
 	for e := range f.entries.All(f.db.ReadTxn()) {
 		out[e.Key] = strings.Join(e.Policies, ",")
-		if e.Verdict == VerdictDeny {
+		if e.Verdict == policy.VerdictDeny {
 			out[e.Key] = "deny:" + out[e.Key]
 		}
 	}
 	return out
 }
 
-func identity(id identitycell.NumericIdentity, lbls ...string) *identitycell.Identity {
+func identityRow(id identity.Number, lbls ...string) *identitycell.Identity {
 	l, err := labels.New(lbls...)
 	if err != nil {
 		panic(err)
@@ -140,45 +144,45 @@ func identity(id identitycell.NumericIdentity, lbls ...string) *identitycell.Ide
 	return identitycell.NewIdentity(id, l, 1, false)
 }
 
-func cidrPolicy(name string, dir Direction, ports []PortRange, cidrs ...string) *Policy {
-	rule := Rule{Ports: ports}
+func cidrPolicy(name string, dir policy.Direction, ports []policy.PortRange, cidrs ...string) *policy.Policy {
+	rule := policy.Rule{Ports: ports}
 	for _, c := range cidrs {
-		rule.Peers = append(rule.Peers, CIDRSelector{CIDR: netip.MustParsePrefix(c)})
+		rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: netip.MustParsePrefix(c)})
 	}
-	p := &Policy{Name: name, File: name + ".yaml", Line: 1}
-	if dir == Ingress {
-		p.Ingress = []Rule{rule}
+	p := &policy.Policy{Name: name, File: name + ".yaml", Line: 1}
+	if dir == policy.Ingress {
+		p.Ingress = []policy.Rule{rule}
 	} else {
-		p.Egress = []Rule{rule}
+		p.Egress = []policy.Rule{rule}
 	}
 	return p
 }
 
 // bruteForce computes the desired table from scratch: every identity (and
 // world) against every selector.
-func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[PolicyKey]string {
+func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) map[policy.Key]string {
 	type target struct {
-		id       identitycell.NumericIdentity
+		id       identity.Number
 		prefixes []netip.Prefix
 	}
-	targets := []target{{0, nil}, {identitycell.IdentityWorld, worldPrefixes()}}
+	targets := []target{{0, nil}, {identity.World, worldPrefixes()}}
 	for _, i := range identities {
 		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
 	}
 	// The policies of each key, by verdict.
-	granted := map[PolicyKey]map[Verdict]map[string]struct{}{}
-	grant := func(k PolicyKey, v Verdict, policy string) {
+	granted := map[policy.Key]map[policy.Verdict]map[string]struct{}{}
+	grant := func(k policy.Key, v policy.Verdict, pol string) {
 		if granted[k] == nil {
-			granted[k] = map[Verdict]map[string]struct{}{}
+			granted[k] = map[policy.Verdict]map[string]struct{}{}
 		}
 		if granted[k][v] == nil {
 			granted[k][v] = map[string]struct{}{}
 		}
-		granted[k][v][policy] = struct{}{}
+		granted[k][v][pol] = struct{}{}
 	}
 	for _, t := range targets {
 		for _, p := range policies {
-			for _, dir := range Directions() {
+			for _, dir := range policy.Directions() {
 				for _, rule := range p.Rules(dir) {
 					selects := t.id == 0 && rule.AnyPeer
 					for _, peer := range rule.Peers {
@@ -187,16 +191,16 @@ func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[Pol
 					if !selects {
 						continue
 					}
-					v := VerdictAllow
+					v := policy.VerdictAllow
 					if rule.Deny {
-						v = VerdictDeny
+						v = policy.VerdictDeny
 					}
-					k := PolicyKey{Identity: t.id, Direction: dir}
+					k := policy.Key{Identity: t.id, Direction: dir}
 					if len(rule.Ports) == 0 {
 						grant(k, v, p.Name)
 					}
 					for _, pp := range rule.Ports {
-						for _, block := range pp.appendKeys(nil, k) {
+						for _, block := range pp.AppendKeys(nil, k) {
 							grant(block, v, p.Name)
 						}
 					}
@@ -205,29 +209,29 @@ func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[Pol
 		}
 	}
 	// What a key matches: a protocol (0 any) and a port interval.
-	span := func(k PolicyKey) (Protocol, uint32, uint32) {
-		if k.Protocol == ProtocolAny {
-			return ProtocolAny, 0, 65535
+	span := func(k policy.Key) (policy.Protocol, uint32, uint32) {
+		if k.Protocol == policy.ProtocolAny {
+			return policy.ProtocolAny, 0, 65535
 		}
 		return k.Protocol, uint32(k.Port), uint32(k.Port) + 1<<k.PortWildcardBits - 1
 	}
-	out := map[PolicyKey]string{}
+	out := map[policy.Key]string{}
 	for k, verdicts := range granted {
-		if names, denied := verdicts[VerdictDeny]; denied {
+		if names, denied := verdicts[policy.VerdictDeny]; denied {
 			out[k] = "deny:" + strings.Join(slices.Sorted(maps.Keys(names)), ",")
 			continue
 		}
 		covered := false
 		protocol, lo, hi := span(k)
 		for d, dv := range granted {
-			if _, denied := dv[VerdictDeny]; !denied || d.Identity != k.Identity || d.Direction != k.Direction {
+			if _, denied := dv[policy.VerdictDeny]; !denied || d.Identity != k.Identity || d.Direction != k.Direction {
 				continue
 			}
 			dp, dlo, dhi := span(d)
-			covered = covered || dp == ProtocolAny || dp == protocol && dlo <= lo && hi <= dhi
+			covered = covered || dp == policy.ProtocolAny || dp == protocol && dlo <= lo && hi <= dhi
 		}
 		if !covered {
-			out[k] = strings.Join(slices.Sorted(maps.Keys(verdicts[VerdictAllow])), ",")
+			out[k] = strings.Join(slices.Sorted(maps.Keys(verdicts[policy.VerdictAllow])), ",")
 		}
 	}
 	return out
@@ -235,26 +239,26 @@ func bruteForce(policies []*Policy, identities []*identitycell.Identity) map[Pol
 
 func TestSelectorBasics(t *testing.T) {
 	f := newEngineFixture(t)
-	web := cidrPolicy("web", Egress, []PortRange{{Port: 443, Protocol: ProtocolTCP}}, "10.0.0.0/8")
+	web := cidrPolicy("web", policy.Egress, []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}}, "10.0.0.0/8")
 	web.Egress[0].Peers[0].Except = []netip.Prefix{netip.MustParsePrefix("10.2.0.0/16")}
-	all := cidrPolicy("all", Ingress, nil, "0.0.0.0/0")
+	all := cidrPolicy("all", policy.Ingress, nil, "0.0.0.0/0")
 	f.upsertPolicies(t, web, all)
 	f.upsertIdentities(t,
-		identity(16777217, "cidr:10.0.0.0/8"),
-		identity(16777218, "cidr:10.1.0.0/16", "app:x"), // narrower, other labels too
-		identity(16777219, "cidr:10.2.3.0/24"),          // inside the except prefix
-		identity(16777220, "cidr:192.0.2.0/24"),
-		identity(16777221, "app:no-cidr"),
+		identityRow(16777217, "cidr:10.0.0.0/8"),
+		identityRow(16777218, "cidr:10.1.0.0/16", "app:x"), // narrower, other labels too
+		identityRow(16777219, "cidr:10.2.3.0/24"),          // inside the except prefix
+		identityRow(16777220, "cidr:192.0.2.0/24"),
+		identityRow(16777221, "app:no-cidr"),
 	)
 	f.round(t)
-	require.Equal(t, map[PolicyKey]string{
-		{Identity: 2, Direction: Ingress, Protocol: 0, Port: 0}:                   "all",
-		{Identity: 16777217, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
-		{Identity: 16777217, Direction: Egress, Protocol: ProtocolTCP, Port: 443}: "web",
-		{Identity: 16777218, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
-		{Identity: 16777218, Direction: Egress, Protocol: ProtocolTCP, Port: 443}: "web",
-		{Identity: 16777219, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
-		{Identity: 16777220, Direction: Ingress, Protocol: 0, Port: 0}:            "all",
+	require.Equal(t, map[policy.Key]string{
+		{Identity: 2, Direction: policy.Ingress, Protocol: 0, Port: 0}:                          "all",
+		{Identity: 16777217, Direction: policy.Ingress, Protocol: 0, Port: 0}:                   "all",
+		{Identity: 16777217, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443}: "web",
+		{Identity: 16777218, Direction: policy.Ingress, Protocol: 0, Port: 0}:                   "all",
+		{Identity: 16777218, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443}: "web",
+		{Identity: 16777219, Direction: policy.Ingress, Protocol: 0, Port: 0}:                   "all",
+		{Identity: 16777220, Direction: policy.Ingress, Protocol: 0, Port: 0}:                   "all",
 	}, f.table())
 }
 
@@ -267,46 +271,46 @@ func TestSelectorInitialization(t *testing.T) {
 	f.round(t)
 	require.False(t, f.initialized())
 
-	f.upsertPolicies(t, cidrPolicy("web", Egress, nil, "10.0.0.0/8"))
+	f.upsertPolicies(t, cidrPolicy("web", policy.Egress, nil, "10.0.0.0/8"))
 	f.policiesRead()
 	f.round(t)
 	require.False(t, f.initialized(), "the ipcache has not resolved the policy's prefixes yet")
 
-	f.upsertIdentities(t, identity(16777217, "cidr:10.0.0.0/8"))
+	f.upsertIdentities(t, identityRow(16777217, "cidr:10.0.0.0/8"))
 	f.ipcacheResolved()
 	f.round(t)
 	require.True(t, f.initialized())
-	require.Equal(t, map[PolicyKey]string{{Identity: 16777217, Direction: Egress, Protocol: 0, Port: 0}: "web"}, f.table(),
+	require.Equal(t, map[policy.Key]string{{Identity: 16777217, Direction: policy.Egress, Protocol: 0, Port: 0}: "web"}, f.table(),
 		"what the ipcache had resolved is in the table when it is initialized")
 }
 
 func TestSelectorEnforcementRows(t *testing.T) {
 	f := newEngineFixture(t)
-	enforced := func() map[Direction]bool {
-		out := map[Direction]bool{}
+	enforced := func() map[policy.Direction]bool {
+		out := map[policy.Direction]bool{}
 		for e := range f.enforcement.All(f.db.ReadTxn()) {
 			out[e.Direction] = e.Enforced
 		}
 		return out
 	}
-	f.upsertPolicies(t, cidrPolicy("web", Ingress, nil, "10.0.0.0/8"))
+	f.upsertPolicies(t, cidrPolicy("web", policy.Ingress, nil, "10.0.0.0/8"))
 	f.round(t)
 	require.Empty(t, enforced(), "the datapath keeps its enforcement until the tables are initialized")
-	f.deletePolicy(t, cidrPolicy("web", Ingress, nil, "10.0.0.0/8"))
+	f.deletePolicy(t, cidrPolicy("web", policy.Ingress, nil, "10.0.0.0/8"))
 	f.policiesRead()
 	f.ipcacheResolved()
 	f.round(t)
-	require.Equal(t, map[Direction]bool{Ingress: false, Egress: false}, enforced(), "both rows exist from initialization on")
+	require.Equal(t, map[policy.Direction]bool{policy.Ingress: false, policy.Egress: false}, enforced(), "both rows exist from initialization on")
 
-	deny := &Policy{Name: "deny-egress", Egress: []Rule{{}}}
+	deny := &policy.Policy{Name: "deny-egress", Egress: []policy.Rule{{}}}
 	f.upsertPolicies(t, deny)
 	f.round(t)
-	require.Equal(t, map[Direction]bool{Ingress: false, Egress: true}, enforced(), "an empty rule enforces its direction")
+	require.Equal(t, map[policy.Direction]bool{policy.Ingress: false, policy.Egress: true}, enforced(), "an empty rule enforces its direction")
 	require.Empty(t, f.table(), "and allows nothing")
 
 	f.deletePolicy(t, deny)
 	f.round(t)
-	require.Equal(t, map[Direction]bool{Ingress: false, Egress: false}, enforced())
+	require.Equal(t, map[policy.Direction]bool{policy.Ingress: false, policy.Egress: false}, enforced())
 }
 
 // TestSelectorMatchesBruteForce changes policies and identities at random
@@ -326,12 +330,12 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 		universe = append(universe, netip.MustParsePrefix(s))
 	}
 	randomPrefix := func() netip.Prefix { return universe[rng.IntN(len(universe))] }
-	randomRule := func() Rule {
-		var rule Rule
+	randomRule := func() policy.Rule {
+		var rule policy.Rule
 		for range rng.IntN(3) {
-			peer := CIDRSelector{CIDR: randomPrefix()}
+			peer := policy.CIDRSelector{CIDR: randomPrefix()}
 			for _, e := range universe {
-				if e != peer.CIDR && contains(peer.CIDR, e) && rng.IntN(4) == 0 {
+				if e != peer.CIDR && prefixkey.Inside(peer.CIDR, e) && rng.IntN(4) == 0 {
 					peer.Except = append(peer.Except, e)
 				}
 			}
@@ -342,18 +346,18 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 		rule.NoDefaultDeny = rng.IntN(4) == 0
 		switch rng.IntN(6) {
 		case 0:
-			rule.Ports = []PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: ProtocolUDP}, {Port: 443, Protocol: ProtocolTCP}}
+			rule.Ports = []policy.PortRange{{Port: uint16(53 + rng.IntN(2)), Protocol: policy.ProtocolUDP}, {Port: 443, Protocol: policy.ProtocolTCP}}
 		case 1:
-			rule.Ports = []PortRange{{Port: uint16(440 + rng.IntN(4)), EndPort: uint16(444 + rng.IntN(8)), Protocol: ProtocolTCP}}
+			rule.Ports = []policy.PortRange{{Port: uint16(440 + rng.IntN(4)), EndPort: uint16(444 + rng.IntN(8)), Protocol: policy.ProtocolTCP}}
 		case 2:
-			rule.Ports = []PortRange{{Protocol: ProtocolTCP}, {Port: 8, Protocol: ProtocolICMP}}
+			rule.Ports = []policy.PortRange{{Protocol: policy.ProtocolTCP}, {Port: 8, Protocol: policy.ProtocolICMP}}
 		}
 		return rule
 	}
-	policies := map[string]*Policy{}
-	identities := map[identitycell.NumericIdentity]*identitycell.Identity{}
+	policies := map[string]*policy.Policy{}
+	identities := map[identity.Number]*identitycell.Identity{}
 
-	var previous map[PolicyKey]string
+	var previous map[policy.Key]string
 	for step := range 300 {
 		for range 1 + rng.IntN(4) {
 			switch op := rng.IntN(4); {
@@ -362,7 +366,7 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 				f.deletePolicy(t, policies[name])
 				delete(policies, name)
 			case op == 1:
-				p := &Policy{Name: fmt.Sprintf("p%d", rng.IntN(8))}
+				p := &policy.Policy{Name: fmt.Sprintf("p%d", rng.IntN(8))}
 				for range rng.IntN(3) {
 					p.Ingress = append(p.Ingress, randomRule())
 				}
@@ -377,7 +381,7 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 				f.deleteIdentity(t, identities[id])
 				delete(identities, id)
 			default:
-				id := identitycell.MinLocalIdentity + identitycell.NumericIdentity(rng.IntN(12))
+				id := identity.MinLocal + identity.Number(rng.IntN(12))
 				lbls := []string{labels.CIDRLabel(randomPrefix())}
 				if rng.IntN(4) == 0 {
 					lbls = append(lbls, labels.CIDRLabel(randomPrefix()))
@@ -385,7 +389,7 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 				if rng.IntN(4) == 0 {
 					lbls = []string{"app:no-cidr"}
 				}
-				i := identity(id, lbls...)
+				i := identityRow(id, lbls...)
 				if slices.ContainsFunc(slices.Collect(maps.Values(identities)), func(other *identitycell.Identity) bool {
 					return other.ID != id && other.Labels == i.Labels
 				}) {
@@ -399,9 +403,9 @@ func TestSelectorMatchesBruteForce(t *testing.T) {
 
 		want := bruteForce(slices.Collect(maps.Values(policies)), slices.Collect(maps.Values(identities)))
 		require.Equal(t, want, f.table(), "step %d", step)
-		wantEnforced, wantDeny := map[Direction]bool{}, map[Direction]bool{}
+		wantEnforced, wantDeny := map[policy.Direction]bool{}, map[policy.Direction]bool{}
 		for _, p := range policies {
-			for _, dir := range Directions() {
+			for _, dir := range policy.Directions() {
 				for _, rule := range p.Rules(dir) {
 					wantEnforced[dir] = wantEnforced[dir] || !rule.NoDefaultDeny
 					wantDeny[dir] = wantDeny[dir] || rule.Deny
@@ -441,18 +445,18 @@ func markAllDone(t *testing.T, f *engineFixture) {
 func TestIdentityCostIndependentOfOtherPolicies(t *testing.T) {
 	visitedFor := func(otherPolicies int) int {
 		f := newEngineFixture(t)
-		var batch []*Policy
+		var batch []*policy.Policy
 		for i := range otherPolicies {
-			batch = append(batch, cidrPolicy(fmt.Sprintf("other-%d", i), Egress, nil,
+			batch = append(batch, cidrPolicy(fmt.Sprintf("other-%d", i), policy.Egress, nil,
 				fmt.Sprintf("11.%d.%d.0/24", i/256, i%256)))
 		}
-		batch = append(batch, cidrPolicy("selects", Egress, nil, "10.0.0.0/8"))
+		batch = append(batch, cidrPolicy("selects", policy.Egress, nil, "10.0.0.0/8"))
 		f.upsertPolicies(t, batch...)
 		f.round(t)
 		before := f.engine.visited
-		f.upsertIdentities(t, identity(16777217, "cidr:10.1.2.0/24"))
+		f.upsertIdentities(t, identityRow(16777217, "cidr:10.1.2.0/24"))
 		f.round(t)
-		require.Equal(t, map[PolicyKey]string{{Identity: 16777217, Direction: Egress, Protocol: 0, Port: 0}: "selects"}, f.table())
+		require.Equal(t, map[policy.Key]string{{Identity: 16777217, Direction: policy.Egress, Protocol: 0, Port: 0}: "selects"}, f.table())
 		return f.engine.visited - before
 	}
 	small, large := visitedFor(1_000), visitedFor(10_000)
@@ -470,8 +474,8 @@ func TestSelectorIdleWithoutRules(t *testing.T) {
 	f.policiesRead()
 	f.ipcacheResolved()
 	f.upsertIdentities(t,
-		identity(16777217, "cidr:10.1.0.0/16"),
-		identity(16777218, "cidr:192.0.2.0/24"),
+		identityRow(16777217, "cidr:10.1.0.0/16"),
+		identityRow(16777218, "cidr:192.0.2.0/24"),
 	)
 	f.round(t)
 	require.True(t, f.initialized())
@@ -479,28 +483,28 @@ func TestSelectorIdleWithoutRules(t *testing.T) {
 	require.Zero(t, f.engine.recomputed, "no identity is recomputed while no rule is in force")
 	entriesRev := f.entries.Revision(f.db.ReadTxn())
 
-	f.deleteIdentity(t, identity(16777218, "cidr:192.0.2.0/24"))
-	f.upsertIdentities(t, identity(16777219, "cidr:10.2.0.0/16"))
+	f.deleteIdentity(t, identityRow(16777218, "cidr:192.0.2.0/24"))
+	f.upsertIdentities(t, identityRow(16777219, "cidr:10.2.0.0/16"))
 	f.round(t)
 	require.Zero(t, f.engine.recomputed)
 	require.Equal(t, entriesRev, f.entries.Revision(f.db.ReadTxn()), "nothing written")
 
-	web := cidrPolicy("web", Egress, nil, "10.0.0.0/8")
+	web := cidrPolicy("web", policy.Egress, nil, "10.0.0.0/8")
 	f.upsertPolicies(t, web)
 	f.round(t)
-	require.Equal(t, map[PolicyKey]string{
-		{Identity: 16777217, Direction: Egress}: "web",
-		{Identity: 16777219, Direction: Egress}: "web",
+	require.Equal(t, map[policy.Key]string{
+		{Identity: 16777217, Direction: policy.Egress}: "web",
+		{Identity: 16777219, Direction: policy.Egress}: "web",
 	}, f.table(), "a rule added later selects the identities that exist")
 
 	// The rule goes and an identity it selected goes in the same round:
 	// its entry goes too, though no rule is in force any more.
 	f.deletePolicy(t, web)
-	f.deleteIdentity(t, identity(16777219, "cidr:10.2.0.0/16"))
+	f.deleteIdentity(t, identityRow(16777219, "cidr:10.2.0.0/16"))
 	f.round(t)
 	require.Empty(t, f.table())
 	recomputed := f.engine.recomputed
-	f.upsertIdentities(t, identity(16777220, "cidr:10.3.0.0/16"))
+	f.upsertIdentities(t, identityRow(16777220, "cidr:10.3.0.0/16"))
 	f.round(t)
 	require.Equal(t, recomputed, f.engine.recomputed, "idle again once the entries are gone")
 	require.Empty(t, f.table())
@@ -517,20 +521,20 @@ func TestSelectorTableBounded(t *testing.T) {
 	f.engine.maxEntries = 4
 	var ids []*identitycell.Identity
 	for i := range 6 {
-		ids = append(ids, identity(identitycell.MinLocalIdentity+identitycell.NumericIdentity(i),
+		ids = append(ids, identityRow(identity.MinLocal+identity.Number(i),
 			labels.CIDRLabel(netip.MustParsePrefix(fmt.Sprintf("10.0.%d.0/24", i)))))
 	}
 	f.upsertIdentities(t, ids...)
-	wide := &Policy{Name: "wide", Egress: []Rule{{Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/16")}},
-		Ports: []PortRange{{Protocol: ProtocolTCP, Port: 443}}}}}
-	deny := &Policy{Name: "deny", Egress: []Rule{{Deny: true, Peers: []CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.3.0/24")}},
-		Ports: []PortRange{{Protocol: ProtocolTCP, Port: 22}}}}}
+	wide := &policy.Policy{Name: "wide", Egress: []policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/16")}},
+		Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 443}}}}}
+	deny := &policy.Policy{Name: "deny", Egress: []policy.Rule{{Deny: true, Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.3.0/24")}},
+		Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 22}}}}}
 	f.upsertPolicies(t, wide, deny)
 	f.round(t)
 	table := f.table()
 	require.Len(t, table, 4, "the table holds no more than its bound")
 	// The fourth identity had room for one of its two entries.
-	require.Equal(t, "deny:deny", table[PolicyKey{Identity: ids[3].ID, Direction: Egress, Protocol: ProtocolTCP, Port: 22}],
+	require.Equal(t, "deny:deny", table[policy.Key{Identity: ids[3].ID, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 22}],
 		"an identity's deny goes in before its allows")
 	missing := 0
 	for _, n := range f.engine.notComputed {

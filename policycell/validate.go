@@ -3,6 +3,8 @@
 package policycell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"os"
 	"slices"
@@ -15,7 +17,7 @@ import (
 // policies, or why the agent would reject it.
 type FileValidation struct {
 	File     string
-	Policies []*Policy
+	Policies []*policy.Policy
 	// Entries is the count of the policy-map entries the file's policies
 	// compute (CountEntries), zero when the file does not parse.
 	Entries EntryCount

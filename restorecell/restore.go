@@ -3,6 +3,8 @@
 package restorecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"context"
 	"fmt"
 	"iter"
@@ -75,7 +77,7 @@ type Restorer struct {
 
 	mu        sync.Mutex
 	handle    *ipcachecell.Handle
-	withheld  []identitycell.NumericIdentity
+	withheld  []identity.Number
 	restored  int
 	startedAt time.Time // when restore was marked done: the grace period starts
 	releasing bool      // the grace period is over, the release under way
@@ -111,7 +113,7 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	// long as all of this after the read (docs/SCALE.md).
 	var (
 		batch    []ipcachecell.PrefixUpsert // one block's, reused
-		withheld []identitycell.NumericIdentity
+		withheld []identity.Number
 		skipped  int
 	)
 	for block, err := range r.pinned.Blocks(ctx) {

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -20,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -141,7 +142,7 @@ func tableInsertFloor(prefixes []netip.Prefix) (time.Duration, error) {
 	for first := 0; first < len(prefixes); first += 4096 {
 		txn := db.WriteTxn(entries)
 		for _, p := range prefixes[first:min(first+4096, len(prefixes))] {
-			if _, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: identitycell.MinLocalIdentity, Source: source.Local}); err != nil {
+			if _, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: identity.MinLocal, Source: source.Local}); err != nil {
 				txn.Abort()
 				return 0, fmt.Errorf("insert into the table for the floor: %w", err)
 			}

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,7 +159,7 @@ func TestPrivilegedCrashSafety(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, len(final), checkpoint.Len(), "the checkpoint after a clean stop holds exactly the map's identities")
 	for prefix, id := range final {
-		lbls, _ := checkpoint.Labels(identitycell.NumericIdentity(id))
+		lbls, _ := checkpoint.Labels(identity.Number(id))
 		require.True(t, lbls.Has(labels.CIDRLabel(prefix)), "checkpoint: identity %d of %s has labels %q", id, prefix, lbls)
 	}
 	r.stopCheckpointReader()
@@ -483,7 +485,7 @@ func (r *crashRig) finishRun(run *crashRun, stoppedAt time.Time) map[netip.Prefi
 	settled := isClosed(run.settled)
 	owner := map[uint32]netip.Prefix{}
 	for prefix, id := range left {
-		if !identitycell.NumericIdentity(id).IsLocal() {
+		if !identity.Number(id).IsLocal() {
 			run.violation(stoppedAt, "left %s with identity %d, not a local identity", prefix, id)
 		}
 		if other, dup := owner[id]; dup {
@@ -593,7 +595,7 @@ func (r *crashRig) waitCheckpointCovers(run *crashRun) {
 		require.NoError(r.t, err)
 		missing = missing[:0]
 		for prefix, id := range *run.last.Load() {
-			if lbls, _ := checkpoint.Labels(identitycell.NumericIdentity(id)); !lbls.Has(labels.CIDRLabel(prefix)) {
+			if lbls, _ := checkpoint.Labels(identity.Number(id)); !lbls.Has(labels.CIDRLabel(prefix)) {
 				missing = append(missing, fmt.Sprintf("%s=%d", prefix, id))
 			}
 		}

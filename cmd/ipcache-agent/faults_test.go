@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"errors"
 	"net"
 	"net/netip"
@@ -307,7 +309,7 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 	saved, err := identitycell.ReadCheckpoint(checkpoint)
 	require.NoError(t, err, "a good checkpoint is written again")
 	for prefix, id := range before {
-		lbls, _ := saved.Labels(identitycell.NumericIdentity(id))
+		lbls, _ := saved.Labels(identity.Number(id))
 		require.Equal(t, "cidr:"+prefix.String(), lbls.String())
 	}
 }

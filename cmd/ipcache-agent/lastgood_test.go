@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,7 +17,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // The last good policy through the real binary (issue 16, items 3, 4 and
@@ -116,7 +117,7 @@ func TestPrivilegedTypoThenRestart(t *testing.T) {
 	e.waitVerdicts(allowedIP, otherIP)
 	before := e.pinned()
 	require.Contains(t, before.ipcache, allowedOnly)
-	require.True(t, before.enforced[policycell.Egress], "egress enforced")
+	require.True(t, before.enforced[policy.Egress], "egress enforced")
 
 	pinger := e.startProbing(allowedIP)
 	e.stopAgent()

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"fmt"
 	"net/netip"
 	"os"
@@ -15,7 +17,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // Make before break through the real binary: a ping every millisecond
@@ -52,11 +53,11 @@ func (e *e2e) removePolicyFile(name string) {
 
 // mbbPolicy is a policy file of one rule in dir (egress: toCIDR, ingress:
 // fromCIDR) with cidrs and n other /32s in 10.240.0.0/12.
-func mbbPolicy(name string, dir policycell.Direction, n int, cidrs ...string) string {
+func mbbPolicy(name string, dir policy.Direction, n int, cidrs ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: %s\n", name)
 	field := "toCIDR"
-	if dir == policycell.Ingress {
+	if dir == policy.Ingress {
 		field = "fromCIDR"
 	}
 	fmt.Fprintf(&b, "%s:\n  - %s:\n", dir, field)
@@ -132,14 +133,14 @@ func TestPrivilegedMakeBeforeBreakFirstAndLastPolicy(t *testing.T) {
 	const others = 20000
 	for round := range 5 {
 		e.pingDuring(fmt.Sprintf("round %d: first policy", round), e.epNS, allowedIP,
-			func() { e.policyFile("first.yaml", mbbPolicy("first", policycell.Egress, others, "10.201.0.0/16")) },
+			func() { e.policyFile("first.yaml", mbbPolicy("first", policy.Egress, others, "10.201.0.0/16")) },
 			func(ipcache map[netip.Prefix]uint32, enforced [2]bool) bool {
-				return enforced[policycell.Egress] && len(ipcache) == others+1
+				return enforced[policy.Egress] && len(ipcache) == others+1
 			})
 		e.pingDuring(fmt.Sprintf("round %d: policy deleted", round), e.epNS, allowedIP,
 			func() { e.removePolicyFile("first.yaml") },
 			func(ipcache map[netip.Prefix]uint32, enforced [2]bool) bool {
-				return !enforced[policycell.Egress] && len(ipcache) == 0
+				return !enforced[policy.Egress] && len(ipcache) == 0
 			})
 	}
 }
@@ -147,7 +148,7 @@ func TestPrivilegedMakeBeforeBreakFirstAndLastPolicy(t *testing.T) {
 // narrowerComesAndGoes: inside an allowed /16, a second policy names the
 // pinged address's /32 with 8,000 other /32s (the address gets an identity
 // of its own), and is deleted again (the address falls back to the /16).
-func narrowerComesAndGoes(t *testing.T, dir policycell.Direction, fromHost bool, to, narrow string) {
+func narrowerComesAndGoes(t *testing.T, dir policy.Direction, fromHost bool, to, narrow string) {
 	e := newE2E(t)
 	from := e.epNS
 	if fromHost {
@@ -175,29 +176,29 @@ func narrowerComesAndGoes(t *testing.T, dir policycell.Direction, fromHost bool,
 
 // TestPrivilegedMakeBeforeBreakNarrowerPrefix: egress, the endpoint pings.
 func TestPrivilegedMakeBeforeBreakNarrowerPrefix(t *testing.T) {
-	narrowerComesAndGoes(t, policycell.Egress, false, allowedIP, allowedIP)
+	narrowerComesAndGoes(t, policy.Egress, false, allowedIP, allowedIP)
 }
 
 // TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress: ingress, the host
 // side pings the endpoint.
 func TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress(t *testing.T) {
-	narrowerComesAndGoes(t, policycell.Ingress, true, epAddr, hostSideAddr)
+	narrowerComesAndGoes(t, policy.Ingress, true, epAddr, hostSideAddr)
 }
 
 // TestPrivilegedMakeBeforeBreakPolicyEdit: an edit swaps the allowing CIDR
 // for another that covers the same address: narrower, wider, narrower.
 func TestPrivilegedMakeBeforeBreakPolicyEdit(t *testing.T) {
 	e := newE2E(t)
-	e.policyFile("p.yaml", mbbPolicy("p", policycell.Egress, 0, "10.201.0.0/16"))
+	e.policyFile("p.yaml", mbbPolicy("p", policy.Egress, 0, "10.201.0.0/16"))
 	e.startAgent()
 	require.Eventually(t, func() bool {
 		ipcache, enforced := e.state()
 		_, ok := ipcache[prefixOf("10.201.0.0/16")]
-		return enforced[policycell.Egress] && ok
+		return enforced[policy.Egress] && ok
 	}, 20*time.Second, 10*time.Millisecond, "policy in force")
 	for round, cidr := range []string{"10.201.1.0/24", "10.0.0.0/8", "10.201.1.1/32", "10.201.0.0/16"} {
 		e.pingDuring(fmt.Sprintf("round %d: to %s", round, cidr), e.epNS, allowedIP,
-			func() { e.policyFile("p.yaml", mbbPolicy("p", policycell.Egress, 0, cidr)) },
+			func() { e.policyFile("p.yaml", mbbPolicy("p", policy.Egress, 0, cidr)) },
 			func(ipcache map[netip.Prefix]uint32, _ [2]bool) bool {
 				_, ok := ipcache[prefixOf(cidr)]
 				return ok && len(ipcache) == 1
@@ -212,18 +213,18 @@ func TestPrivilegedMakeBeforeBreakPolicyEdit(t *testing.T) {
 func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
 	e := newE2E(t)
 	e.extraArgs = []string{"--policy-map-max-entries=3"}
-	e.policyFile("wide.yaml", mbbPolicy("wide", policycell.Egress, 0, "10.201.0.0/16"))
-	e.policyFile("other.yaml", mbbPolicy("other", policycell.Egress, 0, "10.9.0.0/16", "10.8.0.0/16"))
+	e.policyFile("wide.yaml", mbbPolicy("wide", policy.Egress, 0, "10.201.0.0/16"))
+	e.policyFile("other.yaml", mbbPolicy("other", policy.Egress, 0, "10.9.0.0/16", "10.8.0.0/16"))
 	e.startAgent()
 	require.Eventually(t, func() bool {
 		ipcache, enforced := e.state()
-		return enforced[policycell.Egress] && len(ipcache) == 3
+		return enforced[policy.Egress] && len(ipcache) == 3
 	}, 20*time.Second, 10*time.Millisecond, "the map is full")
 	ipcache, _ := e.state()
 	wide := ipcache[prefixOf("10.201.0.0/16")]
 
 	e.pingDuring("map full", e.epNS, allowedIP,
-		func() { e.policyFile("narrow.yaml", mbbPolicy("narrow", policycell.Egress, 0, allowedIP+"/32")) },
+		func() { e.policyFile("narrow.yaml", mbbPolicy("narrow", policy.Egress, 0, allowedIP+"/32")) },
 		func(map[netip.Prefix]uint32, [2]bool) bool {
 			return strings.Contains(e.shell("datapath/ipcache-status"), "policy entries of the identity are not in the policy map")
 		})

@@ -3,6 +3,8 @@
 package soak
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"bufio"
 	"context"
 	"fmt"
@@ -28,7 +30,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 
@@ -50,9 +51,9 @@ type agent struct {
 	identities  statedb.Table[*identitycell.Identity]
 	metadata    statedb.Table[*ipcachecell.PrefixMetadata]
 	entries     statedb.Table[*ipcachecell.Entry]
-	policies    statedb.Table[*policycell.Policy]
-	policy      statedb.Table[*policycell.PolicyEntry]
-	enforcement statedb.Table[*policycell.Enforcement]
+	policies    statedb.Table[*policy.Policy]
+	policy      statedb.Table[*policy.Entry]
+	enforcement statedb.Table[*policy.Enforcement]
 	health      *cell.SimpleHealth
 	restorer    *restorecell.Restorer
 	datapath    *datapathcell.Datapath
@@ -61,7 +62,7 @@ type agent struct {
 	// and a revision of the identities table.
 	bruteForceModel    *model
 	bruteForceRevision statedb.Revision
-	bruteForceResult   map[policycell.PolicyKey]string
+	bruteForceResult   map[policy.Key]string
 }
 
 // startAgent starts the agent with the given extra flags. It is stopped,
@@ -85,11 +86,11 @@ func startAgent(t *testing.T, extraFlags ...string) *agent {
 		cell.Provide(func() statedb.Metrics { return a.dbStats }),
 		cell.Invoke(func(db *statedb.DB, ipc *ipcachecell.IPCache,
 			ids statedb.Table[*identitycell.Identity], md statedb.Table[*ipcachecell.PrefixMetadata],
-			entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policycell.Policy],
-			policy statedb.Table[*policycell.PolicyEntry], enforcement statedb.Table[*policycell.Enforcement],
+			entries statedb.Table[*ipcachecell.Entry], policies statedb.Table[*policy.Policy],
+			pol statedb.Table[*policy.Entry], enforcement statedb.Table[*policy.Enforcement],
 			health *cell.SimpleHealth, restorer *restorecell.Restorer, dp *datapathcell.Datapath) {
 			a.db, a.ipcache, a.identities, a.metadata, a.entries, a.datapath = db, ipc, ids, md, entries, dp
-			a.policies, a.policy, a.enforcement, a.health, a.restorer = policies, policy, enforcement, health, restorer
+			a.policies, a.policy, a.enforcement, a.health, a.restorer = policies, pol, enforcement, health, restorer
 		}),
 	)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)

@@ -3,6 +3,10 @@
 package soak
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
 	"context"
 	"fmt"
 	"maps"
@@ -19,7 +23,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -31,12 +34,12 @@ import (
 // uses. It returns "" or the first violation.
 func (a *agent) checkReferences() string {
 	txn := a.db.ReadTxn()
-	refs := map[identitycell.NumericIdentity]uint32{}
+	refs := map[identity.Number]uint32{}
 	for e := range a.entries.All(txn) {
 		if e.Explicit {
 			continue
 		}
-		if identity, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found || !identity.Allocated() {
+		if ident, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found || !ident.Allocated() {
 			return fmt.Sprintf("entry %s maps to identity %d, which is not allocated", e.Prefix, e.Identity)
 		}
 		refs[e.Identity]++
@@ -61,14 +64,14 @@ func (a *agent) checkReferences() string {
 type expectedEntry struct {
 	source   source.Source
 	labels   labels.Labels
-	explicit identitycell.NumericIdentity
+	explicit identity.Number
 	// explicitSource is the source that set explicit.
 	explicitSource source.Source
 }
 
 // model is what the agent must converge to for the churn's current state.
 type model struct {
-	policies map[string]*policycell.Policy                    // in force, by name
+	policies map[string]*policy.Policy                        // in force, by name
 	metadata map[string]map[netip.Prefix]ipcachecell.Metadata // by resource
 	sources  map[string]source.Source                         // by resource
 	entries  map[netip.Prefix]*expectedEntry
@@ -78,7 +81,7 @@ type model struct {
 // (see fixInvalidFiles).
 func (c *churn) model() *model {
 	m := &model{
-		policies: map[string]*policycell.Policy{},
+		policies: map[string]*policy.Policy{},
 		metadata: map[string]map[netip.Prefix]ipcachecell.Metadata{},
 		sources:  map[string]source.Source{},
 		entries:  map[netip.Prefix]*expectedEntry{},
@@ -169,12 +172,12 @@ func (a *agent) checkConverged(m *model) string {
 	}
 
 	// Entries, their identities and the pinned ipcache map.
-	labelsOf := func(id identitycell.NumericIdentity) labels.Labels {
-		identity, _, _ := a.identities.Get(txn, identitycell.IdentityIndex.Query(id))
-		if identity == nil {
+	labelsOf := func(id identity.Number) labels.Labels {
+		ident, _, _ := a.identities.Get(txn, identitycell.IdentityIndex.Query(id))
+		if ident == nil {
 			return labels.Labels{}
 		}
-		return identity.Labels
+		return ident.Labels
 	}
 	n = 0
 	for e, rev := range a.entries.All(txn) {
@@ -251,9 +254,9 @@ func (a *agent) checkConverged(m *model) string {
 	}
 
 	// Enforcement.
-	wantEnforced := map[policycell.Direction]bool{}
+	wantEnforced := map[policy.Direction]bool{}
 	for _, p := range m.policies {
-		for _, dir := range policycell.Directions() {
+		for _, dir := range policy.Directions() {
 			wantEnforced[dir] = wantEnforced[dir] || len(p.Rules(dir)) > 0
 		}
 	}
@@ -273,26 +276,26 @@ func (a *agent) checkConverged(m *model) string {
 // bruteForce computes the `policy` table from scratch: each rule's peers
 // against world and every identity's cidr labels (as policycell's own
 // TestSelectorMatchesBruteForce does).
-func bruteForce(policies []*policycell.Policy, identities []*identitycell.Identity) map[policycell.PolicyKey]string {
+func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) map[policy.Key]string {
 	type target struct {
-		id       identitycell.NumericIdentity
+		id       identity.Number
 		prefixes []netip.Prefix
 	}
-	targets := []target{{identitycell.IdentityWorld, []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}}}
+	targets := []target{{identity.World, []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}}}
 	for _, i := range identities {
 		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
 	}
-	allowed := map[policycell.PolicyKey]map[string]struct{}{}
+	allowed := map[policy.Key]map[string]struct{}{}
 	for _, p := range policies {
-		for _, dir := range policycell.Directions() {
+		for _, dir := range policy.Directions() {
 			for _, rule := range p.Rules(dir) {
 				for _, peer := range rule.Peers {
 					for _, t := range targets {
 						if !peer.Selects(t.prefixes) {
 							continue
 						}
-						k := policycell.PolicyKey{Identity: t.id, Direction: dir}
-						keys := []policycell.PolicyKey{k}
+						k := policy.Key{Identity: t.id, Direction: dir}
+						keys := []policy.Key{k}
 						if len(rule.Ports) > 0 {
 							keys = keys[:0]
 							for _, pp := range rule.Ports {
@@ -311,7 +314,7 @@ func bruteForce(policies []*policycell.Policy, identities []*identitycell.Identi
 			}
 		}
 	}
-	out := map[policycell.PolicyKey]string{}
+	out := map[policy.Key]string{}
 	for k, names := range allowed {
 		out[k] = strings.Join(slices.Sorted(maps.Keys(names)), ",")
 	}
@@ -335,7 +338,7 @@ func (a *agent) countLifetimes(ctx context.Context) (*lifetimes, func()) {
 	txn := a.db.WriteTxn(a.entries, a.identities, a.policy)
 	entries, err1 := a.entries.Changes(txn)
 	identities, err2 := a.identities.Changes(txn)
-	policy, err3 := a.policy.Changes(txn)
+	pol, err3 := a.policy.Changes(txn)
 	txn.Commit()
 	if err1 != nil || err2 != nil || err3 != nil {
 		a.t.Fatalf("observe tables: %v %v %v", err1, err2, err3)
@@ -345,7 +348,7 @@ func (a *agent) countLifetimes(ctx context.Context) (*lifetimes, func()) {
 		defer close(done)
 		defer entries.Close()
 		defer identities.Close()
-		defer policy.Close()
+		defer pol.Close()
 		for stopping := false; ; {
 			rtxn := a.db.ReadTxn()
 			var e, i, p, changes int
@@ -362,7 +365,7 @@ func (a *agent) countLifetimes(ctx context.Context) (*lifetimes, func()) {
 					i++
 				}
 			}
-			seqPolicy, w3 := policy.Next(rtxn)
+			seqPolicy, w3 := pol.Next(rtxn)
 			for ch := range seqPolicy {
 				if ch.Deleted {
 					p++

@@ -3,6 +3,10 @@
 package soak
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/policy"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -15,7 +19,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -70,7 +73,7 @@ type policyFile struct {
 	content []byte
 	// policies is the parsed content; nil with valid false for a file
 	// written invalid on purpose (the agent keeps some earlier version).
-	policies []*policycell.Policy
+	policies []*policy.Policy
 	valid    bool
 }
 
@@ -311,11 +314,11 @@ func (c *churn) randomMetadata() ipcachecell.Metadata {
 	require.NoError(c.t, err)
 	switch c.rng.IntN(20) {
 	case 0:
-		md.RequestedIdentity = identitycell.MinLocalIdentity + identitycell.NumericIdentity(c.rng.IntN(5000))
+		md.RequestedIdentity = identity.MinLocal + identity.Number(c.rng.IntN(5000))
 	case 1:
 		// An identity allocated elsewhere (an embedding agent's pod
 		// identity): not reference counted here, never selected.
-		md.ExplicitIdentity = identitycell.NumericIdentity(1000 + c.rng.IntN(4))
+		md.ExplicitIdentity = identity.Number(1000 + c.rng.IntN(4))
 	}
 	return md
 }

@@ -3,21 +3,21 @@
 package podcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
-
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
 
 // Pod identities are cluster-wide identities allocated outside this agent:
 // not Cilium's reserved numbers (below MinPodIdentity) and not the local
 // scope, whose numbers this agent's identity cell allocates for CIDRs.
 const (
-	MinPodIdentity = identitycell.NumericIdentity(256)
-	MaxPodIdentity = identitycell.LocalScope - 1
+	MinPodIdentity = identity.Number(256)
+	MaxPodIdentity = identity.LocalScope - 1
 )
 
 // LineError is an error on a line of a pods file.
@@ -45,7 +45,7 @@ func (e *LineError) Unwrap() []error { return []error{ErrInvalidPodsFile, e.Err}
 // IPv4-mapped IPv6 or unspecified, an identity outside MinPodIdentity ..
 // MaxPodIdentity, or an address already on an earlier line; the error of
 // reading the file.
-func ParseFile(path string) (map[netip.Addr]identitycell.NumericIdentity, error) {
+func ParseFile(path string) (map[netip.Addr]identity.Number, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read pods file: %w", err)
@@ -58,8 +58,8 @@ func ParseFile(path string) (map[netip.Addr]identitycell.NumericIdentity, error)
 //
 // Possible errors: a *LineError, wrapping ErrInvalidPodsFile, for the
 // first line that is not valid.
-func Parse(name, contents string) (map[netip.Addr]identitycell.NumericIdentity, error) {
-	pods := map[netip.Addr]identitycell.NumericIdentity{}
+func Parse(name, contents string) (map[netip.Addr]identity.Number, error) {
+	pods := map[netip.Addr]identity.Number{}
 	lineOf := map[netip.Addr]int{}
 	n := 0
 	for line := range strings.Lines(contents) {
@@ -95,7 +95,7 @@ func Parse(name, contents string) (map[netip.Addr]identitycell.NumericIdentity, 
 			return nil, fail("address %s is already on line %d", addr, first)
 		}
 		lineOf[addr] = n
-		pods[addr] = identitycell.NumericIdentity(id)
+		pods[addr] = identity.Number(id)
 	}
 	return pods, nil
 }

@@ -3,6 +3,8 @@
 package podcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"errors"
 	"io/fs"
 	"net/netip"
@@ -13,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/examples/embed/podcell"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
 
 func TestParse(t *testing.T) {
@@ -24,7 +25,7 @@ fd00:244::5    16777215   # the highest pod identity
 	10.244.1.6	256
 `)
 	require.NoError(t, err)
-	require.Equal(t, map[netip.Addr]identitycell.NumericIdentity{
+	require.Equal(t, map[netip.Addr]identity.Number{
 		netip.MustParseAddr("10.244.1.5"):  1000,
 		netip.MustParseAddr("fd00:244::5"): 16777215,
 		netip.MustParseAddr("10.244.1.6"):  256,

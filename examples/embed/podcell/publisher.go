@@ -3,6 +3,8 @@
 package podcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/cilium/hive/cell"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -24,7 +25,7 @@ type publisher struct {
 
 	mu      sync.Mutex
 	handle  *ipcachecell.Handle
-	inForce map[netip.Addr]identitycell.NumericIdentity
+	inForce map[netip.Addr]identity.Number
 }
 
 var _ cell.HookInterface = (*publisher)(nil)

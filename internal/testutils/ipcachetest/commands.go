@@ -6,6 +6,8 @@
 package ipcachetest
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/cilium/hive/script"
 
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -76,9 +77,9 @@ func OwnerCommands(current func() *ipcachecell.IPCache) map[string]script.Cmd {
 					var n uint64
 					n, err = strconv.ParseUint(value, 10, 32)
 					if key == "requested" {
-						md.RequestedIdentity = identitycell.NumericIdentity(n)
+						md.RequestedIdentity = identity.Number(n)
 					} else {
-						md.ExplicitIdentity = identitycell.NumericIdentity(n)
+						md.ExplicitIdentity = identity.Number(n)
 					}
 				default:
 					err = fmt.Errorf("unknown argument %q", arg)

@@ -1,19 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policy
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
 
-// PolicyLookup is a packet as the enforcement program looks it up in the
+// Lookup is a packet as the enforcement program looks it up in the
 // policy map (docs/CONTRACT.md, "Policy semantics").
-type PolicyLookup struct {
+type Lookup struct {
 	// Identity is the remote address's.
-	Identity  identitycell.NumericIdentity
+	Identity  identity.Number
 	Direction Direction
 	Protocol  Protocol
 	// Port is the destination port; for ICMP and ICMPv6 the type in the
@@ -27,46 +27,47 @@ type PolicyLookup struct {
 
 // Key returns the key the program looks up for the identity id (the
 // remote one, or 0 for any identity).
-func (l PolicyLookup) Key(id identitycell.NumericIdentity) PolicyKey {
-	k := PolicyKey{Identity: id, Direction: l.Direction, Protocol: l.Protocol, Port: l.Port}
+func (l Lookup) Key(id identity.Number) Key {
+	k := Key{Identity: id, Direction: l.Direction, Protocol: l.Protocol, Port: l.Port}
 	if !l.HasPort || l.Protocol == ProtocolAny {
 		k.Port, k.PortWildcardBits = 0, 16
 	}
 	return k
 }
 
-// PolicyMatch is what one lookup of the policy map found.
-type PolicyMatch struct {
+// Match is what one lookup of the policy map found.
+type Match struct {
 	// Key is the key looked up; Matched the entry's key, if Found.
-	Key     PolicyKey
-	Matched PolicyKey
+	Key     Key
+	Matched Key
 	Verdict Verdict
 	Found   bool
 }
 
-// PolicyResolution is the outcome of the program's two lookups: the
+// Resolution is the outcome of the program's two lookups: the
 // remote identity's key and identity 0's (any identity).
-type PolicyResolution struct {
-	Remote, Any PolicyMatch
+type Resolution struct {
+	Remote, Any Match
 	// Decided is the match that decides: a deny from either lookup (the
 	// remote identity's first), else an allow from either. Not Found: no
 	// entry matches, and the direction's default applies (drop when
 	// enforced with default deny, pass with deny rules only).
-	Decided PolicyMatch
+	Decided Match
 }
 
-// PolicyLookupFunc looks a key up as the program's LPM lookup does: it
-// returns the entry with the longest prefix that matches the key's first
-// key.MapPrefixLen() bits.
-type PolicyLookupFunc func(key PolicyKey) (matched PolicyKey, verdict Verdict, found bool, err error)
+// LookupFunc looks a key up as the program's longest-prefix lookup does:
+// it returns the entry with the longest prefix that matches the key (the
+// identity and direction, then the protocol and the port bits its block
+// fixes).
+type LookupFunc func(key Key) (matched Key, verdict Verdict, found bool, err error)
 
-// ResolvePolicy resolves a packet as the enforcement program does, with
+// Resolve resolves a packet as the enforcement program does, with
 // lookup over the policy map or (DesiredLookup) the desired table.
 //
 // Possible errors: those of lookup.
-func ResolvePolicy(l PolicyLookup, lookup PolicyLookupFunc) (PolicyResolution, error) {
-	var r PolicyResolution
-	for _, m := range []*PolicyMatch{&r.Remote, &r.Any} {
+func Resolve(l Lookup, lookup LookupFunc) (Resolution, error) {
+	var r Resolution
+	for _, m := range []*Match{&r.Remote, &r.Any} {
 		id := l.Identity
 		if m == &r.Any {
 			id = 0
@@ -87,16 +88,16 @@ func ResolvePolicy(l PolicyLookup, lookup PolicyLookupFunc) (PolicyResolution, e
 	case r.Any.Found:
 		r.Decided = r.Any
 	default:
-		r.Decided = PolicyMatch{Key: r.Remote.Key}
+		r.Decided = Match{Key: r.Remote.Key}
 	}
 	return r, nil
 }
 
-// lookupEntries finds the entry the program's longest-prefix lookup of
+// LookupEntries finds the entry the program's longest-prefix lookup of
 // key would find among those get returns: the key's port block widened
 // bit by bit up to the whole protocol, then any protocol (at most 18
 // gets).
-func lookupEntries(key PolicyKey, get func(PolicyKey) (*PolicyEntry, bool)) (*PolicyEntry, bool) {
+func LookupEntries(key Key, get func(Key) (*Entry, bool)) (*Entry, bool) {
 	if key.Protocol != ProtocolAny {
 		for bits := key.PortWildcardBits; bits <= 16; bits++ {
 			k := key
@@ -106,38 +107,38 @@ func lookupEntries(key PolicyKey, get func(PolicyKey) (*PolicyEntry, bool)) (*Po
 			}
 		}
 	}
-	return get(PolicyKey{Identity: key.Identity, Direction: key.Direction})
+	return get(Key{Identity: key.Identity, Direction: key.Direction})
 }
 
 // DesiredLookup is a PolicyLookupFunc over the desired `policy` table;
 // with writtenOnly, over its entries the datapath wrote (not those whose
 // status is an error).
-func DesiredLookup(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], writtenOnly bool) PolicyLookupFunc {
-	return func(key PolicyKey) (PolicyKey, Verdict, bool, error) {
-		e, found := lookupEntries(key, func(k PolicyKey) (*PolicyEntry, bool) {
-			e, _, found := entries.Get(txn, PolicyKeyIndex.Query(k))
+func DesiredLookup(txn statedb.ReadTxn, entries statedb.Table[*Entry], writtenOnly bool) LookupFunc {
+	return func(key Key) (Key, Verdict, bool, error) {
+		e, found := LookupEntries(key, func(k Key) (*Entry, bool) {
+			e, _, found := entries.Get(txn, KeyIndex.Query(k))
 			if found && writtenOnly && e.Status.Kind == reconciler.StatusKindError {
 				return nil, false
 			}
 			return e, found
 		})
 		if !found {
-			return PolicyKey{}, 0, false, nil
+			return Key{}, 0, false, nil
 		}
 		return e.Key, e.Verdict, true, nil
 	}
 }
 
-// PolicyBehind returns the entry of the desired `policy` table that
+// Behind returns the entry of the desired `policy` table that
 // decides the packet as the program resolves it (a deny from the remote
 // identity or identity 0, else an allow), nil if none matches: for naming
 // the policies behind a datapath event.
-func PolicyBehind(txn statedb.ReadTxn, entries statedb.Table[*PolicyEntry], l PolicyLookup) *PolicyEntry {
-	r, _ := ResolvePolicy(l, DesiredLookup(txn, entries, false))
+func Behind(txn statedb.ReadTxn, entries statedb.Table[*Entry], l Lookup) *Entry {
+	r, _ := Resolve(l, DesiredLookup(txn, entries, false))
 	if !r.Decided.Found {
 		return nil
 	}
-	e, _, found := entries.Get(txn, PolicyKeyIndex.Query(r.Decided.Matched))
+	e, _, found := entries.Get(txn, KeyIndex.Query(r.Decided.Matched))
 	if !found {
 		return nil
 	}

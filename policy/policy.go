@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policy
 
 import (
 	"fmt"
@@ -137,10 +137,10 @@ type CIDRSelector struct {
 
 // excludes reports whether one of the prefixes lies inside an except
 // prefix.
-func (s *CIDRSelector) excludes(prefixes []netip.Prefix) bool {
+func (s *CIDRSelector) Excludes(prefixes []netip.Prefix) bool {
 	for _, except := range s.Except {
 		for _, prefix := range prefixes {
-			if contains(except, prefix) {
+			if prefixkey.Inside(except, prefix) {
 				return true
 			}
 		}
@@ -151,15 +151,8 @@ func (s *CIDRSelector) excludes(prefixes []netip.Prefix) bool {
 // Selects reports whether the selector selects an identity whose cidr
 // labels name the given prefixes.
 func (s *CIDRSelector) Selects(prefixes []netip.Prefix) bool {
-	return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return contains(s.CIDR, p) }) &&
-		!s.excludes(prefixes)
-}
-
-// contains reports whether inner lies inside outer (or is outer). Both must
-// be masked.
-func contains(outer, inner netip.Prefix) bool {
-	return outer.Addr().BitLen() == inner.Addr().BitLen() && inner.Bits() >= outer.Bits() &&
-		outer.Contains(inner.Addr())
+	return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return prefixkey.Inside(s.CIDR, p) }) &&
+		!s.Excludes(prefixes)
 }
 
 // Rule allows (or, if Deny, drops) traffic in one direction to or from
@@ -251,24 +244,24 @@ func (p *Policy) Prefixes() []netip.Prefix {
 
 // sameRules reports whether two policies allow the same traffic (whatever
 // their name and file).
-func (p *Policy) sameRules(other *Policy) bool {
+func (p *Policy) SameRules(other *Policy) bool {
 	if p == other {
 		return true
 	}
-	return slices.EqualFunc(p.Ingress, other.Ingress, Rule.equal) &&
-		slices.EqualFunc(p.Egress, other.Egress, Rule.equal)
+	return slices.EqualFunc(p.Ingress, other.Ingress, Rule.Equal) &&
+		slices.EqualFunc(p.Egress, other.Egress, Rule.Equal)
 }
 
 // equal reports whether two policies are the same in every field.
-func (p *Policy) equal(other *Policy) bool {
+func (p *Policy) Equal(other *Policy) bool {
 	if p == other {
 		return true
 	}
 	return p.Name == other.Name && p.File == other.File && p.Line == other.Line && p.Kind == other.Kind &&
-		p.sameRules(other)
+		p.SameRules(other)
 }
 
-func (r Rule) equal(other Rule) bool {
+func (r Rule) Equal(other Rule) bool {
 	return r.Deny == other.Deny && r.AnyPeer == other.AnyPeer && r.NoDefaultDeny == other.NoDefaultDeny &&
 		r.Name == other.Name && r.Line == other.Line && r.Column == other.Column && slices.Equal(r.Ports, other.Ports) &&
 		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
@@ -294,7 +287,7 @@ func (p *Policy) TableRow() []string {
 // exactly, as Cilium splits ranges for its LPM policy map; port 0 (alone
 // or to 65535) every port of the protocol; an ICMP type the type in the
 // port's high byte, any code.
-func (pr PortRange) appendKeys(out []PolicyKey, base PolicyKey) []PolicyKey {
+func (pr PortRange) AppendKeys(out []Key, base Key) []Key {
 	base.Protocol = pr.Protocol
 	switch {
 	case pr.Protocol == ProtocolICMP || pr.Protocol == ProtocolICMPv6:

@@ -1,0 +1,397 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policy
+
+import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
+
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"iter"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+	"github.com/cilium/statedb/reconciler"
+)
+
+const (
+	TableName            = "policy"
+	EnforcementTableName = "policy-enforcement"
+)
+
+// Verdict is the value of a policy-map entry.
+type Verdict uint32
+
+const (
+	// VerdictAllow passes what the entry matches (in an enforced
+	// direction).
+	VerdictAllow Verdict = 1
+	// VerdictDeny drops what the entry matches, in any direction, whatever
+	// an allow entry says.
+	VerdictDeny Verdict = 2
+)
+
+// String returns "allow", "deny", else the number.
+func (v Verdict) String() string {
+	switch v {
+	case VerdictAllow:
+		return "allow"
+	case VerdictDeny:
+		return "deny"
+	}
+	return strconv.FormatUint(uint64(v), 10)
+}
+
+// Key is the key of a policy-map entry (docs/CONTRACT.md, "BPF maps
+// and pins"): an LPM key over identity, direction, protocol and port. Port
+// is in host order here; the datapath writes it in network order. A rule
+// without ports gives Protocol and Port 0 (any protocol, any port); a port
+// range is one key per aligned block of ports in it, each matching the
+// leading bits of Port (its last PortWildcardBits bits are any: 0 is one
+// port, 16 every port of the protocol). ICMP types are in Port's high
+// byte (PortWildcardBits 8).
+type Key struct {
+	Identity  identity.Number `json:"identity" yaml:"identity"`
+	Direction Direction       `json:"direction" yaml:"direction"`
+	Protocol  Protocol        `json:"protocol" yaml:"protocol"`
+	Port      uint16          `json:"port" yaml:"port"`
+
+	PortWildcardBits uint8 `json:"portWildcardBits,omitempty" yaml:"portWildcardBits,omitempty"`
+}
+
+// key is the index key: the map key's fields, big-endian, so that keys
+// order by identity first and one identity's entries are one key prefix.
+func (k Key) indexKey() index.Key {
+	key := make(index.Key, 9)
+	binary.BigEndian.PutUint32(key, uint32(k.Identity))
+	key[4], key[5] = byte(k.Direction), byte(k.Protocol)
+	binary.BigEndian.PutUint16(key[6:], k.Port)
+	key[8] = k.PortWildcardBits
+	return key
+}
+
+// String returns "identity/direction/protocol/ports": the form db/get
+// takes for a single port ("16777217/egress/TCP/443"); a block of ports
+// is "first-last", every port of the protocol "any", an ICMP type
+// "type=8", any protocol "any/any".
+func (k Key) String() string {
+	return fmt.Sprintf("%d/%s/%s/%s", k.Identity, k.Direction, k.Protocol, k.PortString())
+}
+
+// PortString returns the key's ports as String does: "443", "8000-8063",
+// "any", "type=8".
+func (k Key) PortString() string {
+	switch {
+	case k.Protocol == ProtocolAny || k.PortWildcardBits >= 16:
+		return "any"
+	case k.Protocol == ProtocolICMP || k.Protocol == ProtocolICMPv6:
+		return "type=" + strconv.Itoa(int(k.Port>>8))
+	case k.PortWildcardBits == 0:
+		return strconv.Itoa(int(k.Port))
+	}
+	last := uint32(k.Port) | (1<<k.PortWildcardBits - 1)
+	return fmt.Sprintf("%d-%d", k.Port, last)
+}
+
+// Matches reports whether the key's prefix (its identity and direction, then its protocol and the port bits its block fixes)
+// covers other: other is of the same identity and direction and lies
+// inside the key's protocol and port block.
+func (k Key) Matches(other Key) bool {
+	switch {
+	case k.Identity != other.Identity || k.Direction != other.Direction:
+		return false
+	case k.Protocol == ProtocolAny:
+		return true
+	case k.Protocol != other.Protocol || other.PortWildcardBits > k.PortWildcardBits:
+		return false
+	}
+	return uint32(k.Port)>>k.PortWildcardBits == uint32(other.Port)>>k.PortWildcardBits
+}
+
+func CompareKeys(a, b Key) int {
+	switch {
+	case a.Identity != b.Identity:
+		return cmp.Compare(a.Identity, b.Identity)
+	case a.Direction != b.Direction:
+		return cmp.Compare(a.Direction, b.Direction)
+	case a.Protocol != b.Protocol:
+		return cmp.Compare(a.Protocol, b.Protocol)
+	case a.Port != b.Port:
+		return cmp.Compare(a.Port, b.Port)
+	}
+	return cmp.Compare(a.PortWildcardBits, b.PortWildcardBits)
+}
+
+// policyKeyFromString parses "identity[/direction[/protocol[/ports]]]",
+// e.g. "16777217/egress/UDP/53", ports as PortString writes them ("443",
+// "8000-8063", "any", "type=8"). Fewer fields give a key prefix, for
+// `db/prefix policy 16777217`.
+func keyFromString(s string) (index.Key, error) {
+	fields := strings.Split(s, "/")
+	if len(fields) > 4 {
+		return nil, fmt.Errorf("parse policy key %q: want identity/direction/protocol/port", s)
+	}
+	id, err := strconv.ParseUint(fields[0], 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("parse policy key %q: identity: %w", s, err)
+	}
+	var k Key
+	k.Identity = identity.Number(id)
+	if len(fields) > 1 {
+		if k.Direction, err = ParseDirection(fields[1]); err != nil {
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
+		}
+	}
+	if len(fields) > 2 {
+		if k.Protocol, err = ParseProtocol(fields[2]); err != nil {
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
+		}
+	}
+	if len(fields) > 3 {
+		if k.Port, k.PortWildcardBits, err = parsePorts(fields[3], k.Protocol); err != nil {
+			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
+		}
+	}
+	return k.indexKey()[:[]int{4, 5, 6, 9}[len(fields)-1]], nil
+}
+
+// parsePorts parses ports as PortString writes them for protocol.
+func parsePorts(s string, protocol Protocol) (port uint16, wildcard uint8, err error) {
+	first, last, isRange := strings.Cut(s, "-")
+	switch {
+	case s == "any" && protocol == ProtocolAny:
+		return 0, 0, nil
+	case s == "any":
+		return 0, 16, nil
+	case strings.HasPrefix(s, "type=") && (protocol == ProtocolICMP || protocol == ProtocolICMPv6):
+		t, err := strconv.ParseUint(strings.TrimPrefix(s, "type="), 10, 8)
+		if err != nil {
+			return 0, 0, fmt.Errorf("ICMP type %q: want 0..255", s)
+		}
+		return uint16(t) << 8, 8, nil
+	}
+	start, err := strconv.ParseUint(first, 10, 16)
+	if err != nil {
+		return 0, 0, fmt.Errorf("port %q: want a port, a block first-last, any or type=N", s)
+	}
+	if !isRange {
+		return uint16(start), 0, nil
+	}
+	end, err := strconv.ParseUint(last, 10, 16)
+	size := end - start + 1
+	if err != nil || end < start || size&(size-1) != 0 || start&(size-1) != 0 {
+		return 0, 0, fmt.Errorf("ports %q: not an aligned block of ports", s)
+	}
+	return uint16(start), uint8(bits.TrailingZeros64(size)), nil
+}
+
+// Entry is a row of the desired `policy` table: a policy-map entry
+// and the policies (and their rules) that give it its verdict.
+type Entry struct {
+	Key     Key     `json:"key" yaml:"key"`
+	Verdict Verdict `json:"verdict" yaml:"verdict"`
+
+	// Policies are the names of the policies in force whose rules give the
+	// entry its verdict (for a deny entry, the deny rules' alone), sorted.
+	// Immutable.
+	Policies []string `json:"policies" yaml:"policies"`
+	// Rules name those rules, sorted, each as [RuleRef] spells it:
+	// "<policy>:<rule>", e.g. "shop/web:egressDeny[0]". Immutable.
+	Rules []string `json:"rules" yaml:"rules"`
+
+	// Status is the datapath's reconciliation status of the entry.
+	Status reconciler.Status `json:"status" yaml:"status"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*Entry) TableHeader() []string {
+	return []string{"Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Rules", "Status"}
+}
+
+// TableRow implements statedb.TableWritable. Port is as
+// [Key.PortString].
+func (e *Entry) TableRow() []string {
+	return []string{e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), e.Key.PortString(),
+		e.Verdict.String(), strings.Join(e.Policies, ","), strings.Join(e.Rules, ","), e.Status.String()}
+}
+
+// RuleRef names a rule of a policy in the `policy` table's Rules:
+// "<policy>:<rule>". Policy names never hold ':' (Kubernetes' and the
+// native format's name rules), so the first ':' splits it. Rules are
+// named by their place in the file ([Rule].Name), as Cilium rules have no
+// name of their own; policy/explain adds the file and line.
+func RuleRef(policy, rule string) string { return policy + ":" + rule }
+
+// sameEntry reports whether two entries say the same, whatever their
+// reconciliation status.
+func (e *Entry) Same(other *Entry) bool {
+	return e.Key == other.Key && e.Verdict == other.Verdict && slices.Equal(e.Policies, other.Policies) &&
+		slices.Equal(e.Rules, other.Rules)
+}
+
+// Clone returns a shallow copy, for the reconciler.
+func (e *Entry) Clone() *Entry {
+	c := *e
+	return &c
+}
+
+// GetStatus returns the reconciliation status, for the reconciler.
+func (e *Entry) GetStatus() reconciler.Status { return e.Status }
+
+// SetStatus sets the reconciliation status, for the reconciler.
+func (e *Entry) SetStatus(status reconciler.Status) *Entry {
+	e.Status = status
+	return e
+}
+
+// KeyIndex is the primary index of the `policy` table: the map key.
+// Querying with fewer fields (policyKeyFromString) is a prefix search.
+var KeyIndex = statedb.Index[*Entry, Key]{
+	Name: "key",
+	FromObject: func(e *Entry) index.KeySet {
+		return index.NewKeySet(e.Key.indexKey())
+	},
+	FromKey:    Key.indexKey,
+	FromString: keyFromString,
+	Unique:     true,
+}
+
+// identityKey is the key prefix of an identity's entries in the `policy`
+// table.
+func identityKey(id identity.Number) index.Key {
+	return index.Uint32(uint32(id))
+}
+
+// IdentityEntries returns the entries of identity id in the `policy`
+// table, in key order.
+func IdentityEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number) iter.Seq[*Entry] {
+	return func(yield func(*Entry) bool) {
+		for e := range entries.Prefix(txn, KeyIndex.QueryFromKey(identityKey(id))) {
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// DirectionEntries returns the entries of identity id in direction dir
+// in the `policy` table, in key order.
+func DirectionEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number, dir Direction) iter.Seq[*Entry] {
+	prefix := Key{Identity: id, Direction: dir}.indexKey()[:5]
+	return func(yield func(*Entry) bool) {
+		for e := range entries.Prefix(txn, KeyIndex.QueryFromKey(prefix)) {
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// newPolicyTable creates and registers the desired `policy` table. Only
+// the selector job writes its entries; the datapath reconciler writes
+// their status through [PolicyReconcilerTable].
+func NewEntryTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
+	return statedb.NewTable(db, TableName, KeyIndex)
+}
+
+// PolicyReconcilerTable is the `policy` table for the datapath's
+// reconciler, which writes the reconciliation status of entries through
+// it. Nothing else writes through it: entries are the selector job's.
+type ReconcilerTable struct {
+	statedb.RWTable[*Entry]
+}
+
+// Enforcement is a row of the `policy-enforcement` table: how a direction
+// is enforced (docs/CONTRACT.md, "Policy semantics"). Enforced (default
+// deny): only what the `policy` table allows passes, and its deny entries
+// drop; a direction is enforced when a policy in force has allow or deny
+// rules in it, unless each such rule's policy says enableDefaultDeny false
+// for it, or by --enable-policy=always. HasDeny: a policy in force has
+// deny rules in the direction. Not Enforced but HasDeny: packets are
+// looked up, a deny drops, everything else passes. Neither (or
+// --enable-policy=never): everything passes. Once the table is
+// initialized it has a row for each direction.
+type Enforcement struct {
+	Direction Direction `json:"direction" yaml:"direction"`
+	Enforced  bool      `json:"enforced" yaml:"enforced"`
+	HasDeny   bool      `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
+
+	// Status is the datapath's reconciliation status of the row.
+	Status reconciler.Status `json:"status" yaml:"status"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (*Enforcement) TableHeader() []string {
+	return []string{"Direction", "Enforced", "HasDeny", "Status"}
+}
+
+// TableRow implements statedb.TableWritable.
+func (e *Enforcement) TableRow() []string {
+	return []string{e.Direction.String(), strconv.FormatBool(e.Enforced), strconv.FormatBool(e.HasDeny), e.Status.String()}
+}
+
+// strictness orders what the row lets through: 0 everything (not
+// enforced), 1 all but deny entries, 2 only allow entries (default deny).
+func (e *Enforcement) Strictness() int {
+	switch {
+	case e.Enforced:
+		return 2
+	case e.HasDeny:
+		return 1
+	}
+	return 0
+}
+
+// Clone returns a shallow copy, for the reconciler.
+func (e *Enforcement) Clone() *Enforcement {
+	c := *e
+	return &c
+}
+
+// GetStatus returns the reconciliation status, for the reconciler.
+func (e *Enforcement) GetStatus() reconciler.Status { return e.Status }
+
+// SetStatus sets the reconciliation status, for the reconciler.
+func (e *Enforcement) SetStatus(status reconciler.Status) *Enforcement {
+	e.Status = status
+	return e
+}
+
+// EnforcementDirectionIndex is the primary index of `policy-enforcement`.
+var EnforcementIndex = statedb.Index[*Enforcement, Direction]{
+	Name: "direction",
+	FromObject: func(e *Enforcement) index.KeySet {
+		return index.NewKeySet(index.Key{byte(e.Direction)})
+	},
+	FromKey: func(d Direction) index.Key { return index.Key{byte(d)} },
+	FromString: func(s string) (index.Key, error) {
+		d, err := ParseDirection(s)
+		if err != nil {
+			return nil, err
+		}
+		return index.Key{byte(d)}, nil
+	},
+	Unique: true,
+}
+
+// newEnforcementTable creates and registers the `policy-enforcement`
+// table.
+func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
+	return statedb.NewTable(db, EnforcementTableName, EnforcementIndex)
+}
+
+// EnforcementReconcilerTable is the `policy-enforcement` table for the
+// datapath's reconciler (see [PolicyReconcilerTable]).
+type EnforcementReconcilerTable struct {
+	statedb.RWTable[*Enforcement]
+}
+
+var (
+	_ statedb.TableWritable = &Entry{}
+	_ statedb.TableWritable = &Enforcement{}
+)
