@@ -17,7 +17,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // Cell provides the [Datapath]: the pinned BPF maps, the reconcilers that
@@ -36,8 +35,8 @@ var Cell = cell.Module(
 	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps,
 		// The policy cell rejects a file that computes more entries than the
 		// map holds, and bounds its table by it.
-		func(c Config) policycell.PolicyMapCapacity {
-			return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries)
+		func(c Config) policy.MapCapacity {
+			return policy.MapCapacity(c.PolicyMapMaxEntries)
 		}),
 	cell.Invoke(registerWriters, registerConntrackGC),
 )
@@ -144,7 +143,7 @@ type writersParams struct {
 	IPCache     ipcachecell.ReconcilerTable
 	Policy      policy.ReconcilerTable
 	Enforcement policy.EnforcementReconcilerTable
-	Selectors   *policycell.SelectorProgress
+	Selectors   policy.Progress
 	Jobs        job.Group
 	Log         *slog.Logger
 }

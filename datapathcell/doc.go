@@ -27,7 +27,7 @@
 // ipcache entries stop pointing at an identity before its policy entries
 // are deleted, and a direction's enforcement switches on last and off
 // first. They wait on each other's progress (ordering), and on how far the
-// policy selectors have computed ([policycell.SelectorProgress]).
+// policy selectors have computed ([policy.Progress]).
 //
 // Enforcement is stateful: replies of connections the policy allowed pass
 // (bpf/enforce.c; README.md, Connection tracking); the conntrack-gc job

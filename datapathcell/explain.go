@@ -14,8 +14,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // mapsReader reads the maps the enforcement program looks up, for
@@ -24,9 +22,9 @@ import (
 // written (a full policy map) or are held.
 type mapsReader struct{ d *Datapath }
 
-var _ policycell.DatapathMaps = mapsReader{}
+var _ policy.Datapath = mapsReader{}
 
-func newDatapathMaps(d *Datapath) policycell.DatapathMaps { return mapsReader{d} }
+func newDatapathMaps(d *Datapath) policy.Datapath { return mapsReader{d} }
 
 // lookup looks key up in the map that which picks, under the datapath's
 // lock so that a stop does not close the map meanwhile. found is false if
@@ -51,7 +49,7 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 	return err == nil, err
 }
 
-// LookupIdentity implements policycell.DatapathMaps: a lookup of the
+// LookupIdentity implements policy.Datapath: a lookup of the
 // address's full-length key in the LPM trie finds the longest prefix
 // containing it, as the program's does.
 func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, error) {
@@ -64,7 +62,7 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, erro
 	return identity.Number(v.Identity()), found, nil
 }
 
-// LookupPolicy implements policycell.DatapathMaps: the kernel's lookup
+// LookupPolicy implements policy.Datapath: the kernel's lookup
 // of key's map key (the program's lookup, at mapPrefixLen(key)) gives
 // the verdict; the entry it found is named by reading the map, the
 // longest of its keys that match.
@@ -121,7 +119,7 @@ func policyKeyAt(key policy.Key, prefixLen uint32) policy.Key {
 	return key
 }
 
-// Enforcement implements policycell.DatapathMaps: the enforcement map's
+// Enforcement implements policy.Datapath: the enforcement map's
 // value for dir (abi.go).
 func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
@@ -133,7 +131,7 @@ func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, 
 	return found && v == enforceDefaultDeny, found && v == enforceDenyOnly, nil
 }
 
-// IPCacheStatus implements policycell.DatapathMaps.
+// IPCacheStatus implements policy.Datapath.
 func (r mapsReader) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
 	return r.d.IPCacheStatus(rev)
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
 
 // ordering keeps the three map writers in the order of make before break
@@ -42,7 +41,7 @@ import (
 // their writer.
 type ordering struct {
 	log         *slog.Logger
-	selectors   *policycell.SelectorProgress
+	selectors   policy.Progress
 	ipcache     statedb.Table[*ipcachecell.Entry]
 	entries     statedb.Table[*policy.Entry]
 	enforcement statedb.Table[*policy.Enforcement]
@@ -70,7 +69,7 @@ type ordering struct {
 	numUnwritten, numHeld atomic.Int64
 }
 
-func newOrdering(log *slog.Logger, selectors *policycell.SelectorProgress, ipcache statedb.Table[*ipcachecell.Entry],
+func newOrdering(log *slog.Logger, selectors policy.Progress, ipcache statedb.Table[*ipcachecell.Entry],
 	entries statedb.Table[*policy.Entry], enforcement statedb.Table[*policy.Enforcement]) *ordering {
 	return &ordering{
 		log: log, selectors: selectors, ipcache: ipcache, entries: entries, enforcement: enforcement,

@@ -395,3 +395,8 @@ var (
 	_ statedb.TableWritable = &Entry{}
 	_ statedb.TableWritable = &Enforcement{}
 )
+
+// MapCapacity is how many entries the policy map holds
+// (--policy-map-max-entries, the datapath's flag). The datapath cell
+// provides it; the policy cell bounds what a file may expand to by it.
+type MapCapacity uint32

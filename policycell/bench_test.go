@@ -80,7 +80,7 @@ func BenchmarkDirectoryToPolicyTable(b *testing.B) {
 		h := cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell,
 			// A policy map that holds the 100,000 entries (without it, the
 			// table would stop at twice the default map).
-			cell.Provide(func() policycell.PolicyMapCapacity { return policies * cidrsPerPolicy }),
+			cell.Provide(func() policy.MapCapacity { return policies * cidrsPerPolicy }),
 			cell.Invoke(func(d *statedb.DB, e statedb.Table[*policy.Entry]) { db, entries = d, e }))
 		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *policycell.Config) { c.PolicyDir = dir })

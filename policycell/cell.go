@@ -54,6 +54,7 @@ var Cell = cell.Module(
 		},
 		scriptCommands,
 		newSelectorProgress,
+		func(p *SelectorProgress) policy.Progress { return p },
 		newPolicyFiles,
 	),
 	// The jobs run even when no cell asks for what they produce.
@@ -117,12 +118,12 @@ type loaderParams struct {
 	Log      *slog.Logger
 	Identity identitycell.Config // for --state-dir
 	// Capacity is the datapath's --policy-map-max-entries.
-	Capacity PolicyMapCapacity `optional:"true"`
+	Capacity policy.MapCapacity `optional:"true"`
 }
 
 // maxEntries returns the policy map's size: the datapath's, else its
 // default.
-func (c PolicyMapCapacity) maxEntries() int {
+func maxEntries(c policy.MapCapacity) int {
 	if c == 0 {
 		return DefaultPolicyMapMaxEntries
 	}
@@ -134,7 +135,7 @@ func (c PolicyMapCapacity) maxEntries() int {
 // rejecting files over the policy map's size.
 func newConfiguredLoader(p loaderParams) *loader {
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
-	l.maxEntries = p.Capacity.maxEntries()
+	l.maxEntries = maxEntries(p.Capacity)
 	if p.Config.PolicyDir != "" {
 		l.saveInForceIn(p.Identity.StateDir)
 	}
@@ -154,7 +155,7 @@ type selectorParams struct {
 	Progress    *SelectorProgress
 	Log         *slog.Logger
 	// Capacity is the datapath's --policy-map-max-entries.
-	Capacity PolicyMapCapacity `optional:"true"`
+	Capacity policy.MapCapacity `optional:"true"`
 }
 
 // newSelectorEngineOf returns the selector engine over the cell's tables,
@@ -162,7 +163,7 @@ type selectorParams struct {
 func newSelectorEngineOf(p selectorParams) *selectorEngine {
 	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
 		p.Config.EnablePolicy)
-	e.maxEntries = entryBound * p.Capacity.maxEntries()
+	e.maxEntries = entryBound * maxEntries(p.Capacity)
 	return e
 }
 
@@ -215,7 +216,7 @@ type scriptParams struct {
 	IPCache     statedb.Table[*ipcachecell.Entry]
 	Identities  statedb.Table[*identitycell.Identity]
 	// Datapath is provided by the datapath cell, if the hive has one.
-	Datapath DatapathMaps `optional:"true"`
+	Datapath policy.Datapath `optional:"true"`
 }
 
 func scriptCommands(p scriptParams) hive.ScriptCmdsOut {

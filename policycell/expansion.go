@@ -20,12 +20,6 @@ import (
 // limit of a hive without a datapath, and of `policy validate`.
 const DefaultPolicyMapMaxEntries = 16384
 
-// PolicyMapCapacity is how many entries the policy map holds
-// (--policy-map-max-entries, the datapath's flag). The datapath cell
-// provides it; without it, DefaultPolicyMapMaxEntries applies. (policycell
-// cannot import the datapath, which imports it.)
-type PolicyMapCapacity uint32
-
 // countBeyond is how far past the limit a file's entries are counted
 // exactly, as a multiple of the limit: far enough to say how much a file
 // is over, without a pathological file costing the time its full

@@ -28,7 +28,7 @@ import (
 
 func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry],
 	enforcement statedb.Table[*policy.Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
-	identities statedb.Table[*identitycell.Identity], datapath DatapathMaps, enablePolicy string) map[string]script.Cmd {
+	identities statedb.Table[*identitycell.Identity], datapath policy.Datapath, enablePolicy string) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"policy/list": listCommand(db, l, policies, entries),
 		"policy/explain": explainCommand(db, explainSources{entries: entries, enforcement: enforcement, policies: policies,
@@ -289,7 +289,7 @@ type explainSources struct {
 	policies     statedb.Table[*policy.Policy]
 	ipcache      statedb.Table[*ipcachecell.Entry]
 	identities   statedb.Table[*identitycell.Identity]
-	datapath     DatapathMaps
+	datapath     policy.Datapath
 	enablePolicy string
 }
 
@@ -545,7 +545,7 @@ func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn
 // explainMaps writes what the enforcement program decides from the maps
 // as they are now, resolving as it does (policy.Resolve), and says so
 // when that is not the desired verdict.
-func explainMaps(out *strings.Builder, datapath DatapathMaps, addr netip.Addr, pkt policy.Lookup, desired bool) {
+func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr, pkt policy.Lookup, desired bool) {
 	verdict := func(allowed bool) string {
 		v := "drop"
 		if allowed {

@@ -201,7 +201,7 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		policy:      map[policy.Key]policy.Verdict{{Identity: 16777220, Direction: policy.Egress}: policy.VerdictAllow},
 		enforcement: map[policy.Direction]int{policy.Egress: 1},
 	}
-	run := func(datapath DatapathMaps, addr string, pkt policy.Lookup) string {
+	run := func(datapath policy.Datapath, addr string, pkt policy.Lookup) string {
 		src := explainSources{entries: entries, enforcement: enforcement, policies: policies, ipcache: ipcache,
 			identities: identities, datapath: datapath, enablePolicy: EnablePolicyDefault}
 		var out strings.Builder

@@ -28,6 +28,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -58,8 +59,8 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			ipcachecell.Cell,
 			policycell.Cell,
 			cell.Config(policyMapConfig{PolicyMapMaxEntries: policycell.DefaultPolicyMapMaxEntries}),
-			cell.Provide(func(c policyMapConfig) policycell.PolicyMapCapacity {
-				return policycell.PolicyMapCapacity(c.PolicyMapMaxEntries)
+			cell.Provide(func(c policyMapConfig) policy.MapCapacity {
+				return policy.MapCapacity(c.PolicyMapMaxEntries)
 			}),
 			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
 		)
@@ -103,7 +104,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 }
 
 // policyMapConfig stands in for the datapath's --policy-map-max-entries,
-// which the policy cell reads (policycell.PolicyMapCapacity): the scripts'
+// which the policy cell reads (policy.MapCapacity): the scripts'
 // hive has no datapath.
 type policyMapConfig struct {
 	PolicyMapMaxEntries uint32

@@ -325,7 +325,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		watch.Add(now)
 	}
 	written := e.db.ReadTxn()
-	e.progress.computed.Set(Computed{
+	e.progress.computed.Set(policy.Computed{
 		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
 		Selectors: len(e.index.byCIDR),

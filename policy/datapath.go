@@ -1,11 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policy
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"net/netip"
 
@@ -13,14 +11,13 @@ import (
 	"github.com/cilium/statedb/reconciler"
 )
 
-// DatapathMaps reads the maps the enforcement program looks up, so that
+// Datapath reads the maps the enforcement program looks up, so that
 // policy/explain can say what the datapath does with a packet, not only
 // what the tables want: they differ while entries cannot be written (a
 // full policy map) or are held (make before break). The datapath cell
 // provides it; it is optional, and without it policy/explain shows the
-// desired state and the reconciliation statuses alone. (policycell cannot
-// import the datapath, which imports it.)
-type DatapathMaps interface {
+// desired state and the reconciliation statuses alone.
+type Datapath interface {
 	// LookupIdentity returns the identity the ipcache map gives addr, as
 	// the program looks it up (longest prefix); found is false if no
 	// entry covers it (the program then uses world).
@@ -32,12 +29,12 @@ type DatapathMaps interface {
 	// prefix in the policy map that matches key's prefix.
 	//
 	// Possible errors: as LookupIdentity.
-	LookupPolicy(key policy.Key) (matched policy.Key, verdict policy.Verdict, found bool, err error)
+	LookupPolicy(key Key) (matched Key, verdict Verdict, found bool, err error)
 	// Enforcement returns the enforcement map's value for dir: enforced with default
 	// deny, or deny rules only (both false: not enforced).
 	//
 	// Possible errors: as LookupIdentity.
-	Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error)
+	Enforcement(dir Direction) (enforced, denyOnly bool, err error)
 	// IPCacheStatus returns whether the `ipcache` entry of table revision
 	// rev is in the ipcache map: Done, Error with why not (a failed or held
 	// write), or Pending. The entries carry no status of their own.
