@@ -24,9 +24,9 @@ import (
 // identityJSON is an identity of identity/list -o json (an array of them)
 // and identity/show -o json (one).
 type identityJSON struct {
-	Identity   uint32   `json:"identity"`
-	Labels     []string `json:"labels"`
-	References uint64   `json:"references"`
+	Identity   identity.Number `json:"identity"`
+	Labels     []string        `json:"labels"`
+	References uint64          `json:"references"`
 	// Prefixes are the ipcache prefixes that resolved to the identity.
 	Prefixes []identityPrefixJSON `json:"prefixes"`
 	// Owners are the resources with metadata for those prefixes.
@@ -45,15 +45,15 @@ type ownerJSON struct {
 	Source   string   `json:"source"`
 	Labels   []string `json:"labels"`
 	// RequestedIdentity and ExplicitIdentity are 0 when unset.
-	RequestedIdentity uint32 `json:"requestedIdentity"`
-	ExplicitIdentity  uint32 `json:"explicitIdentity"`
+	RequestedIdentity identity.Number `json:"requestedIdentity"`
+	ExplicitIdentity  identity.Number `json:"explicitIdentity"`
 }
 
 // lookupJSON is ipcache/lookup -o json.
 type lookupJSON struct {
-	Prefix   string `json:"prefix"`
-	Identity uint32 `json:"identity"`
-	Source   string `json:"source"`
+	Prefix   string          `json:"prefix"`
+	Identity identity.Number `json:"identity"`
+	Source   string          `json:"source"`
 	// Labels are the identity's; empty for an explicit identity, which is
 	// not in the identities table.
 	Labels   []string    `json:"labels"`
@@ -74,7 +74,7 @@ func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], pr
 	for _, row := range appendPrefixRows(nil, txn, metadata, prefix) {
 		out = append(out, ownerJSON{
 			Resource: row.Resource(), Source: row.Source().String(), Labels: labelList(row.Labels),
-			RequestedIdentity: uint32(row.RequestedIdentity), ExplicitIdentity: uint32(row.ExplicitIdentity),
+			RequestedIdentity: row.RequestedIdentity, ExplicitIdentity: row.ExplicitIdentity,
 		})
 	}
 	return out
@@ -98,7 +98,7 @@ func appendPrefixRows(rows []*PrefixMetadata, txn statedb.ReadTxn, metadata stat
 // identityJSON returns what -o json shows of an identity.
 func (o identityOwners) identityJSON(txn statedb.ReadTxn, ident *identitycell.Identity) identityJSON {
 	out := identityJSON{
-		Identity: uint32(ident.ID), Labels: labelList(ident.Labels), References: uint64(ident.References()),
+		Identity: ident.ID, Labels: labelList(ident.Labels), References: uint64(ident.References()),
 		Prefixes: []identityPrefixJSON{}, Owners: []string{},
 	}
 	seen := map[string]bool{}
@@ -298,7 +298,7 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 				lbls = ident.Labels.String()
 			}
 			if asJSON {
-				out := lookupJSON{Prefix: entry.Prefix.String(), Identity: uint32(entry.Identity), Source: entry.Source.String(),
+				out := lookupJSON{Prefix: entry.Prefix.String(), Identity: entry.Identity, Source: entry.Source.String(),
 					Labels: []string{}, Explicit: entry.Explicit, Owners: ownersJSON(txn, metadata, entry.Prefix)}
 				if ident, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
 					out.Labels = labelList(ident.Labels)

@@ -352,13 +352,13 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if !asJSON {
 				return scriptcmd.Result(text.String(), nil)
 			}
-			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: uint32(identity.World),
+			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: identity.World,
 				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
 			}
 			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
-				out.Identity, out.Prefix = uint32(entry.Identity), entry.Prefix.String()
+				out.Identity, out.Prefix = entry.Identity, entry.Prefix.String()
 			}
 			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(dir)); found {
 				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
@@ -370,13 +370,13 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 
 // explainJSON is policy/explain -o json.
 type explainJSON struct {
-	Address   string `json:"address"`
-	Direction string `json:"direction"`
-	Port      string `json:"port"`
-	Identity  uint32 `json:"identity"`
-	Prefix    string `json:"prefix"`
-	Enforced  bool   `json:"enforced"`
-	HasDeny   bool   `json:"hasDeny"`
+	Address   string          `json:"address"`
+	Direction string          `json:"direction"`
+	Port      string          `json:"port"`
+	Identity  identity.Number `json:"identity"`
+	Prefix    string          `json:"prefix"`
+	Enforced  bool            `json:"enforced"`
+	HasDeny   bool            `json:"hasDeny"`
 	// Allowed is the desired verdict: whether the policies allow it.
 	Allowed     bool     `json:"allowed"`
 	Explanation []string `json:"explanation"`
