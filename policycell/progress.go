@@ -29,7 +29,8 @@ type Computed struct {
 
 // SelectorProgress tells how far the selectors have computed the policy
 // tables. The datapath waits on it to write an ipcache entry only after the
-// policy entries of its identity (make before break): the `identities`
+// policy entries of its identity (make before break:
+// datapathcell/README.md): the `identities`
 // table changes before the selectors have turned the change into entries.
 type SelectorProgress struct {
 	db         *statedb.DB
