@@ -327,8 +327,9 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 // (the Go runtime's soft limit, debug.SetMemoryLimit: the collector runs
 // more often as it nears it), and sets the limit back once the last one
 // ended. Without it, the collector lets the heap grow to twice the live
-// heap, and the live heap of the control plane at 200k prefixes is over
-// 250 MB: the garbage of the commands' output alone would take the agent
+// heap, and the live heap of the control plane at 200k prefixes is
+// hundreds of MB (docs/SCALE.md): the garbage of the commands' output
+// alone would take the agent
 // that far over its steady state. A lower limit set by the embedder (or
 // GOMEMLIMIT) stays.
 func (s *shellServer) limitMemory(delta int) {

@@ -135,7 +135,8 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 
 // shellMemoryBound is the documented bound (README, docs/FAULTS.md) of
 // the heap the shell may add over the steady state, 50 clients at once
-// at 200k prefixes: before the shell streamed, it added 4.4 GB.
+// at 200k prefixes: before the shell streamed, it added gigabytes
+// (docs/SCALE.md).
 const shellMemoryBound = 200 << 20
 
 // TestShellMemoryManyClients: 50 clients showing the whole `ipcache` table
@@ -143,11 +144,10 @@ const shellMemoryBound = 200 << 20
 // steady state (the peak counts the garbage the collector has not yet
 // collected, up to about the live heap again with GOGC=100), and returns
 // to it afterwards. 200k prefixes; under the race detector, which makes a
-// row about 10 times slower to show (too slow for CI at 200k), 10k
-// prefixes and a bound of 50 MB (the shell before it streamed held about
-// 7 times a command's output per client, 89 MB for the 13 MB of
-// `db/show ipcache` at 200k: at 10k rows, 650 KB, an estimated 220 MB for
-// 50 clients).
+// row several times slower to show (too slow for CI at 200k), 10k
+// prefixes and a bound of 50 MB (the shell before it streamed held several
+// times a command's output per client: at 10k rows, several times that
+// bound for 50 clients; docs/SCALE.md).
 func TestShellMemoryManyClients(t *testing.T) {
 	prefixes, clients, bound := 200_000, 50, int64(shellMemoryBound)
 	if raceEnabled {
@@ -288,11 +288,11 @@ func TestShellWatchesBounded(t *testing.T) {
 // TestShellMemoryMixedClients: 50 clients at once running a mix of the
 // shell's commands, the agent's own among them (identity/list builds its
 // output in memory), over prefixes of a CIDR identity each (a larger
-// steady heap, 865 B a prefix): the live heap stays within the bound over
+// steady heap: docs/SCALE.md): the live heap stays within the bound over
 // the steady state, the heap in use within twice that live heap, and it
 // returns to the steady state. Under the race detector, as in
 // TestShellMemoryManyClients, 10k prefixes, and a bound of 20 MB (the
-// shell before it streamed: 27 MB live, 67 MB in use there).
+// shell before it streamed used more there: docs/SCALE.md).
 func TestShellMemoryMixedClients(t *testing.T) {
 	prefixes, clients, bound := 200_000, 50, int64(shellMemoryBound)
 	if raceEnabled {

@@ -20,7 +20,8 @@ import (
 // db/show and query commands build it in a strings.Builder, return it as
 // the command's stdout, and the engine copies it into the State's log
 // before the server writes it; with 200k prefixes a `db/show ipcache`
-// (13 MB of output) cost about 89 MB, 50 of them at once 4.4 GB. The
+// cost several times its output, 50 of them at once gigabytes
+// (docs/SCALE.md). The
 // agent's shell streams instead: what a command writes goes to the client
 // every streamFlushBytes, and a table is aligned streamTableRows rows at a
 // time.

@@ -22,11 +22,9 @@
 // entries only once their table is initialized, so a restart never removes
 // an entry that is still wanted.
 //
-// The three map writers keep make before break (README.md): policy entries
-// are written before the ipcache entries that point at their identity,
-// ipcache entries stop pointing at an identity before its policy entries
-// are deleted, and a direction's enforcement switches on last and off
-// first. They wait on each other's progress (ordering), and on how far the
+// The three map writers keep a change from dropping what is allowed before
+// and after it (make before break: datapathcell/README.md).
+// They wait on each other's progress (ordering), and on how far the
 // policy selectors have computed ([policy.Progress]).
 //
 // Enforcement is stateful: replies of connections the policy allowed pass

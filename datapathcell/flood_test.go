@@ -36,7 +36,7 @@ func handshake(t *testing.T, enf *enforcer, peer, endpoint netip.AddrPort) {
 // A SYN flood to an allowed inbound port, from sources inside the allowed
 // CIDR, fills ct_opening many times over; the established connection is
 // in conntrack, which the flood never touches, and its packets keep
-// passing both ways (issue 32, hole 7).
+// passing both ways.
 func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)

@@ -20,7 +20,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 )
 
-// Fragmented datagrams (issue 32, item 10): the first fragment is decided
+// Fragmented datagrams: the first fragment is decided
 // by policy; when it passes, the rest of its datagram passes in order,
 // each fragment starting where the one before ended. Anything else after
 // the first (no first fragment seen, an overlap, a gap, out of order, a

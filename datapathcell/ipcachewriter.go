@@ -28,7 +28,8 @@ import (
 // which every change was attempted, and the keys whose write failed. The
 // status write-back of statedb's reconciler is a copy-on-write insert of
 // every entry into the table's indexes, a large share of the work of
-// writing a million prefixes (docs/SCALE.md, issue 21). An entry's status
+// writing a million prefixes (docs/SCALE.md, "The ipcache map's status
+// kept by its writer, not in the rows"). An entry's status
 // follows from its revision (status).
 //
 // It implements reconciler.Reconciler, which the ordering of make before

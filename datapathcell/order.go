@@ -18,8 +18,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
-// ordering keeps the three map writers in the order of make before break
-// (README.md, "Make before break"):
+// ordering keeps the three map writers in the order the invariant needs
+// (make before break: datapathcell/README.md):
 //
 //   - the ipcache writer writes a table state only once the selectors have
 //     computed the policy entries of that state and the policy writer has

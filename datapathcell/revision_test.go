@@ -127,7 +127,7 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 // connection creates an entry: a TCP SYN without ACK, an echo request, a
 // UDP datagram. A peer's ACK there cannot make the connection its own
 // (origin ingress), which would let the endpoint's packets pass egress as
-// its replies (issue 32, hole 5).
+// its replies.
 func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)

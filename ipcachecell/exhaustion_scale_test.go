@@ -526,8 +526,9 @@ func (r *resolverRounds) get() []round {
 // transaction, rounded to 10 ms. A round may write in several
 // transactions (chunks) back to back: a gap shorter than minBackoffGap,
 // less than the shortest backoff, is the same round. On a loaded machine
-// two chunks of a round can be further apart than that (60 ms seen in
-// CI under the race detector): such a gap shows as a short backoff.
+// two chunks of a round can be further apart than that (under the race
+// detector: docs/SCALE.md, "The resolver reads a chunk while the one
+// before it is written"): such a gap shows as a short backoff.
 func (r *resolverRounds) backoffs() []time.Duration {
 	const minBackoffGap = 90 * time.Millisecond
 	rounds := r.get()

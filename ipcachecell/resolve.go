@@ -524,7 +524,8 @@ func wantedLabels(rows labels.Labels, prefix netip.Prefix) labels.Labels {
 // began waiting for the read: a chunk's time is then what it adds to the
 // round, and chunks stay at about resolveChunkTime when the read is the
 // slower half (timed from the write alone, chunks grew, and a change
-// waited for a larger one: docs/SCALE.md, issue 21).
+// waited for a larger one: docs/SCALE.md, "The resolver reads a chunk
+// while the one before it is written").
 func (r *resolver) write(chunk []prefetched, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
 	txn := r.allocator.WriteTxn(r.entries)
 	resolved := 0

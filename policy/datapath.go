@@ -14,7 +14,8 @@ import (
 // Datapath reads the maps the enforcement program looks up, so that
 // policy/explain can say what the datapath does with a packet, not only
 // what the tables want: they differ while entries cannot be written (a
-// full policy map) or are held (make before break). The datapath cell
+// full policy map) or are held (make before break:
+// datapathcell/README.md). The datapath cell
 // provides it; it is optional, and without it policy/explain shows the
 // desired state and the reconciliation statuses alone.
 type Datapath interface {

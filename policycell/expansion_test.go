@@ -108,10 +108,10 @@ func TestCountEntriesMatchesSelectors(t *testing.T) {
 	}
 }
 
-// TestCountEntriesCIDRsTimesPorts is the file of issue 32 item 9: 1,000
-// /24s times 40 port ranges, 18 KB, which computed 872,000 entries (the
-// issue's file: 862,002) into a
-// policy map of 16,384 and took the agent to 1.86 GB. It is rejected at
+// TestCountEntriesCIDRsTimesPorts is the file that, expanded whole, took
+// the agent's memory far over its bound (docs/FAULTS.md): 1,000 /24s times
+// 40 port ranges, 18 KB, which compute 872,000 entries into a
+// policy map of 16,384. It is rejected at
 // its rule, with the count and the limit; at a limit it fits, it is
 // valid.
 func TestCountEntriesCIDRsTimesPorts(t *testing.T) {

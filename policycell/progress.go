@@ -13,8 +13,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 )
 
-// SelectorProgress is the [policy.Progress] of the selectors. The datapath waits on it to write an ipcache entry only after the
-// policy entries of its identity (make before break): the `identities`
+// SelectorProgress is the [policy.Progress] of the selectors: the
+// datapath waits on it to write an ipcache entry only after the policy
+// entries of its identity (make before break: datapathcell/README.md): the `identities`
 // table changes before the selectors have turned the change into entries.
 type SelectorProgress struct {
 	db         *statedb.DB

@@ -444,7 +444,7 @@ func (e *selectorEngine) markWithin(txn statedb.ReadTxn, cidr netip.Prefix) {
 // direction that stops being enforced is written in the first transaction,
 // before the entries it no longer needs go; one that starts being enforced
 // in the last, after the entries it needs: the datapath applies them in
-// that order (make before break).
+// that order (make before break: datapathcell/README.md).
 func (e *selectorEngine) write(initializing bool) error {
 	// A fresh set each round: iterating or clearing a map costs its
 	// capacity, which the first round makes as large as all identities.

@@ -485,7 +485,8 @@ func pinnedMatches(bpfRoot string, prefixes []netip.Prefix) (map[netip.Prefix]ui
 // finalizers, and all they reach) outlives the first collection. Left
 // uncollected, it counted as live while the next agent started: it set
 // the heap goal that agent grew to at twice the stopped agent's heap, and
-// the agent grew onto fresh pages meanwhile (docs/SCALE.md, issue 21).
+// the agent grew onto fresh pages meanwhile (docs/SCALE.md, "The restart
+// step starts from a collected heap").
 // Its pages are not returned to the operating system, as they are not
 // before step 2: both steps reuse the pages of what ran before them.
 func freshStart() {

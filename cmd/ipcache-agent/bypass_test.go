@@ -26,7 +26,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
-// The bypasses of issue 32, each sent as crafted frames through the real
+// The known bypasses of enforcement, each sent as crafted frames through
+// the real
 // agent binary: in-band VLAN tags, ICMP errors that quote an allowed flow
 // but go elsewhere, long IPv6 extension header chains, neighbour discovery
 // typed packets to an off-link peer, a connection's origin flipped by the
@@ -321,7 +322,7 @@ ingressDeny:
   - fromCIDR: ["10.99.0.0/16", "fd00:99::/64"]
 `
 
-// TestPrivilegedBypasses sends each bypass of issue 32 through the real
+// TestPrivilegedBypasses sends each known bypass through the real
 // agent binary (see the comment at the top of this file).
 func TestPrivilegedBypasses(t *testing.T) {
 	t.Parallel()

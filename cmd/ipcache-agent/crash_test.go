@@ -44,7 +44,7 @@ const (
 	crashIterations  = 9 // every combination of an early and a late kill
 	crashPolicyFiles = 240
 	// crashGrace is long enough for the policy set to converge within it
-	// on two loaded cores under -race (1.5-3 s measured), so that kills
+	// on two loaded cores under -race (docs/SCALE.md), so that kills
 	// land in the grace period after convergence.
 	crashGrace = 2 * time.Second
 	// crashWait bounds every wait for the agent (convergence, release),

@@ -26,7 +26,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
-// Issue 32, hole 7: connection tracking under a SYN flood, through the real
+// Connection tracking under a SYN flood, through the real
 // agent binary on bypass_test.go's network. New connections' entries are
 // made in ct_opening (LRU) and move to conntrack (a hash that never evicts)
 // once the origin speaks after a reply, so a flood of SYNs from spoofed

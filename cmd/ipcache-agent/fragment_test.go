@@ -18,7 +18,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
-// Fragmented datagrams of allowed UDP flows (issue 32, item 10): before,
+// Fragmented datagrams of allowed UDP flows: before,
 // the program matched every fragment after the first with no port, so a
 // rule with ports passed a datagram's first fragment and dropped the rest,
 // and a 3 KB datagram to an allowed UDP port never arrived. Now the first

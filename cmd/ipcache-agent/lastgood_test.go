@@ -19,8 +19,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
-// The last good policy through the real binary (issue 16, items 3, 4 and
-// 12; docs/ARCHITECTURE.md "Last good policy", docs/CONTRACT.md "Policy
+// The last good policy through the real binary (docs/ARCHITECTURE.md
+// "Last good policy", docs/CONTRACT.md "Policy
 // files"): what the operator's mistakes and an editor's save do to the
 // pinned maps and to traffic through the enforcement program.
 
@@ -102,7 +102,7 @@ func (e *e2e) requireNoLoss(what string, pinger *probing, atLeast int) {
 		what, longest, lostAt(pinger.Pinger), e.agentLog)
 }
 
-// TestPrivilegedTypoThenRestart (item 3): the only egress policy allows
+// TestPrivilegedTypoThenRestart: the only egress policy allows
 // allowedIP; while the agent is down its file gets a typo. After the
 // restart, and past the restore grace period, the pinned maps are what
 // they were: the previous version stays in force, allowedIP passes,
@@ -137,7 +137,7 @@ func TestPrivilegedTypoThenRestart(t *testing.T) {
 	require.Regexp(t, `allow.yaml +rejected +e2e:1\n +allow.yaml:3:5: invalid policy file: .*toCDIR`, list)
 }
 
-// TestPrivilegedContestedNameRestart (item 4): z.yaml holds policy x;
+// TestPrivilegedContestedNameRestart: z.yaml holds policy x;
 // a.yaml, later and first by name, declares x too and is rejected. After a
 // restart with both files unchanged z.yaml still holds x: its prefix stays
 // in the pinned ipcache past the grace period and a.yaml's never gets
@@ -175,7 +175,7 @@ func TestPrivilegedContestedNameRestart(t *testing.T) {
 	require.Regexp(t, `z.yaml +in force +x:1`, list)
 }
 
-// TestPrivilegedEditorSave (item 12): an editor saves a policy file in
+// TestPrivilegedEditorSave: an editor saves a policy file in
 // place: it truncates it, and writes it again 300 ms later (longer than
 // the watcher's 100 ms debounce, so the agent reads the empty file). A
 // ping every millisecond through the enforcement program to the address

@@ -19,7 +19,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
-// Make before break through the real binary: a ping every millisecond
+// Make before break (datapathcell/README.md) through the real binary: a
+// ping every millisecond
 // through the enforcement program while a policy change that keeps the
 // address allowed is applied, and not one probe lost, round after round.
 

@@ -103,7 +103,7 @@ func TestPolicyValidateJSON(t *testing.T) {
 	require.True(t, out.Valid)
 }
 
-// TestPolicyValidateEntries: the file of issue 32 item 9 (1,000 /24s
+// TestPolicyValidateEntries: the file of CIDRs times port ranges (1,000 /24s
 // times 40 port ranges, 18 KB, 872,000 policy map entries) is invalid
 // against the agent's default policy map (16,384 entries), at its rule,
 // with the count and the limit; with a policy map that holds it, it is

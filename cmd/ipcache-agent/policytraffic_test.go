@@ -22,8 +22,8 @@ import (
 )
 
 // Deny, port ranges, ICMP types, enableDefaultDeny and --enable-policy
-// through the real binary (issue 19; docs/CONTRACT.md, DESIGN.md sections
-// 6, 7 and 9): policy files in the formats people already have, and
+// through the real binary (docs/CONTRACT.md, "Semantics" and "Policy file
+// formats"): policy files in the formats people already have, and
 // connections, datagrams and pings from the endpoint through the
 // enforcement program. One agent serves every scenario that runs with the
 // same flags; a scenario replaces the policy directory's content and

@@ -245,7 +245,7 @@ func waitRSSBack(t *testing.T, pid int, steady int64) (rss int64, took time.Dura
 // shellRSSBound of the steady state; the same with 50 clients of a mix of
 // commands; after each round the RSS is back near the steady state within
 // shellRSSReturn. (Before the shell streamed and bounded its commands,
-// the issue measured 7.5 GB, still 7.2 GB afterwards, and 2.2 GB mixed.)
+// the RSS grew by gigabytes and stayed there: docs/SCALE.md.)
 func TestPrivilegedShellMemory(t *testing.T) {
 	t.Parallel()
 	privileged.Test(t)

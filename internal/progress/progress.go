@@ -7,7 +7,7 @@
 // ipcache resolver says up to which metadata revision it has resolved, the
 // policy selectors up to which revisions they have computed the policy
 // tables, and the datapath waits on those before it writes what depends on
-// them (make before break).
+// them (make before break: datapathcell/README.md).
 package progress
 
 import (

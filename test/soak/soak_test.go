@@ -35,12 +35,12 @@ const (
 	// caches; the pinned maps' handles). What may still differ: the main
 	// run is longer than the warm-up, so its peaks can be a little higher;
 	// sync.Pools, prometheus and the race detector's bookkeeping vary by
-	// some 100 KB. Measured: +0.04 to +0.3 MB. 4 MB leaves room for that on
+	// a little (docs/SCALE.md). 4 MB leaves room for that on
 	// a noisy machine and is still far below a leak of 1 KB per churned
 	// prefix: a run churns thousands of prefixes through the whole pipeline
 	// per 10 s (the test logs how many, and the smallest per-prefix leak
-	// the check would have caught; a simulated 1 KB per prefix leak added
-	// 17.9 MB over a 15 s run).
+	// the check would have caught; a simulated 1 KB per prefix leak fails
+	// it: docs/SCALE.md).
 	heapTolerance = 4 << 20
 
 	convergeTimeout = time.Minute
