@@ -79,7 +79,7 @@ func TestNodeBudgetPolicies(t *testing.T) {
 	}
 }
 
-// parseAllocMultiple is the documented bound (policycell/README.md,
+// parseAllocMultiple is the documented bound (policyfile/README.md,
 // docs/SCALE.md) of what parsing a policy file allocates, garbage
 // included, as a multiple of the file's size, whatever the file: the
 // reader's nodes are 32 bytes and a document may have one per nodeBytes
