@@ -44,9 +44,9 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzIPCacheKey datapathcell:FuzzIPCacheValue \
 	datapathcell:FuzzPolicyKey datapathcell:FuzzPolicyValue \
 	datapathcell:FuzzEnforceParser \
-	policycell:FuzzParseFile policycell:FuzzParseCIDR \
-	policycell:FuzzParseCNP policycell:FuzzParseNetworkPolicy \
-	policycell/internal/yamlread:FuzzReader
+	policyfile:FuzzParse policyfile:FuzzParseCIDR \
+	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
+	policyfile/internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \

@@ -13,12 +13,13 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // maxFileSize caps a policy file: a larger one is rejected without being
-// read further, so that what one file can make the agent read and parse
-// stays bounded. 4 MiB holds some 200,000 CIDRs.
-const maxFileSize = 4 << 20
+// read further (policyfile.MaxSize says why).
+const maxFileSize = policyfile.MaxSize
 
 // listing is what one read of the policy directory found.
 type listing struct {

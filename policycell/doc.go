@@ -14,7 +14,7 @@
 // removes them. A file is capped at 4 MiB, and its parse's memory is a
 // bounded multiple of its size. A file's documents are native policies,
 // CiliumNetworkPolicies, CiliumClusterwideNetworkPolicies, NetworkPolicies
-// or Lists of them (docs/CONTRACT.md, "Policy file formats"); what the
+// or Lists of them, read by policyfile.Parse; what the
 // agent cannot enforce rejects the file. ValidateFiles checks
 // files the same way without an agent.
 //

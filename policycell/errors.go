@@ -4,13 +4,11 @@ package policycell
 
 import "errors"
 
-// The errors a policy file is rejected for. Each comes wrapped in a
-// *FileError that names the file (and the position, where there is one).
+// The errors a policy file is rejected for, beyond its content
+// (policyfile.ErrInvalidPolicy). Each comes wrapped in a
+// *policyfile.FileError that names the file (and the position, where
+// there is one).
 var (
-	// ErrInvalidPolicy is wrapped by every error that rejects a policy
-	// file for its content.
-	ErrInvalidPolicy = errors.New("invalid policy file")
-
 	// ErrNameInUse is wrapped by the error that rejects a policy file
 	// because another file in force already has a policy of that name.
 	ErrNameInUse = errors.New("policy name already in use")

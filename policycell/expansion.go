@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
@@ -59,9 +60,9 @@ func (c EntryCount) String() string {
 // a file of 1,000 CIDRs times 40 port ranges costs no memory in
 // proportion to the 862,000 entries it would compute.
 //
-// Possible errors: *FileError wrapping ErrInvalidPolicy and
-// ErrTooManyEntries when the count is over limit, at the line and column
-// of the rule whose entries pass it.
+// Possible errors: *policyfile.FileError wrapping
+// policyfile.ErrInvalidPolicy and ErrTooManyEntries when the count is
+// over limit, at the line and column of the rule whose entries pass it.
 func CountEntries(file string, policies []*policy.Policy, limit int) (EntryCount, error) {
 	limit = max(limit, 1)
 	c := newEntryCounter(policies, limit)
@@ -70,9 +71,9 @@ func CountEntries(file string, policies []*policy.Policy, limit int) (EntryCount
 		return count, nil
 	}
 	s := c.over
-	return count, &FileError{File: file, Line: s.source.Line, Column: s.source.Column, Err: fmt.Errorf(
+	return count, &policyfile.FileError{File: file, Line: s.source.Line, Column: s.source.Column, Err: fmt.Errorf(
 		"%w: policy %q: %s: the file's policies compute %s policy map entries (each CIDR's identity times the port blocks of the rules that select it), %w (%d, --policy-map-max-entries) from this rule on: write fewer CIDRs or port ranges, or raise --policy-map-max-entries",
-		ErrInvalidPolicy, s.policy, s.source.Name, count, ErrTooManyEntries, limit)}
+		policyfile.ErrInvalidPolicy, s.policy, s.source.Name, count, ErrTooManyEntries, limit)}
 }
 
 // entryCounter counts the entries of a file's policies (CountEntries).
@@ -119,7 +120,7 @@ func newEntryCounter(policies []*policy.Policy, limit int) *entryCounter {
 		c.identities = append(c.identities, []netip.Prefix{prefix})
 	}
 	if c.world {
-		c.identities = append(c.identities, worldPrefixes())
+		c.identities = append(c.identities, policy.WorldPrefixes())
 	}
 	return c
 }

@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
@@ -98,7 +99,7 @@ func TestCountEntriesMatchesSelectors(t *testing.T) {
 		if want > 1 {
 			over, err := CountEntries("f.yaml", policies, want-1)
 			require.ErrorIs(t, err, ErrTooManyEntries, "round %d", round)
-			require.ErrorIs(t, err, ErrInvalidPolicy)
+			require.ErrorIs(t, err, policyfile.ErrInvalidPolicy)
 			if over.Exact {
 				require.Equal(t, got, over, "round %d", round)
 			} else {
@@ -116,7 +117,7 @@ func TestCountEntriesMatchesSelectors(t *testing.T) {
 // valid.
 func TestCountEntriesCIDRsTimesPorts(t *testing.T) {
 	content := policygen.CIDRsTimesPorts("big", 1000, 40)
-	policies, err := ParseFile("big.yaml", content)
+	policies, err := policyfile.Parse("big.yaml", content)
 	require.NoError(t, err)
 	// Each identity's keys: TCP and UDP, each range's aligned blocks.
 	perIdentity := 0
@@ -129,7 +130,7 @@ func TestCountEntriesCIDRsTimesPorts(t *testing.T) {
 	count, err := CountEntries("big.yaml", policies, DefaultPolicyMapMaxEntries)
 	require.Equal(t, EntryCount{Entries: want, Exact: true}, count)
 	require.ErrorIs(t, err, ErrTooManyEntries)
-	var fileErr *FileError
+	var fileErr *policyfile.FileError
 	require.ErrorAs(t, err, &fileErr)
 	require.Equal(t, 3, fileErr.Line)
 	require.Equal(t, 5, fileErr.Column)
@@ -149,7 +150,7 @@ func TestCountEntriesCIDRsTimesPorts(t *testing.T) {
 
 	// One identity with more keys than the map: the count stops there.
 	one := policygen.CIDRsTimesPorts("one", 1, 40)
-	policies, err = ParseFile("one.yaml", one)
+	policies, err = policyfile.Parse("one.yaml", one)
 	require.NoError(t, err)
 	count, err = CountEntries("one.yaml", policies, 100)
 	require.ErrorIs(t, err, ErrTooManyEntries)
@@ -167,7 +168,7 @@ func TestCountEntriesMemoryBounded(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	policies, err := ParseFile("big.yaml", content)
+	policies, err := policyfile.Parse("big.yaml", content)
 	require.NoError(t, err)
 	count, err := CountEntries("big.yaml", policies, DefaultPolicyMapMaxEntries)
 	runtime.ReadMemStats(&after)
@@ -184,7 +185,7 @@ func TestCountEntriesMemoryBounded(t *testing.T) {
 func TestCountEntriesDenyHidesAllows(t *testing.T) {
 	content := []byte("name: d\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 1, endPort: 65535, protocol: TCP}]\n" +
 		"egressDeny:\n  - toCIDR: [10.0.0.0/8]\n    toPorts: [{port: 1, endPort: 65535, protocol: TCP}]\n")
-	policies, err := ParseFile("d.yaml", content)
+	policies, err := policyfile.Parse("d.yaml", content)
 	require.NoError(t, err)
 	count, err := CountEntries("d.yaml", policies, 16)
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"bufio"
 	"bytes"
@@ -127,7 +128,7 @@ func readInForce(path, dir string) (saved map[string]savedFile, otherDir string,
 		if len(content) > maxFileSize {
 			return nil, "", fmt.Errorf("%w %s: %s: %w", ErrCorruptInForce, path, entry.File, errTooLarge())
 		}
-		policies, err := ParseFile(entry.File, content)
+		policies, err := policyfile.Parse(entry.File, content)
 		if err != nil {
 			return nil, "", fmt.Errorf("%w %s: %w", ErrCorruptInForce, path, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 	"github.com/stretchr/testify/require"
 )
 
@@ -122,7 +123,7 @@ func TestLoaderRestartKeepsLastGood(t *testing.T) {
 	require.Equal(t, map[string]string{"a": "a.yaml", "x": "z.yaml"}, second.inForce())
 	require.Equal(t, []string{"10.1.0.0/16"}, second.owned("policy/a"))
 	require.Equal(t, []string{"10.9.0.0/16"}, second.owned("policy/x"))
-	require.ErrorIs(t, second.rejected()["a.yaml"], ErrInvalidPolicy)
+	require.ErrorIs(t, second.rejected()["a.yaml"], policyfile.ErrInvalidPolicy)
 	require.EqualError(t, second.rejected()["b.yaml"], `b.yaml:1: policy name already in use: policy "x" is in force from z.yaml`)
 	require.Contains(t, logged.String(), `msg="Restored the policies in force before the restart" path=`+filepath.Join(stateDir, InForceFileName)+` files=2 policies=2`)
 	require.Contains(t, logged.String(), `msg="Policy file rejected, its version in force before the restart stays in force" file=a.yaml in-force=[a]`)

@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"context"
 	"crypto/sha256"
@@ -156,7 +157,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		}
 		f.readErr = nil
 		if read.err != nil {
-			f.readErr = &FileError{File: name, Err: read.err}
+			f.readErr = &policyfile.FileError{File: name, Err: read.err}
 			continue
 		}
 		digest := sha256.Sum256(read.content)
@@ -189,7 +190,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 // map's size is rejected before anything of it is expanded, and nothing
 // of it is kept: its parsed policies go with the error.
 func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
-	policies, err := ParseFile(name, content)
+	policies, err := policyfile.Parse(name, content)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +225,7 @@ func (l *loader) decide() {
 			// Truncated by an editor before it writes the file again, or
 			// emptied by mistake: removing the file is how its policies
 			// are removed.
-			f.rejected = &FileError{File: name, Err: ErrEmptyFile}
+			f.rejected = &policyfile.FileError{File: name, Err: ErrEmptyFile}
 		case !f.hasInForce || f.inForceDigest != f.digest:
 			pending = append(pending, name)
 		}
@@ -284,7 +285,7 @@ func (l *loader) decide() {
 func conflict(file string, policies []*policy.Policy, holder map[string]string) error {
 	for _, p := range policies {
 		if other, held := holder[p.Name]; held && other != file {
-			return &FileError{File: file, Line: p.Line,
+			return &policyfile.FileError{File: file, Line: p.Line,
 				Err: fmt.Errorf("%w: policy %q is in force from %s", ErrNameInUse, p.Name, other)}
 		}
 	}

@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"bytes"
 	"context"
@@ -152,7 +153,7 @@ func TestLoaderBadFileKeepsPrevious(t *testing.T) {
 	f.load(t)
 	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/8, 10.0.0.1/8]}]\n")
 	f.load(t)
-	require.ErrorIs(t, f.rejected()["a.yaml"], ErrInvalidPolicy)
+	require.ErrorIs(t, f.rejected()["a.yaml"], policyfile.ErrInvalidPolicy)
 	require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce())
 	require.Equal(t, []string{"10.0.0.0/8"}, f.owned("policy/a"))
 

@@ -36,12 +36,6 @@ const entryBound = 2
 // reconciler (which writes statuses into the same table) for long.
 const writeChunkSize = 4096
 
-// worldPrefixes are the "prefixes" of world: an all-addresses CIDR selects
-// it, and an except prefix excludes it only if it is all addresses too.
-func worldPrefixes() []netip.Prefix {
-	return []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
-}
-
 // selector is one CIDR selector of one rule of a policy in force, or
 // (peer nil) a rule's selector of every peer: identity 0's.
 type selector struct {
@@ -415,7 +409,7 @@ func family(p netip.Prefix) int {
 // prefixesOf returns the cidr prefixes of an identity.
 func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []netip.Prefix {
 	if id == identity.World {
-		return worldPrefixes()
+		return policy.WorldPrefixes()
 	}
 	ident, _, found := e.identities.Get(txn, identitycell.IdentityIndex.Query(id))
 	if !found {

@@ -165,7 +165,7 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 		id       identity.Number
 		prefixes []netip.Prefix
 	}
-	targets := []target{{0, nil}, {identity.World, worldPrefixes()}}
+	targets := []target{{0, nil}, {identity.World, policy.WorldPrefixes()}}
 	for _, i := range identities {
 		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
 	}

@@ -4,6 +4,7 @@ package policycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"fmt"
 	"os"
@@ -27,15 +28,15 @@ type FileValidation struct {
 
 // ValidateFiles checks policy files as the agent would read them from its
 // policy directory, without one: the same size and type limits, the same
-// parser (ParseFile), the same count of policy-map entries against the
+// parser (policyfile.Parse), the same count of policy-map entries against the
 // policy map's size maxEntries (CountEntries, the agent's
 // --policy-map-max-entries), and the same rule for a policy name that
 // several files use: files are taken in name order and the first to use a
 // name keeps it. The results are in the order of files; a file given twice
 // is read twice.
 //
-// Each result's Err is a *FileError wrapping ErrInvalidPolicy (and
-// ErrTooManyEntries), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the
+// Each result's Err is a *policyfile.FileError wrapping
+// policyfile.ErrInvalidPolicy (and ErrTooManyEntries), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the
 // error of opening or reading the file.
 func ValidateFiles(files []string, maxEntries int) []FileValidation {
 	results := make([]FileValidation, len(files))
@@ -43,7 +44,7 @@ func ValidateFiles(files []string, maxEntries int) []FileValidation {
 		results[i] = FileValidation{File: file}
 		content, err := readPolicyFile(file)
 		if err == nil {
-			results[i].Policies, err = ParseFile(file, content)
+			results[i].Policies, err = policyfile.Parse(file, content)
 		}
 		if err == nil {
 			results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)
@@ -52,8 +53,8 @@ func ValidateFiles(files []string, maxEntries int) []FileValidation {
 			}
 		}
 		if err != nil {
-			if _, ok := err.(*FileError); !ok {
-				err = &FileError{File: file, Err: err}
+			if _, ok := err.(*policyfile.FileError); !ok {
+				err = &policyfile.FileError{File: file, Err: err}
 			}
 			results[i].Err = err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // newPolicyCommand is `policy`, whose one command is `validate`.
@@ -85,7 +86,7 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 				if r.Err != nil {
 					invalid++
 					out[i].Error = r.Err.Error()
-					var fileErr *policycell.FileError
+					var fileErr *policyfile.FileError
 					if errors.As(r.Err, &fileErr) {
 						out[i].Line, out[i].Column = fileErr.Line, fileErr.Column
 					}

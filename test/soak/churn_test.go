@@ -4,6 +4,7 @@ package soak
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
@@ -22,7 +23,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
@@ -246,7 +246,7 @@ func (c *churn) writeFile(name string) {
 	} else {
 		f.content = c.policyContent(name)
 		var err error
-		f.policies, err = policycell.ParseFile(name, f.content)
+		f.policies, err = policyfile.Parse(name, f.content)
 		require.NoError(c.t, err, "the generator wrote an invalid file:\n%s", f.content)
 		for _, p := range f.policies {
 			c.upserted += len(p.Prefixes())

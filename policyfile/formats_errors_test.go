@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -126,7 +126,7 @@ func TestFormatsReject(t *testing.T) {
 		{"null NetworkPolicy rules", netpolHead + "spec:\n  ingress:\n", `spec.ingress: no rules`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policies, err := ParseFile("bad.yaml", []byte(tc.content))
+			policies, err := Parse("bad.yaml", []byte(tc.content))
 			require.ErrorIs(t, err, ErrInvalidPolicy)
 			require.ErrorContains(t, err, tc.want)
 			var fileErr *FileError
@@ -166,7 +166,7 @@ func TestFormerlyGatedConstructsParse(t *testing.T) {
 			policy.Rule{Deny: true, Peers: cidr, Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 80, EndPort: 90}}, Name: "egressDeny[0]", Line: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policies, err := ParseFile("good.yaml", []byte(tc.content))
+			policies, err := Parse("good.yaml", []byte(tc.content))
 			require.NoError(t, err)
 			require.Len(t, policies, 1)
 			require.Equal(t, []policy.Rule{tc.want}, withoutColumns(policies[0].Rules(tc.dir)))
@@ -212,7 +212,7 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 				Ports: []policy.PortRange{{Protocol: policy.ProtocolTCP, Port: 53}, {Protocol: policy.ProtocolUDP, Port: 53}, {Protocol: policy.ProtocolSCTP, Port: 9}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policies, err := ParseFile("good.yaml", []byte(tc.content))
+			policies, err := Parse("good.yaml", []byte(tc.content))
 			require.NoError(t, err)
 			require.Len(t, policies, 1)
 			require.Equal(t, tc.rules, withoutColumns(policies[0].Egress))
@@ -221,7 +221,7 @@ func TestGatePassesWhatIsEnforced(t *testing.T) {
 	// NetworkPolicy defaulting: Ingress always, Egress only with egress
 	// rules; `ingress: []` is the same as none.
 	for _, content := range []string{netpolHead + "spec: {podSelector: {}}\n", netpolHead + "spec: {ingress: [], egress: []}\n"} {
-		policies, err := ParseFile("good.yaml", []byte(content))
+		policies, err := Parse("good.yaml", []byte(content))
 		require.NoError(t, err)
 		require.Equal(t, []policy.Rule{{Name: "ingress", Line: 4}}, policies[0].Ingress, "ingress isolated")
 		require.Empty(t, policies[0].Egress, "egress not the policy's")

@@ -257,7 +257,7 @@ func FuzzReader(f *testing.F) {
 }
 
 // BenchmarkRead reads policy files of 1 MiB with yaml.v3 (into
-// yaml.Node, as policycell did) and with this reader; B/op against
+// yaml.Node, as the parser did) and with this reader; B/op against
 // bytes/file is the multiple of the file's size that reading allocates.
 func BenchmarkRead(b *testing.B) {
 	const size = 1 << 20

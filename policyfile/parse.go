@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -20,29 +20,7 @@ import (
 // maxNameLength bounds policy names, as Kubernetes bounds object names.
 const maxNameLength = 253
 
-// FileError is a rejected policy file, with the position in it that the
-// error is about (Line and Column are 1-based, 0 when unknown).
-type FileError struct {
-	File         string
-	Line, Column int
-	Err          error
-}
-
-// Error formats as "file:line:column: error", as compilers do.
-func (e *FileError) Error() string {
-	switch {
-	case e.Line == 0:
-		return fmt.Sprintf("%s: %v", e.File, e.Err)
-	case e.Column == 0:
-		return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err)
-	}
-	return fmt.Sprintf("%s:%d:%d: %v", e.File, e.Line, e.Column, e.Err)
-}
-
-// Unwrap returns the error the file was rejected for.
-func (e *FileError) Unwrap() error { return e.Err }
-
-// ParseFile parses a policy file (docs/CONTRACT.md, "Policy file formats"):
+// Parse parses a policy file (docs/CONTRACT.md, "Policy file formats"):
 // one or more YAML documents, each a native policy, a CiliumNetworkPolicy,
 // a CiliumClusterwideNetworkPolicy, a NetworkPolicy or a List of those
 // (k8s.go, cnp.go, netpol.go); empty documents are skipped. file is the
@@ -65,7 +43,7 @@ func (e *FileError) Unwrap() error { return e.Err }
 // about 10 times the content's size whatever the content (README).
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
-func ParseFile(file string, content []byte) ([]*policy.Policy, error) {
+func Parse(file string, content []byte) ([]*policy.Policy, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*policy.Policy{}
@@ -170,7 +148,7 @@ func (f *fieldSet) get(name string) (node, bool) {
 // key given twice).
 func (p *parser) fields(n node, what string, allowed ...string) (fieldSet, error) {
 	if len(allowed) > maxFields {
-		panic(fmt.Sprintf("policycell: %s: %d fields allowed, at most %d", what, len(allowed), maxFields))
+		panic(fmt.Sprintf("policyfile: %s: %d fields allowed, at most %d", what, len(allowed), maxFields))
 	}
 	if n.Kind() != mappingNode {
 		return fieldSet{}, p.errorf(n, "%s: want a mapping, got %s", what, kindName(n))

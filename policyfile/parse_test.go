@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -44,7 +44,7 @@ ingress:
 egress:
   - {}
 `
-	policies, err := ParseFile("p.yaml", []byte(content))
+	policies, err := Parse("p.yaml", []byte(content))
 	require.NoError(t, err)
 	require.Len(t, policies, 2)
 
@@ -79,7 +79,7 @@ egress:
 
 func TestParseEmptyFile(t *testing.T) {
 	for _, content := range []string{"", "# nothing\n", "---\n---\n"} {
-		policies, err := ParseFile("empty.yaml", []byte(content))
+		policies, err := Parse("empty.yaml", []byte(content))
 		require.NoError(t, err, "%q", content)
 		require.Empty(t, policies)
 	}
@@ -159,7 +159,7 @@ func TestParseErrors(t *testing.T) {
 			`bad.yaml:4:20: invalid policy file: policy "b": egress[0].toCIDR[0]: "x" is not a CIDR`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policies, err := ParseFile("bad.yaml", []byte(tc.content))
+			policies, err := Parse("bad.yaml", []byte(tc.content))
 			require.ErrorIs(t, err, ErrInvalidPolicy)
 			require.ErrorContains(t, err, tc.want)
 			var fileErr *FileError
@@ -172,7 +172,7 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseBareAddresses(t *testing.T) {
-	policies, err := ParseFile("p.yaml", []byte("name: a\negress:\n  - toCIDR: [192.0.2.1, \"2001:db8::1\"]\n"))
+	policies, err := Parse("p.yaml", []byte("name: a\negress:\n  - toCIDR: [192.0.2.1, \"2001:db8::1\"]\n"))
 	require.NoError(t, err)
 	require.Equal(t, prefixes("192.0.2.1/32", "2001:db8::1/128"), policies[0].Prefixes())
 }
@@ -198,12 +198,12 @@ func TestParseCutMidWrite(t *testing.T) {
 		{"after toPorts", "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8]\n    toPorts:\n", `egress[0].toPorts: empty list, omit the field instead`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseFile("bad.yaml", []byte(tc.content))
+			_, err := Parse("bad.yaml", []byte(tc.content))
 			require.ErrorIs(t, err, ErrInvalidPolicy)
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-	policies, err := ParseFile("a.yaml", []byte("name: e2e\negress: []\ningress: []\n"))
+	policies, err := Parse("a.yaml", []byte("name: e2e\negress: []\ningress: []\n"))
 	require.NoError(t, err)
 	require.Len(t, policies, 1)
 	require.Empty(t, policies[0].Egress)
@@ -218,7 +218,7 @@ func TestParseCutMidWrite(t *testing.T) {
 			continue
 		}
 		cut := full[:i]
-		_, err := ParseFile("a.yaml", []byte(cut))
+		_, err := Parse("a.yaml", []byte(cut))
 		if cut == "name: e2e\n" || cut == "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8, 192.0.2.1]\n" ||
 			cut == "name: e2e\negress:\n  - toCIDR: [10.0.0.0/8, 192.0.2.1]\n    toPorts: [{port: 53, protocol: UDP}]\n" {
 			// A cut between whole rules or fields: a valid policy.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"fmt"
@@ -82,9 +82,9 @@ func BenchmarkParseFormats(b *testing.B) {
 	const files = 1_000
 	native, mixed := formatFiles(files)
 	for i := range files {
-		n, err := ParseFile("n.yaml", native[i])
+		n, err := Parse("n.yaml", native[i])
 		require.NoError(b, err)
-		m, err := ParseFile("m.yaml", mixed[i])
+		m, err := Parse("m.yaml", mixed[i])
 		require.NoError(b, err, "%s", mixed[i])
 		require.Equal(b, rulesOnly(n), rulesOnly(m), "file %d", i)
 	}
@@ -101,7 +101,7 @@ func BenchmarkParseFormats(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				for _, content := range bc.files {
-					if _, err := ParseFile("f.yaml", content); err != nil {
+					if _, err := Parse("f.yaml", content); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"errors"
 
-	"github.com/ipcache-agent/ipcache-agent/policycell/internal/yamlread"
+	"github.com/ipcache-agent/ipcache-agent/policyfile/internal/yamlread"
 )
 
 // The parsers of every format read documents through the names in this

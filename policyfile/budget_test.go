@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// decodeV3 decodes content with yaml.v3 as ParseFile did before its own
+// decodeV3 decodes content with yaml.v3 as Parse did before its own
 // reader, one document at a time, for the baseline of the memory test.
 func decodeV3(content []byte) {
 	dec := yaml.NewDecoder(bytes.NewReader(content))
@@ -69,7 +69,7 @@ func TestNodeBudgetPolicies(t *testing.T) {
 		"CIDR sets":           "      - cidr: 10.0.0.0/8\n        except: [10.1.0.0/16]\n",
 		"policy per document": "---\nname: p\negress: [{toCIDR: [10.0.0.0/8]}]\n",
 	} {
-		content := []byte(strings.Repeat(unit, maxFileSize/len(unit)-1))
+		content := []byte(strings.Repeat(unit, MaxSize/len(unit)-1))
 		if !strings.HasSuffix(unit, "\n") {
 			content = []byte("[" + string(content) + "a]")
 		}
@@ -79,7 +79,7 @@ func TestNodeBudgetPolicies(t *testing.T) {
 	}
 }
 
-// parseAllocMultiple is the documented bound (policycell/README.md,
+// parseAllocMultiple is the documented bound (policyfile/README.md,
 // docs/SCALE.md) of what parsing a policy file allocates, garbage
 // included, as a multiple of the file's size, whatever the file: the
 // reader's nodes are 32 bytes and a document may have one per nodeBytes
@@ -126,13 +126,13 @@ func peakHeap(f func()) (allocated, peak uint64) {
 	return after.TotalAlloc - before.TotalAlloc, peak
 }
 
-// TestParseFileMemoryBounded: what a parse allocates (garbage included, so
+// TestParseMemoryBounded: what a parse allocates (garbage included, so
 // more than its peak) is at most parseAllocMultiple times the file's
 // size, for valid files as dense as policies are written and for files
 // made to cost the most: documents at the node budget, and documents over
 // it (rejected at the first node over). yaml.v3's decoding of the same
 // files, the reader before, is measured too, for the record (-v).
-func TestParseFileMemoryBounded(t *testing.T) {
+func TestParseMemoryBounded(t *testing.T) {
 	docs := func(size int) []byte {
 		var b bytes.Buffer
 		for i := 0; b.Len() < size-100; i++ {
@@ -159,31 +159,31 @@ func TestParseFileMemoryBounded(t *testing.T) {
 		most int
 	}{
 		// Over the node budget: rejected at the first node over it.
-		{"flow list of tiny values", fill(maxFileSize, "name: a\negress: [", "1,", ""), tooMany, 0},
-		{"null items", fill(maxFileSize, "", "-\n", ""), tooMany, 0},
-		{"flow mapping of keys", fill(maxFileSize, "{", "a,", "}"), tooMany, 0},
-		{"short keys", fill(maxFileSize, "", "a: b\n", "a"), tooMany, 0},
+		{"flow list of tiny values", fill(MaxSize, "name: a\negress: [", "1,", ""), tooMany, 0},
+		{"null items", fill(MaxSize, "", "-\n", ""), tooMany, 0},
+		{"flow mapping of keys", fill(MaxSize, "{", "a,", "}"), tooMany, 0},
+		{"short keys", fill(MaxSize, "", "a: b\n", "a"), tooMany, 0},
 		// Under the budget: values that allocate their own string.
-		{"escaped values", fill(maxFileSize, "[", "\"\\n\",", "]"), "want a mapping, got a list", 0},
+		{"escaped values", fill(MaxSize, "[", "\"\\n\",", "]"), "want a mapping, got a list", 0},
 		// A quarter of the cap: the multiple does not depend on the size.
-		{"flow mapping of keys at the budget", fill(maxFileSize/4, "{", "aaaaaa, ", "]"), "expected a value before ']'", 0},
-		{"CIDRs, then a syntax error", fill(maxFileSize/4, "name: a\negress:\n  - toCIDR:\n", "      - 1.2.3.4/32\n", "\t- x: [\n"),
+		{"flow mapping of keys at the budget", fill(MaxSize/4, "{", "aaaaaa, ", "]"), "expected a value before ']'", 0},
+		{"CIDRs, then a syntax error", fill(MaxSize/4, "name: a\negress:\n  - toCIDR:\n", "      - 1.2.3.4/32\n", "\t- x: [\n"),
 			"tab character", 0},
 		// Valid files, the densest a policy is written.
-		{"flow CIDRs", fill(maxFileSize/4, "name: a\negress:\n  - toCIDR: [", "10.1.2.3/32, ", "10.0.0.0/32]\n"), "", 0},
-		{"block CIDRs", fill(maxFileSize/4, "name: a\negress:\n  - toCIDR:\n", "      - 10.1.2.3/32\n", ""), "", 0},
+		{"flow CIDRs", fill(MaxSize/4, "name: a\negress:\n  - toCIDR: [", "10.1.2.3/32, ", "10.0.0.0/32]\n"), "", 0},
+		{"block CIDRs", fill(MaxSize/4, "name: a\negress:\n  - toCIDR:\n", "      - 10.1.2.3/32\n", ""), "", 0},
 		// Tiny policies: what the Policy values themselves cost
 		// dominates (docs/SCALE.md).
-		{"many documents", docs(maxFileSize / 4), "", manyPoliciesAllocMultiple},
+		{"many documents", docs(MaxSize / 4), "", manyPoliciesAllocMultiple},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			size := float64(len(tc.content))
 			var allocatedV3, peakV3 uint64
-			if len(tc.content) < maxFileSize/2 {
+			if len(tc.content) < MaxSize/2 {
 				allocatedV3, peakV3 = peakHeap(func() { decodeV3(tc.content) })
 			}
 			var err error
-			allocated, peak := peakHeap(func() { _, err = ParseFile("big.yaml", tc.content) })
+			allocated, peak := peakHeap(func() { _, err = Parse("big.yaml", tc.content) })
 			if tc.err == "" {
 				require.NoError(t, err)
 			} else {
@@ -201,9 +201,9 @@ func TestParseFileMemoryBounded(t *testing.T) {
 	}
 }
 
-func TestParseFileTooManyNodes(t *testing.T) {
+func TestParseTooManyNodes(t *testing.T) {
 	content := []byte("name: a\negress: [{toCIDR: [" + strings.Repeat("1,", 10000) + "]}]\n")
-	_, err := ParseFile("dense.yaml", content)
+	_, err := Parse("dense.yaml", content)
 	var fileErr *FileError
 	require.True(t, errors.As(err, &fileErr))
 	require.EqualError(t, err, "dense.yaml:2: invalid policy file: more YAML values, lists and mappings in a document than a file of 20031 bytes may have (9103: one per 4 bytes, plus 4096)")

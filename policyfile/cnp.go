@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -350,7 +350,7 @@ func (p *parser) entities(n node, what string, rule *policy.Rule) error {
 		}
 		switch entity {
 		case "world":
-			for _, all := range worldPrefixes() {
+			for _, all := range policy.WorldPrefixes() {
 				if !slices.ContainsFunc(rule.Peers, func(s policy.CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
 					rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: all})
 				}

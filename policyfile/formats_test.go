@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -50,7 +50,7 @@ func parseFixture(t *testing.T, name string) []*policy.Policy {
 	t.Helper()
 	content, err := os.ReadFile(filepath.Join("testdata", "formats", name))
 	require.NoError(t, err)
-	policies, err := ParseFile(name, content)
+	policies, err := Parse(name, content)
 	require.NoError(t, err, name)
 	return policies
 }
@@ -126,7 +126,7 @@ func ruleLines(rules []policy.Rule) []int {
 func TestParseFullModel(t *testing.T) {
 	content, err := os.ReadFile(filepath.Join("testdata", "formats", "everything.yaml"))
 	require.NoError(t, err)
-	policies, err := ParseFile("everything.yaml", content)
+	policies, err := Parse("everything.yaml", content)
 	require.NoError(t, err)
 	require.Len(t, policies, 1)
 	p := policies[0]
@@ -178,7 +178,7 @@ func TestNetworkPolicyKubernetesDefaults(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			content := "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec:\n" + tc.spec
-			policies, err := ParseFile("p.yaml", []byte(content))
+			policies, err := Parse("p.yaml", []byte(content))
 			require.NoError(t, err)
 			require.Len(t, policies, 1)
 			require.Equal(t, tc.ingress, withoutColumns(policies[0].Ingress), "ingress")

@@ -1,6 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
+
+// MaxSize is the cap of a policy file: the agent rejects a larger one
+// without reading it further (the policy cell's directory reader and its
+// saved files in force), so that what one file can make the agent read and
+// parse stays bounded. 4 MiB holds some 200,000 CIDRs. Parse itself takes
+// content of any size; its memory is bounded below.
+const MaxSize = 4 << 20
 
 // The reader keeps the tree of one document in memory, and a node of it
 // costs the same whatever its size in the file: a file of many tiny

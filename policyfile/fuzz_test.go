@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -17,10 +17,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-// FuzzParseFile: the policy parser never panics, an error always names
+// FuzzParse: the policy parser never panics, an error always names
 // the file and is ErrInvalidPolicy, every prefix of an accepted policy
 // is one the ipcache can key (see checkPolicyPrefix).
-func FuzzParseFile(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	f.Add([]byte("name: a\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n    toPorts: [{port: 53, protocol: UDP}]\n"))
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
 	f.Add([]byte("name: e\negressDeny:\n  - toPorts: [{port: 80, endPort: 90, protocol: TCP}]\ningress:\n  - icmps: [{fields: [{type: 8}]}]\nenableDefaultDeny: {ingress: false}\n"))
@@ -29,7 +29,7 @@ func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))
 	f.Add([]byte("{a, b: c, \"d: e\"}\n---\n? x\n: [y: , -1]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		policies, err := ParseFile("fuzz.yaml", data)
+		policies, err := Parse("fuzz.yaml", data)
 		if err != nil {
 			if !strings.Contains(err.Error(), "fuzz.yaml") || !errors.Is(err, ErrInvalidPolicy) {
 				t.Fatalf("error does not name the file or is not ErrInvalidPolicy: %v", err)

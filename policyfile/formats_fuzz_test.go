@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package policycell
+package policyfile
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -46,7 +46,7 @@ func addFixture(f *testing.F, name string) {
 }
 
 func fuzzParseFormats(t *testing.T, data []byte) {
-	policies, err := ParseFile("fuzz.yaml", data)
+	policies, err := Parse("fuzz.yaml", data)
 	if err != nil {
 		var fileErr *FileError
 		if !errors.As(err, &fileErr) || fileErr.File != "fuzz.yaml" || !errors.Is(err, ErrInvalidPolicy) {
