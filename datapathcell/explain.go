@@ -114,7 +114,7 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 }
 
 // Enforcement implements policycell.DatapathMaps: the enforcement map's
-// value for dir (abi.go).
+// value for dir (bpfmaps/abi.go).
 func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
 	var v bpfmaps.EnforcementValue

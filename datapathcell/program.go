@@ -30,7 +30,7 @@ import (
 // packets: each packet sees the old or the new program, never none.
 
 // enforcerMaps are the maps the enforcement program uses in place of the
-// ones it declares: the agent's pinned maps, of the layouts in mapspecs.go.
+// ones it declares: the agent's pinned maps, of the layouts in bpfmaps/mapspecs.go.
 type enforcerMaps struct {
 	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
 	// ConntrackTimeouts are set in the program; zero keeps its defaults.
@@ -61,7 +61,7 @@ const policyNoAnyIdentity = 1
 
 // loadEnforcer loads the enforcement program with its maps replaced by
 // maps. The ipcache and policy maps may have any max entries; everything
-// else about them must match mapspecs.go.
+// else about them must match bpfmaps/mapspecs.go.
 //
 // Possible errors: a map is missing or has another layout
 // (ebpf.ErrMapIncompatible), the kernel rejects the program (the error

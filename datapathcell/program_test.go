@@ -39,7 +39,7 @@ const (
 	progRunIfindex = 1
 )
 
-// The C declarations of the maps must match mapspecs.go: the loader swaps
+// The C declarations of the maps must match bpfmaps/mapspecs.go: the loader swaps
 // them for the agent's pinned maps, which are made from those specs.
 func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
@@ -88,7 +88,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 }
 
 func TestCounterIndex(t *testing.T) {
-	// abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
+	// bpfmaps/abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
 	require.Equal(t, uint32(0), counterIndex(policy.Ingress, countAllowed))
 	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(bpfmaps.ReasonNoPolicy)))
 	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(bpfmaps.ReasonFragment)))
