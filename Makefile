@@ -41,8 +41,8 @@ FUZZTIME ?= 30s
 FUZZ_TARGETS = \
 	labels:FuzzParse labels:FuzzCIDRLabel \
 	identitycell:FuzzDecodeCheckpoint \
-	datapathcell:FuzzIPCacheKey datapathcell:FuzzIPCacheValue \
-	datapathcell:FuzzPolicyKey datapathcell:FuzzPolicyValue \
+	bpfmaps:FuzzIPCacheKey bpfmaps:FuzzIPCacheValue \
+	bpfmaps:FuzzPolicyKey bpfmaps:FuzzPolicyValue \
 	datapathcell:FuzzEnforceParser \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \

@@ -38,10 +38,10 @@
 //     background. Checkpointer.Previous waits for it.
 //  4. Start hook, Datapath: the pinned maps are opened, and the pinned
 //     ipcache map is read once, before anything writes to it, on a
-//     goroutine the hook starts last: restore took the read's stream
-//     (Datapath.StreamPinnedIPCache), so the hook does not wait for it.
-//     Datapath.IPCacheSnapshot and the ipcache map's writer wait for the
-//     read's end, when the entries are one snapshot in address order.
+//     goroutine the hook starts last, so the hook does not wait for it:
+//     the Datapath provides the read to restore (bpfmaps.PinnedIPCache).
+//     The ipcache map's writer waits for the read's end, when the entries
+//     are one snapshot in address order.
 //     Steps 3 and 4 need no order between them.
 //  5. Start hook, Restorer: it waits for step 3 (Checkpointer.Previous),
 //     then takes the pinned map's entries a block at a time as step 4

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/hive/shell"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 )
@@ -61,7 +62,7 @@ func registerOwner(p ownerParams) {
 					return err
 				}
 			}
-			mounted, err := datapathcell.EnsureBPFFS(p.Datapath.BPFRoot)
+			mounted, err := bpfmaps.EnsureBPFFS(p.Datapath.BPFRoot)
 			if err == nil && mounted {
 				p.Log.Info("Mounted bpffs", "bpf-root", p.Datapath.BPFRoot)
 			}
@@ -89,7 +90,7 @@ type Owner struct {
 }
 
 // AcquireOwner makes the caller the owner of stateDir and of the pins under
-// bpfRoot (which must be a bpffs mount: see datapathcell.EnsureBPFFS),
+// bpfRoot (which must be a bpffs mount: see bpfmaps.EnsureBPFFS),
 // creating the state directory, its lock file and the pin directory if
 // needed. An empty path is not locked. The lock file gets the caller's
 // pid. Release gives both up.
@@ -139,7 +140,7 @@ func (o *Owner) lockStateDir(dir string) error {
 }
 
 func (o *Owner) lockPins(bpfRoot string) error {
-	dir := datapathcell.PinDir(bpfRoot)
+	dir := bpfmaps.PinDir(bpfRoot)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("--bpf-root %s: create the pin directory %s: %w", bpfRoot, dir, err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -50,10 +51,10 @@ func benchPrefixes(n int) []netip.Prefix {
 func BenchmarkRawBatchUpdate(b *testing.B) {
 	privileged.Test(b)
 	prefixes := benchPrefixes(benchEntries)
-	keys := make([]datapathcell.IPCacheMapKey, len(prefixes))
-	values := make([]datapathcell.IPCacheMapValue, len(prefixes))
+	keys := make([]bpfmaps.IPCacheKey, len(prefixes))
+	values := make([]bpfmaps.IPCacheValue, len(prefixes))
 	for i, p := range prefixes {
-		keys[i], values[i] = datapathcell.NewIPCacheMapKey(p), datapathcell.NewIPCacheMapValue(16777217)
+		keys[i], values[i] = bpfmaps.NewIPCacheKey(p), bpfmaps.NewIPCacheValue(16777217)
 	}
 	for range b.N {
 		b.StopTimer()
@@ -128,11 +129,11 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 
 func countEntries(m *ebpf.Map) int {
 	var (
-		k datapathcell.IPCacheMapKey
+		k bpfmaps.IPCacheKey
 		n int
 	)
 	for {
-		var next datapathcell.IPCacheMapKey
+		var next bpfmaps.IPCacheKey
 		var err error
 		if n == 0 {
 			err = m.NextKey(nil, &next)

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -43,7 +44,7 @@ func bpfScriptCommands(db *statedb.DB, d *Datapath, ipcache statedb.Table[*ipcac
 // map that stop closed.
 //
 // Possible errors: ErrMapsNotOpen before start or after stop.
-func (d *Datapath) pinnedMap(which func(*pinnedMaps) *ebpf.Map) (*ebpf.Map, error) {
+func (d *Datapath) pinnedMap(which func(*bpfmaps.Pinned) *ebpf.Map) (*ebpf.Map, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.maps == nil || which(d.maps) == nil {
@@ -143,7 +144,7 @@ func parseBPFOptions(s *script.State, args []string) (bpfOptions, error) {
 func diffMap[K comparable, V comparable](m *ebpf.Map, desired func(K) (V, bool), all func(yield func(K, V) bool),
 	emit func(kind string, k K, inMap, want V)) error {
 	var zero V
-	err := readEntries(m, func(k K, v V) {
+	err := bpfmaps.ReadEntries(m, func(k K, v V) {
 		want, found := desired(k)
 		switch {
 		case !found:
@@ -213,13 +214,13 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			m, err := d.pinnedMap(func(p *pinnedMaps) *ebpf.Map { return p.IPCache })
+			m, err := d.pinnedMap(func(p *bpfmaps.Pinned) *ebpf.Map { return p.IPCache })
 			if err != nil {
 				return scriptcmd.Result("", fmt.Errorf("read ipcache map: %w", err))
 			}
 			defer m.Close()
 			txn := db.ReadTxn()
-			desired := func(k IPCacheMapKey) (*ipcachecell.Entry, bool) {
+			desired := func(k bpfmaps.IPCacheKey) (*ipcachecell.Entry, bool) {
 				prefix, err := k.Prefix()
 				if err != nil {
 					return nil, false
@@ -227,7 +228,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 				e, _, found := table.Get(txn, ipcachecell.EntryIndex.Query(prefix))
 				return e, found
 			}
-			prefixOf := func(k IPCacheMapKey) string {
+			prefixOf := func(k bpfmaps.IPCacheKey) string {
 				if p, err := k.Prefix(); err == nil {
 					return p.String()
 				}
@@ -236,8 +237,8 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 			listing := bpfListing[ipcacheRowJSON]{Rows: []ipcacheRowJSON{}}
 			var readErr error
 			if !o.diff {
-				readErr = readEntries(m, func(k IPCacheMapKey, v IPCacheMapValue) {
-					row := ipcacheRowJSON{Prefix: prefixOf(k), Identity: v.Identity()}
+				readErr = bpfmaps.ReadEntries(m, func(k bpfmaps.IPCacheKey, v bpfmaps.IPCacheValue) {
+					row := ipcacheRowJSON{Prefix: prefixOf(k), Identity: uint32(v.Identity())}
 					if e, found := desired(k); found {
 						row.Source = e.Source.String()
 					}
@@ -245,24 +246,24 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 				})
 			} else {
 				readErr = diffMap(m,
-					func(k IPCacheMapKey) (IPCacheMapValue, bool) {
+					func(k bpfmaps.IPCacheKey) (bpfmaps.IPCacheValue, bool) {
 						e, found := desired(k)
 						if !found {
-							return IPCacheMapValue{}, false
+							return bpfmaps.IPCacheValue{}, false
 						}
-						return NewIPCacheMapValue(uint32(e.Identity)), true
+						return bpfmaps.NewIPCacheValue(e.Identity), true
 					},
-					func(yield func(IPCacheMapKey, IPCacheMapValue) bool) {
+					func(yield func(bpfmaps.IPCacheKey, bpfmaps.IPCacheValue) bool) {
 						for e := range table.All(txn) {
-							if !yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity))) {
+							if !yield(bpfmaps.NewIPCacheKey(e.Prefix), bpfmaps.NewIPCacheValue(e.Identity)) {
 								return
 							}
 						}
 					},
-					func(kind string, k IPCacheMapKey, inMap, want IPCacheMapValue) {
-						row := ipcacheRowJSON{Difference: kind, Prefix: prefixOf(k), Identity: inMap.Identity()}
+					func(kind string, k bpfmaps.IPCacheKey, inMap, want bpfmaps.IPCacheValue) {
+						row := ipcacheRowJSON{Difference: kind, Prefix: prefixOf(k), Identity: uint32(inMap.Identity())}
 						if kind != diffExtra {
-							id := want.Identity()
+							id := uint32(want.Identity())
 							row.DesiredIdentity = &id
 						}
 						if e, found := desired(k); found {
@@ -271,7 +272,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 						listing.add(row, o.limit)
 					})
 			}
-			return listing.result(IPCacheMapName, readErr, o, func(w io.Writer) {
+			return listing.result(bpfmaps.IPCacheName, readErr, o, func(w io.Writer) {
 				if o.diff {
 					if listing.Total > 0 {
 						fmt.Fprintln(w, "Difference\tPrefix\tMap identity\tDesired identity\tSource")
@@ -307,11 +308,11 @@ type policyRowJSON struct {
 
 // policyRow is the row of key k. A key that is not canonical is shown as
 // stored, with the wildcard bits its prefix length gives.
-func policyRow(k PolicyMapKey) policyRowJSON {
+func policyRow(k bpfmaps.PolicyKey) policyRowJSON {
 	id, dir, proto, port := k.Fields()
-	row := policyRowJSON{Identity: id, Direction: policy.Direction(dir).String(),
+	row := policyRowJSON{Identity: uint32(id), Direction: policy.Direction(dir).String(),
 		Protocol: policy.Protocol(proto).String(), Port: port}
-	if key, err := k.PolicyKey(); err == nil {
+	if key, err := k.Key(); err == nil {
 		row.PortWildcardBits = key.PortWildcardBits
 	}
 	return row
@@ -354,7 +355,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policy.E
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			m, err := d.pinnedMap(func(p *pinnedMaps) *ebpf.Map { return p.Policy })
+			m, err := d.pinnedMap(func(p *bpfmaps.Pinned) *ebpf.Map { return p.Policy })
 			if err != nil {
 				return scriptcmd.Result("", fmt.Errorf("read policy map: %w", err))
 			}
@@ -363,34 +364,34 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policy.E
 			listing := bpfListing[policyRowJSON]{Rows: []policyRowJSON{}}
 			var readErr error
 			if !o.diff {
-				readErr = readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
+				readErr = bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
 					row := policyRow(k)
 					row.Verdict = policy.Verdict(v.Verdict()).String()
 					listing.add(row, o.limit)
 				})
 			} else {
 				readErr = diffMap(m,
-					func(k PolicyMapKey) (PolicyMapValue, bool) {
+					func(k bpfmaps.PolicyKey) (bpfmaps.PolicyValue, bool) {
 						// A key that is not canonical is no row's: extra.
-						key, err := k.PolicyKey()
+						key, err := k.Key()
 						if err != nil {
-							return PolicyMapValue{}, false
+							return bpfmaps.PolicyValue{}, false
 						}
 						e, _, found := table.Get(txn, policy.KeyIndex.Query(key))
 						if !found {
-							return PolicyMapValue{}, false
+							return bpfmaps.PolicyValue{}, false
 						}
-						return NewPolicyMapValue(uint32(e.Verdict)), true
+						return bpfmaps.NewPolicyValue(uint32(e.Verdict)), true
 					},
-					func(yield func(PolicyMapKey, PolicyMapValue) bool) {
+					func(yield func(bpfmaps.PolicyKey, bpfmaps.PolicyValue) bool) {
 						for e := range table.All(txn) {
-							k := NewPolicyMapKey(e.Key)
-							if !yield(k, NewPolicyMapValue(uint32(e.Verdict))) {
+							k := bpfmaps.NewPolicyKey(e.Key)
+							if !yield(k, bpfmaps.NewPolicyValue(uint32(e.Verdict))) {
 								return
 							}
 						}
 					},
-					func(kind string, k PolicyMapKey, inMap, want PolicyMapValue) {
+					func(kind string, k bpfmaps.PolicyKey, inMap, want bpfmaps.PolicyValue) {
 						row := policyRow(k)
 						row.Difference = kind
 						if kind != diffMissing {
@@ -402,7 +403,7 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policy.E
 						listing.add(row, o.limit)
 					})
 			}
-			return listing.result(PolicyMapName, readErr, o, func(w io.Writer) {
+			return listing.result(bpfmaps.PolicyName, readErr, o, func(w io.Writer) {
 				if o.diff {
 					if listing.Total > 0 {
 						fmt.Fprintln(w, "Difference\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"fmt"
@@ -32,7 +33,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps,
+	cell.Provide(newLifecycleDatapath, pinnedIPCache, scriptCommands, conntrackScriptCommands, bpfScriptCommands, monitorScriptCommands, newDatapathMaps,
 		// The policy cell rejects a file that computes more entries than the
 		// map holds, and bounds its table by it.
 		func(c Config) policy.MapCapacity {
@@ -58,7 +59,7 @@ type Config struct {
 
 // DefaultConfig is the configuration on the defaults.
 var DefaultConfig = Config{
-	BPFRoot:              "/sys/fs/bpf",
+	BPFRoot:              bpfmaps.DefaultRoot,
 	IPCacheMapMaxEntries: 512000,
 	PolicyMapMaxEntries:  16384,
 
@@ -156,7 +157,7 @@ func registerWriters(p writersParams) error {
 	d := p.Datapath
 	order := newOrdering(p.Log, p.Selectors, p.IPCache.RWTable, p.Policy.RWTable, p.Enforcement.RWTable)
 
-	pol := newPolicyOps(d.policyMap, d.statsOf(PolicyMapName), order, p.Log)
+	pol := newPolicyOps(d.policyMap, d.statsOf(bpfmaps.PolicyName), order, p.Log)
 	pol.anyIdentity = d.setAnyIdentityEntries
 	pol.db = p.Reconciler.DB
 	pol.guard.heldIPCache = order.heldIPCacheIdentities
@@ -164,27 +165,27 @@ func registerWriters(p writersParams) error {
 	var err error
 	order.policyWriter, err = reconciler.Register(p.Reconciler, p.Policy.RWTable,
 		(*policy.Entry).Clone, (*policy.Entry).SetStatus, (*policy.Entry).GetStatus,
-		pol, pol, reconcilerOptions(PolicyMapName)...)
+		pol, pol, reconcilerOptions(bpfmaps.PolicyName)...)
 	if err != nil {
 		return fmt.Errorf("register policy reconciler: %w", err)
 	}
 
 	var writer *ipcacheWriter
-	ipcache := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
-		name:       IPCacheMapName,
+	ipcache := &mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
+		name:       bpfmaps.IPCacheName,
 		target:     d.ipcacheMap,
-		stats:      d.statsOf(IPCacheMapName),
+		stats:      d.statsOf(bpfmaps.IPCacheName),
 		log:        p.Log,
-		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
-		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
-		writeOrder: IPCacheMapKey.compare,
+		key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
+		writeOrder: bpfmaps.IPCacheKey.Compare,
 		// The map as the datapath read it at start, before anything
 		// wrote to it: reading the map again would cost the first round
 		// after a restart a read of the whole map.
 		readPinned: d.pinnedIPCache,
 		gate:       order.beforeIPCacheWrite,
 		hold:       order.holdIPCache,
-		fallbacks: func(txn statedb.ReadTxn, k IPCacheMapKey, yield func(IPCacheMapKey, IPCacheMapValue, bool)) {
+		fallbacks: func(txn statedb.ReadTxn, k bpfmaps.IPCacheKey, yield func(bpfmaps.IPCacheKey, bpfmaps.IPCacheValue, bool)) {
 			prefix, err := k.Prefix()
 			if err != nil {
 				return
@@ -193,7 +194,7 @@ func registerWriters(p writersParams) error {
 				// The entry's revision says whether it is written (status).
 				_, rev, _ := p.IPCache.Get(txn, ipcachecell.EntryIndex.Query(e.Prefix))
 				kind, _ := writer.status(rev)
-				yield(NewIPCacheMapKey(e.Prefix), NewIPCacheMapValue(uint32(e.Identity)), kind != reconciler.StatusKindDone)
+				yield(bpfmaps.NewIPCacheKey(e.Prefix), bpfmaps.NewIPCacheValue(e.Identity), kind != reconciler.StatusKindDone)
 			}
 			if e, found := ipcachecell.LookupCovering(txn, p.IPCache.RWTable, prefix); found {
 				entry(e)
@@ -206,7 +207,7 @@ func registerWriters(p writersParams) error {
 				}
 			}
 		},
-		failed:  func(k IPCacheMapKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
+		failed:  func(k bpfmaps.IPCacheKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
 		written: order.ipcacheWritten,
 	}
 	// The ipcache map's writer keeps the entries' status itself
@@ -214,12 +215,12 @@ func registerWriters(p writersParams) error {
 	// so its health.
 	writer = newIPCacheWriter(p.Reconciler, p.IPCache.RWTable, ipcache)
 	writer.afterRound = pol.Reguard
-	p.Reconciler.JobGroup.Add(job.OneShot("reconcile-"+IPCacheMapName, writer.run))
+	p.Reconciler.JobGroup.Add(job.OneShot("reconcile-"+bpfmaps.IPCacheName, writer.run))
 	order.ipcacheWriter = writer
 
 	enforcement := &enforcementWriter{
 		db: p.Reconciler.DB, table: p.Enforcement.RWTable, target: d.enforcementMap, order: order,
-		stats: d.statsOf(EnforcementMapName), log: p.Log, failClosed: pol.failClosed,
+		stats: d.statsOf(bpfmaps.EnforcementName), log: p.Log, failClosed: pol.failClosed,
 	}
 	p.Jobs.Add(
 		job.OneShot("write-enforcement-map", enforcement.run),

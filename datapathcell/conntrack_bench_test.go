@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -97,32 +99,32 @@ func benchMaps(tb testing.TB) enforcerMaps {
 		return m
 	}
 	maps := enforcerMaps{
-		IPCache:     newMap(IPCacheMapSpec(benchIPCacheEntries + 1)),
-		Policy:      newMap(policyMapSpec(16384)),
-		Enforcement: newMap(enforcementMapSpec()),
-		Counters:    newMap(countersMapSpec()),
-		Conntrack:   newMap(conntrackMapSpec(262144)),
+		IPCache:     newMap(bpfmaps.IPCacheSpec(benchIPCacheEntries + 1)),
+		Policy:      newMap(bpfmaps.PolicySpec(16384)),
+		Enforcement: newMap(bpfmaps.EnforcementSpec()),
+		Counters:    newMap(bpfmaps.CountersSpec()),
+		Conntrack:   newMap(bpfmaps.ConntrackSpec(262144)),
 
-		ConntrackOpening: newMap(conntrackOpeningMapSpec(65536)),
-		Revision:         newMap(revisionMapSpec()),
+		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(65536)),
+		Revision:         newMap(bpfmaps.RevisionSpec()),
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	seen := map[netip.Addr]bool{benchPeer: true, benchEndpoint: true}
-	keys := []IPCacheMapKey{NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))}
-	values := []IPCacheMapValue{NewIPCacheMapValue(testIdentityAllowed)}
+	keys := []bpfmaps.IPCacheKey{bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32))}
+	values := []bpfmaps.IPCacheValue{bpfmaps.NewIPCacheValue(testIdentityAllowed)}
 	for len(keys) < benchIPCacheEntries {
 		a := netip.AddrFrom4([4]byte(binary.BigEndian.AppendUint32(nil, rng.Uint32())))
 		if seen[a] {
 			continue
 		}
 		seen[a] = true
-		keys = append(keys, NewIPCacheMapKey(netip.PrefixFrom(a, 32)))
-		values = append(values, NewIPCacheMapValue(testIdentityDenied+uint32(len(keys)%1000)))
+		keys = append(keys, bpfmaps.NewIPCacheKey(netip.PrefixFrom(a, 32)))
+		values = append(values, bpfmaps.NewIPCacheValue(identity.Number(testIdentityDenied+uint32(len(keys)%1000))))
 	}
 	_, err := maps.IPCache.BatchUpdate(keys, values, nil)
 	require.NoError(tb, err)
 	for _, r := range benchPolicyRules() {
-		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policy.VerdictAllow))))
+		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))
 	}
 	bumpRevision(tb, maps)
 	return maps
@@ -179,12 +181,12 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	const syn, ack = 0x02, 0x10
 	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
 	replyACK := tcpPacket(peer, out, ack)
-	key := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	key := bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 
 	passThrough := passThroughProgram(b)
 	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))
 	require.NoError(b, err)
-	stateless.Maps[IPCacheMapName].MaxEntries = maps.IPCache.MaxEntries()
+	stateless.Maps[bpfmaps.IPCacheName].MaxEntries = maps.IPCache.MaxEntries()
 	var old struct {
 		FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
 		ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
@@ -192,21 +194,21 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	// An object of an older counters layout (packets only) counts in a map
 	// of its own: the counts are not what is measured.
 	shareCounters := func(spec *ebpf.CollectionSpec, replacements map[string]*ebpf.Map) {
-		if c := spec.Maps[CountersMapName]; c.ValueSize == maps.Counters.ValueSize() && c.MaxEntries == maps.Counters.MaxEntries() {
-			replacements[CountersMapName] = maps.Counters
+		if c := spec.Maps[bpfmaps.CountersName]; c.ValueSize == maps.Counters.ValueSize() && c.MaxEntries == maps.Counters.MaxEntries() {
+			replacements[bpfmaps.CountersName] = maps.Counters
 		}
 	}
 	// An object of the previous policy map layout (a hash) gets a map of
 	// that layout with the same rule.
 	hashPolicy := newHashPolicyMap(b, benchPolicyRules())
 	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
-		if spec.Maps[PolicyMapName].Type == ebpf.Hash {
+		if spec.Maps[bpfmaps.PolicyName].Type == ebpf.Hash {
 			return hashPolicy
 		}
 		return maps.Policy
 	}
 	statelessMaps := map[string]*ebpf.Map{
-		IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(stateless), EnforcementMapName: maps.Enforcement,
+		bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(stateless), bpfmaps.EnforcementName: maps.Enforcement,
 	}
 	shareCounters(stateless, statelessMaps)
 	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: statelessMaps}))
@@ -222,33 +224,33 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	if path := os.Getenv("IPCACHE_AGENT_BENCH_BEFORE"); path != "" {
 		spec, err := ebpf.LoadCollectionSpec(path)
 		require.NoError(b, err)
-		spec.Maps[IPCacheMapName].MaxEntries = maps.IPCache.MaxEntries()
-		spec.Maps[ConntrackMapName].MaxEntries = maps.Conntrack.MaxEntries()
+		spec.Maps[bpfmaps.IPCacheName].MaxEntries = maps.IPCache.MaxEntries()
+		spec.Maps[bpfmaps.ConntrackName].MaxEntries = maps.Conntrack.MaxEntries()
 		var p struct {
 			FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
 			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 		}
 		replacements := map[string]*ebpf.Map{
-			IPCacheMapName: maps.IPCache, PolicyMapName: policyFor(spec), EnforcementMapName: maps.Enforcement,
-			ConntrackMapName: maps.Conntrack,
+			bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(spec), bpfmaps.EnforcementName: maps.Enforcement,
+			bpfmaps.ConntrackName: maps.Conntrack,
 		}
 		shareCounters(spec, replacements)
-		if ct := spec.Maps[ConntrackMapName]; ct.KeySize != maps.Conntrack.KeySize() {
+		if ct := spec.Maps[bpfmaps.ConntrackName]; ct.KeySize != maps.Conntrack.KeySize() {
 			beforeCT, err = ebpf.NewMap(ct)
 			require.NoError(b, err)
 			b.Cleanup(func() { beforeCT.Close() })
-			replacements[ConntrackMapName] = beforeCT
+			replacements[bpfmaps.ConntrackName] = beforeCT
 		}
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.
-		if _, ok := spec.Maps[RevisionMapName]; ok {
-			replacements[RevisionMapName] = maps.Revision
+		if _, ok := spec.Maps[bpfmaps.RevisionName]; ok {
+			replacements[bpfmaps.RevisionName] = maps.Revision
 		}
 		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: replacements}))
 		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
 		b.Cleanup(func() { before.Close() })
 	}
-	ctPut := func(v ConntrackValue) {
+	ctPut := func(v bpfmaps.ConntrackValue) {
 		require.NoError(b, maps.Conntrack.Put(key, v))
 		if beforeCT != nil {
 			require.NoError(b, beforeCT.Put(key[:previousConntrackKeySize], v))
@@ -310,7 +312,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		// run needs the entry gone, so runs are single; the pass-through
 		// program is measured the same way for its ratio.
 		setEnforced(b, maps, true, true)
-		var v ConntrackValue
+		var v bpfmaps.ConntrackValue
 		newConnection := func(name string, prog *ebpf.Program) {
 			var single, newConn time.Duration
 			for range benchNewConnections {
@@ -337,7 +339,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "established, forward", from, forwardACK)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
-		require.Equal(b, uint8(ConntrackEstablished), v.Flags()&ConntrackEstablished)
+		require.Equal(b, uint8(bpfmaps.ConntrackEstablished), v.Flags()&bpfmaps.ConntrackEstablished)
 		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
 		addBefore(add, "established, reply", to, replyACK)
 		ctDelete()
@@ -351,7 +353,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEvents(EventDrops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
-		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished))
+		ctPut(bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		setEvents(EventDrops | EventVerdicts)
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
@@ -360,7 +362,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
-		ctPut(newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished))
+		ctPut(bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)
@@ -409,7 +411,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 // 8-byte key (sec_identity u32 | direction u8 | protocol u8 | dport be16;
 // protocol 0 any protocol, dport 0 any port) and the same value.
 func hashPolicyMapSpec() *ebpf.MapSpec {
-	return &ebpf.MapSpec{Name: PolicyMapName, Type: ebpf.Hash, KeySize: hashPolicyKeySize, ValueSize: policyValueSize, MaxEntries: 16384}
+	return &ebpf.MapSpec{Name: bpfmaps.PolicyName, Type: ebpf.Hash, KeySize: hashPolicyKeySize, ValueSize: uint32(policyValueSize), MaxEntries: 16384}
 }
 
 // hashPolicyMapKey is a key of the previous layout.
@@ -429,7 +431,7 @@ func newHashPolicyMap(tb testing.TB, rules []benchPolicyRule) *ebpf.Map {
 	require.NoError(tb, err)
 	tb.Cleanup(func() { m.Close() })
 	for _, r := range rules {
-		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), NewPolicyMapValue(uint32(policy.VerdictAllow))))
+		require.NoError(tb, m.Put(hashPolicyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))
 	}
 	return m
 }

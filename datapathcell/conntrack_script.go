@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"fmt"
@@ -66,9 +67,9 @@ func protocolName(p uint8) string {
 // tcpState names an entry's TCP state as the program decides its timeout.
 func tcpState(flags uint8) string {
 	switch {
-	case flags&ConntrackRST != 0, flags&(ConntrackFINOrigin|ConntrackFINReply) == ConntrackFINOrigin|ConntrackFINReply:
+	case flags&bpfmaps.ConntrackRST != 0, flags&(bpfmaps.ConntrackFINOrigin|bpfmaps.ConntrackFINReply) == bpfmaps.ConntrackFINOrigin|bpfmaps.ConntrackFINReply:
 		return "closing"
-	case flags&ConntrackEstablished != 0:
+	case flags&bpfmaps.ConntrackEstablished != 0:
 		return "established"
 	}
 	return "opening"
@@ -102,12 +103,12 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			for _, e := range entries {
 				row := conntrackJSON{
 					Protocol: protocolName(e.Protocol), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
-					Origin: policy.Direction(e.Origin).String(), ReplySeen: e.Flags&ConntrackReplySeen != 0,
+					Origin: policy.Direction(e.Origin).String(), ReplySeen: e.Flags&bpfmaps.ConntrackReplySeen != 0,
 					ExpiresIn: (e.Expires - now).Round(time.Millisecond).Seconds(),
-					Map:       ConntrackMapName, Device: e.Ifindex, Revoked: e.Flags&ConntrackRevoked != 0,
+					Map:       bpfmaps.ConntrackName, Device: e.Ifindex, Revoked: e.Flags&bpfmaps.ConntrackRevoked != 0,
 				}
 				if e.Opening {
-					row.Map = ConntrackOpeningMapName
+					row.Map = bpfmaps.ConntrackOpeningName
 				}
 				if e.Protocol == 1 || e.Protocol == 58 {
 					row.Endpoint = fmt.Sprintf("%s id %d", e.Endpoint.Addr(), e.Endpoint.Port())

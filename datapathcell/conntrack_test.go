@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -104,7 +105,7 @@ func hostPort(addr string, port int) string {
 }
 
 // conntrackEntries reads the conntrack map.
-func conntrackEntries(t *testing.T, maps enforcerMaps) map[ConntrackKey]ConntrackValue {
+func conntrackEntries(t *testing.T, maps enforcerMaps) map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue {
 	t.Helper()
 	out := conntrackMapEntries(t, maps.Conntrack)
 	for k, v := range conntrackMapEntries(t, maps.ConntrackOpening) {
@@ -114,11 +115,11 @@ func conntrackEntries(t *testing.T, maps enforcerMaps) map[ConntrackKey]Conntrac
 }
 
 // conntrackMapEntries reads one of the two conntrack maps.
-func conntrackMapEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackValue {
+func conntrackMapEntries(t *testing.T, m *ebpf.Map) map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue {
 	t.Helper()
-	out := map[ConntrackKey]ConntrackValue{}
-	var k ConntrackKey
-	var v ConntrackValue
+	out := map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue{}
+	var k bpfmaps.ConntrackKey
+	var v bpfmaps.ConntrackValue
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		out[k] = v
@@ -128,7 +129,7 @@ func conntrackMapEntries(t *testing.T, m *ebpf.Map) map[ConntrackKey]ConntrackVa
 }
 
 // lookupConntrack finds a connection's entry in conntrack or ct_opening.
-func lookupConntrack(maps enforcerMaps, key ConntrackKey, v *ConntrackValue) error {
+func lookupConntrack(maps enforcerMaps, key bpfmaps.ConntrackKey, v *bpfmaps.ConntrackValue) error {
 	err := maps.Conntrack.Lookup(key, v)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return maps.ConntrackOpening.Lookup(key, v)
@@ -173,12 +174,12 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		}
 		entries := conntrackEntries(t, maps)
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := bpfmaps.NewConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := entries[key]
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
 		require.Equal(t, uint8(policy.Egress), v.Origin())
-		require.Equal(t, uint8(ConntrackEstablished|ConntrackReplySeen), v.Flags())
+		require.Equal(t, uint8(bpfmaps.ConntrackEstablished|bpfmaps.ConntrackReplySeen), v.Flags())
 		require.Greater(t, v.Expires(), monotonicNow()+5*time.Hour, "established: 6 h")
 	})
 
@@ -206,11 +207,11 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		// too, and the entry stays so that they cannot open one of their
 		// own.
 		local := conns[0].LocalAddr().(*net.TCPAddr).AddrPort()
-		key := newConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
+		key := bpfmaps.NewConntrackKey(uint32(nw.ifindex(t, nw.hostDevice)), netip.AddrPortFrom(local.Addr().Unmap(), local.Port()),
 			netip.MustParseAddrPort(hostPort(ctPeer4, ctTCPPort)), testProtoTCP)
 		v, ok := conntrackEntries(t, maps)[key]
 		require.True(t, ok, "entry of a connection policy now drops")
-		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry of a connection policy now drops is not revoked")
+		require.NotZero(t, v.Flags()&bpfmaps.ConntrackRevoked, "entry of a connection policy now drops is not revoked")
 	})
 }
 
@@ -244,7 +245,7 @@ func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	privileged.Test(t)
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
-	small, err := ebpf.NewMap(conntrackOpeningMapSpec(64))
+	small, err := ebpf.NewMap(bpfmaps.ConntrackOpeningSpec(64))
 	require.NoError(t, err)
 	t.Cleanup(func() { small.Close() })
 	maps.ConntrackOpening = small
@@ -312,22 +313,22 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 // there; only expired entries are deleted.
 func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 	privileged.Test(t)
-	m, err := ebpf.NewMap(conntrackMapSpec(1024))
+	m, err := ebpf.NewMap(bpfmaps.ConntrackSpec(1024))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	now := monotonicNow()
 	const expired, alive = 300, 200
 	for i := range expired + alive {
-		k := newConntrackKey(progRunIfindex, netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
+		k := bpfmaps.NewConntrackKey(progRunIfindex, netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
 			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
 		expires := now - time.Second
 		if i >= expired {
 			expires = now + time.Hour
 		}
-		require.NoError(t, m.Put(k, newConntrackValue(expires, uint8(policy.Egress), ConntrackEstablished)))
+		require.NoError(t, m.Put(k, bpfmaps.NewConntrackValue(expires, uint8(policy.Egress), bpfmaps.ConntrackEstablished)))
 	}
 	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
-	gc.roundLimit, gc.keys, gc.values = 100, make([]ConntrackKey, 50), make([]ConntrackValue, 50)
+	gc.roundLimit, gc.keys, gc.values = 100, make([]bpfmaps.ConntrackKey, 50), make([]bpfmaps.ConntrackValue, 50)
 	rounds := 0
 	for {
 		done, err := gc.round(context.Background())
@@ -354,18 +355,18 @@ func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
 func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	privileged.Test(t)
 	dir := filepath.Join(newTestLinksDir(t), "..")
-	require.NoError(t, os.MkdirAll(dir, 0o700)) // openPinnedMaps makes it before
+	require.NoError(t, os.MkdirAll(dir, 0o700)) // bpfmaps.Open makes it before
 	log := hivetest.Logger(t)
 	open := func(maxEntries uint32) *ebpf.Map {
 		t.Helper()
-		maps := &pinnedMaps{}
-		cfg := Config{ConntrackMapMaxEntries: maxEntries, ConntrackOpeningMapMaxEntries: 256, Devices: []string{"lo"}}
-		require.NoError(t, openConntrackMap(maps, dir, cfg, log))
+		maps, err := bpfmaps.Open(dir, bpfmaps.Sizes{IPCache: 16, Policy: 16, Conntrack: maxEntries, ConntrackOpening: 256},
+			[]string{"lo"}, log)
+		require.NoError(t, err)
 		t.Cleanup(func() { maps.Close() })
 		return maps.Conntrack
 	}
-	key := newConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
-	value := newConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), ConntrackEstablished)
+	key := bpfmaps.NewConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
+	value := bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished)
 
 	first := open(1024)
 	require.NoError(t, first.Put(key, value))
@@ -381,19 +382,19 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	migrated := open(2048)
 	require.NotEqual(t, id(first), id(migrated))
 	require.EqualValues(t, 2048, migrated.MaxEntries())
-	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackMapEntries(t, migrated), "entries kept")
+	require.Equal(t, map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue{key: value}, conntrackMapEntries(t, migrated), "entries kept")
 
 	// A map of the previous layout (say, a smaller value) is replaced.
-	pin := filepath.Join(dir, ConntrackMapName)
+	pin := filepath.Join(dir, bpfmaps.ConntrackName)
 	require.NoError(t, os.Remove(pin))
-	spec := conntrackMapSpec(2048)
+	spec := bpfmaps.ConntrackSpec(2048)
 	spec.ValueSize = 8
 	old, err := ebpf.NewMap(spec)
 	require.NoError(t, err)
 	defer old.Close()
 	require.NoError(t, old.Pin(pin))
 	replaced := open(2048)
-	require.Equal(t, uint32(conntrackValueSize), replaced.ValueSize())
+	require.Equal(t, uint32(len(bpfmaps.ConntrackValue{})), replaced.ValueSize())
 	require.Empty(t, conntrackMapEntries(t, replaced))
 
 	// A map of the layout before the device was in the key (an LRU hash
@@ -407,7 +408,7 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	require.NoError(t, previous.Pin(pin))
 	converted := open(2048)
 	require.Equal(t, ebpf.Hash, converted.Type())
-	require.Equal(t, map[ConntrackKey]ConntrackValue{key: value}, conntrackMapEntries(t, converted), "entries kept, on the device")
+	require.Equal(t, map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue{key: value}, conntrackMapEntries(t, converted), "entries kept, on the device")
 }
 
 // The program reads the coarse clock once per jiffy and CPU and keeps it in
@@ -429,9 +430,9 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 	type slot struct{ Jiffies, Ns uint64 }
 	const planted = uint64(1e12) // 1000 s after boot: long before now
 	peer := netip.MustParseAddrPort(hostPort(ctPeer4, 80))
-	syn := func(port uint16) (ConntrackKey, []byte) {
+	syn := func(port uint16) (bpfmaps.ConntrackKey, []byte) {
 		ep := netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), port)
-		return newConntrackKey(progRunIfindex, ep, peer, testProtoTCP), tcpPacket(ep, peer, 0x02)
+		return bpfmaps.NewConntrackKey(progRunIfindex, ep, peer, testProtoTCP), tcpPacket(ep, peer, 0x02)
 	}
 	opening := uint64(time.Minute) // the TCP opening timeout the program is loaded with
 	for attempt := range 200 {
@@ -458,7 +459,7 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 
 		key, pkt := syn(uint16(30000 + attempt))
 		runPerPacket(t, enf.fromEndpoint, pkt, 1, tcxNextRet)
-		var v ConntrackValue
+		var v bpfmaps.ConntrackValue
 		require.NoError(t, lookupConntrack(maps, key, &v))
 		if uint64(v.Expires()) == planted+opening {
 			return

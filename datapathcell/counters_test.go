@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"net/netip"
@@ -41,25 +42,25 @@ func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 	runPerPacket(t, enf.fromEndpoint, short, 5, tcxDropRet)
 
 	c := readTestCounters(t, maps)
-	require.Equal(t, Counters{
+	require.Equal(t, bpfmaps.Counters{
 		EgressAllowed: 3, EgressAllowedBytes: 3 * uint64(len(allowed)),
 		IngressDropped: 2, IngressDroppedBytes: 2 * uint64(len(denied)),
 		EgressDropped: 5, EgressDroppedBytes: 5 * uint64(len(short)),
-		Drops: []DropCount{
-			{Direction: policy.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
-			{Direction: policy.Ingress, Reason: ReasonMalformed},
-			{Direction: policy.Ingress, Reason: ReasonPolicyDeny},
-			{Direction: policy.Ingress, Reason: ReasonVLANTagged},
-			{Direction: policy.Ingress, Reason: ReasonExtHeaders},
-			{Direction: policy.Ingress, Reason: ReasonFragment},
-			{Direction: policy.Ingress, Reason: ReasonSpoofedSource},
-			{Direction: policy.Egress, Reason: ReasonNoPolicy},
-			{Direction: policy.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
-			{Direction: policy.Egress, Reason: ReasonPolicyDeny},
-			{Direction: policy.Egress, Reason: ReasonVLANTagged},
-			{Direction: policy.Egress, Reason: ReasonExtHeaders},
-			{Direction: policy.Egress, Reason: ReasonFragment},
-			{Direction: policy.Egress, Reason: ReasonSpoofedSource},
+		Drops: []bpfmaps.DropCount{
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonMalformed},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonPolicyDeny},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonVLANTagged},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonExtHeaders},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonFragment},
+			{Direction: policy.Ingress, Reason: bpfmaps.ReasonSpoofedSource},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonNoPolicy},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonPolicyDeny},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonVLANTagged},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonExtHeaders},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonFragment},
+			{Direction: policy.Egress, Reason: bpfmaps.ReasonSpoofedSource},
 		},
 	}, c)
 }

@@ -3,7 +3,6 @@
 package datapathcell
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,12 +11,13 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 )
 
 // Datapath owns the pinned BPF maps (and the enforcement program on the
 // devices). Its start hook runs before any reconciler writes: it mounts
-// bpffs if needed, opens, migrates or replaces the pinned maps, and takes
-// the snapshot of the pinned ipcache map that restore reads.
+// bpffs if needed, opens, migrates or replaces the pinned maps, and starts
+// the read of the pinned ipcache map that restore takes.
 type Datapath struct {
 	cfg Config
 	log *slog.Logger
@@ -26,18 +26,18 @@ type Datapath struct {
 	stats map[string]*mapStats
 
 	mu       sync.Mutex
-	maps     *pinnedMaps
-	snapshot ipcacheSnapshot
+	maps     *bpfmaps.Pinned
+	snapshot bpfmaps.IPCacheSnapshot
 	// snapshotErr is the error of reading the snapshot, if it failed.
 	snapshotErr error
 	enforcer    *enforcer
 	// snapshotTaken is closed once the pinned ipcache map is read (or
-	// its read failed): IPCacheSnapshot and the map's writer wait for it.
+	// its read failed): the map's writer waits for it.
 	snapshotTaken chan struct{}
-	// stream, set before start by StreamPinnedIPCache, takes the read's
-	// blocks as they come; the start then does not wait for the read,
+	// stream takes the read's blocks as they come, for restore
+	// (bpfmaps.PinnedIPCache); the start does not wait for the read,
 	// which runs on a goroutine that Stop waits for (reading).
-	stream  *PinnedIPCacheStream
+	stream  *pinnedIPCacheStream
 	reading sync.WaitGroup
 	// revision is bumped after every write to the maps the writers write
 	// (revision.go); set at start.
@@ -67,8 +67,8 @@ type writtenMaps struct {
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 	d := &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
-		IPCacheMapName: {}, PolicyMapName: {}, EnforcementMapName: {},
-	}, snapshotTaken: make(chan struct{})}
+		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {},
+	}, snapshotTaken: make(chan struct{}), stream: newPinnedIPCacheStream()}
 	d.conntrackGC = newConntrackGC(d.conntrackMap, log)
 	d.openingGC = newConntrackGC(d.conntrackOpeningMap, log)
 	return d
@@ -77,29 +77,27 @@ func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 // Start implements cell.HookInterface: it mounts bpffs if needed, opens
 // the pinned maps and attaches the enforcement program to the devices.
 //
-// Possible errors: those of EnsureBPFFS; the pinned maps cannot be opened,
+// Possible errors: those of bpfmaps.EnsureBPFFS; the pinned maps cannot be opened,
 // migrated or replaced (a map too small for what it holds names the flag
 // to raise); the program cannot be loaded or attached to a device.
 func (d *Datapath) Start(cell.HookContext) error {
 	if d.fakeMaps != nil {
 		close(d.snapshotTaken) // empty: nothing was pinned
-		if d.stream != nil {
-			d.stream.end(nil)
-		}
+		d.stream.end(nil)
 		return nil
 	}
-	mounted, err := EnsureBPFFS(d.cfg.BPFRoot)
+	mounted, err := bpfmaps.EnsureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
 	}
 	if mounted {
 		d.log.Info("Mounted bpffs", "bpf-root", d.cfg.BPFRoot)
 	}
-	opened, err := openPinnedMaps(PinDir(d.cfg.BPFRoot), d.cfg.IPCacheMapMaxEntries, d.cfg.PolicyMapMaxEntries, d.log)
+	opened, err := bpfmaps.Open(bpfmaps.PinDir(d.cfg.BPFRoot), bpfmaps.Sizes{
+		IPCache: d.cfg.IPCacheMapMaxEntries, Policy: d.cfg.PolicyMapMaxEntries,
+		Conntrack: d.cfg.ConntrackMapMaxEntries, ConntrackOpening: d.cfg.ConntrackOpeningMapMaxEntries,
+	}, d.cfg.Devices, d.log)
 	if err != nil {
-		return fmt.Errorf("open pinned maps in %s: %w", PinDir(d.cfg.BPFRoot), err)
-	}
-	if err := openConntrackMap(opened, PinDir(d.cfg.BPFRoot), d.cfg, d.log); err != nil {
 		return err
 	}
 	revision, err := newRevisionCounter(opened.Revision)
@@ -107,7 +105,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 		opened.Close()
 		return err
 	}
-	d.log.Info("Pinned maps open", "dir", PinDir(d.cfg.BPFRoot))
+	d.log.Info("Pinned maps open", "dir", bpfmaps.PinDir(d.cfg.BPFRoot))
 	d.mu.Lock()
 	d.maps, d.revision = opened, revision
 	d.mu.Unlock()
@@ -122,49 +120,41 @@ func (d *Datapath) Start(cell.HookContext) error {
 	// Last, so that a start that fails leaves no read running. Nothing
 	// writes the ipcache map before the read ends: its writer waits for
 	// it (pinnedIPCache), and the program only reads the map.
-	if d.stream == nil {
-		return d.readPinned(opened.IPCache)
-	}
 	d.reading.Add(1)
 	go func() {
 		defer d.reading.Done()
-		// The error is the stream's reader's to report (see
-		// StreamPinnedIPCache).
+		// The error is the stream's reader's to report: restore fails
+		// its start with it (bpfmaps.PinnedIPCache); the map's writer
+		// then reads the map itself.
 		_ = d.readPinned(opened.IPCache)
 	}()
 	return nil
 }
 
 // readPinned reads the pinned ipcache map into the snapshot, giving each
-// block to the stream (if any) as it is read, and ends the stream.
+// block to the stream as it is read, and ends the stream.
 //
 // Possible errors: the map cannot be read (wrapped).
 func (d *Datapath) readPinned(m kernelMap) error {
-	var publish func([]PinnedEntry)
-	if d.stream != nil {
-		publish = d.stream.publish
-	}
-	snapshot, err := dumpIPCache(m, d.log, publish)
+	snapshot, err := bpfmaps.ReadIPCacheMap(m, d.log, d.stream.publish)
 	if err != nil {
-		err = fmt.Errorf("read the pinned ipcache map in %s: %w", PinDir(d.cfg.BPFRoot), err)
+		err = fmt.Errorf("read the pinned ipcache map in %s: %w", bpfmaps.PinDir(d.cfg.BPFRoot), err)
 	} else {
-		d.log.Info("Read the pinned ipcache map", "entries", len(snapshot.entries),
-			"unreadable-entries", len(snapshot.unreadable))
+		d.log.Info("Read the pinned ipcache map", "entries", len(snapshot.Entries),
+			"unreadable-entries", len(snapshot.Unreadable))
 	}
 	d.mu.Lock()
 	d.snapshot, d.snapshotErr = snapshot, err
 	d.mu.Unlock()
 	close(d.snapshotTaken)
-	if d.stream != nil {
-		d.stream.end(err)
-	}
+	d.stream.end(err)
 	return err
 }
 
 // attachEnforcer loads the enforcement program over the pinned maps and
 // attaches it to every device; on a restart this replaces the program in
 // the pinned links in place.
-func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
+func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	if len(d.cfg.Devices) == 0 {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
@@ -176,7 +166,7 @@ func (d *Datapath) attachEnforcer(m *pinnedMaps) error {
 		return err
 	}
 	for _, device := range d.cfg.Devices {
-		if err := enf.attach(device, linksDir(d.cfg.BPFRoot)); err != nil {
+		if err := enf.attach(device, bpfmaps.LinksDir(d.cfg.BPFRoot)); err != nil {
 			enf.Close()
 			return err
 		}
@@ -212,34 +202,10 @@ func (d *Datapath) Stop(cell.HookContext) error {
 	return errors.Join(errs...)
 }
 
-// IPCacheSnapshot returns what the pinned ipcache map held when the agent
-// started, before anything wrote to it, in address order; empty if there
-// was no usable pinned map. It waits until the Datapath's start hook has
-// read the map. A reader in a start hook of its own (restore) depends on
-// the Datapath, whose hook is appended when it is constructed, so the
-// hive runs that hook first; the wait states the dependency, and would
-// end with ctx rather than hang were the order broken. The entries are
-// shared, not copied (a copy costs restart time: docs/SCALE.md): do not
-// modify them.
-//
-// Possible errors: ctx's, when it ends first (the hive stopping, or its
-// start failing, before the map was read); the map cannot be read (when
-// a stream took the read's error from the start, see StreamPinnedIPCache).
-func (d *Datapath) IPCacheSnapshot(ctx context.Context) ([]PinnedEntry, error) {
-	select {
-	case <-d.snapshotTaken:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for the snapshot of the pinned ipcache map: %w", ctx.Err())
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.snapshot.entries, d.snapshotErr
-}
-
 // pinnedIPCache returns what the pinned ipcache map held at start, kept
-// over the snapshot restore reads (snapshotValues). The unreadable keys are
+// over the snapshot of the read restore takes (snapshotValues). The unreadable keys are
 // in it, so that the first prune deletes them.
-func (d *Datapath) pinnedIPCache() knownValues[IPCacheMapKey, IPCacheMapValue] {
+func (d *Datapath) pinnedIPCache() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
 	<-d.snapshotTaken // before Start returns, or on the read's goroutine after
 	d.mu.Lock()
 	snapshot, err := d.snapshot, d.snapshotErr
@@ -287,13 +253,13 @@ func (d *Datapath) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, e
 //
 // Possible errors: ErrMapsNotOpen before start or after stop; the
 // kernel's error when the counters map cannot be read.
-func (d *Datapath) Counters() (Counters, error) {
+func (d *Datapath) Counters() (bpfmaps.Counters, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.maps == nil || d.maps.Counters == nil {
-		return Counters{}, fmt.Errorf("read counters: %w", ErrMapsNotOpen)
+		return bpfmaps.Counters{}, fmt.Errorf("read counters: %w", ErrMapsNotOpen)
 	}
-	return readCounters(d.maps.Counters)
+	return bpfmaps.ReadCounters(d.maps.Counters)
 }
 
 func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }

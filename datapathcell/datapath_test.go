@@ -3,6 +3,7 @@
 package datapathcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -51,6 +52,7 @@ type agent struct {
 	hive     *hive.Hive
 	ipcache  *ipcachecell.IPCache
 	datapath *datapathcell.Datapath
+	pinned   bpfmaps.PinnedIPCache
 	stop     func()
 }
 
@@ -68,8 +70,8 @@ func (e *env) startWith(t *testing.T, extra cell.Cell, producer string, flags ..
 	a := &agent{}
 	var done func()
 	a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell, extra,
-		cell.Invoke(func(c *ipcachecell.IPCache, d *datapathcell.Datapath) {
-			a.ipcache, a.datapath = c, d
+		cell.Invoke(func(c *ipcachecell.IPCache, d *datapathcell.Datapath, pinned bpfmaps.PinnedIPCache) {
+			a.ipcache, a.datapath, a.pinned = c, d, pinned
 			if producer != "" {
 				done = c.RegisterProducer(producer)
 			}
@@ -97,9 +99,13 @@ func (e *env) startWith(t *testing.T, extra cell.Cell, producer string, flags ..
 // dumpIPCache reads the pinned ipcache map: prefix -> identity.
 func (e *env) dumpIPCache(t *testing.T) map[netip.Prefix]uint32 {
 	t.Helper()
-	m, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
+	m, err := bpfmaps.ReadIPCache(e.bpfRoot)
 	require.NoError(t, err)
-	return m
+	out := make(map[netip.Prefix]uint32, len(m))
+	for p, id := range m {
+		out[p] = uint32(id)
+	}
+	return out
 }
 
 func (e *env) waitIPCache(t *testing.T, want map[netip.Prefix]uint32) {
@@ -170,7 +176,7 @@ func TestPrivilegedPruneOnlyAfterInitialization(t *testing.T) {
 	first.stop()
 
 	second, done := e.start(t, "slow-producer")
-	require.Equal(t, old, pinnedSnapshot(t, second.datapath), "snapshot of the pinned map at start")
+	require.Equal(t, old, pinnedSnapshot(t, second), "snapshot of the pinned map at start")
 	h, err = second.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
 	upsert(t, h, prefixes("10.0.0.2/32", "10.0.0.3/32"), ipcachecell.Metadata{ExplicitIdentity: 7000})
@@ -201,7 +207,7 @@ func TestPrivilegedIncompatibleMapIsReplaced(t *testing.T) {
 	wrong.Close()
 
 	a, _ := e.start(t, "")
-	require.Empty(t, pinnedSnapshot(t, a.datapath), "nothing restored from an incompatible map")
+	require.Empty(t, pinnedSnapshot(t, a), "nothing restored from an incompatible map")
 	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
 	require.NoError(t, err)
 	defer m.Close()
@@ -223,7 +229,7 @@ func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
 	first.stop()
 
 	second, _ := e.start(t, "never-done", "--ipcache-map-max-entries=2000")
-	require.Equal(t, want, pinnedSnapshot(t, second.datapath))
+	require.Equal(t, want, pinnedSnapshot(t, second))
 	require.Equal(t, want, e.dumpIPCache(t), "every entry migrated")
 	m, err := ebpf.LoadPinnedMap(e.pinPath("ipcache"), nil)
 	require.NoError(t, err)
@@ -245,7 +251,7 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	// The writes are counted once the batch that made them returns, a
 	// moment after the map shows them.
 	require.Eventually(t, func() bool {
-		written, unchanged := first.datapath.MapWrites(datapathcell.IPCacheMapName)
+		written, unchanged := first.datapath.MapWrites(bpfmaps.IPCacheName)
 		return written == 300 && unchanged == 0
 	}, 5*time.Second, 10*time.Millisecond)
 	first.stop()
@@ -263,14 +269,14 @@ func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
 	done()
 	e.waitIPCache(t, want)
 	require.Eventually(t, func() bool {
-		written, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
+		written, unchanged := second.datapath.MapWrites(bpfmaps.IPCacheName)
 		return written == 2 && unchanged == 299
 	}, 5*time.Second, 10*time.Millisecond)
 }
 
 // rawIPCacheKey builds an ipcache map key field by field, canonical or not.
-func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) datapathcell.IPCacheMapKey {
-	var k datapathcell.IPCacheMapKey
+func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) bpfmaps.IPCacheKey {
+	var k bpfmaps.IPCacheKey
 	k[0], k[1], k[2], k[3] = byte(prefixLen), byte(prefixLen>>8), byte(prefixLen>>16), byte(prefixLen>>24)
 	k[4], k[5] = byte(clusterID), byte(clusterID>>8)
 	k[7] = family
@@ -288,31 +294,31 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 	first, _ := e.start(t, "")
 	first.stop()
 
-	m, err := ebpf.LoadPinnedMap(e.pinPath(datapathcell.IPCacheMapName), nil)
+	m, err := ebpf.LoadPinnedMap(e.pinPath(bpfmaps.IPCacheName), nil)
 	require.NoError(t, err)
 	defer m.Close()
-	bad := []datapathcell.IPCacheMapKey{
+	bad := []bpfmaps.IPCacheKey{
 		rawIPCacheKey(32+8, 0, 7, 10),           // unknown family
 		rawIPCacheKey(64, 1, 1, 10, 0, 9, 9),    // nonzero cluster_id
 		rawIPCacheKey(31, 0, 0),                 // family 0, matches every IPv4 lookup
 		rawIPCacheKey(32+33, 0, 1, 10, 0, 8, 8), // length out of range for IPv4
 	}
-	value := datapathcell.NewIPCacheMapValue(7001)
+	value := bpfmaps.NewIPCacheValue(7001)
 	for _, k := range bad {
 		require.NoError(t, m.Put(&k, &value), "put %x", k)
 	}
 	hostBits := rawIPCacheKey(32+24, 0, 1, 10, 0, 5, 7)
-	kept := datapathcell.NewIPCacheMapValue(7000)
+	kept := bpfmaps.NewIPCacheValue(7000)
 	require.NoError(t, m.Put(&hostBits, &kept))
 
 	second, done := e.start(t, "slow-producer")
-	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, pinnedSnapshot(t, second.datapath),
+	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, pinnedSnapshot(t, second),
 		"only the readable entry is restored, as its masked prefix")
 	h, err := second.ipcache.NewHandle("test", source.Local)
 	require.NoError(t, err)
 	upsert(t, h, prefixes("10.0.5.0/24"), ipcachecell.Metadata{ExplicitIdentity: 7000})
 	require.Eventually(t, func() bool {
-		_, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
+		_, unchanged := second.datapath.MapWrites(bpfmaps.IPCacheName)
 		return unchanged == 1
 	}, 10*time.Second, 10*time.Millisecond, "the host-bits entry is the wanted one: not written again")
 	require.Equal(t, 1+len(bad), countPinned(t, m), "nothing pruned before initialization")
@@ -320,14 +326,14 @@ func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
 	done()
 	require.Eventually(t, func() bool { return countPinned(t, m) == 1 }, 10*time.Second, 10*time.Millisecond,
 		"the unreadable keys go at the first prune")
-	require.Equal(t, uint64(1), second.datapath.Prunes(datapathcell.IPCacheMapName), "at the first prune, not a later one")
+	require.Equal(t, uint64(1), second.datapath.Prunes(bpfmaps.IPCacheName), "at the first prune, not a later one")
 	require.Equal(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.5.0/24"): 7000}, e.dumpIPCache(t))
 }
 
 func countPinned(t *testing.T, m *ebpf.Map) int {
 	t.Helper()
-	var k datapathcell.IPCacheMapKey
-	var v datapathcell.IPCacheMapValue
+	var k bpfmaps.IPCacheKey
+	var v bpfmaps.IPCacheValue
 	n := 0
 	iter := m.Iterate()
 	for iter.Next(&k, &v) {
@@ -344,14 +350,14 @@ func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	first.stop()
-	require.NoError(t, unix.Unlink(e.pinPath(datapathcell.CountersMapName)))
+	require.NoError(t, unix.Unlink(e.pinPath(bpfmaps.CountersName)))
 	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 4})
 	require.NoError(t, err)
-	require.NoError(t, old.Pin(e.pinPath(datapathcell.CountersMapName)))
+	require.NoError(t, old.Pin(e.pinPath(bpfmaps.CountersName)))
 	old.Close()
 
 	a, _ := e.start(t, "")
-	m, err := ebpf.LoadPinnedMap(e.pinPath(datapathcell.CountersMapName), nil)
+	m, err := ebpf.LoadPinnedMap(e.pinPath(bpfmaps.CountersName), nil)
 	require.NoError(t, err)
 	defer m.Close()
 	require.Equal(t, ebpf.PerCPUArray, m.Type())
@@ -359,7 +365,7 @@ func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 	require.Equal(t, uint32(16), m.MaxEntries())
 	c, err := a.datapath.Counters()
 	require.NoError(t, err)
-	require.Len(t, c.Drops, 2*len(datapathcell.DropReasons()))
+	require.Len(t, c.Drops, 2*len(bpfmaps.DropReasons()))
 }
 
 // A counters map of the previous layout (8 entries: direction*4 + slot)
@@ -369,7 +375,7 @@ func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	first.stop()
-	require.NoError(t, unix.Unlink(e.pinPath(datapathcell.CountersMapName)))
+	require.NoError(t, unix.Unlink(e.pinPath(bpfmaps.CountersName)))
 	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 16, MaxEntries: 8})
 	require.NoError(t, err)
 	type counter struct{ Packets, Bytes uint64 }
@@ -380,7 +386,7 @@ func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
 		values[0] = counter{Packets: uint64(index + 1), Bytes: uint64(100 * (index + 1))}
 		require.NoError(t, old.Put(index, values))
 	}
-	require.NoError(t, old.Pin(e.pinPath(datapathcell.CountersMapName)))
+	require.NoError(t, old.Pin(e.pinPath(bpfmaps.CountersName)))
 	old.Close()
 
 	a, _ := e.start(t, "")
@@ -394,7 +400,7 @@ func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
 	require.Equal(t, uint64(6+7+8), c.EgressDropped)
 	require.Equal(t, uint64(800), c.EgressDroppedBytes-uint64(100*(6+7)))
 	for _, d := range c.Drops {
-		if d.Reason == datapathcell.ReasonPolicyDeny {
+		if d.Reason == bpfmaps.ReasonPolicyDeny {
 			want := map[policy.Direction]uint64{policy.Ingress: 4, policy.Egress: 8}[d.Direction]
 			require.Equal(t, want, d.Packets, "policy-deny drops of %v", d.Direction)
 		}

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -26,11 +27,11 @@ import (
 // a row of the `policy` table.
 func putPolicy(t *testing.T, maps enforcerMaps, key policy.Key, verdict policy.Verdict) {
 	t.Helper()
-	require.NoError(t, maps.Policy.Put(NewPolicyMapKey(key), NewPolicyMapValue(uint32(verdict))))
+	require.NoError(t, maps.Policy.Put(bpfmaps.NewPolicyKey(key), bpfmaps.NewPolicyValue(uint32(verdict))))
 	bumpRevision(t, maps)
 }
 
-func putEnforcement(t *testing.T, maps enforcerMaps, direction policy.Direction, value enforcementValue) {
+func putEnforcement(t *testing.T, maps enforcerMaps, direction policy.Direction, value bpfmaps.EnforcementValue) {
 	t.Helper()
 	require.NoError(t, maps.Enforcement.Put(uint32(direction), uint32(value)))
 	bumpRevision(t, maps)
@@ -59,7 +60,7 @@ func sendICMP(t *testing.T, ns, dst string, typ uint8) {
 }
 
 // egressDrops returns the egress drops of reason so far.
-func egressDrops(t *testing.T, maps enforcerMaps, reason Reason) uint64 {
+func egressDrops(t *testing.T, maps enforcerMaps, reason bpfmaps.Reason) uint64 {
 	t.Helper()
 	for _, d := range readTestCounters(t, maps).Drops {
 		if d.Direction == policy.Egress && d.Reason == reason {
@@ -98,24 +99,24 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		return policy.Key{Identity: identity.Number(id), Direction: policy.Egress, Protocol: protocol, Port: port, PortWildcardBits: wildcard}
 	}
 	reset := func(t *testing.T) {
-		t.Cleanup(func() { putEnforcement(t, maps, policy.Egress, enforceNone); clearPolicyMap(t, maps) })
+		t.Cleanup(func() { putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceNone); clearPolicyMap(t, maps) })
 	}
 
 	t.Run("an identity's any-protocol deny beats an any-identity port allow", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
 		putPolicy(t, maps, egress(idA, 0, 0, 0), policy.VerdictDeny)
 		putPolicy(t, maps, egress(0, policy.ProtocolTCP, port, 0), policy.VerdictAllow)
-		denied := egressDrops(t, maps, ReasonPolicyDeny)
+		denied := egressDrops(t, maps, bpfmaps.ReasonPolicyDeny)
 		require.False(t, tcp(peerA, port), "A is denied whatever the port")
-		require.Greater(t, egressDrops(t, maps, ReasonPolicyDeny), denied, "counted as a deny")
+		require.Greater(t, egressDrops(t, maps, bpfmaps.ReasonPolicyDeny), denied, "counted as a deny")
 		require.True(t, tcp(peerB, port), "B is allowed by the any-identity allow")
 		require.False(t, tcp(peerB, 8000), "nothing allows B's other ports")
 	})
 
 	t.Run("an any-identity port deny beats an identity's any-protocol allow", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
 		putPolicy(t, maps, egress(0, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
 		putPolicy(t, maps, egress(idA, 0, 0, 0), policy.VerdictAllow)
 		require.False(t, tcp(peerA, port))
@@ -134,7 +135,7 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		// The agent writes no allow inside a deny's prefix of the same
 		// identity; a deny inside an allow's is the LPM's longest match.
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 0, 16), policy.VerdictAllow)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
 		require.False(t, tcp(peerA, port))
@@ -143,7 +144,7 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 
 	t.Run("port range 8000-8009: blocks 8000/3 and 8008/1", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 8000, 3), policy.VerdictAllow)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, 8008, 1), policy.VerdictAllow)
 		require.True(t, tcp(peerA, 8000), "first")
@@ -154,27 +155,27 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 
 	t.Run("ICMP type 8 allows echo requests, not other types", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
 		putPolicy(t, maps, egress(idA, policy.ProtocolICMP, 8<<8, 8), policy.VerdictAllow)
 		require.True(t, nw.pingOnce(t, peerA), "echo request (type 8), its reply tracked")
 		require.False(t, nw.pingOnce(t, peerB), "another identity")
-		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		noPolicy := egressDrops(t, maps, bpfmaps.ReasonNoPolicy)
 		sendICMP(t, nw.ep, peerA, 13) // timestamp request
-		require.Eventually(t, func() bool { return egressDrops(t, maps, ReasonNoPolicy) == noPolicy+1 },
+		require.Eventually(t, func() bool { return egressDrops(t, maps, bpfmaps.ReasonNoPolicy) == noPolicy+1 },
 			time.Second, 10*time.Millisecond, "type 13 dropped")
 		require.False(t, tcp(peerA, port), "an ICMP rule allows no TCP")
 	})
 
 	t.Run("deny rules only: a deny drops, everything else passes", func(t *testing.T) {
 		reset(t)
-		putEnforcement(t, maps, policy.Egress, enforceDenyOnly)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDenyOnly)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
-		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		noPolicy := egressDrops(t, maps, bpfmaps.ReasonNoPolicy)
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000))
 		require.True(t, tcp(peerB, port), "the deny is A's")
 		require.True(t, nw.pingOnce(t, peerB))
-		require.Equal(t, noPolicy, egressDrops(t, maps, ReasonNoPolicy), "no default deny")
+		require.Equal(t, noPolicy, egressDrops(t, maps, bpfmaps.ReasonNoPolicy), "no default deny")
 	})
 }
 
@@ -184,11 +185,11 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 // run's identity-0 key counts from the first call.
 func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	privileged.Test(t)
-	m, err := ebpf.NewMap(policyMapSpec(16))
+	m, err := ebpf.NewMap(bpfmaps.PolicySpec(16))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
-	pinned := NewPolicyMapKey(policy.Key{Direction: policy.Egress})
-	require.NoError(t, m.Put(pinned, NewPolicyMapValue(uint32(policy.VerdictAllow))), "a previous run's")
+	pinned := bpfmaps.NewPolicyKey(policy.Key{Direction: policy.Egress})
+	require.NoError(t, m.Put(pinned, bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))), "a previous run's")
 
 	log := hivetest.Logger(t)
 	p := newPolicyOps(func() kernelMap { return m }, &mapStats{}, newOrdering(log, nil, nil, nil, nil), log)
@@ -196,7 +197,7 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	p.anyIdentity = func(present bool) error {
 		// Told before the write: the map holds no key the program skips.
 		found := false
-		require.NoError(t, readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
+		require.NoError(t, bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
 			if id, _, _, _ := k.Fields(); id == 0 {
 				found = true
 			}
@@ -216,8 +217,8 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	require.Equal(t, []bool{true}, told, "the pinned identity-0 key")
 
 	p.mu.Lock()
-	require.NoError(t, p.ops.deleteKeys([]PolicyMapKey{pinned}))
-	p.deletedLocked([]PolicyMapKey{pinned})
+	require.NoError(t, p.ops.deleteKeys([]bpfmaps.PolicyKey{pinned}))
+	p.deletedLocked([]bpfmaps.PolicyKey{pinned})
 	p.mu.Unlock()
 	require.Equal(t, []bool{true, false}, told, "none left")
 
@@ -225,20 +226,20 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	require.Equal(t, []bool{true, false}, told, "no change, nothing told")
 	require.NoError(t, p.Update(ctx, nil, 0, entry(0)))
 	require.Equal(t, []bool{true, false, true}, told, "before the identity-0 key is written")
-	var v PolicyMapValue
-	require.NoError(t, m.Lookup(NewPolicyMapKey(entry(0).Key), &v))
+	var v bpfmaps.PolicyValue
+	require.NoError(t, m.Lookup(bpfmaps.NewPolicyKey(entry(0).Key), &v))
 }
 
 // TestEnforcementOf: a row's enforcement map value.
 func TestEnforcementOf(t *testing.T) {
 	for _, c := range []struct {
 		enforced, hasDeny bool
-		want              enforcementValue
+		want              bpfmaps.EnforcementValue
 	}{
-		{false, false, enforceNone},
-		{true, false, enforceDefaultDeny},
-		{true, true, enforceDefaultDeny},
-		{false, true, enforceDenyOnly},
+		{false, false, bpfmaps.EnforceNone},
+		{true, false, bpfmaps.EnforceDefaultDeny},
+		{true, true, bpfmaps.EnforceDefaultDeny},
+		{false, true, bpfmaps.EnforceDenyOnly},
 	} {
 		require.Equal(t, c.want, enforcementOf(&policy.Enforcement{Enforced: c.enforced, HasDeny: c.hasDeny}), "%+v", c)
 	}

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -63,14 +64,14 @@ const (
 // denyGuard is policyOps' state of the guard; its lock is policyOps'.
 type denyGuard struct {
 	// failedDenies are the deny entries whose last write failed.
-	failedDenies map[PolicyMapKey]policy.Key
+	failedDenies map[bpfmaps.PolicyKey]policy.Key
 	// guarded are the keys the guard wrote deny to.
-	guarded map[PolicyMapKey]guardKind
+	guarded map[bpfmaps.PolicyKey]guardKind
 	// heldIPCache returns the ipcache keys the map holds back, with the
 	// identity their addresses get from the map (0: none, world).
-	heldIPCache func() map[IPCacheMapKey]uint32
+	heldIPCache func() map[bpfmaps.IPCacheKey]identity.Number
 	// ipcacheEntry returns the desired identity of an ipcache prefix.
-	ipcacheEntry func(txn statedb.ReadTxn, prefix netip.Prefix) (uint32, bool)
+	ipcacheEntry func(txn statedb.ReadTxn, prefix netip.Prefix) (identity.Number, bool)
 	// uncovered says, per direction, that a deny not in the maps has no
 	// policy-map entry around it to write deny over (neither its
 	// identity's nor identity 0's): its packets match nothing, which a
@@ -105,7 +106,7 @@ func (p *policyOps) setUncoveredLocked(uncovered [2]bool) {
 	p.guard.uncoveredChanged = make(chan struct{})
 }
 
-var denyValue = NewPolicyMapValue(uint32(policy.VerdictDeny))
+var denyValue = bpfmaps.NewPolicyValue(uint32(policy.VerdictDeny))
 
 // mapEntry is a policy-map entry as the guard reads it.
 type mapEntry struct {
@@ -125,10 +126,10 @@ func sameIdentity(k policy.Key, id identity.Number) policy.Key {
 func overlap(a, b policy.Key) bool { return a.Matches(b) || b.Matches(a) }
 
 // denyResult records the outcome of a write of a deny entry.
-func (p *policyOps) denyResult(k PolicyMapKey, e *policy.Entry, err error) {
+func (p *policyOps) denyResult(k bpfmaps.PolicyKey, e *policy.Entry, err error) {
 	if e.Verdict == policy.VerdictDeny && err != nil {
 		if p.guard.failedDenies == nil {
-			p.guard.failedDenies = map[PolicyMapKey]policy.Key{}
+			p.guard.failedDenies = map[bpfmaps.PolicyKey]policy.Key{}
 		}
 		p.guard.failedDenies[k] = e.Key
 		return
@@ -138,7 +139,7 @@ func (p *policyOps) denyResult(k PolicyMapKey, e *policy.Entry, err error) {
 
 // guardedAllowLocked reports whether writing v to k would undo a guard:
 // the row's allow waits until the guard releases k.
-func (p *policyOps) guardedAllowLocked(k PolicyMapKey, v PolicyMapValue) bool {
+func (p *policyOps) guardedAllowLocked(k bpfmaps.PolicyKey, v bpfmaps.PolicyValue) bool {
 	_, ok := p.guard.guarded[k]
 	return ok && v != denyValue
 }
@@ -174,8 +175,8 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 		return
 	}
 	inMap := map[identity.Number][]mapEntry{}
-	err := readEntries(p.ops.target(), func(mk PolicyMapKey, v PolicyMapValue) {
-		k, err := mk.PolicyKey()
+	err := bpfmaps.ReadEntries(p.ops.target(), func(mk bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
+		k, err := mk.Key()
 		if err != nil {
 			return
 		}
@@ -193,7 +194,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 		return
 	}
 
-	override := map[PolicyMapKey]struct{}{}
+	override := map[bpfmaps.PolicyKey]struct{}{}
 	// allowsOver marks the allows of id that a packet of d meets: every
 	// allow overlapping d, or with inside only those inside d (a shadow
 	// or the identity's own deny covers the rest). It reports whether id
@@ -207,7 +208,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 			if e.verdict != policy.VerdictAllow || !overlap(e.key, d) || (inside && !d.Matches(e.key)) {
 				continue
 			}
-			override[NewPolicyMapKey(e.key)] = struct{}{}
+			override[bpfmaps.NewPolicyKey(e.key)] = struct{}{}
 		}
 		return covered
 	}
@@ -230,7 +231,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 	}
 
 	// An ipcache entry not in the map: its addresses get identity f.
-	shadow := map[PolicyMapKey]policy.Key{}
+	shadow := map[bpfmaps.PolicyKey]policy.Key{}
 	if p.order.numHeld.Load() > 0 && p.guard.heldIPCache != nil {
 		for k, inMapID := range p.guard.heldIPCache() {
 			prefix, err := k.Prefix()
@@ -294,8 +295,8 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 // inside it), and deny over each allow of f that no allow of id covers
 // (an except prefix falling back to its CIDR).
 func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Number,
-	inMap map[identity.Number][]mapEntry, shadow map[PolicyMapKey]policy.Key,
-	allowsOver func(identity.Number, policy.Key, bool) bool, override map[PolicyMapKey]struct{},
+	inMap map[identity.Number][]mapEntry, shadow map[bpfmaps.PolicyKey]policy.Key,
+	allowsOver func(identity.Number, policy.Key, bool) bool, override map[bpfmaps.PolicyKey]struct{},
 	cover func(policy.Key)) {
 	var allows []policy.Key
 	for e := range policy.IdentityEntries(txn, p.order.entries, id) {
@@ -318,11 +319,11 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Numb
 		// would take the room that entry waits for (and the prefix is
 		// held until it is in), so neither would ever be written. Deny
 		// is written over what its packets meet under f instead.
-		if _, failed := p.guard.failedDenies[NewPolicyMapKey(e.Key)]; failed {
+		if _, failed := p.guard.failedDenies[bpfmaps.NewPolicyKey(e.Key)]; failed {
 			cover(d)
 			continue
 		}
-		shadow[NewPolicyMapKey(d)] = d
+		shadow[bpfmaps.NewPolicyKey(d)] = d
 		allowsOver(f, d, true)
 	}
 	for _, fe := range inMap[f] {
@@ -337,16 +338,16 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Numb
 			}
 		}
 		if !covered {
-			override[NewPolicyMapKey(fe.key)] = struct{}{}
+			override[bpfmaps.NewPolicyKey(fe.key)] = struct{}{}
 		}
 	}
 }
 
 // guardedLocked records a key the guard wrote deny to; the copy of the
 // map's values (skipUnchanged) no longer knows it.
-func (p *policyOps) guardedLocked(mk PolicyMapKey, kind guardKind) {
+func (p *policyOps) guardedLocked(mk bpfmaps.PolicyKey, kind guardKind) {
 	if p.guard.guarded == nil {
-		p.guard.guarded = map[PolicyMapKey]guardKind{}
+		p.guard.guarded = map[bpfmaps.PolicyKey]guardKind{}
 	}
 	if len(p.guard.guarded) == 0 {
 		p.log.Warn("A deny is not in the maps (a map is full): entries it would pass through are written as deny until it is (bpf/policy --diff shows them)",
@@ -360,12 +361,12 @@ func (p *policyOps) guardedLocked(mk PolicyMapKey, kind guardKind) {
 
 // releaseLocked gives a guarded key its row's value back, or deletes it
 // if no row has it (a key that drains is the drain's to delete).
-func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk PolicyMapKey) {
+func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk bpfmaps.PolicyKey) {
 	target := p.ops.target()
 	var err error
-	k, kerr := mk.PolicyKey()
+	k, kerr := mk.Key()
 	if row, _, found := p.order.entries.Get(txn, policy.KeyIndex.Query(k)); kerr == nil && found {
-		v := NewPolicyMapValue(uint32(row.Verdict))
+		v := bpfmaps.NewPolicyValue(uint32(row.Verdict))
 		err = target.Put(&mk, &v)
 	} else if _, draining := p.draining[mk]; !draining {
 		if err = target.Delete(&mk); errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -401,7 +402,7 @@ func (p *policyOps) guardedKeys() map[policy.Key]string {
 	defer p.mu.Unlock()
 	out := map[policy.Key]string{}
 	for mk, kind := range p.guard.guarded {
-		k, err := mk.PolicyKey()
+		k, err := mk.Key()
 		if err != nil {
 			continue
 		}
@@ -412,10 +413,10 @@ func (p *policyOps) guardedKeys() map[policy.Key]string {
 
 // heldIPCacheIdentities returns a copy of the held ipcache keys with the
 // identity the map gives their addresses.
-func (o *ordering) heldIPCacheIdentities() map[IPCacheMapKey]uint32 {
+func (o *ordering) heldIPCacheIdentities() map[bpfmaps.IPCacheKey]identity.Number {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	out := make(map[IPCacheMapKey]uint32, len(o.held))
+	out := make(map[bpfmaps.IPCacheKey]identity.Number, len(o.held))
 	for k, id := range o.held {
 		out[k] = id
 	}
@@ -423,12 +424,12 @@ func (o *ordering) heldIPCacheIdentities() map[IPCacheMapKey]uint32 {
 }
 
 // desiredIPCacheIdentity returns the desired identity of prefix.
-func desiredIPCacheIdentity(table statedb.Table[*ipcachecell.Entry]) func(statedb.ReadTxn, netip.Prefix) (uint32, bool) {
-	return func(txn statedb.ReadTxn, prefix netip.Prefix) (uint32, bool) {
+func desiredIPCacheIdentity(table statedb.Table[*ipcachecell.Entry]) func(statedb.ReadTxn, netip.Prefix) (identity.Number, bool) {
+	return func(txn statedb.ReadTxn, prefix netip.Prefix) (identity.Number, bool) {
 		e, _, found := table.Get(txn, ipcachecell.EntryIndex.Query(prefix))
 		if !found {
 			return 0, false
 		}
-		return uint32(e.Identity), true
+		return e.Identity, true
 	}
 }

@@ -4,21 +4,20 @@
 // and keeps enforcing while the agent is down.
 //
 // It owns the BPF maps pinned under <bpf-root>/ipcache-agent/ (ipcache,
-// policy, enforcement, counters, layouts in abi.go, an ABI; conntrack,
-// layout in conntrack.go, written by the program), the writers that write
-// them from the desired tables (statedb's reconciler for the policy map, a
-// writer of its own for the ipcache map: ipcacheWriter), and the enforcement
-// program (bpf/) attached with TCX to every --devices interface through
-// pinned links.
+// policy, enforcement, counters, conntrack, revision: their layouts, specs
+// and pins are package bpfmaps'), the writers that write them from the
+// desired tables (statedb's reconciler for the policy map, a writer of its
+// own for the ipcache map: ipcacheWriter), and the enforcement program
+// (bpf/) attached with TCX to every --devices interface through pinned
+// links.
 //
 // At start, before anything writes: bpffs is mounted at --bpf-root if it is
-// not one; pinned maps are reused, migrated (max entries changed: entries
-// copied, pin swapped atomically) or replaced (other layout: reported,
-// nothing restored from it); the pinned ipcache map is read once, into a
-// snapshot in address order ([Datapath.IPCacheSnapshot] waits for it).
-// Restore takes the read's blocks as they come
-// ([Datapath.StreamPinnedIPCache]): the start hook then returns before the
-// read ends, and the map's writer waits for it. Reconcilers prune stale map
+// not one, and the pinned maps are reused, migrated or replaced
+// (bpfmaps.EnsureBPFFS, bpfmaps.Open); the pinned ipcache map is read once,
+// a block at a time, on a goroutine the start hook starts last. The Datapath
+// always provides that read as a bpfmaps.PinnedIPCache, which restore takes
+// as the blocks come; the map's writer waits for the read's end, when the
+// blocks are one snapshot in address order. Reconcilers prune stale map
 // entries only once their table is initialized, so a restart never removes
 // an entry that is still wanted.
 //

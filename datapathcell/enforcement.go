@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -17,25 +18,16 @@ import (
 	"github.com/cilium/statedb/reconciler"
 )
 
-// enforcementValue is the enforcement map's value (abi.go).
-type enforcementValue uint32
-
-const (
-	enforceNone        enforcementValue = 0
-	enforceDefaultDeny enforcementValue = 1
-	enforceDenyOnly    enforcementValue = 2
-)
-
 // enforcementOf is the value a row asks for: default deny when enforced,
 // else deny only when the direction has deny entries, else nothing.
-func enforcementOf(row *policy.Enforcement) enforcementValue {
+func enforcementOf(row *policy.Enforcement) bpfmaps.EnforcementValue {
 	switch {
 	case row.Enforced:
-		return enforceDefaultDeny
+		return bpfmaps.EnforceDefaultDeny
 	case row.HasDeny:
-		return enforceDenyOnly
+		return bpfmaps.EnforceDenyOnly
 	}
-	return enforceNone
+	return bpfmaps.EnforceNone
 }
 
 // enforcementWriter writes the `policy-enforcement` table into the
@@ -68,9 +60,9 @@ const (
 func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 	// The map keeps the previous run's switches until the table says
 	// otherwise (it has no rows before the policies are known).
-	var inMap [2]enforcementValue
+	var inMap [2]bpfmaps.EnforcementValue
 	for dir := range inMap {
-		var v enforcementValue
+		var v bpfmaps.EnforcementValue
 		key := uint32(dir)
 		if err := w.target().Lookup(&key, &v); err == nil {
 			inMap[dir] = v
@@ -93,14 +85,14 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		for row, rev := range rows {
 			dir := row.Direction
 			want := enforcementOf(row)
-			closing := want == enforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
+			closing := want == bpfmaps.EnforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
 			if closing {
-				want = enforceDefaultDeny
+				want = bpfmaps.EnforceDefaultDeny
 			}
 			var err error
 			switch {
 			case want == inMap[dir]:
-			case want == enforceNone:
+			case want == bpfmaps.EnforceNone:
 				err = w.put(dir, want)
 			case closing:
 				// Dropping more needs nothing written first.
@@ -178,16 +170,16 @@ func (w *enforcementWriter) waitOnReady(ctx context.Context, txn statedb.ReadTxn
 	w.order.ipcacheWriter.WaitUntilReconciled(ctx, w.order.ipcache.Revision(txn))
 }
 
-func (w *enforcementWriter) put(dir policy.Direction, value enforcementValue) error {
+func (w *enforcementWriter) put(dir policy.Direction, value bpfmaps.EnforcementValue) error {
 	key := uint32(dir)
 	if err := w.target().Put(&key, &value); err != nil {
-		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, EnforcementMapName, err)
+		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, bpfmaps.EnforcementName, err)
 	}
 	w.stats.Written.Add(1)
 	switch value {
-	case enforceDefaultDeny:
+	case bpfmaps.EnforceDefaultDeny:
 		w.log.Info("Enforcing policy", "direction", dir.String())
-	case enforceDenyOnly:
+	case bpfmaps.EnforceDenyOnly:
 		w.log.Info("Enforcing deny rules only", "direction", dir.String())
 	default:
 		w.log.Info("Not enforcing policy", "direction", dir.String())
@@ -218,7 +210,7 @@ func (w *enforcementWriter) markDone(rows []revisioned) {
 	}
 }
 
-func (w *enforcementWriter) report(health cell.Health, inMap [2]enforcementValue, waiting bool, errs []error) {
+func (w *enforcementWriter) report(health cell.Health, inMap [2]bpfmaps.EnforcementValue, waiting bool, errs []error) {
 	if len(errs) > 0 {
 		health.Degraded("Enforcement map not written", errors.Join(errs...))
 		return
@@ -226,9 +218,9 @@ func (w *enforcementWriter) report(health cell.Health, inMap [2]enforcementValue
 	var on []string
 	for _, dir := range policy.Directions() {
 		switch inMap[dir] {
-		case enforceDefaultDeny:
+		case bpfmaps.EnforceDefaultDeny:
 			on = append(on, dir.String())
-		case enforceDenyOnly:
+		case bpfmaps.EnforceDenyOnly:
 			on = append(on, dir.String()+" (deny rules only)")
 		}
 	}

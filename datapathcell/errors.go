@@ -40,9 +40,4 @@ var (
 
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")
-
-	// ErrStreamTaken is returned by StreamPinnedIPCache called a second
-	// time or after start, and yielded by a stream's Blocks ranged over a
-	// second time: the stream is one reader's.
-	ErrStreamTaken = errors.New("the pinned ipcache map's stream is taken")
 )

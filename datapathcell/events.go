@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -35,74 +36,6 @@ const (
 	EventVerdicts EventKinds = 1 << 1
 )
 
-// Reason is why the program decided as it did (bpf/enforce.c REASON_*).
-type Reason uint8
-
-// The reason codes, as the program writes them.
-const (
-	ReasonNoPolicy   Reason = 1
-	ReasonMalformed  Reason = 2
-	ReasonPolicyDeny Reason = 3
-	// ReasonVLANTagged drops a frame that still carries a VLAN tag in
-	// the packet (802.1Q or 802.1ad; the kernel moves only the outer
-	// one to metadata), whatever it holds.
-	ReasonVLANTagged Reason = 4
-	// ReasonExtHeaders drops an IPv6 packet whose extension headers go
-	// on past the number the program walks (8).
-	ReasonExtHeaders Reason = 5
-	// ReasonFragment drops a fragment the program cannot place: one
-	// whose datagram's first fragment did not pass (or was not seen), or
-	// one that does not start where the fragments before it ended.
-	ReasonFragment Reason = 6
-	// ReasonSpoofedSource drops a packet the endpoint sent with a source
-	// address that the host routes to another device (a strict
-	// reverse-path filter, by the kernel's FIB).
-	ReasonSpoofedSource Reason = 7
-	ReasonPolicy        Reason = 16
-	ReasonReply         Reason = 17
-	ReasonEstablished   Reason = 18
-	ReasonRelated       Reason = 19
-	// ReasonNotDenied allows a packet that no entry matches in a direction
-	// that enforces deny rules only (no default deny).
-	ReasonNotDenied Reason = 20
-	// ReasonFragmentOfAllowed allows a later fragment of a datagram
-	// whose first fragment passed.
-	ReasonFragmentOfAllowed Reason = 21
-)
-
-// String is the reason's name in monitor's JSON (docs/CONTRACT.md).
-func (r Reason) String() string {
-	switch r {
-	case ReasonNoPolicy:
-		return "no-policy"
-	case ReasonMalformed:
-		return "malformed-ip-header"
-	case ReasonPolicyDeny:
-		return "policy-deny"
-	case ReasonVLANTagged:
-		return "vlan-tagged"
-	case ReasonExtHeaders:
-		return "ext-headers"
-	case ReasonFragment:
-		return "unplaced-fragment"
-	case ReasonSpoofedSource:
-		return "spoofed-source"
-	case ReasonPolicy:
-		return "policy"
-	case ReasonReply:
-		return "reply"
-	case ReasonEstablished:
-		return "established"
-	case ReasonRelated:
-		return "related"
-	case ReasonNotDenied:
-		return "not-denied"
-	case ReasonFragmentOfAllowed:
-		return "fragment-of-allowed"
-	}
-	return fmt.Sprintf("reason-%d", uint8(r))
-}
-
 // eventSize is the size of struct event in bpf/enforce.c.
 const eventSize = 64
 
@@ -117,7 +50,7 @@ type Event struct {
 	Ifindex   uint32
 	Direction policy.Direction
 	Allowed   bool
-	Reason    Reason
+	Reason    bpfmaps.Reason
 	// Identity is the remote address's; 0 when not known (a malformed
 	// packet).
 	Identity uint32
@@ -149,7 +82,7 @@ func decodeEvent(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
 		Identity:  ne.Uint32(b[12:]),
 		Direction: policy.Direction(b[16]),
 		Allowed:   b[17] == 1,
-		Reason:    Reason(b[18]),
+		Reason:    bpfmaps.Reason(b[18]),
 		Protocol:  b[20],
 		ICMPType:  b[21],
 	}

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -17,7 +18,7 @@ import (
 )
 
 // rawEvent builds a struct event as enforce.c writes it.
-func rawEvent(at uint64, direction policy.Direction, allowed bool, reason Reason, family, protocol uint8,
+func rawEvent(at uint64, direction policy.Direction, allowed bool, reason bpfmaps.Reason, family, protocol uint8,
 	endpoint, remote netip.Addr, endpointPort, remotePort uint16) []byte {
 	b := make([]byte, eventSize)
 	ne := binary.NativeEndian
@@ -50,17 +51,17 @@ func TestDecodeEvent(t *testing.T) {
 	wall := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 
 	// Egress: the endpoint sends, so it is the source.
-	e, err := decodeEvent(rawEvent(1_000, policy.Egress, false, ReasonNoPolicy, 1, 17, ep, rem, 40000, 53), 3_000, wall)
+	e, err := decodeEvent(rawEvent(1_000, policy.Egress, false, bpfmaps.ReasonNoPolicy, 1, 17, ep, rem, 40000, 53), 3_000, wall)
 	require.NoError(t, err)
 	require.Equal(t, Event{
-		Time: wall.Add(-2 * time.Microsecond), Ifindex: 7, Direction: policy.Egress, Reason: ReasonNoPolicy,
+		Time: wall.Add(-2 * time.Microsecond), Ifindex: 7, Direction: policy.Egress, Reason: bpfmaps.ReasonNoPolicy,
 		Identity: 16777217, Protocol: 17, Src: ep, Dst: rem, SrcPort: 40000, DstPort: 53,
 	}, e)
 	require.Equal(t, "no-policy", e.Reason.String())
 
 	// Ingress: the remote sends.
 	ep6, rem6 := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")
-	e, err = decodeEvent(rawEvent(3_000, policy.Ingress, true, ReasonReply, 2, 6, ep6, rem6, 443, 50000), 3_000, wall)
+	e, err = decodeEvent(rawEvent(3_000, policy.Ingress, true, bpfmaps.ReasonReply, 2, 6, ep6, rem6, 443, 50000), 3_000, wall)
 	require.NoError(t, err)
 	require.True(t, e.Allowed)
 	require.Equal(t, rem6, e.Src)
@@ -74,10 +75,10 @@ func TestDecodeEvent(t *testing.T) {
 }
 
 func TestReasonNames(t *testing.T) {
-	for r, name := range map[Reason]string{
-		ReasonNoPolicy: "no-policy", ReasonMalformed: "malformed-ip-header", ReasonPolicy: "policy",
-		ReasonReply: "reply", ReasonEstablished: "established", ReasonRelated: "related", 99: "reason-99",
-		ReasonPolicyDeny: "policy-deny", ReasonNotDenied: "not-denied",
+	for r, name := range map[bpfmaps.Reason]string{
+		bpfmaps.ReasonNoPolicy: "no-policy", bpfmaps.ReasonMalformed: "malformed-ip-header", bpfmaps.ReasonPolicy: "policy",
+		bpfmaps.ReasonReply: "reply", bpfmaps.ReasonEstablished: "established", bpfmaps.ReasonRelated: "related", 99: "reason-99",
+		bpfmaps.ReasonPolicyDeny: "policy-deny", bpfmaps.ReasonNotDenied: "not-denied",
 	} {
 		require.Equal(t, name, r.String())
 	}
@@ -126,7 +127,7 @@ func TestPrivilegedProgramWritesEvents(t *testing.T) {
 	select {
 	case e := <-events:
 		require.False(t, e.Allowed)
-		require.Equal(t, ReasonNoPolicy, e.Reason)
+		require.Equal(t, bpfmaps.ReasonNoPolicy, e.Reason)
 		require.Equal(t, policy.Ingress, e.Direction)
 		require.Equal(t, benchPeer, e.Src)
 		require.Equal(t, benchEndpoint, e.Dst)
@@ -154,14 +155,14 @@ func TestPrivilegedProgramWritesEvents(t *testing.T) {
 func TestEventText(t *testing.T) {
 	p := monitorParams{}
 	e := Event{
-		Time: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC), Ifindex: 1, Direction: policy.Egress, Reason: ReasonNoPolicy,
+		Time: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC), Ifindex: 1, Direction: policy.Egress, Reason: bpfmaps.ReasonNoPolicy,
 		Identity: 2, Protocol: 1, ICMPType: 8, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("192.0.2.1"),
 	}
 	var sb strings.Builder
 	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
 	require.Equal(t, "2026-12-04T12:00:00Z drop (no-policy) on veth0 egress, identity 2 (reserved:world): 10.0.0.1 -> 192.0.2.1 ICMP type 8\n", sb.String())
 
-	e = Event{Time: e.Time, Ifindex: 1, Direction: policy.Ingress, Allowed: true, Reason: ReasonReply, Identity: 16777217,
+	e = Event{Time: e.Time, Ifindex: 1, Direction: policy.Ingress, Allowed: true, Reason: bpfmaps.ReasonReply, Identity: 16777217,
 		Protocol: 6, Src: e.Dst, Dst: e.Src, SrcPort: 443, DstPort: 40000}
 	sb.Reset()
 	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -53,8 +54,8 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 // address's full-length key in the LPM trie finds the longest prefix
 // containing it, as the program's does.
 func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, error) {
-	k := NewIPCacheMapKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
-	var v IPCacheMapValue
+	k := bpfmaps.NewIPCacheKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
+	var v bpfmaps.IPCacheValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
 	if err != nil {
 		return 0, false, fmt.Errorf("look up %s in the ipcache map: %w", addr, err)
@@ -63,12 +64,12 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, erro
 }
 
 // LookupPolicy implements policy.Datapath: the kernel's lookup
-// of key's map key (the program's lookup, at mapPrefixLen(key)) gives
+// of key's map key (the program's lookup, at bpfmaps.PolicyPrefixLen(key)) gives
 // the verdict; the entry it found is named by reading the map, the
 // longest of its keys that match.
 func (r mapsReader) LookupPolicy(key policy.Key) (policy.Key, policy.Verdict, bool, error) {
-	k := NewPolicyMapKey(key)
-	var v PolicyMapValue
+	k := bpfmaps.NewPolicyKey(key)
+	var v bpfmaps.PolicyValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
 	if err == nil && found {
 		var matched policy.Key
@@ -98,37 +99,28 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 	if m == nil {
 		return matched, false, ErrMapsNotOpen
 	}
-	err = readEntries(m, func(k PolicyMapKey, _ PolicyMapValue) {
-		entry, err := k.PolicyKey()
-		if err != nil || mapPrefixLen(entry) > mapPrefixLen(key) || (found && mapPrefixLen(entry) <= mapPrefixLen(matched)) {
+	err = bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
+		entry, err := k.Key()
+		if err != nil || bpfmaps.PolicyPrefixLen(entry) > bpfmaps.PolicyPrefixLen(key) || (found && bpfmaps.PolicyPrefixLen(entry) <= bpfmaps.PolicyPrefixLen(matched)) {
 			return
 		}
-		if NewPolicyMapKey(policyKeyAt(key, mapPrefixLen(entry))) == k {
+		if bpfmaps.NewPolicyKey(bpfmaps.PolicyKeyAt(key, bpfmaps.PolicyPrefixLen(entry))) == k {
 			matched, found = entry, true
 		}
 	})
 	return matched, found, err
 }
 
-// policyKeyAt is key cut to prefixLen bits (as mapPrefixLen counts them).
-func policyKeyAt(key policy.Key, prefixLen uint32) policy.Key {
-	if prefixLen <= policyKeyStaticPrefixBits {
-		return policy.Key{Identity: key.Identity, Direction: key.Direction}
-	}
-	key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
-	return key
-}
-
 // Enforcement implements policy.Datapath: the enforcement map's
-// value for dir (abi.go).
+// value for dir (bpfmaps/abi.go).
 func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
-	var v enforcementValue
+	var v bpfmaps.EnforcementValue
 	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
 	if err != nil {
 		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
-	return found && v == enforceDefaultDeny, found && v == enforceDenyOnly, nil
+	return found && v == bpfmaps.EnforceDefaultDeny, found && v == bpfmaps.EnforceDenyOnly, nil
 }
 
 // IPCacheStatus implements policy.Datapath.

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"net/netip"
@@ -46,8 +47,8 @@ func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 	endpoint := netip.MustParseAddrPort("10.0.0.1:80")
 	peer := netip.MustParseAddrPort("192.0.2.10:40000")
 	handshake(t, enf, peer, endpoint)
-	key := newConntrackKey(progRunIfindex, endpoint, peer, testProtoTCP)
-	var v ConntrackValue
+	key := bpfmaps.NewConntrackKey(progRunIfindex, endpoint, peer, testProtoTCP)
+	var v bpfmaps.ConntrackValue
 	require.NoError(t, maps.Conntrack.Lookup(key, &v), "established: moved to conntrack")
 
 	flood := int(maps.ConntrackOpening.MaxEntries()) * 4
@@ -73,7 +74,7 @@ func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)
-	small, err := ebpf.NewMap(conntrackMapSpec(4))
+	small, err := ebpf.NewMap(bpfmaps.ConntrackSpec(4))
 	require.NoError(t, err)
 	t.Cleanup(func() { small.Close() })
 	maps.Conntrack = small

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -151,11 +152,11 @@ func (r *fragRig) counts(direction policy.Direction) fragCounts {
 			continue
 		}
 		switch d.Reason {
-		case ReasonFragment:
+		case bpfmaps.ReasonFragment:
 			n.unplaced = d.Packets
-		case ReasonNoPolicy:
+		case bpfmaps.ReasonNoPolicy:
 			n.noPolicy = d.Packets
-		case ReasonExtHeaders:
+		case bpfmaps.ReasonExtHeaders:
 			n.extHeaders = d.Packets
 		}
 	}

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -66,15 +68,15 @@ func TestPrivilegedFullIPCacheBatchResultPerEntry(t *testing.T) {
 // entry that does, and takes the rest when room appears.
 func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	privileged.Test(t)
-	m, err := ebpf.NewMap(policyMapSpec(2))
+	m, err := ebpf.NewMap(bpfmaps.PolicySpec(2))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	type policyEntry struct{ identity, verdict uint32 }
-	ops := &mapOps[*policyEntry, PolicyMapKey, PolicyMapValue]{
-		name:   PolicyMapName,
+	ops := &mapOps[*policyEntry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
+		name:   bpfmaps.PolicyName,
 		target: func() kernelMap { return m },
-		key:    func(e *policyEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
-		value:  func(e *policyEntry) PolicyMapValue { return NewPolicyMapValue(e.verdict) },
+		key:    func(e *policyEntry) bpfmaps.PolicyKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
+		value:  func(e *policyEntry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(e.verdict) },
 		stats:  &mapStats{},
 	}
 	entries := []*policyEntry{{16777217, 1}, {16777218, 1}, {16777219, 1}, {16777220, 1}}
@@ -90,7 +92,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.Contains(t, batch[2].Result.Error(), "policy map")
 	require.Equal(t, uint64(2), ops.stats.Written.Load())
 
-	var v PolicyMapValue
+	var v bpfmaps.PolicyValue
 	for _, e := range entries[:2] {
 		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policy.Egress), 0, 0), &v), "kept: %d", e.identity)
 	}
@@ -117,7 +119,7 @@ func TestPrivilegedFullMapAfterRestartSkipsUnchanged(t *testing.T) {
 	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
 	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
 	for _, e := range []*testEntry{a, b} {
-		k, v := NewIPCacheMapKey(e.prefix), NewIPCacheMapValue(e.identity)
+		k, v := bpfmaps.NewIPCacheKey(e.prefix), bpfmaps.NewIPCacheValue(identity.Number(e.identity))
 		require.NoError(t, m.Put(&k, &v), "written by the previous run")
 	}
 	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
@@ -134,14 +136,14 @@ func dumpTestMap(t *testing.T, m *ebpf.Map) map[netip.Prefix]uint32 {
 	t.Helper()
 	got := map[netip.Prefix]uint32{}
 	var (
-		k IPCacheMapKey
-		v IPCacheMapValue
+		k bpfmaps.IPCacheKey
+		v bpfmaps.IPCacheValue
 	)
 	iter := m.Iterate()
 	for iter.Next(&k, &v) {
 		p, err := k.Prefix()
 		require.NoError(t, err)
-		got[p] = v.Identity()
+		got[p] = uint32(v.Identity())
 	}
 	require.NoError(t, iter.Err())
 	return got

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -182,27 +183,27 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		return m
 	}
 	maps := enforcerMaps{
-		IPCache:     newMap(IPCacheMapSpec(64)),
-		Policy:      newMap(policyMapSpec(64)),
-		Enforcement: newMap(enforcementMapSpec()),
-		Counters:    newMap(countersMapSpec()),
-		Conntrack:   newMap(conntrackMapSpec(256)),
-		Revision:    newMap(revisionMapSpec()),
+		IPCache:     newMap(bpfmaps.IPCacheSpec(64)),
+		Policy:      newMap(bpfmaps.PolicySpec(64)),
+		Enforcement: newMap(bpfmaps.EnforcementSpec()),
+		Counters:    newMap(bpfmaps.CountersSpec()),
+		Conntrack:   newMap(bpfmaps.ConntrackSpec(256)),
+		Revision:    newMap(bpfmaps.RevisionSpec()),
 
-		ConntrackOpening: newMap(conntrackOpeningMapSpec(256)),
+		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(256)),
 	}
 	oracle := &parserOracle{}
 	for _, e := range parserFuzzIPCache {
 		p := netip.MustParsePrefix(e.prefix)
-		require.NoError(tb, maps.IPCache.Put(NewIPCacheMapKey(p), NewIPCacheMapValue(e.identity)))
+		require.NoError(tb, maps.IPCache.Put(bpfmaps.NewIPCacheKey(p), bpfmaps.NewIPCacheValue(identity.Number(e.identity))))
 		oracle.ipcache = append(oracle.ipcache, oracleIPCacheEntry{p, e.identity})
 	}
 	for _, r := range parserFuzzPolicy() {
-		require.NoError(tb, maps.Policy.Put(NewPolicyMapKey(r.key), NewPolicyMapValue(uint32(r.verdict))))
+		require.NoError(tb, maps.Policy.Put(bpfmaps.NewPolicyKey(r.key), bpfmaps.NewPolicyValue(uint32(r.verdict))))
 		oracle.policy = append(oracle.policy, r)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-		require.NoError(tb, maps.Enforcement.Put(uint32(d), uint32(enforceDefaultDeny)))
+		require.NoError(tb, maps.Enforcement.Put(uint32(d), uint32(bpfmaps.EnforceDefaultDeny)))
 	}
 	bumpRevision(tb, maps)
 

@@ -19,6 +19,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -39,7 +40,7 @@ import (
 type ipcacheWriter struct {
 	db       *statedb.DB
 	table    statedb.RWTable[*ipcachecell.Entry]
-	ops      *mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]
+	ops      *mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]
 	metrics  reconciler.Metrics
 	moduleID cell.FullModuleID
 	log      *slog.Logger
@@ -57,7 +58,7 @@ type ipcacheWriter struct {
 
 	// Owned by the writer's goroutine: the failed keys, by key, by the
 	// time of their next retry and by their object's revision.
-	failing    map[IPCacheMapKey]*failure
+	failing    map[bpfmaps.IPCacheKey]*failure
 	retryQueue failureQueue
 	revQueue   failureQueue
 	retryTimer *time.Timer
@@ -86,7 +87,7 @@ type ipcacheWriter struct {
 // of the revision that failed; it is retried until written or superseded
 // by a newer change of the key.
 type failure struct {
-	key      IPCacheMapKey
+	key      bpfmaps.IPCacheKey
 	obj      *ipcachecell.Entry
 	rev      statedb.Revision
 	deleted  bool
@@ -105,7 +106,7 @@ var _ reconciler.Reconciler[*ipcachecell.Entry] = (*ipcacheWriter)(nil)
 const maxDrained = 1024
 
 func newIPCacheWriter(p reconciler.Params, table statedb.RWTable[*ipcachecell.Entry],
-	ops *mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]) *ipcacheWriter {
+	ops *mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]) *ipcacheWriter {
 	metrics := p.DefaultMetrics
 	if metrics == nil {
 		metrics = reconciler.NewUnpublishedExpVarMetrics()
@@ -118,7 +119,7 @@ func newIPCacheWriter(p reconciler.Params, table statedb.RWTable[*ipcachecell.En
 		minBackoff:    reconcilerMinBackoff,
 		maxBackoff:    reconcilerMaxBackoff,
 		pruneTrigger:  make(chan struct{}, 1),
-		failing:       map[IPCacheMapKey]*failure{},
+		failing:       map[bpfmaps.IPCacheKey]*failure{},
 		failedRevs:    map[statedb.Revision]error{},
 		progressed:    make(chan struct{}),
 	}
@@ -228,7 +229,7 @@ func (w *ipcacheWriter) run(ctx context.Context, health cell.Health) error {
 		for _, f := range w.failing {
 			errs = append(errs, f.err)
 		}
-		w.metrics.ReconciliationErrors(w.moduleID, IPCacheMapName, newErrors, len(errs))
+		w.metrics.ReconciliationErrors(w.moduleID, bpfmaps.IPCacheName, newErrors, len(errs))
 
 		if initialized && prune {
 			prune = false
@@ -239,8 +240,8 @@ func (w *ipcacheWriter) run(ctx context.Context, health cell.Health) error {
 				err = fmt.Errorf("prune: %w", err)
 				errs = append(errs, err)
 			}
-			w.metrics.PruneDuration(w.moduleID, IPCacheMapName, time.Since(start))
-			w.metrics.PruneError(w.moduleID, IPCacheMapName, err)
+			w.metrics.PruneDuration(w.moduleID, bpfmaps.IPCacheName, time.Since(start))
+			w.metrics.PruneError(w.moduleID, bpfmaps.IPCacheName, err)
 		}
 		if len(errs) == 0 {
 			health.OK(fmt.Sprintf("OK, %d object(s)", w.table.NumObjects(txn)))
@@ -312,13 +313,13 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 	if len(deletes) > 0 {
 		start := time.Now()
 		w.ops.DeleteBatch(ctx, txn, deletes)
-		w.metrics.ReconciliationDuration(w.moduleID, IPCacheMapName, reconciler.OpDelete, time.Since(start))
+		w.metrics.ReconciliationDuration(w.moduleID, bpfmaps.IPCacheName, reconciler.OpDelete, time.Since(start))
 		newErrors += w.results(deletes, true)
 	}
 	if len(updates) > 0 {
 		start := time.Now()
 		w.ops.UpdateBatch(ctx, txn, updates)
-		w.metrics.ReconciliationDuration(w.moduleID, IPCacheMapName, reconciler.OpUpdate, time.Since(start))
+		w.metrics.ReconciliationDuration(w.moduleID, bpfmaps.IPCacheName, reconciler.OpUpdate, time.Since(start))
 		newErrors += w.results(updates, false)
 	}
 
@@ -393,7 +394,7 @@ func (w *ipcacheWriter) retry(ctx context.Context, txn statedb.ReadTxn, limit in
 		} else {
 			err = w.ops.Update(ctx, txn, f.rev, f.obj)
 		}
-		w.metrics.ReconciliationDuration(w.moduleID, IPCacheMapName, op, time.Since(start))
+		w.metrics.ReconciliationDuration(w.moduleID, bpfmaps.IPCacheName, op, time.Since(start))
 		if err != nil {
 			w.fail(f.obj, f.rev, f.deleted, err)
 			failed++

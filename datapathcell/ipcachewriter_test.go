@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"context"
@@ -31,12 +32,12 @@ import (
 type failingMap struct {
 	kernelMap
 	mu     sync.Mutex
-	fail   map[IPCacheMapKey]error
-	failed map[IPCacheMapKey]int
+	fail   map[bpfmaps.IPCacheKey]error
+	failed map[bpfmaps.IPCacheKey]int
 	writes int
 }
 
-func (m *failingMap) failFor(k IPCacheMapKey) error {
+func (m *failingMap) failFor(k bpfmaps.IPCacheKey) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	err := m.fail[k]
@@ -50,17 +51,17 @@ func (m *failingMap) failFor(k IPCacheMapKey) error {
 func (m *failingMap) failures(prefix string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.failed[NewIPCacheMapKey(netip.MustParsePrefix(prefix))]
+	return m.failed[bpfmaps.NewIPCacheKey(netip.MustParsePrefix(prefix))]
 }
 
 func (m *failingMap) setFail(p netip.Prefix, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err == nil {
-		delete(m.fail, NewIPCacheMapKey(p))
+		delete(m.fail, bpfmaps.NewIPCacheKey(p))
 		return
 	}
-	m.fail[NewIPCacheMapKey(p)] = err
+	m.fail[bpfmaps.NewIPCacheKey(p)] = err
 }
 
 func (m *failingMap) written() int {
@@ -70,7 +71,7 @@ func (m *failingMap) written() int {
 }
 
 func (m *failingMap) Put(key, value any) error {
-	if err := m.failFor(*key.(*IPCacheMapKey)); err != nil {
+	if err := m.failFor(*key.(*bpfmaps.IPCacheKey)); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -80,7 +81,7 @@ func (m *failingMap) Put(key, value any) error {
 }
 
 func (m *failingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
-	ks, vs := keys.([]IPCacheMapKey), values.([]IPCacheMapValue)
+	ks, vs := keys.([]bpfmaps.IPCacheKey), values.([]bpfmaps.IPCacheValue)
 	for i, k := range ks {
 		if err := m.failFor(k); err != nil {
 			n, _ := m.BatchUpdate(ks[:i], vs[:i], opts)
@@ -119,22 +120,22 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 	f.initialized = table.RegisterInitializer(txn, "test")
 	txn.Commit()
 
-	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[IPCacheMapKey]error{}, failed: map[IPCacheMapKey]int{}}
-	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[bpfmaps.IPCacheKey]error{}, failed: map[bpfmaps.IPCacheKey]int{}}
+	snapshot := bpfmaps.IPCacheSnapshot{Unreadable: map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}}
 	for p, id := range pinned {
-		k, v := NewIPCacheMapKey(p), NewIPCacheMapValue(id)
+		k, v := bpfmaps.NewIPCacheKey(p), bpfmaps.NewIPCacheValue(identity.Number(id))
 		f.maps.ipcache[k] = v
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(id)})
+		snapshot.Entries = append(snapshot.Entries, bpfmaps.IPCacheEntry{Prefix: p, Identity: identity.Number(id)})
 	}
-	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
-	ops := &mapOps[*ipcachecell.Entry, IPCacheMapKey, IPCacheMapValue]{
-		name:       IPCacheMapName,
+	slices.SortFunc(snapshot.Entries, func(a, b bpfmaps.IPCacheEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
+	ops := &mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
+		name:       bpfmaps.IPCacheName,
 		target:     func() kernelMap { return f.m },
 		stats:      f.stats,
-		key:        func(e *ipcachecell.Entry) IPCacheMapKey { return NewIPCacheMapKey(e.Prefix) },
-		value:      func(e *ipcachecell.Entry) IPCacheMapValue { return NewIPCacheMapValue(uint32(e.Identity)) },
-		writeOrder: IPCacheMapKey.compare,
-		readPinned: func() knownValues[IPCacheMapKey, IPCacheMapValue] { return newSnapshotValues(snapshot) },
+		key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
+		writeOrder: bpfmaps.IPCacheKey.Compare,
+		readPinned: func() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] { return newSnapshotValues(snapshot) },
 	}
 	f.writer = newIPCacheWriter(reconciler.Params{DB: f.db, Log: hivetest.Logger(t)}, table, ops)
 	var health cell.Health
@@ -185,8 +186,8 @@ func (f *writerFixture) initialize() {
 func (f *writerFixture) inMap(prefix string) (uint32, bool) {
 	f.maps.mu.Lock()
 	defer f.maps.mu.Unlock()
-	v, ok := f.maps.ipcache[NewIPCacheMapKey(netip.MustParsePrefix(prefix))]
-	return v.Identity(), ok
+	v, ok := f.maps.ipcache[bpfmaps.NewIPCacheKey(netip.MustParsePrefix(prefix))]
+	return uint32(v.Identity()), ok
 }
 
 // waitStatus waits until the entry of revision rev has status kind.
@@ -323,13 +324,13 @@ func TestIPCacheWriterPrunesAfterInitialization(t *testing.T) {
 // has, which the writer does not write again.
 func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
 	f := newOrderFixture(t, 16384)
-	require.Eventually(t, func() bool { return f.datapath.Prunes(IPCacheMapName) >= 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return f.datapath.Prunes(bpfmaps.IPCacheName) >= 1 }, 10*time.Second, time.Millisecond)
 	prefix := netip.MustParsePrefix("10.7.0.1/32")
 	restored, err := f.ipcache.NewHandle("test/restored", source.Restored)
 	require.NoError(t, err)
 	require.NoError(t, restored.Upsert(prefix, ipcachecell.Metadata{}))
 	f.converged("restored", f.has("10.7.0.1/32"))
-	written, unchanged := f.datapath.MapWrites(IPCacheMapName)
+	written, unchanged := f.datapath.MapWrites(bpfmaps.IPCacheName)
 	first, firstRev, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
 
 	owner, err := f.ipcache.NewHandle("test/owner", source.Local)
@@ -349,7 +350,7 @@ func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
 	kind, err := f.datapath.IPCacheStatus(rev)
 	require.NoError(t, err)
 	require.Equal(t, reconciler.StatusKindDone, kind)
-	nowWritten, nowUnchanged := f.datapath.MapWrites(IPCacheMapName)
+	nowWritten, nowUnchanged := f.datapath.MapWrites(bpfmaps.IPCacheName)
 	require.Equal(t, written, nowWritten, "no map write")
 	require.Equal(t, unchanged+1, nowUnchanged, "counted as unchanged")
 
@@ -361,6 +362,6 @@ func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
 		e, _, _ := f.entries.Get(f.db.ReadTxn(), ipcachecell.EntryIndex.Query(prefix))
 		return e.Identity != first.Identity && f.identityOf("10.7.0.1") == uint32(e.Identity)
 	})
-	nowWritten, _ = f.datapath.MapWrites(IPCacheMapName)
+	nowWritten, _ = f.datapath.MapWrites(bpfmaps.IPCacheName)
 	require.Greater(t, nowWritten, written)
 }

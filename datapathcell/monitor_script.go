@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -224,7 +225,7 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 	if len(j.Labels) == 0 && e.Identity == uint32(identity.World) {
 		j.Labels = []string{"reserved:world"}
 	}
-	if e.Allowed && e.Reason == ReasonPolicy || !e.Allowed && e.Reason == ReasonPolicyDeny {
+	if e.Allowed && e.Reason == bpfmaps.ReasonPolicy || !e.Allowed && e.Reason == bpfmaps.ReasonPolicyDeny {
 		j.Policy = p.allowingPolicies(e)
 	}
 	return j

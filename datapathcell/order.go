@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -56,12 +58,12 @@ type ordering struct {
 
 	mu sync.Mutex
 	// unwritten are, by identity, its policy keys whose write failed.
-	unwritten map[uint32]map[PolicyMapKey]struct{}
+	unwritten map[identity.Number]map[bpfmaps.PolicyKey]struct{}
 	// held are the ipcache keys whose write failed or was held, with the
 	// identity the map still gives their addresses (0: none); heldBy
 	// counts them by that identity.
-	held   map[IPCacheMapKey]uint32
-	heldBy map[uint32]int
+	held   map[bpfmaps.IPCacheKey]identity.Number
+	heldBy map[identity.Number]int
 	// heldGone is closed and replaced when a held key is written.
 	heldGone chan struct{}
 	// numUnwritten and numHeld let the writers skip the lock when there
@@ -74,9 +76,9 @@ func newOrdering(log *slog.Logger, selectors policy.Progress, ipcache statedb.Ta
 	return &ordering{
 		log: log, selectors: selectors, ipcache: ipcache, entries: entries, enforcement: enforcement,
 		switchedOff: progress.New[statedb.Revision](0),
-		unwritten:   map[uint32]map[PolicyMapKey]struct{}{},
-		held:        map[IPCacheMapKey]uint32{},
-		heldBy:      map[uint32]int{},
+		unwritten:   map[identity.Number]map[bpfmaps.PolicyKey]struct{}{},
+		held:        map[bpfmaps.IPCacheKey]identity.Number{},
+		heldBy:      map[identity.Number]int{},
 		heldGone:    make(chan struct{}),
 	}
 }
@@ -101,7 +103,7 @@ func (o *ordering) beforeIPCacheWrite(ctx context.Context, txn statedb.ReadTxn) 
 
 // holdIPCache says why an ipcache value must not be written yet: some
 // policy entry of its identity is not in the policy map.
-func (o *ordering) holdIPCache(v IPCacheMapValue) error {
+func (o *ordering) holdIPCache(v bpfmaps.IPCacheValue) error {
 	if o.numUnwritten.Load() == 0 {
 		return nil
 	}
@@ -116,9 +118,9 @@ func (o *ordering) holdIPCache(v IPCacheMapValue) error {
 // ipcacheFailed records that the map keeps its value for k, and which
 // identity that gives k's addresses (a lookup of an LPM trie finds the
 // longest prefix that covers the key: k itself or what it falls back to).
-func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheMapKey) {
-	var v IPCacheMapValue
-	id := uint32(0)
+func (o *ordering) ipcacheFailed(m kernelMap, k bpfmaps.IPCacheKey) {
+	var v bpfmaps.IPCacheValue
+	id := identity.Number(0)
 	if err := m.Lookup(&k, &v); err == nil {
 		id = v.Identity()
 	}
@@ -135,7 +137,7 @@ func (o *ordering) ipcacheFailed(m kernelMap, k IPCacheMapKey) {
 }
 
 // ipcacheWritten records that k has its desired value (or is deleted).
-func (o *ordering) ipcacheWritten(k IPCacheMapKey) {
+func (o *ordering) ipcacheWritten(k bpfmaps.IPCacheKey) {
 	if o.numHeld.Load() == 0 {
 		return
 	}
@@ -154,14 +156,14 @@ func (o *ordering) ipcacheWritten(k IPCacheMapKey) {
 	o.heldGone = make(chan struct{})
 }
 
-func (o *ordering) unheldLocked(id uint32) {
+func (o *ordering) unheldLocked(id identity.Number) {
 	if o.heldBy[id]--; o.heldBy[id] <= 0 {
 		delete(o.heldBy, id)
 	}
 }
 
 // prefixOf is k's prefix for a log line.
-func prefixOf(k IPCacheMapKey) string {
+func prefixOf(k bpfmaps.IPCacheKey) string {
 	p, err := k.Prefix()
 	if err != nil {
 		return fmt.Sprintf("%x", k)
@@ -171,20 +173,20 @@ func prefixOf(k IPCacheMapKey) string {
 
 // heldIdentity reports whether a held ipcache key still maps to id, and
 // returns a channel closed when a held key is written.
-func (o *ordering) heldIdentity(id uint32) (bool, <-chan struct{}) {
+func (o *ordering) heldIdentity(id identity.Number) (bool, <-chan struct{}) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.heldBy[id] > 0, o.heldGone
 }
 
 // policyFailed records a policy key whose write failed.
-func (o *ordering) policyFailed(k PolicyMapKey) {
+func (o *ordering) policyFailed(k bpfmaps.PolicyKey) {
 	id, _, _, _ := k.Fields()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	keys := o.unwritten[id]
 	if keys == nil {
-		keys = map[PolicyMapKey]struct{}{}
+		keys = map[bpfmaps.PolicyKey]struct{}{}
 		o.unwritten[id] = keys
 	}
 	if _, ok := keys[k]; !ok {
@@ -194,7 +196,7 @@ func (o *ordering) policyFailed(k PolicyMapKey) {
 }
 
 // policyWritten records a policy key written or deleted.
-func (o *ordering) policyWritten(k PolicyMapKey) {
+func (o *ordering) policyWritten(k bpfmaps.PolicyKey) {
 	if o.numUnwritten.Load() == 0 {
 		return
 	}

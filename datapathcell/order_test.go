@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -45,8 +46,8 @@ type recordingMaps struct {
 	t  testing.TB
 	mu sync.Mutex
 
-	ipcache     map[IPCacheMapKey]IPCacheMapValue
-	policy      map[PolicyMapKey]PolicyMapValue
+	ipcache     map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue
+	policy      map[bpfmaps.PolicyKey]bpfmaps.PolicyValue
 	policyMax   int
 	enforcement [2]uint32
 
@@ -59,15 +60,15 @@ type recordingMaps struct {
 
 func newRecordingMaps(t testing.TB, policyMax int) *recordingMaps {
 	return &recordingMaps{
-		t: t, ipcache: map[IPCacheMapKey]IPCacheMapValue{}, policy: map[PolicyMapKey]PolicyMapValue{}, policyMax: policyMax,
+		t: t, ipcache: map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}, policy: map[bpfmaps.PolicyKey]bpfmaps.PolicyValue{}, policyMax: policyMax,
 		watched: map[netip.Addr]uint8{},
 	}
 }
 
 func (r *recordingMaps) maps() *writtenMaps {
 	return &writtenMaps{
-		ipcache:     &fakeMap[IPCacheMapKey, IPCacheMapValue]{r: r, entries: r.ipcache},
-		policy:      &fakeMap[PolicyMapKey, PolicyMapValue]{r: r, entries: r.policy, max: func() int { return r.policyMax }},
+		ipcache:     &fakeMap[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{r: r, entries: r.ipcache},
+		policy:      &fakeMap[bpfmaps.PolicyKey, bpfmaps.PolicyValue]{r: r, entries: r.policy, max: func() int { return r.policyMax }},
 		enforcement: &fakeEnforcement{r: r},
 	}
 }
@@ -88,8 +89,8 @@ func (r *recordingMaps) identityOf(addr netip.Addr) uint32 {
 	}
 	for ; bits >= 0; bits-- {
 		p, _ := addr.Prefix(bits)
-		if v, ok := r.ipcache[NewIPCacheMapKey(p)]; ok {
-			return v.Identity()
+		if v, ok := r.ipcache[bpfmaps.NewIPCacheKey(p)]; ok {
+			return uint32(v.Identity())
 		}
 	}
 	return uint32(identity.World)
@@ -240,7 +241,7 @@ type fakeEnforcement struct{ r *recordingMaps }
 func (e *fakeEnforcement) Put(key, value any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	dir, v := *key.(*uint32), *value.(*enforcementValue)
+	dir, v := *key.(*uint32), *value.(*bpfmaps.EnforcementValue)
 	e.r.enforcement[dir] = uint32(v)
 	e.r.wrote(fmt.Sprintf("enforcement[%d] = %d", dir, v))
 	return nil
@@ -249,7 +250,7 @@ func (e *fakeEnforcement) Put(key, value any) error {
 func (e *fakeEnforcement) Lookup(key, valueOut any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	*valueOut.(*enforcementValue) = enforcementValue(e.r.enforcement[*key.(*uint32)])
+	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[*key.(*uint32)])
 	return nil
 }
 
@@ -353,7 +354,7 @@ func (f *orderFixture) has(prefixes ...string) func() bool {
 		f.maps.mu.Lock()
 		defer f.maps.mu.Unlock()
 		for _, p := range prefixes {
-			if _, ok := f.maps.ipcache[NewIPCacheMapKey(netip.MustParsePrefix(p))]; !ok {
+			if _, ok := f.maps.ipcache[bpfmaps.NewIPCacheKey(netip.MustParsePrefix(p))]; !ok {
 				return false
 			}
 		}
@@ -411,12 +412,12 @@ func (f *orderFixture) unconverged() string {
 	}
 	f.maps.mu.Lock()
 	defer f.maps.mu.Unlock()
-	wantIPCache := map[IPCacheMapKey]IPCacheMapValue{}
+	wantIPCache := map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}
 	for e, rev := range f.entries.All(txn) {
 		if kind, err := f.datapath.IPCacheStatus(rev); kind != reconciler.StatusKindDone {
 			return fmt.Sprintf("ipcache %s is %s (%v)", e.Prefix, kind, err)
 		}
-		wantIPCache[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
+		wantIPCache[bpfmaps.NewIPCacheKey(e.Prefix)] = bpfmaps.NewIPCacheValue(e.Identity)
 	}
 	if len(wantIPCache) != len(f.maps.ipcache) {
 		return fmt.Sprintf("ipcache map has %d entries, the table %d", len(f.maps.ipcache), len(wantIPCache))
@@ -580,11 +581,11 @@ func TestOrderFullPolicyMap(t *testing.T) {
 func TestRecordingMapsSeeADrop(t *testing.T) {
 	r := newRecordingMaps(t, 10)
 	m := r.maps()
-	k, v := NewIPCacheMapKey(netip.MustParsePrefix("10.1.0.0/16")), NewIPCacheMapValue(16777217)
+	k, v := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.1.0.0/16")), bpfmaps.NewIPCacheValue(16777217)
 	require.NoError(t, m.ipcache.Put(&k, &v))
-	pk, pv := policyMapKey(16777217, uint8(policy.Egress), 0, 0), NewPolicyMapValue(uint32(policy.VerdictAllow))
+	pk, pv := policyMapKey(16777217, uint8(policy.Egress), 0, 0), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
-	dir, on := uint32(policy.Egress), enforcementValue(1)
+	dir, on := uint32(policy.Egress), bpfmaps.EnforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))
 	r.watch(pinged, uint8(policy.Egress))
 	require.NoError(t, m.policy.Delete(&pk))

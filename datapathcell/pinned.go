@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
@@ -49,32 +50,32 @@ func (m mapValues[K, V]) known() []K { return slices.Collect(maps.Keys(m)) }
 // are shared with restore and are not modified; what changes is kept
 // beside them.
 type snapshotValues struct {
-	entries []PinnedEntry // sorted by prefixkey.Compare; read only
+	entries []bpfmaps.IPCacheEntry // sorted by prefixkey.Compare; read only
 	// gone marks the entries forgotten; changed has the values written
 	// since to entries still known.
 	gone    []bool
-	changed map[int]IPCacheMapValue
+	changed map[int]bpfmaps.IPCacheValue
 	// unreadable are the snapshot's keys that are no prefix, copied: they
 	// are forgotten (deleted) at the first prune.
-	unreadable map[IPCacheMapKey]IPCacheMapValue
+	unreadable map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue
 	// next is where the next lookup looks first: after the last found.
 	next int
 }
 
-func newSnapshotValues(s ipcacheSnapshot) *snapshotValues {
+func newSnapshotValues(s bpfmaps.IPCacheSnapshot) *snapshotValues {
 	return &snapshotValues{
-		entries:    s.entries,
-		gone:       make([]bool, len(s.entries)),
-		changed:    map[int]IPCacheMapValue{},
-		unreadable: maps.Clone(s.unreadable),
+		entries:    s.Entries,
+		gone:       make([]bool, len(s.Entries)),
+		changed:    map[int]bpfmaps.IPCacheValue{},
+		unreadable: maps.Clone(s.Unreadable),
 	}
 }
 
 // find returns the index of k's entry, or false if k is no canonical
 // prefix key of an entry (unreadable keys are not entries).
-func (s *snapshotValues) find(k IPCacheMapKey) (int, bool) {
-	prefix, err := k.decode()
-	if err != nil || prefix.Masked() != prefix {
+func (s *snapshotValues) find(k bpfmaps.IPCacheKey) (int, bool) {
+	prefix, err := k.Prefix()
+	if err != nil {
 		return 0, false
 	}
 	for _, i := range [2]int{s.next, s.next - 1} {
@@ -83,7 +84,7 @@ func (s *snapshotValues) find(k IPCacheMapKey) (int, bool) {
 			return i, true
 		}
 	}
-	i, found := slices.BinarySearchFunc(s.entries, prefix, func(e PinnedEntry, p netip.Prefix) int {
+	i, found := slices.BinarySearchFunc(s.entries, prefix, func(e bpfmaps.IPCacheEntry, p netip.Prefix) int {
 		return prefixkey.Compare(e.Prefix, p)
 	})
 	if found {
@@ -92,22 +93,22 @@ func (s *snapshotValues) find(k IPCacheMapKey) (int, bool) {
 	return i, found
 }
 
-func (s *snapshotValues) get(k IPCacheMapKey) (IPCacheMapValue, bool) {
+func (s *snapshotValues) get(k bpfmaps.IPCacheKey) (bpfmaps.IPCacheValue, bool) {
 	i, ok := s.find(k)
 	switch {
 	case !ok:
 		v, known := s.unreadable[k]
 		return v, known
 	case s.gone[i]:
-		return IPCacheMapValue{}, false
+		return bpfmaps.IPCacheValue{}, false
 	}
 	if v, changed := s.changed[i]; changed {
 		return v, true
 	}
-	return NewIPCacheMapValue(uint32(s.entries[i].Identity)), true
+	return bpfmaps.NewIPCacheValue(s.entries[i].Identity), true
 }
 
-func (s *snapshotValues) set(k IPCacheMapKey, v IPCacheMapValue) {
+func (s *snapshotValues) set(k bpfmaps.IPCacheKey, v bpfmaps.IPCacheValue) {
 	i, ok := s.find(k)
 	switch {
 	case ok && !s.gone[i]:
@@ -119,7 +120,7 @@ func (s *snapshotValues) set(k IPCacheMapKey, v IPCacheMapValue) {
 	}
 }
 
-func (s *snapshotValues) forget(k IPCacheMapKey) {
+func (s *snapshotValues) forget(k bpfmaps.IPCacheKey) {
 	if i, ok := s.find(k); ok {
 		s.gone[i] = true
 		delete(s.changed, i)
@@ -128,11 +129,11 @@ func (s *snapshotValues) forget(k IPCacheMapKey) {
 	delete(s.unreadable, k)
 }
 
-func (s *snapshotValues) known() []IPCacheMapKey {
-	var keys []IPCacheMapKey
+func (s *snapshotValues) known() []bpfmaps.IPCacheKey {
+	var keys []bpfmaps.IPCacheKey
 	for i, e := range s.entries {
 		if !s.gone[i] {
-			keys = append(keys, NewIPCacheMapKey(e.Prefix))
+			keys = append(keys, bpfmaps.NewIPCacheKey(e.Prefix))
 		}
 	}
 	for k := range s.unreadable {

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"io"
@@ -28,26 +29,26 @@ func blockPrefix(i int) netip.Prefix {
 func TestDumpIPCacheAcrossBlocks(t *testing.T) {
 	const n = 2*readBatchSize + 17
 	r := newRecordingMaps(t, 0)
-	var want []PinnedEntry
+	var want []bpfmaps.IPCacheEntry
 	for i := range n {
 		p := blockPrefix(i)
-		r.ipcache[NewIPCacheMapKey(p)] = NewIPCacheMapValue(uint32(i + 1))
-		want = append(want, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
+		r.ipcache[bpfmaps.NewIPCacheKey(p)] = bpfmaps.NewIPCacheValue(identity.Number(i + 1))
+		want = append(want, bpfmaps.IPCacheEntry{Prefix: p, Identity: identity.Number(i + 1)})
 	}
-	hostBits := NewIPCacheMapKey(netip.MustParsePrefix("192.168.0.0/16"))
+	hostBits := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("192.168.0.0/16"))
 	hostBits[10] = 7 // 192.168.7.0/16
-	r.ipcache[hostBits] = NewIPCacheMapValue(99)
-	want = append(want, PinnedEntry{Prefix: netip.MustParsePrefix("192.168.0.0/16"), Identity: 99})
-	unreadable := NewIPCacheMapKey(netip.MustParsePrefix("10.9.9.0/24"))
+	r.ipcache[hostBits] = bpfmaps.NewIPCacheValue(99)
+	want = append(want, bpfmaps.IPCacheEntry{Prefix: netip.MustParsePrefix("192.168.0.0/16"), Identity: 99})
+	unreadable := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.9.9.0/24"))
 	unreadable[7] = 9 // unknown family
-	r.ipcache[unreadable] = NewIPCacheMapValue(98)
-	slices.SortFunc(want, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
+	r.ipcache[unreadable] = bpfmaps.NewIPCacheValue(98)
+	slices.SortFunc(want, func(a, b bpfmaps.IPCacheEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 
-	snapshot, err := dumpIPCache(r.maps().ipcache, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	snapshot, err := bpfmaps.ReadIPCacheMap(r.maps().ipcache, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	require.NoError(t, err)
-	require.Greater(t, len(snapshot.entries), 2*readBatchSize, "more than two blocks")
-	require.Equal(t, want, snapshot.entries)
-	require.Equal(t, map[IPCacheMapKey]IPCacheMapValue{unreadable: NewIPCacheMapValue(98)}, snapshot.unreadable)
+	require.Greater(t, len(snapshot.Entries), 2*readBatchSize, "more than two blocks")
+	require.Equal(t, want, snapshot.Entries)
+	require.Equal(t, map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{unreadable: bpfmaps.NewIPCacheValue(98)}, snapshot.Unreadable)
 }
 
 // snapshotValues answer as a map of the snapshot's keys would, whatever
@@ -55,36 +56,36 @@ func TestDumpIPCacheAcrossBlocks(t *testing.T) {
 // since to known keys (not to others), forgotten keys, unreadable keys.
 func TestSnapshotValues(t *testing.T) {
 	const n = 1000
-	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
-	want := mapValues[IPCacheMapKey, IPCacheMapValue]{}
+	snapshot := bpfmaps.IPCacheSnapshot{Unreadable: map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}}
+	want := mapValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{}
 	for i := range n {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), 32)
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
-		want[NewIPCacheMapKey(p)] = NewIPCacheMapValue(uint32(i + 1))
+		snapshot.Entries = append(snapshot.Entries, bpfmaps.IPCacheEntry{Prefix: p, Identity: identity.Number(i + 1)})
+		want[bpfmaps.NewIPCacheKey(p)] = bpfmaps.NewIPCacheValue(identity.Number(i + 1))
 	}
-	unreadable := NewIPCacheMapKey(netip.MustParsePrefix("10.9.9.0/24"))
+	unreadable := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.9.9.0/24"))
 	unreadable[4] = 1 // nonzero cluster_id
-	snapshot.unreadable[unreadable] = NewIPCacheMapValue(5)
-	want[unreadable] = NewIPCacheMapValue(5)
+	snapshot.Unreadable[unreadable] = bpfmaps.NewIPCacheValue(5)
+	want[unreadable] = bpfmaps.NewIPCacheValue(5)
 	got := newSnapshotValues(snapshot)
 
-	check := func(k IPCacheMapKey) {
+	check := func(k bpfmaps.IPCacheKey) {
 		t.Helper()
 		wv, wok := want.get(k)
 		gv, gok := got.get(k)
 		require.Equal(t, wok, gok, "known %x", k)
 		require.Equal(t, wv, gv, "value of %x", k)
 	}
-	keys := slices.Collect(func(yield func(IPCacheMapKey) bool) {
+	keys := slices.Collect(func(yield func(bpfmaps.IPCacheKey) bool) {
 		for k := range want {
 			if !yield(k) {
 				return
 			}
 		}
 	})
-	slices.SortFunc(keys, IPCacheMapKey.compare)
-	absent := NewIPCacheMapKey(netip.MustParsePrefix("10.0.0.0/31"))
-	hostBits := NewIPCacheMapKey(netip.MustParsePrefix("10.0.0.0/24"))
+	slices.SortFunc(keys, bpfmaps.IPCacheKey.Compare)
+	absent := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.0.0.0/31"))
+	hostBits := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.0.0.0/24"))
 	hostBits[11] = 1 // 10.0.0.1/24: not the key of an entry
 	for _, k := range append(keys, absent, hostBits) {
 		check(k) // in order
@@ -93,7 +94,7 @@ func TestSnapshotValues(t *testing.T) {
 		k2 := keys[(i*7919)%len(keys)] // out of order
 		check(k2)
 		if i%3 == 0 {
-			v := NewIPCacheMapValue(uint32(10_000 + i))
+			v := bpfmaps.NewIPCacheValue(identity.Number(10_000 + i))
 			want.set(k, v)
 			got.set(k, v)
 		}
@@ -102,16 +103,16 @@ func TestSnapshotValues(t *testing.T) {
 			got.forget(k)
 		}
 	}
-	for _, k := range []IPCacheMapKey{absent, hostBits} {
-		want.set(k, NewIPCacheMapValue(1))
-		got.set(k, NewIPCacheMapValue(1))
+	for _, k := range []bpfmaps.IPCacheKey{absent, hostBits} {
+		want.set(k, bpfmaps.NewIPCacheValue(1))
+		got.set(k, bpfmaps.NewIPCacheValue(1))
 	}
 	for _, k := range append(keys, absent, hostBits) {
 		check(k)
 	}
 	require.ElementsMatch(t, want.known(), got.known())
-	require.Equal(t, NewIPCacheMapValue(5), snapshot.unreadable[unreadable], "the snapshot is not modified")
-	require.Equal(t, identity.Number(1), snapshot.entries[0].Identity, "the snapshot is not modified")
+	require.Equal(t, bpfmaps.NewIPCacheValue(5), snapshot.Unreadable[unreadable], "the snapshot is not modified")
+	require.Equal(t, identity.Number(1), snapshot.Entries[0].Identity, "the snapshot is not modified")
 }
 
 // BenchmarkPinnedLookup: the ipcache writer's first round after a restart
@@ -120,14 +121,14 @@ func TestSnapshotValues(t *testing.T) {
 // writer did before; "snapshot" looks the snapshot up in place.
 func BenchmarkPinnedLookup(b *testing.B) {
 	const n = 1 << 20
-	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
-	keys := make([]IPCacheMapKey, n)
+	snapshot := bpfmaps.IPCacheSnapshot{Unreadable: map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}}
+	keys := make([]bpfmaps.IPCacheKey, n)
 	for i := range n {
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32)
-		snapshot.entries = append(snapshot.entries, PinnedEntry{Prefix: p, Identity: identity.Number(i + 1)})
-		keys[i] = NewIPCacheMapKey(p)
+		snapshot.Entries = append(snapshot.Entries, bpfmaps.IPCacheEntry{Prefix: p, Identity: identity.Number(i + 1)})
+		keys[i] = bpfmaps.NewIPCacheKey(p)
 	}
-	lookUp := func(b *testing.B, build func() knownValues[IPCacheMapKey, IPCacheMapValue]) {
+	lookUp := func(b *testing.B, build func() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]) {
 		for range b.N {
 			known := build()
 			for _, k := range keys {
@@ -138,15 +139,15 @@ func BenchmarkPinnedLookup(b *testing.B) {
 		}
 	}
 	b.Run("map", func(b *testing.B) {
-		lookUp(b, func() knownValues[IPCacheMapKey, IPCacheMapValue] {
-			m := make(mapValues[IPCacheMapKey, IPCacheMapValue], len(snapshot.entries))
-			for _, e := range snapshot.entries {
-				m[NewIPCacheMapKey(e.Prefix)] = NewIPCacheMapValue(uint32(e.Identity))
+		lookUp(b, func() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
+			m := make(mapValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue], len(snapshot.Entries))
+			for _, e := range snapshot.Entries {
+				m[bpfmaps.NewIPCacheKey(e.Prefix)] = bpfmaps.NewIPCacheValue(e.Identity)
 			}
 			return m
 		})
 	})
 	b.Run("snapshot", func(b *testing.B) {
-		lookUp(b, func() knownValues[IPCacheMapKey, IPCacheMapValue] { return newSnapshotValues(snapshot) })
+		lookUp(b, func() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] { return newSnapshotValues(snapshot) })
 	})
 }

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -22,14 +23,14 @@ import (
 // deleted from the map only once nothing the map's users depend on still
 // points at it (see ordering), by the drain job or by a later call.
 type policyOps struct {
-	ops   *mapOps[*policy.Entry, PolicyMapKey, PolicyMapValue]
+	ops   *mapOps[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]
 	order *ordering
 	log   *slog.Logger
 
 	// mu serializes the reconciler's calls with the drain job's.
 	mu sync.Mutex
 	// draining are the keys to delete, with what must be written first.
-	draining map[PolicyMapKey]drainAfter
+	draining map[bpfmaps.PolicyKey]drainAfter
 	// queued wakes the drain job (buffered, one).
 	queued chan struct{}
 
@@ -37,7 +38,7 @@ type policyOps struct {
 	// identity-0 keys; anyKeys are those the map holds (nil until the
 	// map is read, at the first call), told what it was last told.
 	anyIdentity func(present bool) error
-	anyKeys     map[PolicyMapKey]struct{}
+	anyKeys     map[bpfmaps.PolicyKey]struct{}
 	told        *bool
 
 	// guard keeps the denies that are not in the maps from failing open
@@ -57,18 +58,18 @@ func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slo
 	p := &policyOps{
 		order:    order,
 		log:      log,
-		draining: map[PolicyMapKey]drainAfter{},
+		draining: map[bpfmaps.PolicyKey]drainAfter{},
 		queued:   make(chan struct{}, 1),
 	}
-	p.ops = &mapOps[*policy.Entry, PolicyMapKey, PolicyMapValue]{
-		name:   PolicyMapName,
+	p.ops = &mapOps[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
+		name:   bpfmaps.PolicyName,
 		target: m,
 		stats:  stats,
 		log:    log,
-		key: func(e *policy.Entry) PolicyMapKey {
-			return NewPolicyMapKey(e.Key)
+		key: func(e *policy.Entry) bpfmaps.PolicyKey {
+			return bpfmaps.NewPolicyKey(e.Key)
 		},
-		value:   func(e *policy.Entry) PolicyMapValue { return NewPolicyMapValue(uint32(e.Verdict)) },
+		value:   func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
 		failed:  order.policyFailed,
 		written: order.policyWritten,
 	}
@@ -104,7 +105,7 @@ func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb
 func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	keys := make([]PolicyMapKey, len(batch))
+	keys := make([]bpfmaps.PolicyKey, len(batch))
 	for i := range batch {
 		keys[i] = p.ops.key(batch[i].Object)
 	}
@@ -150,7 +151,7 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 //
 // Possible errors: the map cannot be read (the first time), or the
 // program cannot be told.
-func (p *policyOps) writingLocked(keys ...PolicyMapKey) error {
+func (p *policyOps) writingLocked(keys ...bpfmaps.PolicyKey) error {
 	if err := p.readAnyKeysLocked(); err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func (p *policyOps) writingLocked(keys ...PolicyMapKey) error {
 
 // deletedLocked is called after keys were deleted: once the map holds no
 // identity-0 key, the program may skip that lookup.
-func (p *policyOps) deletedLocked(keys []PolicyMapKey) {
+func (p *policyOps) deletedLocked(keys []bpfmaps.PolicyKey) {
 	if p.anyKeys == nil {
 		return
 	}
@@ -182,14 +183,14 @@ func (p *policyOps) readAnyKeysLocked() error {
 	if p.anyIdentity == nil || p.anyKeys != nil {
 		return nil
 	}
-	keys := map[PolicyMapKey]struct{}{}
-	err := readEntries(p.ops.target(), func(k PolicyMapKey, _ PolicyMapValue) {
+	keys := map[bpfmaps.PolicyKey]struct{}{}
+	err := bpfmaps.ReadEntries(p.ops.target(), func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
 		if id, _, _, _ := k.Fields(); id == 0 {
 			keys[k] = struct{}{}
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("read the identity-0 keys of the %s map: %w", PolicyMapName, err)
+		return fmt.Errorf("read the identity-0 keys of the %s map: %w", bpfmaps.PolicyName, err)
 	}
 	p.anyKeys = keys
 	return nil
@@ -216,7 +217,7 @@ func (p *policyOps) tellLocked() error {
 func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.drainLocked(txn, []PolicyMapKey{p.ops.key(e)})
+	p.drainLocked(txn, []bpfmaps.PolicyKey{p.ops.key(e)})
 	p.reguardLocked(txn)
 	return nil
 }
@@ -225,7 +226,7 @@ func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	keys := make([]PolicyMapKey, len(batch))
+	keys := make([]bpfmaps.PolicyKey, len(batch))
 	for i := range batch {
 		keys[i] = p.ops.key(batch[i].Object)
 	}
@@ -245,7 +246,7 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 		return err
 	}
 	// The guard's shadows have no row; it deletes them itself.
-	stale = slices.DeleteFunc(stale, func(k PolicyMapKey) bool { return p.guard.guarded[k] == guardShadow })
+	stale = slices.DeleteFunc(stale, func(k bpfmaps.PolicyKey) bool { return p.guard.guarded[k] == guardShadow })
 	p.drainLocked(txn, stale)
 	p.reguardLocked(txn)
 	p.ops.stats.Prunes.Add(1)
@@ -256,7 +257,7 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 
 // drainLocked queues keys to delete once the tables as txn has them are
 // written, and deletes at once those that may go.
-func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []PolicyMapKey) {
+func (p *policyOps) drainLocked(txn statedb.ReadTxn, keys []bpfmaps.PolicyKey) {
 	after := drainAfter{ipcache: p.order.ipcache.Revision(txn), enforcement: p.order.enforcement.Revision(txn)}
 	for _, k := range keys {
 		p.order.policyWritten(k) // no longer wanted: not a missing entry
@@ -282,7 +283,7 @@ func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions 
 	}
 	ipcacheWritten := written(p.order.ipcacheWriter)
 	switchedOff, _ := p.order.switchedOff.Get()
-	var ready []PolicyMapKey
+	var ready []bpfmaps.PolicyKey
 	for k, after := range p.draining {
 		if after.ipcache > ipcacheWritten || after.enforcement > switchedOff {
 			if !revisions || after.ipcache < wait.ipcache {

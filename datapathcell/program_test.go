@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -37,13 +39,13 @@ const (
 	progRunIfindex = 1
 )
 
-// The C declarations of the maps must match mapspecs.go: the loader swaps
+// The C declarations of the maps must match bpfmaps/mapspecs.go: the loader swaps
 // them for the agent's pinned maps, which are made from those specs.
 func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{IPCacheMapSpec(1), policyMapSpec(1), enforcementMapSpec(), countersMapSpec(), conntrackMapSpec(1), revisionMapSpec()} {
+	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PolicySpec(1), bpfmaps.EnforcementSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec()} {
 		got, ok := spec.Maps[want.Name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
@@ -60,12 +62,12 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	require.EqualValues(t, 1, clock.MaxEntries)
 	require.Empty(t, clock.Pinning)
 	// Sizes that are not configuration.
-	require.Equal(t, enforcementMapSpec().MaxEntries, spec.Maps[EnforcementMapName].MaxEntries)
-	require.Equal(t, countersMapSpec().MaxEntries, spec.Maps[CountersMapName].MaxEntries)
+	require.Equal(t, bpfmaps.EnforcementSpec().MaxEntries, spec.Maps[bpfmaps.EnforcementName].MaxEntries)
+	require.Equal(t, bpfmaps.CountersSpec().MaxEntries, spec.Maps[bpfmaps.CountersName].MaxEntries)
 	// The C defaults are the flags' defaults (docs/CONTRACT.md).
-	require.EqualValues(t, 512000, spec.Maps[IPCacheMapName].MaxEntries)
-	require.EqualValues(t, 16384, spec.Maps[PolicyMapName].MaxEntries)
-	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[ConntrackMapName].MaxEntries)
+	require.EqualValues(t, 512000, spec.Maps[bpfmaps.IPCacheName].MaxEntries)
+	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].MaxEntries)
+	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[bpfmaps.ConntrackName].MaxEntries)
 	// The program's timeouts are Cilium's defaults: cilium-agent's
 	// --bpf-ct-timeout-regular-tcp-syn (1m), -regular-tcp (6h),
 	// -regular-tcp-fin (10s) and -regular-any (1m), as its command
@@ -86,15 +88,15 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 }
 
 func TestCounterIndex(t *testing.T) {
-	// abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
+	// bpfmaps/abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
 	require.Equal(t, uint32(0), counterIndex(policy.Ingress, countAllowed))
-	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(ReasonFragment)))
+	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(bpfmaps.ReasonNoPolicy)))
+	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(bpfmaps.ReasonFragment)))
 	require.Equal(t, uint32(8), counterIndex(policy.Egress, countAllowed))
-	require.Equal(t, uint32(9), counterIndex(policy.Egress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(10), counterIndex(policy.Egress, uint32(ReasonMalformed)))
-	require.Equal(t, uint32(12), counterIndex(policy.Egress, uint32(ReasonVLANTagged)))
-	for _, r := range DropReasons() {
+	require.Equal(t, uint32(9), counterIndex(policy.Egress, uint32(bpfmaps.ReasonNoPolicy)))
+	require.Equal(t, uint32(10), counterIndex(policy.Egress, uint32(bpfmaps.ReasonMalformed)))
+	require.Equal(t, uint32(12), counterIndex(policy.Egress, uint32(bpfmaps.ReasonVLANTagged)))
+	for _, r := range bpfmaps.DropReasons() {
 		require.Less(t, uint32(r), uint32(countersSlots), "reason %s has no slot", r)
 	}
 }
@@ -110,14 +112,14 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		return m
 	}
 	return enforcerMaps{
-		IPCache:     newMap(IPCacheMapSpec(1024)),
-		Policy:      newMap(policyMapSpec(512)),
-		Enforcement: newMap(enforcementMapSpec()),
-		Counters:    newMap(countersMapSpec()),
-		Conntrack:   newMap(conntrackMapSpec(4096)),
-		Revision:    newMap(revisionMapSpec()),
+		IPCache:     newMap(bpfmaps.IPCacheSpec(1024)),
+		Policy:      newMap(bpfmaps.PolicySpec(512)),
+		Enforcement: newMap(bpfmaps.EnforcementSpec()),
+		Counters:    newMap(bpfmaps.CountersSpec()),
+		Conntrack:   newMap(bpfmaps.ConntrackSpec(4096)),
+		Revision:    newMap(bpfmaps.RevisionSpec()),
 
-		ConntrackOpening: newMap(conntrackOpeningMapSpec(1024)),
+		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(1024)),
 	}
 }
 
@@ -143,8 +145,11 @@ func newTestLinksDir(t *testing.T) string {
 			t.Errorf("unmount %s: %v", root, err)
 		}
 	})
-	return filepath.Join(root, "ipcache-agent", "links")
+	return bpfmaps.LinksDir(root)
 }
+
+// bpfRootOf is the bpffs root of a newTestLinksDir.
+func bpfRootOf(linksDir string) string { return filepath.Dir(filepath.Dir(linksDir)) }
 
 func loadTestEnforcer(t *testing.T, maps enforcerMaps) *enforcer {
 	t.Helper()
@@ -159,23 +164,23 @@ func (nw *endpointNetwork) attach(t *testing.T, e *enforcer, linksDir string) {
 	require.NoError(t, inNetns(t, nw.host, func() error { return e.attach(nw.hostDevice, linksDir) }))
 }
 
-func putIdentity(t *testing.T, maps enforcerMaps, prefix string, identity uint32) {
+func putIdentity(t *testing.T, maps enforcerMaps, prefix string, id uint32) {
 	t.Helper()
-	require.NoError(t, maps.IPCache.Put(NewIPCacheMapKey(netip.MustParsePrefix(prefix)), NewIPCacheMapValue(identity)))
+	require.NoError(t, maps.IPCache.Put(bpfmaps.NewIPCacheKey(netip.MustParsePrefix(prefix)), bpfmaps.NewIPCacheValue(identity.Number(id))))
 	bumpRevision(t, maps)
 }
 
 func putAllow(t *testing.T, maps enforcerMaps, identity uint32, direction policy.Direction, protocol uint8, dport uint16) {
 	t.Helper()
-	require.NoError(t, maps.Policy.Put(policyMapKey(identity, uint8(direction), protocol, dport), NewPolicyMapValue(uint32(policy.VerdictAllow))))
+	require.NoError(t, maps.Policy.Put(policyMapKey(identity, uint8(direction), protocol, dport), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))
 	bumpRevision(t, maps)
 }
 
 func clearPolicyMap(t *testing.T, maps enforcerMaps) {
 	t.Helper()
-	var keys []PolicyMapKey
-	var k PolicyMapKey
-	var v PolicyMapValue
+	var keys []bpfmaps.PolicyKey
+	var k bpfmaps.PolicyKey
+	var v bpfmaps.PolicyValue
 	it := maps.Policy.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
@@ -197,9 +202,9 @@ func putEnforced(t *testing.T, maps enforcerMaps, direction policy.Direction, en
 	bumpRevision(t, maps)
 }
 
-func readTestCounters(t *testing.T, maps enforcerMaps) Counters {
+func readTestCounters(t *testing.T, maps enforcerMaps) bpfmaps.Counters {
 	t.Helper()
-	c, err := readCounters(maps.Counters)
+	c, err := bpfmaps.ReadCounters(maps.Counters)
 	require.NoError(t, err)
 	return c
 }
@@ -503,14 +508,14 @@ func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 	require.False(t, nw.pingOnce(t, denied4))
 	require.Equal(t, 2, nw.attachedPrograms(t, nw.hostDevice))
 
-	require.NoError(t, detachAll(linksDir))
+	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)))
 	_, err := os.Stat(linksDir)
 	require.True(t, errors.Is(err, os.ErrNotExist), "links directory still there: %v", err)
 	require.Zero(t, nw.attachedPrograms(t, nw.hostDevice))
 	// The program still exists (the agent holds it) but nothing runs it.
 	require.True(t, nw.pingOnce(t, denied4))
 
-	require.NoError(t, detachAll(linksDir), "nothing to detach is not an error")
+	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)), "nothing to detach is not an error")
 }
 
 func TestPrivilegedAttachRefusesNonEthernet(t *testing.T) {
@@ -542,7 +547,7 @@ func TestPrivilegedAttachDeviceNameWithDot(t *testing.T) {
 	require.NoError(t, inNetns(t, nw.host, func() error { return e.attach("vl.10", linksDir) }))
 	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-ingress"))
 	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-egress"))
-	require.NoError(t, detachAll(linksDir))
+	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)))
 }
 
 // fixedVerdictProgram is a TCX program that returns verdict for every packet.

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"golang.org/x/sys/unix"
 )
 
@@ -136,7 +137,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	}
 	if o.pinned == nil {
 		read := mapValues[K, V]{}
-		if err := readEntries(o.target(), func(k K, v V) { read[k] = v }); err != nil {
+		if err := bpfmaps.ReadEntries(o.target(), func(k K, v V) { read[k] = v }); err != nil {
 			read = mapValues[K, V]{} // unknown: write everything
 		}
 		o.pinned = read
@@ -200,7 +201,7 @@ func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
 // whichFailed names the shell command that lists the entries not written
 // and why: the ipcache map's writer keeps the status out of the rows.
 func (o *mapOps[Obj, K, V]) whichFailed() string {
-	if o.name == IPCacheMapName {
+	if o.name == bpfmaps.IPCacheName {
 		return "datapath/ipcache-status"
 	}
 	return "db/show " + o.name
@@ -397,7 +398,7 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 	}
 	// Collect first: deleting while iterating can make the kernel's
 	// iteration restart or skip keys.
-	err := readEntries(o.target(), func(k K, _ V) {
+	err := bpfmaps.ReadEntries(o.target(), func(k K, _ V) {
 		if _, ok := desired[k]; !ok {
 			stale = append(stale, k)
 		}

@@ -3,6 +3,8 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"bytes"
@@ -25,16 +27,16 @@ type testEntry struct {
 	identity uint32
 }
 
-func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, IPCacheMapKey, IPCacheMapValue], *ebpf.Map) {
+func newTestOps(t *testing.T, maxEntries uint32) (*mapOps[*testEntry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue], *ebpf.Map) {
 	privileged.Test(t)
-	m, err := ebpf.NewMap(IPCacheMapSpec(maxEntries))
+	m, err := ebpf.NewMap(bpfmaps.IPCacheSpec(maxEntries))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
-	return &mapOps[*testEntry, IPCacheMapKey, IPCacheMapValue]{
+	return &mapOps[*testEntry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
 		name:   "test",
 		target: func() kernelMap { return m },
-		key:    func(e *testEntry) IPCacheMapKey { return NewIPCacheMapKey(e.prefix) },
-		value:  func(e *testEntry) IPCacheMapValue { return NewIPCacheMapValue(e.identity) },
+		key:    func(e *testEntry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.prefix) },
+		value:  func(e *testEntry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(identity.Number(e.identity)) },
 		stats:  &mapStats{},
 	}, m
 }
@@ -70,10 +72,10 @@ func TestPrivilegedBatchUpdatePartialFailure(t *testing.T) {
 	ops.UpdateBatch(context.Background(), nil, retry)
 	require.NoError(t, retry[0].Result, "room appeared")
 
-	var v IPCacheMapValue
-	require.NoError(t, m.Lookup(NewIPCacheMapKey(c.prefix), &v))
-	require.Equal(t, uint32(300), v.Identity())
-	require.Error(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v), "deleted")
+	var v bpfmaps.IPCacheValue
+	require.NoError(t, m.Lookup(bpfmaps.NewIPCacheKey(c.prefix), &v))
+	require.Equal(t, identity.Number(300), v.Identity())
+	require.Error(t, m.Lookup(bpfmaps.NewIPCacheKey(a.prefix), &v), "deleted")
 }
 
 // TestPrivilegedPerKeyFallback: once the kernel says a map has no batch
@@ -85,14 +87,14 @@ func TestPrivilegedPerKeyFallback(t *testing.T) {
 	batch := batchOf(a)
 	ops.UpdateBatch(context.Background(), nil, batch)
 	require.NoError(t, batch[0].Result)
-	var v IPCacheMapValue
-	require.NoError(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v))
+	var v bpfmaps.IPCacheValue
+	require.NoError(t, m.Lookup(bpfmaps.NewIPCacheKey(a.prefix), &v))
 
 	del := batchOf(a, &testEntry{netip.MustParsePrefix("192.0.2.0/24"), 2})
 	ops.DeleteBatch(context.Background(), nil, del)
 	require.NoError(t, del[0].Result)
 	require.NoError(t, del[1].Result, "deleting a key the map does not have is fine")
-	require.Error(t, m.Lookup(NewIPCacheMapKey(a.prefix), &v))
+	require.Error(t, m.Lookup(bpfmaps.NewIPCacheKey(a.prefix), &v))
 }
 
 // TestPrivilegedPruneRemovesWhatNoObjectHas: the first prune finds stale
@@ -102,7 +104,7 @@ func TestPrivilegedPerKeyFallback(t *testing.T) {
 func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 	ops, m := newTestOps(t, 3)
 	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900} // the previous run's
-	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
+	require.NoError(t, m.Put(bpfmaps.NewIPCacheKey(stale.prefix), bpfmaps.NewIPCacheValue(identity.Number(stale.identity))))
 	a := &testEntry{netip.MustParsePrefix("10.0.0.1/32"), 100}
 	b := &testEntry{netip.MustParsePrefix("10.0.0.2/32"), 200}
 	c := &testEntry{netip.MustParsePrefix("10.0.0.3/32"), 300}
@@ -115,10 +117,10 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 
 	dump := func() map[netip.Prefix]uint32 {
 		out := map[netip.Prefix]uint32{}
-		require.NoError(t, readEntries(m, func(k IPCacheMapKey, v IPCacheMapValue) {
+		require.NoError(t, bpfmaps.ReadEntries(m, func(k bpfmaps.IPCacheKey, v bpfmaps.IPCacheValue) {
 			prefix, err := k.Prefix()
 			require.NoError(t, err)
-			out[prefix] = v.Identity()
+			out[prefix] = uint32(v.Identity())
 		}))
 		return out
 	}
@@ -140,7 +142,7 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 	retry := batchOf(c)
 	ops.UpdateBatch(context.Background(), nil, retry)
 	require.NoError(t, retry[0].Result)
-	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
+	require.NoError(t, m.Put(bpfmaps.NewIPCacheKey(stale.prefix), bpfmaps.NewIPCacheValue(identity.Number(stale.identity))))
 	require.NoError(t, ops.Prune(context.Background(), nil, desired(a, c)))
 	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 100, c.prefix: 300}, dump())
 }
@@ -150,10 +152,10 @@ func TestPrivilegedPruneRemovesWhatNoObjectHas(t *testing.T) {
 func TestPrivilegedFirstPruneBeforeAnyWrite(t *testing.T) {
 	ops, m := newTestOps(t, 3)
 	stale := &testEntry{netip.MustParsePrefix("10.0.0.9/32"), 900}
-	require.NoError(t, m.Put(NewIPCacheMapKey(stale.prefix), NewIPCacheMapValue(stale.identity)))
+	require.NoError(t, m.Put(bpfmaps.NewIPCacheKey(stale.prefix), bpfmaps.NewIPCacheValue(identity.Number(stale.identity))))
 	require.NoError(t, ops.Prune(context.Background(), nil, func(func(*testEntry, uint64) bool) {}))
-	var v IPCacheMapValue
-	require.Error(t, m.Lookup(NewIPCacheMapKey(stale.prefix), &v), "pruned")
+	var v bpfmaps.IPCacheValue
+	require.Error(t, m.Lookup(bpfmaps.NewIPCacheKey(stale.prefix), &v), "pruned")
 }
 
 // TestFullMapLogsOncePerTransition: a full map logs one line when the
@@ -164,11 +166,11 @@ func TestFullMapLogsOncePerTransition(t *testing.T) {
 	r := newRecordingMaps(t, 2)
 	policyMap := r.maps().policy
 	var logged bytes.Buffer
-	ops := &mapOps[*testEntry, PolicyMapKey, PolicyMapValue]{
-		name:   PolicyMapName,
+	ops := &mapOps[*testEntry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
+		name:   bpfmaps.PolicyName,
 		target: func() kernelMap { return policyMap },
-		key:    func(e *testEntry) PolicyMapKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
-		value:  func(*testEntry) PolicyMapValue { return NewPolicyMapValue(1) },
+		key:    func(e *testEntry) bpfmaps.PolicyKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
+		value:  func(*testEntry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(1) },
 		stats:  &mapStats{},
 		log:    slog.New(slog.NewTextHandler(&logged, nil)),
 	}

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,7 +41,7 @@ type revisionCounter struct {
 
 // newRevisionCounter maps the revision map m.
 //
-// Possible errors: m is not mmapable (revisionMapSpec) or cannot be mapped.
+// Possible errors: m is not mmapable (bpfmaps.RevisionSpec) or cannot be mapped.
 func newRevisionCounter(m *ebpf.Map) (*revisionCounter, error) {
 	mem, err := unix.Mmap(m.FD(), 0, unix.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -83,7 +84,7 @@ func (r *revisionCounter) startAbove(cts ...*ebpf.Map) error {
 			if ct == nil {
 				continue
 			}
-			err := readEntries(ct, func(_ ConntrackKey, v ConntrackValue) { highest = max(highest, v.checked()) })
+			err := bpfmaps.ReadEntries(ct, func(_ bpfmaps.ConntrackKey, v bpfmaps.ConntrackValue) { highest = max(highest, v.Checked()) })
 			if err != nil {
 				return fmt.Errorf("read conntrack map for the revision: %w", err)
 			}

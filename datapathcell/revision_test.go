@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"net/netip"
@@ -28,7 +29,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { counter.Close() })
 	d := &Datapath{
-		maps:     &pinnedMaps{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
+		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
 		revision: counter,
 	}
 	enf := loadTestEnforcer(t, maps)
@@ -36,10 +37,10 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	forward := tcpPacket(out, peer, 0x10)
-	ctKey := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
-	peerKey := NewIPCacheMapKey(netip.PrefixFrom(benchPeer, 32))
+	ctKey := bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	peerKey := bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32))
 	allowKey := policyMapKey(testIdentityAllowed, uint8(policy.Egress), testProtoTCP, benchPeerPort)
-	allow := NewPolicyMapValue(uint32(policy.VerdictAllow))
+	allow := bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
 	run := func(want uint32, msg string) {
 		t.Helper()
 		ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: forward})
@@ -51,21 +52,21 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	establish := func() {
 		t.Helper()
 		w := d.written()
-		require.NoError(t, w.ipcache.Put(peerKey, NewIPCacheMapValue(testIdentityAllowed)))
+		require.NoError(t, w.ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityAllowed)))
 		require.NoError(t, w.policy.Put(allowKey, allow))
 		require.NoError(t, w.enforcement.Put(uint32(policy.Egress), uint32(1)))
 		run(tcxNextRet, "allowed")
-		var v ConntrackValue
+		var v bpfmaps.ConntrackValue
 		require.NoError(t, lookupConntrack(maps, ctKey, &v))
-		require.Equal(t, counter.load()&revisionMask, v.checked(), "verdict stored at the current revision")
+		require.Equal(t, counter.load()&revisionMask, v.Checked(), "verdict stored at the current revision")
 	}
 	dropped := func(what string) {
 		t.Helper()
 		run(tcxDropRet, "after "+what)
-		var v ConntrackValue
+		var v bpfmaps.ConntrackValue
 		require.NoError(t, lookupConntrack(maps, ctKey, &v), "entry kept after "+what)
-		require.NotZero(t, v.Flags()&ConntrackRevoked, "entry revoked after "+what)
-		require.Zero(t, v.checked(), "no verdict kept after "+what)
+		require.NotZero(t, v.Flags()&bpfmaps.ConntrackRevoked, "entry revoked after "+what)
+		require.Zero(t, v.Checked(), "no verdict kept after "+what)
 	}
 
 	establish()
@@ -78,21 +79,21 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	dropped("policy entry deleted")
 
 	establish()
-	require.NoError(t, d.written().ipcache.Put(peerKey, NewIPCacheMapValue(testIdentityDenied)))
+	require.NoError(t, d.written().ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityDenied)))
 	dropped("remote's identity changed")
 
 	establish()
-	_, err = d.written().ipcache.BatchUpdate([]IPCacheMapKey{peerKey}, []IPCacheMapValue{NewIPCacheMapValue(testIdentityDenied)}, nil)
+	_, err = d.written().ipcache.BatchUpdate([]bpfmaps.IPCacheKey{peerKey}, []bpfmaps.IPCacheValue{bpfmaps.NewIPCacheValue(testIdentityDenied)}, nil)
 	require.NoError(t, err)
 	dropped("remote's identity changed in a batch")
 
 	establish()
-	_, err = d.written().ipcache.BatchDelete([]IPCacheMapKey{peerKey}, nil)
+	_, err = d.written().ipcache.BatchDelete([]bpfmaps.IPCacheKey{peerKey}, nil)
 	require.NoError(t, err)
 	dropped("remote's entry deleted in a batch (world)")
 
 	establish()
-	_, err = d.written().policy.BatchDelete([]PolicyMapKey{allowKey}, nil)
+	_, err = d.written().policy.BatchDelete([]bpfmaps.PolicyKey{allowKey}, nil)
 	require.NoError(t, err)
 	dropped("policy entry deleted in a batch")
 
@@ -118,9 +119,9 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	ret, err := enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x02)})
 	require.NoError(t, err)
 	require.EqualValues(t, tcxNextRet, ret)
-	var v ConntrackValue
-	require.NoError(t, lookupConntrack(maps, newConntrackKey(progRunIfindex, out, peer, testProtoTCP), &v))
-	require.Zero(t, v.checked())
+	var v bpfmaps.ConntrackValue
+	require.NoError(t, lookupConntrack(maps, bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP), &v))
+	require.Zero(t, v.Checked())
 }
 
 // In a direction that is not enforced only a packet that opens a
@@ -136,12 +137,12 @@ func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	// Egress enforced, default deny, nothing allowed; ingress not enforced.
 	putEnforced(t, maps, policy.Egress, true)
-	key := newConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	key := bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP)
 	for _, flags := range []uint8{0x10, 0x12, 0x18, 0x11, 0x04} { // ACK, SYN-ACK, PSH-ACK, FIN-ACK, RST
 		ret, err := enf.toEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(peer, out, flags)})
 		require.NoError(t, err)
 		require.EqualValues(t, tcxNextRet, ret, "ingress is not enforced")
-		var v ConntrackValue
+		var v bpfmaps.ConntrackValue
 		require.ErrorIs(t, lookupConntrack(maps, key, &v), ebpf.ErrKeyNotExist, "TCP flags %#x created an entry", flags)
 		ret, err = enf.fromEndpoint.Run(&ebpf.RunOptions{Data: tcpPacket(out, peer, 0x10)})
 		require.NoError(t, err)
@@ -164,19 +165,19 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 		t.Cleanup(func() { m.Close() })
 		return m
 	}
-	ct := newMap(conntrackMapSpec(16))
-	rev := newMap(revisionMapSpec())
+	ct := newMap(bpfmaps.ConntrackSpec(16))
+	rev := newMap(bpfmaps.RevisionSpec())
 	counter, err := newRevisionCounter(rev)
 	require.NoError(t, err)
 	t.Cleanup(func() { counter.Close() })
 
 	t.Run("a new counter starts above every stored revision", func(t *testing.T) {
 		for i, checked := range []uint64{7, 1 << 40, 3} {
-			v := newConntrackValue(1, 1, ConntrackEstablished)
+			v := bpfmaps.NewConntrackValue(1, 1, bpfmaps.ConntrackEstablished)
 			v[10], v[11] = byte(checked), byte(checked>>8)
 			v[12], v[13], v[14], v[15] = byte(checked>>16), byte(checked>>24), byte(checked>>32), byte(checked>>40)
-			require.Equal(t, checked, v.checked())
-			require.NoError(t, ct.Put(newConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:1"), uint8(i)), v))
+			require.Equal(t, checked, v.Checked())
+			require.NoError(t, ct.Put(bpfmaps.NewConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:1"), netip.MustParseAddrPort("10.0.0.2:1"), uint8(i)), v))
 		}
 		require.NoError(t, counter.startAbove(ct))
 		require.Equal(t, uint64(1<<40+1), counter.load())

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
@@ -105,7 +106,7 @@ type verdictCountsJSON struct {
 	Dropped      uint64 `json:"dropped"`
 	AllowedBytes uint64 `json:"allowed_bytes"`
 	DroppedBytes uint64 `json:"dropped_bytes"`
-	// Drops by reason name (Reason.String).
+	// Drops by reason name (bpfmaps.Reason.String).
 	Drops map[string]dropCountJSON `json:"drops"`
 }
 
@@ -115,7 +116,7 @@ type dropCountJSON struct {
 	Bytes   uint64 `json:"bytes"`
 }
 
-func countersJSON(c Counters) map[string]verdictCountsJSON {
+func countersJSON(c bpfmaps.Counters) map[string]verdictCountsJSON {
 	out := map[string]verdictCountsJSON{
 		"ingress": {Allowed: c.IngressAllowed, Dropped: c.IngressDropped,
 			AllowedBytes: c.IngressAllowedBytes, DroppedBytes: c.IngressDroppedBytes, Drops: map[string]dropCountJSON{}},
@@ -130,7 +131,7 @@ func countersJSON(c Counters) map[string]verdictCountsJSON {
 
 // countersText is datapath/counters' table: the verdicts, then a line per
 // direction and drop reason.
-func countersText(c Counters) string {
+func countersText(c bpfmaps.Counters) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Direction  Allowed  Dropped  Allowed bytes  Dropped bytes\n")
 	fmt.Fprintf(&b, "ingress    %d  %d  %d  %d\n", c.IngressAllowed, c.IngressDropped, c.IngressAllowedBytes, c.IngressDroppedBytes)

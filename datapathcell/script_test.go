@@ -3,6 +3,7 @@
 package datapathcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -88,7 +89,7 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 			if err != nil {
 				return nil, err
 			}
-			m, err := ebpf.LoadPinnedMap(filepath.Join(datapathcell.PinDir(bpfRoot), datapathcell.PolicyMapName), nil)
+			m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(bpfRoot), bpfmaps.PolicyName), nil)
 			if err != nil {
 				return nil, err
 			}
@@ -99,8 +100,8 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 			if proto != 0 && port == 0 {
 				key.PortWildcardBits = 16
 			}
-			k := datapathcell.NewPolicyMapKey(key)
-			v := datapathcell.NewPolicyMapValue(uint32(verdict))
+			k := bpfmaps.NewPolicyKey(key)
+			v := bpfmaps.NewPolicyValue(uint32(verdict))
 			return nil, m.Put(&k, &v)
 		})
 }
@@ -126,7 +127,7 @@ func bpfEnforcedCmd(bpfRoot string) script.Cmd {
 			}
 			deadline := time.Now().Add(20 * time.Second)
 			for {
-				got, err := datapathcell.ReadPinnedEnforcement(bpfRoot)
+				got, err := bpfmaps.ReadEnforcement(bpfRoot)
 				if err == nil && got == want {
 					return nil, nil
 				}
@@ -226,7 +227,7 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 						}
 						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), kind, errText})
 					}
-					m, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+					m, err := bpfmaps.ReadIPCache(bpfRoot)
 					pinned := map[string]string{}
 					for p, id := range m {
 						pinned[p.String()] = strconv.FormatUint(uint64(id), 10)
@@ -241,7 +242,7 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 						key := fmt.Sprintf("%d/%d/%d/%d", k.Identity, k.Direction, k.Protocol, k.Port)
 						rows = append(rows, desiredRow{key, strconv.FormatUint(uint64(e.Verdict), 10), e.Status.Kind, e.Status.GetError()})
 					}
-					m, err := datapathcell.ReadPinnedPolicy(bpfRoot)
+					m, err := bpfmaps.ReadPolicy(bpfRoot)
 					pinned := map[string]string{}
 					for k, verdict := range m {
 						id, dir, proto, port := k.Fields()

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -73,8 +74,8 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	}
 	tracked := func(remote netip.AddrPort) bool {
 		t.Helper()
-		var v ConntrackValue
-		err := lookupConntrack(maps, newConntrackKey(progRunIfindex, out, remote, testProtoSCTP), &v)
+		var v bpfmaps.ConntrackValue
+		err := lookupConntrack(maps, bpfmaps.NewConntrackKey(progRunIfindex, out, remote, testProtoSCTP), &v)
 		if err != nil {
 			require.ErrorIs(t, err, ebpf.ErrKeyNotExist)
 			return false
@@ -94,7 +95,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 		_, _, protocol, err := k.Fields()
 		require.NoError(t, err)
 		require.Equal(t, "SCTP", protocolName(protocol))
-		require.Equal(t, uint8(ConntrackReplySeen), v.Flags(), "no TCP state, a reply seen")
+		require.Equal(t, uint8(bpfmaps.ConntrackReplySeen), v.Flags(), "no TCP state, a reply seen")
 	}
 
 	// An ICMP error quoting the association's packet passes as the

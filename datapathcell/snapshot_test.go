@@ -9,36 +9,54 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/hive/cell"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
-// pinnedSnapshot returns a started datapath's snapshot of the pinned
-// ipcache map as prefix -> identity, after checking that it is in address
-// order (the order restore writes it in).
-func pinnedSnapshot(tb testing.TB, d *datapathcell.Datapath) map[netip.Prefix]uint32 {
+// pinnedSnapshot returns what a started datapath read of the pinned
+// ipcache map as prefix -> identity, reading the stream to its end (the
+// test is its one reader, as restore is in the agent), after checking that
+// every entry came once and that the writer's snapshot of the read holds
+// the same entries in address order (the order restore writes them in).
+func pinnedSnapshot(tb testing.TB, a *agent) map[netip.Prefix]uint32 {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	entries, err := d.IPCacheSnapshot(ctx)
-	require.NoError(tb, err)
-	require.True(tb, slices.IsSortedFunc(entries, func(a, b datapathcell.PinnedEntry) int {
-		return prefixkey.Compare(a.Prefix, b.Prefix)
-	}), "snapshot in address order")
 	pinned := map[netip.Prefix]uint32{}
-	for _, e := range entries {
-		pinned[e.Prefix] = uint32(e.Identity)
+	for block, err := range a.pinned.Blocks(ctx) {
+		require.NoError(tb, err)
+		for _, e := range block {
+			_, twice := pinned[e.Prefix]
+			require.False(tb, twice, "%s streamed twice", e.Prefix)
+			pinned[e.Prefix] = uint32(e.Identity)
+		}
 	}
+	require.Equal(tb, pinned, writerSnapshot(tb, a.datapath), "the stream and the snapshot")
 	return pinned
 }
 
-// TestPrivilegedStreamGivesThePinnedMap: a reader that took the stream
-// before start gets every entry of the pinned map once, in blocks, as the
-// snapshot has them; the stream is one reader's.
+// writerSnapshot returns the ipcache writer's snapshot of the read as
+// prefix -> identity, after checking that it is in address order.
+func writerSnapshot(tb testing.TB, d *datapathcell.Datapath) map[netip.Prefix]uint32 {
+	tb.Helper()
+	entries := datapathcell.PinnedSnapshot(d)
+	require.True(tb, slices.IsSortedFunc(entries, func(a, b bpfmaps.IPCacheEntry) int {
+		return prefixkey.Compare(a.Prefix, b.Prefix)
+	}), "snapshot in address order")
+	snapshot := map[netip.Prefix]uint32{}
+	for _, e := range entries {
+		snapshot[e.Prefix] = uint32(e.Identity)
+	}
+	return snapshot
+}
+
+// TestPrivilegedStreamGivesThePinnedMap: the reader of the stream gets
+// every entry of the pinned map once, in blocks, as the snapshot has
+// them; a block is given once.
 func TestPrivilegedStreamGivesThePinnedMap(t *testing.T) {
 	e := newEnv(t)
 	first, _ := e.start(t, "")
@@ -49,19 +67,12 @@ func TestPrivilegedStreamGivesThePinnedMap(t *testing.T) {
 	e.waitIPCache(t, want)
 	first.stop()
 
-	var stream *datapathcell.PinnedIPCacheStream
-	second, _ := e.startWith(t, cell.Invoke(func(d *datapathcell.Datapath) (err error) {
-		stream, err = d.StreamPinnedIPCache()
-		return err
-	}), "")
-	_, err = second.datapath.StreamPinnedIPCache()
-	require.ErrorIs(t, err, datapathcell.ErrStreamTaken, "after start")
-
+	second, _ := e.start(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	streamed := map[netip.Prefix]uint32{}
 	blocks := 0
-	for block, err := range stream.Blocks(ctx) {
+	for block, err := range second.pinned.Blocks(ctx) {
 		require.NoError(t, err)
 		blocks++
 		for _, entry := range block {
@@ -72,12 +83,10 @@ func TestPrivilegedStreamGivesThePinnedMap(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, blocks, 3)
 	require.Equal(t, want, streamed)
-	require.Equal(t, want, pinnedSnapshot(t, second.datapath))
+	require.Equal(t, want, writerSnapshot(t, second.datapath))
 
-	var errs []error
-	for _, err := range stream.Blocks(ctx) {
-		errs = append(errs, err)
+	for block, err := range second.pinned.Blocks(ctx) {
+		require.NoError(t, err)
+		require.Empty(t, block, "ranged over a second time: a block given again")
 	}
-	require.Len(t, errs, 1)
-	require.ErrorIs(t, errs[0], datapathcell.ErrStreamTaken, "ranged over twice")
 }

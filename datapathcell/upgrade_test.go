@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -39,7 +40,7 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 	for round := range 5 {
 		linksDir := newTestLinksDir(t)
 		bpfRoot := filepath.Dir(filepath.Dir(linksDir))
-		pinDir := PinDir(bpfRoot)
+		pinDir := bpfmaps.PinDir(bpfRoot)
 		oldMapID := startHashPolicyAgent(t, nw, pinDir, linksDir)
 
 		pinger := netnstest.StartPinger(t, nw.ep, "10.200.0.2", time.Millisecond)
@@ -57,12 +58,12 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 		require.Equal(t, sent, answered, "round %d: no probe lost (longest loss %d)", round, longestLoss)
 		t.Logf("round %d: %d probes 1 ms apart across the switch, %d answered", round, sent, answered)
 
-		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, PolicyMapName), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpfmaps.PolicyName), nil)
 		require.NoError(t, err)
 		require.Equal(t, ebpf.LPMTrie, m.Type(), "the pin is the new layout")
 		got := map[policy.Key]policy.Verdict{}
-		require.NoError(t, readEntries(m, func(k PolicyMapKey, v PolicyMapValue) {
-			key, err := k.PolicyKey()
+		require.NoError(t, bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
+			key, err := k.Key()
 			require.NoError(t, err)
 			got[key] = policy.Verdict(v.Verdict())
 		}))
@@ -94,25 +95,26 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir string) ebpf.MapID {
 	t.Helper()
 	pinned := func(spec *ebpf.MapSpec) *ebpf.Map {
-		m, err := createPinned(spec, filepath.Join(pinDir, spec.Name))
+		m, err := ebpf.NewMap(spec)
 		require.NoError(t, err, spec.Name)
+		require.NoError(t, m.Pin(filepath.Join(pinDir, spec.Name)), spec.Name)
 		return m
 	}
 	require.NoError(t, os.MkdirAll(pinDir, 0o700))
 	maps := enforcerMaps{
-		IPCache:     pinned(IPCacheMapSpec(1024)),
+		IPCache:     pinned(bpfmaps.IPCacheSpec(1024)),
 		Policy:      pinned(hashPolicyMapSpec()),
-		Enforcement: pinned(enforcementMapSpec()),
+		Enforcement: pinned(bpfmaps.EnforcementSpec()),
 		Counters:    pinned(previousCountersMapSpec()),
 		Conntrack:   pinned(previousConntrackMapSpec(4096)),
-		Revision:    pinned(revisionMapSpec()),
+		Revision:    pinned(bpfmaps.RevisionSpec()),
 	}
 	defer func() {
 		for _, m := range []*ebpf.Map{maps.IPCache, maps.Policy, maps.Enforcement, maps.Counters, maps.Conntrack, maps.Revision} {
 			m.Close()
 		}
 	}()
-	allow := NewPolicyMapValue(uint32(policy.VerdictAllow))
+	allow := bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
 	world := uint32(identity.World)
 	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Egress), 0, 0), allow))
 	require.NoError(t, maps.Policy.Put(hashPolicyMapKey(world, uint8(policy.Ingress), testProtoTCP, 0), allow))
@@ -127,8 +129,8 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 
 	spec, err := ebpf.LoadCollectionSpec(hashPolicyObject)
 	require.NoError(t, err)
-	require.Equal(t, ebpf.Hash, spec.Maps[PolicyMapName].Type, "the fixture is of the previous layout")
-	for name, m := range map[string]*ebpf.Map{IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, ConntrackMapName: maps.Conntrack} {
+	require.Equal(t, ebpf.Hash, spec.Maps[bpfmaps.PolicyName].Type, "the fixture is of the previous layout")
+	for name, m := range map[string]*ebpf.Map{bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: maps.Policy, bpfmaps.ConntrackName: maps.Conntrack} {
 		spec.Maps[name].MaxEntries = m.MaxEntries()
 	}
 	var objs struct {
@@ -136,14 +138,14 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 		ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 	}
 	require.NoError(t, spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{
-		IPCacheMapName: maps.IPCache, PolicyMapName: maps.Policy, EnforcementMapName: maps.Enforcement,
-		CountersMapName: maps.Counters, ConntrackMapName: maps.Conntrack, RevisionMapName: maps.Revision,
+		bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: maps.Policy, bpfmaps.EnforcementName: maps.Enforcement,
+		bpfmaps.CountersName: maps.Counters, bpfmaps.ConntrackName: maps.Conntrack, bpfmaps.RevisionName: maps.Revision,
 	}}))
 	old := &enforcer{fromEndpoint: objs.FromEndpoint, toEndpoint: objs.ToEndpoint}
 	defer old.Close()
 	nw.attach(t, old, linksDir)
 	for _, dir := range []uint32{uint32(policy.Ingress), uint32(policy.Egress)} {
-		require.NoError(t, maps.Enforcement.Put(dir, uint32(enforceDefaultDeny)))
+		require.NoError(t, maps.Enforcement.Put(dir, uint32(bpfmaps.EnforceDefaultDeny)))
 	}
 	bumpRevision(t, maps)
 	require.Equal(t, 10, nw.ping(t, "10.200.0.2", 10, "0.01"), "the old program allows the ping")
@@ -153,15 +155,15 @@ func startHashPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 // previousCountersMapSpec is the counters map of the previous layout (8
 // entries: direction*4 + slot), which the fixture's program declares.
 func previousCountersMapSpec() *ebpf.MapSpec {
-	spec := countersMapSpec()
-	spec.MaxEntries = previousCountersEntries
+	spec := bpfmaps.CountersSpec()
+	spec.MaxEntries = 2 * 4 // previous layout: direction*4 + slot
 	return spec
 }
 
 // previousConntrackMapSpec is the conntrack map of the previous layout
 // (40-byte keys, without the device).
 func previousConntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
-	spec := conntrackMapSpec(maxEntries)
+	spec := bpfmaps.ConntrackSpec(maxEntries)
 	spec.Type = ebpf.LRUHash
 	spec.KeySize = previousConntrackKeySize
 	return spec

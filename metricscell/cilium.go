@@ -3,6 +3,7 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"github.com/cilium/statedb"
@@ -27,19 +28,19 @@ const ciliumPrefix = "cilium_"
 // "Unsupported L2 protocol" for a VLAN tag in the packet, "Invalid IPv6
 // extension header" for a chain past the program's bound; a fragment the
 // program cannot place has no Cilium counterpart and keeps its own name.
-func ciliumDropReason(r datapathcell.Reason) string {
+func ciliumDropReason(r bpfmaps.Reason) string {
 	switch r {
-	case datapathcell.ReasonNoPolicy:
+	case bpfmaps.ReasonNoPolicy:
 		return "Policy denied"
-	case datapathcell.ReasonMalformed:
+	case bpfmaps.ReasonMalformed:
 		return "Invalid packet"
-	case datapathcell.ReasonPolicyDeny:
+	case bpfmaps.ReasonPolicyDeny:
 		return "Policy denied by denylist"
-	case datapathcell.ReasonVLANTagged:
+	case bpfmaps.ReasonVLANTagged:
 		return "Unsupported L2 protocol"
-	case datapathcell.ReasonExtHeaders:
+	case bpfmaps.ReasonExtHeaders:
 		return "Invalid IPv6 extension header"
-	case datapathcell.ReasonSpoofedSource:
+	case bpfmaps.ReasonSpoofedSource:
 		return "Invalid source ip"
 	}
 	return r.String()
@@ -107,7 +108,7 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(n)/float64(c.cfg.IPCacheMapMaxEntries), datapathcell.IPCacheMapName)
+			float64(n)/float64(c.cfg.IPCacheMapMaxEntries), bpfmaps.IPCacheName)
 	}
 	if c.policy != nil && c.cfg.PolicyMapMaxEntries > 0 {
 		n := 0
@@ -117,16 +118,16 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(n)/float64(c.cfg.PolicyMapMaxEntries), datapathcell.PolicyMapName)
+			float64(n)/float64(c.cfg.PolicyMapMaxEntries), bpfmaps.PolicyName)
 	}
 	ct, opening := c.datapath.ConntrackStats()
 	if ct.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(ct.Entries)/float64(ct.MaxEntries), datapathcell.ConntrackMapName)
+			float64(ct.Entries)/float64(ct.MaxEntries), bpfmaps.ConntrackName)
 	}
 	if opening.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(opening.Entries)/float64(opening.MaxEntries), datapathcell.ConntrackOpeningMapName)
+			float64(opening.Entries)/float64(opening.MaxEntries), bpfmaps.ConntrackOpeningName)
 	}
 	if c.policies != nil {
 		ch <- prometheus.MustNewConstMetric(c.policyCount, prometheus.GaugeValue, float64(c.policies.NumObjects(txn)))

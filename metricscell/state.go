@@ -3,6 +3,7 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -197,7 +198,7 @@ var _ prometheus.Collector = (*datapathCollector)(nil)
 
 // datapathMaps are the maps whose writes are reported.
 func datapathMaps() []string {
-	return []string{datapathcell.IPCacheMapName, datapathcell.PolicyMapName, datapathcell.EnforcementMapName}
+	return []string{bpfmaps.IPCacheName, bpfmaps.PolicyName, bpfmaps.EnforcementName}
 }
 
 func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathCollector {

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -64,7 +65,7 @@ func (a *benchAgent) waitRestored(n int) {
 // (written or skipped as unchanged).
 func (a *benchAgent) waitReconciled(n uint64) {
 	for {
-		written, unchanged := a.datapath.MapWrites(datapathcell.IPCacheMapName)
+		written, unchanged := a.datapath.MapWrites(bpfmaps.IPCacheName)
 		if written+unchanged >= n {
 			return
 		}
@@ -108,10 +109,10 @@ func BenchmarkRestart(b *testing.B) {
 		toReconciled := time.Since(begin)
 		b.StopTimer()
 
-		written, unchanged := second.datapath.MapWrites(datapathcell.IPCacheMapName)
-		snapshot, err := second.datapath.IPCacheSnapshot(context.Background())
+		written, unchanged := second.datapath.MapWrites(bpfmaps.IPCacheName)
+		pinned, err := bpfmaps.ReadIPCache(bpfRoot)
 		require.NoError(b, err)
-		require.Len(b, snapshot, restartPrefixes)
+		require.Len(b, pinned, restartPrefixes)
 		b.ReportMetric(float64(toRestored.Milliseconds()), "ms-start-to-restored")
 		b.ReportMetric(float64(toInitialized.Milliseconds()), "ms-to-ipcache-initialized")
 		b.ReportMetric(float64(toReconciled.Milliseconds()), "ms-to-reconciled")

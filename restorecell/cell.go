@@ -14,7 +14,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -87,31 +87,24 @@ func newRestorer(p restorerParams) *Restorer {
 
 // registerRestorer registers what the module runs: restore as a producer
 // that holds the ipcache's resolution, as the reader of the pinned ipcache
-// map's stream, its start hook, and its job in the module's one job group.
+// map's read, its start hook, and its job in the module's one job group.
 //
 // The start hook runs after the Checkpointer's and the Datapath's, whose
 // outputs it waits for, by their dependency, not by the order of the
 // cells: both append their start hooks when they are constructed, and the
 // hive constructs them before this Invoke, which takes the Restorer built
-// over them, can run. The Datapath's start then returns before it has
-// read the pinned map, and restore writes its rows as the blocks come
-// (it takes the read's error: a map that cannot be read fails restore's
-// start). Restore is a start hook, not a job, because a started agent is
-// a restored one ("Started hive" comes after "Restored prefixes").
-//
-// Possible errors: datapathcell.ErrStreamTaken (wrapped), if another
-// reader took the stream.
-func registerRestorer(r *Restorer, d *datapathcell.Datapath, lc cell.Lifecycle, jobs job.Registry, health cell.Health) error {
-	stream, err := d.StreamPinnedIPCache()
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	r.pinned = stream
+// over the Checkpointer and the read the Datapath provides, can run. The
+// Datapath's start returns before it has read the pinned map, and restore
+// writes its rows as the blocks come (it takes the read's error: a map
+// that cannot be read fails restore's start). Restore is a start hook, not
+// a job, because a started agent is a restored one ("Started hive" comes
+// after "Restored prefixes").
+func registerRestorer(r *Restorer, pinned bpfmaps.PinnedIPCache, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+	r.pinned = pinned
 	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
 	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
 	group.Add(job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
-	return nil
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {

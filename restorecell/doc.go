@@ -4,9 +4,9 @@
 //
 // Its start hook reads what the previous run left, waiting until the
 // datapath and identity cells' start hooks have read it (they run first,
-// by dependency): the pinned ipcache map (the datapath cell's snapshot,
-// taken before anything wrote to the map, in address order) and the
-// identity checkpoint. Every entry with a
+// by dependency): the pinned ipcache map (bpfmaps.PinnedIPCache: the
+// datapath cell's read, before anything wrote to the map, taken a block at
+// a time) and the identity checkpoint. Every entry with a
 // local-scope identity is restored:
 // its number is withheld, and the prefix is upserted through the restore
 // resource handle (source `restored`) with its labels (from the checkpoint,

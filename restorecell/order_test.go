@@ -15,8 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -59,9 +61,9 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	owner, err := c.NewHandle("owner", source.Local)
 	require.NoError(t, err)
 	require.NoError(t, owner.Upsert(prefix, ipcachecell.Metadata{}))
-	var before map[netip.Prefix]uint32
+	var before map[netip.Prefix]identity.Number
 	require.Eventually(t, func() bool {
-		before, err = datapathcell.ReadPinnedIPCache(bpfRoot)
+		before, err = bpfmaps.ReadIPCache(bpfRoot)
 		return err == nil && len(before) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, first.Stop(hivetest.Logger(t), context.Background()))
@@ -69,7 +71,7 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	second, _, r := start(restorecell.Cell, datapathcell.Cell, policycell.Cell, ipcachecell.Cell, identitycell.Cell)
 	defer second.Stop(hivetest.Logger(t), context.Background())
 	require.Equal(t, 1, r.Status().Restored, "restored when the start returned")
-	after, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+	after, err := bpfmaps.ReadIPCache(bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "same number")
 }

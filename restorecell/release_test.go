@@ -15,8 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -64,8 +66,8 @@ func TestPrivilegedReleaseWaitsForLateOwners(t *testing.T) {
 		require.NoError(t, a.hive.Start(hivetest.Logger(t), context.Background()))
 		return a
 	}
-	pinned := func() map[netip.Prefix]uint32 {
-		m, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+	pinned := func() map[netip.Prefix]identity.Number {
+		m, err := bpfmaps.ReadIPCache(bpfRoot)
 		require.NoError(t, err)
 		return m
 	}

@@ -3,11 +3,11 @@
 package restorecell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"context"
 	"fmt"
-	"iter"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/time/rate"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -46,13 +45,9 @@ const releaseRate = 20_000
 // enough that the resolver, which writes the same table, never waits long.
 const unwithholdChunkSize = 1024
 
-// pinnedState and checkpoint are what the previous run left behind. The
+// pinned and checkpoint are what the previous run left behind. The
 // pinned map's entries come as the datapath reads them, after its start
 // hook; the checkpoint waits until its cell's start hook has read it.
-type pinnedState interface {
-	Blocks(context.Context) iter.Seq2[[]datapathcell.PinnedEntry, error]
-}
-
 type checkpoint interface {
 	Previous(context.Context) (identitycell.Checkpoint, error)
 }
@@ -65,7 +60,7 @@ type Restorer struct {
 	db         *statedb.DB
 	metadata   statedb.Table[*ipcachecell.PrefixMetadata]
 	entries    statedb.Table[*ipcachecell.Entry]
-	pinned     pinnedState
+	pinned     bpfmaps.PinnedIPCache
 	checkpoint checkpoint
 	allocator  *identitycell.Allocator
 	ipcache    *ipcachecell.IPCache
@@ -94,7 +89,7 @@ type Restorer struct {
 // naming what was missing, not hang.
 //
 // Possible errors: ctx's, wrapped by Checkpointer.Previous or yielded by
-// datapathcell.PinnedIPCacheStream.Blocks; the pinned map cannot be read
+// bpfmaps.PinnedIPCache.Blocks; the pinned map cannot be read
 // (the datapath's start leaves that error to restore); those of
 // identitycell.Allocator.Withhold, ipcachecell.IPCache.NewHandle and
 // ipcachecell.Handle.UpsertBatch (wrapped). Each fails the start.

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -96,7 +97,7 @@ func waitFor(what string, timeout time.Duration, cond func() bool) error {
 // keys since start: written, or skipped because the map held the value.
 func (a *agent) waitReconciled(n uint64, timeout time.Duration) error {
 	return waitFor(fmt.Sprintf("%d ipcache map keys reconciled", n), timeout, func() bool {
-		written, unchanged := a.datapath.MapWrites(datapathcell.IPCacheMapName)
+		written, unchanged := a.datapath.MapWrites(bpfmaps.IPCacheName)
 		return written+unchanged >= n
 	})
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"fmt"
@@ -21,7 +22,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -102,15 +102,15 @@ func keys(s scenario) []netip.Prefix {
 // of the ipcache map's layout, in the given order; it returns the time
 // and the CPU time of the write.
 func floor(prefixes []netip.Prefix) (elapsed, cpu time.Duration, err error) {
-	m, err := ebpf.NewMap(datapathcell.IPCacheMapSpec(uint32(len(prefixes))))
+	m, err := ebpf.NewMap(bpfmaps.IPCacheSpec(uint32(len(prefixes))))
 	if err != nil {
 		return 0, 0, fmt.Errorf("create LPM trie for the floor: %w", err)
 	}
 	defer m.Close()
-	ks := make([]datapathcell.IPCacheMapKey, len(prefixes))
-	vs := make([]datapathcell.IPCacheMapValue, len(prefixes))
+	ks := make([]bpfmaps.IPCacheKey, len(prefixes))
+	vs := make([]bpfmaps.IPCacheValue, len(prefixes))
 	for i, p := range prefixes {
-		ks[i], vs[i] = datapathcell.NewIPCacheMapKey(p), datapathcell.NewIPCacheMapValue(uint32(i+1))
+		ks[i], vs[i] = bpfmaps.NewIPCacheKey(p), bpfmaps.NewIPCacheValue(identity.Number(i+1))
 	}
 	cpuStart, start := cpuTime(), time.Now()
 	n, err := m.BatchUpdate(ks, vs, nil)
@@ -214,7 +214,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	// (right after the table is initialized): the reconciler's copy of the
 	// map's content, which the prune uses and drops.
 	if err := waitFor("the first prune of the ipcache map", convergeTimeout, func() bool {
-		return first.datapath.Prunes(datapathcell.IPCacheMapName) > 0
+		return first.datapath.Prunes(bpfmaps.IPCacheName) > 0
 	}); err != nil {
 		return r, err
 	}
@@ -268,7 +268,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 	r.restart, r.restartCPU = time.Since(start), cpuTime()-cpuStart
 	stopProfile()
-	written, skipped := second.datapath.MapWrites(datapathcell.IPCacheMapName)
+	written, skipped := second.datapath.MapWrites(bpfmaps.IPCacheName)
 	r.restartWrites, r.restartSkipped = written, skipped
 	if err := second.stop(); err != nil {
 		return r, err
@@ -332,9 +332,9 @@ func graceExpiry(r *result, cfg agentConfig, log *slog.Logger) error {
 	// Released: the map's reconciler deleted the n restored keys (and
 	// wrote the unrelated ones), the table holds only the unrelated, and
 	// restore says it is done (it un-withholds the numbers last).
-	written0, _ := third.datapath.MapWrites(datapathcell.IPCacheMapName)
+	written0, _ := third.datapath.MapWrites(bpfmaps.IPCacheName)
 	err = waitFor("the restored prefixes released", convergeTimeout+cfg.gracePeriod, func() bool {
-		written, _ := third.datapath.MapWrites(datapathcell.IPCacheMapName)
+		written, _ := third.datapath.MapWrites(bpfmaps.IPCacheName)
 		upserted := sampler.count()
 		return written-written0 >= uint64(r.scenario.n+upserted) &&
 			third.entries.NumObjects(third.db.ReadTxn()) <= upserted &&
@@ -462,8 +462,8 @@ func p99(samples []sample, of func(sample) time.Duration) time.Duration {
 
 // pinnedMatches reads the pinned ipcache map and checks that it holds
 // exactly the prefixes; it returns their identities.
-func pinnedMatches(bpfRoot string, prefixes []netip.Prefix) (map[netip.Prefix]uint32, error) {
-	pinned, err := datapathcell.ReadPinnedIPCache(bpfRoot)
+func pinnedMatches(bpfRoot string, prefixes []netip.Prefix) (map[netip.Prefix]identity.Number, error) {
+	pinned, err := bpfmaps.ReadIPCache(bpfRoot)
 	if err != nil {
 		return nil, err
 	}

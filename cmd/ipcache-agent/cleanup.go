@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 )
@@ -35,7 +35,7 @@ var stateFiles = []string{
 const defaultShellSockName = "shell.sock"
 
 func newCleanupCommand(stdout io.Writer) *cobra.Command {
-	bpfRoot := datapathcell.DefaultConfig.BPFRoot
+	bpfRoot := bpfmaps.DefaultRoot
 	stateDir := identitycell.DefaultConfig.StateDir
 	var sockPath string
 	cmd := &cobra.Command{
@@ -60,7 +60,7 @@ left alone (exit 1).`,
 			if !exists(stateDir) {
 				lockState = ""
 			}
-			if !exists(datapathcell.PinDir(bpfRoot)) {
+			if !exists(bpfmaps.PinDir(bpfRoot)) {
 				lockPins = ""
 			}
 			owner, err := cells.AcquireOwner(lockState, lockPins)
@@ -77,7 +77,7 @@ left alone (exit 1).`,
 			if err := checkShellSocket(sockPath); err != nil {
 				return fmt.Errorf("cleanup: %w", err)
 			}
-			if err := datapathcell.Cleanup(bpfRoot); err != nil {
+			if err := bpfmaps.Cleanup(bpfRoot); err != nil {
 				return err
 			}
 			var errs []error

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -208,10 +208,10 @@ func TestPrivilegedConntrackCollection(t *testing.T) {
 	// speak again); conntrack must have maxEntries.
 	entries := func(maxEntries uint32) int {
 		n := 0
-		for _, name := range []string{datapathcell.ConntrackMapName, datapathcell.ConntrackOpeningMapName} {
+		for _, name := range []string{bpfmaps.ConntrackName, bpfmaps.ConntrackOpeningName} {
 			m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpfRoot, "ipcache-agent", name), nil)
 			require.NoError(t, err)
-			if name == datapathcell.ConntrackMapName {
+			if name == bpfmaps.ConntrackName {
 				require.Equal(t, maxEntries, m.MaxEntries())
 			}
 			var k, v []byte

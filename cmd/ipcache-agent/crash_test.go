@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"encoding/json"
@@ -28,7 +29,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -303,7 +303,7 @@ func (r *crashRig) mutate(iteration int) {
 // previousEntry is an entry the previous run left, ready to look up.
 type previousEntry struct {
 	prefix netip.Prefix
-	key    datapathcell.IPCacheMapKey
+	key    bpfmaps.IPCacheKey
 	id     uint32
 	wanted bool
 }
@@ -352,7 +352,7 @@ func (r *crashRig) start(label string) *crashRun {
 	for prefix, id := range run.prev {
 		run.expect[prefix] = true
 		run.prevKeys = append(run.prevKeys, previousEntry{
-			prefix: prefix, key: datapathcell.NewIPCacheMapKey(prefix), id: id, wanted: run.wanted[prefix]})
+			prefix: prefix, key: bpfmaps.NewIPCacheKey(prefix), id: id, wanted: run.wanted[prefix]})
 	}
 	run.cmd = agentCommand("--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir, "--policy-dir="+r.policyDir,
 		"--identity-restore-grace-period="+crashGrace.String(), "--log-format=json",
@@ -475,10 +475,12 @@ func (r *crashRig) finishRun(run *crashRun, stoppedAt time.Time) map[netip.Prefi
 		run.violation(stoppedAt, "the agent found a corrupt identity checkpoint")
 	}
 	left := map[netip.Prefix]uint32{}
-	if _, err := os.Stat(filepath.Join(r.bpfRoot, "ipcache-agent", datapathcell.IPCacheMapName)); err == nil {
-		var err error
-		left, err = datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	if _, err := os.Stat(filepath.Join(r.bpfRoot, "ipcache-agent", bpfmaps.IPCacheName)); err == nil {
+		pinned, err := bpfmaps.ReadIPCache(r.bpfRoot)
 		require.NoError(r.t, err)
+		for prefix, id := range pinned {
+			left[prefix] = uint32(id)
+		}
 	}
 	withinGrace := stoppedAt.Before(run.start.Add(crashGrace))
 	convergedAt := run.convergedAt.Load()
@@ -539,7 +541,7 @@ func (r *crashRig) finishRun(run *crashRun, stoppedAt time.Time) map[netip.Prefi
 }
 
 func ebpfMapInfo(bpfRoot string) (ebpf.MapID, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, "ipcache-agent", datapathcell.IPCacheMapName),
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfRoot, "ipcache-agent", bpfmaps.IPCacheName),
 		&ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return 0, err
@@ -653,7 +655,7 @@ func (run *crashRun) sample() {
 
 // openPinnedMap opens the pinned ipcache map, once the first run made it.
 func (run *crashRun) openPinnedMap(at time.Time) bool {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(run.r.bpfRoot, "ipcache-agent", datapathcell.IPCacheMapName),
+	m, err := ebpf.LoadPinnedMap(filepath.Join(run.r.bpfRoot, "ipcache-agent", bpfmaps.IPCacheName),
 		&ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		if len(run.prev) > 0 && !run.openFailed {
@@ -671,14 +673,14 @@ func (run *crashRun) openPinnedMap(at time.Time) bool {
 // can.
 func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 	out := map[netip.Prefix]uint32{}
-	keys := make([]datapathcell.IPCacheMapKey, 4096)
-	values := make([]datapathcell.IPCacheMapValue, len(keys))
+	keys := make([]bpfmaps.IPCacheKey, 4096)
+	values := make([]bpfmaps.IPCacheValue, len(keys))
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, values, nil)
 		for i := range n {
 			if prefix, err := keys[i].Prefix(); err == nil {
-				out[prefix] = values[i].Identity()
+				out[prefix] = uint32(values[i].Identity())
 			}
 		}
 		switch {
@@ -687,13 +689,13 @@ func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 		case errors.Is(err, ebpf.ErrNotSupported):
 			clear(out)
 			var (
-				key   datapathcell.IPCacheMapKey
-				value datapathcell.IPCacheMapValue
+				key   bpfmaps.IPCacheKey
+				value bpfmaps.IPCacheValue
 			)
 			it := m.Iterate()
 			for it.Next(&key, &value) {
 				if prefix, err := key.Prefix(); err == nil {
-					out[prefix] = value.Identity()
+					out[prefix] = uint32(value.Identity())
 				}
 			}
 			return out, it.Err()
@@ -712,7 +714,7 @@ func walkIPCache(m *ebpf.Map) (map[netip.Prefix]uint32, error) {
 // shorter one, with another number: that is caught too.)
 func (run *crashRun) checkPrevious(at time.Time, walk map[netip.Prefix]uint32, graceEnd time.Time) {
 	var missing []string
-	var value datapathcell.IPCacheMapValue
+	var value bpfmaps.IPCacheValue
 	for i := range run.prevKeys {
 		prev := &run.prevKeys[i]
 		if !prev.wanted && !at.Before(graceEnd) {
@@ -729,7 +731,7 @@ func (run *crashRun) checkPrevious(at time.Time, walk map[netip.Prefix]uint32, g
 		err := run.pinnedMap.Lookup(&prev.key, &value)
 		var problem string
 		switch {
-		case err == nil && value.Identity() == prev.id:
+		case err == nil && uint32(value.Identity()) == prev.id:
 			run.r.walkMisses.Add(1)
 			continue
 		case errors.Is(err, ebpf.ErrKeyNotExist):

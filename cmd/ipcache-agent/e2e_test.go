@@ -19,7 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
@@ -163,9 +164,9 @@ func (e *e2e) waitVerdicts(allowed, denied string) {
 }
 
 // pinnedIPCache reads the pinned ipcache map: prefix -> identity.
-func (e *e2e) pinnedIPCache() map[netip.Prefix]uint32 {
+func (e *e2e) pinnedIPCache() map[netip.Prefix]identity.Number {
 	e.t.Helper()
-	m, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
+	m, err := bpfmaps.ReadIPCache(e.bpfRoot)
 	require.NoError(e.t, err)
 	return m
 }
@@ -253,9 +254,9 @@ func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
 }
 
 // pinnedPolicy reads the pinned policy map: key -> verdict.
-func (e *e2e) pinnedPolicy() map[datapathcell.PolicyMapKey]uint32 {
+func (e *e2e) pinnedPolicy() map[bpfmaps.PolicyKey]uint32 {
 	e.t.Helper()
-	m, err := datapathcell.ReadPinnedPolicy(e.bpfRoot)
+	m, err := bpfmaps.ReadPolicy(e.bpfRoot)
 	require.NoError(e.t, err)
 	return m
 }
@@ -335,6 +336,6 @@ func TestPrivilegedEndToEnd(t *testing.T) {
 	require.Regexp(t, `ipcache.*level=OK`, e.shell("health"))
 	counters := e.shell("datapath/counters")
 	require.Regexp(t, `egress +[1-9]\d* +[1-9]\d*`, counters, "egress allowed and dropped packets counted")
-	e.requireJSONOutputs(id, otherIP)
+	e.requireJSONOutputs(uint32(id), otherIP)
 	require.False(t, e.reachable(allowedIP), "still denied")
 }

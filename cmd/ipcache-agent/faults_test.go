@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"errors"
@@ -23,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
@@ -178,7 +178,7 @@ func TestPrivilegedFaultBPFRootMissing(t *testing.T) {
 	require.NoError(t, unix.Statfs(r.bpfRoot, &st))
 	require.Equal(t, int64(0xcafe4a11), int64(st.Type), "bpffs mounted at --bpf-root")
 	a.stop()
-	_, err := os.Stat(r.pin(datapathcell.IPCacheMapName))
+	_, err := os.Stat(r.pin(bpfmaps.IPCacheName))
 	require.NoError(t, err, "maps pinned there")
 }
 
@@ -213,13 +213,13 @@ func TestPrivilegedFaultBPFRootNotUsable(t *testing.T) {
 		a := startAgent(t, r.args()...)
 		waitPinned(t, r.bpfRoot, 2)
 		a.stop()
-		before, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+		before, err := bpfmaps.ReadIPCache(r.bpfRoot)
 		require.NoError(t, err)
 
 		require.NoError(t, unix.Mount("", r.bpfRoot, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""))
 		out, code := runFailing(t, r.args()...)
 		requireFailure(t, out, code, "--bpf-root "+r.bpfRoot, "read-only")
-		after, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+		after, err := bpfmaps.ReadIPCache(r.bpfRoot)
 		require.NoError(t, err)
 		require.Equal(t, before, after, "the pinned map is untouched")
 	})
@@ -287,7 +287,7 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 	a := startAgent(t, r.args()...)
 	waitPinned(t, r.bpfRoot, 2)
 	a.stop()
-	before, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	before, err := bpfmaps.ReadIPCache(r.bpfRoot)
 	require.NoError(t, err)
 
 	checkpoint := filepath.Join(r.stateDir, identitycell.CheckpointFileName)
@@ -303,7 +303,7 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 	require.Equal(t, garbage, aside, "the corrupt file is kept aside")
 	a.stop()
 
-	after, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	after, err := bpfmaps.ReadIPCache(r.bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "same identity numbers")
 	saved, err := identitycell.ReadCheckpoint(checkpoint)
@@ -324,7 +324,7 @@ func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
 	wrong, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 4})
 	require.NoError(t, err)
 	require.NoError(t, wrong.Put(uint64(1), uint64(2)))
-	require.NoError(t, wrong.Pin(r.pin(datapathcell.IPCacheMapName)))
+	require.NoError(t, wrong.Pin(r.pin(bpfmaps.IPCacheName)))
 	wrong.Close()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.SocketFilter,
@@ -332,24 +332,24 @@ func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
 		License:      "GPL",
 	})
 	require.NoError(t, err)
-	require.NoError(t, prog.Pin(r.pin(datapathcell.PolicyMapName)))
+	require.NoError(t, prog.Pin(r.pin(bpfmaps.PolicyName)))
 	prog.Close()
 
 	r.writePolicy("10.7.0.0/24")
 	a := startAgent(t, r.args()...)
 	log := a.log.String()
 	require.Regexp(t, `level=WARN msg="Pinned map has another layout; restoring nothing from it and replacing it" `+
-		`module=datapath map=`+regexp.QuoteMeta(r.pin(datapathcell.IPCacheMapName))+` difference="type Hash, want LPMTrie"`, log)
+		`module=datapath map=`+regexp.QuoteMeta(r.pin(bpfmaps.IPCacheName))+` difference="type Hash, want LPMTrie"`, log)
 	require.Regexp(t, `level=WARN msg="Pinned object is not a usable map; restoring nothing from it and replacing it" `+
-		`module=datapath map=`+regexp.QuoteMeta(r.pin(datapathcell.PolicyMapName))+` error=.*not a Map`, log)
+		`module=datapath map=`+regexp.QuoteMeta(r.pin(bpfmaps.PolicyName))+` error=.*not a Map`, log)
 	waitPinned(t, r.bpfRoot, 1)
 	require.Eventually(t, func() bool {
-		policy, err := datapathcell.ReadPinnedPolicy(r.bpfRoot)
+		policy, err := bpfmaps.ReadPolicy(r.bpfRoot)
 		return err == nil && len(policy) == 1
 	}, faultAgentTimeout, 20*time.Millisecond, "the replaced policy map works")
 	a.stop()
 
-	for name, typ := range map[string]ebpf.MapType{datapathcell.IPCacheMapName: ebpf.LPMTrie, datapathcell.PolicyMapName: ebpf.LPMTrie} {
+	for name, typ := range map[string]ebpf.MapType{bpfmaps.IPCacheName: ebpf.LPMTrie, bpfmaps.PolicyName: ebpf.LPMTrie} {
 		m, err := ebpf.LoadPinnedMap(r.pin(name), &ebpf.LoadPinOptions{ReadOnly: true})
 		require.NoError(t, err)
 		require.Equal(t, typ, m.Type(), name)
@@ -367,21 +367,21 @@ func TestPrivilegedFaultMaxEntriesBelowContent(t *testing.T) {
 	a := startAgent(t, r.args()...)
 	waitPinned(t, r.bpfRoot, 3)
 	a.stop()
-	before, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	before, err := bpfmaps.ReadIPCache(r.bpfRoot)
 	require.NoError(t, err)
 
 	out, code := runFailing(t, r.args("--ipcache-map-max-entries=2")...)
-	requireFailure(t, out, code, r.pin(datapathcell.IPCacheMapName), "raise --ipcache-map-max-entries", "old map stays pinned")
-	after, err := datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	requireFailure(t, out, code, r.pin(bpfmaps.IPCacheName), "raise --ipcache-map-max-entries", "old map stays pinned")
+	after, err := bpfmaps.ReadIPCache(r.bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "nothing lost")
-	_, err = os.Stat(r.pin(datapathcell.IPCacheMapName + "_new"))
+	_, err = os.Stat(r.pin(bpfmaps.IPCacheName + "_new"))
 	require.ErrorIs(t, err, os.ErrNotExist, "no temporary pin left")
 
 	// Raised again, the agent starts over the same map.
 	a = startAgent(t, r.args("--ipcache-map-max-entries=3")...)
 	a.stop()
-	after, err = datapathcell.ReadPinnedIPCache(r.bpfRoot)
+	after, err = bpfmaps.ReadIPCache(r.bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after)
 }
@@ -405,8 +405,8 @@ func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 	a.stop()
 	t.Cleanup(func() { agentCommand("cleanup", "--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir).Run() })
 
-	pins := []string{"", "links", datapathcell.IPCacheMapName, datapathcell.PolicyMapName,
-		datapathcell.EnforcementMapName, datapathcell.CountersMapName, datapathcell.ConntrackMapName, datapathcell.RevisionMapName,
+	pins := []string{"", "links", bpfmaps.IPCacheName, bpfmaps.PolicyName,
+		bpfmaps.EnforcementName, bpfmaps.CountersName, bpfmaps.ConntrackName, bpfmaps.RevisionName,
 		"links/" + device + "-ingress", "links/" + device + "-egress"}
 	for _, name := range pins {
 		info, err := os.Stat(r.pin(name))
@@ -431,12 +431,12 @@ func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 }
 
 // waitPinned waits until the pinned ipcache map holds n entries.
-func waitPinned(t *testing.T, bpfRoot string, n int) map[netip.Prefix]uint32 {
+func waitPinned(t *testing.T, bpfRoot string, n int) map[netip.Prefix]identity.Number {
 	t.Helper()
-	var m map[netip.Prefix]uint32
+	var m map[netip.Prefix]identity.Number
 	require.Eventually(t, func() bool {
 		var err error
-		m, err = datapathcell.ReadPinnedIPCache(bpfRoot)
+		m, err = bpfmaps.ReadIPCache(bpfRoot)
 		return err == nil && len(m) == n
 	}, faultAgentTimeout, 20*time.Millisecond, "pinned ipcache map: %v", m)
 	return m

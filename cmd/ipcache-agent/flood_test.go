@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -180,7 +180,7 @@ func ctEntryOf(entries []floodCTEntry, c *peerConn, from, to string) *floodCTEnt
 // max entries.
 func (b *bypassRig) pinnedEntries(name string) (n int, maxEntries uint32) {
 	b.t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(datapathcell.PinDir(b.bpfRoot), name), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(b.bpfRoot), name), nil)
 	require.NoError(b.t, err)
 	defer m.Close()
 	var k, v []byte
@@ -347,7 +347,7 @@ func TestPrivilegedSynFlood(t *testing.T) {
 		assert.Equal(t, "conntrack", e.Map, "connection from port %d", c.peerPort)
 		assert.Equal(t, "established", e.State)
 	}
-	pinned, pinnedMax := b.pinnedEntries(datapathcell.ConntrackOpeningMapName)
+	pinned, pinnedMax := b.pinnedEntries(bpfmaps.ConntrackOpeningName)
 	t.Logf("after the flood: %d entries listed in ct_opening, %d in the pinned map (max %d)", opening, pinned, pinnedMax)
 	require.Equal(t, uint32(openingMax), pinnedMax)
 	assert.LessOrEqual(t, opening, openingMax)
@@ -364,12 +364,12 @@ func TestPrivilegedSynFlood(t *testing.T) {
 // port from the pinned conntrack map.
 func (b *bypassRig) deleteCTEntry(peerPort int) {
 	b.t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(datapathcell.PinDir(b.bpfRoot), datapathcell.ConntrackMapName), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(b.bpfRoot), bpfmaps.ConntrackName), nil)
 	require.NoError(b.t, err)
 	defer m.Close()
-	var k datapathcell.ConntrackKey
-	var v datapathcell.ConntrackValue
-	var found []datapathcell.ConntrackKey
+	var k bpfmaps.ConntrackKey
+	var v bpfmaps.ConntrackValue
+	var found []bpfmaps.ConntrackKey
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if _, remote, proto, err := k.Fields(); err == nil && proto == 6 && int(remote.Port()) == peerPort {
@@ -446,7 +446,7 @@ func TestPrivilegedConntrackFull(t *testing.T) {
 		where[e.Map]++
 	}
 	assert.Equal(t, map[string]int{"conntrack": ctMax, "ct_opening": conns - ctMax}, where)
-	n, maxEntries := b.pinnedEntries(datapathcell.ConntrackMapName)
+	n, maxEntries := b.pinnedEntries(bpfmaps.ConntrackName)
 	assert.Equal(t, uint32(ctMax), maxEntries)
 	assert.Equal(t, ctMax, n)
 

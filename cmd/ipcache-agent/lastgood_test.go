@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"fmt"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -39,7 +39,7 @@ var keeperPolicy = "name: keeper\negress:\n  - toCIDR: [\"10.9.0.0/16\"]\n"
 // are strings so that a failure's diff is readable.
 type pinned struct {
 	ipcache  map[string]uint32
-	policy   map[datapathcell.PolicyMapKey]uint32
+	policy   map[bpfmaps.PolicyKey]uint32
 	enforced [2]bool
 }
 

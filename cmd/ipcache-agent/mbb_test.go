@@ -3,6 +3,7 @@
 package main
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"fmt"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 )
 
@@ -74,9 +74,13 @@ func mbbPolicy(name string, dir policy.Direction, n int, cidrs ...string) string
 // state is what the pinned maps say: the ipcache entries and the
 // enforcement switches.
 func (e *e2e) state() (map[netip.Prefix]uint32, [2]bool) {
-	ipcache, err := datapathcell.ReadPinnedIPCache(e.bpfRoot)
+	pinned, err := bpfmaps.ReadIPCache(e.bpfRoot)
 	require.NoError(e.t, err)
-	enforced, err := datapathcell.ReadPinnedEnforcement(e.bpfRoot)
+	ipcache := make(map[netip.Prefix]uint32, len(pinned))
+	for prefix, id := range pinned {
+		ipcache[prefix] = uint32(id)
+	}
+	enforced, err := bpfmaps.ReadEnforcement(e.bpfRoot)
 	require.NoError(e.t, err)
 	return ipcache, enforced
 }

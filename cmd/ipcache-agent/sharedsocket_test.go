@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 )
@@ -29,7 +29,7 @@ func socketInode(t *testing.T, path string) uint64 {
 // checkpoint.
 func requireTouchedNothing(t *testing.T, d agentDirs) {
 	t.Helper()
-	require.NoDirExists(t, datapathcell.PinDir(d.bpfRoot), "no pins")
+	require.NoDirExists(t, bpfmaps.PinDir(d.bpfRoot), "no pins")
 	require.NoFileExists(t, filepath.Join(d.stateDir, identitycell.CheckpointFileName), "no checkpoint")
 }
 
@@ -83,7 +83,7 @@ func TestPrivilegedLiveSocketWithoutLockNotStolen(t *testing.T) {
 	refused.requireExit(t, agentcmd.ExitFailure)
 	requireFailure(t, refused.log.String(), agentcmd.ExitFailure, "--shell-sock-path "+dirs.sockPath(),
 		"owned by another running agent", "pid "+strconv.Itoa(os.Getpid())+", listening on it")
-	require.NoDirExists(t, datapathcell.PinDir(dirs.bpfRoot), "no pins")
+	require.NoDirExists(t, bpfmaps.PinDir(dirs.bpfRoot), "no pins")
 	require.Equal(t, inode, socketInode(t, dirs.sockPath()), "the listener's socket")
 
 	// A stale socket, nobody listening: removed and listened on again.

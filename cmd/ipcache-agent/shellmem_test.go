@@ -18,8 +18,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 )
 
@@ -112,7 +112,7 @@ func tableCount(sock, table string) int {
 // pinnedEntries counts the entries of the pinned ipcache map.
 func pinnedEntries(t *testing.T, bpfRoot string) int {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(datapathcell.PinDir(bpfRoot), datapathcell.IPCacheMapName),
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(bpfRoot), bpfmaps.IPCacheName),
 		&ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return -1

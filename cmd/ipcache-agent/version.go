@@ -6,14 +6,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 )
 
 // versionInfo is `version -o json`.
@@ -38,12 +41,12 @@ type versionInfo struct {
 	// and which of this build's programs each is ("" for none: another
 	// build's program runs). AttachedError says why they could not be
 	// read.
-	Attached      []datapathcell.AttachedProgram `json:"attached"`
-	AttachedError string                         `json:"attachedError,omitempty"`
+	Attached      []bpfmaps.AttachedProgram `json:"attached"`
+	AttachedError string                    `json:"attachedError,omitempty"`
 }
 
 func newVersionCommand(stdout io.Writer) *cobra.Command {
-	bpfRoot := datapathcell.DefaultConfig.BPFRoot
+	bpfRoot := bpfmaps.DefaultRoot
 	var output string
 	cmd := &cobra.Command{
 		Use:   "version",
@@ -84,7 +87,7 @@ one JSON object.`,
 // Possible errors: the embedded BPF object cannot be parsed.
 func buildVersion(bpfRoot string) (versionInfo, error) {
 	v := versionInfo{GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH,
-		Attached: []datapathcell.AttachedProgram{}}
+		Attached: []bpfmaps.AttachedProgram{}}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		v.Module, v.Version = info.Main.Path, info.Main.Version
 		for _, s := range info.Settings {
@@ -98,11 +101,16 @@ func buildVersion(bpfRoot string) (versionInfo, error) {
 			}
 		}
 	}
-	var err error
-	if v.BPFObjectSHA256, v.Programs, err = datapathcell.EmbeddedProgram(); err != nil {
-		return v, err
+	// The embedded object, described without loading it: its SHA-256 and
+	// its programs' names. (A program's kernel tag cannot be computed
+	// offline on every kernel: since Linux 6.18 it is another hash;
+	// AttachedPrograms compares instead.)
+	build, err := bpf.LoadEnforce()
+	if err != nil {
+		return v, fmt.Errorf("load enforcement program spec: %w", err)
 	}
-	attached, err := datapathcell.AttachedPrograms(bpfRoot)
+	v.BPFObjectSHA256, v.Programs = bpf.ObjectSHA256(), slices.Sorted(maps.Keys(build.Programs))
+	attached, err := bpfmaps.AttachedPrograms(bpfRoot, build)
 	if err != nil {
 		v.AttachedError = err.Error()
 	} else if attached != nil {

@@ -3,6 +3,7 @@
 package soak
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -19,7 +20,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -203,12 +203,12 @@ func (a *agent) checkConverged(m *model) string {
 	if problem := a.checkReferences(); problem != "" {
 		return problem
 	}
-	pinned, err := datapathcell.ReadPinnedIPCache(a.BPFRoot)
+	pinned, err := bpfmaps.ReadIPCache(a.BPFRoot)
 	if err != nil {
 		return err.Error()
 	}
 	for e := range a.entries.All(txn) {
-		if id, ok := pinned[e.Prefix]; !ok || id != uint32(e.Identity) {
+		if id, ok := pinned[e.Prefix]; !ok || id != e.Identity {
 			return fmt.Sprintf("pinned ipcache map has %s -> %d (present %t), the table %d", e.Prefix, id, ok, e.Identity)
 		}
 	}
@@ -239,12 +239,12 @@ func (a *agent) checkConverged(m *model) string {
 	if n != len(wantPolicy) {
 		return fmt.Sprintf("%d policy entries, want %d", n, len(wantPolicy))
 	}
-	pinnedPolicy, err := datapathcell.ReadPinnedPolicy(a.BPFRoot)
+	pinnedPolicy, err := bpfmaps.ReadPolicy(a.BPFRoot)
 	if err != nil {
 		return err.Error()
 	}
 	for e := range a.policy.All(txn) {
-		k := datapathcell.NewPolicyMapKey(e.Key)
+		k := bpfmaps.NewPolicyKey(e.Key)
 		if v, ok := pinnedPolicy[k]; !ok || v != uint32(e.Verdict) {
 			return fmt.Sprintf("pinned policy map has %s -> %d (present %t)", e.Key, v, ok)
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 )
 
@@ -87,9 +87,9 @@ type state struct {
 
 func (a *agent) state() state {
 	a.t.Helper()
-	ipc, err := datapathcell.ReadPinnedIPCache(a.BPFRoot)
+	ipc, err := bpfmaps.ReadIPCache(a.BPFRoot)
 	require.NoError(a.t, err)
-	pol, err := datapathcell.ReadPinnedPolicy(a.BPFRoot)
+	pol, err := bpfmaps.ReadPolicy(a.BPFRoot)
 	require.NoError(a.t, err)
 	return state{tables: a.tableSizes(), pinnedIPCache: len(ipc), pinnedPolicy: len(pol), deleteTrackers: a.dbStats.trackers()}
 }

@@ -28,7 +28,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
@@ -165,7 +166,7 @@ func (p proxyCmd) Usage() *script.CmdUsage { return p.a.cmds[p.name].Usage() }
 // dumpIPCache returns the pinned ipcache map as sorted "prefix identity"
 // lines.
 func (a *Agent) dumpIPCache() (string, error) {
-	entries, err := datapathcell.ReadPinnedIPCache(a.BPFRoot)
+	entries, err := bpfmaps.ReadIPCache(a.BPFRoot)
 	var lines []string
 	for prefix, id := range entries {
 		lines = append(lines, fmt.Sprintf("%s %d\n", prefix, id))
@@ -231,16 +232,16 @@ func (a *Agent) bpfIPCachePutCmd() script.Cmd {
 			if err != nil {
 				return nil, err
 			}
-			var id uint32
+			var id identity.Number
 			if _, err := fmt.Sscan(args[1], &id); err != nil {
 				return nil, err
 			}
-			m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", datapathcell.IPCacheMapName), nil)
+			m, err := ebpf.LoadPinnedMap(filepath.Join(a.BPFRoot, "ipcache-agent", bpfmaps.IPCacheName), nil)
 			if err != nil {
 				return nil, err
 			}
 			defer m.Close()
-			k, v := datapathcell.NewIPCacheMapKey(prefix), datapathcell.NewIPCacheMapValue(id)
+			k, v := bpfmaps.NewIPCacheKey(prefix), bpfmaps.NewIPCacheValue(id)
 			return nil, m.Put(&k, &v)
 		})
 }
@@ -280,7 +281,7 @@ func (a *Agent) policyRemoveCmd() script.Cmd {
 // dumpPolicy returns the pinned policy map as sorted
 // "identity direction protocol port verdict" lines.
 func (a *Agent) dumpPolicy() (string, error) {
-	entries, err := datapathcell.ReadPinnedPolicy(a.BPFRoot)
+	entries, err := bpfmaps.ReadPolicy(a.BPFRoot)
 	var lines []string
 	for k, verdict := range entries {
 		id, dir, proto, port := k.Fields()

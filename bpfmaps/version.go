@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
 	"errors"
@@ -13,23 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-
-	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 )
-
-// EmbeddedProgram describes the enforcement object built into the
-// binary without loading it: its SHA-256 and its programs' names. (A
-// program's kernel tag cannot be computed offline on every kernel: since
-// Linux 6.18 it is another hash; AttachedPrograms compares instead.)
-//
-// Possible errors: the embedded object cannot be parsed (a broken build).
-func EmbeddedProgram() (sha256 string, programs []string, err error) {
-	spec, err := bpf.LoadEnforce()
-	if err != nil {
-		return "", nil, fmt.Errorf("load enforcement program spec: %w", err)
-	}
-	return bpf.ObjectSHA256(), slices.Sorted(maps.Keys(spec.Programs)), nil
-}
 
 // AttachedProgram is the program a pinned link of an agent holds.
 type AttachedProgram struct {
@@ -46,13 +30,15 @@ type AttachedProgram struct {
 }
 
 // AttachedPrograms reads the programs held by the links an agent pinned
-// under bpfRoot; none if it pinned none (no directory). It needs the
-// privilege to open pins and programs by ID (root).
+// under bpfRoot; none if it pinned none (no directory). build is the
+// binary's embedded object, whose programs the attached ones are compared
+// with (AttachedProgram.BuildProgram). It needs the privilege to open pins
+// and programs by ID (root).
 //
 // Possible errors: a pin or program cannot be opened or read (no
 // permission).
-func AttachedPrograms(bpfRoot string) ([]AttachedProgram, error) {
-	dir := linksDir(bpfRoot)
+func AttachedPrograms(bpfRoot string, build *ebpf.CollectionSpec) ([]AttachedProgram, error) {
+	dir := LinksDir(bpfRoot)
 	names, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -60,13 +46,9 @@ func AttachedPrograms(bpfRoot string) ([]AttachedProgram, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read pinned links: %w", err)
 	}
-	spec, err := bpf.LoadEnforce()
-	if err != nil {
-		return nil, fmt.Errorf("load enforcement program spec: %w", err)
-	}
 	var out []AttachedProgram
 	for _, name := range names {
-		p, err := attachedProgram(filepath.Join(dir, name.Name()), spec)
+		p, err := attachedProgram(filepath.Join(dir, name.Name()), build)
 		if err != nil {
 			return nil, err
 		}

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"bytes"
@@ -14,21 +15,21 @@ import (
 // FuzzIPCacheKey: any 24 bytes either decode to a prefix whose encoding is
 // those very bytes, or are refused; never a panic.
 func FuzzIPCacheKey(f *testing.F) {
-	k := NewIPCacheMapKey(netip.MustParsePrefix("10.0.0.0/8"))
+	k := NewIPCacheKey(netip.MustParsePrefix("10.0.0.0/8"))
 	f.Add(k[:])
-	k6 := NewIPCacheMapKey(netip.MustParsePrefix("2001:db8::/32"))
+	k6 := NewIPCacheKey(netip.MustParsePrefix("2001:db8::/32"))
 	f.Add(k6[:])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != ipcacheKeySize {
 			return
 		}
-		key := IPCacheMapKey(data)
+		key := IPCacheKey(data)
 		prefix, err := key.Prefix()
 		if err != nil {
 			return
 		}
-		if NewIPCacheMapKey(prefix) != key {
-			t.Fatalf("key %x decodes to %s, which encodes to %x", data, prefix, NewIPCacheMapKey(prefix))
+		if NewIPCacheKey(prefix) != key {
+			t.Fatalf("key %x decodes to %s, which encodes to %x", data, prefix, NewIPCacheKey(prefix))
 		}
 	})
 }
@@ -38,9 +39,9 @@ func FuzzIPCacheKey(f *testing.F) {
 // panic; an identity encodes to a value with everything else zero (no
 // tunnel endpoint, key or flags) that decodes to it again.
 func FuzzIPCacheValue(f *testing.F) {
-	v := NewIPCacheMapValue(16777217)
+	v := NewIPCacheValue(16777217)
 	f.Add(v[:])
-	var tunneled IPCacheMapValue
+	var tunneled IPCacheValue
 	for i := range tunneled {
 		tunneled[i] = byte(i + 1)
 	}
@@ -49,12 +50,12 @@ func FuzzIPCacheValue(f *testing.F) {
 		if len(data) != ipcacheValueSize {
 			return
 		}
-		value := IPCacheMapValue(data)
+		value := IPCacheValue(data)
 		id := value.Identity()
-		if want := binary.LittleEndian.Uint32(data[0:4]); id != want {
+		if want := identity.Number(binary.LittleEndian.Uint32(data[0:4])); id != want {
 			t.Fatalf("value %x: identity %d, want %d (little-endian u32 at 0)", data, id, want)
 		}
-		encoded := NewIPCacheMapValue(id)
+		encoded := NewIPCacheValue(id)
 		if encoded.Identity() != id || !bytes.Equal(encoded[4:], make([]byte, ipcacheValueSize-4)) {
 			t.Fatalf("identity %d encodes to %x", id, encoded)
 		}
@@ -70,11 +71,11 @@ func FuzzIPCacheValue(f *testing.F) {
 // protocol at 9, dport big-endian at 10), and the prefix length is the
 // decoded key's.
 func FuzzPolicyKey(f *testing.F) {
-	for _, k := range []PolicyMapKey{
+	for _, k := range []PolicyKey{
 		policyMapKey(16777217, uint8(policy.Egress), 17, 53),
 		policyMapKey(16777217, uint8(policy.Egress), 6, 0),
 		policyMapKey(2, uint8(policy.Ingress), 0, 0),
-		NewPolicyMapKey(policy.Key{Protocol: policy.ProtocolTCP, Port: 8000, PortWildcardBits: 3}),
+		NewPolicyKey(policy.Key{Protocol: policy.ProtocolTCP, Port: 8000, PortWildcardBits: 3}),
 	} {
 		f.Add(k[:])
 	}
@@ -82,21 +83,21 @@ func FuzzPolicyKey(f *testing.F) {
 		if len(data) != policyKeySize {
 			return
 		}
-		key := PolicyMapKey(data)
+		key := PolicyKey(data)
 		id, dir, proto, dport := key.Fields()
-		if id != binary.LittleEndian.Uint32(data[4:8]) || dir != data[8] || proto != data[9] ||
+		if id != identity.Number(binary.LittleEndian.Uint32(data[4:8])) || dir != data[8] || proto != data[9] ||
 			dport != binary.BigEndian.Uint16(data[10:12]) {
 			t.Fatalf("key %x decodes to %d/%d/%d/%d, not the layout's fields", data, id, dir, proto, dport)
 		}
-		decoded, err := key.PolicyKey()
+		decoded, err := key.Key()
 		if err != nil {
 			return
 		}
-		if NewPolicyMapKey(decoded) != key {
+		if NewPolicyKey(decoded) != key {
 			t.Fatalf("key %x does not round trip", data)
 		}
-		if mapPrefixLen(decoded) != binary.LittleEndian.Uint32(data[0:4]) {
-			t.Fatalf("key %x decodes to prefix length %d", data, mapPrefixLen(decoded))
+		if PolicyPrefixLen(decoded) != binary.LittleEndian.Uint32(data[0:4]) {
+			t.Fatalf("key %x decodes to prefix length %d", data, PolicyPrefixLen(decoded))
 		}
 	})
 }
@@ -105,19 +106,19 @@ func FuzzPolicyKey(f *testing.F) {
 // (little-endian u32 at 0; the pad is ignored), and a verdict encodes to a
 // value with a zero pad that decodes to it again.
 func FuzzPolicyValue(f *testing.F) {
-	v := NewPolicyMapValue(uint32(policy.VerdictAllow))
+	v := NewPolicyValue(uint32(policy.VerdictAllow))
 	f.Add(v[:])
 	f.Add([]byte{1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) != policyValueSize {
 			return
 		}
-		value := PolicyMapValue(data)
+		value := PolicyValue(data)
 		verdict := value.Verdict()
 		if want := binary.LittleEndian.Uint32(data[0:4]); verdict != want {
 			t.Fatalf("value %x: verdict %d, want %d", data, verdict, want)
 		}
-		encoded := NewPolicyMapValue(verdict)
+		encoded := NewPolicyValue(verdict)
 		if encoded.Verdict() != verdict || !bytes.Equal(encoded[4:], []byte{0, 0, 0, 0}) {
 			t.Fatalf("verdict %d encodes to %x", verdict, encoded)
 		}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
 	"github.com/cilium/ebpf"
@@ -9,15 +9,15 @@ import (
 // Map names: the pin names under <bpf-root>/ipcache-agent/ and the names
 // the enforcement program declares (bpf/enforce.c).
 const (
-	IPCacheMapName     = "ipcache"
-	PolicyMapName      = "policy"
-	EnforcementMapName = "enforcement"
-	CountersMapName    = "counters"
-	ConntrackMapName   = "conntrack"
-	// ConntrackOpeningMapName is the map of connections that have not yet
+	IPCacheName     = "ipcache"
+	PolicyName      = "policy"
+	EnforcementName = "enforcement"
+	CountersName    = "counters"
+	ConntrackName   = "conntrack"
+	// ConntrackOpeningName is the map of connections that have not yet
 	// had their origin speak after a reply (conntrack.go).
-	ConntrackOpeningMapName = "ct_opening"
-	RevisionMapName         = "revision"
+	ConntrackOpeningName = "ct_opening"
+	RevisionName         = "revision"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
@@ -29,12 +29,12 @@ const bpfFMmapable = 1 << 10
 
 // The specs of the pinned maps (layouts in abi.go).
 
-// IPCacheMapSpec is the spec of the ipcache map (an LPM trie) with the
+// IPCacheSpec is the spec of the ipcache map (an LPM trie) with the
 // given capacity. Besides the datapath, tools that need a map of the same
 // layout use it (the scale benchmark's raw-write floor).
-func IPCacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
+func IPCacheSpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       IPCacheMapName,
+		Name:       IPCacheName,
 		Type:       ebpf.LPMTrie,
 		KeySize:    ipcacheKeySize,
 		ValueSize:  ipcacheValueSize,
@@ -43,11 +43,11 @@ func IPCacheMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	}
 }
 
-// policyMapSpec: an LPM trie, so that one entry covers a block of ports
+// PolicySpec: an LPM trie, so that one entry covers a block of ports
 // (a port range is a few aligned blocks, as in Cilium's policy map).
-func policyMapSpec(maxEntries uint32) *ebpf.MapSpec {
+func PolicySpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       PolicyMapName,
+		Name:       PolicyName,
 		Type:       ebpf.LPMTrie,
 		KeySize:    policyKeySize,
 		ValueSize:  policyValueSize,
@@ -56,9 +56,11 @@ func policyMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	}
 }
 
-func enforcementMapSpec() *ebpf.MapSpec {
+// EnforcementSpec is the spec of the enforcement map: an array indexed by
+// direction.
+func EnforcementSpec() *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       EnforcementMapName,
+		Name:       EnforcementName,
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  4,
@@ -66,9 +68,11 @@ func enforcementMapSpec() *ebpf.MapSpec {
 	}
 }
 
-func countersMapSpec() *ebpf.MapSpec {
+// CountersSpec is the spec of the counters map: a per-CPU array of a slot
+// per direction and verdict (counters.go).
+func CountersSpec() *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       CountersMapName,
+		Name:       CountersName,
 		Type:       ebpf.PerCPUArray,
 		KeySize:    4,
 		ValueSize:  countersValueSize,
@@ -76,12 +80,12 @@ func countersMapSpec() *ebpf.MapSpec {
 	}
 }
 
-// conntrackMapSpec: a hash, which never evicts: a connection gets here
+// ConntrackSpec: a hash, which never evicts: a connection gets here
 // only once its handshake is done, and a flood of new connections cannot
 // push it out (layout in conntrack.go).
-func conntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
+func ConntrackSpec(maxEntries uint32) *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       ConntrackMapName,
+		Name:       ConntrackName,
 		Type:       ebpf.Hash,
 		KeySize:    conntrackKeySize,
 		ValueSize:  conntrackValueSize,
@@ -89,20 +93,20 @@ func conntrackMapSpec(maxEntries uint32) *ebpf.MapSpec {
 	}
 }
 
-// conntrackOpeningMapSpec: an LRU hash of conntrack's layout, so that a
+// ConntrackOpeningSpec: an LRU hash of conntrack's layout, so that a
 // full map evicts the least recently used new connections rather than
 // refusing the next one.
-func conntrackOpeningMapSpec(maxEntries uint32) *ebpf.MapSpec {
-	spec := conntrackMapSpec(maxEntries)
-	spec.Name = ConntrackOpeningMapName
+func ConntrackOpeningSpec(maxEntries uint32) *ebpf.MapSpec {
+	spec := ConntrackSpec(maxEntries)
+	spec.Name = ConntrackOpeningName
 	spec.Type = ebpf.LRUHash
 	return spec
 }
 
-// revisionMapSpec: one u64, the revision counter (revision.go).
-func revisionMapSpec() *ebpf.MapSpec {
+// RevisionSpec: one u64, the revision counter (revision.go).
+func RevisionSpec() *ebpf.MapSpec {
 	return &ebpf.MapSpec{
-		Name:       RevisionMapName,
+		Name:       RevisionName,
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  8,

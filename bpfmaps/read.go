@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
 	"errors"
@@ -11,66 +11,67 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
-// ReadPinnedIPCache reads the ipcache map pinned under bpfRoot: prefix ->
+// ReadIPCache reads the ipcache map pinned under bpfRoot: prefix ->
 // identity. It is for tools and tests that inspect what the datapath
 // enforces; entries whose key is not in canonical form are skipped.
 //
 // Possible errors: no map pinned there, or no permission.
-func ReadPinnedIPCache(bpfRoot string) (map[netip.Prefix]uint32, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), IPCacheMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+func ReadIPCache(bpfRoot string) (map[netip.Prefix]identity.Number, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), IPCacheName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned ipcache map: %w", err)
 	}
 	defer m.Close()
-	snapshot, err := dumpIPCache(m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	snapshot, err := ReadIPCacheMap(m, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		return nil, err
 	}
-	pinned := make(map[netip.Prefix]uint32, len(snapshot.entries))
-	for _, e := range snapshot.entries {
-		pinned[e.Prefix] = uint32(e.Identity)
+	pinned := make(map[netip.Prefix]identity.Number, len(snapshot.Entries))
+	for _, e := range snapshot.Entries {
+		pinned[e.Prefix] = e.Identity
 	}
 	return pinned, nil
 }
 
-// ReadPinnedPolicy reads the policy map pinned under bpfRoot: key ->
+// ReadPolicy reads the policy map pinned under bpfRoot: key ->
 // verdict.
 //
 // Possible errors: no map pinned there, or no permission.
-func ReadPinnedPolicy(bpfRoot string) (map[PolicyMapKey]uint32, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+func ReadPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned policy map: %w", err)
 	}
 	defer m.Close()
-	out := map[PolicyMapKey]uint32{}
-	if err := readEntries(m, func(k PolicyMapKey, v PolicyMapValue) { out[k] = v.Verdict() }); err != nil {
+	out := map[PolicyKey]uint32{}
+	if err := ReadEntries(m, func(k PolicyKey, v PolicyValue) { out[k] = v.Verdict() }); err != nil {
 		return nil, fmt.Errorf("read pinned policy map: %w", err)
 	}
 	return out, nil
 }
 
-// ReadPinnedEnforcement reads the enforcement map pinned under bpfRoot:
+// ReadEnforcement reads the enforcement map pinned under bpfRoot:
 // whether each direction is enforced with default deny (value 1; a
 // direction of deny rules only, 2, reads false), indexed by direction (0
 // ingress, 1 egress).
 //
 // Possible errors: no map pinned there, or no permission.
-func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
+func ReadEnforcement(bpfRoot string) ([2]bool, error) {
 	var enforced [2]bool
-	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), EnforcementMapName), &ebpf.LoadPinOptions{ReadOnly: true})
+	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), EnforcementName), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return enforced, fmt.Errorf("open pinned enforcement map: %w", err)
 	}
 	defer m.Close()
 	for dir := range enforced {
-		var v enforcementValue
+		var v EnforcementValue
 		if err := m.Lookup(uint32(dir), &v); err != nil {
 			return enforced, fmt.Errorf("read pinned enforcement map: %w", err)
 		}
-		enforced[dir] = v == enforceDefaultDeny
+		enforced[dir] = v == EnforceDefaultDeny
 	}
 	return enforced, nil
 }
@@ -78,12 +79,23 @@ func ReadPinnedEnforcement(bpfRoot string) ([2]bool, error) {
 // readBatchSize is the entries read per batch lookup.
 const readBatchSize = 4096
 
-// readEntries calls fn for every key and value of m. It reads in batches
+// BatchLookuper is what ReadEntries uses of a BPF map: an *ebpf.Map, or in
+// tests a fake.
+type BatchLookuper interface {
+	BatchLookup(cursor *ebpf.MapBatchCursor, keysOut, valuesOut any, opts *ebpf.BatchOptions) (int, error)
+	Iterate() *ebpf.MapIterator
+}
+
+var _ BatchLookuper = (*ebpf.Map)(nil)
+
+// ReadEntries calls fn for every key and value of m. It reads in batches
 // where the kernel can (LPM trie and hash maps: one system call per 4096
 // entries, where iterating takes two per entry), else key by key. The map must not change meanwhile: the
 // callers read before anything writes, or from the reconciler that alone
 // writes the map.
-func readEntries[K, V any](m kernelMap, fn func(K, V)) error {
+//
+// Possible errors: the kernel's, when the map cannot be read.
+func ReadEntries[K, V any](m BatchLookuper, fn func(K, V)) error {
 	var cursor ebpf.MapBatchCursor
 	keys := make([]K, readBatchSize)
 	values := make([]V, readBatchSize)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -36,7 +36,7 @@ import (
 //	value (8 bytes):  verdict u32 | pad u32
 //
 // prefixlen counts the bits after it that must match
-// (mapPrefixLen): 40 identity and direction (any
+// (PolicyPrefixLen): 40 identity and direction (any
 // protocol), 48 also the protocol (any port), 48+n also the first n bits
 // of dport. sec_identity 0 is any identity. direction: 0 ingress, 1
 // egress (policy.Direction). For ICMP and ICMPv6 dport holds the type
@@ -79,21 +79,21 @@ const (
 	familyIPv6 = 2
 )
 
-// IPCacheMapKey is the key of the ipcache map.
-type IPCacheMapKey [ipcacheKeySize]byte
+// IPCacheKey is the key of the ipcache map.
+type IPCacheKey [ipcacheKeySize]byte
 
-// IPCacheMapValue is the value of the ipcache map.
-type IPCacheMapValue [ipcacheValueSize]byte
+// IPCacheValue is the value of the ipcache map.
+type IPCacheValue [ipcacheValueSize]byte
 
-// PolicyMapKey is the key of the policy map.
-type PolicyMapKey [policyKeySize]byte
+// PolicyKey is the key of the policy map.
+type PolicyKey [policyKeySize]byte
 
-// PolicyMapValue is the value of the policy map.
-type PolicyMapValue [policyValueSize]byte
+// PolicyValue is the value of the policy map.
+type PolicyValue [policyValueSize]byte
 
-// NewIPCacheMapKey encodes a prefix in canonical form.
-func NewIPCacheMapKey(prefix netip.Prefix) IPCacheMapKey {
-	var k IPCacheMapKey
+// NewIPCacheKey encodes a prefix in canonical form.
+func NewIPCacheKey(prefix netip.Prefix) IPCacheKey {
+	var k IPCacheKey
 	prefix = prefix.Masked()
 	binary.LittleEndian.PutUint32(k[0:4], uint32(ipcacheKeyStaticPrefixBits+prefix.Bits()))
 	// k[4:6] cluster_id = 0, k[6] pad = 0
@@ -114,7 +114,7 @@ func NewIPCacheMapKey(prefix netip.Prefix) IPCacheMapKey {
 //
 // Possible errors: the key is not in canonical form (unknown family, bad
 // prefix length, nonzero cluster_id, pad or host bits).
-func (k IPCacheMapKey) Prefix() (netip.Prefix, error) {
+func (k IPCacheKey) Prefix() (netip.Prefix, error) {
 	prefix, err := k.decode()
 	if err == nil && prefix.Masked() != prefix {
 		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: host bits set", k)
@@ -129,7 +129,7 @@ func (k IPCacheMapKey) Prefix() (netip.Prefix, error) {
 // The errors format the key by value, not as k[:]: a slice of k would
 // move every key decoded to the heap, and the writer decodes one per
 // lookup of what the map held at start (snapshotValues).
-func (k IPCacheMapKey) decode() (netip.Prefix, error) {
+func (k IPCacheKey) decode() (netip.Prefix, error) {
 	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
 	if k[4] != 0 || k[5] != 0 || k[6] != 0 {
 		return netip.Prefix{}, fmt.Errorf("decode ipcache key %x: nonzero cluster_id or pad", k)
@@ -154,33 +154,35 @@ func (k IPCacheMapKey) decode() (netip.Prefix, error) {
 	return netip.PrefixFrom(addr, bits), nil
 }
 
-// compare orders keys by family and address, then prefix length: the
+// Compare orders keys by family and address, then prefix length: the
 // order of a trie walk, in which the kernel's LPM trie inserts fastest.
-func (k IPCacheMapKey) compare(other IPCacheMapKey) int {
+func (k IPCacheKey) Compare(other IPCacheKey) int {
 	if c := bytes.Compare(k[4:], other[4:]); c != 0 {
 		return c
 	}
 	return cmp.Compare(binary.LittleEndian.Uint32(k[0:4]), binary.LittleEndian.Uint32(other[0:4]))
 }
 
-// NewIPCacheMapValue encodes an identity. The tunnel endpoint, key and flags
+// NewIPCacheValue encodes an identity. The tunnel endpoint, key and flags
 // are zero: this agent does not tunnel.
-func NewIPCacheMapValue(ident uint32) IPCacheMapValue {
-	var v IPCacheMapValue
-	binary.LittleEndian.PutUint32(v[0:4], ident)
+func NewIPCacheValue(ident identity.Number) IPCacheValue {
+	var v IPCacheValue
+	binary.LittleEndian.PutUint32(v[0:4], uint32(ident))
 	return v
 }
 
 // Identity returns the value's sec_identity.
-func (v IPCacheMapValue) Identity() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+func (v IPCacheValue) Identity() identity.Number {
+	return identity.Number(binary.LittleEndian.Uint32(v[0:4]))
+}
 
-// NewPolicyMapKey encodes key in canonical form: prefixlen is
-// mapPrefixLen(key), and the bits past it are zero (a protocol of an
+// NewPolicyKey encodes key in canonical form: prefixlen is
+// PolicyPrefixLen(key), and the bits past it are zero (a protocol of an
 // any-protocol key, the wildcard bits of the port). Port is in host order;
 // it is stored in network order.
-func NewPolicyMapKey(key policy.Key) PolicyMapKey {
-	var k PolicyMapKey
-	prefixLen := mapPrefixLen(key)
+func NewPolicyKey(key policy.Key) PolicyKey {
+	var k PolicyKey
+	prefixLen := PolicyPrefixLen(key)
 	binary.LittleEndian.PutUint32(k[0:4], prefixLen)
 	binary.LittleEndian.PutUint32(k[4:8], uint32(key.Identity))
 	k[8] = uint8(key.Direction)
@@ -192,11 +194,11 @@ func NewPolicyMapKey(key policy.Key) PolicyMapKey {
 	return k
 }
 
-// PolicyKey decodes the key: the inverse of NewPolicyMapKey.
+// Key decodes the key: the inverse of NewPolicyKey.
 //
 // Possible errors: the key is not in canonical form (a prefix length that
 // no policy.Key has, or bits set past it).
-func (k PolicyMapKey) PolicyKey() (policy.Key, error) {
+func (k PolicyKey) Key() (policy.Key, error) {
 	prefixLen := binary.LittleEndian.Uint32(k[0:4])
 	key := policy.Key{
 		Identity:  identity.Number(binary.LittleEndian.Uint32(k[4:8])),
@@ -214,34 +216,56 @@ func (k PolicyMapKey) PolicyKey() (policy.Key, error) {
 	default:
 		return policy.Key{}, fmt.Errorf("decode policy key %x: prefix length %d out of range", k[:], prefixLen)
 	}
-	if NewPolicyMapKey(key) != k {
+	if NewPolicyKey(key) != k {
 		return policy.Key{}, fmt.Errorf("decode policy key %x: bits set past prefix length %d", k[:], prefixLen)
 	}
 	return key, nil
 }
 
 // Fields decodes the key's fields as they are stored; dport is returned in
-// host order. PolicyKey also gives the prefix length, as PortWildcardBits.
-func (k PolicyMapKey) Fields() (ident uint32, direction, protocol uint8, dport uint16) {
-	return binary.LittleEndian.Uint32(k[4:8]), k[8], k[9], binary.BigEndian.Uint16(k[10:12])
+// host order. Key also gives the prefix length, as PortWildcardBits.
+func (k PolicyKey) Fields() (ident identity.Number, direction, protocol uint8, dport uint16) {
+	return identity.Number(binary.LittleEndian.Uint32(k[4:8])), k[8], k[9], binary.BigEndian.Uint16(k[10:12])
 }
 
-// NewPolicyMapValue encodes a verdict.
-func NewPolicyMapValue(verdict uint32) PolicyMapValue {
-	var v PolicyMapValue
+// NewPolicyValue encodes a verdict.
+func NewPolicyValue(verdict uint32) PolicyValue {
+	var v PolicyValue
 	binary.LittleEndian.PutUint32(v[0:4], verdict)
 	return v
 }
 
 // Verdict returns the value's verdict.
-func (v PolicyMapValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
+func (v PolicyValue) Verdict() uint32 { return binary.LittleEndian.Uint32(v[0:4]) }
 
-// mapPrefixLen is the key's prefix length in the policy map: the bits of
+// PolicyPrefixLen is the key's prefix length in the policy map: the bits of
 // identity and direction (40), then the protocol's (8), then the port's
 // that must match.
-func mapPrefixLen(k policy.Key) uint32 {
+func PolicyPrefixLen(k policy.Key) uint32 {
 	if k.Protocol == policy.ProtocolAny {
 		return 40
 	}
 	return 48 + 16 - uint32(k.PortWildcardBits)
+}
+
+// EnforcementValue is the enforcement map's value: whether and how a
+// direction is enforced (see the layout above).
+type EnforcementValue uint32
+
+// The enforcement map's values.
+const (
+	EnforceNone        EnforcementValue = 0
+	EnforceDefaultDeny EnforcementValue = 1
+	EnforceDenyOnly    EnforcementValue = 2
+)
+
+// PolicyKeyAt is key cut to prefixLen bits (as PolicyPrefixLen counts
+// them): the key of the entry of that prefix length that the program's
+// lookup of key finds.
+func PolicyKeyAt(key policy.Key, prefixLen uint32) policy.Key {
+	if prefixLen <= policyKeyStaticPrefixBits {
+		return policy.Key{Identity: key.Identity, Direction: key.Direction}
+	}
+	key.PortWildcardBits = uint8(policyKeyMaxPrefixBits - prefixLen)
+	return key
 }

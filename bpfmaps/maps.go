@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package bpfmaps
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -22,19 +22,25 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
+// DefaultRoot is the default bpffs root (--bpf-root).
+const DefaultRoot = "/sys/fs/bpf"
+
 // PinDir returns the directory of the agent's pinned objects under a bpffs
 // root: <bpf-root>/ipcache-agent.
 func PinDir(bpfRoot string) string { return filepath.Join(bpfRoot, "ipcache-agent") }
 
-// linksDir returns the directory of the pinned TCX links.
-func linksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "links") }
+// LinksDir returns the directory of the pinned TCX links.
+func LinksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "links") }
 
-// pinnedMaps are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
-type pinnedMaps struct {
+// Pinned are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
+type Pinned struct {
 	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
 }
 
-func (m *pinnedMaps) Close() error {
+// Close closes the maps' descriptors; the maps stay pinned.
+//
+// Possible errors: a descriptor cannot be closed.
+func (m *Pinned) Close() error {
 	var errs []error
 	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision} {
 		if mp != nil {
@@ -44,27 +50,49 @@ func (m *pinnedMaps) Close() error {
 	return errors.Join(errs...)
 }
 
-// PinnedEntry is an entry of the pinned ipcache map as the agent found it
+// IPCacheEntry is an entry of the pinned ipcache map as the agent found it
 // at start: a prefix and the identity the datapath mapped it to.
-type PinnedEntry struct {
+type IPCacheEntry struct {
 	Prefix   netip.Prefix
 	Identity identity.Number
 }
 
-// ipcacheSnapshot is what the pinned ipcache map held when the agent
+// IPCacheSnapshot is what the pinned ipcache map held when the agent
 // started, before anything wrote to it.
-type ipcacheSnapshot struct {
-	// entries are the entries restore reads, in address order: the order
+type IPCacheSnapshot struct {
+	// Entries are the entries restore reads, in address order: the order
 	// in which restore writes them, and in which they are resolved. They
 	// are read from the map in this form once, here, where the map's
 	// layout is known. A key with host bits set is read as its masked
 	// prefix (the kernel's trie matches only the prefix's bits: it is that
 	// prefix's entry, and the trie holds no other for the prefix).
-	entries []PinnedEntry
-	// unreadable are the keys that are no prefix (unknown family, nonzero
+	Entries []IPCacheEntry
+	// Unreadable are the keys that are no prefix (unknown family, nonzero
 	// cluster_id or pad, a length out of range): no row can want them,
 	// and the first prune deletes them.
-	unreadable map[IPCacheMapKey]IPCacheMapValue
+	Unreadable map[IPCacheKey]IPCacheValue
+}
+
+// Sizes are the max entries of the pinned maps that have a flag for it.
+type Sizes struct {
+	IPCache, Policy, Conntrack, ConntrackOpening uint32
+}
+
+// Open opens (or creates) the pinned maps in dir, as openPinnedMaps and
+// openConntrackMap say; devices are the --devices, whose entries a
+// conntrack map of the previous layout is converted for.
+//
+// Possible errors: those of openPinnedMaps and openConntrackMap, wrapped
+// naming dir.
+func Open(dir string, sizes Sizes, devices []string, log *slog.Logger) (*Pinned, error) {
+	opened, err := openPinnedMaps(dir, sizes.IPCache, sizes.Policy, log)
+	if err != nil {
+		return nil, fmt.Errorf("open pinned maps in %s: %w", dir, err)
+	}
+	if err := openConntrackMap(opened, dir, sizes.Conntrack, sizes.ConntrackOpening, devices, log); err != nil {
+		return nil, err
+	}
+	return opened, nil
 }
 
 // openPinnedMaps opens (or creates) the pinned maps in dir. A pinned map of
@@ -75,14 +103,14 @@ type ipcacheSnapshot struct {
 // map. A pin that cannot be opened for lack of permission or because bpffs
 // is read-only is an error, not replaced: it may be a good map. Nothing is
 // read from the ipcache map here: a migrated map holds what the pinned
-// one held, a replaced one nothing, and the Datapath reads the map it
-// returns before anything writes to it (readPinned).
+// one held, a replaced one nothing, and the datapath reads the map it
+// returns before anything writes to it (ReadIPCacheMap).
 //
 // Possible errors: dir cannot be created or made private; a pin cannot be
 // opened (permission, read-only bpffs), created or replaced; a map cannot
 // be migrated because it holds more entries than the new max entries
 // (nothing is changed then).
-func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*pinnedMaps, error) {
+func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*Pinned, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create pin directory %s: %w", dir, err)
 	}
@@ -91,20 +119,20 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
 	}
-	maps := &pinnedMaps{}
+	maps := &Pinned{}
 	var err error
-	maps.IPCache, err = openPinnedMap(dir, IPCacheMapSpec(ipcacheMaxEntries), log)
+	maps.IPCache, err = openPinnedMap(dir, IPCacheSpec(ipcacheMaxEntries), log)
 	if err == nil {
-		maps.Policy, err = openPolicyMap(dir, policyMapSpec(policyMaxEntries), log)
+		maps.Policy, err = openPolicyMap(dir, PolicySpec(policyMaxEntries), log)
 	}
 	if err == nil {
-		maps.Enforcement, err = openPinnedMap(dir, enforcementMapSpec(), log)
+		maps.Enforcement, err = openPinnedMap(dir, EnforcementSpec(), log)
 	}
 	if err == nil {
-		maps.Counters, err = openCountersMap(dir, countersMapSpec(), log)
+		maps.Counters, err = openCountersMap(dir, CountersSpec(), log)
 	}
 	if err == nil {
-		maps.Revision, err = openPinnedMap(dir, revisionMapSpec(), log)
+		maps.Revision, err = openPinnedMap(dir, RevisionSpec(), log)
 	}
 	if err != nil {
 		maps.Close()
@@ -312,7 +340,7 @@ func hashPolicyKey(ident uint32, direction, protocol uint8, port uint16) policy.
 // any-protocol entry.
 func convertHashPolicy(from, to *ebpf.Map) (converted, skipped int, err error) {
 	var putErr error
-	err = readEntries(from, func(k [hashPolicyKeySize]byte, v PolicyMapValue) {
+	err = ReadEntries(from, func(k [hashPolicyKeySize]byte, v PolicyValue) {
 		if putErr != nil {
 			return
 		}
@@ -321,7 +349,7 @@ func convertHashPolicy(from, to *ebpf.Map) (converted, skipped int, err error) {
 			skipped++
 			return
 		}
-		key := NewPolicyMapKey(hashPolicyKey(binary.LittleEndian.Uint32(k[0:4]), k[4], protocol, port))
+		key := NewPolicyKey(hashPolicyKey(binary.LittleEndian.Uint32(k[0:4]), k[4], protocol, port))
 		if putErr = to.Put(&key, &v); putErr != nil {
 			putErr = fmt.Errorf("copy entry %d: %w", converted+1, putErr)
 			return
@@ -352,7 +380,7 @@ func copyEntries(from, to *ebpf.Map) error {
 	return iter.Err()
 }
 
-// dumpIPCache reads every entry of an ipcache map. Entries whose key is no
+// ReadIPCacheMap reads every entry of an ipcache map. Entries whose key is no
 // prefix are kept apart with a warning: restore must not act on what it
 // cannot read, and the first prune deletes them.
 //
@@ -362,18 +390,20 @@ func copyEntries(from, to *ebpf.Map) error {
 // at this size), which cost more than reading the map (docs/SCALE.md).
 // publish, if set, is given each block as it is read (in the kernel's
 // order, before the join); it must not modify it.
-func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ipcacheSnapshot, error) {
-	snapshot := ipcacheSnapshot{unreadable: map[IPCacheMapKey]IPCacheMapValue{}}
+//
+// Possible errors: the map cannot be read (wrapped).
+func ReadIPCacheMap(m BatchLookuper, log *slog.Logger, publish func([]IPCacheEntry)) (IPCacheSnapshot, error) {
+	snapshot := IPCacheSnapshot{Unreadable: map[IPCacheKey]IPCacheValue{}}
 	var (
-		blocks [][]PinnedEntry
-		block  []PinnedEntry
+		blocks [][]IPCacheEntry
+		block  []IPCacheEntry
 		total  int
 	)
-	err := readEntries(m, func(key IPCacheMapKey, value IPCacheMapValue) {
+	err := ReadEntries(m, func(key IPCacheKey, value IPCacheValue) {
 		prefix, err := key.decode()
 		if err != nil {
 			log.Warn("Unreadable pinned ipcache entry: not restored, deleted at the first prune", "error", err)
-			snapshot.unreadable[key] = value
+			snapshot.Unreadable[key] = value
 			return
 		}
 		if masked := prefix.Masked(); masked != prefix {
@@ -381,9 +411,9 @@ func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ip
 			prefix = masked
 		}
 		if block == nil {
-			block = make([]PinnedEntry, 0, readBatchSize)
+			block = make([]IPCacheEntry, 0, readBatchSize)
 		}
-		block = append(block, PinnedEntry{Prefix: prefix, Identity: identity.Number(value.Identity())})
+		block = append(block, IPCacheEntry{Prefix: prefix, Identity: value.Identity()})
 		if len(block) == cap(block) {
 			if publish != nil {
 				publish(block)
@@ -393,7 +423,7 @@ func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ip
 		total++
 	})
 	if err != nil {
-		return ipcacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
+		return IPCacheSnapshot{}, fmt.Errorf("dump ipcache map: %w", err)
 	}
 	if block != nil {
 		if publish != nil {
@@ -404,16 +434,16 @@ func dumpIPCache(m kernelMap, log *slog.Logger, publish func([]PinnedEntry)) (ip
 	// Joined into a new slice also from a single block: the sort below
 	// must not reorder a block published.
 	if len(blocks) > 0 {
-		snapshot.entries = make([]PinnedEntry, 0, total)
+		snapshot.Entries = make([]IPCacheEntry, 0, total)
 		for _, b := range blocks {
-			snapshot.entries = append(snapshot.entries, b...)
+			snapshot.Entries = append(snapshot.Entries, b...)
 		}
 	}
-	slices.SortFunc(snapshot.entries, func(a, b PinnedEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
+	slices.SortFunc(snapshot.Entries, func(a, b IPCacheEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	// The kernel's trie holds one entry per prefix; were a masked key
 	// read beside its prefix's own, one entry is kept, as a map of the
 	// entries would: the writer finds an entry by its prefix
 	// (snapshotValues), and restore restores each prefix once.
-	snapshot.entries = slices.CompactFunc(snapshot.entries, func(a, b PinnedEntry) bool { return a.Prefix == b.Prefix })
+	snapshot.Entries = slices.CompactFunc(snapshot.Entries, func(a, b IPCacheEntry) bool { return a.Prefix == b.Prefix })
 	return snapshot, nil
 }
