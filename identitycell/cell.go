@@ -29,6 +29,7 @@ var Cell = cell.Module(
 		newConfiguredAllocator,
 		newLifecycleCheckpointer,
 		stateFile,
+		newMetrics,
 	),
 	cell.Invoke(Config.Validate, registerCheckpointer),
 )

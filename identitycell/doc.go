@@ -25,4 +25,6 @@
 // start).
 // Writes: the `identities` table; <state-dir>/local-identities.json, an
 // atomic checkpoint of number -> labels that the next run restores from.
+// Metrics: ipcache_agent_identities, contributed to the metrics cell
+// (metrics.go).
 package identitycell

@@ -57,6 +57,7 @@ var Cell = cell.Module(
 		newSelectorProgress,
 		newPolicyFiles,
 		stateFile,
+		newMetrics,
 	),
 	// The jobs run even when no cell asks for what they produce.
 	cell.Invoke(registerJobs),
