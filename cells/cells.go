@@ -16,6 +16,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // EnvPrefix is the prefix of environment variables that set flags: the
@@ -25,11 +26,13 @@ import (
 const EnvPrefix = "IPCACHE_AGENT_"
 
 // Infrastructure is what the project's cells run on: the state database,
-// jobs and health reporting.
+// jobs, health reporting and the state directory (--state-dir), which the
+// cells that keep files across restarts share.
 var Infrastructure = cell.Group(
 	statedb.Cell,
 	job.Cell,
 	healthCell,
+	cell.Config(statedir.DefaultConfig),
 )
 
 // ControlPlane is the project's own cells, after the owner lock of their

@@ -20,7 +20,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // OwnerLockFileName is the lock file in the state directory. It holds the
@@ -38,7 +38,7 @@ type ownerParams struct {
 
 	Lifecycle cell.Lifecycle
 	Log       *slog.Logger
-	Identity  identitycell.Config
+	StateDir  statedir.Config
 	Datapath  datapathcell.Config
 	// The shell's, when the hive serves it (an embedding agent may not).
 	Shell shell.Config `optional:"true"`
@@ -52,7 +52,7 @@ func registerOwner(p ownerParams) {
 			// first; a state directory or shell socket that is not ours must
 			// stop us before even that.
 			var err error
-			owner, err = AcquireOwner(p.Identity.StateDir, "")
+			owner, err = AcquireOwner(p.StateDir.StateDir, "")
 			if err != nil {
 				return err
 			}

@@ -27,6 +27,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 const benchEntries = 100_000
@@ -88,7 +89,7 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 			cell.Invoke(func(d *statedb.DB, t ipcachecell.ReconcilerTable, p *datapathcell.Datapath) {
 				db, entries, dp = d, t, p
 			}))
-		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+		hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) {
 			c.BPFRoot = bpfRoot
 			c.IPCacheMapMaxEntries = benchEntries

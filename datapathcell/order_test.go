@@ -5,6 +5,7 @@ package datapathcell
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
@@ -287,6 +288,7 @@ func newOrderFixture(t *testing.T, policyMax int) *orderFixture {
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(cell.NewSimpleHealth),
+		cell.Config(statedir.DefaultConfig),
 		identitycell.Cell,
 		ipcachecell.Cell,
 		policycell.Cell,
@@ -297,7 +299,7 @@ func newOrderFixture(t *testing.T, policyMax int) *orderFixture {
 			f.datapath, f.db, f.ipcache, f.entries, f.policy, f.enforce = d, db, c, e, p, en
 		}),
 	)
-	hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 	hive.AddConfigOverride(h, func(c *policycell.Config) { c.PolicyDir = f.dir })
 	log := hivetest.Logger(t)
 	require.NoError(t, h.Start(log, context.Background()))

@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // Cell provides the local identity [Allocator], the read-only `identities`
@@ -26,15 +28,14 @@ var Cell = cell.Module(
 		statedb.RWTable[*Identity].ToTable,
 		newConfiguredAllocator,
 		newLifecycleCheckpointer,
+		stateFile,
+		newMetrics,
 	),
 	cell.Invoke(Config.Validate, registerCheckpointer),
 )
 
 // Config is the identity cell's configuration.
 type Config struct {
-	// StateDir holds the identity checkpoint.
-	StateDir string
-
 	// IdentityLocalSpaceSize limits how many local numbers are handed out
 	// (from the start of the local scope). Hidden: it exists so that tests
 	// can exhaust the space.
@@ -43,14 +44,11 @@ type Config struct {
 
 // DefaultConfig is the configuration on the defaults.
 var DefaultConfig = Config{
-	StateDir:               "/run/ipcache-agent",
 	IdentityLocalSpaceSize: uint32(identity.MaxLocal - identity.MinLocal + 1),
 }
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.String("state-dir", def.StateDir,
-		"Directory for state kept across restarts (identity checkpoint)")
 	flags.Uint32("identity-local-space-size", def.IdentityLocalSpaceSize,
 		"Number of local identities that may be allocated (for tests)")
 	_ = flags.MarkHidden("identity-local-space-size")
@@ -78,10 +76,16 @@ func newConfiguredAllocator(cfg Config, db *statedb.DB, table statedb.RWTable[*I
 // before the start hook of anything built over the Checkpointer (restore,
 // which reads the checkpoint), whatever the order of the cells: the
 // Datapath's constructor does the same.
-func newLifecycleCheckpointer(cfg Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger, lc cell.Lifecycle) *Checkpointer {
+func newLifecycleCheckpointer(cfg statedir.Config, db *statedb.DB, table statedb.Table[*Identity], log *slog.Logger, lc cell.Lifecycle) *Checkpointer {
 	c := newCheckpointer(db, table, log, cfg.StateDir)
 	lc.Append(c)
 	return c
+}
+
+// stateFile declares the checkpoint, which the cell keeps in the state
+// directory.
+func stateFile() statedir.FileOut {
+	return statedir.FileOut{File: statedir.File{Name: CheckpointFileName, Description: "identity checkpoint"}}
 }
 
 // registerCheckpointer registers what the module runs, in its one job

@@ -7,6 +7,7 @@ package identitycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"context"
 	"errors"
@@ -144,7 +145,7 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 		defer close(c.previousDecoded)
 		previous, err := decodeCheckpoint(c.path, data)
 		if err != nil { // ErrCorruptCheckpoint: decoding fails with nothing else
-			aside, moveErr := atomicfile.MoveAside(c.path)
+			aside, moveErr := statedir.SetAside(c.path)
 			c.log.Error("Identity checkpoint is corrupt; moved aside, restoring without its labels",
 				"path", c.path, "moved-to", aside, "error", err)
 			if err := moveErr; err != nil {

@@ -21,7 +21,10 @@
 // ([Allocator.RegisterProducer]); the table is initialized once all are
 // done, and the checkpoint is first written then.
 //
-// Reads: --state-dir (the previous checkpoint, once, at start).
+// Reads: --state-dir (statedir.Config; the previous checkpoint, once, at
+// start).
 // Writes: the `identities` table; <state-dir>/local-identities.json, an
 // atomic checkpoint of number -> labels that the next run restores from.
+// Metrics: ipcache_agent_identities, contributed to the metrics cell
+// (metrics.go).
 package identitycell

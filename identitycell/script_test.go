@@ -4,6 +4,7 @@ package identitycell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"context"
 	"fmt"
@@ -45,6 +46,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(cell.NewSimpleHealth),
+		cell.Config(statedir.DefaultConfig),
 		Cell,
 		cell.Invoke(func(a *Allocator, c *Checkpointer) { allocator, checkpointer = a, c }),
 	)

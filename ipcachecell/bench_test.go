@@ -20,6 +20,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 var benchSizes = []int{100_000, 1_000_000}
@@ -112,7 +113,7 @@ func BenchmarkUpsertPrefixes(b *testing.B) {
 					cell.Invoke(func(d *statedb.DB, c *ipcachecell.IPCache, e statedb.Table[*ipcachecell.Entry]) {
 						db, ipcache, entries = d, c, e
 					}))
-				hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+				hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 				log := hivetest.Logger(b)
 				require.NoError(b, h.Start(log, context.Background()))
 				handle, err := ipcache.NewHandle("bench", source.Local)

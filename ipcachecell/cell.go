@@ -27,6 +27,7 @@ var Cell = cell.Module(
 		newModuleIPCache,
 		newReconcilerTable,
 		newScriptCmds,
+		newMetrics,
 	),
 	// The resolver runs even when no cell asks for the IPCache.
 	cell.Invoke(registerJobs),

@@ -26,4 +26,6 @@
 //
 // Reads: identities (through the allocator). Writes: `ipcache-metadata`
 // (through handles), `ipcache`, identity references.
+// Metrics: ipcache_agent_ipcache_entries, contributed to the metrics cell
+// (metrics.go).
 package ipcachecell

@@ -4,6 +4,7 @@ package ipcachecell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"context"
 	"math/rand/v2"
@@ -43,6 +44,7 @@ func newFixture(tb testing.TB) *fixture {
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(cell.NewSimpleHealth),
+		cell.Config(statedir.DefaultConfig),
 		identitycell.Cell,
 		cell.Invoke(func(db *statedb.DB, a *identitycell.Allocator, ids statedb.Table[*identitycell.Identity]) (err error) {
 			f.db, f.allocator, f.identities = db, a, ids
@@ -53,7 +55,7 @@ func newFixture(tb testing.TB) *fixture {
 			return err
 		}),
 	)
-	hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 	log := hivetest.Logger(tb)
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })

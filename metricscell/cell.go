@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
+
+	"github.com/ipcache-agent/ipcache-agent/metrics"
 )
 
 // Cell provides the [Server] of /metrics and the [reconciler.Metrics] that
@@ -25,7 +27,10 @@ var Cell = cell.Module(
 	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(newRegistry),
 	cell.Provide(newRegisteredReconcilerMetrics, newConfiguredServer),
-	cell.Invoke(registerStateCollectors),
+	// The datapath's collectors, until the datapath's cells contribute
+	// them (datapath.go).
+	cell.Provide(newDatapathMetrics),
+	cell.Invoke(registerCollectors),
 	// The server is registered even when nobody asks for it; it listens
 	// only if --prometheus-serve-addr is set.
 	cell.Invoke(registerServer),
@@ -80,6 +85,23 @@ func newRegisteredReconcilerMetrics(registry *prometheus.Registry) (reconciler.M
 		return nil, fmt.Errorf("register reconciler metrics: %w", err)
 	}
 	return m, nil
+}
+
+// registerCollectors registers the collectors the cells contributed
+// (metrics.Out), each of which reads its cell's state at scrape time.
+//
+// Possible errors: a collector that the registry refuses (a metric
+// described twice, or inconsistently).
+func registerCollectors(registry *prometheus.Registry, contributed metrics.Collectors) error {
+	for _, c := range contributed.Collectors {
+		if c == nil {
+			continue
+		}
+		if err := registry.Register(c); err != nil {
+			return fmt.Errorf("register metrics collector: %w", err)
+		}
+	}
+	return nil
 }
 
 // newConfiguredServer returns the Server of --prometheus-serve-addr; it

@@ -7,12 +7,12 @@
 // [reconciler.Metrics] that the statedb reconcilers of every cell report
 // their rounds, durations and errors to.
 //
-// Reads, at scrape time and never in the background: the `identities` table
-// (allocated numbers) and the allocator's count of withheld ones, the
-// `ipcache` table, the restore's
-// status, the datapath's map write statistics and its pinned counters map.
-// Each of these is optional, so a hive without (say) the datapath still
-// serves the rest.
+// It registers the collectors the cells contribute (package metrics, a
+// hive value group) and knows no other cell: each cell's collectors sit
+// beside it and read its state at scrape time, never in the background, so
+// a hive without (say) the restore still serves the rest. The datapath's
+// collectors are still here (datapath.go), until the datapath's cells
+// contribute them.
 // Writes: nothing but HTTP responses.
 //
 // [reconciler.Metrics]: https://pkg.go.dev/github.com/cilium/statedb/reconciler#Metrics

@@ -8,6 +8,8 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ipcache-agent/ipcache-agent/metrics"
 )
 
 // reconcilerMetrics records what the statedb reconcilers report, labelled
@@ -33,37 +35,37 @@ var (
 func newReconcilerMetrics() *reconcilerMetrics {
 	return &reconcilerMetrics{
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPrefix + "reconciler_rounds_total",
+			Name: metrics.Prefix + "reconciler_rounds_total",
 			Help: "Incremental reconciliation rounds run",
 		}, []string{"module_id", "name"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    metricPrefix + "reconciler_duration_seconds",
+			Name:    metrics.Prefix + "reconciler_duration_seconds",
 			Help:    "Duration of the incremental reconciliation of a round, by operation (update, delete)",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10), // 100µs .. ~26s
 		}, []string{"module_id", "name", "operation"}),
 		errorsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPrefix + "reconciler_errors_total",
+			Name: metrics.Prefix + "reconciler_errors_total",
 			Help: "Objects that failed to reconcile (each failed attempt counts)",
 		}, []string{"module_id", "name"}),
 		errorsCurrent: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: metricPrefix + "reconciler_errors_current",
+			Name: metrics.Prefix + "reconciler_errors_current",
 			Help: "Objects currently failing to reconcile (pending retry)",
 		}, []string{"module_id", "name"}),
 		prunes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPrefix + "reconciler_prunes_total",
+			Name: metrics.Prefix + "reconciler_prunes_total",
 			Help: "Prunes run (full comparisons that remove what the desired table no longer holds)",
 		}, []string{"module_id", "name"}),
 		pruneErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPrefix + "reconciler_prune_errors_total",
+			Name: metrics.Prefix + "reconciler_prune_errors_total",
 			Help: "Prunes that failed",
 		}, []string{"module_id", "name"}),
 		pruneDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    metricPrefix + "reconciler_prune_duration_seconds",
+			Name:    metrics.Prefix + "reconciler_prune_duration_seconds",
 			Help:    "Duration of prunes",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"module_id", "name"}),
 		pruneLastFailed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: metricPrefix + "reconciler_prune_last_failed",
+			Name: metrics.Prefix + "reconciler_prune_last_failed",
 			Help: "1 if the last prune failed, 0 if it succeeded",
 		}, []string{"module_id", "name"}),
 	}

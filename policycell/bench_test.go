@@ -4,6 +4,7 @@ package policycell_test
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"context"
 	"fmt"
@@ -82,7 +83,7 @@ func BenchmarkDirectoryToPolicyTable(b *testing.B) {
 			// table would stop at twice the default map).
 			cell.Provide(func() policy.MapCapacity { return policies * cidrsPerPolicy }),
 			cell.Invoke(func(d *statedb.DB, e statedb.Table[*policy.Entry]) { db, entries = d, e }))
-		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+		hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 		hive.AddConfigOverride(h, func(c *policycell.Config) { c.PolicyDir = dir })
 		require.NoError(b, h.Populate(log))
 		b.StartTimer()

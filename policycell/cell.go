@@ -19,6 +19,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // Cell provides the read-only `policies`, `policy` and
@@ -56,6 +57,8 @@ var Cell = cell.Module(
 		newSelectorProgress,
 		func(p *SelectorProgress) policy.Progress { return p },
 		newPolicyFiles,
+		stateFile,
+		newMetrics,
 	),
 	// The jobs run even when no cell asks for what they produce.
 	cell.Invoke(registerJobs),
@@ -116,7 +119,7 @@ type loaderParams struct {
 	Policies statedb.RWTable[*policy.Policy]
 	IPCache  *ipcachecell.IPCache
 	Log      *slog.Logger
-	Identity identitycell.Config // for --state-dir
+	StateDir statedir.Config
 	// Capacity is the datapath's --policy-map-max-entries.
 	Capacity policy.MapCapacity `optional:"true"`
 }
@@ -137,9 +140,15 @@ func newConfiguredLoader(p loaderParams) *loader {
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
 	l.maxEntries = maxEntries(p.Capacity)
 	if p.Config.PolicyDir != "" {
-		l.saveInForceIn(p.Identity.StateDir)
+		l.saveInForceIn(p.StateDir.StateDir)
 	}
 	return l
+}
+
+// stateFile declares the saved policies in force, which the cell keeps in
+// the state directory.
+func stateFile() statedir.FileOut {
+	return statedir.FileOut{File: statedir.File{Name: InForceFileName, Description: "saved policies in force"}}
 }
 
 type selectorParams struct {

@@ -40,4 +40,6 @@
 // Writes: `policies`, `policy`, `policy-enforcement`;
 // --state-dir/policies-in-force.json; ipcache metadata through the
 // policies' handles.
+// Metrics: cilium_policy and ipcache_agent_policy_files, contributed to the
+// metrics cell (metrics.go).
 package policycell

@@ -5,6 +5,7 @@ package policycell
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policyfile"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"bufio"
 	"bytes"
@@ -232,7 +233,7 @@ func (l *loader) restoreInForce() {
 	saved, otherDir, err := readInForce(path, l.dir)
 	switch {
 	case errors.Is(err, ErrCorruptInForce):
-		aside, moveErr := atomicfile.MoveAside(path)
+		aside, moveErr := statedir.SetAside(path)
 		l.log.Error("Saved policies in force are corrupt; moved aside, starting from the policy files alone",
 			"path", path, "moved-to", aside, "error", err)
 		if moveErr != nil {

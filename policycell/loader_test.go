@@ -5,6 +5,7 @@ package policycell
 import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policyfile"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 
 	"bytes"
 	"context"
@@ -48,6 +49,7 @@ func newLoaderFixture(t *testing.T, dir string) *loaderFixture {
 		statedb.Cell,
 		job.Cell,
 		cell.Provide(cell.NewSimpleHealth),
+		cell.Config(statedir.DefaultConfig),
 		identitycell.Cell,
 		ipcachecell.Cell,
 		cell.Invoke(func(db *statedb.DB, c *ipcachecell.IPCache, m statedb.Table[*ipcachecell.PrefixMetadata]) (err error) {
@@ -56,7 +58,7 @@ func newLoaderFixture(t *testing.T, dir string) *loaderFixture {
 			return err
 		}),
 	)
-	hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = "" })
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 	log := hivetest.Logger(t)
 	require.NoError(t, h.Start(log, context.Background()))
 	t.Cleanup(func() { require.NoError(t, h.Stop(log, context.Background())) })

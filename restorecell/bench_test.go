@@ -25,6 +25,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 const restartPrefixes = 100_000
@@ -45,7 +46,7 @@ func startBenchAgent(b *testing.B, bpfRoot, stateDir string) *benchAgent {
 			r *restorecell.Restorer) {
 			a.db, a.ipcache, a.entries, a.datapath, a.restorer = db, c, e, d, r
 		}))
-	hive.AddConfigOverride(a.hive, func(c *identitycell.Config) { c.StateDir = stateDir })
+	hive.AddConfigOverride(a.hive, func(c *statedir.Config) { c.StateDir = stateDir })
 	hive.AddConfigOverride(a.hive, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
 	hive.AddConfigOverride(a.hive, func(c *restorecell.Config) { c.IdentityRestoreGracePeriod = time.Hour })
 	require.NoError(b, a.hive.Populate(hivetest.Logger(b)))

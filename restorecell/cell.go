@@ -26,7 +26,7 @@ var Cell = cell.Module(
 	"Restore of identity numbers after a restart",
 
 	cell.Config(DefaultConfig),
-	cell.Provide(newRestorer, statusCommand),
+	cell.Provide(newRestorer, statusCommand, newMetrics),
 	cell.Invoke(Config.Validate, registerRestorer),
 )
 

@@ -23,4 +23,7 @@
 //
 // The restore cell never holds identity references: only the ipcache does,
 // one per prefix, whoever its owners are.
+//
+// Metrics: ipcache_agent_restore_*, the restore's status, contributed to
+// the metrics cell (metrics.go).
 package restorecell

@@ -25,6 +25,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // Restore's start hook runs after the Checkpointer's and the Datapath's by
@@ -46,7 +47,7 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 		h := cells.NewHive(append(order, cell.Invoke(func(ipc *ipcachecell.IPCache, rr *restorecell.Restorer) {
 			c, r = ipc, rr
 		}))...)
-		hive.AddConfigOverride(h, func(c *identitycell.Config) { c.StateDir = stateDir })
+		hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = stateDir })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
 		hive.AddConfigOverride(h, func(c *restorecell.Config) { c.IdentityRestoreGracePeriod = time.Hour })
 		// Bounded: were restore's hook to run before those it waits for,

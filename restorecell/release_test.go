@@ -25,6 +25,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // The grace period ends before an owner has re-asserted its prefixes (its
@@ -60,7 +61,7 @@ func TestPrivilegedReleaseWaitsForLateOwners(t *testing.T) {
 				a.ipcache, a.restorer = c, r
 				a.ownerDone = c.RegisterProducer("late-owner")
 			}))
-		hive.AddConfigOverride(a.hive, func(c *identitycell.Config) { c.StateDir = stateDir })
+		hive.AddConfigOverride(a.hive, func(c *statedir.Config) { c.StateDir = stateDir })
 		hive.AddConfigOverride(a.hive, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
 		hive.AddConfigOverride(a.hive, func(c *restorecell.Config) { c.IdentityRestoreGracePeriod = grace })
 		require.NoError(t, a.hive.Start(hivetest.Logger(t), context.Background()))

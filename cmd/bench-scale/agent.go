@@ -20,6 +20,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // agent is one run of the agent's cells (what one agent process runs, less
@@ -62,7 +63,7 @@ func startAgent(cfg agentConfig, log *slog.Logger) (*agent, error) {
 			}
 		}),
 	)
-	hive.AddConfigOverride(a.hive, func(c *identitycell.Config) { c.StateDir = cfg.stateDir })
+	hive.AddConfigOverride(a.hive, func(c *statedir.Config) { c.StateDir = cfg.stateDir })
 	hive.AddConfigOverride(a.hive, func(c *datapathcell.Config) {
 		c.BPFRoot = cfg.bpfRoot
 		c.IPCacheMapMaxEntries = cfg.maxEntries

@@ -7,27 +7,20 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
+	"github.com/cilium/hive/cell"
 	"github.com/spf13/cobra"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
-
-// stateFiles are the files the agent makes in the state directory, but for
-// the shell socket, which is wherever --shell-sock-path put it, and the
-// owner lock, which cleanup holds while it works and removes last.
-var stateFiles = []string{
-	identitycell.CheckpointFileName,
-	identitycell.CheckpointFileName + ".corrupt",
-	policycell.InForceFileName,
-	policycell.InForceFileName + ".corrupt",
-}
 
 // defaultShellSockName is the socket cleanup removes from the state
 // directory when --shell-sock-path is not given: with the default
@@ -36,7 +29,7 @@ const defaultShellSockName = "shell.sock"
 
 func newCleanupCommand(stdout io.Writer) *cobra.Command {
 	bpfRoot := bpfmaps.DefaultRoot
-	stateDir := identitycell.DefaultConfig.StateDir
+	stateDir := statedir.DefaultConfig.StateDir
 	var sockPath string
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -75,6 +68,10 @@ left alone (exit 1).`,
 			// agent's (this state directory's is locked), and a path that is
 			// not a socket is a mistake in the flag, not the agent's file.
 			if err := checkShellSocket(sockPath); err != nil {
+				return fmt.Errorf("cleanup: %w", err)
+			}
+			stateFiles, err := declaredStateFiles()
+			if err != nil {
 				return fmt.Errorf("cleanup: %w", err)
 			}
 			if err := bpfmaps.Cleanup(bpfRoot); err != nil {
@@ -130,6 +127,28 @@ func checkShellSocket(path string) error {
 	}
 	conn.Close()
 	return fmt.Errorf("remove shell socket %s (--shell-sock-path): %w", path, errShellSocketInUse)
+}
+
+// declaredStateFiles returns the names of the files the agent's cells
+// declare in the state directory (statedir.Files), each followed by its
+// set-aside copy, in the order of the names: the shell socket, which is
+// wherever --shell-sock-path put it, and the owner lock, which cleanup
+// holds while it works and removes last, are not among them. The cells
+// are built but not started, as for `hive`: nothing is touched.
+//
+// Possible errors: building the agent's cells fails.
+func declaredStateFiles() ([]string, error) {
+	var declared []statedir.File
+	h := cells.NewHive(cells.ControlPlane, cell.Invoke(func(f statedir.Files) { declared = f.Files }))
+	if err := h.Populate(slog.New(slog.DiscardHandler)); err != nil {
+		return nil, fmt.Errorf("list the state files the cells declare: %w", err)
+	}
+	slices.SortFunc(declared, func(a, b statedir.File) int { return strings.Compare(a.Name, b.Name) })
+	var names []string
+	for _, f := range declared {
+		names = append(names, f.Name, statedir.AsideName(f.Name))
+	}
+	return names, nil
 }
 
 func exists(path string) bool {

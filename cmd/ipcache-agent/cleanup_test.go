@@ -25,6 +25,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 func tcxPrograms(t *testing.T, device string, attach ebpf.AttachType) int {
@@ -133,7 +134,7 @@ func requireSocket(t *testing.T, path, why string) {
 func TestPrivilegedCleanupRemovesShellSocket(t *testing.T) {
 	t.Parallel()
 	privileged.Test(t)
-	require.Equal(t, filepath.Join(identitycell.DefaultConfig.StateDir, defaultShellSockName), cells.DefaultShellSockPath,
+	require.Equal(t, filepath.Join(statedir.DefaultConfig.StateDir, defaultShellSockName), cells.DefaultShellSockPath,
 		"without the flag, cleanup removes the agent's default socket of the default state directory")
 
 	t.Run("flag", func(t *testing.T) {
@@ -194,4 +195,16 @@ func TestPrivilegedCleanupRemovesShellSocket(t *testing.T) {
 		require.Contains(t, errOut, errNotASocket.Error())
 		require.FileExists(t, file, "a file that is not a socket is left alone")
 	})
+}
+
+// TestCleanupStateFilesAreDeclared: cleanup removes the files the cells
+// declare, each with its set-aside copy, the identity checkpoint and the
+// saved policies in force among them.
+func TestCleanupStateFilesAreDeclared(t *testing.T) {
+	files, err := declaredStateFiles()
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		identitycell.CheckpointFileName, identitycell.CheckpointFileName + ".corrupt",
+		policycell.InForceFileName, policycell.InForceFileName + ".corrupt",
+	}, files)
 }

@@ -76,17 +76,3 @@ func RemoveTemps(path string) error {
 	}
 	return errors.Join(errs...)
 }
-
-// CorruptSuffix is added to the name of a state file that cannot be
-// decoded when MoveAside keeps it for inspection.
-const CorruptSuffix = ".corrupt"
-
-// MoveAside renames the file at path to path+CorruptSuffix (replacing an
-// older one), so that the next Write starts afresh and the bad content is
-// kept to look at. It returns the new path.
-//
-// Possible errors: those of the rename.
-func MoveAside(path string) (string, error) {
-	aside := path + CorruptSuffix
-	return aside, os.Rename(path, aside)
-}
