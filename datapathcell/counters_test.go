@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"net/netip"
@@ -46,20 +47,20 @@ func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 		IngressDropped: 2, IngressDroppedBytes: 2 * uint64(len(denied)),
 		EgressDropped: 5, EgressDroppedBytes: 5 * uint64(len(short)),
 		Drops: []DropCount{
-			{Direction: policy.Ingress, Reason: ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
-			{Direction: policy.Ingress, Reason: ReasonMalformed},
-			{Direction: policy.Ingress, Reason: ReasonPolicyDeny},
-			{Direction: policy.Ingress, Reason: ReasonVLANTagged},
-			{Direction: policy.Ingress, Reason: ReasonExtHeaders},
-			{Direction: policy.Ingress, Reason: ReasonFragment},
-			{Direction: policy.Ingress, Reason: ReasonSpoofedSource},
-			{Direction: policy.Egress, Reason: ReasonNoPolicy},
-			{Direction: policy.Egress, Reason: ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
-			{Direction: policy.Egress, Reason: ReasonPolicyDeny},
-			{Direction: policy.Egress, Reason: ReasonVLANTagged},
-			{Direction: policy.Egress, Reason: ReasonExtHeaders},
-			{Direction: policy.Egress, Reason: ReasonFragment},
-			{Direction: policy.Egress, Reason: ReasonSpoofedSource},
+			{Direction: policy.Ingress, Reason: events.ReasonNoPolicy, Packets: 2, Bytes: 2 * uint64(len(denied))},
+			{Direction: policy.Ingress, Reason: events.ReasonMalformed},
+			{Direction: policy.Ingress, Reason: events.ReasonPolicyDeny},
+			{Direction: policy.Ingress, Reason: events.ReasonVLANTagged},
+			{Direction: policy.Ingress, Reason: events.ReasonExtHeaders},
+			{Direction: policy.Ingress, Reason: events.ReasonFragment},
+			{Direction: policy.Ingress, Reason: events.ReasonSpoofedSource},
+			{Direction: policy.Egress, Reason: events.ReasonNoPolicy},
+			{Direction: policy.Egress, Reason: events.ReasonMalformed, Packets: 5, Bytes: 5 * uint64(len(short))},
+			{Direction: policy.Egress, Reason: events.ReasonPolicyDeny},
+			{Direction: policy.Egress, Reason: events.ReasonVLANTagged},
+			{Direction: policy.Egress, Reason: events.ReasonExtHeaders},
+			{Direction: policy.Egress, Reason: events.ReasonFragment},
+			{Direction: policy.Egress, Reason: events.ReasonSpoofedSource},
 		},
 	}, c)
 }

@@ -3,6 +3,7 @@
 package datapathcell_test
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -359,7 +360,7 @@ func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 	require.Equal(t, uint32(16), m.MaxEntries())
 	c, err := a.datapath.Counters()
 	require.NoError(t, err)
-	require.Len(t, c.Drops, 2*len(datapathcell.DropReasons()))
+	require.Len(t, c.Drops, 2*len(events.DropReasons()))
 }
 
 // A counters map of the previous layout (8 entries: direction*4 + slot)
@@ -394,7 +395,7 @@ func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
 	require.Equal(t, uint64(6+7+8), c.EgressDropped)
 	require.Equal(t, uint64(800), c.EgressDroppedBytes-uint64(100*(6+7)))
 	for _, d := range c.Drops {
-		if d.Reason == datapathcell.ReasonPolicyDeny {
+		if d.Reason == events.ReasonPolicyDeny {
 			want := map[policy.Direction]uint64{policy.Ingress: 4, policy.Egress: 8}[d.Direction]
 			require.Equal(t, want, d.Packets, "policy-deny drops of %v", d.Direction)
 		}

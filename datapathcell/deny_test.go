@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -59,7 +60,7 @@ func sendICMP(t *testing.T, ns, dst string, typ uint8) {
 }
 
 // egressDrops returns the egress drops of reason so far.
-func egressDrops(t *testing.T, maps enforcerMaps, reason Reason) uint64 {
+func egressDrops(t *testing.T, maps enforcerMaps, reason events.Reason) uint64 {
 	t.Helper()
 	for _, d := range readTestCounters(t, maps).Drops {
 		if d.Direction == policy.Egress && d.Reason == reason {
@@ -106,9 +107,9 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		putEnforcement(t, maps, policy.Egress, enforceDefaultDeny)
 		putPolicy(t, maps, egress(idA, 0, 0, 0), policy.VerdictDeny)
 		putPolicy(t, maps, egress(0, policy.ProtocolTCP, port, 0), policy.VerdictAllow)
-		denied := egressDrops(t, maps, ReasonPolicyDeny)
+		denied := egressDrops(t, maps, events.ReasonPolicyDeny)
 		require.False(t, tcp(peerA, port), "A is denied whatever the port")
-		require.Greater(t, egressDrops(t, maps, ReasonPolicyDeny), denied, "counted as a deny")
+		require.Greater(t, egressDrops(t, maps, events.ReasonPolicyDeny), denied, "counted as a deny")
 		require.True(t, tcp(peerB, port), "B is allowed by the any-identity allow")
 		require.False(t, tcp(peerB, 8000), "nothing allows B's other ports")
 	})
@@ -158,9 +159,9 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		putPolicy(t, maps, egress(idA, policy.ProtocolICMP, 8<<8, 8), policy.VerdictAllow)
 		require.True(t, nw.pingOnce(t, peerA), "echo request (type 8), its reply tracked")
 		require.False(t, nw.pingOnce(t, peerB), "another identity")
-		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		noPolicy := egressDrops(t, maps, events.ReasonNoPolicy)
 		sendICMP(t, nw.ep, peerA, 13) // timestamp request
-		require.Eventually(t, func() bool { return egressDrops(t, maps, ReasonNoPolicy) == noPolicy+1 },
+		require.Eventually(t, func() bool { return egressDrops(t, maps, events.ReasonNoPolicy) == noPolicy+1 },
 			time.Second, 10*time.Millisecond, "type 13 dropped")
 		require.False(t, tcp(peerA, port), "an ICMP rule allows no TCP")
 	})
@@ -169,12 +170,12 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		reset(t)
 		putEnforcement(t, maps, policy.Egress, enforceDenyOnly)
 		putPolicy(t, maps, egress(idA, policy.ProtocolTCP, port, 0), policy.VerdictDeny)
-		noPolicy := egressDrops(t, maps, ReasonNoPolicy)
+		noPolicy := egressDrops(t, maps, events.ReasonNoPolicy)
 		require.False(t, tcp(peerA, port))
 		require.True(t, tcp(peerA, 8000))
 		require.True(t, tcp(peerB, port), "the deny is A's")
 		require.True(t, nw.pingOnce(t, peerB))
-		require.Equal(t, noPolicy, egressDrops(t, maps, ReasonNoPolicy), "no default deny")
+		require.Equal(t, noPolicy, egressDrops(t, maps, events.ReasonNoPolicy), "no default deny")
 	})
 }
 

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"encoding/binary"
@@ -151,11 +152,11 @@ func (r *fragRig) counts(direction policy.Direction) fragCounts {
 			continue
 		}
 		switch d.Reason {
-		case ReasonFragment:
+		case events.ReasonFragment:
 			n.unplaced = d.Packets
-		case ReasonNoPolicy:
+		case events.ReasonNoPolicy:
 			n.noPolicy = d.Packets
-		case ReasonExtHeaders:
+		case events.ReasonExtHeaders:
 			n.extHeaders = d.Packets
 		}
 	}

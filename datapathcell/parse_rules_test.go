@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -127,9 +128,9 @@ func TestPrivilegedParseRuleInBandVLANTagDroppedWhenEnforced(t *testing.T) {
 	h.expect(dirOut, inner, tcxNextRet, countAllowed, "the untagged frame")
 	for _, tpid := range []uint16{etherType8021Q, etherType8021AD} {
 		tagged := vlanFrame(tpid, 7, inner)
-		h.expect(dirOut, tagged, tcxDropRet, int(ReasonVLANTagged), fmt.Sprintf("tag %#x, egress enforced", tpid))
+		h.expect(dirOut, tagged, tcxDropRet, int(events.ReasonVLANTagged), fmt.Sprintf("tag %#x, egress enforced", tpid))
 		h.expect(dirIn, vlanFrame(tpid, 7, frame4(ruleA4, ruleEP4, testProtoTCP, tcpHeader(80, 40000, 0x12))),
-			tcxDropRet, int(ReasonVLANTagged), fmt.Sprintf("tag %#x, ingress enforced", tpid))
+			tcxDropRet, int(events.ReasonVLANTagged), fmt.Sprintf("tag %#x, ingress enforced", tpid))
 	}
 	putEnforced(t, h.maps, dirOut, false)
 	for _, tpid := range []uint16{etherType8021Q, etherType8021AD} {
@@ -169,7 +170,7 @@ func TestPrivilegedParseRuleShortOrWrongVersionIPHeaderMalformed(t *testing.T) {
 		"IPv4 header length 16": shortIHL,
 		"IPv6 of version 4":     wrongVersion6,
 	} {
-		h.expect(dirOut, frame, tcxDropRet, int(ReasonMalformed), name+", enforced")
+		h.expect(dirOut, frame, tcxDropRet, int(events.ReasonMalformed), name+", enforced")
 	}
 	// Linux 6.x's BPF_PROG_RUN refuses (EINVAL) a frame of an IP
 	// EtherType shorter than the fixed IP header, before the program
@@ -184,7 +185,7 @@ func TestPrivilegedParseRuleShortOrWrongVersionIPHeaderMalformed(t *testing.T) {
 			t.Logf("%s: BPF_PROG_RUN refuses it on this kernel, not tested", name)
 			continue
 		}
-		h.expect(dirOut, frame, tcxDropRet, int(ReasonMalformed), name+", enforced")
+		h.expect(dirOut, frame, tcxDropRet, int(events.ReasonMalformed), name+", enforced")
 	}
 	putEnforced(t, h.maps, dirOut, false)
 	h.expect(dirOut, wrongVersion4, tcxNextRet, countAllowed, "IPv4 of version 6, not enforced")
@@ -202,7 +203,7 @@ func TestPrivilegedParseRuleIPv4OptionsPortsReadAfterThem(t *testing.T) {
 	h.expect(dirOut, frame4x(ruleEP4, ruleA4, testProtoTCP, options, 0, 0, tcpHeader(40000, 80, 0x02)),
 		tcxNextRet, countAllowed, "TCP 80 after 8 bytes of options")
 	h.expect(dirOut, frame4x(ruleEP4, ruleA4, testProtoTCP, options, 0, 0, tcpHeader(0, 81, 0x02)),
-		tcxDropRet, int(ReasonNoPolicy), "TCP 81 after options that look like port 80")
+		tcxDropRet, int(events.ReasonNoPolicy), "TCP 81 after options that look like port 80")
 	// The longest header: 40 bytes of options.
 	long := make([]byte, 40)
 	for i := range long {
@@ -232,9 +233,9 @@ func TestPrivilegedParseRuleIPv6UpToEightExtensionHeadersWalked(t *testing.T) {
 		h.expect(dirOut, frame6(ruleEP6, ruleA6, exts, testProtoTCP, tcpHeader(40000, 80, 0x02)),
 			tcxNextRet, countAllowed, fmt.Sprintf("TCP 80 behind %d extension headers", n))
 		h.expect(dirOut, frame6(ruleEP6, ruleA6, exts, testProtoTCP, tcpHeader(40000, 81, 0x02)),
-			tcxDropRet, int(ReasonNoPolicy), fmt.Sprintf("TCP 81 behind %d extension headers", n))
+			tcxDropRet, int(events.ReasonNoPolicy), fmt.Sprintf("TCP 81 behind %d extension headers", n))
 		h.expect(dirOut, frame6(ruleEP6, ruleA6, exts, testProtoUDP, udpHeader(40000, 80, nil)),
-			tcxDropRet, int(ReasonNoPolicy), fmt.Sprintf("UDP 80 behind %d extension headers", n))
+			tcxDropRet, int(events.ReasonNoPolicy), fmt.Sprintf("UDP 80 behind %d extension headers", n))
 	}
 }
 
@@ -251,10 +252,10 @@ func TestPrivilegedParseRuleIPv6NineExtensionHeadersDropped(t *testing.T) {
 	h.expect(dirOut, frame6(ruleEP6, ruleA6, exts[:8], testProtoTCP, tcpHeader(40000, 80, 0x02)),
 		tcxNextRet, countAllowed, "8 extension headers")
 	h.expect(dirOut, frame6(ruleEP6, ruleA6, exts, testProtoTCP, tcpHeader(40000, 80, 0x02)),
-		tcxDropRet, int(ReasonExtHeaders), "9 extension headers")
+		tcxDropRet, int(events.ReasonExtHeaders), "9 extension headers")
 	exts[8] = ahExt()
 	h.expect(dirOut, frame6(ruleEP6, ruleA6, exts, protoNoNext, nil),
-		tcxDropRet, int(ReasonExtHeaders), "9 extension headers, the last AH")
+		tcxDropRet, int(events.ReasonExtHeaders), "9 extension headers, the last AH")
 }
 
 // ESP and "no next header", which the program does not walk past, are
@@ -276,7 +277,7 @@ func TestPrivilegedParseRuleESPAndNoNextHeaderMatchedWithoutPort(t *testing.T) {
 			h.allow(testIdentityAllowed, dirOut, protocol, 80)
 			h.allow(testIdentityAllowed, dirOut, testProtoTCP, 0) // another protocol
 			for name, frame := range frames {
-				h.expect(dirOut, frame, tcxDropRet, int(ReasonNoPolicy), name+", a port rule of the protocol")
+				h.expect(dirOut, frame, tcxDropRet, int(events.ReasonNoPolicy), name+", a port rule of the protocol")
 			}
 			h.allow(testIdentityAllowed, dirOut, protocol, 0)
 			for name, frame := range frames {
@@ -295,9 +296,9 @@ func TestPrivilegedParseRuleShortTransportHeaderMatchedWithoutPort(t *testing.T)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	h.allow(testIdentityAllowed, dirOut, testProtoUDP, 80)
 	tcp, udp := tcpHeader(40000, 80, 0x02), udpHeader(40000, 80, nil)
-	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoTCP, tcp[:3]), tcxDropRet, int(ReasonNoPolicy), "TCP of 3 bytes, a port rule")
-	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:3]), tcxDropRet, int(ReasonNoPolicy), "UDP of 3 bytes, a port rule")
-	h.expect(dirOut, frame6(ruleEP6, ruleA6, nil, testProtoTCP, tcp[:2]), tcxDropRet, int(ReasonNoPolicy), "IPv6 TCP of 2 bytes, a port rule")
+	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoTCP, tcp[:3]), tcxDropRet, int(events.ReasonNoPolicy), "TCP of 3 bytes, a port rule")
+	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:3]), tcxDropRet, int(events.ReasonNoPolicy), "UDP of 3 bytes, a port rule")
+	h.expect(dirOut, frame6(ruleEP6, ruleA6, nil, testProtoTCP, tcp[:2]), tcxDropRet, int(events.ReasonNoPolicy), "IPv6 TCP of 2 bytes, a port rule")
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoTCP, tcp[:13]), tcxNextRet, countAllowed, "TCP of 13 bytes (no flags), a port rule")
 	require.Empty(t, conntrackEntries(t, h.maps), "TCP without flags is not tracked")
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoUDP, udp[:4]), tcxNextRet, countAllowed, "UDP of 4 bytes, a port rule")
@@ -323,15 +324,15 @@ func TestPrivilegedParseRuleICMPEchoTrackedByIdentifier(t *testing.T) {
 	_, ok := h.tracked(netip.AddrPortFrom(ruleEP4, 7), netip.AddrPortFrom(ruleA4, 0), testProtoICMP)
 	require.True(t, ok, "the echo is tracked by its identifier")
 	h.expect(dirIn, frame4(ruleA4, ruleEP4, testProtoICMP, icmpHeader(0, 0, 7, nil)), tcxNextRet, countAllowed, "echo reply, same identifier")
-	h.expect(dirIn, frame4(ruleA4, ruleEP4, testProtoICMP, icmpHeader(0, 0, 8, nil)), tcxDropRet, int(ReasonNoPolicy), "echo reply, another identifier")
-	h.expect(dirIn, frame4(ruleA4, ruleEP4, testProtoICMP, icmpHeader(8, 0, 7, nil)), tcxDropRet, int(ReasonNoPolicy), "an echo request the other way is no reply")
+	h.expect(dirIn, frame4(ruleA4, ruleEP4, testProtoICMP, icmpHeader(0, 0, 8, nil)), tcxDropRet, int(events.ReasonNoPolicy), "echo reply, another identifier")
+	h.expect(dirIn, frame4(ruleA4, ruleEP4, testProtoICMP, icmpHeader(8, 0, 7, nil)), tcxDropRet, int(events.ReasonNoPolicy), "an echo request the other way is no reply")
 
 	h.expect(dirOut, frame6(ruleEP6, ruleA6, nil, protoICMPv6, icmpHeader(128, 0, 9, nil)), tcxNextRet, countAllowed, "ICMPv6 echo request")
 	h.expect(dirIn, frame6(ruleA6, ruleEP6, nil, protoICMPv6, icmpHeader(129, 0, 9, nil)), tcxNextRet, countAllowed, "ICMPv6 echo reply, same identifier")
-	h.expect(dirIn, frame6(ruleA6, ruleEP6, nil, protoICMPv6, icmpHeader(129, 0, 10, nil)), tcxDropRet, int(ReasonNoPolicy), "ICMPv6 echo reply, another identifier")
+	h.expect(dirIn, frame6(ruleA6, ruleEP6, nil, protoICMPv6, icmpHeader(129, 0, 10, nil)), tcxDropRet, int(events.ReasonNoPolicy), "ICMPv6 echo reply, another identifier")
 
 	entries := len(conntrackEntries(t, h.maps))
-	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoICMP, icmpHeader(8, 0, 11, nil)[:6]), tcxDropRet, int(ReasonNoPolicy), "an echo of 6 bytes, a type rule")
+	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoICMP, icmpHeader(8, 0, 11, nil)[:6]), tcxDropRet, int(events.ReasonNoPolicy), "an echo of 6 bytes, a type rule")
 	h.allow(testIdentityAllowed, dirOut, testProtoICMP, 0)
 	h.expect(dirOut, frame4(ruleEP4, ruleA4, testProtoICMP, icmpHeader(8, 0, 11, nil)[:6]), tcxNextRet, countAllowed, "an echo of 6 bytes, a rule of the whole protocol")
 	require.Len(t, conntrackEntries(t, h.maps), entries, "a short echo is not tracked")
@@ -356,21 +357,21 @@ func TestPrivilegedParseRuleICMPErrorRelatedOnlyWhenConsistent(t *testing.T) {
 	// or the peer.
 	h.expect(dirIn, unreach(ruleRouter4, ruleEP4, sent), tcxNextRet, countAllowed, "from a router, to the quoted source")
 	h.expect(dirIn, unreach(ruleA4, ruleEP4, sent), tcxNextRet, countAllowed, "from the peer, to the quoted source")
-	h.expect(dirIn, unreach(ruleRouter4, netip.MustParseAddr("10.0.0.2"), sent), tcxDropRet, int(ReasonNoPolicy), "to another address than the quoted source")
+	h.expect(dirIn, unreach(ruleRouter4, netip.MustParseAddr("10.0.0.2"), sent), tcxDropRet, int(events.ReasonNoPolicy), "to another address than the quoted source")
 	other := frame4(epOut.Addr(), peer.Addr(), testProtoTCP, tcpHeader(epOut.Port()+1, peer.Port(), 0x02))
-	h.expect(dirIn, unreach(ruleRouter4, ruleEP4, other), tcxDropRet, int(ReasonNoPolicy), "quoting a connection not tracked")
+	h.expect(dirIn, unreach(ruleRouter4, ruleEP4, other), tcxDropRet, int(events.ReasonNoPolicy), "quoting a connection not tracked")
 
 	// Errors the endpoint sends about what it received.
 	client := netip.AddrPortFrom(ruleA4, 5555)
 	received := frame4(client.Addr(), ruleEP4, testProtoTCP, tcpHeader(client.Port(), 22, 0x02))
 	h.expect(dirIn, received, tcxNextRet, countAllowed, "the peer opens TCP 22")
 	h.expect(dirOut, unreach(ruleEP4, ruleA4, received), tcxNextRet, countAllowed, "from the quoted destination to the quoted source")
-	h.expect(dirOut, unreach(netip.MustParseAddr("10.0.0.2"), ruleA4, received), tcxDropRet, int(ReasonNoPolicy), "from another address than the quoted destination")
-	h.expect(dirOut, unreach(ruleEP4, netip.MustParseAddr("10.1.0.6"), received), tcxDropRet, int(ReasonNoPolicy), "to another address than the quoted source")
+	h.expect(dirOut, unreach(netip.MustParseAddr("10.0.0.2"), ruleA4, received), tcxDropRet, int(events.ReasonNoPolicy), "from another address than the quoted destination")
+	h.expect(dirOut, unreach(ruleEP4, netip.MustParseAddr("10.1.0.6"), received), tcxDropRet, int(events.ReasonNoPolicy), "to another address than the quoted source")
 
 	// A deny of the error's remote drops it.
 	putPolicy(t, h.maps, policy.Key{Identity: testIdentityDenied, Direction: dirIn, Protocol: policy.ProtocolAny}, policy.VerdictDeny)
-	h.expect(dirIn, unreach(ruleB4, ruleEP4, sent), tcxDropRet, int(ReasonPolicyDeny), "from a denied remote, quoting a tracked connection")
+	h.expect(dirIn, unreach(ruleB4, ruleEP4, sent), tcxDropRet, int(events.ReasonPolicyDeny), "from a denied remote, quoting a tracked connection")
 	h.expect(dirIn, unreach(ruleRouter4, ruleEP4, sent), tcxNextRet, countAllowed, "still from a router")
 
 	// IPv6: packet too big about a tracked connection.
@@ -381,7 +382,7 @@ func TestPrivilegedParseRuleICMPErrorRelatedOnlyWhenConsistent(t *testing.T) {
 		return frame6(src, dst, nil, protoICMPv6, icmpHeader(2, 0, 0, quote(quoted)))
 	}
 	h.expect(dirIn, tooBig(ruleRouter6, ruleEP6, sent6), tcxNextRet, countAllowed, "packet too big to the quoted source")
-	h.expect(dirIn, tooBig(ruleRouter6, netip.MustParseAddr("fd00::2"), sent6), tcxDropRet, int(ReasonNoPolicy), "packet too big to another address")
+	h.expect(dirIn, tooBig(ruleRouter6, netip.MustParseAddr("fd00::2"), sent6), tcxDropRet, int(events.ReasonNoPolicy), "packet too big to another address")
 }
 
 // A connection whose forward packet policy drops is revoked: its packets
@@ -396,11 +397,11 @@ func TestPrivilegedParseRuleRevokedEntryReversePacketsAreNoReplies(t *testing.T)
 	h.expect(dirIn, reverse, tcxNextRet, countAllowed, "reverse, a reply")
 
 	clearPolicyMap(t, h.maps)
-	h.expect(dirOut, forward, tcxDropRet, int(ReasonNoPolicy), "forward, its allow gone")
+	h.expect(dirOut, forward, tcxDropRet, int(events.ReasonNoPolicy), "forward, its allow gone")
 	v, ok := h.tracked(epOut, peer, testProtoTCP)
 	require.True(t, ok, "the revoked entry is kept")
 	require.NotZero(t, v.Flags()&ConntrackRevoked, "revoked")
-	h.expect(dirIn, reverse, tcxDropRet, int(ReasonNoPolicy), "reverse of a revoked entry: no reply")
+	h.expect(dirIn, reverse, tcxDropRet, int(events.ReasonNoPolicy), "reverse of a revoked entry: no reply")
 	// An allow of the reverse direction decides on it now.
 	h.allow(testIdentityAllowed, dirIn, testProtoTCP, 40000)
 	h.expect(dirIn, reverse, tcxNextRet, countAllowed, "reverse of a revoked entry, allowed by policy")
@@ -421,11 +422,11 @@ func TestPrivilegedParseRuleNeighbourDiscoveryOnLinkPasses(t *testing.T) {
 			tcxNextRet, countAllowed, fmt.Sprintf("type %d from the unspecified address", typ))
 	}
 	h.expect(dirOut, frame6h(ruleEP6, netip.MustParseAddr("fe80::1"), 64, nil, protoICMPv6, icmpHeader(135, 0, 0, ns)),
-		tcxDropRet, int(ReasonNoPolicy), "hop limit 64")
+		tcxDropRet, int(events.ReasonNoPolicy), "hop limit 64")
 	h.expect(dirOut, frame6h(ruleEP6, netip.MustParseAddr("fe80::1"), 255, []ext6{padExt(protoHopOpts)}, protoICMPv6, icmpHeader(135, 0, 0, ns)),
-		tcxDropRet, int(ReasonNoPolicy), "behind a hop-by-hop header")
+		tcxDropRet, int(events.ReasonNoPolicy), "behind a hop-by-hop header")
 	h.expect(dirOut, frame6h(ruleEP6, netip.MustParseAddr("fe80::1"), 255, nil, protoICMPv6, icmpHeader(138, 0, 0, ns)),
-		tcxDropRet, int(ReasonNoPolicy), "type 138")
+		tcxDropRet, int(events.ReasonNoPolicy), "type 138")
 }
 
 // Neighbour discovery to a remote the host forwards to is not on the

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -47,7 +48,7 @@ type enforcer struct {
 	// toEndpoint runs at TCX egress: the endpoint's ingress.
 	toEndpoint *ebpf.Program
 	// events is the program's ring buffer, eventState its per-CPU rate
-	// limit and lost counters, eventsMask what it writes (events.go).
+	// limit and lost counters, eventsMask what it writes (eventsource.go).
 	events, eventState *ebpf.Map
 	eventsMask         *ebpf.Variable
 	// ctStats counts, per CPU, the connections that could not move to a
@@ -336,7 +337,7 @@ type Counters struct {
 	IngressAllowed, IngressDropped, EgressAllowed, EgressDropped uint64
 	// Bytes (skb->len: from the Ethernet header on) of the same packets.
 	IngressAllowedBytes, IngressDroppedBytes, EgressAllowedBytes, EgressDroppedBytes uint64
-	// Drops has one entry per direction and drop reason (DropReasons),
+	// Drops has one entry per direction and drop reason (events.DropReasons),
 	// ingress first.
 	Drops []DropCount
 }
@@ -344,15 +345,8 @@ type Counters struct {
 // DropCount is the packets and bytes dropped in a direction for a reason.
 type DropCount struct {
 	Direction      policy.Direction
-	Reason         Reason
+	Reason         events.Reason
 	Packets, Bytes uint64
-}
-
-// DropReasons are the reasons the program drops for, each a slot of the
-// counters map (abi.go).
-func DropReasons() []Reason {
-	return []Reason{ReasonNoPolicy, ReasonMalformed, ReasonPolicyDeny, ReasonVLANTagged, ReasonExtHeaders, ReasonFragment,
-		ReasonSpoofedSource}
 }
 
 const (
@@ -408,7 +402,7 @@ func readCounters(m *ebpf.Map) (Counters, error) {
 			return Counters{}, err
 		}
 		*d.allowed, *d.allowedBytes = allowed.Packets, allowed.Bytes
-		for _, reason := range DropReasons() {
+		for _, reason := range events.DropReasons() {
 			dropped, err := sum(d.direction, uint32(reason))
 			if err != nil {
 				return Counters{}, err

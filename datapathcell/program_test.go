@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -88,13 +89,13 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 func TestCounterIndex(t *testing.T) {
 	// abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
 	require.Equal(t, uint32(0), counterIndex(policy.Ingress, countAllowed))
-	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(ReasonFragment)))
+	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(events.ReasonNoPolicy)))
+	require.Equal(t, uint32(6), counterIndex(policy.Ingress, uint32(events.ReasonFragment)))
 	require.Equal(t, uint32(8), counterIndex(policy.Egress, countAllowed))
-	require.Equal(t, uint32(9), counterIndex(policy.Egress, uint32(ReasonNoPolicy)))
-	require.Equal(t, uint32(10), counterIndex(policy.Egress, uint32(ReasonMalformed)))
-	require.Equal(t, uint32(12), counterIndex(policy.Egress, uint32(ReasonVLANTagged)))
-	for _, r := range DropReasons() {
+	require.Equal(t, uint32(9), counterIndex(policy.Egress, uint32(events.ReasonNoPolicy)))
+	require.Equal(t, uint32(10), counterIndex(policy.Egress, uint32(events.ReasonMalformed)))
+	require.Equal(t, uint32(12), counterIndex(policy.Egress, uint32(events.ReasonVLANTagged)))
+	for _, r := range events.DropReasons() {
 		require.Less(t, uint32(r), uint32(countersSlots), "reason %s has no slot", r)
 	}
 }

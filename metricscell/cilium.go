@@ -3,6 +3,7 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"github.com/cilium/statedb"
@@ -27,19 +28,19 @@ const ciliumPrefix = "cilium_"
 // "Unsupported L2 protocol" for a VLAN tag in the packet, "Invalid IPv6
 // extension header" for a chain past the program's bound; a fragment the
 // program cannot place has no Cilium counterpart and keeps its own name.
-func ciliumDropReason(r datapathcell.Reason) string {
+func ciliumDropReason(r events.Reason) string {
 	switch r {
-	case datapathcell.ReasonNoPolicy:
+	case events.ReasonNoPolicy:
 		return "Policy denied"
-	case datapathcell.ReasonMalformed:
+	case events.ReasonMalformed:
 		return "Invalid packet"
-	case datapathcell.ReasonPolicyDeny:
+	case events.ReasonPolicyDeny:
 		return "Policy denied by denylist"
-	case datapathcell.ReasonVLANTagged:
+	case events.ReasonVLANTagged:
 		return "Unsupported L2 protocol"
-	case datapathcell.ReasonExtHeaders:
+	case events.ReasonExtHeaders:
 		return "Invalid IPv6 extension header"
-	case datapathcell.ReasonSpoofedSource:
+	case events.ReasonSpoofedSource:
 		return "Invalid source ip"
 	}
 	return r.String()

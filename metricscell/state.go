@@ -3,6 +3,7 @@
 package metricscell
 
 import (
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -37,6 +38,9 @@ type stateParams struct {
 	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
+	// Events are the program's lost events; the datapath provides them
+	// with the Datapath.
+	Events events.Source `optional:"true"`
 
 	PolicyEntries  statedb.Table[*policy.Entry]  `optional:"true"`
 	Policies       statedb.Table[*policy.Policy] `optional:"true"`
@@ -56,7 +60,7 @@ func registerStateCollectors(p stateParams) error {
 		cs = append(cs, newRestoreCollector(p.Restorer))
 	}
 	if p.Datapath != nil {
-		cs = append(cs, newDatapathCollector(p.Datapath, p.Log), newMapPressureCollector(p))
+		cs = append(cs, newDatapathCollector(p.Datapath, p.Events, p.Log), newMapPressureCollector(p))
 	}
 	for _, c := range cs {
 		if err := p.Registry.Register(c); err != nil {
@@ -181,6 +185,7 @@ func (c *restoreCollector) Collect(ch chan<- prometheus.Metric) {
 // enforcement program's verdict counters.
 type datapathCollector struct {
 	datapath                   *datapathcell.Datapath
+	events                     events.Source
 	log                        *slog.Logger
 	writes, unchanged, packets *prometheus.Desc
 
@@ -189,7 +194,7 @@ type datapathCollector struct {
 
 	// Cilium's names (cilium.go).
 	drops, forwards, dropBytes, forwardBytes *prometheus.Desc
-	// eventsLost: the program's lost monitor events (datapathcell.Datapath.EventsLost).
+	// eventsLost: the program's lost monitor events (events.Source.Lost).
 	eventsLost *prometheus.Desc
 }
 
@@ -200,9 +205,9 @@ func datapathMaps() []string {
 	return []string{datapathcell.IPCacheMapName, datapathcell.PolicyMapName, datapathcell.EnforcementMapName}
 }
 
-func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathCollector {
+func newDatapathCollector(d *datapathcell.Datapath, source events.Source, log *slog.Logger) *datapathCollector {
 	return &datapathCollector{
-		datapath: d, log: log,
+		datapath: d, events: source, log: log,
 		writes: prometheus.NewDesc(metricPrefix+"map_writes_total",
 			"Keys written to a pinned BPF map by its reconciler", []string{"map"}, nil),
 		unchanged: prometheus.NewDesc(metricPrefix+"map_writes_unchanged_total",
@@ -280,8 +285,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if full, err := c.datapath.ConntrackFull(); err == nil {
 		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
 	}
-	rateLimited, ringFull, err := c.datapath.EventsLost()
-	if err == nil || errors.Is(err, datapathcell.ErrNoProgram) {
+	rateLimited, ringFull, err := uint64(0), uint64(0), events.ErrNoProgram
+	if c.events != nil {
+		rateLimited, ringFull, err = c.events.Lost()
+	}
+	if err == nil || errors.Is(err, events.ErrNoProgram) {
 		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(rateLimited), "rate_limit")
 		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(ringFull), "ring_full")
 	} else {
