@@ -14,6 +14,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
+	"github.com/ipcache-agent/ipcache-agent/monitorcell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
@@ -42,6 +43,7 @@ var ControlPlane = cell.Group(
 	identitycell.Cell,
 	ipcachecell.Cell,
 	datapathcell.Cell,
+	monitorcell.Cell,
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,

@@ -27,6 +27,7 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
+	"github.com/ipcache-agent/ipcache-agent/monitorcell"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )
@@ -180,9 +181,9 @@ const (
 )
 
 // watchCommands run until their client leaves: statedb's db/watch and
-// the datapath's monitor (datapathcell.MonitorCommand). They share the
+// the monitor's (monitorcell.Command). They share the
 // limit of maxShellWatches.
-var watchCommands = map[string]bool{"db/watch": true, "monitor": true}
+var watchCommands = map[string]bool{"db/watch": true, monitorcell.Command: true}
 
 // waitingCommands mostly wait (health for a row that matches its pattern,
 // db/initialized for tables), holding little: they take no turn, which

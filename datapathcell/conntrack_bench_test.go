@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
@@ -280,7 +281,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	// setEvents sets what the current program writes to its ring buffer
 	// (nobody reads it here: once it is full, or past the rate limit,
 	// an event costs the limit's check and the lost counter).
-	setEvents := func(kinds EventKinds) { require.NoError(b, enf.eventsMask.Set(uint32(kinds))) }
+	setEvents := func(kinds events.Kinds) { require.NoError(b, enf.eventsMask.Set(uint32(kinds))) }
 	from := func(e *enforcer) *ebpf.Program { return e.fromEndpoint }
 	to := func(e *enforcer) *ebpf.Program { return e.toEndpoint }
 
@@ -350,11 +351,11 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, enf.policyFlags.Set(uint32(policyNoAnyIdentity)))
 		add("tracking: untracked reply (dropped), identity-0 lookup skipped", enf.toEndpoint, replyACK, tcxDropRet)
 		require.NoError(b, enf.policyFlags.Set(uint32(0)))
-		setEvents(EventDrops)
+		setEvents(events.Drops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
 		ctPut(bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
-		setEvents(EventDrops | EventVerdicts)
+		setEvents(events.Drops | events.Verdicts)
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
 		ctDelete()

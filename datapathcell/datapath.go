@@ -55,9 +55,6 @@ type Datapath struct {
 
 	// conntrackGC and openingGC collect conntrack and ct_opening.
 	conntrackGC, openingGC *conntrackGC
-
-	// events hands the program's events to monitor clients (events.go).
-	events eventHub
 }
 
 // writtenMaps are the maps the writers write.
@@ -175,7 +172,6 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	d.mu.Lock()
 	d.enforcer = enf
 	d.mu.Unlock()
-	d.events.setProgram(enf.events, enf.eventsMask)
 	return nil
 }
 
@@ -188,7 +184,6 @@ func (d *Datapath) Stop(cell.HookContext) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
-	d.events.close()
 	if d.enforcer != nil {
 		errs = append(errs, d.enforcer.Close())
 		d.enforcer = nil

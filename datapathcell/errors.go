@@ -29,15 +29,6 @@ var (
 	// where a flood of new connections can evict them.
 	ErrConntrackFull = errors.New("the conntrack map is full")
 
-	// ErrNoProgram is returned by what reads the enforcement program's
-	// events (Subscribe, EventsLost) when the agent loaded none: no
-	// --devices, or before start and after stop.
-	ErrNoProgram = errors.New("no enforcement program loaded (no --devices?)")
-
-	// ErrEventType is the error of a monitor --type other than drop,
-	// verdict or all.
-	ErrEventType = errors.New("want drop, verdict or all")
-
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")
 )

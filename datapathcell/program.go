@@ -45,7 +45,7 @@ type enforcer struct {
 	// toEndpoint runs at TCX egress: the endpoint's ingress.
 	toEndpoint *ebpf.Program
 	// events is the program's ring buffer, eventState its per-CPU rate
-	// limit and lost counters, eventsMask what it writes (events.go).
+	// limit and lost counters, eventsMask what it writes (eventsource.go).
 	events, eventState *ebpf.Map
 	eventsMask         *ebpf.Variable
 	// ctStats counts, per CPU, the connections that could not move to a

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metrics"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -34,6 +35,7 @@ type datapathParams struct {
 	DatapathConfig datapathcell.Config               `optional:"true"`
 	Entries        statedb.Table[*ipcachecell.Entry] `optional:"true"`
 	PolicyEntries  statedb.Table[*policy.Entry]      `optional:"true"`
+	Events         events.Source                     `optional:"true"`
 }
 
 // newDatapathMetrics contributes the datapath's collectors, when the hive
@@ -42,13 +44,14 @@ func newDatapathMetrics(p datapathParams) metrics.Out {
 	if p.Datapath == nil {
 		return metrics.Out{}
 	}
-	return metrics.Out{Collectors: []prometheus.Collector{newDatapathCollector(p.Datapath, p.Log), newMapPressureCollector(p)}}
+	return metrics.Out{Collectors: []prometheus.Collector{newDatapathCollector(p.Datapath, p.Events, p.Log), newMapPressureCollector(p)}}
 }
 
 // datapathCollector reports the map reconcilers' write statistics and the
 // enforcement program's verdict counters.
 type datapathCollector struct {
 	datapath                   *datapathcell.Datapath
+	events                     events.Source
 	log                        *slog.Logger
 	writes, unchanged, packets *prometheus.Desc
 
@@ -57,7 +60,7 @@ type datapathCollector struct {
 
 	// Cilium's names (cilium.go).
 	drops, forwards, dropBytes, forwardBytes *prometheus.Desc
-	// eventsLost: the program's lost monitor events (datapathcell.Datapath.EventsLost).
+	// eventsLost: the program's lost monitor events (events.Source.Lost).
 	eventsLost *prometheus.Desc
 }
 
@@ -68,9 +71,9 @@ func datapathMaps() []string {
 	return []string{bpfmaps.IPCacheName, bpfmaps.PolicyName, bpfmaps.EnforcementName}
 }
 
-func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathCollector {
+func newDatapathCollector(d *datapathcell.Datapath, source events.Source, log *slog.Logger) *datapathCollector {
 	return &datapathCollector{
-		datapath: d, log: log,
+		datapath: d, events: source, log: log,
 		writes: prometheus.NewDesc(metrics.Prefix+"map_writes_total",
 			"Keys written to a pinned BPF map by its reconciler", []string{"map"}, nil),
 		unchanged: prometheus.NewDesc(metrics.Prefix+"map_writes_unchanged_total",
@@ -148,8 +151,11 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if full, err := c.datapath.ConntrackFull(); err == nil {
 		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
 	}
-	rateLimited, ringFull, err := c.datapath.EventsLost()
-	if err == nil || errors.Is(err, datapathcell.ErrNoProgram) {
+	rateLimited, ringFull, err := uint64(0), uint64(0), events.ErrNoProgram
+	if c.events != nil {
+		rateLimited, ringFull, err = c.events.Lost()
+	}
+	if err == nil || errors.Is(err, events.ErrNoProgram) {
 		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(rateLimited), "rate_limit")
 		ch <- prometheus.MustNewConstMetric(c.eventsLost, prometheus.CounterValue, float64(ringFull), "ring_full")
 	} else {

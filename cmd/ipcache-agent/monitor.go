@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/monitorcell"
 )
 
 // newMonitorCommand is `monitor`: it runs the shell's monitor command on
@@ -18,14 +19,14 @@ import (
 func newMonitorCommand(stdout io.Writer) *cobra.Command {
 	var typ, output, sockPath string
 	cmd := &cobra.Command{
-		Use:   "monitor",
+		Use:   monitorcell.Command,
 		Short: "Stream the enforcement program's drop and verdict events (as cilium-dbg monitor)",
 		Long: "Streams one line per event until interrupted: --type drop (default), verdict\n" +
 			"(allowed packets) or all; -o json prints one JSON object per line\n" +
 			"(docs/CONTRACT.md \"Monitor events\").",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			return cells.ShellExchange(sockPath, fmt.Sprintf("monitor --type=%s -o %s", typ, output), stdout)
+			return cells.ShellExchange(sockPath, fmt.Sprintf("%s --type=%s -o %s", monitorcell.Command, typ, output), stdout)
 		},
 	}
 	cmd.Flags().StringVar(&typ, "type", "drop", "Events: drop, verdict or all")

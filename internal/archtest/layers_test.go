@@ -7,6 +7,7 @@
 //	0 vocabulary      identity numbers, labels, sources, state files, metrics, small helpers
 //	1 policy          the policy vocabulary (over identity numbers)
 //	2 formats, ABI    policy files (policyfile), the pinned maps (bpfmaps)
+//	3 events          the program's events
 //	3-5 cells         one hive cell each, above the cells whose tables they read
 //	6 composition     the cells put together (cells), embedding examples' cells
 //	7 command library agentcmd
@@ -90,6 +91,9 @@ func layers() map[string]place {
 		"policyfile": {2, kindLeaf},
 		"bpfmaps":    {2, kindLeaf},
 
+		// 3: the program's events (over the maps' reason codes).
+		"events": {3, kindLeaf},
+
 		// 3-5: cells, each above the cells whose tables it reads.
 		"identitycell": {3, kindCell},
 		"ipcachecell":  {4, kindCell},
@@ -97,6 +101,7 @@ func layers() map[string]place {
 		"datapathcell": {5, kindCell},
 		"restorecell":  {5, kindCell},
 		"metricscell":  {5, kindCell},
+		"monitorcell":  {5, kindCell},
 
 		// 6: composition.
 		"cells":                  {6, kindComposition},
@@ -140,14 +145,14 @@ func allowedSameLayer() map[edge]string {
 // with a one-line reason why a table or an interface would not do.
 func allowedCellImports() map[edge]string {
 	return map[edge]string{
-		{"ipcachecell", "identitycell"}:  "allocates and releases identities through the allocator, in the `identities` table's transactions",
-		{"policycell", "identitycell"}:   "reads the `identities` table (the selectors)",
-		{"policycell", "ipcachecell"}:    "owns a resource handle per policy; reads the `ipcache` table (explain)",
-		{"datapathcell", "identitycell"}: "reads the `identities` table's row type where it names an entry's identity",
-		{"datapathcell", "ipcachecell"}:  "writes the `ipcache` table's entries into the map",
-		{"restorecell", "identitycell"}:  "withholds and returns numbers through the allocator; reads the checkpoint",
-		{"restorecell", "ipcachecell"}:   "owns the restore resource handle",
-		{"metricscell", "ipcachecell"}:   "the datapath's collectors count the `ipcache` table's written entries (they move into the datapath cells)",
+		{"ipcachecell", "identitycell"}: "allocates and releases identities through the allocator, in the `identities` table's transactions",
+		{"policycell", "identitycell"}:  "reads the `identities` table (the selectors)",
+		{"policycell", "ipcachecell"}:   "owns a resource handle per policy; reads the `ipcache` table (explain)",
+		{"monitorcell", "identitycell"}: "reads the `identities` table for the labels of an event's identity",
+		{"datapathcell", "ipcachecell"}: "writes the `ipcache` table's entries into the map",
+		{"restorecell", "identitycell"}: "withholds and returns numbers through the allocator; reads the checkpoint",
+		{"restorecell", "ipcachecell"}:  "owns the restore resource handle",
+		{"metricscell", "ipcachecell"}:  "the datapath's collectors count the `ipcache` table's written entries (they move into the datapath cells)",
 	}
 }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package monitorcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -22,24 +22,28 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
 
-// MonitorCommand is the shell command that streams the program's events
-// until its client leaves (the shell serves it like db/watch).
-const MonitorCommand = "monitor"
+// Command is the shell command that streams the program's events until
+// its client leaves (the shell serves it like db/watch), and the agent's
+// command line that runs it on the shell's socket.
+const Command = "monitor"
 
 // monitorFlush is how often a monitor's pending lines go to its client:
 // the contract promises an event within a second of its packet.
 const monitorFlush = 100 * time.Millisecond
 
-// monitorParams: the identities table is optional, so that the datapath
-// runs without the identity cell (its tests); events then carry no labels.
+// monitorParams: the identities table is optional, so that the monitor
+// runs without the identity cell (the datapath's tests); events then carry
+// no labels.
 type monitorParams struct {
 	cell.In
 
-	Datapath   *Datapath
+	Hub        *Hub
+	Source     events.Source
 	DB         *statedb.DB                           `optional:"true"`
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
 	// PolicyEntries name the policies of an allow by policy.
@@ -48,7 +52,7 @@ type monitorParams struct {
 
 func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		MonitorCommand: script.Command(
+		Command: script.Command(
 			script.CmdUsage{
 				Summary: "Stream the enforcement program's drop and verdict events until interrupted",
 				Detail: []string{
@@ -75,14 +79,14 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				if err != nil {
 					return nil, err
 				}
-				var kinds EventKinds
+				var kinds events.Kinds
 				switch typ {
 				case "drop":
-					kinds = EventDrops
+					kinds = events.Drops
 				case "verdict":
-					kinds = EventVerdicts
+					kinds = events.Verdicts
 				case "all":
-					kinds = EventDrops | EventVerdicts
+					kinds = events.Drops | events.Verdicts
 				default:
 					return scriptcmd.Result("", fmt.Errorf("--type %s: %w", typ, ErrEventType))
 				}
@@ -107,7 +111,7 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				if err != nil {
 					return scriptcmd.Result("", err)
 				}
-				rateLimited, ringFull, err := p.Datapath.EventsLost()
+				rateLimited, ringFull, err := p.Source.Lost()
 				if err != nil {
 					return scriptcmd.Result("", err)
 				}
@@ -126,8 +130,8 @@ type eventsLostJSON struct {
 }
 
 // stream writes the events of kinds to the client until it leaves.
-func (p monitorParams) stream(s *script.State, kinds EventKinds, asJSON bool) error {
-	events, cancel, err := p.Datapath.Subscribe(kinds)
+func (p monitorParams) stream(s *script.State, kinds events.Kinds, asJSON bool) error {
+	subscribed, cancel, err := p.Hub.Subscribe(kinds)
 	if err != nil {
 		return err
 	}
@@ -148,7 +152,7 @@ func (p monitorParams) stream(s *script.State, kinds EventKinds, asJSON bool) er
 				}
 				pending = false
 			}
-		case e := <-events:
+		case e := <-subscribed:
 			j := p.describe(e, devices)
 			if asJSON {
 				b, err := json.Marshal(j)
@@ -166,23 +170,23 @@ func (p monitorParams) stream(s *script.State, kinds EventKinds, asJSON bool) er
 
 // eventJSON is one line of monitor -o json (docs/CONTRACT.md).
 type eventJSON struct {
-	Time      string   `json:"time"`
-	Device    string   `json:"device"`
-	Direction string   `json:"direction"`
-	Src       string   `json:"src"`
-	Dst       string   `json:"dst"`
-	Protocol  string   `json:"protocol"`
-	SrcPort   *uint16  `json:"sport,omitempty"`
-	DstPort   *uint16  `json:"dport,omitempty"`
-	ICMPType  *uint8   `json:"type,omitempty"`
-	Identity  uint32   `json:"identity"`
-	Labels    []string `json:"labels"`
-	Verdict   string   `json:"verdict"`
-	Reason    string   `json:"reason"`
-	Policy    string   `json:"policy,omitempty"`
+	Time      string          `json:"time"`
+	Device    string          `json:"device"`
+	Direction string          `json:"direction"`
+	Src       string          `json:"src"`
+	Dst       string          `json:"dst"`
+	Protocol  string          `json:"protocol"`
+	SrcPort   *uint16         `json:"sport,omitempty"`
+	DstPort   *uint16         `json:"dport,omitempty"`
+	ICMPType  *uint8          `json:"type,omitempty"`
+	Identity  identity.Number `json:"identity"`
+	Labels    []string        `json:"labels"`
+	Verdict   string          `json:"verdict"`
+	Reason    string          `json:"reason"`
+	Policy    string          `json:"policy,omitempty"`
 }
 
-func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
+func (p monitorParams) describe(e events.Event, devices map[uint32]string) eventJSON {
 	device, ok := devices[e.Ifindex]
 	if !ok {
 		device = strconv.FormatUint(uint64(e.Ifindex), 10)
@@ -216,13 +220,13 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 		j.SrcPort, j.DstPort = &sp, &dp
 	}
 	if p.DB != nil && p.Identities != nil && e.Identity != 0 {
-		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(identity.Number(e.Identity))); found {
+		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(e.Identity)); found {
 			for l := range id.Labels.All() {
 				j.Labels = append(j.Labels, l)
 			}
 		}
 	}
-	if len(j.Labels) == 0 && e.Identity == uint32(identity.World) {
+	if len(j.Labels) == 0 && e.Identity == identity.World {
 		j.Labels = []string{"reserved:world"}
 	}
 	if e.Allowed && e.Reason == bpfmaps.ReasonPolicy || !e.Allowed && e.Reason == bpfmaps.ReasonPolicyDeny {
@@ -235,12 +239,12 @@ func (p monitorParams) describe(e Event, devices map[uint32]string) eventJSON {
 // e, resolved as the program does (policy.Behind: the remote
 // identity's and identity 0's longest prefixes, a deny wins), if its
 // verdict is e's. Empty when the tables changed since.
-func (p monitorParams) allowingPolicies(e Event) string {
+func (p monitorParams) allowingPolicies(e events.Event) string {
 	if p.DB == nil || p.PolicyEntries == nil {
 		return ""
 	}
 	pkt := policy.Lookup{
-		Identity: identity.Number(e.Identity), Direction: e.Direction, Protocol: policy.Protocol(e.Protocol),
+		Identity: e.Identity, Direction: e.Direction, Protocol: policy.Protocol(e.Protocol),
 	}
 	switch e.Protocol {
 	case 6, 17, 132:
@@ -271,4 +275,13 @@ func writeEventText(w io.Writer, j eventJSON) {
 	}
 	fmt.Fprintf(w, "%s %s on %s %s, identity %d (%s): %s\n", j.Time, what, j.Device, j.Direction,
 		j.Identity, strings.Join(j.Labels, ","), pkt)
+}
+
+// protocolName names an event's protocol as policy.Protocol does, but 0
+// (a malformed packet's) by its number: it is no "any" here.
+func protocolName(p uint8) string {
+	if p == 0 {
+		return "0"
+	}
+	return policy.Protocol(p).String()
 }

@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package events
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+)
+
+// Monitor events (bpf/enforce.c "Events", docs/CONTRACT.md "Monitor
+// events"): the program writes one per drop, and one per allowed packet of
+// an enforced direction, to its ring buffer, only while the agent asks
+// (events_mask).
+
+// Kinds selects the events a subscriber wants: the bits of the program's
+// events_mask.
+type Kinds uint32
+
+const (
+	// Drops: one event per dropped packet.
+	Drops Kinds = 1 << 0
+	// Verdicts: also one per allowed packet in an enforced direction.
+	Verdicts Kinds = 1 << 1
+)
+
+// Size is the size of struct event in bpf/enforce.c: one ring-buffer
+// record.
+const Size = 64
+
+// Event is one decoded event of the program.
+type Event struct {
+	// Time is when the program saw the packet (to a clock tick).
+	Time      time.Time
+	Ifindex   uint32
+	Direction policy.Direction
+	Allowed   bool
+	Reason    bpfmaps.Reason
+	// Identity is the remote address's; 0 when not known (a malformed
+	// packet).
+	Identity identity.Number
+	// Protocol is the IP protocol (next header); 0 for a malformed packet.
+	Protocol uint8
+	// Src and Dst are invalid for a malformed packet.
+	Src, Dst netip.Addr
+	// SrcPort and DstPort are the ports of TCP, UDP and SCTP; for ICMP
+	// echo the identifier is in the endpoint's one.
+	SrcPort, DstPort uint16
+	// ICMPType is set for ICMP and ICMPv6.
+	ICMPType uint8
+}
+
+// Decode decodes a struct event; monoNow and wallNow are the
+// CLOCK_MONOTONIC_COARSE and wall times read together, to place the
+// event's monotonic time on the wall clock.
+//
+// Possible errors: the record is shorter than Size.
+func Decode(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
+	if len(b) < Size {
+		return Event{}, fmt.Errorf("%w: %d bytes", errShortEvent, len(b))
+	}
+	ne := binary.NativeEndian
+	t := ne.Uint64(b[0:])
+	e := Event{
+		Time:      wallNow.Add(-time.Duration(int64(monoNow - t))),
+		Ifindex:   ne.Uint32(b[8:]),
+		Identity:  identity.Number(ne.Uint32(b[12:])),
+		Direction: policy.Direction(b[16]),
+		Allowed:   b[17] == 1,
+		Reason:    bpfmaps.Reason(b[18]),
+		Protocol:  b[20],
+		ICMPType:  b[21],
+	}
+	family := b[19]
+	// ports: endpoint_port then remote_port, both big endian.
+	epPort := binary.BigEndian.Uint16(b[24:])
+	remPort := binary.BigEndian.Uint16(b[26:])
+	var ep, rem netip.Addr
+	switch family {
+	case 1:
+		ep = netip.AddrFrom4([4]byte(b[32:36]))
+		rem = netip.AddrFrom4([4]byte(b[48:52]))
+	case 2:
+		ep = netip.AddrFrom16([16]byte(b[32:48]))
+		rem = netip.AddrFrom16([16]byte(b[48:64]))
+	}
+	if e.Direction == policy.Egress {
+		e.Src, e.Dst, e.SrcPort, e.DstPort = ep, rem, epPort, remPort
+	} else {
+		e.Src, e.Dst, e.SrcPort, e.DstPort = rem, ep, remPort, epPort
+	}
+	return e, nil
+}
+
+// Timestamp is a record's CLOCK_MONOTONIC_COARSE time in nanoseconds, as
+// the program wrote it, for a reader to tell records written before it
+// started from its own; 0 for a record shorter than Size.
+func Timestamp(b []byte) uint64 {
+	if len(b) < Size {
+		return 0
+	}
+	return binary.NativeEndian.Uint64(b[0:])
+}

@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package monitorcell
+
+import "errors"
+
+var (
+	// ErrEventType is the error of a monitor --type other than drop,
+	// verdict or all.
+	ErrEventType = errors.New("want drop, verdict or all")
+)

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package monitorcell
+
+import (
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/events"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+)
+
+// fakeSource is a program's event output: a ring no program writes to,
+// and the mask the hub sets. The datapath's tests check the program
+// writes what the mask asks for.
+type fakeSource struct {
+	ring *ebpf.Map // nil: no program loaded
+
+	mu   sync.Mutex
+	mask events.Kinds
+}
+
+func (f *fakeSource) Ring() (*ebpf.Map, error) {
+	if f.ring == nil {
+		return nil, events.ErrNoProgram
+	}
+	return f.ring, nil
+}
+
+func (f *fakeSource) SetMask(k events.Kinds) error {
+	if f.ring == nil {
+		return events.ErrNoProgram
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mask = k
+	return nil
+}
+
+func (f *fakeSource) Lost() (uint64, uint64, error) {
+	if f.ring == nil {
+		return 0, 0, events.ErrNoProgram
+	}
+	return 0, 0, nil
+}
+
+func (f *fakeSource) currentMask() events.Kinds {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mask
+}
+
+// Without a loaded program there is nothing to subscribe to.
+func TestSubscribeWithoutProgram(t *testing.T) {
+	h := newHub(&fakeSource{})
+	_, _, err := h.Subscribe(events.Drops)
+	require.ErrorIs(t, err, events.ErrNoProgram)
+}
+
+// The mask is what the subscribers want together, 0 once the last one
+// leaves; an event goes to the subscribers of its kind; a subscriber that
+// falls behind loses events, counted; nothing is read after the stop.
+func TestPrivilegedHubSubscribers(t *testing.T) {
+	privileged.Test(t)
+	ring, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.RingBuf, MaxEntries: 4096})
+	require.NoError(t, err)
+	t.Cleanup(func() { ring.Close() })
+	source := &fakeSource{ring: ring}
+	h := newHub(source)
+
+	require.Zero(t, source.currentMask())
+	verdicts, cancelVerdicts, err := h.Subscribe(events.Verdicts)
+	require.NoError(t, err)
+	drops, cancel, err := h.Subscribe(events.Drops)
+	require.NoError(t, err)
+	require.Equal(t, events.Drops|events.Verdicts, source.currentMask())
+
+	drop := events.Event{Direction: policy.Ingress, Reason: bpfmaps.ReasonNoPolicy}
+	h.dispatch(drop)
+	select {
+	case e := <-drops:
+		require.Equal(t, drop, e)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no drop event")
+	}
+	select {
+	case e := <-verdicts:
+		t.Fatalf("a drop went to a verdict subscriber: %+v", e)
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.Zero(t, cancelVerdicts())
+	require.Equal(t, events.Drops, source.currentMask())
+
+	// The drops subscriber reads nothing: one event past its buffer is lost.
+	for range subscriberBuffer + 1 {
+		h.dispatch(drop)
+	}
+	require.Equal(t, uint64(1), cancel())
+	require.Zero(t, source.currentMask(), "the last subscriber gone, the program writes nothing")
+	h.mu.Lock()
+	require.Nil(t, h.reader, "the last subscriber gone, the ring is not read")
+	h.mu.Unlock()
+
+	_, cancel, err = h.Subscribe(events.Drops)
+	require.NoError(t, err)
+	h.stop()
+	require.Zero(t, cancel(), "the stop dropped the subscriber")
+	_, _, err = h.Subscribe(events.Drops)
+	require.ErrorIs(t, err, events.ErrNoProgram)
+}
+
+func TestEventText(t *testing.T) {
+	p := monitorParams{}
+	e := events.Event{
+		Time: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC), Ifindex: 1, Direction: policy.Egress, Reason: bpfmaps.ReasonNoPolicy,
+		Identity: 2, Protocol: 1, ICMPType: 8, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("192.0.2.1"),
+	}
+	var sb strings.Builder
+	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
+	require.Equal(t, "2026-12-04T12:00:00Z drop (no-policy) on veth0 egress, identity 2 (reserved:world): 10.0.0.1 -> 192.0.2.1 ICMP type 8\n", sb.String())
+
+	e = events.Event{Time: e.Time, Ifindex: 1, Direction: policy.Ingress, Allowed: true, Reason: bpfmaps.ReasonReply, Identity: 16777217,
+		Protocol: 6, Src: e.Dst, Dst: e.Src, SrcPort: 443, DstPort: 40000}
+	sb.Reset()
+	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
+	require.Equal(t, "2026-12-04T12:00:00Z verdict allow (reply) on veth0 ingress, identity 16777217 (): 192.0.2.1:443 -> 10.0.0.1:40000 TCP\n", sb.String())
+}
+
+// The protocol names are policy.Protocol's, but a malformed packet's 0 is
+// "0", as before, not "any".
+func TestProtocolName(t *testing.T) {
+	for p, name := range map[uint8]string{0: "0", 1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPv6", 132: "SCTP", 47: "47"} {
+		require.Equal(t, name, protocolName(p))
+	}
+}
