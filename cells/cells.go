@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -39,6 +40,7 @@ var ControlPlane = cell.Group(
 	identitycell.Cell,
 	ipcachecell.Cell,
 	datapathcell.Cell,
+	conntrackcell.Cell,
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,

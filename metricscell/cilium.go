@@ -4,6 +4,7 @@ package metricscell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"github.com/cilium/statedb"
@@ -66,6 +67,8 @@ type mapPressureCollector struct {
 	files    *policycell.PolicyFiles
 	cfg      datapathcell.Config
 	datapath *datapathcell.Datapath
+	// conntrack is nil without the conntrack cell.
+	conntrack *conntrackcell.Tracker
 
 	pressure, policyCount, policyFiles *prometheus.Desc
 }
@@ -75,7 +78,7 @@ var _ prometheus.Collector = (*mapPressureCollector)(nil)
 func newMapPressureCollector(p stateParams) *mapPressureCollector {
 	return &mapPressureCollector{
 		db: p.DB, ipcache: p.Entries, policy: p.PolicyEntries, policies: p.Policies, files: p.PolicyFiles, cfg: p.DatapathConfig,
-		datapath: p.Datapath,
+		datapath: p.Datapath, conntrack: p.Conntrack,
 		pressure: prometheus.NewDesc(ciliumPrefix+"bpf_map_pressure",
 			"Fill of a BPF map: entries over max entries (ipcache and policy: the entries the agent has written; conntrack: the live entries of the last collection pass)",
 			[]string{"map_name"}, nil),
@@ -120,14 +123,16 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(n)/float64(c.cfg.PolicyMapMaxEntries), bpfmaps.PolicyName)
 	}
-	ct, opening := c.datapath.ConntrackStats()
-	if ct.MaxEntries > 0 {
-		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(ct.Entries)/float64(ct.MaxEntries), bpfmaps.ConntrackName)
-	}
-	if opening.MaxEntries > 0 {
-		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
-			float64(opening.Entries)/float64(opening.MaxEntries), bpfmaps.ConntrackOpeningName)
+	if c.conntrack != nil {
+		ct, opening := c.conntrack.Stats()
+		if ct.MaxEntries > 0 {
+			ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+				float64(ct.Entries)/float64(ct.MaxEntries), bpfmaps.ConntrackName)
+		}
+		if opening.MaxEntries > 0 {
+			ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
+				float64(opening.Entries)/float64(opening.MaxEntries), bpfmaps.ConntrackOpeningName)
+		}
 	}
 	if c.policies != nil {
 		ch <- prometheus.MustNewConstMetric(c.policyCount, prometheus.GaugeValue, float64(c.policies.NumObjects(txn)))

@@ -4,6 +4,7 @@ package metricscell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"errors"
@@ -38,6 +39,7 @@ type stateParams struct {
 	Entries    statedb.Table[*ipcachecell.Entry]     `optional:"true"`
 	Restorer   *restorecell.Restorer                 `optional:"true"`
 	Datapath   *datapathcell.Datapath                `optional:"true"`
+	Conntrack  *conntrackcell.Tracker                `optional:"true"`
 
 	PolicyEntries  statedb.Table[*policy.Entry]  `optional:"true"`
 	Policies       statedb.Table[*policy.Policy] `optional:"true"`
@@ -57,7 +59,7 @@ func registerStateCollectors(p stateParams) error {
 		cs = append(cs, newRestoreCollector(p.Restorer))
 	}
 	if p.Datapath != nil {
-		cs = append(cs, newDatapathCollector(p.Datapath, p.Log), newMapPressureCollector(p))
+		cs = append(cs, newDatapathCollector(p.Datapath, p.Conntrack, p.Log), newMapPressureCollector(p))
 	}
 	for _, c := range cs {
 		if err := p.Registry.Register(c); err != nil {
@@ -182,6 +184,7 @@ func (c *restoreCollector) Collect(ch chan<- prometheus.Metric) {
 // enforcement program's verdict counters.
 type datapathCollector struct {
 	datapath                   *datapathcell.Datapath
+	conntrack                  *conntrackcell.Tracker // nil without the conntrack cell
 	log                        *slog.Logger
 	writes, unchanged, packets *prometheus.Desc
 
@@ -201,9 +204,9 @@ func datapathMaps() []string {
 	return []string{bpfmaps.IPCacheName, bpfmaps.PolicyName, bpfmaps.EnforcementName}
 }
 
-func newDatapathCollector(d *datapathcell.Datapath, log *slog.Logger) *datapathCollector {
+func newDatapathCollector(d *datapathcell.Datapath, ct *conntrackcell.Tracker, log *slog.Logger) *datapathCollector {
 	return &datapathCollector{
-		datapath: d, log: log,
+		datapath: d, conntrack: ct, log: log,
 		writes: prometheus.NewDesc(metricPrefix+"map_writes_total",
 			"Keys written to a pinned BPF map by its reconciler", []string{"map"}, nil),
 		unchanged: prometheus.NewDesc(metricPrefix+"map_writes_unchanged_total",
@@ -260,15 +263,10 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.eventsLost
 }
 
-// Collect implements prometheus.Collector. The packet counters are left
-// out while the pinned maps are closed (before start, after stop).
-func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, name := range datapathMaps() {
-		written, unchanged := c.datapath.MapWrites(name)
-		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
-		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
-	}
-	ct, opening := c.datapath.ConntrackStats()
+// collectConntrack reports the conntrack collector's counts and the
+// program's failed moves to a full conntrack map.
+func (c *datapathCollector) collectConntrack(ch chan<- prometheus.Metric) {
+	ct, opening := c.conntrack.Stats()
 	ch <- prometheus.MustNewConstMetric(c.conntrackEntries, prometheus.GaugeValue, float64(ct.Entries))
 	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected+opening.Collected))
 	if ct.MaxEntries > 0 {
@@ -278,8 +276,21 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	if opening.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.openingPressure, prometheus.GaugeValue, float64(opening.Entries)/float64(opening.MaxEntries))
 	}
-	if full, err := c.datapath.ConntrackFull(); err == nil {
+	if full, err := c.conntrack.Full(); err == nil {
 		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
+	}
+}
+
+// Collect implements prometheus.Collector. The packet counters are left
+// out while the pinned maps are closed (before start, after stop).
+func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, name := range datapathMaps() {
+		written, unchanged := c.datapath.MapWrites(name)
+		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
+		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
+	}
+	if c.conntrack != nil {
+		c.collectConntrack(ch)
 	}
 	rateLimited, ringFull, err := c.datapath.EventsLost()
 	if err == nil || errors.Is(err, datapathcell.ErrNoProgram) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package conntrackcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -18,10 +18,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
 
-func conntrackScriptCommands(d *Datapath) hive.ScriptCmdsOut {
+func scriptCommands(t *Tracker) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"conntrack/list":  conntrackListCommand(d),
-		"conntrack/flush": conntrackFlushCommand(d),
+		"conntrack/list":  listCommand(t),
+		"conntrack/flush": flushCommand(t),
 	})
 }
 
@@ -48,20 +48,13 @@ type conntrackJSON struct {
 	ExpiresIn float64 `json:"expiresIn"`
 }
 
+// protocolName names an entry's protocol as policy.Protocol does, but 0,
+// which the program never tracks, by its number.
 func protocolName(p uint8) string {
-	switch p {
-	case 1:
-		return "ICMP"
-	case 6:
-		return "TCP"
-	case 17:
-		return "UDP"
-	case 58:
-		return "ICMPv6"
-	case 132:
-		return "SCTP"
+	if p == 0 {
+		return "0"
 	}
-	return fmt.Sprint(p)
+	return policy.Protocol(p).String()
 }
 
 // tcpState names an entry's TCP state as the program decides its timeout.
@@ -75,7 +68,7 @@ func tcpState(flags uint8) string {
 	return "opening"
 }
 
-func conntrackListCommand(d *Datapath) script.Cmd {
+func listCommand(t *Tracker) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "List the tracked connections of the enforcement program",
@@ -95,7 +88,7 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			entries, now, err := d.Conntrack()
+			entries, now, err := t.List()
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
@@ -145,7 +138,7 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 	)
 }
 
-func conntrackFlushCommand(d *Datapath) script.Cmd {
+func flushCommand(t *Tracker) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Delete every tracked connection",
@@ -159,7 +152,7 @@ func conntrackFlushCommand(d *Datapath) script.Cmd {
 			if len(args) != 0 {
 				return nil, script.ErrUsage
 			}
-			n, err := d.FlushConntrack()
+			n, err := t.Flush()
 			return scriptcmd.Result(fmt.Sprintf("Flushed %d entries\n", n), err)
 		},
 	)
