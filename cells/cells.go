@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -44,6 +45,7 @@ var ControlPlane = cell.Group(
 	ipcachecell.Cell,
 	datapathcell.Cell,
 	monitorcell.Cell,
+	conntrackcell.Cell,
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,

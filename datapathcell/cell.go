@@ -33,13 +33,13 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, pinnedIPCache, scriptCommands, conntrackScriptCommands, bpfScriptCommands, newProgramEvents, newDatapathMaps,
+	cell.Provide(newLifecycleDatapath, pinnedIPCache, scriptCommands, newConntrackMaps, bpfScriptCommands, newProgramEvents, newDatapathMaps,
 		// The policy cell rejects a file that computes more entries than the
 		// map holds, and bounds its table by it.
 		func(c Config) policy.MapCapacity {
 			return policy.MapCapacity(c.PolicyMapMaxEntries)
 		}),
-	cell.Invoke(registerWriters, registerConntrackGC),
+	cell.Invoke(registerWriters),
 )
 
 // Config is the datapath's configuration.
@@ -48,13 +48,6 @@ type Config struct {
 	Devices              []string
 	IPCacheMapMaxEntries uint32
 	PolicyMapMaxEntries  uint32
-
-	// Conntrack (conntrack.go). ConntrackGCInterval and
-	// ConntrackTestTimeout are hidden flags, for tests.
-	ConntrackMapMaxEntries        uint32
-	ConntrackOpeningMapMaxEntries uint32
-	ConntrackGCInterval           time.Duration
-	ConntrackTestTimeout          time.Duration
 }
 
 // DefaultConfig is the configuration on the defaults.
@@ -62,10 +55,6 @@ var DefaultConfig = Config{
 	BPFRoot:              bpfmaps.DefaultRoot,
 	IPCacheMapMaxEntries: 512000,
 	PolicyMapMaxEntries:  16384,
-
-	ConntrackMapMaxEntries:        262144,
-	ConntrackOpeningMapMaxEntries: 65536,
-	ConntrackGCInterval:           10 * time.Second,
 }
 
 // Flags implements cell.Flagger.
@@ -74,7 +63,6 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("devices", def.Devices, "Host-side devices of endpoints to enforce policy on (comma-separated)")
 	flags.Uint32("ipcache-map-max-entries", def.IPCacheMapMaxEntries, "Maximum entries of the ipcache map")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
-	conntrackFlags(def, flags)
 }
 
 // Validate reports configuration errors, naming the flag.
@@ -90,9 +78,6 @@ func (c Config) Validate() error {
 	case c.PolicyMapMaxEntries == 0:
 		return fmt.Errorf("--policy-map-max-entries must be positive")
 	}
-	if err := c.validateConntrack(); err != nil {
-		return err
-	}
 	for _, d := range c.Devices {
 		if d == "" || len(d) > 15 {
 			return fmt.Errorf("--devices: %q is not a network device name", d)
@@ -101,11 +86,25 @@ func (c Config) Validate() error {
 	return nil
 }
 
+type datapathParams struct {
+	cell.In
+
+	Config Config
+	// Conntrack is the conntrack cell's (conntrackcell); without that
+	// cell the maps get bpfmaps.DefaultConntrackConfig.
+	Conntrack bpfmaps.ConntrackConfig `optional:"true"`
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+}
+
 // newLifecycleDatapath returns the Datapath with its start and stop hooks
 // appended to the lifecycle.
-func newLifecycleDatapath(cfg Config, log *slog.Logger, lc cell.Lifecycle) *Datapath {
-	d := newDatapath(cfg, log)
-	lc.Append(d)
+func newLifecycleDatapath(p datapathParams) *Datapath {
+	d := newDatapath(p.Config, p.Log)
+	if p.Conntrack != (bpfmaps.ConntrackConfig{}) {
+		d.conntrack = p.Conntrack
+	}
+	p.Lifecycle.Append(d)
 	return d
 }
 

@@ -6,7 +6,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -265,14 +264,14 @@ func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	require.Positive(t, n)
 }
 
-// Entries live as long as their timeout after their last packet, and the
-// collector deletes them once expired.
+// Entries live as long as their timeout after their last packet (the
+// conntrack cell's collector deletes them once expired: conntrackcell).
 func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	privileged.Test(t)
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
 	const timeout = 2 * time.Second
-	maps.ConntrackTimeouts = uniformConntrackTimeouts(timeout)
+	maps.ConntrackTimeouts = bpfmaps.ConntrackTimeouts{TCPOpening: timeout, TCPEstablished: timeout, TCPClosing: timeout, Other: timeout}
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
 	nw.attach(t, loadTestEnforcer(t, maps), newTestLinksDir(t))
 	echoUDP(t, nw.host, hostPort(ctPeer4, ctUDPPort))
@@ -292,61 +291,6 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 		// a tick is at most 10 ms (HZ 100).
 		require.GreaterOrEqual(t, v.Expires(), start+timeout-10*time.Millisecond)
 	}
-
-	gc := newConntrackGC(func() *ebpf.Map { return maps.ConntrackOpening }, hivetest.Logger(t))
-	done, err := gc.round(context.Background())
-	require.NoError(t, err)
-	require.True(t, done)
-	require.Equal(t, ConntrackStats{Entries: 2, MaxEntries: 4096, Passes: 1}, gc.stats(4096), "nothing expired yet")
-
-	require.Eventually(t, func() bool {
-		_, err := gc.round(context.Background())
-		require.NoError(t, err)
-		return len(conntrackEntries(t, maps)) == 0
-	}, 10*time.Second, 100*time.Millisecond, "expired entries not collected")
-	st := gc.stats(4096)
-	require.EqualValues(t, 2, st.Collected)
-	require.Zero(t, st.Entries)
-}
-
-// A round reads a bounded number of entries and the next one goes on from
-// there; only expired entries are deleted.
-func TestPrivilegedConntrackCollectionRoundsAreBounded(t *testing.T) {
-	privileged.Test(t)
-	m, err := ebpf.NewMap(bpfmaps.ConntrackSpec(1024))
-	require.NoError(t, err)
-	t.Cleanup(func() { m.Close() })
-	now := monotonicNow()
-	const expired, alive = 300, 200
-	for i := range expired + alive {
-		k := bpfmaps.NewConntrackKey(progRunIfindex, netip.AddrPortFrom(netip.MustParseAddr(ctEndpoint4), uint16(1000+i)),
-			netip.MustParseAddrPort(hostPort(ctPeer4, 80)), testProtoTCP)
-		expires := now - time.Second
-		if i >= expired {
-			expires = now + time.Hour
-		}
-		require.NoError(t, m.Put(k, bpfmaps.NewConntrackValue(expires, uint8(policy.Egress), bpfmaps.ConntrackEstablished)))
-	}
-	gc := newConntrackGC(func() *ebpf.Map { return m }, hivetest.Logger(t))
-	gc.roundLimit, gc.keys, gc.values = 100, make([]bpfmaps.ConntrackKey, 50), make([]bpfmaps.ConntrackValue, 50)
-	rounds := 0
-	for {
-		done, err := gc.round(context.Background())
-		require.NoError(t, err)
-		rounds++
-		if done {
-			break
-		}
-		require.Less(t, rounds, 20)
-	}
-	require.GreaterOrEqual(t, rounds, (expired+alive)/100, "a round read more than its limit")
-	st := gc.stats(m.MaxEntries())
-	require.EqualValues(t, expired, st.Collected)
-	require.EqualValues(t, alive, st.Entries)
-	for _, v := range conntrackMapEntries(t, m) {
-		require.Greater(t, v.Expires(), now)
-	}
-	require.Len(t, conntrackMapEntries(t, m), alive)
 }
 
 // The pinned conntrack map is reused as it is, migrated (entries kept)

@@ -20,7 +20,9 @@ import (
 // the read of the pinned ipcache map that restore takes.
 type Datapath struct {
 	cfg Config
-	log *slog.Logger
+	// conntrack sizes the conntrack maps and sets the program's timeouts.
+	conntrack bpfmaps.ConntrackConfig
+	log       *slog.Logger
 
 	// stats of each map's reconciler, by map name; fixed at construction.
 	stats map[string]*mapStats
@@ -52,9 +54,6 @@ type Datapath struct {
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
 	fakeMaps *writtenMaps
-
-	// conntrackGC and openingGC collect conntrack and ct_opening.
-	conntrackGC, openingGC *conntrackGC
 }
 
 // writtenMaps are the maps the writers write.
@@ -63,11 +62,9 @@ type writtenMaps struct {
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	d := &Datapath{cfg: cfg, log: log, stats: map[string]*mapStats{
+	d := &Datapath{cfg: cfg, conntrack: bpfmaps.DefaultConntrackConfig(), log: log, stats: map[string]*mapStats{
 		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {},
 	}, snapshotTaken: make(chan struct{}), stream: newPinnedIPCacheStream()}
-	d.conntrackGC = newConntrackGC(d.conntrackMap, log)
-	d.openingGC = newConntrackGC(d.conntrackOpeningMap, log)
 	return d
 }
 
@@ -92,7 +89,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 	}
 	opened, err := bpfmaps.Open(bpfmaps.PinDir(d.cfg.BPFRoot), bpfmaps.Sizes{
 		IPCache: d.cfg.IPCacheMapMaxEntries, Policy: d.cfg.PolicyMapMaxEntries,
-		Conntrack: d.cfg.ConntrackMapMaxEntries, ConntrackOpening: d.cfg.ConntrackOpeningMapMaxEntries,
+		Conntrack: d.conntrack.MapMaxEntries, ConntrackOpening: d.conntrack.OpeningMapMaxEntries,
 	}, d.cfg.Devices, d.log)
 	if err != nil {
 		return err
@@ -158,7 +155,7 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	}
 	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters,
 		Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
-		ConntrackTimeouts: d.cfg.conntrackTimeouts()})
+		ConntrackTimeouts: d.conntrack.Timeouts})
 	if err != nil {
 		return err
 	}

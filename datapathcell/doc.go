@@ -27,8 +27,10 @@
 // policy selectors have computed ([policy.Progress]).
 //
 // Enforcement is stateful: replies of connections the policy allowed pass
-// (bpf/enforce.c; README.md, Connection tracking); the conntrack-gc job
-// deletes expired entries in bounded rounds. A connection's entry keeps
+// (bpf/enforce.c; README.md, Connection tracking); the conntrack cell
+// (conntrackcell) sizes the conntrack maps, sets the program's timeouts
+// (bpfmaps.ConntrackConfig) and collects the maps the datapath hands it
+// (bpfmaps.ConntrackMaps). A connection's entry keeps
 // its forward direction's verdict until the next write to the ipcache,
 // policy or enforcement map: every such write bumps the pinned revision
 // map (revision.go), through the maps Datapath.written hands the writers.

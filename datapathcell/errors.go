@@ -13,7 +13,7 @@ var (
 	ErrPolicyEntriesNotWritten = errors.New("policy entries of the identity are not in the policy map")
 
 	// ErrMapsNotOpen is returned by what reads the pinned maps (Counters,
-	// Conntrack, FlushConntrack, the maps policy/explain looks up) before
+	// ConntrackFull, the maps policy/explain looks up) before
 	// the datapath has opened them at start or after it closed them at
 	// stop.
 	ErrMapsNotOpen = errors.New("pinned maps are not open")
@@ -22,12 +22,6 @@ var (
 	// --diff when the pinned map is not what its desired table says, so
 	// that a script reading them has an exit status to test.
 	ErrMapDiffers = errors.New("the pinned map differs")
-
-	// ErrConntrackFull is the conntrack collector's error (its job's
-	// health is Degraded) while connections that became established
-	// could not move to the full conntrack map: they stay in ct_opening,
-	// where a flood of new connections can evict them.
-	ErrConntrackFull = errors.New("the conntrack map is full")
 
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")

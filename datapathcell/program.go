@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 )
 
@@ -34,7 +35,7 @@ import (
 type enforcerMaps struct {
 	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
 	// ConntrackTimeouts are set in the program; zero keeps its defaults.
-	ConntrackTimeouts ConntrackTimeouts
+	ConntrackTimeouts bpfmaps.ConntrackTimeouts
 }
 
 // enforcer is the enforcement program loaded into the kernel, not yet
@@ -49,7 +50,7 @@ type enforcer struct {
 	events, eventState *ebpf.Map
 	eventsMask         *ebpf.Variable
 	// ctStats counts, per CPU, the connections that could not move to a
-	// full conntrack map (Datapath.ConntrackFull).
+	// full conntrack map (bpfmaps.ConntrackMaps.ConntrackFull).
 	ctStats *ebpf.Map
 	// policyFlags is the program's policy_flags (policyNoAnyIdentity).
 	policyFlags *ebpf.Variable

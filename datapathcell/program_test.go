@@ -67,7 +67,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	// The C defaults are the flags' defaults (docs/CONTRACT.md).
 	require.EqualValues(t, 512000, spec.Maps[bpfmaps.IPCacheName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].MaxEntries)
-	require.EqualValues(t, DefaultConfig.ConntrackMapMaxEntries, spec.Maps[bpfmaps.ConntrackName].MaxEntries)
+	require.EqualValues(t, bpfmaps.DefaultConntrackMaxEntries, spec.Maps[bpfmaps.ConntrackName].MaxEntries)
 	// The program's timeouts are Cilium's defaults: cilium-agent's
 	// --bpf-ct-timeout-regular-tcp-syn (1m), -regular-tcp (6h),
 	// -regular-tcp-fin (10s) and -regular-any (1m), as its command

@@ -94,7 +94,7 @@ func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	for k, v := range entries {
 		_, _, protocol, err := k.Fields()
 		require.NoError(t, err)
-		require.Equal(t, "SCTP", protocolName(protocol))
+		require.Equal(t, "SCTP", policy.Protocol(protocol).PacketString())
 		require.Equal(t, uint8(bpfmaps.ConntrackReplySeen), v.Flags(), "no TCP state, a reply seen")
 	}
 

@@ -47,8 +47,9 @@ func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		cfg := DefaultConfig
 		cfg.BPFRoot, cfg.Devices = bpfRoot, []string{nw.hostDevice}
-		cfg.IPCacheMapMaxEntries, cfg.PolicyMapMaxEntries, cfg.ConntrackMapMaxEntries = 1024, 512, 4096
+		cfg.IPCacheMapMaxEntries, cfg.PolicyMapMaxEntries = 1024, 512
 		d := newDatapath(cfg, hivetest.Logger(t))
+		d.conntrack.MapMaxEntries = 4096
 		require.NoError(t, inNetns(t, nw.host, func() error { return d.Start(context.Background()) }), "round %d", round)
 		time.Sleep(200 * time.Millisecond)
 		sent, answered, longestLoss := pinger.Stop()

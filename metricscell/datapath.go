@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -36,6 +37,7 @@ type datapathParams struct {
 	Entries        statedb.Table[*ipcachecell.Entry] `optional:"true"`
 	PolicyEntries  statedb.Table[*policy.Entry]      `optional:"true"`
 	Events         events.Source                     `optional:"true"`
+	Conntrack      *conntrackcell.Tracker            `optional:"true"`
 }
 
 // newDatapathMetrics contributes the datapath's collectors, when the hive
@@ -44,7 +46,7 @@ func newDatapathMetrics(p datapathParams) metrics.Out {
 	if p.Datapath == nil {
 		return metrics.Out{}
 	}
-	return metrics.Out{Collectors: []prometheus.Collector{newDatapathCollector(p.Datapath, p.Events, p.Log), newMapPressureCollector(p)}}
+	return metrics.Out{Collectors: []prometheus.Collector{newDatapathCollector(p.Datapath, p.Events, p.Conntrack, p.Log), newMapPressureCollector(p)}}
 }
 
 // datapathCollector reports the map reconcilers' write statistics and the
@@ -52,6 +54,7 @@ func newDatapathMetrics(p datapathParams) metrics.Out {
 type datapathCollector struct {
 	datapath                   *datapathcell.Datapath
 	events                     events.Source
+	conntrack                  *conntrackcell.Tracker // nil without the conntrack cell
 	log                        *slog.Logger
 	writes, unchanged, packets *prometheus.Desc
 
@@ -71,9 +74,9 @@ func datapathMaps() []string {
 	return []string{bpfmaps.IPCacheName, bpfmaps.PolicyName, bpfmaps.EnforcementName}
 }
 
-func newDatapathCollector(d *datapathcell.Datapath, source events.Source, log *slog.Logger) *datapathCollector {
+func newDatapathCollector(d *datapathcell.Datapath, source events.Source, ct *conntrackcell.Tracker, log *slog.Logger) *datapathCollector {
 	return &datapathCollector{
-		datapath: d, events: source, log: log,
+		datapath: d, events: source, conntrack: ct, log: log,
 		writes: prometheus.NewDesc(metrics.Prefix+"map_writes_total",
 			"Keys written to a pinned BPF map by its reconciler", []string{"map"}, nil),
 		unchanged: prometheus.NewDesc(metrics.Prefix+"map_writes_unchanged_total",
@@ -138,18 +141,8 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.writes, prometheus.CounterValue, float64(written), name)
 		ch <- prometheus.MustNewConstMetric(c.unchanged, prometheus.CounterValue, float64(unchanged), name)
 	}
-	ct, opening := c.datapath.ConntrackStats()
-	ch <- prometheus.MustNewConstMetric(c.conntrackEntries, prometheus.GaugeValue, float64(ct.Entries))
-	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected+opening.Collected))
-	if ct.MaxEntries > 0 {
-		ch <- prometheus.MustNewConstMetric(c.conntrackPressure, prometheus.GaugeValue, float64(ct.Entries)/float64(ct.MaxEntries))
-	}
-	ch <- prometheus.MustNewConstMetric(c.openingEntries, prometheus.GaugeValue, float64(opening.Entries))
-	if opening.MaxEntries > 0 {
-		ch <- prometheus.MustNewConstMetric(c.openingPressure, prometheus.GaugeValue, float64(opening.Entries)/float64(opening.MaxEntries))
-	}
-	if full, err := c.datapath.ConntrackFull(); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
+	if c.conntrack != nil {
+		c.collectConntrack(ch)
 	}
 	rateLimited, ringFull, err := uint64(0), uint64(0), events.ErrNoProgram
 	if c.events != nil {
@@ -235,6 +228,8 @@ type mapPressureCollector struct {
 	policy   statedb.Table[*policy.Entry]
 	cfg      datapathcell.Config
 	datapath *datapathcell.Datapath
+	// conntrack is nil without the conntrack cell.
+	conntrack *conntrackcell.Tracker
 
 	pressure *prometheus.Desc
 }
@@ -244,7 +239,7 @@ var _ prometheus.Collector = (*mapPressureCollector)(nil)
 func newMapPressureCollector(p datapathParams) *mapPressureCollector {
 	return &mapPressureCollector{
 		db: p.DB, ipcache: p.Entries, policy: p.PolicyEntries, cfg: p.DatapathConfig,
-		datapath: p.Datapath,
+		datapath: p.Datapath, conntrack: p.Conntrack,
 		pressure: prometheus.NewDesc(metrics.CiliumPrefix+"bpf_map_pressure",
 			"Fill of a BPF map: entries over max entries (ipcache and policy: the entries the agent has written; conntrack: the live entries of the last collection pass)",
 			[]string{"map_name"}, nil),
@@ -280,7 +275,10 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(n)/float64(c.cfg.PolicyMapMaxEntries), bpfmaps.PolicyName)
 	}
-	ct, opening := c.datapath.ConntrackStats()
+	if c.conntrack == nil {
+		return
+	}
+	ct, opening := c.conntrack.Stats()
 	if ct.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(ct.Entries)/float64(ct.MaxEntries), bpfmaps.ConntrackName)
@@ -288,5 +286,23 @@ func (c *mapPressureCollector) Collect(ch chan<- prometheus.Metric) {
 	if opening.MaxEntries > 0 {
 		ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue,
 			float64(opening.Entries)/float64(opening.MaxEntries), bpfmaps.ConntrackOpeningName)
+	}
+}
+
+// collectConntrack reports the conntrack collector's counts and the
+// program's failed moves to a full conntrack map.
+func (c *datapathCollector) collectConntrack(ch chan<- prometheus.Metric) {
+	ct, opening := c.conntrack.Stats()
+	ch <- prometheus.MustNewConstMetric(c.conntrackEntries, prometheus.GaugeValue, float64(ct.Entries))
+	ch <- prometheus.MustNewConstMetric(c.conntrackCollected, prometheus.CounterValue, float64(ct.Collected+opening.Collected))
+	if ct.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.conntrackPressure, prometheus.GaugeValue, float64(ct.Entries)/float64(ct.MaxEntries))
+	}
+	ch <- prometheus.MustNewConstMetric(c.openingEntries, prometheus.GaugeValue, float64(opening.Entries))
+	if opening.MaxEntries > 0 {
+		ch <- prometheus.MustNewConstMetric(c.openingPressure, prometheus.GaugeValue, float64(opening.Entries)/float64(opening.MaxEntries))
+	}
+	if full, err := c.conntrack.Full(); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.conntrackFull, prometheus.CounterValue, float64(full))
 	}
 }

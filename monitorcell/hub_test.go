@@ -138,6 +138,6 @@ func TestEventText(t *testing.T) {
 // "0", as before, not "any".
 func TestProtocolName(t *testing.T) {
 	for p, name := range map[uint8]string{0: "0", 1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPv6", 132: "SCTP", 47: "47"} {
-		require.Equal(t, name, protocolName(p))
+		require.Equal(t, name, policy.Protocol(p).PacketString())
 	}
 }

@@ -199,7 +199,7 @@ func (p monitorParams) describe(e events.Event, devices map[uint32]string) event
 		Time:      e.Time.UTC().Format(time.RFC3339Nano),
 		Device:    device,
 		Direction: e.Direction.String(),
-		Protocol:  protocolName(e.Protocol),
+		Protocol:  policy.Protocol(e.Protocol).PacketString(),
 		Identity:  e.Identity,
 		Labels:    []string{},
 		Verdict:   "drop",
@@ -275,13 +275,4 @@ func writeEventText(w io.Writer, j eventJSON) {
 	}
 	fmt.Fprintf(w, "%s %s on %s %s, identity %d (%s): %s\n", j.Time, what, j.Device, j.Direction,
 		j.Identity, strings.Join(j.Labels, ","), pkt)
-}
-
-// protocolName names an event's protocol as policy.Protocol does, but 0
-// (a malformed packet's) by its number: it is no "any" here.
-func protocolName(p uint8) string {
-	if p == 0 {
-		return "0"
-	}
-	return policy.Protocol(p).String()
 }

@@ -85,6 +85,16 @@ func (p Protocol) String() string {
 	return strconv.Itoa(int(p))
 }
 
+// PacketString names the protocol of a packet or a connection, as the
+// monitor and conntrack show it: as String, but 0 by its number (in a
+// packet it is no "any protocol").
+func (p Protocol) PacketString() string {
+	if p == ProtocolAny {
+		return "0"
+	}
+	return p.String()
+}
+
 // ParseProtocol parses a name String returns (case-insensitive) or a
 // protocol number.
 //

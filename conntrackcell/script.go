@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package conntrackcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -18,10 +18,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 )
 
-func conntrackScriptCommands(d *Datapath) hive.ScriptCmdsOut {
+func scriptCommands(t *Tracker) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"conntrack/list":  conntrackListCommand(d),
-		"conntrack/flush": conntrackFlushCommand(d),
+		"conntrack/list":  listCommand(t),
+		"conntrack/flush": flushCommand(t),
 	})
 }
 
@@ -48,22 +48,6 @@ type conntrackJSON struct {
 	ExpiresIn float64 `json:"expiresIn"`
 }
 
-func protocolName(p uint8) string {
-	switch p {
-	case 1:
-		return "ICMP"
-	case 6:
-		return "TCP"
-	case 17:
-		return "UDP"
-	case 58:
-		return "ICMPv6"
-	case 132:
-		return "SCTP"
-	}
-	return fmt.Sprint(p)
-}
-
 // tcpState names an entry's TCP state as the program decides its timeout.
 func tcpState(flags uint8) string {
 	switch {
@@ -75,7 +59,7 @@ func tcpState(flags uint8) string {
 	return "opening"
 }
 
-func conntrackListCommand(d *Datapath) script.Cmd {
+func listCommand(t *Tracker) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "List the tracked connections of the enforcement program",
@@ -95,14 +79,14 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			entries, now, err := d.Conntrack()
+			entries, now, err := t.List()
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
 			rows := make([]conntrackJSON, 0, len(entries))
 			for _, e := range entries {
 				row := conntrackJSON{
-					Protocol: protocolName(e.Protocol), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
+					Protocol: policy.Protocol(e.Protocol).PacketString(), Endpoint: e.Endpoint.String(), Remote: e.Remote.String(),
 					Origin: policy.Direction(e.Origin).String(), ReplySeen: e.Flags&bpfmaps.ConntrackReplySeen != 0,
 					ExpiresIn: (e.Expires - now).Round(time.Millisecond).Seconds(),
 					Map:       bpfmaps.ConntrackName, Device: e.Ifindex, Revoked: e.Flags&bpfmaps.ConntrackRevoked != 0,
@@ -145,7 +129,7 @@ func conntrackListCommand(d *Datapath) script.Cmd {
 	)
 }
 
-func conntrackFlushCommand(d *Datapath) script.Cmd {
+func flushCommand(t *Tracker) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Delete every tracked connection",
@@ -159,7 +143,7 @@ func conntrackFlushCommand(d *Datapath) script.Cmd {
 			if len(args) != 0 {
 				return nil, script.ErrUsage
 			}
-			n, err := d.FlushConntrack()
+			n, err := t.Flush()
 			return scriptcmd.Result(fmt.Sprintf("Flushed %d entries\n", n), err)
 		},
 	)
