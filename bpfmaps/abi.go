@@ -3,15 +3,14 @@
 package bpfmaps
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // The BPF map layouts are an ABI shared with the enforcement program

@@ -3,13 +3,13 @@
 package bpfmaps
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 func TestIPCacheKeyBytes(t *testing.T) {

@@ -3,13 +3,13 @@
 package bpfmaps
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"bytes"
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // FuzzIPCacheKey: any 24 bytes either decode to a prefix whose encoding is

@@ -3,10 +3,6 @@
 package bpfmaps
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -19,7 +15,9 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // DefaultRoot is the default bpffs root (--bpf-root).

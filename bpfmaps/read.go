@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+
 	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 

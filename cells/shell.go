@@ -27,9 +27,10 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
-	"github.com/ipcache-agent/ipcache-agent/monitorcell"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/monitorcell"
 )
 
 // DefaultShellSockPath is where the agent's shell listens.

@@ -3,14 +3,13 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"log/slog"
 	"sync"
 
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 

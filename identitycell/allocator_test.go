@@ -3,8 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 

@@ -3,8 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"log/slog"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 

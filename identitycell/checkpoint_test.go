@@ -3,8 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"bytes"
 	"context"
 	"fmt"
@@ -18,6 +16,7 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )

@@ -6,9 +6,6 @@ package identitycell
 // checkpoint as the `identities` table changes.
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"context"
 	"errors"
 	"fmt"
@@ -21,8 +18,10 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 const (

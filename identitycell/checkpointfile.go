@@ -5,8 +5,6 @@ package identitycell
 // The checkpoint file: its format, and its encoding and decoding.
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"bufio"
 	"bytes"
 	"cmp"
@@ -20,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )

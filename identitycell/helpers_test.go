@@ -3,8 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"context"
 	"fmt"
 	"net/netip"
@@ -12,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 // netipPrefix returns a distinct /32 for a number, so tests can build

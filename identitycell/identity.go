@@ -3,8 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"encoding/json"
 	"fmt"
 	"iter"
@@ -14,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )

@@ -3,9 +3,6 @@
 package identitycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"context"
 	"fmt"
 	"maps"
@@ -25,8 +22,10 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 func TestScript(t *testing.T) {

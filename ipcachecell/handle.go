@@ -3,8 +3,6 @@
 package ipcachecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -17,6 +15,7 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/time/rate"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/source"

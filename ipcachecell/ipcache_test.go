@@ -3,8 +3,6 @@
 package ipcachecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"context"
 	"fmt"
 	"iter"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )

@@ -3,9 +3,6 @@
 package ipcachecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"context"
 	"math/rand/v2"
 	"net/netip"
@@ -19,10 +16,12 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // fixture is the identity cell and the ipcache's parts, with the resolver

@@ -3,8 +3,6 @@
 package ipcachecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"

@@ -3,8 +3,6 @@
 package ipcachecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"iter"
 	"net/netip"
@@ -16,6 +14,7 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/labels"

@@ -3,12 +3,12 @@
 package policy
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"net/netip"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 // Datapath reads the maps the enforcement program looks up, so that

@@ -3,8 +3,6 @@
 package policy
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -17,6 +15,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 const (

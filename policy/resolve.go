@@ -3,10 +3,10 @@
 package policy
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 // Lookup is a packet as the enforcement program looks it up in the

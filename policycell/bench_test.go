@@ -3,9 +3,6 @@
 package policycell_test
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -24,7 +21,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // heapInUse returns the live heap. It collects twice: statedb's change

@@ -3,8 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 

@@ -3,17 +3,15 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"iter"
 	"net/netip"
 	"slices"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // DefaultPolicyMapMaxEntries is the datapath's default

@@ -3,11 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,10 +13,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // fileIdentities returns one identity per distinct prefix of the

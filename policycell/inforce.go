@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"bufio"
 	"bytes"
 	"crypto/sha256"
@@ -22,6 +18,9 @@ import (
 	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 const (

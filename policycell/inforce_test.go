@@ -10,8 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 func TestInForceRoundTrip(t *testing.T) {

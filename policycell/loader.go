@@ -3,9 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -23,6 +20,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 

@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-	"github.com/ipcache-agent/ipcache-agent/statedir"
-
 	"bytes"
 	"context"
 	"log/slog"
@@ -30,6 +26,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // loaderFixture is a loader on a running ipcache, driven by the test.

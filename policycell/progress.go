@@ -3,14 +3,13 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"context"
 
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // SelectorProgress is the [policy.Progress] of the selectors: the

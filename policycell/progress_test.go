@@ -3,13 +3,13 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // TestWaitComputed: the datapath waits until the selectors have seen the

@@ -5,8 +5,9 @@ package policycell
 import (
 	"testing"
 
-	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 func allow(k policy.Key, rule string) grant { return grant{k, policy.VerdictAllow, "a", "a:" + rule} }

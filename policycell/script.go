@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"iter"
 	"maps"
@@ -20,10 +16,12 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry],

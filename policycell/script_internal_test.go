@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"net/netip"
 	"strings"
@@ -16,8 +12,10 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // TestNotWrittenByFile: a file counts the rows of its policies whose

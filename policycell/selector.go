@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"cmp"
 	"context"
 	"fmt"
@@ -21,8 +17,10 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // entryBound is how many times the policy map's size the `policy` table

@@ -3,10 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -14,7 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // BenchmarkIdentityAppears measures the cost of one identity appearing

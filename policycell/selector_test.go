@@ -3,9 +3,6 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -20,10 +17,12 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // engineFixture is a selector engine on bare tables, driven by the test:

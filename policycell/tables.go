@@ -3,10 +3,10 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 const PoliciesTableName = "policies"

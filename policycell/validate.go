@@ -3,15 +3,15 @@
 package policycell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-
 	"fmt"
 	"os"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // FileValidation is the outcome of checking one policy file offline: its

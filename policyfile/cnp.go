@@ -3,12 +3,12 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"cmp"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // Cilium's own bounds on a port rule (pkg/policy/api).

@@ -3,13 +3,13 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 const (

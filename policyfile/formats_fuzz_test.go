@@ -3,8 +3,6 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // FuzzParseCNP: CiliumNetworkPolicy, CiliumClusterwideNetworkPolicy and

@@ -3,8 +3,6 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"fmt"
 	"net/netip"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // FuzzParse: the policy parser never panics, an error always names

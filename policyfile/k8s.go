@@ -3,10 +3,10 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"strconv"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // The API versions of the Kubernetes documents a policy file may hold

@@ -3,10 +3,10 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"iter"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // networkPolicyPeerUnsupported are the peers of a NetworkPolicy rule other

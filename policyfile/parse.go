@@ -3,8 +3,6 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // maxNameLength bounds policy names, as Kubernetes bounds object names.

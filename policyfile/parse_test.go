@@ -3,12 +3,12 @@
 package policyfile
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 func prefixes(s ...string) []netip.Prefix {

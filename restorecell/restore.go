@@ -3,9 +3,6 @@
 package restorecell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,6 +14,8 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/time/rate"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"

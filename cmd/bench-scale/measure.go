@@ -3,9 +3,6 @@
 package main
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -22,6 +19,8 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )

@@ -3,9 +3,6 @@
 package main
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +26,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"

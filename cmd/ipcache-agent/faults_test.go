@@ -3,9 +3,6 @@
 package main
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"errors"
 	"net"
 	"net/netip"
@@ -24,6 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"

@@ -3,9 +3,6 @@
 package main
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,7 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // Make before break (datapathcell/README.md) through the real binary: a

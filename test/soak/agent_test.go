@@ -3,8 +3,6 @@
 package soak
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"bufio"
 	"context"
 	"fmt"
@@ -30,6 +28,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 )
 

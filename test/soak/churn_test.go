@@ -3,11 +3,6 @@
 package soak
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/policy"
-	"github.com/ipcache-agent/ipcache-agent/policyfile"
-
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -20,9 +15,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+	"github.com/ipcache-agent/ipcache-agent/policyfile"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
 

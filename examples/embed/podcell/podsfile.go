@@ -3,13 +3,13 @@
 package podcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 // Pod identities are cluster-wide identities allocated outside this agent:

@@ -3,8 +3,6 @@
 package podcell_test
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"errors"
 	"io/fs"
 	"net/netip"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/examples/embed/podcell"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 func TestParse(t *testing.T) {

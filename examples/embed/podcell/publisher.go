@@ -3,8 +3,6 @@
 package podcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 

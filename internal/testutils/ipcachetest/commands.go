@@ -6,8 +6,6 @@
 package ipcachetest
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/identity"
-
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/cilium/hive/script"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
