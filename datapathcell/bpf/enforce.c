@@ -29,7 +29,7 @@
 // counted in `counters`, in packets and bytes (skb->len): index
 // direction * COUNTERS_SLOTS (8) + slot, slot 0 allowed, slots 1-7 a drop
 // of that reason (REASON_NO_POLICY .. REASON_SPOOFED_SOURCE) (layout in
-// ../abi.go).
+// bpfmaps/counters.go).
 //
 // Connection tracking (docs/CONTRACT.md; map layout in ../conntrack.go):
 //   - What the endpoint sends that is not a reply or an established
@@ -209,7 +209,7 @@
 //     port but not tracked; an ICMP echo too short for its identifier is
 //     matched by type and code and not tracked.
 //
-// Events (docs/CONTRACT.md "Monitor events"; layout in ../events.go):
+// Events (docs/CONTRACT.md "Monitor events"; layout in events/events.go):
 //   - The program writes one struct event per verdict to the ring buffer
 //     `events` (EVENTS_RING_BYTES, not pinned: each loaded program has its
 //     own, which the agent that loaded it reads; a restarted agent loads a
@@ -225,7 +225,7 @@
 //     per packet. Events refused by the limit, and events the full ring
 //     buffer could not take, are counted there per CPU (lost_rate,
 //     lost_full); the agent sums them (ipcache_agent_events_lost_total).
-//   - Reasons (one table, mirrored in ../events.go): drops REASON_NO_POLICY
+//   - Reasons (one table, mirrored in bpfmaps/reason.go): drops REASON_NO_POLICY
 //     (default deny: no policy entry allows it), REASON_MALFORMED (an IP
 //     header too short or wrong), REASON_POLICY_DENY (a deny entry matches
 //     it), REASON_VLAN_TAGGED (a VLAN tag in the packet),
@@ -373,8 +373,8 @@ struct bpf_fib_lookup {
 #define TCX_NEXT -1
 #define TCX_DROP 2
 
-// The map layouts are the agent's ABI (datapathcell/abi.go, docs/CONTRACT.md
-// "BPF maps and pins"); sizes and flags must match datapathcell/mapspecs.go, as the
+// The map layouts are the agent's ABI (bpfmaps/abi.go, docs/CONTRACT.md
+// "BPF maps and pins"); sizes and flags must match bpfmaps/mapspecs.go, as the
 // loader replaces these maps with the agent's pinned ones.
 
 #define DIRECTION_INGRESS 0
@@ -420,7 +420,7 @@ struct bpf_fib_lookup {
 #define REVISION_MASK 0xffffffffffffULL
 
 // Events: the bits of events_mask, the rate limit, the ring's size and the
-// reason codes (the header above; ../events.go mirrors them).
+// reason codes (the header above; bpfmaps/reason.go mirrors them).
 #define EVENTS_DROPS 0x1
 #define EVENTS_VERDICTS 0x2
 #define EVENTS_PER_SEC_PER_CPU 1000
