@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"fmt"
@@ -170,21 +171,21 @@ func registerWriters(p writersParams) error {
 	}
 
 	var writer *ipcacheWriter
-	ipcache := &mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
-		name:       bpfmaps.IPCacheName,
-		target:     d.ipcacheMap,
-		stats:      d.statsOf(bpfmaps.IPCacheName),
-		log:        p.Log,
-		key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
-		value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
-		writeOrder: bpfmaps.IPCacheKey.Compare,
+	ipcache := &mapwrite.Ops[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
+		Name:       bpfmaps.IPCacheName,
+		Target:     d.ipcacheMap,
+		Stats:      d.statsOf(bpfmaps.IPCacheName),
+		Log:        p.Log,
+		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		Value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
+		WriteOrder: bpfmaps.IPCacheKey.Compare,
 		// The map as the datapath read it at start, before anything
 		// wrote to it: reading the map again would cost the first round
 		// after a restart a read of the whole map.
-		readPinned: d.pinnedIPCache,
-		gate:       order.beforeIPCacheWrite,
-		hold:       order.holdIPCache,
-		fallbacks: func(txn statedb.ReadTxn, k bpfmaps.IPCacheKey, yield func(bpfmaps.IPCacheKey, bpfmaps.IPCacheValue, bool)) {
+		ReadPinned: d.pinnedIPCache,
+		Gate:       order.beforeIPCacheWrite,
+		Hold:       order.holdIPCache,
+		Fallbacks: func(txn statedb.ReadTxn, k bpfmaps.IPCacheKey, yield func(bpfmaps.IPCacheKey, bpfmaps.IPCacheValue, bool)) {
 			prefix, err := k.Prefix()
 			if err != nil {
 				return
@@ -206,8 +207,8 @@ func registerWriters(p writersParams) error {
 				}
 			}
 		},
-		failed:  func(k bpfmaps.IPCacheKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
-		written: order.ipcacheWritten,
+		Failed:  func(k bpfmaps.IPCacheKey) { order.ipcacheFailed(d.ipcacheMap(), k) },
+		Written: order.ipcacheWritten,
 	}
 	// The ipcache map's writer keeps the entries' status itself
 	// (ipcacheWriter); its job has the name of a statedb reconciler's, and

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 )
 
 // Datapath owns the pinned BPF maps (and the enforcement program on the
@@ -25,7 +26,7 @@ type Datapath struct {
 	log       *slog.Logger
 
 	// stats of each map's reconciler, by map name; fixed at construction.
-	stats map[string]*mapStats
+	stats map[string]*mapwrite.Stats
 
 	mu       sync.Mutex
 	maps     *bpfmaps.Pinned
@@ -58,11 +59,11 @@ type Datapath struct {
 
 // writtenMaps are the maps the writers write.
 type writtenMaps struct {
-	ipcache, policy, enforcement kernelMap
+	ipcache, policy, enforcement mapwrite.Map
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
-	d := &Datapath{cfg: cfg, conntrack: bpfmaps.DefaultConntrackConfig(), log: log, stats: map[string]*mapStats{
+	d := &Datapath{cfg: cfg, conntrack: bpfmaps.DefaultConntrackConfig(), log: log, stats: map[string]*mapwrite.Stats{
 		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {},
 	}, snapshotTaken: make(chan struct{}), stream: newPinnedIPCacheStream()}
 	return d
@@ -129,7 +130,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 // block to the stream as it is read, and ends the stream.
 //
 // Possible errors: the map cannot be read (wrapped).
-func (d *Datapath) readPinned(m kernelMap) error {
+func (d *Datapath) readPinned(m mapwrite.Map) error {
 	snapshot, err := bpfmaps.ReadIPCacheMap(m, d.log, d.stream.publish)
 	if err != nil {
 		err = fmt.Errorf("read the pinned ipcache map in %s: %w", bpfmaps.PinDir(d.cfg.BPFRoot), err)
@@ -195,9 +196,9 @@ func (d *Datapath) Stop(cell.HookContext) error {
 }
 
 // pinnedIPCache returns what the pinned ipcache map held at start, kept
-// over the snapshot of the read restore takes (snapshotValues). The unreadable keys are
+// over the snapshot of the read restore takes (mapwrite.NewSnapshotValues). The unreadable keys are
 // in it, so that the first prune deletes them.
-func (d *Datapath) pinnedIPCache() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
+func (d *Datapath) pinnedIPCache() mapwrite.KnownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
 	<-d.snapshotTaken // before Start returns, or on the read's goroutine after
 	d.mu.Lock()
 	snapshot, err := d.snapshot, d.snapshotErr
@@ -205,7 +206,7 @@ func (d *Datapath) pinnedIPCache() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCac
 	if err != nil {
 		return nil // the writer reads the map itself
 	}
-	return newSnapshotValues(snapshot)
+	return mapwrite.NewSnapshotValues(snapshot)
 }
 
 // MapWrites returns how many keys the reconciler of the named map has
@@ -254,7 +255,7 @@ func (d *Datapath) Counters() (bpfmaps.Counters, error) {
 	return bpfmaps.ReadCounters(d.maps.Counters)
 }
 
-func (d *Datapath) statsOf(mapName string) *mapStats { return d.stats[mapName] }
+func (d *Datapath) statsOf(mapName string) *mapwrite.Stats { return d.stats[mapName] }
 
 // setAnyIdentityEntries tells the attached program whether the policy map
 // may hold identity-0 entries (policy_flags): while it holds none, the
@@ -294,6 +295,6 @@ func (d *Datapath) written() writtenMaps {
 	}
 }
 
-func (d *Datapath) ipcacheMap() kernelMap     { return d.written().ipcache }
-func (d *Datapath) policyMap() kernelMap      { return d.written().policy }
-func (d *Datapath) enforcementMap() kernelMap { return d.written().enforcement }
+func (d *Datapath) ipcacheMap() mapwrite.Map     { return d.written().ipcache }
+func (d *Datapath) policyMap() mapwrite.Map      { return d.written().policy }
+func (d *Datapath) enforcementMap() mapwrite.Map { return d.written().enforcement }

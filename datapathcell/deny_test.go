@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -192,7 +193,7 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	require.NoError(t, m.Put(pinned, bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))), "a previous run's")
 
 	log := hivetest.Logger(t)
-	p := newPolicyOps(func() kernelMap { return m }, &mapStats{}, newOrdering(log, nil, nil, nil, nil), log)
+	p := newPolicyOps(func() mapwrite.Map { return m }, &mapwrite.Stats{}, newOrdering(log, nil, nil, nil, nil), log)
 	var told []bool
 	p.anyIdentity = func(present bool) error {
 		// Told before the write: the map holds no key the program skips.
@@ -217,7 +218,7 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	require.Equal(t, []bool{true}, told, "the pinned identity-0 key")
 
 	p.mu.Lock()
-	require.NoError(t, p.ops.deleteKeys([]bpfmaps.PolicyKey{pinned}))
+	require.NoError(t, p.ops.DeleteKeys([]bpfmaps.PolicyKey{pinned}))
 	p.deletedLocked([]bpfmaps.PolicyKey{pinned})
 	p.mu.Unlock()
 	require.Equal(t, []bool{true, false}, told, "none left")

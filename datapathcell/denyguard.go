@@ -175,7 +175,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 		return
 	}
 	inMap := map[identity.Number][]mapEntry{}
-	err := bpfmaps.ReadEntries(p.ops.target(), func(mk bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
+	err := bpfmaps.ReadEntries(p.ops.Target(), func(mk bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
 		k, err := mk.Key()
 		if err != nil {
 			return
@@ -252,7 +252,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 
 	// Write the new guards: shadows first (a shadow that does not fit
 	// makes the allows around it deny instead), then overrides.
-	target := p.ops.target()
+	target := p.ops.Target()
 	for mk, d := range shadow {
 		if _, ok := p.guard.guarded[mk]; ok {
 			continue
@@ -344,7 +344,7 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Numb
 }
 
 // guardedLocked records a key the guard wrote deny to; the copy of the
-// map's values (skipUnchanged) no longer knows it.
+// map's values (mapwrite.Ops skips unchanged writes) no longer knows it.
 func (p *policyOps) guardedLocked(mk bpfmaps.PolicyKey, kind guardKind) {
 	if p.guard.guarded == nil {
 		p.guard.guarded = map[bpfmaps.PolicyKey]guardKind{}
@@ -354,15 +354,13 @@ func (p *policyOps) guardedLocked(mk bpfmaps.PolicyKey, kind guardKind) {
 			"key", mk)
 	}
 	p.guard.guarded[mk] = kind
-	if p.ops.pinned != nil {
-		p.ops.pinned.forget(mk)
-	}
+	p.ops.ForgetValue(mk)
 }
 
 // releaseLocked gives a guarded key its row's value back, or deletes it
 // if no row has it (a key that drains is the drain's to delete).
 func (p *policyOps) releaseLocked(txn statedb.ReadTxn, mk bpfmaps.PolicyKey) {
-	target := p.ops.target()
+	target := p.ops.Target()
 	var err error
 	k, kerr := mk.Key()
 	if row, _, found := p.order.entries.Get(txn, policy.KeyIndex.Query(k)); kerr == nil && found {

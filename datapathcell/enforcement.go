@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -38,9 +39,9 @@ func enforcementOf(row *policy.Enforcement) bpfmaps.EnforcementValue {
 type enforcementWriter struct {
 	db     *statedb.DB
 	table  statedb.RWTable[*policy.Enforcement]
-	target func() kernelMap
+	target func() mapwrite.Map
 	order  *ordering
-	stats  *mapStats
+	stats  *mapwrite.Stats
 	log    *slog.Logger
 	// failClosed returns the directions in which a deny that the full
 	// policy map could not take has nothing there to be written over

@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -30,10 +31,10 @@ func newDatapathMaps(d *Datapath) policy.Datapath { return mapsReader{d} }
 // lookup looks key up in the map that which picks, under the datapath's
 // lock so that a stop does not close the map meanwhile. found is false if
 // the map has no such key.
-func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (found bool, err error) {
+func (r mapsReader) lookup(which func(writtenMaps) mapwrite.Map, key, value any) (found bool, err error) {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
-	var m kernelMap
+	var m mapwrite.Map
 	switch {
 	case r.d.fakeMaps != nil:
 		m = which(*r.d.fakeMaps)
@@ -56,7 +57,7 @@ func (r mapsReader) lookup(which func(writtenMaps) kernelMap, key, value any) (f
 func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, error) {
 	k := bpfmaps.NewIPCacheKey(netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
 	var v bpfmaps.IPCacheValue
-	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.ipcache }, &k, &v)
+	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.ipcache }, &k, &v)
 	if err != nil {
 		return 0, false, fmt.Errorf("look up %s in the ipcache map: %w", addr, err)
 	}
@@ -70,7 +71,7 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, erro
 func (r mapsReader) LookupPolicy(key policy.Key) (policy.Key, policy.Verdict, bool, error) {
 	k := bpfmaps.NewPolicyKey(key)
 	var v bpfmaps.PolicyValue
-	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.policy }, &k, &v)
+	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.policy }, &k, &v)
 	if err == nil && found {
 		var matched policy.Key
 		matched, found, err = r.longestMatch(key)
@@ -89,7 +90,7 @@ func (r mapsReader) LookupPolicy(key policy.Key) (policy.Key, policy.Verdict, bo
 func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool, err error) {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
-	var m kernelMap
+	var m mapwrite.Map
 	switch {
 	case r.d.fakeMaps != nil:
 		m = r.d.fakeMaps.policy
@@ -116,7 +117,7 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
 	k := uint32(dir)
 	var v bpfmaps.EnforcementValue
-	found, err := r.lookup(func(m writtenMaps) kernelMap { return m.enforcement }, &k, &v)
+	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.enforcement }, &k, &v)
 	if err != nil {
 		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}

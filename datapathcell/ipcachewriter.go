@@ -20,11 +20,12 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
 // ipcacheWriter writes the `ipcache` table into the ipcache map through
-// mapOps, as statedb's reconciler would, but keeps the reconciliation state
+// mapwrite.Ops, as statedb's reconciler would, but keeps the reconciliation state
 // itself instead of writing a status into every row: the revision up to
 // which every change was attempted, and the keys whose write failed. The
 // status write-back of statedb's reconciler is a copy-on-write insert of
@@ -40,7 +41,7 @@ import (
 type ipcacheWriter struct {
 	db       *statedb.DB
 	table    statedb.RWTable[*ipcachecell.Entry]
-	ops      *mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]
+	ops      *mapwrite.Ops[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]
 	metrics  reconciler.Metrics
 	moduleID cell.FullModuleID
 	log      *slog.Logger
@@ -106,7 +107,7 @@ var _ reconciler.Reconciler[*ipcachecell.Entry] = (*ipcacheWriter)(nil)
 const maxDrained = 1024
 
 func newIPCacheWriter(p reconciler.Params, table statedb.RWTable[*ipcachecell.Entry],
-	ops *mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]) *ipcacheWriter {
+	ops *mapwrite.Ops[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]) *ipcacheWriter {
 	metrics := p.DefaultMetrics
 	if metrics == nil {
 		metrics = reconciler.NewUnpublishedExpVarMetrics()
@@ -282,7 +283,7 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 		// A newer change of a failed key supersedes the failure.
 		failing := false
 		if len(w.failing) > 0 {
-			if f, ok := w.failing[w.ops.key(change.Object)]; ok {
+			if f, ok := w.failing[w.ops.Key(change.Object)]; ok {
 				w.clearFailure(f)
 				failing = true
 			}
@@ -294,7 +295,7 @@ func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter
 		case change.Deleted:
 			deletes = append(deletes, entry)
 		case since != 0 && !failing && w.wroteRevision(since, rev):
-			w.ops.stats.Unchanged.Add(1)
+			w.ops.Stats.Unchanged.Add(1)
 		default:
 			updates = append(updates, entry)
 		}
@@ -411,7 +412,7 @@ func (w *ipcacheWriter) retry(ctx context.Context, txn statedb.ReadTxn, limit in
 // object, from minBackoff up to maxBackoff. The round's retry arms the
 // timer once for all (a full map fails thousands of keys at a time).
 func (w *ipcacheWriter) fail(obj *ipcachecell.Entry, rev statedb.Revision, deleted bool, err error) {
-	k := w.ops.key(obj)
+	k := w.ops.Key(obj)
 	f, ok := w.failing[k]
 	if ok && f.rev != rev {
 		w.clearFailure(f)

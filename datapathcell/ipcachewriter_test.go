@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 
 	"context"
@@ -30,7 +31,7 @@ import (
 // failingMap is a fake ipcache map whose writes of chosen keys fail, and
 // which counts the keys written.
 type failingMap struct {
-	kernelMap
+	mapwrite.Map
 	mu     sync.Mutex
 	fail   map[bpfmaps.IPCacheKey]error
 	failed map[bpfmaps.IPCacheKey]int
@@ -77,7 +78,7 @@ func (m *failingMap) Put(key, value any) error {
 	m.mu.Lock()
 	m.writes++
 	m.mu.Unlock()
-	return m.kernelMap.Put(key, value)
+	return m.Map.Put(key, value)
 }
 
 func (m *failingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
@@ -91,7 +92,7 @@ func (m *failingMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int
 	m.mu.Lock()
 	m.writes += len(ks)
 	m.mu.Unlock()
-	return m.kernelMap.BatchUpdate(keys, values, opts)
+	return m.Map.BatchUpdate(keys, values, opts)
 }
 
 // writerFixture runs an ipcache writer over a fake map and an `ipcache`
@@ -102,7 +103,7 @@ type writerFixture struct {
 	table  statedb.RWTable[*ipcachecell.Entry]
 	m      *failingMap
 	maps   *recordingMaps
-	stats  *mapStats
+	stats  *mapwrite.Stats
 	writer *ipcacheWriter
 	health *cell.SimpleHealth
 	// initialized marks the table initialized.
@@ -111,7 +112,7 @@ type writerFixture struct {
 
 // newWriterFixture starts a writer over a map that holds pinned at start.
 func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixture {
-	f := &writerFixture{t: t, db: statedb.New(), maps: newRecordingMaps(t, 0), stats: &mapStats{}}
+	f := &writerFixture{t: t, db: statedb.New(), maps: newRecordingMaps(t, 0), stats: &mapwrite.Stats{}}
 	table, err := ipcachecell.NewEntriesTable(f.db)
 	require.NoError(t, err)
 	f.table = table
@@ -120,7 +121,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 	f.initialized = table.RegisterInitializer(txn, "test")
 	txn.Commit()
 
-	f.m = &failingMap{kernelMap: f.maps.maps().ipcache, fail: map[bpfmaps.IPCacheKey]error{}, failed: map[bpfmaps.IPCacheKey]int{}}
+	f.m = &failingMap{Map: f.maps.maps().ipcache, fail: map[bpfmaps.IPCacheKey]error{}, failed: map[bpfmaps.IPCacheKey]int{}}
 	snapshot := bpfmaps.IPCacheSnapshot{Unreadable: map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}}
 	for p, id := range pinned {
 		k, v := bpfmaps.NewIPCacheKey(p), bpfmaps.NewIPCacheValue(identity.Number(id))
@@ -128,14 +129,16 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 		snapshot.Entries = append(snapshot.Entries, bpfmaps.IPCacheEntry{Prefix: p, Identity: identity.Number(id)})
 	}
 	slices.SortFunc(snapshot.Entries, func(a, b bpfmaps.IPCacheEntry) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
-	ops := &mapOps[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
-		name:       bpfmaps.IPCacheName,
-		target:     func() kernelMap { return f.m },
-		stats:      f.stats,
-		key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
-		value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
-		writeOrder: bpfmaps.IPCacheKey.Compare,
-		readPinned: func() knownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] { return newSnapshotValues(snapshot) },
+	ops := &mapwrite.Ops[*ipcachecell.Entry, bpfmaps.IPCacheKey, bpfmaps.IPCacheValue]{
+		Name:       bpfmaps.IPCacheName,
+		Target:     func() mapwrite.Map { return f.m },
+		Stats:      f.stats,
+		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		Value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
+		WriteOrder: bpfmaps.IPCacheKey.Compare,
+		ReadPinned: func() mapwrite.KnownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
+			return mapwrite.NewSnapshotValues(snapshot)
+		},
 	}
 	f.writer = newIPCacheWriter(reconciler.Params{DB: f.db, Log: hivetest.Logger(t)}, table, ops)
 	var health cell.Health

@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
@@ -118,7 +119,7 @@ func (o *ordering) holdIPCache(v bpfmaps.IPCacheValue) error {
 // ipcacheFailed records that the map keeps its value for k, and which
 // identity that gives k's addresses (a lookup of an LPM trie finds the
 // longest prefix that covers the key: k itself or what it falls back to).
-func (o *ordering) ipcacheFailed(m kernelMap, k bpfmaps.IPCacheKey) {
+func (o *ordering) ipcacheFailed(m mapwrite.Map, k bpfmaps.IPCacheKey) {
 	var v bpfmaps.IPCacheValue
 	id := identity.Number(0)
 	if err := m.Lookup(&k, &v); err == nil {

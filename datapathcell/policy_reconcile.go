@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 
 	"context"
@@ -23,7 +24,7 @@ import (
 // deleted from the map only once nothing the map's users depend on still
 // points at it (see ordering), by the drain job or by a later call.
 type policyOps struct {
-	ops   *mapOps[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]
+	ops   *mapwrite.Ops[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]
 	order *ordering
 	log   *slog.Logger
 
@@ -54,24 +55,24 @@ type drainAfter struct {
 	ipcache, enforcement statedb.Revision
 }
 
-func newPolicyOps(m func() kernelMap, stats *mapStats, order *ordering, log *slog.Logger) *policyOps {
+func newPolicyOps(m func() mapwrite.Map, stats *mapwrite.Stats, order *ordering, log *slog.Logger) *policyOps {
 	p := &policyOps{
 		order:    order,
 		log:      log,
 		draining: map[bpfmaps.PolicyKey]drainAfter{},
 		queued:   make(chan struct{}, 1),
 	}
-	p.ops = &mapOps[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
-		name:   bpfmaps.PolicyName,
-		target: m,
-		stats:  stats,
-		log:    log,
-		key: func(e *policy.Entry) bpfmaps.PolicyKey {
+	p.ops = &mapwrite.Ops[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
+		Name:   bpfmaps.PolicyName,
+		Target: m,
+		Stats:  stats,
+		Log:    log,
+		Key: func(e *policy.Entry) bpfmaps.PolicyKey {
 			return bpfmaps.NewPolicyKey(e.Key)
 		},
-		value:   func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
-		failed:  order.policyFailed,
-		written: order.policyWritten,
+		Value:   func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
+		Failed:  order.policyFailed,
+		Written: order.policyWritten,
 	}
 	return p
 }
@@ -85,12 +86,12 @@ var (
 func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policy.Entry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	key := p.ops.key(e)
+	key := p.ops.Key(e)
 	if err := p.writingLocked(key); err != nil {
 		return err
 	}
 	delete(p.draining, key) // wanted again: the map has it
-	if p.guardedAllowLocked(key, p.ops.value(e)) {
+	if p.guardedAllowLocked(key, p.ops.Value(e)) {
 		// The guard holds deny there; it writes the allow once released.
 		p.denyResult(key, e, nil)
 		return nil
@@ -107,7 +108,7 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 	defer p.mu.Unlock()
 	keys := make([]bpfmaps.PolicyKey, len(batch))
 	for i := range batch {
-		keys[i] = p.ops.key(batch[i].Object)
+		keys[i] = p.ops.Key(batch[i].Object)
 	}
 	if err := p.writingLocked(keys...); err != nil {
 		for i := range batch {
@@ -130,7 +131,7 @@ func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch 
 			if deny != (pass == 0) {
 				continue
 			}
-			if p.guardedAllowLocked(keys[i], p.ops.value(batch[i].Object)) {
+			if p.guardedAllowLocked(keys[i], p.ops.Value(batch[i].Object)) {
 				p.denyResult(keys[i], batch[i].Object, nil)
 				continue
 			}
@@ -184,7 +185,7 @@ func (p *policyOps) readAnyKeysLocked() error {
 		return nil
 	}
 	keys := map[bpfmaps.PolicyKey]struct{}{}
-	err := bpfmaps.ReadEntries(p.ops.target(), func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
+	err := bpfmaps.ReadEntries(p.ops.Target(), func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
 		if id, _, _, _ := k.Fields(); id == 0 {
 			keys[k] = struct{}{}
 		}
@@ -217,7 +218,7 @@ func (p *policyOps) tellLocked() error {
 func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.drainLocked(txn, []bpfmaps.PolicyKey{p.ops.key(e)})
+	p.drainLocked(txn, []bpfmaps.PolicyKey{p.ops.Key(e)})
 	p.reguardLocked(txn)
 	return nil
 }
@@ -228,7 +229,7 @@ func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []
 	defer p.mu.Unlock()
 	keys := make([]bpfmaps.PolicyKey, len(batch))
 	for i := range batch {
-		keys[i] = p.ops.key(batch[i].Object)
+		keys[i] = p.ops.Key(batch[i].Object)
 	}
 	p.drainLocked(txn, keys)
 	p.reguardLocked(txn)
@@ -241,7 +242,7 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 	if err := p.readAnyKeysLocked(); err != nil {
 		return err
 	}
-	stale, err := p.ops.staleKeys(objects)
+	stale, err := p.ops.StaleKeys(objects)
 	if err != nil {
 		return err
 	}
@@ -249,7 +250,7 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 	stale = slices.DeleteFunc(stale, func(k bpfmaps.PolicyKey) bool { return p.guard.guarded[k] == guardShadow })
 	p.drainLocked(txn, stale)
 	p.reguardLocked(txn)
-	p.ops.stats.Prunes.Add(1)
+	p.ops.Stats.Prunes.Add(1)
 	// What the map holds is known now (the first prune may write
 	// nothing): the program may skip identity-0 lookups if it has none.
 	return p.tellLocked()
@@ -304,7 +305,7 @@ func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions 
 	for _, k := range ready {
 		delete(p.draining, k)
 	}
-	if err := p.ops.deleteKeys(ready); err != nil {
+	if err := p.ops.DeleteKeys(ready); err != nil {
 		// The keys have no row: the next prune finds them again.
 		p.log.Error("Cannot delete policy map entries; the next prune retries", "error", err)
 	} else {

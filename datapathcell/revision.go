@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"golang.org/x/sys/unix"
 )
 
@@ -119,26 +120,26 @@ func (r *revisionCounter) Close() error {
 // and enforcement maps get these maps from Datapath.written, so no write
 // path can miss the bump.
 type revisedMap struct {
-	kernelMap
+	mapwrite.Map
 	revision *revisionCounter
 }
 
 func (m revisedMap) Put(key, value any) error {
 	defer m.revision.bump()
-	return m.kernelMap.Put(key, value)
+	return m.Map.Put(key, value)
 }
 
 func (m revisedMap) Delete(key any) error {
 	defer m.revision.bump()
-	return m.kernelMap.Delete(key)
+	return m.Map.Delete(key)
 }
 
 func (m revisedMap) BatchUpdate(keys, values any, opts *ebpf.BatchOptions) (int, error) {
 	defer m.revision.bump()
-	return m.kernelMap.BatchUpdate(keys, values, opts)
+	return m.Map.BatchUpdate(keys, values, opts)
 }
 
 func (m revisedMap) BatchDelete(keys any, opts *ebpf.BatchOptions) (int, error) {
 	defer m.revision.bump()
-	return m.kernelMap.BatchDelete(keys, opts)
+	return m.Map.BatchDelete(keys, opts)
 }

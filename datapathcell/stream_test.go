@@ -11,11 +11,13 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/hivetest"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 )
 
 // unreadableMap is a map whose read fails.
 type unreadableMap struct {
-	kernelMap
+	mapwrite.Map
 	err error
 }
 

@@ -94,6 +94,9 @@ func layers() map[string]place {
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
 
+		// 3: the datapath's map writes (over the maps' ABI).
+		"datapathcell/internal/mapwrite": {3, kindInternal},
+
 		// 3-5: cells, each above the cells whose tables it reads.
 		"identitycell":  {3, kindCell},
 		"ipcachecell":   {4, kindCell},

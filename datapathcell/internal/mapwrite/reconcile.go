@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package mapwrite
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 )
 
-// kernelMap is what the map writers use of a BPF map: an *ebpf.Map, or in
+// Map is what the map writers use of a BPF map: an *ebpf.Map, or in
 // tests a fake that records the order of writes across maps.
-type kernelMap interface {
+type Map interface {
 	Put(key, value any) error
 	Lookup(key, valueOut any) error
 	Delete(key any) error
@@ -31,9 +32,9 @@ type kernelMap interface {
 	MaxEntries() uint32
 }
 
-var _ kernelMap = (*ebpf.Map)(nil)
+var _ Map = (*ebpf.Map)(nil)
 
-// mapOps reconciles a statedb table into a BPF map: each object is one
+// Ops reconciles a statedb table into a BPF map: each object is one
 // key/value. It implements the reconciler's per-object and batch
 // operations; batches fall back to per-key writes when the kernel has no
 // batch operations for the map type.
@@ -53,64 +54,65 @@ var _ kernelMap = (*ebpf.Map)(nil)
 // desired value does.
 //
 // Its methods are called from one goroutine at a time: the reconciler's
-// (and, for the policy map, the drain's under policyOps' lock).
-type mapOps[Obj any, K comparable, V comparable] struct {
-	name   string
-	target func() kernelMap // set once the maps are open (start hook)
-	key    func(Obj) K
-	value  func(Obj) V
+// (and, for the policy map, the drain's under policyOps' lock). The
+// fields are set before the first call and not changed after.
+type Ops[Obj any, K comparable, V comparable] struct {
+	Name   string
+	Target func() Map // set once the maps are open (start hook)
+	Key    func(Obj) K
+	Value  func(Obj) V
 
-	// gate, if set, is called before the map is written: it waits until
+	// Gate, if set, is called before the map is written: it waits until
 	// what must be in the other maps first is there (make before break;
-	// see ordering).
-	gate func(ctx context.Context, txn statedb.ReadTxn) error
-	// hold, if set, says why a value must not be written yet; the key
+	// see the datapath's ordering).
+	Gate func(ctx context.Context, txn statedb.ReadTxn) error
+	// Hold, if set, says why a value must not be written yet; the key
 	// keeps what the map has.
-	hold func(V) error
-	// fallbacks, if set, yields the keys that take k's lookups once k is
+	Hold func(V) error
+	// Fallbacks, if set, yields the keys that take k's lookups once k is
 	// deleted (for an LPM trie: the longest prefix strictly containing
 	// k's, and the prefixes inside k's), the value each must have, and
 	// whether the map may not have it yet. Those are written before k
 	// goes; k stays while one of their values is held.
-	fallbacks func(txn statedb.ReadTxn, k K, yield func(fk K, fv V, pending bool))
-	// failed and written, if set, are told of each key whose write failed
+	Fallbacks func(txn statedb.ReadTxn, k K, yield func(fk K, fv V, pending bool))
+	// Failed and Written, if set, are told of each key whose write failed
 	// (or was held) and of each key written or deleted.
-	failed, written func(K)
+	Failed, Written func(K)
 
-	// writeOrder, if set, is the order in which a batch's keys are
+	// WriteOrder, if set, is the order in which a batch's keys are
 	// written: the LPM trie inserts keys in address order several times
 	// faster than in random order.
-	writeOrder func(a, b K) int
+	WriteOrder func(a, b K) int
 
 	// noBatch is set once the kernel said the map has no batch operations.
 	noBatch bool
 
-	// readPinned, if set, returns what the map holds before the first
+	// ReadPinned, if set, returns what the map holds before the first
 	// write, known without reading it (the ipcache map's snapshot, taken
 	// at start); otherwise skipUnchanged reads the map.
-	readPinned func() knownValues[K, V]
+	ReadPinned func() KnownValues[K, V]
 	// pinned is what the map held before the first write, with the values
 	// written since to those keys, until the first prune; nil until read,
 	// and after. The map holds no other key than these and those of
 	// objects written (or deleted) by this reconciler.
-	pinned knownValues[K, V]
+	pinned KnownValues[K, V]
 	// pruned is set by the first prune: pinned is no longer kept.
 	pruned bool
 
-	// log, if set, says once when the map becomes full (the first key
+	// Log, if set, says once when the map becomes full (the first key
 	// that does not fit) and once when it has room again (every such key
 	// written or gone): a full map retries thousands of keys, and a line
 	// per retry would drown the log while saying nothing new.
-	log *slog.Logger
+	Log *slog.Logger
 	// noRoom are the keys whose last write failed for lack of room and
-	// that were not written or deleted since; stats.NoRoom counts them.
+	// that were not written or deleted since; Stats.NoRoom counts them.
 	noRoom map[K]struct{}
 
-	stats *mapStats
+	Stats *Stats
 }
 
-// mapStats counts a reconciler's writes to its map.
-type mapStats struct {
+// Stats counts a reconciler's writes to its map.
+type Stats struct {
 	// Written counts keys written (updated or deleted).
 	Written atomic.Uint64
 	// Unchanged counts writes skipped because the map already held the
@@ -128,16 +130,16 @@ type mapStats struct {
 // skipUnchanged drops from batch the objects whose value the map already
 // holds, and records the others' values as written (they are about to be).
 // It does nothing after the first prune.
-func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
+func (o *Ops[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	if o.pruned {
 		return keys, values
 	}
-	if o.pinned == nil && o.readPinned != nil {
-		o.pinned = o.readPinned()
+	if o.pinned == nil && o.ReadPinned != nil {
+		o.pinned = o.ReadPinned()
 	}
 	if o.pinned == nil {
 		read := mapValues[K, V]{}
-		if err := bpfmaps.ReadEntries(o.target(), func(k K, v V) { read[k] = v }); err != nil {
+		if err := bpfmaps.ReadEntries(o.Target(), func(k K, v V) { read[k] = v }); err != nil {
 			read = mapValues[K, V]{} // unknown: write everything
 		}
 		o.pinned = read
@@ -146,7 +148,7 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 	for i := range keys {
 		old, known := o.pinned.get(keys[i])
 		if known && old == values[i] {
-			o.stats.Unchanged.Add(1)
+			o.Stats.Unchanged.Add(1)
 			continue
 		}
 		// Recorded before the write: should the write fail, the entry is
@@ -163,28 +165,28 @@ func (o *mapOps[Obj, K, V]) skipUnchanged(keys []K, values []V) ([]K, []V) {
 
 // failedWrite forgets what skipUnchanged recorded for a key whose write
 // failed: the map's value for it is unknown.
-func (o *mapOps[Obj, K, V]) failedWrite(k K) {
+func (o *Ops[Obj, K, V]) failedWrite(k K) {
 	if o.pinned != nil {
 		o.pinned.forget(k)
 	}
-	if o.failed != nil {
-		o.failed(k)
+	if o.Failed != nil {
+		o.Failed(k)
 	}
 }
 
 // wrote counts a key written.
-func (o *mapOps[Obj, K, V]) wrote(k K) {
-	o.stats.Written.Add(1)
-	if o.stats.NoRoom.Load() != 0 {
+func (o *Ops[Obj, K, V]) wrote(k K) {
+	o.Stats.Written.Add(1)
+	if o.Stats.NoRoom.Load() != 0 {
 		o.roomFor(k)
 	}
-	if o.written != nil {
-		o.written(k)
+	if o.Written != nil {
+		o.Written(k)
 	}
 }
 
 // noRoomFor records that k did not fit, and logs the map becoming full.
-func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
+func (o *Ops[Obj, K, V]) noRoomFor(k K, err error) {
 	if o.noRoom == nil {
 		o.noRoom = map[K]struct{}{}
 	}
@@ -192,49 +194,57 @@ func (o *mapOps[Obj, K, V]) noRoomFor(k K, err error) {
 		return
 	}
 	o.noRoom[k] = struct{}{}
-	if o.stats.NoRoom.Add(1) == 1 && o.log != nil {
-		o.log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (%s says which)", o.name, o.whichFailed()),
-			"map", o.name, "max-entries", o.target().MaxEntries(), "flag", "--"+o.name+"-map-max-entries", "error", err)
+	if o.Stats.NoRoom.Add(1) == 1 && o.Log != nil {
+		o.Log.Warn(fmt.Sprintf("The %s map is full: the entries that do not fit are not written, and retried (%s says which)", o.Name, o.whichFailed()),
+			"map", o.Name, "max-entries", o.Target().MaxEntries(), "flag", "--"+o.Name+"-map-max-entries", "error", err)
 	}
 }
 
 // whichFailed names the shell command that lists the entries not written
 // and why: the ipcache map's writer keeps the status out of the rows.
-func (o *mapOps[Obj, K, V]) whichFailed() string {
-	if o.name == bpfmaps.IPCacheName {
+func (o *Ops[Obj, K, V]) whichFailed() string {
+	if o.Name == bpfmaps.IPCacheName {
 		return "datapath/ipcache-status"
 	}
-	return "db/show " + o.name
+	return "db/show " + o.Name
 }
 
 // roomFor records that k, if it did not fit before, is written or gone,
 // and logs the map having room again once no key is left out.
-func (o *mapOps[Obj, K, V]) roomFor(k K) {
+func (o *Ops[Obj, K, V]) roomFor(k K) {
 	if _, ok := o.noRoom[k]; !ok {
 		return
 	}
 	delete(o.noRoom, k)
-	if o.stats.NoRoom.Add(-1) == 0 && o.log != nil {
-		o.log.Info(fmt.Sprintf("The %s map has room again: every entry that did not fit is written or no longer wanted", o.name),
-			"map", o.name)
+	if o.Stats.NoRoom.Add(-1) == 0 && o.Log != nil {
+		o.Log.Info(fmt.Sprintf("The %s map has room again: every entry that did not fit is written or no longer wanted", o.Name),
+			"map", o.Name)
 	}
 }
 
 // forget marks keys as deleted (or pruned).
-func (o *mapOps[Obj, K, V]) forget(k K) {
+func (o *Ops[Obj, K, V]) forget(k K) {
 	if o.pinned != nil {
 		o.pinned.forget(k)
 	}
 	o.wrote(k)
 }
 
+// ForgetValue makes k's value unknown to the skip of unchanged writes:
+// something other than Ops wrote k, so its next write must not be skipped.
+func (o *Ops[Obj, K, V]) ForgetValue(k K) {
+	if o.pinned != nil {
+		o.pinned.forget(k)
+	}
+}
+
 // waitGate waits for the gate, if any.
-func (o *mapOps[Obj, K, V]) waitGate(ctx context.Context, txn statedb.ReadTxn) error {
-	if o.gate == nil {
+func (o *Ops[Obj, K, V]) waitGate(ctx context.Context, txn statedb.ReadTxn) error {
+	if o.Gate == nil {
 		return nil
 	}
-	if err := o.gate(ctx, txn); err != nil {
-		return fmt.Errorf("wait for the maps the %s map depends on: %w", o.name, err)
+	if err := o.Gate(ctx, txn); err != nil {
+		return fmt.Errorf("wait for the maps the %s map depends on: %w", o.Name, err)
 	}
 	return nil
 }
@@ -243,8 +253,8 @@ func (o *mapOps[Obj, K, V]) waitGate(ctx context.Context, txn statedb.ReadTxn) e
 // back to once they are gone (see fallbacks), so that a key that goes
 // never leaves its lookups to a fallback not yet written. It returns the
 // keys that must stay, with why: a fallback's value is held.
-func (o *mapOps[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTxn, keys []K) (map[K]error, error) {
-	if err := o.waitGate(ctx, txn); err != nil || o.fallbacks == nil {
+func (o *Ops[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTxn, keys []K) (map[K]error, error) {
+	if err := o.waitGate(ctx, txn); err != nil || o.Fallbacks == nil {
 		return nil, err
 	}
 	var (
@@ -254,7 +264,7 @@ func (o *mapOps[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTx
 		values []V
 	)
 	for _, k := range keys {
-		o.fallbacks(txn, k, func(fk K, fv V, pending bool) {
+		o.Fallbacks(txn, k, func(fk K, fv V, pending bool) {
 			if err := o.held(fv); err != nil {
 				if stay == nil {
 					stay = map[K]error{}
@@ -282,21 +292,21 @@ func (o *mapOps[Obj, K, V]) beforeDelete(ctx context.Context, txn statedb.ReadTx
 }
 
 // held returns why v must not be written yet, or nil.
-func (o *mapOps[Obj, K, V]) held(v V) error {
-	if o.hold == nil {
+func (o *Ops[Obj, K, V]) held(v V) error {
+	if o.Hold == nil {
 		return nil
 	}
-	return o.hold(v)
+	return o.Hold(v)
 }
 
 var (
-	_ reconciler.Operations[any]      = (*mapOps[any, int, int])(nil)
-	_ reconciler.BatchOperations[any] = (*mapOps[any, int, int])(nil)
+	_ reconciler.Operations[any]      = (*Ops[any, int, int])(nil)
+	_ reconciler.BatchOperations[any] = (*Ops[any, int, int])(nil)
 )
 
 // Update implements reconciler.Operations.
-func (o *mapOps[Obj, K, V]) Update(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
-	keys, values := o.skipUnchanged([]K{o.key(obj)}, []V{o.value(obj)})
+func (o *Ops[Obj, K, V]) Update(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+	keys, values := o.skipUnchanged([]K{o.Key(obj)}, []V{o.Value(obj)})
 	if len(keys) == 0 {
 		return nil
 	}
@@ -311,18 +321,18 @@ func (o *mapOps[Obj, K, V]) Update(ctx context.Context, txn statedb.ReadTxn, _ s
 	return o.put(keys[0], values[0])
 }
 
-func (o *mapOps[Obj, K, V]) put(k K, v V) error {
-	if err := o.target().Put(&k, &v); err != nil {
+func (o *Ops[Obj, K, V]) put(k K, v V) error {
+	if err := o.Target().Put(&k, &v); err != nil {
 		o.failedWrite(k)
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.E2BIG) {
 			// What the kernel says of a full map (ENOSPC for an LPM trie,
 			// E2BIG for a hash map) does not say so.
 			err = fmt.Errorf("update %s map: it is full (max entries %d; raise --%s-map-max-entries): %w",
-				o.name, o.target().MaxEntries(), o.name, err)
+				o.Name, o.Target().MaxEntries(), o.Name, err)
 			o.noRoomFor(k, err)
 			return err
 		}
-		return fmt.Errorf("update %s map: %w", o.name, err)
+		return fmt.Errorf("update %s map: %w", o.Name, err)
 	}
 	o.wrote(k)
 	return nil
@@ -330,8 +340,8 @@ func (o *mapOps[Obj, K, V]) put(k K, v V) error {
 
 // Delete implements reconciler.Operations. Deleting a key the map does not
 // have is not an error.
-func (o *mapOps[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
-	k := o.key(obj)
+func (o *Ops[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ statedb.Revision, obj Obj) error {
+	k := o.Key(obj)
 	stay, err := o.beforeDelete(ctx, txn, []K{k})
 	if err != nil {
 		return err
@@ -342,9 +352,9 @@ func (o *mapOps[Obj, K, V]) Delete(ctx context.Context, txn statedb.ReadTxn, _ s
 	return o.deleteKey(k)
 }
 
-func (o *mapOps[Obj, K, V]) deleteKey(k K) error {
-	if err := o.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete from %s map: %w", o.name, err)
+func (o *Ops[Obj, K, V]) deleteKey(k K) error {
+	if err := o.Target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from %s map: %w", o.Name, err)
 	}
 	o.forget(k)
 	return nil
@@ -353,8 +363,8 @@ func (o *mapOps[Obj, K, V]) deleteKey(k K) error {
 // Prune implements reconciler.Operations: it deletes every key of the map
 // that no object has. The reconciler calls it only once the table is
 // initialized, i.e. every producer of desired state has spoken.
-func (o *mapOps[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
-	stale, err := o.staleKeys(objects)
+func (o *Ops[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
+	stale, err := o.StaleKeys(objects)
 	if err != nil {
 		return err
 	}
@@ -366,21 +376,25 @@ func (o *mapOps[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, obje
 		// A stale key that must stay goes at a later prune.
 		stale = slices.DeleteFunc(stale, func(k K) bool { return stay[k] != nil })
 	}
-	if err := o.deleteKeys(stale); err != nil {
-		return fmt.Errorf("prune %d stale keys of %s map: %w", len(stale), o.name, err)
+	if err := o.DeleteKeys(stale); err != nil {
+		return fmt.Errorf("prune %d stale keys of %s map: %w", len(stale), o.Name, err)
 	}
-	o.stats.Prunes.Add(1)
+	o.Stats.Prunes.Add(1)
 	return nil
 }
 
-// staleKeys returns the keys of the map that no object has.
+// StaleKeys returns the keys of the map that no object has, and ends the
+// skip of unchanged writes: it is the first half of Prune, for a caller
+// that deletes the keys itself.
+//
+// Possible errors: the map cannot be read (wrapped).
 //
 // Until the first prune, the map holds pinned's keys and those of the
 // objects this reconciler wrote; a written key whose object went was
 // deleted by Delete. So the first prune finds the stale keys among
 // pinned's, without reading the map again (a read of a large map is
 // time in which the reconciler writes nothing). Later prunes read the map.
-func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) ([]K, error) {
+func (o *Ops[Obj, K, V]) StaleKeys(objects iter.Seq2[Obj, statedb.Revision]) ([]K, error) {
 	pinned := o.pinned
 	o.pruned, o.pinned = true, nil
 	var stale []K
@@ -388,32 +402,34 @@ func (o *mapOps[Obj, K, V]) staleKeys(objects iter.Seq2[Obj, statedb.Revision]) 
 		// pinned is dropped now: what is left of it once the desired
 		// keys are taken out is what no object has.
 		for obj := range objects {
-			pinned.forget(o.key(obj))
+			pinned.forget(o.Key(obj))
 		}
 		return pinned.known(), nil
 	}
 	desired := map[K]struct{}{}
 	for obj := range objects {
-		desired[o.key(obj)] = struct{}{}
+		desired[o.Key(obj)] = struct{}{}
 	}
 	// Collect first: deleting while iterating can make the kernel's
 	// iteration restart or skip keys.
-	err := bpfmaps.ReadEntries(o.target(), func(k K, _ V) {
+	err := bpfmaps.ReadEntries(o.Target(), func(k K, _ V) {
 		if _, ok := desired[k]; !ok {
 			stale = append(stale, k)
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read %s map to prune it: %w", o.name, err)
+		return nil, fmt.Errorf("read %s map to prune it: %w", o.Name, err)
 	}
 	return stale, nil
 }
 
-// deleteKeys deletes keys from the map; keys it does not have are no error.
-func (o *mapOps[Obj, K, V]) deleteKeys(keys []K) error {
+// DeleteKeys deletes keys from the map; keys it does not have are no error.
+//
+// Possible errors: the kernel's, one per key it did not delete (joined).
+func (o *Ops[Obj, K, V]) DeleteKeys(keys []K) error {
 	var errs []error
 	for _, k := range keys {
-		if err := o.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := o.Target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 			continue
 		}
@@ -425,7 +441,7 @@ func (o *mapOps[Obj, K, V]) deleteKeys(keys []K) error {
 // UpdateBatch implements reconciler.BatchOperations. On a partial failure
 // the entries the kernel did not take are retried one by one, so that each
 // object's status says exactly whether it is in the map.
-func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
+func (o *Ops[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
 	if o.noBatch {
 		for i := range batch {
 			batch[i].Result = o.Update(ctx, txn, batch[i].Revision, batch[i].Object)
@@ -435,7 +451,7 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 	keys := make([]K, len(batch))
 	values := make([]V, len(batch))
 	for i := range batch {
-		keys[i], values[i] = o.key(batch[i].Object), o.value(batch[i].Object)
+		keys[i], values[i] = o.Key(batch[i].Object), o.Value(batch[i].Object)
 	}
 	keys, values = o.skipUnchanged(keys, values)
 	if len(keys) == 0 {
@@ -446,7 +462,7 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 	defer func() {
 		if len(failed) > 0 {
 			for i := range batch {
-				batch[i].Result = failed[o.key(batch[i].Object)]
+				batch[i].Result = failed[o.Key(batch[i].Object)]
 			}
 		}
 	}()
@@ -457,10 +473,10 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 		}
 		return
 	}
-	if o.hold != nil {
+	if o.Hold != nil {
 		n := 0
 		for i := range keys {
-			if err := o.hold(values[i]); err != nil {
+			if err := o.Hold(values[i]); err != nil {
 				o.failedWrite(keys[i])
 				failed[keys[i]] = err
 				continue
@@ -470,10 +486,10 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 		}
 		keys, values = keys[:n], values[:n]
 	}
-	if o.writeOrder != nil {
-		sortTogether(keys, values, o.writeOrder)
+	if o.WriteOrder != nil {
+		sortTogether(keys, values, o.WriteOrder)
 	}
-	n, err := o.target().BatchUpdate(keys, values, nil)
+	n, err := o.Target().BatchUpdate(keys, values, nil)
 	for _, k := range keys[:max(n, 0)] {
 		o.wrote(k)
 	}
@@ -493,10 +509,10 @@ func (o *mapOps[Obj, K, V]) UpdateBatch(ctx context.Context, txn statedb.ReadTxn
 }
 
 // DeleteBatch implements reconciler.BatchOperations.
-func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
+func (o *Ops[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj]) {
 	keys := make([]K, len(batch))
 	for i := range batch {
-		keys[i] = o.key(batch[i].Object)
+		keys[i] = o.Key(batch[i].Object)
 	}
 	stay, err := o.beforeDelete(ctx, txn, keys)
 	if err != nil {
@@ -519,7 +535,7 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 	}
 	done := 0
 	if !o.noBatch {
-		n, err := o.target().BatchDelete(keys, nil)
+		n, err := o.Target().BatchDelete(keys, nil)
 		for _, k := range keys[:max(n, 0)] {
 			o.forget(k)
 		}
@@ -534,7 +550,7 @@ func (o *mapOps[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn
 		}
 	}
 	for i := done; i < len(batch); i++ {
-		batch[i].Result = o.deleteKey(o.key(batch[i].Object))
+		batch[i].Result = o.deleteKey(o.Key(batch[i].Object))
 	}
 }
 

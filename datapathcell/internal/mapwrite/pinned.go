@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package mapwrite
 
 import (
 	"maps"
@@ -11,9 +11,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
-// knownValues are the values a map held before its writer's first write,
-// with the values written since to those keys (see mapOps.pinned).
-type knownValues[K comparable, V comparable] interface {
+// KnownValues are the values a map held before its writer's first write,
+// with the values written since to those keys (see Ops).
+type KnownValues[K comparable, V comparable] interface {
 	// get returns the value the map holds for k, if k is known.
 	get(k K) (V, bool)
 	// set records v as k's value if k is known; other keys are not added.
@@ -24,7 +24,7 @@ type knownValues[K comparable, V comparable] interface {
 	known() []K
 }
 
-// mapValues are knownValues read from the map into a Go map.
+// mapValues are KnownValues read from the map into a Go map.
 type mapValues[K comparable, V comparable] map[K]V
 
 func (m mapValues[K, V]) get(k K) (V, bool) {
@@ -42,7 +42,7 @@ func (m mapValues[K, V]) forget(k K) { delete(m, k) }
 
 func (m mapValues[K, V]) known() []K { return slices.Collect(maps.Keys(m)) }
 
-// snapshotValues are the ipcache map's knownValues, kept over the snapshot
+// snapshotValues are the ipcache map's KnownValues, kept over the snapshot
 // the datapath took at start rather than in a map of their own: the
 // snapshot is sorted, the writer writes in the same order, so a lookup is
 // mostly a look at the entry after the last one found, and nothing the
@@ -62,7 +62,10 @@ type snapshotValues struct {
 	next int
 }
 
-func newSnapshotValues(s bpfmaps.IPCacheSnapshot) *snapshotValues {
+// NewSnapshotValues returns the values the ipcache map held at start,
+// kept over s, which is not modified: s is sorted in prefixkey.Compare
+// order, as bpfmaps.ReadIPCacheMap returns it.
+func NewSnapshotValues(s bpfmaps.IPCacheSnapshot) KnownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
 	return &snapshotValues{
 		entries:    s.Entries,
 		gone:       make([]bool, len(s.Entries)),

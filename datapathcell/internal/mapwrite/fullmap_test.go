@@ -1,12 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package datapathcell
+package mapwrite
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"context"
 	"net/netip"
 	"testing"
@@ -16,14 +12,18 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // These extend reconcile_test.go (TestPrivilegedBatchUpdatePartialFailure,
 // TestPrivilegedPerKeyFallback) with what a full map does to a batch whose
 // failure is not at its end, to the policy map, and to the skip of
-// unchanged entries after a restart. testdata/full-*-map.txtar show the
-// same through the whole agent: health, statuses, retries, convergence.
+// unchanged entries after a restart. datapathcell/testdata/full-*-map.txtar
+// show the same through the whole agent: health, statuses, retries,
+// convergence.
 
 // TestPrivilegedFullIPCacheBatchResultPerEntry: in a full LPM trie, a batch
 // whose first entry does not fit still writes the entries after it that
@@ -72,12 +72,12 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
 	type policyEntry struct{ identity, verdict uint32 }
-	ops := &mapOps[*policyEntry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
-		name:   bpfmaps.PolicyName,
-		target: func() kernelMap { return m },
-		key:    func(e *policyEntry) bpfmaps.PolicyKey { return policyMapKey(e.identity, uint8(policy.Egress), 0, 0) },
-		value:  func(e *policyEntry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(e.verdict) },
-		stats:  &mapStats{},
+	ops := &Ops[*policyEntry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
+		Name:   bpfmaps.PolicyName,
+		Target: func() Map { return m },
+		Key:    func(e *policyEntry) bpfmaps.PolicyKey { return egressKey(e.identity) },
+		Value:  func(e *policyEntry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(e.verdict) },
+		Stats:  &Stats{},
 	}
 	entries := []*policyEntry{{16777217, 1}, {16777218, 1}, {16777219, 1}, {16777220, 1}}
 	batch := make([]reconciler.BatchEntry[*policyEntry], len(entries))
@@ -90,11 +90,11 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.ErrorIs(t, batch[2].Result, unix.ENOSPC, "the trie is full")
 	require.ErrorIs(t, batch[3].Result, unix.ENOSPC)
 	require.Contains(t, batch[2].Result.Error(), "policy map")
-	require.Equal(t, uint64(2), ops.stats.Written.Load())
+	require.Equal(t, uint64(2), ops.Stats.Written.Load())
 
 	var v bpfmaps.PolicyValue
 	for _, e := range entries[:2] {
-		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policy.Egress), 0, 0), &v), "kept: %d", e.identity)
+		require.NoError(t, m.Lookup(egressKey(e.identity), &v), "kept: %d", e.identity)
 	}
 
 	del := []reconciler.BatchEntry[*policyEntry]{{Object: entries[0]}, {Object: entries[1]}}
@@ -106,7 +106,7 @@ func TestPrivilegedFullPolicyMapPartialBatch(t *testing.T) {
 	require.NoError(t, retry[0].Result, "room appeared")
 	require.NoError(t, retry[1].Result)
 	for _, e := range entries[2:] {
-		require.NoError(t, m.Lookup(policyMapKey(e.identity, uint8(policy.Egress), 0, 0), &v))
+		require.NoError(t, m.Lookup(egressKey(e.identity), &v))
 	}
 }
 
@@ -128,7 +128,7 @@ func TestPrivilegedFullMapAfterRestartSkipsUnchanged(t *testing.T) {
 	require.NoError(t, batch[0].Result)
 	require.NoError(t, batch[1].Result)
 	require.ErrorIs(t, batch[2].Result, unix.ENOSPC)
-	require.Equal(t, uint64(2), ops.stats.Unchanged.Load(), "what the map holds is not written again")
+	require.Equal(t, uint64(2), ops.Stats.Unchanged.Load(), "what the map holds is not written again")
 	require.Equal(t, map[netip.Prefix]uint32{a.prefix: 100, b.prefix: 200}, dumpTestMap(t, m))
 }
 
@@ -147,4 +147,10 @@ func dumpTestMap(t *testing.T, m *ebpf.Map) map[netip.Prefix]uint32 {
 	}
 	require.NoError(t, iter.Err())
 	return got
+}
+
+// egressKey is the policy map key of a rule that allows egress to ident,
+// any protocol and port.
+func egressKey(ident uint32) bpfmaps.PolicyKey {
+	return bpfmaps.NewPolicyKey(policy.Key{Identity: identity.Number(ident), Direction: policy.Egress})
 }
