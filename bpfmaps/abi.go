@@ -127,7 +127,7 @@ func (k IPCacheKey) Prefix() (netip.Prefix, error) {
 //
 // The errors format the key by value, not as k[:]: a slice of k would
 // move every key decoded to the heap, and the writer decodes one per
-// lookup of what the map held at start (snapshotValues).
+// lookup of what the map held at start (mapwrite.NewSnapshotValues).
 func (k IPCacheKey) decode() (netip.Prefix, error) {
 	bits := int(binary.LittleEndian.Uint32(k[0:4])) - ipcacheKeyStaticPrefixBits
 	if k[4] != 0 || k[5] != 0 || k[6] != 0 {

@@ -441,7 +441,7 @@ func ReadIPCacheMap(m BatchLookuper, log *slog.Logger, publish func([]IPCacheEnt
 	// The kernel's trie holds one entry per prefix; were a masked key
 	// read beside its prefix's own, one entry is kept, as a map of the
 	// entries would: the writer finds an entry by its prefix
-	// (snapshotValues), and restore restores each prefix once.
+	// (mapwrite.NewSnapshotValues), and restore restores each prefix once.
 	snapshot.Entries = slices.CompactFunc(snapshot.Entries, func(a, b IPCacheEntry) bool { return a.Prefix == b.Prefix })
 	return snapshot, nil
 }
