@@ -27,7 +27,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newTracker, Config.datapathConfig, scriptCommands),
+	cell.Provide(newTracker, Config.datapathConfig, scriptCommands, newMetrics),
 	cell.Invoke(registerGC),
 )
 

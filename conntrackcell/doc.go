@@ -17,4 +17,7 @@
 // (bpfmaps.ConntrackMaps). Writes: deletes of expired entries (the
 // conntrack-gc job, whose health is Degraded with ErrMapFull while the
 // conntrack map is full) and of every entry (conntrack/flush).
+// Metrics: ipcache_agent_conntrack_*, contributed to the metrics cell, and
+// the conntrack and ct_opening maps' series of cilium_bpf_map_pressure
+// (metrics.MapPressure) (metrics.go).
 package conntrackcell

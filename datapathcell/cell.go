@@ -34,7 +34,7 @@ var Cell = cell.Module(
 			return jobs.NewGroup(health, job.WithLogger(log))
 		},
 	),
-	cell.Provide(newLifecycleDatapath, pinnedIPCache, scriptCommands, newConntrackMaps, bpfScriptCommands, newProgramEvents, newDatapathMaps,
+	cell.Provide(newLifecycleDatapath, pinnedIPCache, scriptCommands, newConntrackMaps, bpfScriptCommands, newProgramEvents, newDatapathMaps, newMetrics,
 		// The policy cell rejects a file that computes more entries than the
 		// map holds, and bounds its table by it.
 		func(c Config) policy.MapCapacity {

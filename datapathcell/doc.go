@@ -41,4 +41,11 @@
 // writer keeps the status of the `ipcache` entries itself, by revision
 // (Datapath.IPCacheStatus): writing a million entries to the map does not
 // rewrite a million rows.
+// Metrics: ipcache_agent_map_writes_total,
+// ipcache_agent_map_writes_unchanged_total, ipcache_agent_datapath_packets_total,
+// ipcache_agent_events_lost_total, Cilium's cilium_drop_count_total,
+// cilium_drop_bytes_total, cilium_forward_count_total and
+// cilium_forward_bytes_total, contributed to the metrics cell, and the
+// ipcache and policy maps' series of cilium_bpf_map_pressure
+// (metrics.MapPressure) (metrics.go).
 package datapathcell

@@ -6,6 +6,11 @@
 // group holds ([Collectors]) and serves it. A cell thus describes its own
 // state next to it, and the metrics cell knows no other cell.
 //
-// Owns: the names of the value group and the prefixes of the agent's
+// One metric has series from more than one cell: cilium_bpf_map_pressure,
+// one series per BPF map. A cell contributes its maps' fill as
+// [MapPressure] (a second value group), and the metrics cell's one
+// collector of that metric reads them.
+//
+// Owns: the names of the value groups and the prefixes of the agent's
 // metric names. Reads and writes: nothing.
 package metrics

@@ -34,3 +34,26 @@ func TestCollectorsGroup(t *testing.T) {
 	require.NoError(t, h.Populate(hivetest.Logger(t)))
 	require.ElementsMatch(t, []prometheus.Collector{a, b, c}, got)
 }
+
+// TestMapPressureGroup: the map pressure sources the cells contribute, as
+// many as they return, are what Collectors holds.
+func TestMapPressureGroup(t *testing.T) {
+	fill := func() (float64, bool) { return 0.5, true }
+	var got []string
+	h := hive.New(
+		cell.Module("one", "One map", cell.Provide(func() metrics.Out {
+			return metrics.Out{MapPressure: []metrics.MapPressure{{Map: "a", Fill: fill}}}
+		})),
+		cell.Module("two", "Two maps", cell.Provide(func() metrics.Out {
+			return metrics.Out{MapPressure: []metrics.MapPressure{{Map: "b", Fill: fill}, {Map: "c", Fill: fill}}}
+		})),
+		cell.Module("none", "No map", cell.Provide(func() metrics.Out { return metrics.Out{} })),
+		cell.Invoke(func(cs metrics.Collectors) {
+			for _, m := range cs.MapPressure {
+				got = append(got, m.Map)
+			}
+		}),
+	)
+	require.NoError(t, h.Populate(hivetest.Logger(t)))
+	require.ElementsMatch(t, []string{"a", "b", "c"}, got)
+}

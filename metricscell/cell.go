@@ -27,9 +27,6 @@ var Cell = cell.Module(
 	cell.Invoke(Config.Validate),
 	cell.ProvidePrivate(newRegistry),
 	cell.Provide(newRegisteredReconcilerMetrics, newConfiguredServer),
-	// The datapath's collectors, until the datapath's cells contribute
-	// them (datapath.go).
-	cell.Provide(newDatapathMetrics),
 	cell.Invoke(registerCollectors),
 	// The server is registered even when nobody asks for it; it listens
 	// only if --prometheus-serve-addr is set.
@@ -88,10 +85,12 @@ func newRegisteredReconcilerMetrics(registry *prometheus.Registry) (reconciler.M
 }
 
 // registerCollectors registers the collectors the cells contributed
-// (metrics.Out), each of which reads its cell's state at scrape time.
+// (metrics.Out), each of which reads its cell's state at scrape time, and
+// the collector of the maps' pressure, if a cell contributed a map.
 //
 // Possible errors: a collector that the registry refuses (a metric
-// described twice, or inconsistently).
+// described twice, or inconsistently); a map pressure without a name or a
+// Fill, or contributed twice.
 func registerCollectors(registry *prometheus.Registry, contributed metrics.Collectors) error {
 	for _, c := range contributed.Collectors {
 		if c == nil {
@@ -100,6 +99,16 @@ func registerCollectors(registry *prometheus.Registry, contributed metrics.Colle
 		if err := registry.Register(c); err != nil {
 			return fmt.Errorf("register metrics collector: %w", err)
 		}
+	}
+	if len(contributed.MapPressure) == 0 {
+		return nil
+	}
+	pressure, err := newMapPressureCollector(contributed.MapPressure)
+	if err != nil {
+		return err
+	}
+	if err := registry.Register(pressure); err != nil {
+		return fmt.Errorf("register map pressure collector: %w", err)
 	}
 	return nil
 }

@@ -10,9 +10,10 @@
 // It registers the collectors the cells contribute (package metrics, a
 // hive value group) and knows no other cell: each cell's collectors sit
 // beside it and read its state at scrape time, never in the background, so
-// a hive without (say) the restore still serves the rest. The datapath's
-// collectors are still here (datapath.go), until the datapath's cells
-// contribute them.
+// a hive without (say) the restore still serves the rest. It owns the one
+// collector of cilium_bpf_map_pressure, whose series come from several
+// cells (the maps' metrics.MapPressure, a second value group): a registry
+// takes one collector per metric (pressure.go).
 // Writes: nothing but HTTP responses.
 //
 // [reconciler.Metrics]: https://pkg.go.dev/github.com/cilium/statedb/reconciler#Metrics
