@@ -3,9 +3,6 @@
 package conntrackcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"slices"
 	"strings"
@@ -15,7 +12,9 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 func scriptCommands(t *Tracker) hive.ScriptCmdsOut {

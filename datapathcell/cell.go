@@ -3,10 +3,6 @@
 package datapathcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"fmt"
 	"log/slog"
 	"time"
@@ -18,7 +14,10 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // Cell provides the [Datapath]: the pinned BPF maps, the reconcilers that

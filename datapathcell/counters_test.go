@@ -3,15 +3,14 @@
 package datapathcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // The program counts bytes (skb->len) with packets, and each drop under its

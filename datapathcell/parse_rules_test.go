@@ -3,9 +3,6 @@
 package datapathcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"errors"
 	"fmt"
 	"net/netip"
@@ -16,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // One test per parsing rule of enforce.c's header comment ("What is

@@ -3,10 +3,6 @@
 package datapathcell
 
 import (
-	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
-	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
-	"github.com/ipcache-agent/ipcache-agent/policy"
-
 	"context"
 	"fmt"
 	"iter"
@@ -17,6 +13,10 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // policyOps writes the `policy` table into the policy map. Updates go at

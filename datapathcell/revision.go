@@ -9,9 +9,10 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
-	"golang.org/x/sys/unix"
 )
 
 // revision (array of one u64, BPF_F_MMAPABLE, pinned) counts the writes
