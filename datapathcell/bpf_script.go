@@ -182,11 +182,11 @@ func differError(mapName string, n int) error {
 type ipcacheRowJSON struct {
 	Difference string `json:"difference,omitempty"`
 	Prefix     string `json:"prefix"`
-	Identity   uint32 `json:"identity"`
+	Identity   identity.Number `json:"identity"`
 	// Source is the desired entry's; "" when the table has no entry for
 	// the prefix (the map does not hold sources).
 	Source          string  `json:"source"`
-	DesiredIdentity *uint32 `json:"desiredIdentity,omitempty"`
+	DesiredIdentity *identity.Number `json:"desiredIdentity,omitempty"`
 }
 
 func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcachecell.Entry]) script.Cmd {
@@ -236,7 +236,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 			var readErr error
 			if !o.diff {
 				readErr = bpfmaps.ReadEntries(m, func(k bpfmaps.IPCacheKey, v bpfmaps.IPCacheValue) {
-					row := ipcacheRowJSON{Prefix: prefixOf(k), Identity: uint32(v.Identity())}
+					row := ipcacheRowJSON{Prefix: prefixOf(k), Identity: v.Identity()}
 					if e, found := desired(k); found {
 						row.Source = e.Source.String()
 					}
@@ -259,9 +259,9 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 						}
 					},
 					func(kind string, k bpfmaps.IPCacheKey, inMap, want bpfmaps.IPCacheValue) {
-						row := ipcacheRowJSON{Difference: kind, Prefix: prefixOf(k), Identity: uint32(inMap.Identity())}
+						row := ipcacheRowJSON{Difference: kind, Prefix: prefixOf(k), Identity: inMap.Identity()}
 						if kind != diffExtra {
-							id := uint32(want.Identity())
+							id := want.Identity()
 							row.DesiredIdentity = &id
 						}
 						if e, found := desired(k); found {
@@ -295,7 +295,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 // last portWildcardBits bits are any (16: every port of the protocol).
 type policyRowJSON struct {
 	Difference       string `json:"difference,omitempty"`
-	Identity         uint32 `json:"identity"`
+	Identity         identity.Number `json:"identity"`
 	Direction        string `json:"direction"`
 	Protocol         string `json:"protocol"`
 	Port             uint16 `json:"port"`
@@ -308,7 +308,7 @@ type policyRowJSON struct {
 // stored, with the wildcard bits its prefix length gives.
 func policyRow(k bpfmaps.PolicyKey) policyRowJSON {
 	id, dir, proto, port := k.Fields()
-	row := policyRowJSON{Identity: uint32(id), Direction: policy.Direction(dir).String(),
+	row := policyRowJSON{Identity: id, Direction: policy.Direction(dir).String(),
 		Protocol: policy.Protocol(proto).String(), Port: port}
 	if key, err := k.Key(); err == nil {
 		row.PortWildcardBits = key.PortWildcardBits
@@ -430,14 +430,14 @@ func dash(s string) string {
 	return s
 }
 
-func deref(p *uint32) uint32 {
+func deref(p *identity.Number) identity.Number {
 	if p == nil {
 		return 0
 	}
 	return *p
 }
 
-func optional(id uint32, present bool) string {
+func optional(id identity.Number, present bool) string {
 	if !present {
 		return "-"
 	}
