@@ -180,12 +180,12 @@ func differError(mapName string, n int) error {
 // --diff a difference (identity is the map's, desiredIdentity the table's;
 // 0 where there is none).
 type ipcacheRowJSON struct {
-	Difference string `json:"difference,omitempty"`
-	Prefix     string `json:"prefix"`
+	Difference string          `json:"difference,omitempty"`
+	Prefix     string          `json:"prefix"`
 	Identity   identity.Number `json:"identity"`
 	// Source is the desired entry's; "" when the table has no entry for
 	// the prefix (the map does not hold sources).
-	Source          string  `json:"source"`
+	Source          string           `json:"source"`
 	DesiredIdentity *identity.Number `json:"desiredIdentity,omitempty"`
 }
 
@@ -294,14 +294,14 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 // "" where there is none). port and portWildcardBits are the key's: its
 // last portWildcardBits bits are any (16: every port of the protocol).
 type policyRowJSON struct {
-	Difference       string `json:"difference,omitempty"`
+	Difference       string          `json:"difference,omitempty"`
 	Identity         identity.Number `json:"identity"`
-	Direction        string `json:"direction"`
-	Protocol         string `json:"protocol"`
-	Port             uint16 `json:"port"`
-	PortWildcardBits uint8  `json:"portWildcardBits,omitempty"`
-	Verdict          string `json:"verdict"`
-	DesiredVerdict   string `json:"desiredVerdict,omitempty"`
+	Direction        string          `json:"direction"`
+	Protocol         string          `json:"protocol"`
+	Port             uint16          `json:"port"`
+	PortWildcardBits uint8           `json:"portWildcardBits,omitempty"`
+	Verdict          string          `json:"verdict"`
+	DesiredVerdict   string          `json:"desiredVerdict,omitempty"`
 }
 
 // policyRow is the row of key k. A key that is not canonical is shown as
