@@ -59,7 +59,7 @@ func tcpState(flags uint8) string {
 }
 
 func listCommand(t *Tracker) script.Cmd {
-	return script.Command(
+	return scriptcmd.Show(
 		script.CmdUsage{
 			Summary: "List the tracked connections of the enforcement program",
 			Detail: []string{
@@ -68,16 +68,8 @@ func listCommand(t *Tracker) script.Cmd {
 				"opened it, TCP state, whether a reply passed, and time left.",
 				"Expired entries show a negative time left until collected.",
 			},
-			Flags: scriptcmd.OutputFlag,
 		},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) != 0 {
-				return nil, script.ErrUsage
-			}
-			asJSON, err := scriptcmd.JSONOutput(s)
-			if err != nil {
-				return scriptcmd.Result("", err)
-			}
+		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 			entries, now, err := t.List()
 			if err != nil {
 				return scriptcmd.Result("", err)

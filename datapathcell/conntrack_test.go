@@ -116,13 +116,7 @@ func conntrackEntries(t *testing.T, maps enforcerMaps) map[bpfmaps.ConntrackKey]
 func conntrackMapEntries(t *testing.T, m *ebpf.Map) map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue {
 	t.Helper()
 	out := map[bpfmaps.ConntrackKey]bpfmaps.ConntrackValue{}
-	var k bpfmaps.ConntrackKey
-	var v bpfmaps.ConntrackValue
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	require.NoError(t, it.Err())
+	require.NoError(t, bpfmaps.ReadEntries(m, func(k bpfmaps.ConntrackKey, v bpfmaps.ConntrackValue) { out[k] = v }))
 	return out
 }
 

@@ -65,7 +65,7 @@ func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachec
 				}
 				return scriptcmd.Result(ipcacheStatusText(d, db.ReadTxn(), entries), nil)
 			}),
-		"datapath/counters": script.Command(
+		"datapath/counters": scriptcmd.Show(
 			script.CmdUsage{
 				Summary: "Show the enforcement program's allowed and dropped packets and bytes per direction",
 				Detail: []string{
@@ -78,16 +78,8 @@ func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachec
 					"\"allowed_bytes\": n, \"dropped_bytes\": n, \"drops\": {\"no-policy\":",
 					"{\"packets\": n, \"bytes\": n}, ...}}, \"egress\": {...}}.",
 				},
-				Flags: scriptcmd.OutputFlag,
 			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 0 {
-					return nil, script.ErrUsage
-				}
-				asJSON, err := scriptcmd.JSONOutput(s)
-				if err != nil {
-					return scriptcmd.Result("", err)
-				}
+			func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 				c, err := d.Counters()
 				if err != nil {
 					return scriptcmd.Result("", err)

@@ -167,7 +167,7 @@ func (o identityOwners) owners(txn statedb.ReadTxn, ident *identitycell.Identity
 }
 
 func (o identityOwners) listCommand() script.Cmd {
-	return script.Command(
+	return scriptcmd.Show(
 		script.CmdUsage{
 			Summary: "List local identities with their references, prefixes and owning resources",
 			Detail: []string{
@@ -176,16 +176,8 @@ func (o identityOwners) listCommand() script.Cmd {
 				"-o json: an array of objects (identity, labels, references, prefixes",
 				"with their source and owners, owners).",
 			},
-			Flags: scriptcmd.OutputFlag,
 		},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) != 0 {
-				return nil, script.ErrUsage
-			}
-			asJSON, err := scriptcmd.JSONOutput(s)
-			if err != nil {
-				return scriptcmd.Result("", err)
-			}
+		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 			txn := o.db.ReadTxn()
 			if asJSON {
 				rows := []identityJSON{}

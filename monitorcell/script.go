@@ -90,7 +90,7 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				}
 				return nil, p.stream(s, kinds, asJSON)
 			}),
-		"datapath/events-lost": script.Command(
+		"datapath/events-lost": scriptcmd.Show(
 			script.CmdUsage{
 				Summary: "Show the monitor events the program could not write since it was loaded",
 				Detail: []string{
@@ -99,16 +99,8 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 					"while a monitor client is connected.",
 					"-o json: {\"rateLimit\": n, \"ringFull\": n}.",
 				},
-				Flags: scriptcmd.OutputFlag,
 			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 0 {
-					return nil, script.ErrUsage
-				}
-				asJSON, err := scriptcmd.JSONOutput(s)
-				if err != nil {
-					return scriptcmd.Result("", err)
-				}
+			func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 				rateLimited, ringFull, err := p.Source.Lost()
 				if err != nil {
 					return scriptcmd.Result("", err)

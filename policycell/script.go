@@ -38,7 +38,7 @@ func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*policy
 // their entries the datapath could not write and why, and, if its current
 // content is rejected, why.
 func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry]) script.Cmd {
-	return script.Command(
+	return scriptcmd.Show(
 		script.CmdUsage{
 			Summary: "List the policy files, their policies in force and their errors",
 			Detail: []string{
@@ -58,16 +58,8 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 				"in the policy map, notWrittenErrors, error); empty without a",
 				"policy directory.",
 			},
-			Flags: scriptcmd.OutputFlag,
 		},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) != 0 {
-				return nil, script.ErrUsage
-			}
-			asJSON, err := scriptcmd.JSONOutput(s)
-			if err != nil {
-				return scriptcmd.Result("", err)
-			}
+		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 			if l.dir == "" {
 				if asJSON {
 					return scriptcmd.JSON([]fileJSON{}, nil)

@@ -108,23 +108,15 @@ func registerRestorer(r *Restorer, pinned bpfmaps.PinnedIPCache, lc cell.Lifecyc
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {
-	return hive.NewScriptCmd("restore/status", script.Command(
+	return hive.NewScriptCmd("restore/status", scriptcmd.Show(
 		script.CmdUsage{
 			Summary: "Show the restore: prefixes restored, still held only by restore, time left",
 			Detail: []string{
 				"-o json: one object (restored, heldOnlyByRestore, withheld,",
 				"timeLeftSeconds, releasing, released).",
 			},
-			Flags: scriptcmd.OutputFlag,
 		},
-		func(s *script.State, args ...string) (script.WaitFunc, error) {
-			if len(args) != 0 {
-				return nil, script.ErrUsage
-			}
-			asJSON, err := scriptcmd.JSONOutput(s)
-			if err != nil {
-				return scriptcmd.Result("", err)
-			}
+		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 			st := r.Status()
 			if asJSON {
 				return scriptcmd.JSON(statusJSON{

@@ -65,3 +65,21 @@ func JSON(v any, err error) (script.WaitFunc, error) {
 	}
 	return Result(string(out)+"\n", err)
 }
+
+// Show returns a command that takes no arguments, only -o (added to
+// usage's flags), and runs show with whether -o json was asked for.
+// Usage errors (an argument, an -o that is neither text nor json) are
+// the command's, as [Result] returns them.
+func Show(usage script.CmdUsage, show func(s *script.State, asJSON bool) (script.WaitFunc, error)) script.Cmd {
+	usage.Flags = OutputFlag
+	return script.Command(usage, func(s *script.State, args ...string) (script.WaitFunc, error) {
+		if len(args) != 0 {
+			return nil, script.ErrUsage
+		}
+		asJSON, err := JSONOutput(s)
+		if err != nil {
+			return Result("", err)
+		}
+		return show(s, asJSON)
+	})
+}

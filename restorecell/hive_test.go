@@ -76,3 +76,77 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after, "same number")
 }
+
+// The grace period ends before an owner has re-asserted its prefixes (its
+// source is read late): nothing is released until it has, so no prefix it
+// still wants leaves the map or changes number; what it no longer wants is
+// released then.
+func TestPrivilegedReleaseWaitsForLateOwners(t *testing.T) {
+	privileged.Test(t)
+	bpfRoot := filepath.Join(t.TempDir(), "bpf")
+	stateDir := t.TempDir()
+	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+	prefixes := []netip.Prefix{
+		netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32"), netip.MustParsePrefix("10.0.0.3/32"),
+	}
+	batch := func(ps []netip.Prefix) []ipcachecell.PrefixUpsert {
+		var out []ipcachecell.PrefixUpsert
+		for _, p := range ps {
+			out = append(out, ipcachecell.PrefixUpsert{Prefix: p})
+		}
+		return out
+	}
+
+	type agent struct {
+		hive      *hive.Hive
+		ipcache   *ipcachecell.IPCache
+		restorer  *restorecell.Restorer
+		ownerDone func()
+	}
+	start := func(grace time.Duration) *agent {
+		a := &agent{}
+		a.hive = cells.NewHive(identitycell.Cell, ipcachecell.Cell, policycell.Cell, datapathcell.Cell, restorecell.Cell,
+			cell.Invoke(func(c *ipcachecell.IPCache, r *restorecell.Restorer) {
+				a.ipcache, a.restorer = c, r
+				a.ownerDone = c.RegisterProducer("late-owner")
+			}))
+		hive.AddConfigOverride(a.hive, func(c *statedir.Config) { c.StateDir = stateDir })
+		hive.AddConfigOverride(a.hive, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
+		hive.AddConfigOverride(a.hive, func(c *restorecell.Config) { c.IdentityRestoreGracePeriod = grace })
+		require.NoError(t, a.hive.Start(hivetest.Logger(t), context.Background()))
+		return a
+	}
+	pinned := func() map[netip.Prefix]identity.Number {
+		m, err := bpfmaps.ReadIPCache(bpfRoot)
+		require.NoError(t, err)
+		return m
+	}
+
+	first := start(time.Hour)
+	owner, err := first.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.UpsertBatch(batch(prefixes)))
+	first.ownerDone()
+	require.Eventually(t, func() bool { return len(pinned()) == 3 }, 10*time.Second, 10*time.Millisecond)
+	before := pinned()
+	require.NoError(t, first.hive.Stop(hivetest.Logger(t), context.Background()))
+
+	second := start(100 * time.Millisecond)
+	defer second.hive.Stop(hivetest.Logger(t), context.Background())
+	// Well past the grace period, the owner has still not spoken.
+	time.Sleep(time.Second)
+	require.False(t, second.restorer.Status().Released, "released before the owner re-asserted")
+	require.Equal(t, before, pinned())
+
+	// The owner comes, wanting two of its three prefixes.
+	owner, err = second.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.UpsertBatch(batch(prefixes[:2])))
+	second.ownerDone()
+	require.Eventually(t, func() bool { return second.restorer.Status().Released }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(pinned()) == 2 }, 10*time.Second, 10*time.Millisecond)
+	after := pinned()
+	for _, p := range prefixes[:2] {
+		require.Equal(t, before[p], after[p], "%s kept its number", p)
+	}
+}
