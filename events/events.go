@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -29,8 +30,8 @@ const (
 	Verdicts Kinds = 1 << 1
 )
 
-// Size is the size of struct event in bpf/enforce.c: one ring-buffer
-// record.
+// Size is the size of struct event in bpf/enforce.c (bpf.EnforceEvent,
+// generated from it): one ring-buffer record.
 const Size = 64
 
 // Event is one decoded event of the program.
@@ -64,30 +65,31 @@ func Decode(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
 	if len(b) < Size {
 		return Event{}, fmt.Errorf("%w: %d bytes", errShortEvent, len(b))
 	}
-	ne := binary.NativeEndian
-	t := ne.Uint64(b[0:])
-	e := Event{
-		Time:      wallNow.Add(-time.Duration(int64(monoNow - t))),
-		Ifindex:   ne.Uint32(b[8:]),
-		Identity:  identity.Number(ne.Uint32(b[12:])),
-		Direction: policy.Direction(b[16]),
-		Allowed:   b[17] == 1,
-		Reason:    bpfmaps.Reason(b[18]),
-		Protocol:  b[20],
-		ICMPType:  b[21],
+	var r bpf.EnforceEvent
+	if _, err := binary.Decode(b[:Size], binary.NativeEndian, &r); err != nil {
+		return Event{}, fmt.Errorf("%w: %w", errShortEvent, err)
 	}
-	family := b[19]
-	// ports: endpoint_port then remote_port, both big endian.
-	epPort := binary.BigEndian.Uint16(b[24:])
-	remPort := binary.BigEndian.Uint16(b[26:])
+	e := Event{
+		Time:      wallNow.Add(-time.Duration(int64(monoNow - r.TimeNs))),
+		Ifindex:   r.Ifindex,
+		Identity:  identity.Number(r.Identity),
+		Direction: policy.Direction(r.Direction),
+		Allowed:   r.Verdict == 1,
+		Reason:    bpfmaps.Reason(r.Reason),
+		Protocol:  r.Protocol,
+		ICMPType:  r.IcmpType,
+	}
+	// ports holds the endpoint's port then the remote one, each in network
+	// order, as the program stores them.
+	var ports [4]byte
+	binary.NativeEndian.PutUint32(ports[:], r.Ports)
+	epPort, remPort := binary.BigEndian.Uint16(ports[0:]), binary.BigEndian.Uint16(ports[2:])
 	var ep, rem netip.Addr
-	switch family {
+	switch r.Family {
 	case 1:
-		ep = netip.AddrFrom4([4]byte(b[32:36]))
-		rem = netip.AddrFrom4([4]byte(b[48:52]))
+		ep, rem = netip.AddrFrom4([4]byte(r.EndpointAddr[:4])), netip.AddrFrom4([4]byte(r.RemoteAddr[:4]))
 	case 2:
-		ep = netip.AddrFrom16([16]byte(b[32:48]))
-		rem = netip.AddrFrom16([16]byte(b[48:64]))
+		ep, rem = netip.AddrFrom16(r.EndpointAddr), netip.AddrFrom16(r.RemoteAddr)
 	}
 	if e.Direction == policy.Egress {
 		e.Src, e.Dst, e.SrcPort, e.DstPort = ep, rem, epPort, remPort

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -72,4 +73,11 @@ func TestDecodeEvent(t *testing.T) {
 
 	require.Equal(t, uint64(3_000), Timestamp(rawEvent(3_000, policy.Ingress, true, bpfmaps.ReasonReply, 2, 6, ep6, rem6, 443, 50000)))
 	require.Zero(t, Timestamp(make([]byte, Size-1)))
+}
+
+// TestEventSize: the generated type is the program's struct event, one
+// ring-buffer record of Size bytes (a field added to the C struct without
+// regenerating, or Size not updated, fails here).
+func TestEventSize(t *testing.T) {
+	require.Equal(t, Size, binary.Size(bpf.EnforceEvent{}))
 }

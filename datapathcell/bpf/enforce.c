@@ -704,6 +704,10 @@ struct event {
 	__u8 remote_addr[16];
 };
 
+// Puts struct event into the object's BTF, for bpf2go to generate its Go
+// type (EnforceEvent): the agent decodes the ring's records with it.
+const struct event *unused_event __attribute__((unused));
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, EVENTS_RING_BYTES);

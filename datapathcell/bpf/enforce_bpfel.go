@@ -11,9 +11,28 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type EnforceEvent struct {
+	_            structs.HostLayout
+	TimeNs       uint64
+	Ifindex      uint32
+	Identity     uint32
+	Direction    uint8
+	Verdict      uint8
+	Reason       uint8
+	Family       uint8
+	Protocol     uint8
+	IcmpType     uint8
+	Pad          uint16
+	Ports        uint32
+	Pad2         uint32
+	EndpointAddr [16]uint8
+	RemoteAddr   [16]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -40,6 +59,7 @@ const (
 	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
 	EnforceVarEventsMask              = "events_mask"
 	EnforceVarPolicyFlags             = "policy_flags"
+	EnforceVarUnusedEvent             = "unused_event"
 )
 
 // LoadEnforce returns the embedded CollectionSpec for Enforce.
@@ -117,6 +137,7 @@ type EnforceVariableSpecs struct {
 	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
 	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.VariableSpec `ebpf:"policy_flags"`
+	UnusedEvent             *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
 // EnforceObjects contains all objects after they have been loaded into the kernel.
@@ -182,6 +203,7 @@ type EnforceVariables struct {
 	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
 	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.Variable `ebpf:"policy_flags"`
+	UnusedEvent             *ebpf.Variable `ebpf:"unused_event"`
 }
 
 // EnforcePrograms contains all programs after they have been loaded into the kernel.
