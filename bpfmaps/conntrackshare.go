@@ -64,7 +64,8 @@ func DefaultConntrackConfig() ConntrackConfig {
 }
 
 // MonotonicNow is CLOCK_MONOTONIC_COARSE, the program's
-// bpf_ktime_get_coarse_ns: the clock of a conntrack entry's expiry.
+// bpf_ktime_get_coarse_ns: the clock of a conntrack entry's expiry and
+// of an event's time.
 func MonotonicNow() time.Duration {
 	var ts unix.Timespec
 	// CLOCK_MONOTONIC_COARSE cannot fail on Linux.

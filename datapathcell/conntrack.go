@@ -16,10 +16,6 @@ import (
 // (conntrackcell); the datapath opens them, loads the program over them
 // and hands them over as a bpfmaps.ConntrackMaps.
 
-// monotonicNow is CLOCK_MONOTONIC_COARSE, the program's
-// bpf_ktime_get_coarse_ns.
-func monotonicNow() time.Duration { return bpfmaps.MonotonicNow() }
-
 // setConntrackTimeouts writes t into the program's timeout constants; a
 // zero t leaves the declared defaults.
 func setConntrackTimeouts(spec *ebpf.CollectionSpec, t bpfmaps.ConntrackTimeouts) error {

@@ -241,6 +241,12 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			b.Cleanup(func() { beforeCT.Close() })
 			replacements[bpfmaps.ConntrackName] = beforeCT
 		}
+		// An object of the same layout with ct_opening shares it, so that
+		// the entries a SYN creates are where both programs look.
+		if ct := spec.Maps[bpfmaps.ConntrackOpeningName]; ct != nil && ct.KeySize == maps.ConntrackOpening.KeySize() {
+			ct.MaxEntries = maps.ConntrackOpening.MaxEntries()
+			replacements[bpfmaps.ConntrackOpeningName] = maps.ConntrackOpening
+		}
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.
 		if _, ok := spec.Maps[bpfmaps.RevisionName]; ok {
@@ -353,7 +359,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEvents(events.Drops)
 		add("events: untracked reply (dropped), drop events on", enf.toEndpoint, replyACK, tcxDropRet)
 		setEvents(0)
-		ctPut(bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
+		ctPut(bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		setEvents(events.Drops | events.Verdicts)
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
@@ -362,7 +368,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEnforced(b, maps, false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
 		setEnforced(b, maps, true, false)
-		ctPut(bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
+		ctPut(bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
 		rounds = append(rounds, rows)

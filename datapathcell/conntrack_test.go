@@ -172,7 +172,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 		require.True(t, ok, "no entry for the TCP connection in %v", entries)
 		require.Equal(t, uint8(policy.Egress), v.Origin())
 		require.Equal(t, uint8(bpfmaps.ConntrackEstablished|bpfmaps.ConntrackReplySeen), v.Flags())
-		require.Greater(t, v.Expires(), monotonicNow()+5*time.Hour, "established: 6 h")
+		require.Greater(t, v.Expires(), bpfmaps.MonotonicNow()+5*time.Hour, "established: 6 h")
 	})
 
 	t.Run("an ICMP error about a tracked connection passes", func(t *testing.T) {
@@ -272,14 +272,14 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	putEnforced(t, maps, policy.Ingress, true)
 	putAllow(t, maps, testIdentityAllowed, policy.Egress, 0, 0)
 
-	start := monotonicNow()
+	start := bpfmaps.MonotonicNow()
 	require.NoError(t, udpExchange(t, nw.ep, hostPort(ctPeer4, ctUDPPort), "x"))
 	require.True(t, nw.pingOnce(t, ctPeer4))
 	entries := conntrackEntries(t, maps)
 	require.Len(t, entries, 2, "the UDP exchange and the ping")
 	require.Len(t, conntrackMapEntries(t, maps.ConntrackOpening), 2, "neither is established: the origin did not speak after the reply")
 	for _, v := range entries {
-		require.LessOrEqual(t, v.Expires(), monotonicNow()+timeout, "the test timeout applies")
+		require.LessOrEqual(t, v.Expires(), bpfmaps.MonotonicNow()+timeout, "the test timeout applies")
 		// The program's clock may be a tick behind (now_ns in enforce.c);
 		// a tick is at most 10 ms (HZ 100).
 		require.GreaterOrEqual(t, v.Expires(), start+timeout-10*time.Millisecond)
@@ -303,7 +303,7 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 		return maps.Conntrack
 	}
 	key := bpfmaps.NewConntrackKey(progRunIfindex, netip.MustParseAddrPort("10.0.0.1:40000"), netip.MustParseAddrPort("192.0.2.1:443"), testProtoTCP)
-	value := bpfmaps.NewConntrackValue(monotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished)
+	value := bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished)
 
 	first := open(1024)
 	require.NoError(t, first.Put(key, value))
@@ -373,7 +373,7 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 	}
 	opening := uint64(time.Minute) // the TCP opening timeout the program is loaded with
 	for attempt := range 200 {
-		start := monotonicNow()
+		start := bpfmaps.MonotonicNow()
 		// Fill the slot of the CPU this runs on.
 		_, first := syn(20000)
 		runPerPacket(t, enf.fromEndpoint, first, 1, tcxNextRet)
@@ -386,7 +386,7 @@ func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 					continue // an earlier attempt's, on a CPU not used since
 				}
 				require.GreaterOrEqual(t, slots[i].Ns, uint64(start)-uint64(time.Second), "a kept value is the coarse clock")
-				require.LessOrEqual(t, slots[i].Ns, uint64(monotonicNow()))
+				require.LessOrEqual(t, slots[i].Ns, uint64(bpfmaps.MonotonicNow()))
 				slots[i].Ns = planted
 				kept = true
 			}

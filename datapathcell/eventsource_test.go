@@ -66,7 +66,7 @@ func TestPrivilegedProgramWritesEvents(t *testing.T) {
 	r.SetDeadline(time.Now().Add(5 * time.Second))
 	rec, err := r.Read()
 	require.NoError(t, err, "no drop event")
-	e, err := events.Decode(rec.RawSample, uint64(monotonicNow()), time.Now())
+	e, err := events.Decode(rec.RawSample, uint64(bpfmaps.MonotonicNow()), time.Now())
 	require.NoError(t, err)
 	require.False(t, e.Allowed)
 	require.Equal(t, bpfmaps.ReasonNoPolicy, e.Reason)

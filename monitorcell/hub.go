@@ -9,8 +9,8 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/hive/cell"
-	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/events"
 )
 
@@ -135,13 +135,13 @@ func (h *Hub) setMaskLocked() error {
 // before it started (for an earlier subscriber, left in the ring) are
 // skipped; the program's clock may lag by a tick, hence the margin.
 func (h *Hub) read(r *ringbuf.Reader) {
-	start := monotonicNow() - 10*time.Millisecond
+	start := bpfmaps.MonotonicNow() - 10*time.Millisecond
 	var rec ringbuf.Record
 	for {
 		if err := r.ReadInto(&rec); err != nil {
 			return // closed
 		}
-		e, err := events.Decode(rec.RawSample, uint64(monotonicNow()), time.Now())
+		e, err := events.Decode(rec.RawSample, uint64(bpfmaps.MonotonicNow()), time.Now())
 		if err != nil {
 			continue
 		}
@@ -170,13 +170,4 @@ func (h *Hub) dispatch(e events.Event) {
 			s.lost++
 		}
 	}
-}
-
-// monotonicNow is CLOCK_MONOTONIC_COARSE, the clock the program stamps
-// its events with.
-func monotonicNow() time.Duration {
-	var ts unix.Timespec
-	// CLOCK_MONOTONIC_COARSE cannot fail on Linux.
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
-	return time.Duration(ts.Nano())
 }

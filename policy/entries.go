@@ -261,28 +261,21 @@ var KeyIndex = statedb.Index[*Entry, Key]{
 	Unique:     true,
 }
 
-// identityKey is the key prefix of an identity's entries in the `policy`
-// table.
-func identityKey(id identity.Number) index.Key {
-	return index.Uint32(uint32(id))
-}
-
 // IdentityEntries returns the entries of identity id in the `policy`
 // table, in key order.
 func IdentityEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number) iter.Seq[*Entry] {
-	return func(yield func(*Entry) bool) {
-		for e := range entries.Prefix(txn, KeyIndex.QueryFromKey(identityKey(id))) {
-			if !yield(e) {
-				return
-			}
-		}
-	}
+	return prefixEntries(txn, entries, Key{Identity: id}.indexKey()[:4])
 }
 
 // DirectionEntries returns the entries of identity id in direction dir
 // in the `policy` table, in key order.
 func DirectionEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number, dir Direction) iter.Seq[*Entry] {
-	prefix := Key{Identity: id, Direction: dir}.indexKey()[:5]
+	return prefixEntries(txn, entries, Key{Identity: id, Direction: dir}.indexKey()[:5])
+}
+
+// prefixEntries returns the entries whose index key starts with prefix,
+// in key order.
+func prefixEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], prefix index.Key) iter.Seq[*Entry] {
 	return func(yield func(*Entry) bool) {
 		for e := range entries.Prefix(txn, KeyIndex.QueryFromKey(prefix)) {
 			if !yield(e) {
@@ -292,14 +285,14 @@ func DirectionEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id ide
 	}
 }
 
-// newPolicyTable creates and registers the desired `policy` table. Only
+// NewEntryTable creates and registers the desired `policy` table. Only
 // the selector job writes its entries; the datapath reconciler writes
-// their status through [PolicyReconcilerTable].
+// their status through [ReconcilerTable].
 func NewEntryTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 	return statedb.NewTable(db, TableName, KeyIndex)
 }
 
-// PolicyReconcilerTable is the `policy` table for the datapath's
+// ReconcilerTable is the `policy` table for the datapath's
 // reconciler, which writes the reconciliation status of entries through
 // it. Nothing else writes through it: entries are the selector job's.
 type ReconcilerTable struct {
@@ -362,7 +355,7 @@ func (e *Enforcement) SetStatus(status reconciler.Status) *Enforcement {
 	return e
 }
 
-// EnforcementDirectionIndex is the primary index of `policy-enforcement`.
+// EnforcementIndex is the primary index of `policy-enforcement`.
 var EnforcementIndex = statedb.Index[*Enforcement, Direction]{
 	Name: "direction",
 	FromObject: func(e *Enforcement) index.KeySet {
@@ -379,14 +372,14 @@ var EnforcementIndex = statedb.Index[*Enforcement, Direction]{
 	Unique: true,
 }
 
-// newEnforcementTable creates and registers the `policy-enforcement`
+// NewEnforcementTable creates and registers the `policy-enforcement`
 // table.
 func NewEnforcementTable(db *statedb.DB) (statedb.RWTable[*Enforcement], error) {
 	return statedb.NewTable(db, EnforcementTableName, EnforcementIndex)
 }
 
 // EnforcementReconcilerTable is the `policy-enforcement` table for the
-// datapath's reconciler (see [PolicyReconcilerTable]).
+// datapath's reconciler (see [ReconcilerTable]).
 type EnforcementReconcilerTable struct {
 	statedb.RWTable[*Enforcement]
 }

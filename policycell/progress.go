@@ -12,10 +12,8 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
-// SelectorProgress is the [policy.Progress] of the selectors: the
-// datapath waits on it to write an ipcache entry only after the policy
-// entries of its identity (make before break: datapathcell/README.md): the `identities`
-// table changes before the selectors have turned the change into entries.
+// SelectorProgress is the selectors' [policy.Progress]: how far they have
+// turned the `policies` and `identities` tables into the policy tables.
 type SelectorProgress struct {
 	db         *statedb.DB
 	policies   statedb.Table[*policy.Policy]

@@ -31,7 +31,7 @@
 // of that reason (REASON_NO_POLICY .. REASON_SPOOFED_SOURCE) (layout in
 // bpfmaps/counters.go).
 //
-// Connection tracking (docs/CONTRACT.md; map layout in ../conntrack.go):
+// Connection tracking (docs/CONTRACT.md; map layout in bpfmaps/conntrack.go):
 //   - What the endpoint sends that is not a reply or an established
 //     connection's, and so is checked against policy, is first checked
 //     for its source address: when the host routes that address to
@@ -144,7 +144,7 @@
 //     packet is never dropped because a map is full, and an insertion that
 //     fails anyway is ignored (the packet passes, its replies are then
 //     decided by policy). The agent deletes expired entries of both maps
-//     (conntrack.go).
+//     (conntrackcell/gc.go).
 //
 // What is parsed, and what is not (a frame the program cannot classify
 // with certainty is dropped in an enforced direction, with a reason of
