@@ -24,11 +24,22 @@ const (
 	// MinLocal and MaxLocal bound the local scope.
 	MinLocal = LocalScope | 1
 	MaxLocal = LocalScope | 0xFFFFFF
+
+	// MinCluster and MaxCluster bound the label identities (of endpoints,
+	// by their labels), Cilium's cluster range; numbers below MinCluster
+	// are reserved.
+	MinCluster Number = 256
+	MaxCluster Number = 65535
 )
 
 // IsLocal reports whether the number is in the local scope.
 func (id Number) IsLocal() bool {
 	return id >= MinLocal && id <= MaxLocal
+}
+
+// IsCluster reports whether id is in the label identities' range.
+func (id Number) IsCluster() bool {
+	return id >= MinCluster && id <= MaxCluster
 }
 
 // String returns the number in decimal.

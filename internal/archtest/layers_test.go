@@ -85,7 +85,8 @@ func layers() map[string]place {
 		"policyfile/internal/yamlread": {0, kindInternal},
 
 		// 1: the policy vocabulary.
-		"policy": {1, kindLeaf},
+		"policy":   {1, kindLeaf},
+		"endpoint": {1, kindLeaf},
 
 		// 2: the policy file formats and the pinned maps' ABI.
 		"policyfile": {2, kindLeaf},
