@@ -55,7 +55,11 @@ func (v Verdict) String() string {
 // leading bits of Port (its last PortWildcardBits bits are any: 0 is one
 // port, 16 every port of the protocol). ICMP types are in Port's high
 // byte (PortWildcardBits 8).
+//
+// Subject is the local endpoint identity whose policy the entry is in
+// (its inner map in the datapath); 0 is the host-wide default's.
 type Key struct {
+	Subject   identity.Number `json:"subject,omitempty" yaml:"subject,omitempty"`
 	Identity  identity.Number `json:"identity" yaml:"identity"`
 	Direction Direction       `json:"direction" yaml:"direction"`
 	Protocol  Protocol        `json:"protocol" yaml:"protocol"`
@@ -64,23 +68,31 @@ type Key struct {
 	PortWildcardBits uint8 `json:"portWildcardBits,omitempty" yaml:"portWildcardBits,omitempty"`
 }
 
-// key is the index key: the map key's fields, big-endian, so that keys
-// order by identity first and one identity's entries are one key prefix.
+// key is the index key: the remote identity, the subject, then the map
+// key's other fields, big-endian, so that keys order by identity first
+// and one identity's entries (of every subject) are one key prefix: an
+// identity's change is a change of that prefix.
 func (k Key) indexKey() index.Key {
-	key := make(index.Key, 9)
+	key := make(index.Key, 13)
 	binary.BigEndian.PutUint32(key, uint32(k.Identity))
-	key[4], key[5] = byte(k.Direction), byte(k.Protocol)
-	binary.BigEndian.PutUint16(key[6:], k.Port)
-	key[8] = k.PortWildcardBits
+	binary.BigEndian.PutUint32(key[4:], uint32(k.Subject))
+	key[8], key[9] = byte(k.Direction), byte(k.Protocol)
+	binary.BigEndian.PutUint16(key[10:], k.Port)
+	key[12] = k.PortWildcardBits
 	return key
 }
 
-// String returns "identity/direction/protocol/ports": the form db/get
-// takes for a single port ("16777217/egress/TCP/443"); a block of ports
-// is "first-last", every port of the protocol "any", an ICMP type
-// "type=8", any protocol "any/any".
+// String returns "[subject:]identity/direction/protocol/ports": the form
+// db/get takes for a single port ("16777217/egress/TCP/443", or
+// "300:16777217/egress/TCP/443" in the policy of subject 300); a block
+// of ports is "first-last", every port of the protocol "any", an ICMP
+// type "type=8", any protocol "any/any".
 func (k Key) String() string {
-	return fmt.Sprintf("%d/%s/%s/%s", k.Identity, k.Direction, k.Protocol, k.PortString())
+	var subject string
+	if k.Subject != identity.Unknown {
+		subject = k.Subject.String() + ":"
+	}
+	return fmt.Sprintf("%s%d/%s/%s/%s", subject, k.Identity, k.Direction, k.Protocol, k.PortString())
 }
 
 // PortString returns the key's ports as String does: "443", "8000-8063",
@@ -103,7 +115,7 @@ func (k Key) PortString() string {
 // inside the key's protocol and port block.
 func (k Key) Matches(other Key) bool {
 	switch {
-	case k.Identity != other.Identity || k.Direction != other.Direction:
+	case k.Subject != other.Subject || k.Identity != other.Identity || k.Direction != other.Direction:
 		return false
 	case k.Protocol == ProtocolAny:
 		return true
@@ -117,6 +129,8 @@ func CompareKeys(a, b Key) int {
 	switch {
 	case a.Identity != b.Identity:
 		return cmp.Compare(a.Identity, b.Identity)
+	case a.Subject != b.Subject:
+		return cmp.Compare(a.Subject, b.Subject)
 	case a.Direction != b.Direction:
 		return cmp.Compare(a.Direction, b.Direction)
 	case a.Protocol != b.Protocol:
@@ -127,11 +141,23 @@ func CompareKeys(a, b Key) int {
 	return cmp.Compare(a.PortWildcardBits, b.PortWildcardBits)
 }
 
-// policyKeyFromString parses "identity[/direction[/protocol[/ports]]]",
-// e.g. "16777217/egress/UDP/53", ports as PortString writes them ("443",
+// policyKeyFromString parses
+// "[subject:]identity[/direction[/protocol[/ports]]]", e.g.
+// "16777217/egress/UDP/53", ports as PortString writes them ("443",
 // "8000-8063", "any", "type=8"). Fewer fields give a key prefix, for
-// `db/prefix policy 16777217`.
+// `db/prefix policy 16777217` (the identity's entries of every subject)
+// or `db/prefix policy 300:16777217` (of subject 300 only); with more
+// fields and no subject, the subject is the host-wide default.
 func keyFromString(s string) (index.Key, error) {
+	var k Key
+	subjectText, rest, hasSubject := strings.Cut(s, ":")
+	if hasSubject {
+		subject, err := strconv.ParseUint(subjectText, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("parse policy key %q: subject: %w", s, err)
+		}
+		k.Subject, s = identity.Number(subject), rest
+	}
 	fields := strings.Split(s, "/")
 	if len(fields) > 4 {
 		return nil, fmt.Errorf("parse policy key %q: want identity/direction/protocol/port", s)
@@ -140,7 +166,6 @@ func keyFromString(s string) (index.Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse policy key %q: identity: %w", s, err)
 	}
-	var k Key
 	k.Identity = identity.Number(id)
 	if len(fields) > 1 {
 		if k.Direction, err = ParseDirection(fields[1]); err != nil {
@@ -157,7 +182,10 @@ func keyFromString(s string) (index.Key, error) {
 			return nil, fmt.Errorf("parse policy key %q: %w", s, err)
 		}
 	}
-	return k.indexKey()[:[]int{4, 5, 6, 9}[len(fields)-1]], nil
+	if len(fields) == 1 && !hasSubject {
+		return k.indexKey()[:4], nil
+	}
+	return k.indexKey()[:[]int{8, 9, 10, 13}[len(fields)-1]], nil
 }
 
 // parsePorts parses ports as PortString writes them for protocol.
@@ -210,13 +238,13 @@ type Entry struct {
 
 // TableHeader implements statedb.TableWritable.
 func (*Entry) TableHeader() []string {
-	return []string{"Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Rules", "Status"}
+	return []string{"Subject", "Identity", "Direction", "Protocol", "Port", "Verdict", "Policies", "Rules", "Status"}
 }
 
 // TableRow implements statedb.TableWritable. Port is as
 // [Key.PortString].
 func (e *Entry) TableRow() []string {
-	return []string{e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), e.Key.PortString(),
+	return []string{e.Key.Subject.String(), e.Key.Identity.String(), e.Key.Direction.String(), e.Key.Protocol.String(), e.Key.PortString(),
 		e.Verdict.String(), strings.Join(e.Policies, ","), strings.Join(e.Rules, ","), e.Status.String()}
 }
 
@@ -262,15 +290,15 @@ var KeyIndex = statedb.Index[*Entry, Key]{
 }
 
 // IdentityEntries returns the entries of identity id in the `policy`
-// table, in key order.
+// table, of every subject, in key order.
 func IdentityEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number) iter.Seq[*Entry] {
 	return prefixEntries(txn, entries, Key{Identity: id}.indexKey()[:4])
 }
 
 // DirectionEntries returns the entries of identity id in direction dir
-// in the `policy` table, in key order.
-func DirectionEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id identity.Number, dir Direction) iter.Seq[*Entry] {
-	return prefixEntries(txn, entries, Key{Identity: id, Direction: dir}.indexKey()[:5])
+// of subject's policy in the `policy` table, in key order.
+func DirectionEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], subject, id identity.Number, dir Direction) iter.Seq[*Entry] {
+	return prefixEntries(txn, entries, Key{Subject: subject, Identity: id, Direction: dir}.indexKey()[:9])
 }
 
 // prefixEntries returns the entries whose index key starts with prefix,
@@ -309,8 +337,12 @@ type ReconcilerTable struct {
 // looked up, a deny drops, everything else passes. Neither (or
 // --enable-policy=never): everything passes. Once the table is
 // initialized it has a row for each direction.
+//
+// Subject is the local endpoint identity whose enforcement the row is; 0
+// is the host-wide default's.
 type Enforcement struct {
-	Direction Direction `json:"direction" yaml:"direction"`
+	Subject   identity.Number `json:"subject,omitempty" yaml:"subject,omitempty"`
+	Direction Direction       `json:"direction" yaml:"direction"`
 	Enforced  bool      `json:"enforced" yaml:"enforced"`
 	HasDeny   bool      `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
 
@@ -320,12 +352,12 @@ type Enforcement struct {
 
 // TableHeader implements statedb.TableWritable.
 func (*Enforcement) TableHeader() []string {
-	return []string{"Direction", "Enforced", "HasDeny", "Status"}
+	return []string{"Subject", "Direction", "Enforced", "HasDeny", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (e *Enforcement) TableRow() []string {
-	return []string{e.Direction.String(), strconv.FormatBool(e.Enforced), strconv.FormatBool(e.HasDeny), e.Status.String()}
+	return []string{e.Subject.String(), e.Direction.String(), strconv.FormatBool(e.Enforced), strconv.FormatBool(e.HasDeny), e.Status.String()}
 }
 
 // strictness orders what the row lets through: 0 everything (not
@@ -355,19 +387,53 @@ func (e *Enforcement) SetStatus(status reconciler.Status) *Enforcement {
 	return e
 }
 
-// EnforcementIndex is the primary index of `policy-enforcement`.
-var EnforcementIndex = statedb.Index[*Enforcement, Direction]{
+// EnforcementKey is the key of a `policy-enforcement` row: a subject's
+// direction.
+type EnforcementKey struct {
+	Subject   identity.Number
+	Direction Direction
+}
+
+// Key returns the row's key.
+func (e *Enforcement) Key() EnforcementKey {
+	return EnforcementKey{Subject: e.Subject, Direction: e.Direction}
+}
+
+func (k EnforcementKey) indexKey() index.Key {
+	key := make(index.Key, 5)
+	binary.BigEndian.PutUint32(key, uint32(k.Subject))
+	key[4] = byte(k.Direction)
+	return key
+}
+
+// EnforcementIndex is the primary index of `policy-enforcement`: the
+// subject, then the direction. From a string: "[subject:]direction"
+// ("egress" is the host-wide default's), or a subject alone ("300:")
+// for both its directions.
+var EnforcementIndex = statedb.Index[*Enforcement, EnforcementKey]{
 	Name: "direction",
 	FromObject: func(e *Enforcement) index.KeySet {
-		return index.NewKeySet(index.Key{byte(e.Direction)})
+		return index.NewKeySet(e.Key().indexKey())
 	},
-	FromKey: func(d Direction) index.Key { return index.Key{byte(d)} },
+	FromKey: EnforcementKey.indexKey,
 	FromString: func(s string) (index.Key, error) {
+		var k EnforcementKey
+		if subject, dir, ok := strings.Cut(s, ":"); ok {
+			n, err := strconv.ParseUint(subject, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("parse enforcement key %q: subject: %w", s, err)
+			}
+			k.Subject, s = identity.Number(n), dir
+			if s == "" {
+				return k.indexKey()[:4], nil
+			}
+		}
 		d, err := ParseDirection(s)
 		if err != nil {
 			return nil, err
 		}
-		return index.Key{byte(d)}, nil
+		k.Direction = d
+		return k.indexKey(), nil
 	},
 	Unique: true,
 }

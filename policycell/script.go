@@ -350,7 +350,7 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 				out.Identity, out.Prefix = entry.Identity, entry.Prefix.String()
 			}
-			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(dir)); found {
+			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir})); found {
 				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
 			}
 			return scriptcmd.JSON(out, nil)
@@ -462,7 +462,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}
 	pkt.Identity = id
-	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
+	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
 	if !found || !row.Enforced && !row.HasDeny {
 		why := fmt.Sprintf("no policy has %s rules with default deny, nor %s deny rules", dir, dir)
 		if src.enablePolicy == EnablePolicyNever {
@@ -477,7 +477,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 	}
 	fmt.Fprintf(out, "Entries (%s %s):\n", dir, mode)
 	for _, of := range []identity.Number{id, 0} {
-		for e := range policy.DirectionEntries(txn, src.entries, of, dir) {
+		for e := range policy.DirectionEntries(txn, src.entries, identity.Unknown, of, dir) {
 			notWritten := ""
 			if e.Status.Kind == reconciler.StatusKindError {
 				notWritten = " (not in the policy map: " + e.Status.GetError() + ")"

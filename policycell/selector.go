@@ -696,7 +696,7 @@ func (e *selectorEngine) desiredEnforcement(dir policy.Direction) policy.Enforce
 func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) error {
 	for _, dir := range policy.Directions() {
 		want := e.desiredEnforcement(dir)
-		have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
+		have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
 		if found && have.Enforced == want.Enforced && have.HasDeny == want.HasDeny {
 			continue
 		}
@@ -717,7 +717,7 @@ func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) e
 func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
 	for _, dir := range policy.Directions() {
 		want := e.desiredEnforcement(dir)
-		row, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(dir))
+		row, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
 		if !found || row.Enforced != want.Enforced || row.HasDeny != want.HasDeny {
 			return true
 		}
