@@ -343,8 +343,8 @@ type ReconcilerTable struct {
 type Enforcement struct {
 	Subject   identity.Number `json:"subject,omitempty" yaml:"subject,omitempty"`
 	Direction Direction       `json:"direction" yaml:"direction"`
-	Enforced  bool      `json:"enforced" yaml:"enforced"`
-	HasDeny   bool      `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
+	Enforced  bool            `json:"enforced" yaml:"enforced"`
+	HasDeny   bool            `json:"hasDeny,omitempty" yaml:"hasDeny,omitempty"`
 
 	// Status is the datapath's reconciliation status of the row.
 	Status reconciler.Status `json:"status" yaml:"status"`
