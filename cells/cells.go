@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
@@ -43,6 +44,7 @@ var ControlPlane = cell.Group(
 	ownerCell,
 	identitycell.Cell,
 	ipcachecell.Cell,
+	endpointcell.Cell,
 	datapathcell.Cell,
 	monitorcell.Cell,
 	conntrackcell.Cell,

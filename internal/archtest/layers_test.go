@@ -104,6 +104,7 @@ func layers() map[string]place {
 		"policycell":    {5, kindCell},
 		"datapathcell":  {5, kindCell},
 		"restorecell":   {5, kindCell},
+		"endpointcell":  {5, kindCell},
 		"metricscell":   {5, kindCell},
 		"monitorcell":   {5, kindCell},
 		"conntrackcell": {5, kindCell},
@@ -150,13 +151,15 @@ func allowedSameLayer() map[edge]string {
 // with a one-line reason why a table or an interface would not do.
 func allowedCellImports() map[edge]string {
 	return map[edge]string{
-		{"ipcachecell", "identitycell"}: "allocates and releases identities through the allocator, in the `identities` table's transactions",
-		{"policycell", "identitycell"}:  "reads the `identities` table (the selectors)",
-		{"policycell", "ipcachecell"}:   "owns a resource handle per policy; reads the `ipcache` table (explain)",
-		{"monitorcell", "identitycell"}: "reads the `identities` table for the labels of an event's identity",
-		{"datapathcell", "ipcachecell"}: "writes the `ipcache` table's entries into the map",
-		{"restorecell", "identitycell"}: "withholds and returns numbers through the allocator; reads the checkpoint",
-		{"restorecell", "ipcachecell"}:  "owns the restore resource handle",
+		{"ipcachecell", "identitycell"}:  "allocates and releases identities through the allocator, in the `identities` table's transactions",
+		{"policycell", "identitycell"}:   "reads the `identities` table (the selectors)",
+		{"policycell", "ipcachecell"}:    "owns a resource handle per policy; reads the `ipcache` table (explain)",
+		{"monitorcell", "identitycell"}:  "reads the `identities` table for the labels of an event's identity",
+		{"datapathcell", "ipcachecell"}:  "writes the `ipcache` table's entries into the map",
+		{"restorecell", "identitycell"}:  "withholds and returns numbers through the allocator; reads the checkpoint",
+		{"restorecell", "ipcachecell"}:   "owns the restore resource handle",
+		{"endpointcell", "identitycell"}: "takes and releases each endpoint's label identity reference through the allocator, in the `endpoints` table's transactions",
+		{"endpointcell", "ipcachecell"}:  "owns a resource handle per endpoint source",
 	}
 }
 
