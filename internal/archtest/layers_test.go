@@ -92,6 +92,9 @@ func layers() map[string]place {
 		"policyfile": {2, kindLeaf},
 		"bpfmaps":    {2, kindLeaf},
 
+		// 2: the endpoint socket's protocol (the CNI plugin and the agent).
+		"endpointapi": {2, kindLeaf},
+
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
 
