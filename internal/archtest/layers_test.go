@@ -110,6 +110,7 @@ func layers() map[string]place {
 		"metricscell":   {5, kindCell},
 		"monitorcell":   {5, kindCell},
 		"conntrackcell": {5, kindCell},
+		"cnicell":       {5, kindCell},
 
 		// 6: composition.
 		"cells":                  {6, kindComposition},
@@ -136,6 +137,9 @@ func layers() map[string]place {
 		"internal/testutils/craft":       {1, kindTest},
 		"internal/testutils/ipcachetest": {5, kindTest},
 		"internal/testutils/agenttest":   {6, kindTest},
+
+		// The endpoint registry of the endpoint sources' tests.
+		"internal/testutils/registrytest": {2, kindTest},
 	}
 }
 
