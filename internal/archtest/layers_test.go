@@ -138,8 +138,10 @@ func layers() map[string]place {
 		"internal/testutils/ipcachetest": {5, kindTest},
 		"internal/testutils/agenttest":   {6, kindTest},
 
-		// The endpoint registry of the endpoint sources' tests.
+		// The endpoint registry of the endpoint sources' tests; a real CNI
+		// chain (cnitool, ptp, the plugin).
 		"internal/testutils/registrytest": {2, kindTest},
+		"internal/testutils/cnitest":      {0, kindTest},
 	}
 }
 
