@@ -246,3 +246,30 @@ func TestStateFilesDeclared(t *testing.T) {
 	require.ElementsMatch(t, []string{cnicell.StateFileName, "cni.sock"}, names,
 		"on the defaults the socket is in the state directory")
 }
+
+func TestSocketPathFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "from-env.sock")
+	t.Setenv("IPCACHE_AGENT_CNI_SOCK_PATH", sock)
+	reg := registrytest.New()
+	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return reg }))
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = dir })
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	defer func() { require.NoError(t, h.Stop(log, context.Background())) }()
+	require.Eventually(t, func() bool { return reg.Initialized(cnicell.Owner) }, 10*time.Second, time.Millisecond)
+	require.NoError(t, endpointapi.Call(context.Background(), sock, webAdd()))
+}
+
+func TestEmptySocketPathServesNothing(t *testing.T) {
+	reg := registrytest.New()
+	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return reg }))
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = t.TempDir() })
+	hive.AddConfigOverride(h, func(c *cnicell.Config) { c.CNISockPath = "" })
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	require.NoError(t, h.Stop(log, context.Background()))
+	// No source either: the `endpoints` table does not wait for one.
+	_, err := reg.NewSource(cnicell.Owner)
+	require.NoError(t, err)
+}
