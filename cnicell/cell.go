@@ -33,19 +33,38 @@ const Owner = "cni"
 // endpoints the plugin registered.
 const StateFileName = "cni-endpoints.json"
 
+// DefaultSockName is the endpoint socket's name in the state directory
+// when --cni-sock-path does not say: with the default --state-dir it is
+// endpointapi.DefaultSockPath, where the plugin looks by default.
+const DefaultSockName = "cni.sock"
+
 // Config is the cell's configuration.
 type Config struct {
-	// CNISockPath is the endpoint socket; empty serves none.
+	// CNISockPath is the endpoint socket; empty is DefaultSockName in the
+	// state directory (none without a state directory). Agents of
+	// different state directories thus serve different sockets unless
+	// told otherwise.
 	CNISockPath string
 }
 
 // DefaultConfig is the configuration on the defaults.
-var DefaultConfig = Config{CNISockPath: endpointapi.DefaultSockPath}
+var DefaultConfig = Config{}
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("cni-sock-path", def.CNISockPath,
-		"Socket the CNI plugin registers endpoints on (root only; empty serves none)")
+		"Socket the CNI plugin registers endpoints on, root only (default <state-dir>/"+DefaultSockName+", which is "+endpointapi.DefaultSockPath+" on the default --state-dir)")
+}
+
+// sockPath is the socket the configuration names, empty for none.
+func sockPath(cfg Config, dir statedir.Config) string {
+	if cfg.CNISockPath != "" {
+		return cfg.CNISockPath
+	}
+	if dir.StateDir == "" {
+		return ""
+	}
+	return filepath.Join(dir.StateDir, DefaultSockName)
 }
 
 type serverParams struct {
@@ -58,11 +77,12 @@ type serverParams struct {
 }
 
 func newServer(p serverParams) *server {
-	if p.Config.CNISockPath == "" {
+	path := sockPath(p.Config, p.StateDir)
+	if path == "" {
 		return nil
 	}
 	s := &server{
-		sockPath: p.Config.CNISockPath,
+		sockPath: path,
 		registry: p.Registry,
 		log:      p.Log,
 		records:  make(map[string]record),
@@ -82,11 +102,12 @@ type stateFilesOut struct {
 
 // stateFiles declares the cell's files in the state directory: the
 // endpoints it registered, and the socket when it is in the directory
-// (as it is on the defaults), so that `cleanup` removes both.
+// (as it is unless --cni-sock-path puts it elsewhere), so that `cleanup`
+// removes both.
 func stateFiles(cfg Config, dir statedir.Config) stateFilesOut {
 	files := []statedir.File{{Name: StateFileName, Description: "endpoints the CNI plugin registered"}}
-	if cfg.CNISockPath != "" && dir.StateDir != "" && filepath.Dir(filepath.Clean(cfg.CNISockPath)) == filepath.Clean(dir.StateDir) {
-		files = append(files, statedir.File{Name: filepath.Base(cfg.CNISockPath), Description: "CNI endpoint socket"})
+	if path := sockPath(cfg, dir); path != "" && filepath.Dir(filepath.Clean(path)) == filepath.Clean(dir.StateDir) {
+		files = append(files, statedir.File{Name: filepath.Base(path), Description: "CNI endpoint socket"})
 	}
 	return stateFilesOut{Files: files}
 }

@@ -16,6 +16,10 @@ var (
 	// ErrBusy is a request beyond the number of requests served at once.
 	ErrBusy = errors.New("endpoint socket busy")
 
+	// ErrSocketInUse is a --cni-sock-path another agent listens on: the
+	// start fails.
+	ErrSocketInUse = errors.New("in use by another agent")
+
 	// ErrCorruptState is a state file that cannot be decoded. The cell
 	// does not return it: it sets such a file aside and starts without it.
 	ErrCorruptState = errors.New("corrupt CNI endpoint state file")

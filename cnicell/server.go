@@ -78,9 +78,14 @@ func (s *server) listen(cell.HookContext) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create CNI socket directory (--cni-sock-path): %w", err)
 	}
-	// A socket left by an agent that did not stop cleanly; a running one
-	// holds the state directory's owner lock, so this one would not be
-	// starting.
+	// A socket an agent listens on is another agent's (of another state
+	// directory, told the same --cni-sock-path): replacing it would take
+	// its plugin's requests. One nothing listens on was left by an agent
+	// that did not stop cleanly.
+	if conn, err := net.DialTimeout("unix", s.sockPath, time.Second); err == nil {
+		conn.Close()
+		return fmt.Errorf("--cni-sock-path %s: %w", s.sockPath, ErrSocketInUse)
+	}
 	if err := os.Remove(s.sockPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove stale CNI socket (--cni-sock-path): %w", err)
 	}

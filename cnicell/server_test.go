@@ -261,15 +261,37 @@ func TestSocketPathFromEnvironment(t *testing.T) {
 	require.NoError(t, endpointapi.Call(context.Background(), sock, webAdd()))
 }
 
-func TestEmptySocketPathServesNothing(t *testing.T) {
+func TestDefaultSocketIsInTheStateDir(t *testing.T) {
+	dir := t.TempDir()
 	reg := registrytest.New()
 	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return reg }))
-	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = t.TempDir() })
-	hive.AddConfigOverride(h, func(c *cnicell.Config) { c.CNISockPath = "" })
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = dir })
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	defer func() { require.NoError(t, h.Stop(log, context.Background())) }()
+	require.Eventually(t, func() bool { return reg.Initialized(cnicell.Owner) }, 10*time.Second, time.Millisecond)
+	require.NoError(t, endpointapi.Call(context.Background(), filepath.Join(dir, cnicell.DefaultSockName), webAdd()))
+}
+
+func TestNoStateDirServesNothing(t *testing.T) {
+	reg := registrytest.New()
+	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return reg }))
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = "" })
 	log := hivetest.Logger(t)
 	require.NoError(t, h.Start(log, context.Background()))
 	require.NoError(t, h.Stop(log, context.Background()))
 	// No source either: the `endpoints` table does not wait for one.
 	_, err := reg.NewSource(cnicell.Owner)
 	require.NoError(t, err)
+}
+
+func TestSocketOfAnotherAgentIsLeftAlone(t *testing.T) {
+	first := startAgent(t, t.TempDir(), registrytest.New())
+	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return registrytest.New() }))
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = t.TempDir() })
+	hive.AddConfigOverride(h, func(c *cnicell.Config) { c.CNISockPath = first.sock })
+	err := h.Start(hivetest.Logger(t), context.Background())
+	require.ErrorIs(t, err, cnicell.ErrSocketInUse)
+	require.ErrorContains(t, err, "--cni-sock-path "+first.sock)
+	require.NoError(t, first.call(webAdd()), "the first agent still serves")
 }
