@@ -41,6 +41,10 @@ type Chain struct {
 type Config struct {
 	SocketPath string
 	Labels     map[string]string
+	// HostNS is an existing namespace (`ip netns` name) to put the host
+	// end of the veth in, e.g. the one a test runs the agent in; empty
+	// creates one.
+	HostNS string
 }
 
 // New builds cnitool and the plugin, writes the network configuration and
@@ -99,21 +103,27 @@ func New(t testing.TB, subnet string, cfg Config) *Chain {
 
 	suffix := fmt.Sprintf("%d-%s", os.Getpid()%100000, regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "-"))
 	c := &Chain{
-		t: t, HostNS: "cni-host-" + suffix, PodNS: "cni-pod-" + suffix, Subnet: subnet,
+		t: t, HostNS: cfg.HostNS, PodNS: "cni-pod-" + suffix, Subnet: subnet,
 		cnitool: filepath.Join(bin, "cnitool"),
 		env: append(os.Environ(),
 			"NETCONFPATH="+netDir,
 			"CNI_PATH="+bin+":"+PluginDir,
 			"CNI_IFNAME=eth0"),
 	}
+	created := []string{c.PodNS}
+	if c.HostNS == "" {
+		c.HostNS = "cni-host-" + suffix
+		created = append(created, c.HostNS)
+	}
 	t.Cleanup(func() {
 		// A test that failed between ADD and DEL leaves libcni's cached
 		// result in /var/lib/cni and ptp's veth: DEL removes them.
 		c.Run("del", "")
-		exec.Command("ip", "netns", "del", c.PodNS).Run()
-		exec.Command("ip", "netns", "del", c.HostNS).Run()
+		for _, ns := range created {
+			exec.Command("ip", "netns", "del", ns).Run()
+		}
 	})
-	for _, ns := range []string{c.HostNS, c.PodNS} {
+	for _, ns := range created {
 		if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 			t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
 		}
