@@ -128,8 +128,8 @@ func Call(ctx context.Context, sockPath string, req Request) error {
 		return fmt.Errorf("%w: %w", ErrAgentNotRunning, err)
 	}
 	defer conn.Close()
-	deadline, _ := ctx.Deadline()
-	conn.SetDeadline(deadline)
+	// The connection's reads and writes end when ctx does (its deadline or
+	// its cancellation), and ctx says why.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	defer stop()
 
