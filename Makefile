@@ -10,6 +10,7 @@ all: build
 
 build:
 	$(GO) build -o bin/ipcache-agent ./cmd/ipcache-agent
+	$(GO) build -o bin/ipcache-agent-cni ./cmd/ipcache-agent-cni
 
 # All tests, with the race detector. Tests that need root (BPF, TCX, network
 # namespaces) skip with a message when not root, and never skip under CI=true.

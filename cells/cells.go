@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
+	"github.com/ipcache-agent/ipcache-agent/cnicell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -45,6 +46,7 @@ var ControlPlane = cell.Group(
 	identitycell.Cell,
 	ipcachecell.Cell,
 	endpointcell.Cell,
+	cnicell.Cell,
 	datapathcell.Cell,
 	monitorcell.Cell,
 	conntrackcell.Cell,

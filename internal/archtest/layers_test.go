@@ -92,6 +92,9 @@ func layers() map[string]place {
 		"policyfile": {2, kindLeaf},
 		"bpfmaps":    {2, kindLeaf},
 
+		// 2: the endpoint socket's protocol (the CNI plugin and the agent).
+		"endpointapi": {2, kindLeaf},
+
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
 
@@ -108,6 +111,7 @@ func layers() map[string]place {
 		"metricscell":   {5, kindCell},
 		"monitorcell":   {5, kindCell},
 		"conntrackcell": {5, kindCell},
+		"cnicell":       {5, kindCell},
 
 		// 6: composition.
 		"cells":                  {6, kindComposition},
@@ -119,6 +123,7 @@ func layers() map[string]place {
 		// 8: commands, examples, tools and tests.
 		"cmd/ipcache-agent":       {8, kindCommand},
 		"cmd/bench-scale":         {8, kindCommand},
+		"cmd/ipcache-agent-cni":   {8, kindCommand},
 		"examples/embed":          {8, kindExample},
 		"internal/tools/exported": {8, kindCommand},
 		"internal/archtest":       {8, kindTest},
@@ -133,6 +138,11 @@ func layers() map[string]place {
 		"internal/testutils/craft":       {1, kindTest},
 		"internal/testutils/ipcachetest": {5, kindTest},
 		"internal/testutils/agenttest":   {6, kindTest},
+
+		// The endpoint registry of the endpoint sources' tests; a real CNI
+		// chain (cnitool, ptp, the plugin).
+		"internal/testutils/registrytest": {2, kindTest},
+		"internal/testutils/cnitest":      {0, kindTest},
 	}
 }
 
