@@ -46,7 +46,7 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzEnforceParser \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
-	policyfile/internal/yamlread:FuzzReader
+	internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \
