@@ -46,6 +46,7 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzEnforceParser \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
+	endpointfile:FuzzParse \
 	internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \

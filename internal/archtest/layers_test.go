@@ -89,8 +89,9 @@ func layers() map[string]place {
 		"endpoint": {1, kindLeaf},
 
 		// 2: the policy file formats and the pinned maps' ABI.
-		"policyfile": {2, kindLeaf},
-		"bpfmaps":    {2, kindLeaf},
+		"policyfile":   {2, kindLeaf},
+		"endpointfile": {2, kindLeaf},
+		"bpfmaps":      {2, kindLeaf},
 
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
