@@ -91,7 +91,11 @@ func layers() map[string]place {
 		// 2: the policy file formats and the pinned maps' ABI.
 		"policyfile":   {2, kindLeaf},
 		"endpointfile": {2, kindLeaf},
-		"bpfmaps":      {2, kindLeaf},
+
+		// 2: a watched directory of YAML files (for the policy and endpoint
+		// directories).
+		"internal/yamldir": {2, kindLeaf},
+		"bpfmaps":          {2, kindLeaf},
 
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
