@@ -34,10 +34,6 @@ type fileContent struct {
 	err     error
 }
 
-// isPolicyFile reports whether a directory entry's name makes it a policy
-// file (yamldir.IsYAMLFile).
-func isPolicyFile(name string) bool { return yamldir.IsYAMLFile(name) }
-
 // readDirectory reads the policy files directly in dir, as
 // yamldir.Dir.Read does: symlinks only while they stay inside dir.
 //
@@ -58,5 +54,3 @@ func readDirectory(dir string) (listing, error) {
 func readOpened(f *os.File) (content []byte, isDir bool, err error) {
 	return policyDir("").ReadOpened(f)
 }
-
-func errTooLarge() error { return policyDir("").TooLargeError() }

@@ -58,7 +58,7 @@ var (
 	// policies in force (in the state directory) that cannot be restored.
 	// It is moved aside, and the policy files alone decide what is in
 	// force.
-	ErrCorruptInForce = errors.New("corrupt saved policies in force")
+	ErrCorruptInForce = yamldir.ErrCorruptSaved
 
 	// ErrInForceTooLarge is wrapped by the error for policy files whose
 	// versions in force do not fit into the saved file's cap: they are not

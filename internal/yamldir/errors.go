@@ -22,6 +22,11 @@ var (
 	ErrTooLarge = errors.New("file too large")
 )
 
+// ErrCorruptSaved is a saved file of the versions in force (Saved) that
+// cannot be restored. It comes wrapped in an error that says what the
+// file holds ("corrupt saved policies in force").
+var ErrCorruptSaved = errors.New("corrupt saved versions in force")
+
 // kindError is a sentinel with a message that names the kind of file.
 type kindError struct {
 	msg      string
