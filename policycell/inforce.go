@@ -139,11 +139,7 @@ func (l *loader) restoreInForce() {
 			l.log.Warn("Saved version of a policy file is over the policy map's size, not restored", "file", name, "error", err)
 			continue
 		}
-		l.files[name] = &policyFile{
-			digest: s.digest, content: s.content, parsed: s.policies,
-			inForce: s.policies, inForceDigest: s.digest, inForceContent: s.content, hasInForce: true,
-			restored: true,
-		}
+		l.files.Restore(name, s.content, s.policies)
 		policies += len(s.policies)
 	}
 	l.log.Info("Restored the policies in force before the restart", "path", path, "files", len(saved), "policies", policies)
@@ -156,13 +152,7 @@ func (l *loader) saveInForce() {
 	if s.path == "" {
 		return
 	}
-	digests := map[string][sha256.Size]byte{}
-	contents := map[string][]byte{}
-	for name, f := range l.files {
-		if f.hasInForce {
-			digests[name], contents[name] = f.inForceDigest, f.inForceContent
-		}
-	}
+	contents, digests := l.files.InForceContents()
 	key := yamldir.SaveKey(digests)
 	if s.hasSaved && key == s.saved {
 		return
