@@ -47,7 +47,8 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzEnforceParser \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
-	policyfile/internal/yamlread:FuzzReader
+	endpointfile:FuzzParse \
+	internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \

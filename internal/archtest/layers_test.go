@@ -71,26 +71,31 @@ type place struct {
 func layers() map[string]place {
 	return map[string]place{
 		// 0: vocabulary, and internal packages that import nothing of ours.
-		"identity":                     {0, kindLeaf},
-		"labels":                       {0, kindLeaf},
-		"source":                       {0, kindLeaf},
-		"statedir":                     {0, kindLeaf},
-		"metrics":                      {0, kindLeaf},
-		"internal/atomicfile":          {0, kindLeaf},
-		"internal/prefixkey":           {0, kindLeaf},
-		"internal/progress":            {0, kindLeaf},
-		"internal/scriptcmd":           {0, kindLeaf},
-		"agentcmd/stopsignal":          {0, kindLeaf},
-		"datapathcell/bpf":             {0, kindInternal},
-		"policyfile/internal/yamlread": {0, kindInternal},
+		"identity":            {0, kindLeaf},
+		"labels":              {0, kindLeaf},
+		"source":              {0, kindLeaf},
+		"statedir":            {0, kindLeaf},
+		"metrics":             {0, kindLeaf},
+		"internal/atomicfile": {0, kindLeaf},
+		"internal/prefixkey":  {0, kindLeaf},
+		"internal/progress":   {0, kindLeaf},
+		"internal/scriptcmd":  {0, kindLeaf},
+		"internal/yamlread":   {0, kindLeaf},
+		"agentcmd/stopsignal": {0, kindLeaf},
+		"datapathcell/bpf":    {0, kindInternal},
 
 		// 1: the policy vocabulary.
 		"policy":   {1, kindLeaf},
 		"endpoint": {1, kindLeaf},
 
 		// 2: the policy file formats and the pinned maps' ABI.
-		"policyfile": {2, kindLeaf},
-		"bpfmaps":    {2, kindLeaf},
+		"policyfile":   {2, kindLeaf},
+		"endpointfile": {2, kindLeaf},
+
+		// 2: a watched directory of YAML files (for the policy and endpoint
+		// directories).
+		"internal/yamldir": {2, kindLeaf},
+		"bpfmaps":          {2, kindLeaf},
 
 		// 2: the endpoint socket's protocol (the CNI plugin and the agent).
 		"endpointapi": {2, kindLeaf},
