@@ -8,12 +8,14 @@ import (
 	"os"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
 // Cell provides the endpoint.Registry, the `endpoints` table and the
@@ -30,9 +32,14 @@ var Cell = cell.Module(
 		newEndpoints,
 		func(e *Endpoints) endpoint.Registry { return e },
 		scriptCommands,
+		stateFile,
 	),
 	cell.Invoke(registerEndpoints),
 )
+
+func stateFile() statedir.FileOut {
+	return statedir.FileOut{File: statedir.File{Name: InForceFileName, Description: "saved endpoint files in force"}}
+}
 
 // DirectoryOwner is the owner of the endpoints of --endpoint-dir.
 const DirectoryOwner = "directory"
@@ -104,10 +111,22 @@ func newEndpoints(p endpointsParams) *Endpoints {
 	}
 }
 
+type registerParams struct {
+	cell.In
+
+	Endpoints *Endpoints
+	Lifecycle cell.Lifecycle
+	Jobs      job.Registry
+	Health    cell.Health
+	StateDir  statedir.Config
+}
+
 // registerEndpoints registers the endpoints as a producer of the ipcache
 // and of identities, and an initializer of the `endpoints` table, all
-// done once every source created before start has said Initialized.
-func registerEndpoints(e *Endpoints, lc cell.Lifecycle) {
+// done once every source created before start has said Initialized; with
+// --endpoint-dir, the directory's source and the job that reads it.
+func registerEndpoints(p registerParams) error {
+	e, lc := p.Endpoints, p.Lifecycle
 	ipcacheDone := e.ipcache.RegisterProducer("endpoints")
 	identitiesDone := e.allocator.RegisterProducer("endpoints")
 	txn := e.db.WriteTxn(e.table)
@@ -125,4 +144,15 @@ func registerEndpoints(e *Endpoints, lc cell.Lifecycle) {
 		e.start()
 		return nil
 	}})
+	if e.cfg.EndpointDir == "" {
+		return nil
+	}
+	src, err := e.NewSource(DirectoryOwner)
+	if err != nil {
+		return err
+	}
+	dir := newDirectory(e.log, e.cfg.EndpointDir, p.StateDir.StateDir, src, e.SetNamespace)
+	group := p.Jobs.NewGroup(p.Health, job.WithLogger(e.log))
+	group.Add(job.OneShot("endpoint-directory", dir.watch))
+	return nil
 }

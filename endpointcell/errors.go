@@ -4,6 +4,12 @@ package endpointcell
 
 import "errors"
 
-// ErrStarted is a source that would hold the `endpoints` table's
-// initialization, created after the hive started.
-var ErrStarted = errors.New("endpoint sources that hold initialization must be created before start")
+var (
+	// ErrEmptyFile is an endpoint file that became empty while it held
+	// endpoints: they stay until it has content again or is removed.
+	ErrEmptyFile = errors.New("file is empty, its endpoints stay in force until it has content again or is removed")
+
+	// ErrClaimed is an endpoint, address, namespace or node that another
+	// endpoint file holds.
+	ErrClaimed = errors.New("claimed by another file")
+)

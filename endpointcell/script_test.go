@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/script"
@@ -40,42 +43,67 @@ func TestScript(t *testing.T) {
 func newScriptEngine(t testing.TB, args []string) *script.Engine {
 	var (
 		registry    endpoint.Registry
-		sources     = map[string]endpoint.Source{}
+		sources     map[string]endpoint.Source
 		prestart    []string
 		endpoints   *endpointcell.Endpoints
 		testFlags   = pflag.NewFlagSet("test", pflag.ContinueOnError)
 		testSources = testFlags.StringSlice("test-sources", nil, "sources created before start")
+		stateDir    = t.TempDir()
+		epDir       = t.TempDir()
+		log         = hivetest.Logger(t)
+		h           *hive.Hive
+		hiveCmds    map[string]script.Cmd
 	)
-	h := cells.NewHive(
-		identitycell.Cell,
-		ipcachecell.Cell,
-		endpointcell.Cell,
-		cell.Invoke(func(r endpoint.Registry, e *endpointcell.Endpoints) error {
-			registry, endpoints = r, e
-			for _, owner := range prestart {
-				s, err := r.NewSource(owner)
-				if err != nil {
-					return err
+	// build makes a new hive over the same state and endpoint directories:
+	// test/restart stops the running one and starts the next, as an agent
+	// restart does.
+	build := func() {
+		sources = map[string]endpoint.Source{}
+		h = cells.NewHive(
+			identitycell.Cell,
+			ipcachecell.Cell,
+			endpointcell.Cell,
+			cell.Invoke(func(r endpoint.Registry, e *endpointcell.Endpoints) error {
+				registry, endpoints = r, e
+				for _, owner := range prestart {
+					s, err := r.NewSource(owner)
+					if err != nil {
+						return err
+					}
+					sources[owner] = s
 				}
-				sources[owner] = s
-			}
-			return nil
-		}),
-	)
-	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
-	h.RegisterFlags(flags)
-	flags.AddFlagSet(testFlags)
-	require.NoError(t, flags.Set("state-dir", t.TempDir()))
-	require.NoError(t, flags.Set("node-name", "node-a"))
-	require.NoError(t, flags.Parse(args))
-	prestart = *testSources
-
-	log := hivetest.Logger(t)
+				return nil
+			}),
+		)
+		flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+		h.RegisterFlags(flags)
+		flags.AddFlagSet(testFlags)
+		require.NoError(t, flags.Set("state-dir", stateDir))
+		require.NoError(t, flags.Set("node-name", "node-a"))
+		require.NoError(t, flags.Set("endpoint-dir", epDir))
+		require.NoError(t, flags.Parse(args))
+		prestart = *testSources
+		var err error
+		hiveCmds, err = h.ScriptCommands(log)
+		require.NoError(t, err)
+	}
+	build()
 	t.Cleanup(func() { h.Stop(log, context.Background()) })
-	cmds, err := h.ScriptCommands(log)
-	require.NoError(t, err)
+	cmds := map[string]script.Cmd{}
+	for name := range hiveCmds {
+		cmds[name] = proxyCmd{name: name, current: func() map[string]script.Cmd { return hiveCmds }}
+	}
 	maps.Copy(cmds, script.DefaultCmds())
 	maps.Copy(cmds, jsoncmd.Commands())
+	cmds["test/restart"] = script.Command(
+		script.CmdUsage{Summary: "Stop the hive and start a new one over the same state and endpoint directories"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if err := h.Stop(log, context.Background()); err != nil {
+				return nil, err
+			}
+			build()
+			return nil, h.Start(log, context.Background())
+		})
 	source := func(owner string) (endpoint.Source, error) {
 		if s, ok := sources[owner]; ok {
 			return s, nil
@@ -159,5 +187,43 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			}
 			return scriptcmd.Result("", endpoints.SetNamespace(args[0], lbls))
 		})
+	cmds["test/epfile-write"] = script.Command(
+		script.CmdUsage{Summary: "Write a file of the script into the endpoint directory", Args: "name file"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			content, err := os.ReadFile(s.Path(args[1]))
+			if err != nil {
+				return nil, err
+			}
+			// Written whole and renamed in, so the watcher never reads a
+			// half-written file.
+			tmp := filepath.Join(epDir, ".tmp-"+args[0])
+			if err := os.WriteFile(tmp, content, 0o600); err != nil {
+				return nil, err
+			}
+			return nil, os.Rename(tmp, filepath.Join(epDir, args[0]))
+		})
+	cmds["test/epfile-remove"] = script.Command(
+		script.CmdUsage{Summary: "Remove a file of the endpoint directory", Args: "name"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 1 {
+				return nil, script.ErrUsage
+			}
+			return nil, os.Remove(filepath.Join(epDir, args[0]))
+		})
 	return &script.Engine{Cmds: cmds}
 }
+
+// proxyCmd runs the command name of the hive that runs now.
+type proxyCmd struct {
+	name    string
+	current func() map[string]script.Cmd
+}
+
+func (p proxyCmd) Run(s *script.State, args ...string) (script.WaitFunc, error) {
+	return p.current()[p.name].Run(s, args...)
+}
+
+func (p proxyCmd) Usage() *script.CmdUsage { return p.current()[p.name].Usage() }
