@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/devicecell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
@@ -49,6 +50,7 @@ var ControlPlane = cell.Group(
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,
+	devicecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

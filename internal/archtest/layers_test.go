@@ -100,6 +100,7 @@ func layers() map[string]place {
 
 		// 3-5: cells, each above the cells whose tables it reads.
 		"identitycell":  {3, kindCell},
+		"devicecell":    {3, kindCell},
 		"ipcachecell":   {4, kindCell},
 		"policycell":    {5, kindCell},
 		"datapathcell":  {5, kindCell},
