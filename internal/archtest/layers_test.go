@@ -156,6 +156,7 @@ func allowedCellImports() map[edge]string {
 		{"policycell", "ipcachecell"}:   "owns a resource handle per policy; reads the `ipcache` table (explain)",
 		{"monitorcell", "identitycell"}: "reads the `identities` table for the labels of an event's identity",
 		{"datapathcell", "ipcachecell"}: "writes the `ipcache` table's entries into the map",
+		{"datapathcell", "devicecell"}:  "attaches the program to the `devices` table's devices (its row type)",
 		{"restorecell", "identitycell"}: "withholds and returns numbers through the allocator; reads the checkpoint",
 		{"restorecell", "ipcachecell"}:  "owns the restore resource handle",
 	}
