@@ -50,4 +50,3 @@ func TestPrivilegedScript(t *testing.T) {
 		return &script.Engine{Cmds: cmds}
 	}, []string{"PATH=" + os.Getenv("PATH")}, "testdata/*.txtar")
 }
-
