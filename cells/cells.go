@@ -10,9 +10,10 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
-	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/cnicell"
+	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/devicecell"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -53,6 +54,7 @@ var ControlPlane = cell.Group(
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,
+	devicecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

@@ -56,6 +56,9 @@ type Datapath struct {
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
 	fakeMaps *writtenMaps
+
+	// devices are the devices the program is attached to (devices.go).
+	devices deviceAttachments
 }
 
 // writtenMaps are the maps the writers write.
@@ -148,10 +151,12 @@ func (d *Datapath) readPinned(m mapwrite.Map) error {
 }
 
 // attachEnforcer loads the enforcement program over the pinned maps and
-// attaches it to every device; on a restart this replaces the program in
-// the pinned links in place.
+// attaches it to every selected device that exists (devices.go); on a
+// restart this replaces the program in the pinned links in place. A
+// listed device that is missing or not Ethernet is skipped: the
+// attach-devices job attaches the program once it appears.
 func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
-	if len(d.cfg.Devices) == 0 {
+	if len(d.cfg.Devices) == 0 && !d.devices.loadsWithoutDevices() {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
@@ -161,12 +166,11 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	if err != nil {
 		return err
 	}
-	for _, device := range d.cfg.Devices {
-		if err := enf.attach(device, bpfmaps.LinksDir(d.cfg.BPFRoot)); err != nil {
+	for _, device := range d.startDevices(newDeviceSelection(d.cfg.Devices)) {
+		if err := d.attachAtStart(enf, device); err != nil {
 			enf.Close()
 			return err
 		}
-		d.log.Info("Enforcing policy", "device", device)
 	}
 	d.mu.Lock()
 	d.enforcer = enf

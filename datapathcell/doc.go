@@ -36,7 +36,10 @@
 // map (revision.go), through the maps Datapath.written hands the writers.
 //
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
-// `policy-enforcement` tables (policycell). Writes: the pinned maps and
+// `policy-enforcement` tables (policycell), the `devices` table
+// (devicecell) and, when the hive has it, the `endpoints` table: the
+// program follows the devices --devices selects and local endpoints'
+// interfaces as they come and go (devices.go). Writes: the pinned maps and
 // links; reconciliation status in the policy tables. The ipcache map's
 // writer keeps the status of the `ipcache` entries itself, by revision
 // (Datapath.IPCacheStatus): writing a million entries to the map does not

@@ -108,6 +108,7 @@ func layers() map[string]place {
 
 		// 3-5: cells, each above the cells whose tables it reads.
 		"identitycell":  {3, kindCell},
+		"devicecell":    {3, kindCell},
 		"ipcachecell":   {4, kindCell},
 		"policycell":    {5, kindCell},
 		"datapathcell":  {5, kindCell},
@@ -175,6 +176,7 @@ func allowedCellImports() map[edge]string {
 		{"restorecell", "ipcachecell"}:   "owns the restore resource handle",
 		{"endpointcell", "identitycell"}: "takes and releases each endpoint's label identity reference through the allocator, in the `endpoints` table's transactions",
 		{"endpointcell", "ipcachecell"}:  "owns a resource handle per endpoint source",
+		{"datapathcell", "devicecell"}:   "attaches the program to the `devices` table's devices (its row type)",
 	}
 }
 
