@@ -21,7 +21,6 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
-	"github.com/cilium/statedb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -72,39 +71,45 @@ func TestPrivilegedDevicesScript(t *testing.T) {
 	}, []string{"PATH=" + os.Getenv("PATH")}, "testdata/devices/*.txtar")
 }
 
-// devicesTestCell provides the `endpoints` table (the endpoint cell's, in
-// the agent) and the scripts' commands.
+// devicesTestCell provides the scripts' commands; endpoints are
+// registered through the endpoint cell's registry.
 var devicesTestCell = cell.Module(
 	"test-endpoints",
-	"The endpoints table for the device scripts",
+	"Commands for the device scripts",
 
-	cell.ProvidePrivate(endpoint.NewTable),
 	cell.Provide(
-		statedb.RWTable[*endpoint.State].ToTable,
-		func(db *statedb.DB, endpoints statedb.RWTable[*endpoint.State], cfg datapathcell.Config) hive.ScriptCmdsOut {
+		func(registry endpoint.Registry, cfg datapathcell.Config) hive.ScriptCmdsOut {
 			return hive.NewScriptCmds(map[string]script.Cmd{
-				"test/endpoint-put": endpointPutCmd(db, endpoints),
+				"test/endpoint-put": endpointPutCmd(registry),
 				"test/tcx-attached": tcxAttachedCmd(),
 				"test/pinned-links": pinnedLinksCmd(cfg.BPFRoot),
 			})
 		}),
 )
 
-// endpointPutCmd writes a local endpoint with an interface into the
-// `endpoints` table.
-func endpointPutCmd(db *statedb.DB, endpoints statedb.RWTable[*endpoint.State]) script.Cmd {
+// endpointPutCmd registers a local endpoint behind a device, each with an
+// address of its own.
+func endpointPutCmd(registry endpoint.Registry) script.Cmd {
+	var (
+		source endpoint.Source
+		next   = netip.MustParseAddr("10.99.0.1")
+	)
 	return script.Command(
-		script.CmdUsage{Summary: "Write a local endpoint behind a device into the endpoints table", Args: "name device"},
+		script.CmdUsage{Summary: "Register a local endpoint behind a device", Args: "name device"},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) != 2 {
 				return nil, script.ErrUsage
 			}
-			txn := db.WriteTxn(endpoints)
-			defer txn.Commit()
-			_, _, err := endpoints.Insert(txn, &endpoint.State{Endpoint: endpoint.Endpoint{
-				Namespace: "default", Name: args[0], Interface: args[1],
-				Addresses: []netip.Addr{netip.MustParseAddr("10.99.0.1")},
-			}, Local: true, Identity: 256})
+			if source == nil {
+				var err error
+				if source, err = registry.NewSource("test"); err != nil {
+					return nil, err
+				}
+			}
+			addr := next
+			next = next.Next()
+			_, err := source.Upsert(endpoint.Endpoint{Namespace: "default", Name: args[0], Interface: args[1],
+				Labels: map[string]string{"app": args[0]}, Addresses: []netip.Addr{addr}})
 			return nil, err
 		})
 }
