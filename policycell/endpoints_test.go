@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+)
+
+// withEndpoints gives the fixture's engine and progress the `endpoints`
+// table, as a hive with an endpoint cell does. Before the first round.
+func (f *engineFixture) withEndpoints() *engineFixture {
+	f.engine.endpoints = f.endpoints
+	f.engine.progress.endpoints = f.endpoints
+	return f
+}
+
+func (f *engineFixture) upsertEndpoints(tb testing.TB, endpoints ...*endpoint.State) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.endpoints)
+	for _, ep := range endpoints {
+		_, _, err := f.endpoints.Insert(txn, ep)
+		require.NoError(tb, err)
+	}
+	txn.Commit()
+}
+
+func (f *engineFixture) deleteEndpoints(tb testing.TB, endpoints ...*endpoint.State) {
+	tb.Helper()
+	txn := f.db.WriteTxn(f.endpoints)
+	for _, ep := range endpoints {
+		_, _, err := f.endpoints.Delete(txn, ep)
+		require.NoError(tb, err)
+	}
+	txn.Commit()
+}
+
+// localEndpoint returns the row of a local endpoint of namespace shop
+// with the labels (key, value, ...) and identity id.
+func localEndpoint(tb testing.TB, name string, id identity.Number, addr netip.Addr, kv ...string) *endpoint.State {
+	tb.Helper()
+	ep := endpoint.Endpoint{Namespace: "shop", Name: name, Labels: map[string]string{}, Addresses: []netip.Addr{addr}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		ep.Labels[kv[i]] = kv[i+1]
+	}
+	lbls, err := ep.IdentityLabels(nil)
+	require.NoError(tb, err)
+	return &endpoint.State{Endpoint: ep, Identity: id, IdentityLabels: lbls, Local: true}
+}
+
+// selectingPolicy is cidrPolicy applied to the endpoints labelled
+// app=app.
+func selectingPolicy(name, app string, cidrs ...string) *policy.Policy {
+	p := cidrPolicy(name, policy.Egress, []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}}, cidrs...)
+	p.Selector = policy.EndpointSelector{MatchLabels: map[string]string{"app": app}}
+	return p
+}
+
+// TestWaitComputedEndpoints: the datapath waits until the selectors have
+// seen the endpoints of its snapshot, with or without CIDR selectors (a
+// new endpoint's enforcement rows follow from any policy).
+func TestWaitComputedEndpoints(t *testing.T) {
+	f := newEngineFixture(t).withEndpoints()
+	wait := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := f.engine.progress.WaitComputed(ctx, f.db.ReadTxn())
+		return err
+	}
+	f.round(t)
+	require.NoError(t, wait())
+	f.upsertEndpoints(t, localEndpoint(t, "web-1", 300, netip.MustParseAddr("10.9.0.1"), "app", "web"))
+	require.ErrorIs(t, wait(), context.DeadlineExceeded, "the endpoint is not computed yet")
+	f.round(t)
+	require.NoError(t, wait())
+}
+
+// TestEndpointCost: an endpoint costs what its identity's policies
+// select. A second endpoint of an identity recomputes nothing; the first
+// of an identity recomputes the identities its policies select, not those
+// of the other policies; the last one going does the same.
+func TestEndpointCost(t *testing.T) {
+	f := newEngineFixture(t).withEndpoints()
+	var policies []*policy.Policy
+	for i := range 20 {
+		cidr := fmt.Sprintf("10.%d.0.0/16", i)
+		policies = append(policies, selectingPolicy(fmt.Sprintf("p-%d", i), fmt.Sprintf("app-%d", i), cidr))
+		f.upsertIdentities(t, identityRow(identity.MinLocal+identity.Number(i), "cidr:"+cidr))
+	}
+	f.upsertPolicies(t, policies...)
+	f.policiesRead()
+	f.ipcacheResolved()
+	f.round(t)
+	require.Zero(t, f.entries.NumObjects(f.db.ReadTxn()), "no endpoint: no subject of any policy")
+
+	first := localEndpoint(t, "a-1", 300, netip.MustParseAddr("10.9.0.1"), "app", "app-3")
+	before := f.engine.recomputed
+	f.upsertEndpoints(t, first)
+	f.round(t)
+	require.Equal(t, 1, f.engine.recomputed-before, "the first endpoint of an identity: its one policy's identity")
+	require.Equal(t, map[policy.Key]string{
+		{Subject: 300, Identity: identity.MinLocal + 3, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443}: "p-3",
+	}, f.table())
+
+	second := localEndpoint(t, "a-2", 300, netip.MustParseAddr("10.9.0.2"), "app", "app-3")
+	before = f.engine.recomputed
+	f.upsertEndpoints(t, second)
+	f.round(t)
+	require.Zero(t, f.engine.recomputed-before, "a second endpoint of the identity shares its entries")
+
+	before = f.engine.recomputed
+	f.deleteEndpoints(t, first)
+	f.round(t)
+	require.Zero(t, f.engine.recomputed-before, "the identity keeps an endpoint")
+	require.Len(t, f.table(), 1)
+
+	f.deleteEndpoints(t, second)
+	f.round(t)
+	require.Equal(t, 1, f.engine.recomputed-before, "the last endpoint of the identity goes")
+	require.Empty(t, f.table())
+	for row := range f.enforcement.All(f.db.ReadTxn()) {
+		require.Equal(t, identity.Unknown, row.Subject, "only the default's enforcement rows are left")
+	}
+}
