@@ -5,7 +5,10 @@ package policycell
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -129,5 +133,119 @@ func TestEndpointCost(t *testing.T) {
 	require.Empty(t, f.table())
 	for row := range f.enforcement.All(f.db.ReadTxn()) {
 		require.Equal(t, identity.Unknown, row.Subject, "only the default's enforcement rows are left")
+	}
+}
+
+// TestSubjectsMatchBruteForce: after each of 300 rounds of random changes
+// to policies (rules and selectors) and endpoints (appearing, changing
+// identity, going), the `policy` table is, subject by subject, what the
+// brute-force computation gives for the policies that select the subject,
+// and each subject's enforcement rows are those of its policies.
+func TestSubjectsMatchBruteForce(t *testing.T) {
+	f := newEngineFixture(t).withEndpoints()
+	f.policiesRead()
+	f.ipcacheResolved()
+	rng := rand.New(rand.NewPCG(3, 5))
+
+	var identities []*identitycell.Identity
+	cidrs := []string{"10.0.0.0/8", "10.1.0.0/16", "10.1.1.0/24", "192.0.2.0/24"}
+	for i, c := range cidrs {
+		identities = append(identities, identityRow(identity.MinLocal+identity.Number(i), "cidr:"+c))
+	}
+	f.upsertIdentities(t, identities...)
+	// The label sets of the endpoint identities.
+	labelSets := map[identity.Number][]string{
+		300: {"app", "a"}, 301: {"app", "b", "tier", "x"}, 302: {"app", "a", "tier", "y"}, 303: {"app", "c"},
+	}
+	selectors := []policy.EndpointSelector{
+		{},
+		{MatchLabels: map[string]string{"app": "a"}},
+		{MatchExpressions: []policy.Requirement{{Key: "app", Operator: policy.OpIn, Values: []string{"a", "b"}}}},
+		{MatchExpressions: []policy.Requirement{{Key: "app", Operator: policy.OpNotIn, Values: []string{"a"}}}},
+		{MatchExpressions: []policy.Requirement{{Key: "tier", Operator: policy.OpExists}}},
+		{MatchExpressions: []policy.Requirement{{Key: "tier", Operator: policy.OpDoesNotExist}}},
+		{MatchLabels: map[string]string{"app": "c"}, Namespace: "other"},
+	}
+	randomRule := func() policy.Rule {
+		rule := policy.Rule{Deny: rng.IntN(4) == 0, AnyPeer: rng.IntN(5) == 0, NoDefaultDeny: rng.IntN(4) == 0}
+		for range rng.IntN(3) {
+			rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: netip.MustParsePrefix(cidrs[rng.IntN(len(cidrs))])})
+		}
+		if rng.IntN(2) == 0 {
+			rule.Ports = []policy.PortRange{{Port: uint16(440 + rng.IntN(4)), Protocol: policy.ProtocolTCP}}
+		}
+		return rule
+	}
+	policies := map[string]*policy.Policy{}
+	endpoints := map[string]*endpoint.State{}
+
+	for step := range 300 {
+		for range 1 + rng.IntN(4) {
+			switch op := rng.IntN(4); {
+			case op == 0 && len(policies) > 0:
+				name := slices.Sorted(maps.Keys(policies))[rng.IntN(len(policies))]
+				f.deletePolicy(t, policies[name])
+				delete(policies, name)
+			case op == 1:
+				p := &policy.Policy{Name: fmt.Sprintf("p%d", rng.IntN(6)), Selector: selectors[rng.IntN(len(selectors))]}
+				for range rng.IntN(3) {
+					p.Ingress = append(p.Ingress, randomRule())
+				}
+				for range rng.IntN(3) {
+					p.Egress = append(p.Egress, randomRule())
+				}
+				f.upsertPolicies(t, p)
+				policies[p.Name] = p
+			case op == 2 && len(endpoints) > 0:
+				name := slices.Sorted(maps.Keys(endpoints))[rng.IntN(len(endpoints))]
+				f.deleteEndpoints(t, endpoints[name])
+				delete(endpoints, name)
+			default:
+				k := rng.IntN(6)
+				id := identity.Number(300 + rng.IntN(len(labelSets)))
+				ep := localEndpoint(t, fmt.Sprintf("e%d", k), id, netip.AddrFrom4([4]byte{172, 16, 0, byte(k)}), labelSets[id]...)
+				ep.Local = rng.IntN(8) != 0
+				f.upsertEndpoints(t, ep)
+				endpoints[ep.Name] = ep
+			}
+		}
+		f.round(t)
+
+		subjects := map[identity.Number]map[string]string{0: nil}
+		for _, ep := range endpoints {
+			if ep.Local {
+				subjects[ep.Identity] = endpoint.KeyValues(ep.IdentityLabels)
+			}
+		}
+		want := map[policy.Key]string{}
+		wantEnforcement := map[policy.EnforcementKey][2]bool{}
+		for subject, kv := range subjects {
+			var selected []*policy.Policy
+			for _, p := range policies {
+				if subject == 0 && p.Selector.Empty() || subject != 0 && p.Selector.Matches(kv) {
+					selected = append(selected, p)
+				}
+			}
+			for k, v := range bruteForce(selected, identities) {
+				k.Subject = subject
+				want[k] = v
+			}
+			for _, dir := range policy.Directions() {
+				var enforced, deny bool
+				for _, p := range selected {
+					for _, rule := range p.Rules(dir) {
+						enforced = enforced || !rule.NoDefaultDeny
+						deny = deny || rule.Deny
+					}
+				}
+				wantEnforcement[policy.EnforcementKey{Subject: subject, Direction: dir}] = [2]bool{enforced, deny}
+			}
+		}
+		require.Equal(t, want, f.table(), "step %d", step)
+		got := map[policy.EnforcementKey][2]bool{}
+		for row := range f.enforcement.All(f.db.ReadTxn()) {
+			got[row.Key()] = [2]bool{row.Enforced, row.HasDeny}
+		}
+		require.Equal(t, wantEnforcement, got, "step %d", step)
 	}
 }
