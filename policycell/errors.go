@@ -69,3 +69,7 @@ var (
 // ErrBadEnablePolicy is wrapped by the configuration error for an
 // --enable-policy that is none of default, always and never.
 var ErrBadEnablePolicy = errors.New("want default, always or never")
+
+// ErrNoEndpoint is wrapped by policy/explain's error for an --endpoint
+// that is no local endpoint with an identity.
+var ErrNoEndpoint = errors.New("no local endpoint")
