@@ -32,7 +32,13 @@ func LinksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 
 // Pinned are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type Pinned struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	IPCache, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	// Policies is the outer policy map, pinned as PolicyName (PoliciesSpec);
+	// Policy is the host-wide default's map in it (subject 0), which
+	// Open makes sure is there.
+	Policies, Policy *ebpf.Map
+	// Endpoints is the endpoints map (EndpointsSpec).
+	Endpoints *ebpf.Map
 }
 
 // Close closes the maps' descriptors; the maps stay pinned.
@@ -40,7 +46,7 @@ type Pinned struct {
 // Possible errors: a descriptor cannot be closed.
 func (m *Pinned) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -121,9 +127,11 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheSpec(ipcacheMaxEntries), log)
 	if err == nil {
-		maps.Policy, err = openPolicyMap(dir, PolicySpec(policyMaxEntries), log)
+		maps.Policies, maps.Policy, err = openPolicies(dir, policyMaxEntries, log)
 	}
 	if err == nil {
+		// The previous layout (2 entries) is migrated: the default's
+		// entries are where they were.
 		maps.Enforcement, err = openPinnedMap(dir, EnforcementSpec(), log)
 	}
 	if err == nil {
@@ -131,6 +139,9 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	}
 	if err == nil {
 		maps.Revision, err = openPinnedMap(dir, RevisionSpec(), log)
+	}
+	if err == nil {
+		maps.Endpoints, err = openPinnedMap(dir, EndpointsSpec(), log)
 	}
 	if err != nil {
 		maps.Close()

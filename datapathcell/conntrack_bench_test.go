@@ -88,8 +88,10 @@ func tcpPacket(src, dst netip.AddrPort, flags uint8) []byte {
 }
 
 // benchMaps are maps of the agent's specs with 100k /32s in the ipcache,
-// the peer among them, and egress rules (benchPolicyRules), one of which
-// allows the peer on TCP benchPeerPort.
+// the peer among them, egress rules (benchPolicyRules) in the host-wide
+// default's policy map, one of which allows the peer on TCP
+// benchPeerPort, and other endpoints than benchEndpoint in the endpoints
+// map.
 func benchMaps(tb testing.TB) enforcerMaps {
 	tb.Helper()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
@@ -98,7 +100,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 		tb.Cleanup(func() { m.Close() })
 		return m
 	}
-	maps := enforcerMaps{
+	maps := withSubjects(tb, enforcerMaps{
 		IPCache:     newMap(bpfmaps.IPCacheSpec(benchIPCacheEntries + 1)),
 		Policy:      newMap(bpfmaps.PolicySpec(16384)),
 		Enforcement: newMap(bpfmaps.EnforcementSpec()),
@@ -107,7 +109,7 @@ func benchMaps(tb testing.TB) enforcerMaps {
 
 		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(65536)),
 		Revision:         newMap(bpfmaps.RevisionSpec()),
-	}
+	})
 	rng := rand.New(rand.NewPCG(1, 1))
 	seen := map[netip.Addr]bool{benchPeer: true, benchEndpoint: true}
 	keys := []bpfmaps.IPCacheKey{bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32))}
@@ -126,9 +128,22 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	for _, r := range benchPolicyRules() {
 		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))
 	}
+	// Other local endpoints (benchEndpoints): every packet looks its
+	// endpoint up among them, and the benchmark's is the default's.
+	var epKeys []bpfmaps.EndpointKey
+	var epValues []bpfmaps.EndpointValue
+	for i := range benchEndpoints {
+		epKeys = append(epKeys, bpfmaps.NewEndpointKey(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})))
+		epValues = append(epValues, bpfmaps.NewEndpointValue(identity.MinCluster+identity.Number(i%100), 0))
+	}
+	_, err = maps.Endpoints.BatchUpdate(epKeys, epValues, nil)
+	require.NoError(tb, err)
 	bumpRevision(tb, maps)
 	return maps
 }
+
+// benchEndpoints is how many local endpoints the endpoints map holds.
+const benchEndpoints = 1000
 
 // benchPolicyRule is an egress allow of the benchmark's policy map.
 type benchPolicyRule struct {
@@ -158,7 +173,7 @@ func setEnforced(tb testing.TB, maps enforcerMaps, ingress, egress bool) {
 		if on {
 			v = 1
 		}
-		require.NoError(tb, maps.Enforcement.Put(d, v))
+		require.NoError(tb, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Direction(d)), v))
 	}
 	bumpRevision(tb, maps)
 }
@@ -201,14 +216,40 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	// An object of the previous policy map layout (a hash) gets a map of
 	// that layout with the same rule.
 	hashPolicy := newHashPolicyMap(b, benchPolicyRules())
+	// One of the flat LPM layout gets the default's map, one of subjects
+	// the outer map (whose default's map it is).
 	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
-		if spec.Maps[bpfmaps.PolicyName].Type == ebpf.Hash {
+		switch spec.Maps[bpfmaps.PolicyName].Type {
+		case ebpf.Hash:
 			return hashPolicy
+		case ebpf.HashOfMaps:
+			return maps.Policies
 		}
 		return maps.Policy
 	}
+	// Objects before subjects (an array of the default's two directions)
+	// get one of that size, which enforce keeps as the current program's.
+	arrayEnforcement, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 2})
+	require.NoError(b, err)
+	b.Cleanup(func() { arrayEnforcement.Close() })
+	enforcementFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
+		if spec.Maps[bpfmaps.EnforcementName].MaxEntries == arrayEnforcement.MaxEntries() {
+			return arrayEnforcement
+		}
+		return maps.Enforcement
+	}
+	enforce := func(ingress, egress bool) {
+		setEnforced(b, maps, ingress, egress)
+		for d, on := range []bool{ingress, egress} {
+			var v uint32
+			if on {
+				v = 1
+			}
+			require.NoError(b, arrayEnforcement.Put(uint32(d), v))
+		}
+	}
 	statelessMaps := map[string]*ebpf.Map{
-		bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(stateless), bpfmaps.EnforcementName: maps.Enforcement,
+		bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(stateless), bpfmaps.EnforcementName: enforcementFor(stateless),
 	}
 	shareCounters(stateless, statelessMaps)
 	require.NoError(b, stateless.LoadAndAssign(&old, &ebpf.CollectionOptions{MapReplacements: statelessMaps}))
@@ -231,7 +272,7 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
 		}
 		replacements := map[string]*ebpf.Map{
-			bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(spec), bpfmaps.EnforcementName: maps.Enforcement,
+			bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(spec), bpfmaps.EnforcementName: enforcementFor(spec),
 			bpfmaps.ConntrackName: maps.Conntrack,
 		}
 		shareCounters(spec, replacements)
@@ -246,6 +287,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		if ct := spec.Maps[bpfmaps.ConntrackOpeningName]; ct != nil && ct.KeySize == maps.ConntrackOpening.KeySize() {
 			ct.MaxEntries = maps.ConntrackOpening.MaxEntries()
 			replacements[bpfmaps.ConntrackOpeningName] = maps.ConntrackOpening
+		}
+		if _, ok := spec.Maps[bpfmaps.EndpointsName]; ok {
+			replacements[bpfmaps.EndpointsName] = maps.Endpoints
 		}
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.
@@ -308,16 +352,16 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		}
 		add("pass-through (TCX_NEXT)", passThrough, forwardACK, tcxNextRet)
 
-		setEnforced(b, maps, true, true)
+		enforce(true, true)
 		add("stateless: allowed", old.FromEndpoint, forwardACK, tcxNextRet)
 		add("stateless: dropped (the reply)", old.ToEndpoint, replyACK, tcxDropRet)
-		setEnforced(b, maps, false, false)
+		enforce(false, false)
 		add("stateless: not enforced", old.FromEndpoint, forwardACK, tcxNextRet)
 
 		// A new connection: the SYN finds no entry and creates one. Each
 		// run needs the entry gone, so runs are single; the pass-through
 		// program is measured the same way for its ratio.
-		setEnforced(b, maps, true, true)
+		enforce(true, true)
 		var v bpfmaps.ConntrackValue
 		newConnection := func(name string, prog *ebpf.Program) {
 			var single, newConn time.Duration
@@ -365,9 +409,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		setEvents(0)
 		ctDelete()
 
-		setEnforced(b, maps, false, false)
+		enforce(false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)
-		setEnforced(b, maps, true, false)
+		enforce(true, false)
 		ctPut(bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)

@@ -114,7 +114,7 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 // Enforcement implements policy.Datapath: the enforcement map's
 // value for dir (bpfmaps/abi.go).
 func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
-	k := uint32(dir)
+	k := bpfmaps.NewEnforcementKey(0, dir) // the host-wide default's
 	var v bpfmaps.EnforcementValue
 	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.enforcement }, &k, &v)
 	if err != nil {

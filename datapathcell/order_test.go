@@ -240,7 +240,11 @@ type fakeEnforcement struct{ r *recordingMaps }
 func (e *fakeEnforcement) Put(key, value any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	dir, v := *key.(*uint32), *value.(*bpfmaps.EnforcementValue)
+	k, v := *key.(*bpfmaps.EnforcementKey), *value.(*bpfmaps.EnforcementValue)
+	if k.Subject() != 0 {
+		return fmt.Errorf("fake enforcement map: subject %d: only the default's are kept", k.Subject())
+	}
+	dir := k.Direction()
 	e.r.enforcement[dir] = uint32(v)
 	e.r.wrote(fmt.Sprintf("enforcement[%d] = %d", dir, v))
 	return nil
@@ -249,7 +253,7 @@ func (e *fakeEnforcement) Put(key, value any) error {
 func (e *fakeEnforcement) Lookup(key, valueOut any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[*key.(*uint32)])
+	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[key.(*bpfmaps.EnforcementKey).Direction()])
 	return nil
 }
 
@@ -585,7 +589,7 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 	require.NoError(t, m.ipcache.Put(&k, &v))
 	pk, pv := policyMapKey(16777217, uint8(policy.Egress), 0, 0), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
-	dir, on := uint32(policy.Egress), bpfmaps.EnforcementValue(1)
+	dir, on := bpfmaps.NewEnforcementKey(0, policy.Egress), bpfmaps.EnforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))
 	r.watch(pinged, uint8(policy.Egress))
 	require.NoError(t, m.policy.Delete(&pk))
