@@ -16,7 +16,8 @@ import (
 )
 
 // Cell provides the identity [Allocator] (local and label identities), the
-// read-only `identities` table and the [Checkpointer].
+// read-only `identities` table, the [Checkpointer] and the identity/list and
+// identity/get shell commands (with the [Users] other cells contribute).
 var Cell = cell.Module(
 	"identity",
 	"Local CIDR and label identity allocation",
@@ -29,6 +30,7 @@ var Cell = cell.Module(
 		newLifecycleCheckpointer,
 		stateFile,
 		newMetrics,
+		newCommands,
 	),
 	cell.Invoke(Config.Validate, registerCheckpointer),
 )
