@@ -20,7 +20,7 @@ import (
 // identity/get shell commands (with the [Users] other cells contribute).
 var Cell = cell.Module(
 	"identity",
-	"Local CIDR and label identity allocation",
+	"Local CIDR identity allocation",
 
 	cell.Config(DefaultConfig),
 	cell.ProvidePrivate(NewIdentitiesTable),
