@@ -406,16 +406,13 @@ func (a *Allocator) WithheldNumber(id identity.Number) (withheld bool, previous 
 // which an ipcache entry maps to): while it has one, the number is
 // allocated to no label set. Numbers outside the cluster range are
 // ignored: only label sets could take them. A number allocated already
-// keeps its identity (logged: its owner gave a number in use). The count
-// is the allocator's, not the table's: the caller's transaction must be
+// keeps its identity: the endpoints map their addresses to the label
+// identities they hold as explicit identities. The count is the
+// allocator's, not the table's: the caller's transaction must be
 // committed, as the ipcache's resolver always does.
 func (a *Allocator) UseExplicitTxn(txn statedb.WriteTxn, id identity.Number) {
 	if !a.cluster.inRange(id) {
 		return
-	}
-	if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found {
-		a.log.Warn("Explicit identity is allocated to a label set too",
-			"identity", id, "labels", existing.Labels)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
