@@ -33,6 +33,7 @@ var Cell = cell.Module(
 		func(e *Endpoints) endpoint.Registry { return e },
 		scriptCommands,
 		stateFile,
+		newIdentityUsers,
 	),
 	cell.Invoke(registerEndpoints),
 )

@@ -4,7 +4,9 @@ package identitycell
 
 import (
 	"fmt"
+	"iter"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"github.com/cilium/statedb"
@@ -13,7 +15,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-// Allocator hands out local identities. It is safe for concurrent use.
+// Allocator hands out identities from two spaces: local (CIDR) identities
+// in the local scope, and label identities (of endpoints, by their labels)
+// in the cluster range, by the label set (see [IsLabelIdentity]). It is
+// safe for concurrent use.
 //
 // A number is allocated exactly when the `identities` table has a row for
 // it (the row's References is the number of outstanding references). The
@@ -29,16 +34,39 @@ import (
 // must lock the identities table, see [Allocator.WriteTxn]) so that a
 // caller can change its own tables and the identities it references
 // atomically, and batch many allocations into one commit. If that
-// transaction is aborted, nothing of it happened.
+// transaction is aborted, nothing of it happened (but for the explicit
+// identities' counts, see [Allocator.UseExplicitTxn]).
 type Allocator struct {
 	db    *statedb.DB
 	table statedb.RWTable[*Identity]
 	log   *slog.Logger
 
-	// first and last bound the numbers this allocator hands out.
+	mu sync.Mutex
+	// local and cluster are the two spaces; each changes under mu.
+	local, cluster space
+
+	// previous is, for each label identity withheld for the label set that
+	// had it (WithholdForLabels), that set, and previousNumber the reverse:
+	// an allocation of the set without a requested number gets its number
+	// back, and no other set gets it. Under mu, and a write transaction of
+	// the table as the bitmap; an entry goes when its number is
+	// un-withheld.
+	previous       map[identity.Number]labels.Labels
+	previousNumber map[labels.Labels]identity.Number
+
+	// explicit counts, per number of the cluster range, the users of the
+	// number as an explicit identity (ipcache entries): it is never
+	// allocated to a label set while counted. Under mu.
+	explicit map[identity.Number]uint32
+}
+
+// space is one range of numbers the allocator hands out.
+type space struct {
+	// name says which in errors ("local", "label").
+	name string
+	// first and last bound the numbers this space hands out.
 	first, last identity.Number
 
-	mu sync.Mutex
 	// next is where the search for a free number starts. It moves forward
 	// only, so a number just freed is not handed out again until the search
 	// wraps around: a datapath entry still carrying the old number is then
@@ -54,17 +82,62 @@ type Allocator struct {
 	numWithheld int
 }
 
-// newAllocator returns an allocator of the numbers first..last, which must
-// lie in the local scope.
-func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger, first, last identity.Number) *Allocator {
+func newSpace(name string, first, last identity.Number) space {
+	return space{name: name, first: first, last: last, next: first}
+}
+
+// newAllocator returns an allocator of the local numbers first..last,
+// which must lie in the local scope, and of the label identities in
+// clusterFirst..clusterLast, which must lie in the cluster range.
+func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger,
+	first, last, clusterFirst, clusterLast identity.Number) *Allocator {
 	return &Allocator{
-		db:    db,
-		table: table,
-		log:   log,
-		first: first,
-		last:  last,
-		next:  first,
+		db:      db,
+		table:   table,
+		log:     log,
+		local:   newSpace("local", first, last),
+		cluster: newSpace("label", clusterFirst, clusterLast),
 	}
+}
+
+// IsLabelIdentity reports whether lbls is the label set of a label
+// identity: one with no cidr label and a label of a source other than
+// reserved (an endpoint's k8s: labels). A set with a cidr label is a
+// local (CIDR) identity's, whatever else it holds: the ipcache adds the
+// prefix's cidr label to the labels its owners give a prefix, and those
+// identities are local, as they always were.
+func IsLabelIdentity(lbls labels.Labels) bool {
+	s := lbls.String()
+	// The canonical form is sorted: a CIDR identity's one label is told
+	// by its start, without splitting the set.
+	if strings.HasPrefix(s, labels.SourceCIDR+":") || strings.Contains(s, ","+labels.SourceCIDR+":") {
+		return false
+	}
+	for label := range lbls.All() {
+		if !strings.HasPrefix(label, labels.SourceReserved+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// spaceFor returns the space of the identity of lbls.
+func (a *Allocator) spaceFor(lbls labels.Labels) *space {
+	if IsLabelIdentity(lbls) {
+		return &a.cluster
+	}
+	return &a.local
+}
+
+// spaceOf returns the space id lies in, or nil.
+func (a *Allocator) spaceOf(id identity.Number) *space {
+	switch {
+	case a.local.inRange(id):
+		return &a.local
+	case a.cluster.inRange(id):
+		return &a.cluster
+	}
+	return nil
 }
 
 // WriteTxn returns a write transaction that locks the identities table and
@@ -111,7 +184,14 @@ func (a *Allocator) release(id identity.Number) (freed bool, err error) {
 // and free (withheld numbers included); otherwise the next free,
 // non-withheld number is. requested may be IdentityUnknown.
 //
-// Possible errors: ErrNoLabels, ErrExhausted (wrapped),
+// A label set's identity (see [IsLabelIdentity]) is a label identity, in
+// the cluster range; any other set's is local. A label set that had a
+// number withheld for it ([Allocator.WithholdForLabels]) gets that number
+// when it requests none, and a number so withheld goes to no other set.
+// Numbers in use as explicit identities ([Allocator.UseExplicitTxn]) go to
+// no label set.
+//
+// Possible errors: ErrNoLabels, ErrExhausted (wrapped, naming the space),
 // ErrTooManyReferences (wrapped).
 func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested identity.Number) (identity.Number, error) {
 	if lbls.IsEmpty() {
@@ -133,7 +213,7 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 		return existing.ID, nil
 	}
 
-	id, withheld, err := a.pickNumber(txn, requested)
+	id, withheld, err := a.pickNumber(txn, a.spaceFor(lbls), lbls, requested)
 	if err != nil {
 		return identity.Unknown, fmt.Errorf("allocate identity for %s: %w", lbls, err)
 	}
@@ -175,7 +255,7 @@ func (a *Allocator) ReleaseTxn(txn statedb.WriteTxn, id identity.Number) (freed 
 }
 
 // Withhold reserves the numbers for requests that name them. Numbers
-// outside the allocator's range are ignored, and so is a number withheld
+// outside the allocator's spaces are ignored, and so is a number withheld
 // already. Withholding an allocated number has no effect on its current
 // owner; its row is marked withheld.
 //
@@ -185,12 +265,22 @@ func (a *Allocator) Withhold(ids ...identity.Number) error {
 	defer txn.Abort()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.withholdLocked(txn, ids); err != nil {
+		return err
+	}
+	txn.Commit()
+	return nil
+}
+
+// withholdLocked withholds ids: marks their rows, then sets their bits.
+// Called with mu held, in txn.
+func (a *Allocator) withholdLocked(txn statedb.WriteTxn, ids []identity.Number) error {
 	// The rows first, so that an error leaves the bits as they were. Only
 	// allocated numbers have rows to mark: none at a restart, where
 	// restore withholds before anything is allocated.
 	if a.table.NumObjects(txn) > 0 {
 		for _, id := range ids {
-			if !a.inRange(id) {
+			if a.spaceOf(id) == nil {
 				continue
 			}
 			existing, _, found := a.table.Get(txn, IdentityIndex.Query(id))
@@ -204,16 +294,58 @@ func (a *Allocator) Withhold(ids ...identity.Number) error {
 			}
 		}
 	}
-	if a.withheld == nil && len(ids) > 0 {
-		a.withheld = make([]uint64, (int(a.last-a.first)+64)/64)
+	for _, id := range ids {
+		if s := a.spaceOf(id); s != nil {
+			s.setWithheld(id, true)
+		}
 	}
-	a.setWithheld(ids, true)
-	txn.Commit()
 	return nil
 }
 
+// WithholdForLabels withholds each label identity of previous (number ->
+// labels, as a checkpoint lists them) for its label set: until the number
+// is un-withheld, an allocation of that set without a requested number
+// gets it back, and no other set gets it. Entries that are not label
+// identities (a local number, labels of a local identity) are ignored. It
+// returns the numbers withheld, for the caller to un-withhold.
+//
+// Possible errors: statedb's write errors (a bug); nothing is withheld.
+func (a *Allocator) WithholdForLabels(previous iter.Seq2[identity.Number, labels.Labels]) ([]identity.Number, error) {
+	var (
+		ids  []identity.Number
+		sets []labels.Labels
+	)
+	for id, lbls := range previous {
+		if a.cluster.inRange(id) && IsLabelIdentity(lbls) {
+			ids, sets = append(ids, id), append(sets, lbls)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	txn := a.WriteTxn()
+	defer txn.Abort()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.withholdLocked(txn, ids); err != nil {
+		return nil, err
+	}
+	if a.previous == nil {
+		a.previous, a.previousNumber = map[identity.Number]labels.Labels{}, map[labels.Labels]identity.Number{}
+	}
+	for i, id := range ids {
+		if old, had := a.previous[id]; had {
+			delete(a.previousNumber, old)
+		}
+		a.previous[id], a.previousNumber[sets[i]] = sets[i], id
+	}
+	txn.Commit()
+	return ids, nil
+}
+
 // Unwithhold returns the numbers to general use, in one transaction: the
-// rows of those allocated lose their mark. A caller with many paces them
+// rows of those allocated lose their mark, and a label identity is no
+// longer kept for the set that had it. A caller with many paces them
 // (each row rewritten is one more dead object for statedb's graveyard
 // collector).
 //
@@ -225,7 +357,7 @@ func (a *Allocator) Unwithhold(ids ...identity.Number) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, id := range ids {
-		if !a.inRange(id) || !a.isWithheld(id) {
+		if s := a.spaceOf(id); s == nil || !s.isWithheld(id) {
 			continue
 		}
 		if existing, _, found := a.table.Get(txn, IdentityIndex.Query(id)); found && existing.Withheld() {
@@ -237,7 +369,15 @@ func (a *Allocator) Unwithhold(ids ...identity.Number) error {
 		}
 	}
 	// Cleared only once nothing can fail: an error returns nothing to use.
-	a.setWithheld(ids, false)
+	for _, id := range ids {
+		if s := a.spaceOf(id); s != nil {
+			s.setWithheld(id, false)
+		}
+		if lbls, had := a.previous[id]; had {
+			delete(a.previous, id)
+			delete(a.previousNumber, lbls)
+		}
+	}
 	txn.Commit()
 	return nil
 }
@@ -246,41 +386,91 @@ func (a *Allocator) Unwithhold(ids ...identity.Number) error {
 func (a *Allocator) NumWithheld() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.numWithheld
+	return a.local.numWithheld + a.cluster.numWithheld
+}
+
+// WithheldNumber reports whether id is withheld, and the labels it is kept
+// for when it is a label identity withheld for its previous set.
+func (a *Allocator) WithheldNumber(id identity.Number) (withheld bool, previous labels.Labels) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.spaceOf(id)
+	if s == nil || !s.isWithheld(id) {
+		return false, labels.Labels{}
+	}
+	return true, a.previous[id]
+}
+
+// UseExplicitTxn records, inside the caller's write transaction, one more
+// user of id as an explicit identity (an identity allocated elsewhere,
+// which an ipcache entry maps to): while it has one, the number is
+// allocated to no label set. Numbers outside the cluster range are
+// ignored: only label sets could take them. A number allocated already
+// keeps its identity: the endpoints map their addresses to the label
+// identities they hold as explicit identities. The count is the
+// allocator's, not the table's: the caller's transaction must be
+// committed, as the ipcache's resolver always does.
+func (a *Allocator) UseExplicitTxn(txn statedb.WriteTxn, id identity.Number) {
+	if !a.cluster.inRange(id) {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.explicit == nil {
+		a.explicit = map[identity.Number]uint32{}
+	}
+	a.explicit[id]++
+}
+
+// ReleaseExplicitTxn drops one user of id as an explicit identity
+// recorded by [Allocator.UseExplicitTxn]; with none left, label sets may
+// get the number again.
+func (a *Allocator) ReleaseExplicitTxn(txn statedb.WriteTxn, id identity.Number) {
+	if !a.cluster.inRange(id) {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch n := a.explicit[id]; n {
+	case 0:
+		a.log.Error("BUG: explicit identity released more often than used", "identity", id)
+	case 1:
+		delete(a.explicit, id)
+	default:
+		a.explicit[id] = n - 1
+	}
 }
 
 // isWithheld reports whether an in-range id is withheld. Called with mu
 // held.
-func (a *Allocator) isWithheld(id identity.Number) bool {
-	if a.withheld == nil {
+func (s *space) isWithheld(id identity.Number) bool {
+	if s.withheld == nil {
 		return false
 	}
-	n := uint(id - a.first)
-	return a.withheld[n/64]&(1<<(n%64)) != 0
+	n := uint(id - s.first)
+	return s.withheld[n/64]&(1<<(n%64)) != 0
 }
 
-// setWithheld sets or clears the bits of the in-range ids, keeping the
+// setWithheld sets or clears the bit of an in-range id, keeping the
 // count. Called with mu held.
-func (a *Allocator) setWithheld(ids []identity.Number, withheld bool) {
-	if a.withheld == nil {
+func (s *space) setWithheld(id identity.Number, withheld bool) {
+	if s.isWithheld(id) == withheld {
 		return
 	}
-	for _, id := range ids {
-		if !a.inRange(id) || a.isWithheld(id) == withheld {
-			continue
-		}
-		n := uint(id - a.first)
-		a.withheld[n/64] ^= 1 << (n % 64)
-		if withheld {
-			a.numWithheld++
-		} else {
-			a.numWithheld--
-		}
+	if s.withheld == nil {
+		s.withheld = make([]uint64, (int(s.last-s.first)+64)/64)
+	}
+	n := uint(id - s.first)
+	s.withheld[n/64] ^= 1 << (n % 64)
+	if withheld {
+		s.numWithheld++
+	} else {
+		s.numWithheld--
 	}
 }
 
-func (a *Allocator) inRange(id identity.Number) bool {
-	return id >= a.first && id <= a.last
+func (s *space) inRange(id identity.Number) bool {
+	return id >= s.first && id <= s.last
 }
 
 // LabelsTxn returns the labels of an allocated identity.
@@ -292,40 +482,76 @@ func (a *Allocator) LabelsTxn(txn statedb.ReadTxn, id identity.Number) (labels.L
 	return ident.Labels, true
 }
 
-// pickNumber returns the requested number if it is in range and free
-// (withheld or not), else the next number that is neither allocated nor
-// withheld. It reports whether the number is withheld.
-func (a *Allocator) pickNumber(txn statedb.WriteTxn, requested identity.Number) (identity.Number, bool, error) {
+// pickNumber returns the requested number if it is in s and free
+// (withheld or not), else the next number of s that is neither allocated
+// nor withheld. It reports whether the number is withheld. For a label
+// identity, the number withheld for lbls is the one requested when none
+// is, and numbers withheld for another set or in use as explicit
+// identities are not free.
+func (a *Allocator) pickNumber(txn statedb.WriteTxn, s *space, lbls labels.Labels, requested identity.Number) (identity.Number, bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.inRange(requested) {
+	isCluster := s == &a.cluster
+	if isCluster && requested == identity.Unknown {
+		if previous, found := a.previousNumber[lbls]; found {
+			requested = previous
+		}
+	}
+	if s.inRange(requested) && (!isCluster || a.mayTake(requested, lbls)) {
 		if _, _, found := a.table.Get(txn, IdentityIndex.Query(requested)); !found {
-			return requested, a.isWithheld(requested), nil
+			return requested, s.isWithheld(requested), nil
 		}
 	}
 
-	size := int(a.last-a.first) + 1
-	if a.table.NumObjects(txn) >= size {
-		return identity.Unknown, false, a.exhausted()
-	}
-	id := a.next
-	for range size {
-		if !a.inRange(id) {
-			id = a.first
+	size := int(s.last-s.first) + 1
+	if !isCluster {
+		// Every row counts but the label identities': those are few, and
+		// counted only when the local space may be full.
+		if n := a.table.NumObjects(txn); n >= size && n-a.countRows(txn, &a.cluster) >= size {
+			return identity.Unknown, false, s.exhausted()
 		}
-		if !a.isWithheld(id) {
+	}
+	id := s.next
+	for range size {
+		if !s.inRange(id) {
+			id = s.first
+		}
+		if !s.isWithheld(id) && (!isCluster || a.explicit[id] == 0) {
 			if _, _, found := a.table.Get(txn, IdentityIndex.Query(id)); !found {
-				a.next = id + 1
+				s.next = id + 1
 				return id, false, nil
 			}
 		}
 		id++
 	}
-	return identity.Unknown, false, a.exhausted()
+	return identity.Unknown, false, s.exhausted()
 }
 
-func (a *Allocator) exhausted() error {
-	return fmt.Errorf("search numbers %d..%d, each allocated or withheld: %w", a.first, a.last, ErrExhausted)
+// mayTake reports whether the label set may take the cluster number id:
+// it is no explicit identity, and not withheld for another set. Called
+// with mu held.
+func (a *Allocator) mayTake(id identity.Number, lbls labels.Labels) bool {
+	if a.explicit[id] > 0 {
+		return false
+	}
+	previous, kept := a.previous[id]
+	return !kept || previous == lbls
+}
+
+// countRows counts the rows of numbers in s.
+func (a *Allocator) countRows(txn statedb.ReadTxn, s *space) int {
+	n := 0
+	for ident := range a.table.LowerBound(txn, IdentityIndex.Query(s.first)) {
+		if ident.ID > s.last {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+func (s *space) exhausted() error {
+	return fmt.Errorf("search numbers %d..%d, each allocated or withheld: %w", s.first, s.last, exhaustedError{s.name})
 }
 
 // RegisterProducer registers a producer of identities: a client of the

@@ -26,7 +26,7 @@ func newTestAllocator(tb testing.TB, size uint32) (*Allocator, *statedb.DB, stat
 	table, err := NewIdentitiesTable(db)
 	require.NoError(tb, err)
 	last := identity.MinLocal + identity.Number(size) - 1
-	return newAllocator(db, table, hivetest.Logger(tb), identity.MinLocal, last), db, table
+	return newAllocator(db, table, hivetest.Logger(tb), identity.MinLocal, last, identity.MinCluster, identity.MaxCluster), db, table
 }
 
 func cidr(n int) labels.Labels {

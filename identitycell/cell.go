@@ -15,8 +15,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
-// Cell provides the local identity [Allocator], the read-only `identities`
-// table and the [Checkpointer].
+// Cell provides the identity [Allocator] (local and label identities), the
+// read-only `identities` table, the [Checkpointer] and the identity/list and
+// identity/get shell commands (with the [Users] other cells contribute).
 var Cell = cell.Module(
 	"identity",
 	"Local CIDR identity allocation",
@@ -29,6 +30,7 @@ var Cell = cell.Module(
 		newLifecycleCheckpointer,
 		stateFile,
 		newMetrics,
+		newCommands,
 	),
 	cell.Invoke(Config.Validate, registerCheckpointer),
 )
@@ -39,11 +41,16 @@ type Config struct {
 	// (from the start of the local scope). Hidden: it exists so that tests
 	// can exhaust the space.
 	IdentityLocalSpaceSize uint32
+
+	// IdentityLabelSpaceSize limits how many label identities are handed
+	// out (from the start of the cluster range). Hidden, for tests too.
+	IdentityLabelSpaceSize uint32
 }
 
 // DefaultConfig is the configuration on the defaults.
 var DefaultConfig = Config{
 	IdentityLocalSpaceSize: uint32(identity.MaxLocal - identity.MinLocal + 1),
+	IdentityLabelSpaceSize: uint32(identity.MaxCluster - identity.MinCluster + 1),
 }
 
 // Flags implements cell.Flagger.
@@ -51,22 +58,29 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("identity-local-space-size", def.IdentityLocalSpaceSize,
 		"Number of local identities that may be allocated (for tests)")
 	_ = flags.MarkHidden("identity-local-space-size")
+	flags.Uint32("identity-label-space-size", def.IdentityLabelSpaceSize,
+		"Number of label identities that may be allocated (for tests)")
+	_ = flags.MarkHidden("identity-label-space-size")
 }
 
 // Validate reports configuration errors, naming the flag.
 //
-// Possible errors: one naming --identity-local-space-size when it is out of
-// range.
+// Possible errors: one naming --identity-local-space-size or
+// --identity-label-space-size when it is out of range.
 func (c Config) Validate() error {
 	if max := uint32(identity.MaxLocal - identity.MinLocal + 1); c.IdentityLocalSpaceSize < 1 || c.IdentityLocalSpaceSize > max {
 		return fmt.Errorf("--identity-local-space-size must be in 1..%d, got %d", max, c.IdentityLocalSpaceSize)
+	}
+	if max := uint32(identity.MaxCluster - identity.MinCluster + 1); c.IdentityLabelSpaceSize < 1 || c.IdentityLabelSpaceSize > max {
+		return fmt.Errorf("--identity-label-space-size must be in 1..%d, got %d", max, c.IdentityLabelSpaceSize)
 	}
 	return nil
 }
 
 func newConfiguredAllocator(cfg Config, db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger) *Allocator {
 	last := identity.MinLocal + identity.Number(cfg.IdentityLocalSpaceSize) - 1
-	return newAllocator(db, table, log, identity.MinLocal, last)
+	clusterLast := identity.MinCluster + identity.Number(cfg.IdentityLabelSpaceSize) - 1
+	return newAllocator(db, table, log, identity.MinLocal, last, identity.MinCluster, clusterLast)
 }
 
 // newLifecycleCheckpointer returns the Checkpointer with its start hook

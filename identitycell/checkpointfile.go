@@ -30,8 +30,8 @@ const (
 	checkpointVersion = 1
 )
 
-// Checkpoint is the saved number -> labels of the local identities. The
-// zero value is empty.
+// Checkpoint is the saved number -> labels of the local identities and the
+// label identities. The zero value is empty.
 //
 // It is an array in number order, not a map: a restart decodes a million
 // numbers and looks each pinned prefix's up, and an array is built by
@@ -39,8 +39,11 @@ const (
 // the place the number gives (see Labels), where a map inserted and
 // looked up at a random place for each (docs/SCALE.md).
 type Checkpoint struct {
-	// entries are in ascending number order, each number once.
-	entries []checkpointEntry
+	// entries are in ascending number order, each number once: the label
+	// identities (the cluster range) first, then the local ones from
+	// firstLocal on.
+	entries    []checkpointEntry
+	firstLocal int
 }
 
 type checkpointEntry struct {
@@ -48,12 +51,16 @@ type checkpointEntry struct {
 	labels labels.Labels
 }
 
-// Len returns the number of identities in the checkpoint.
+// Len returns the number of identities in the checkpoint, local and label
+// identities.
 func (c Checkpoint) Len() int { return len(c.entries) }
 
 // Labels returns the labels saved for id, and whether id was saved.
 func (c Checkpoint) Labels(id identity.Number) (labels.Labels, bool) {
 	e := c.entries
+	if id.IsLocal() {
+		e = e[c.firstLocal:]
+	}
 	if len(e) == 0 || id < e[0].id {
 		return labels.Labels{}, false
 	}
@@ -99,11 +106,11 @@ func newCheckpointBuilder(path string, sizeHint int) *checkpointBuilder {
 	return &checkpointBuilder{path: path, entries: make([]checkpointEntry, 0, sizeHint), sorted: true}
 }
 
-// add adds a decoded entry, unless it is not a local identity with labels
-// or its number is the one listed just before it.
+// add adds a decoded entry, unless it is not a local or label identity
+// with labels or its number is the one listed just before it.
 func (b *checkpointBuilder) add(id identity.Number, lbls labels.Labels) error {
-	if !id.IsLocal() || lbls.IsEmpty() {
-		return corrupt(b.path, fmt.Sprintf("entry %d %q is not a local identity with labels", id, lbls))
+	if !(id.IsLocal() || id.IsCluster()) || lbls.IsEmpty() {
+		return corrupt(b.path, fmt.Sprintf("entry %d %q is not a local or label identity with labels", id, lbls))
 	}
 	if n := len(b.entries); n > 0 && id <= b.entries[n-1].id {
 		if id == b.entries[n-1].id {
@@ -129,7 +136,10 @@ func (b *checkpointBuilder) checkpoint() (Checkpoint, error) {
 			}
 		}
 	}
-	return Checkpoint{entries: b.entries}, nil
+	firstLocal, _ := slices.BinarySearchFunc(b.entries, identity.MinLocal, func(entry checkpointEntry, id identity.Number) int {
+		return cmp.Compare(entry.id, id)
+	})
+	return Checkpoint{entries: b.entries, firstLocal: firstLocal}, nil
 }
 
 func listedTwice(path string, id identity.Number) error {

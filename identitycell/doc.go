@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package identitycell allocates local (CIDR) security identities.
+// Package identitycell allocates the security identities of this node:
+// local (CIDR) identities, and label identities (of endpoints, by their
+// labels) in the cluster range.
 //
 // It owns the `identities` statedb table, whose rows are the allocated
 // numbers and not a copy of them: every allocation and release is a write
@@ -24,7 +26,10 @@
 // Reads: --state-dir (statedir.Config; the previous checkpoint, once, at
 // start).
 // Writes: the `identities` table; <state-dir>/local-identities.json, an
-// atomic checkpoint of number -> labels that the next run restores from.
+// atomic checkpoint of number -> labels (local and label identities) that
+// the next run restores from.
+// Shell: identity/list and identity/get, with the users other cells
+// contribute (the `identity-users` value group, [UsersOut]).
 // Metrics: ipcache_agent_identities, contributed to the metrics cell
 // (metrics.go).
 package identitycell

@@ -6,9 +6,10 @@ import "errors"
 
 var (
 	// ErrExhausted is returned (wrapped) by [Allocator.AllocateTxn] when
-	// every number of the local space is allocated or withheld. Only the
-	// request that hit it fails.
-	ErrExhausted = errors.New("local identity space exhausted")
+	// every number of the space the labels need (local, or the label
+	// identities') is allocated or withheld; the message names the space.
+	// Only the request that hit it fails.
+	ErrExhausted = errors.New("identity space exhausted")
 
 	// ErrTooManyReferences is returned (wrapped) by [Allocator.AllocateTxn]
 	// when the identity of the labels already has 2^31-1 references, the
@@ -37,3 +38,11 @@ type corruptError struct{ detail string }
 func (e corruptError) Error() string { return "corrupt: " + e.detail }
 
 func (e corruptError) Is(target error) bool { return target == ErrCorruptCheckpoint }
+
+// exhaustedError is what a full space fails with: it is ErrExhausted, and
+// names the space ("local identity space exhausted").
+type exhaustedError struct{ space string }
+
+func (e exhaustedError) Error() string { return e.space + " " + ErrExhausted.Error() }
+
+func (e exhaustedError) Is(target error) bool { return target == ErrExhausted }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
@@ -62,6 +63,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 	cmds, err := h.ScriptCommands(log)
 	require.NoError(t, err)
 	maps.Copy(cmds, script.DefaultCmds())
+	maps.Copy(cmds, jsoncmd.Commands())
 	cmds["identity/allocate"] = script.Command(
 		script.CmdUsage{Summary: "Allocate an identity", Args: "labels [requested]"},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -28,6 +28,7 @@ var Cell = cell.Module(
 		newReconcilerTable,
 		newScriptCmds,
 		newMetrics,
+		newIdentityUsers,
 	),
 	// The resolver runs even when no cell asks for the IPCache.
 	cell.Invoke(registerJobs),

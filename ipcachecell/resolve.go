@@ -636,15 +636,23 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 	if _, _, err := r.entries.Insert(txn, desired); err != nil {
 		return fmt.Errorf("write ipcache entry %s: %w", prefix, err)
 	}
-	if hasCurrent && (current.Identity != desired.Identity || current.Explicit != desired.Explicit) {
+	changed := !hasCurrent || current.Identity != desired.Identity || current.Explicit != desired.Explicit
+	if desired.Explicit && changed {
+		// The allocator gives a number in use as an explicit identity to
+		// no label set.
+		r.allocator.UseExplicitTxn(txn, desired.Identity)
+	}
+	if hasCurrent && changed {
 		r.releaseHeld(txn, current)
 	}
 	return nil
 }
 
-// releaseHeld drops the reference an entry held, if it held one.
+// releaseHeld drops the reference an entry held, if it held one, or its
+// use of an explicit identity.
 func (r *resolver) releaseHeld(txn statedb.WriteTxn, entry *Entry) {
 	if entry.Explicit {
+		r.allocator.ReleaseExplicitTxn(txn, entry.Identity)
 		return
 	}
 	if _, err := r.allocator.ReleaseTxn(txn, entry.Identity); err != nil {

@@ -20,8 +20,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
-// identityJSON is an identity of identity/list -o json (an array of them)
-// and identity/show -o json (one).
+// identityJSON is identity/show -o json.
 type identityJSON struct {
 	Identity   identity.Number `json:"identity"`
 	Labels     []string        `json:"labels"`
@@ -119,7 +118,6 @@ func newScriptCommands(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], 
 	owners := identityOwners{db, metadata, entries, identities}
 	return map[string]script.Cmd{
 		"ipcache/lookup": lookupCommand(db, metadata, entries, identities),
-		"identity/list":  owners.listCommand(),
 		"identity/show":  owners.showCommand(),
 	}
 }
@@ -148,67 +146,14 @@ func (o identityOwners) entriesOf(txn statedb.ReadTxn, ident *identitycell.Ident
 	}
 }
 
-// owners returns the prefixes that resolved to the identity and, per
-// prefix, the resources that own it.
-func (o identityOwners) owners(txn statedb.ReadTxn, ident *identitycell.Identity) (prefixes []string, resources []string) {
-	seen := map[string]bool{}
-	var rows []*PrefixMetadata
-	for entry := range o.entriesOf(txn, ident) {
-		prefixes = append(prefixes, entry.Prefix.String())
-		rows = appendPrefixRows(rows[:0], txn, o.metadata, entry.Prefix)
-		for _, row := range rows {
-			if !seen[row.Resource()] {
-				seen[row.Resource()] = true
-				resources = append(resources, row.Resource())
-			}
-		}
-	}
-	return prefixes, resources
-}
-
-func (o identityOwners) listCommand() script.Cmd {
-	return scriptcmd.Show(
-		script.CmdUsage{
-			Summary: "List local identities with their references, prefixes and owning resources",
-			Detail: []string{
-				"References counts the ipcache's one reference per prefix plus any",
-				"held elsewhere; Owners are the resources with metadata for the prefixes.",
-				"-o json: an array of objects (identity, labels, references, prefixes",
-				"with their source and owners, owners).",
-			},
-		},
-		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
-			txn := o.db.ReadTxn()
-			if asJSON {
-				rows := []identityJSON{}
-				for ident := range o.identities.All(txn) {
-					rows = append(rows, o.identityJSON(txn, ident))
-				}
-				return scriptcmd.JSON(rows, nil)
-			}
-			var out strings.Builder
-			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tReferences\tPrefixes\tOwners\tLabels")
-			for ident := range o.identities.All(txn) {
-				if !ident.Allocated() {
-					continue // only a tool builds such a row: no labels, no owners
-				}
-				prefixes, resources := o.owners(txn, ident)
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", ident.ID, ident.References(),
-					strings.Join(prefixes, ","), strings.Join(resources, ","), ident.Labels)
-			}
-			w.Flush()
-			return scriptcmd.Result(out.String(), nil)
-		})
-}
-
 func (o identityOwners) showCommand() script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Show a local identity: labels, references, prefixes and their owners",
 			Args:    "identity",
 			Detail: []string{
-				"-o json: one object, as an element of identity/list -o json.",
+				"-o json: one object (identity, labels, references, prefixes with",
+				"their source and owners, owners).",
 				"Fails if the identity is not allocated.",
 			},
 			Flags: scriptcmd.OutputFlag,

@@ -5,6 +5,7 @@ package ipcachecell_test
 import (
 	"context"
 	"maps"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,10 +17,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 func TestScript(t *testing.T) {
@@ -31,11 +35,14 @@ func TestScript(t *testing.T) {
 // newScriptEngine builds a hive of the identity and ipcache cells, with
 // test commands that act as owners of resource handles.
 func newScriptEngine(t testing.TB, args []string) *script.Engine {
-	var ipcache *ipcachecell.IPCache
+	var (
+		ipcache   *ipcachecell.IPCache
+		allocator *identitycell.Allocator
+	)
 	h := cells.NewHive(
 		identitycell.Cell,
 		ipcachecell.Cell,
-		cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
+		cell.Invoke(func(c *ipcachecell.IPCache, a *identitycell.Allocator) { ipcache, allocator = c, a }),
 	)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
@@ -52,5 +59,35 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 	maps.Copy(cmds, script.DefaultCmds())
 	maps.Copy(cmds, jsoncmd.Commands())
 	maps.Copy(cmds, ipcachetest.OwnerCommands(func() *ipcachecell.IPCache { return ipcache }))
+	cmds["test/allocate"] = allocateCommand(func() *identitycell.Allocator { return allocator })
 	return &script.Engine{Cmds: cmds}
+}
+
+// allocateCommand takes a reference to the identity of a label set, as a
+// user of label identities other than the ipcache would.
+func allocateCommand(allocator func() *identitycell.Allocator) script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: "Allocate the identity of a label set", Args: "labels [requested]"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) < 1 || len(args) > 2 {
+				return nil, script.ErrUsage
+			}
+			lbls, err := labels.Parse(args[0])
+			if err != nil {
+				return nil, err
+			}
+			var requested uint64
+			if len(args) == 2 {
+				if requested, err = strconv.ParseUint(args[1], 10, 32); err != nil {
+					return nil, err
+				}
+			}
+			txn := allocator().WriteTxn()
+			defer txn.Abort()
+			id, err := allocator().AllocateTxn(txn, lbls, identity.Number(requested))
+			if err == nil {
+				txn.Commit()
+			}
+			return scriptcmd.Result(id.String()+"\n", err)
+		})
 }

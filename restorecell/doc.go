@@ -11,6 +11,10 @@
 // its number is withheld, and the prefix is upserted through the restore
 // resource handle (source `restored`) with its labels (from the checkpoint,
 // else its cidr label) and its old number as the requested identity. The
+// checkpoint's label identities are withheld for the label sets that had
+// them (identitycell.Allocator.WithholdForLabels), which get them back
+// when they ask for an identity; the pinned map's entries of label
+// identities are not restored (their endpoints' sources re-create them). The
 // ipcache resolves nothing until restore has spoken, so a prefix that
 // another owner re-asserts first still gets its old number.
 //

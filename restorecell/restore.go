@@ -90,7 +90,8 @@ type Restorer struct {
 // Possible errors: ctx's, wrapped by Checkpointer.Previous or yielded by
 // bpfmaps.PinnedIPCache.Blocks; the pinned map cannot be read
 // (the datapath's start leaves that error to restore); those of
-// identitycell.Allocator.Withhold, ipcachecell.IPCache.NewHandle and
+// identitycell.Allocator.Withhold and WithholdForLabels,
+// ipcachecell.IPCache.NewHandle and
 // ipcachecell.Handle.UpsertBatch (wrapped). Each fails the start.
 func (r *Restorer) Start(ctx cell.HookContext) error {
 	saved, err := r.checkpoint.Previous(ctx)
@@ -102,13 +103,22 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 		return fmt.Errorf("create restore handle: %w", err)
 	}
 
+	// Label identities are not in the pinned map as such (their prefixes
+	// are endpoints', which the endpoint sources re-create): their numbers
+	// are withheld for the label sets that had them, which get them back
+	// when they ask for an identity, before anything is allocated.
+	withheld, err := r.allocator.WithholdForLabels(saved.All())
+	if err != nil {
+		return fmt.Errorf("withhold restored label identities: %w", err)
+	}
+	labelIdentities := len(withheld)
+
 	// A block at a time as the datapath reads the map: each block's rows
 	// are written while the kernel reads the next ones, which took as
 	// long as all of this after the read (docs/SCALE.md).
 	var (
-		batch    []ipcachecell.PrefixUpsert // one block's, reused
-		withheld []identity.Number
-		skipped  int
+		batch   []ipcachecell.PrefixUpsert // one block's, reused
+		skipped int
 	)
 	for block, err := range r.pinned.Blocks(ctx) {
 		if err != nil {
@@ -119,7 +129,9 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 		for _, entry := range block {
 			prefix, id := entry.Prefix, entry.Identity
 			if !id.IsLocal() {
-				skipped++ // reserved or explicit: its owner re-asserts it, or it goes
+				// Reserved, explicit, or a label identity's (withheld
+				// above): its owner re-asserts it, or it goes.
+				skipped++
 				continue
 			}
 			lbls, checkpointed := saved.Labels(id)
@@ -157,7 +169,8 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", handle.NumPrefixes(), "not-restored-non-local", skipped,
-		"checkpointed-identities", saved.Len(), "grace-period", r.cfg.IdentityRestoreGracePeriod)
+		"checkpointed-identities", saved.Len(), "withheld-label-identities", labelIdentities,
+		"grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
 }
 

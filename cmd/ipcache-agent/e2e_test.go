@@ -208,7 +208,7 @@ func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
 		}
 	}
 	require.NotNil(t, identity, "identity %d listed", id)
-	require.Equal(t, []any{"policy/e2e"}, identity["owners"])
+	require.Equal(t, []any{"policy/e2e"}, identity["users"].(map[string]any)["resources"].(map[string]any)["first"])
 	require.Equal(t, float64(id), parse("identity/show", strconv.Itoa(int(id))).(map[string]any)["identity"])
 	lookup := parse("ipcache/lookup", otherIP).(map[string]any)
 	require.Equal(t, otherIP+"/32", lookup["prefix"])

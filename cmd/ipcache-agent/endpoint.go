@@ -3,45 +3,93 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"strings"
 
 	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 )
 
-// newEndpointCommand is `endpoint list|get NAME`: the shell's endpoint
-// commands run on the agent's socket (root only, as the shell).
+// newEndpointCommand is `endpoint list|get NAMESPACE/NAME`: the shell's
+// endpoint/list and endpoint/get, run on the agent's socket.
 func newEndpointCommand(stdout io.Writer) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "endpoint",
-		Short: "Show the endpoints: labels, identity, addresses, device, enforcement",
-	}
-	cmd.AddCommand(
-		newShellQueryCommand(stdout, "list", "List the endpoints", endpointcell.ListCommand, cobra.NoArgs),
-		newShellQueryCommand(stdout, "get NAMESPACE/NAME", "Show one endpoint", endpointcell.GetCommand, cobra.ExactArgs(1)),
-	)
-	return cmd
+	return newListGetCommand(stdout, listGet{
+		noun:      "endpoint",
+		short:     "Show the running agent's endpoints: labels, identity, addresses, device, enforcement",
+		listShort: "List the endpoints",
+		listCmd:   endpointcell.ListCommand,
+		getUse:    "get NAMESPACE/NAME",
+		getShort:  "Show one endpoint (a name without a namespace is in default)",
+		getCmd:    endpointcell.GetCommand,
+		validate: func(arg string) error {
+			ns, name, found := strings.Cut(arg, "/")
+			if !found {
+				ns, name = endpoint.DefaultNamespace, arg
+			}
+			if endpoint.ValidateName(ns, 63) != nil || endpoint.ValidateName(name, 253) != nil {
+				return agentcmd.UsageError{Err: fmt.Errorf("endpoint %q: want namespace/name", arg)}
+			}
+			return nil
+		},
+	})
 }
 
-// newShellQueryCommand is a command that runs the shell command
-// shellCmd with its arguments and -o on the agent's socket and prints
-// what it answers.
-func newShellQueryCommand(stdout io.Writer, use, short, shellCmd string, args cobra.PositionalArgs) *cobra.Command {
-	var output, sockPath string
+// listGet describes a `<noun> list|get ARG` command over two shell
+// commands of the running agent.
+type listGet struct {
+	noun, short              string
+	listShort, listCmd       string
+	getUse, getShort, getCmd string
+	validate                 func(arg string) error
+}
+
+// newListGetCommand returns the command: its subcommands run the shell
+// commands with -o on the agent's socket (root only, as the shell) and
+// print what the agent answers; a bad -o or argument exits 2.
+func newListGetCommand(stdout io.Writer, c listGet) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  args,
-		RunE: func(_ *cobra.Command, args []string) error {
-			line := append([]string{shellCmd, "-o", output}, args...)
-			return cells.ShellExchange(sockPath, strings.Join(line, " "), stdout)
+		Use:   c.noun,
+		Short: c.short,
+		Args:  agentcmd.UsageArgs(cobra.NoArgs),
+		RunE: func(*cobra.Command, []string) error {
+			return agentcmd.UsageError{Err: errors.New(c.noun + " needs a command: list or get")}
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "text", "Output format: text or json")
-	cmd.Flags().StringVar(&sockPath, shell.ShellSockPathName, cells.DefaultShellSockPath, "Path to the agent's shell socket")
+	var output, sockPath string
+	run := func(command string) error {
+		if output != "text" && output != "json" {
+			return agentcmd.UsageError{Err: fmt.Errorf("-o %s: want text or json", output)}
+		}
+		return cells.ShellExchange(sockPath, fmt.Sprintf("%s -o %s", command, output), stdout)
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: c.listShort,
+		Args:  agentcmd.UsageArgs(cobra.NoArgs),
+		RunE:  func(*cobra.Command, []string) error { return run(c.listCmd) },
+	}
+	get := &cobra.Command{
+		Use:   c.getUse,
+		Short: c.getShort,
+		Args:  agentcmd.UsageArgs(cobra.ExactArgs(1)),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if err := c.validate(args[0]); err != nil {
+				return err
+			}
+			return run(c.getCmd + " " + args[0])
+		},
+	}
+	for _, sub := range []*cobra.Command{list, get} {
+		sub.Flags().StringVarP(&output, "output", "o", "text", "Output format: text or json")
+		sub.Flags().StringVar(&sockPath, shell.ShellSockPathName, cells.DefaultShellSockPath, "Path to the agent's shell socket")
+	}
+	cmd.AddCommand(list, get)
 	return cmd
 }
