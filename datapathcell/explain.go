@@ -113,7 +113,10 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 
 // Enforcement implements policy.Datapath: the enforcement map's
 // value for dir (bpfmaps/abi.go).
-func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
+func (r mapsReader) Enforcement(subject identity.Number, dir policy.Direction) (enforced, denyOnly bool, err error) {
+	if subject != identity.Unknown {
+		return false, false, nil
+	}
 	k := uint32(dir)
 	var v bpfmaps.EnforcementValue
 	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.enforcement }, &k, &v)
@@ -126,4 +129,10 @@ func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, 
 // IPCacheStatus implements policy.Datapath.
 func (r mapsReader) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
 	return r.d.IPCacheStatus(rev)
+}
+
+// LookupEndpoint implements policy.Datapath: the endpoints map's entry
+// for addr, as the program looks it up (an exact address).
+func (r mapsReader) LookupEndpoint(addr netip.Addr) (identity.Number, uint32, bool, error) {
+	return r.d.lookupEndpoint(addr)
 }
