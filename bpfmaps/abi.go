@@ -42,10 +42,39 @@ import (
 // in its first byte and the code in its second. Bits past prefixlen are
 // zero. verdict 1 allow, 2 deny (policy.Verdict).
 //
-// enforcement (array, 2 entries, index = direction): value u32, 0 not
-// enforced (traffic passes, nothing is looked up), 1 enforced with default
-// deny (only what policy allows passes), 2 deny rules only (what a deny
-// entry matches is dropped, the rest passes).
+// policy is an LPM trie of that layout per subject: the outer pinned map
+// `policy` is a hash of maps (BPF_F_NO_PREALLOC) keyed by the subject, u32,
+// the identity of the local endpoint whose policy the inner map holds (0:
+// the host-wide default, for traffic of no local endpoint); each inner map
+// is an LPM trie of the key and value above (PolicySpec). Endpoints of one
+// identity select the same policies, so they share one inner map. Subjects
+// are 0 and the label identities (identity.MinCluster..MaxCluster): the
+// outer map holds PolicySubjects entries, every number below 65536.
+//
+// enforcement (hash, BPF_F_NO_PREALLOC, 2 * PolicySubjects entries):
+//
+//	key   (8 bytes): identity u32 | direction u32
+//	value (4 bytes): mode u32
+//
+// identity is the subject (0 the host-wide default), direction 0 ingress,
+// 1 egress. mode 0 not enforced (traffic passes, nothing is looked up), 1
+// enforced with default deny (only what policy allows passes), 2 deny
+// rules only (what a deny entry matches is dropped, the rest passes). A
+// subject without an entry for a direction is not enforced in it.
+//
+// endpoints (hash, BPF_F_NO_PREALLOC, EndpointsMaxEntries): every address
+// of every local endpoint.
+//
+//	key   (20 bytes): family u8 | pad [3]u8 | addr [16]u8
+//	value (12 bytes): identity u32 | ifindex u32 | flags u32
+//
+// family 1 IPv4 (in the first 4 bytes of addr, the rest zero), 2 IPv6.
+// identity is the endpoint's (its subject); ifindex the device it is
+// bound to, 0 any device; flags 0 (none defined yet). The program finds
+// a packet's local endpoint here (the source of what a device sends, the
+// destination of what it receives); no entry is the host-wide default. A
+// packet from another device than an endpoint's ifindex that carries its
+// address as the source is dropped (ReasonSpoofedSource).
 //
 // counters (per-CPU array, 16 entries of 16 bytes: packets u64 | bytes
 // u64, bytes being skb->len): index direction*8 + slot. Slot 0 counts
@@ -76,7 +105,97 @@ const (
 
 	familyIPv4 = 1
 	familyIPv6 = 2
+
+	endpointKeySize   = 20
+	endpointValueSize = 12
 )
+
+// PolicySubjects is the max entries of the outer policy map: every
+// possible subject (0 and the label identities up to identity.MaxCluster)
+// fits, so inserting a subject's inner map never fails for room.
+const PolicySubjects = uint32(identity.MaxCluster) + 1
+
+// EndpointsMaxEntries is the max entries of the endpoints map: the
+// addresses of the local endpoints (two per endpoint, IPv4 and IPv6,
+// for as many endpoints as there are label identities).
+const EndpointsMaxEntries = 2 * PolicySubjects
+
+// EndpointKey is the key of the endpoints map.
+type EndpointKey [endpointKeySize]byte
+
+// EndpointValue is the value of the endpoints map.
+type EndpointValue [endpointValueSize]byte
+
+// NewEndpointKey encodes an address (an IPv4-mapped IPv6 address is
+// encoded as IPv4, as the program reads it from an IPv4 header).
+func NewEndpointKey(addr netip.Addr) EndpointKey {
+	var k EndpointKey
+	addr = addr.Unmap()
+	if addr.Is4() {
+		k[0] = familyIPv4
+		a := addr.As4()
+		copy(k[4:8], a[:])
+	} else {
+		k[0] = familyIPv6
+		a := addr.As16()
+		copy(k[4:20], a[:])
+	}
+	return k
+}
+
+// Addr decodes the key.
+//
+// Possible errors: the key is not in canonical form (unknown family,
+// nonzero pad, an IPv4 key with bytes past the address).
+func (k EndpointKey) Addr() (netip.Addr, error) {
+	if k[1] != 0 || k[2] != 0 || k[3] != 0 {
+		return netip.Addr{}, fmt.Errorf("decode endpoint key %x: nonzero pad", k)
+	}
+	switch k[0] {
+	case familyIPv4:
+		for _, b := range k[8:] {
+			if b != 0 {
+				return netip.Addr{}, fmt.Errorf("decode endpoint key %x: IPv4 key with bytes past the address", k)
+			}
+		}
+		return netip.AddrFrom4([4]byte(k[4:8])), nil
+	case familyIPv6:
+		return netip.AddrFrom16([16]byte(k[4:20])), nil
+	}
+	return netip.Addr{}, fmt.Errorf("decode endpoint key %x: unknown family %d", k, k[0])
+}
+
+// NewEndpointValue encodes an endpoint's identity and the device it is
+// bound to (ifindex 0: any device). No flags are defined.
+func NewEndpointValue(ident identity.Number, ifindex uint32) EndpointValue {
+	var v EndpointValue
+	binary.LittleEndian.PutUint32(v[0:4], uint32(ident))
+	binary.LittleEndian.PutUint32(v[4:8], ifindex)
+	return v
+}
+
+// Identity returns the endpoint's identity: the subject of its traffic.
+func (v EndpointValue) Identity() identity.Number {
+	return identity.Number(binary.LittleEndian.Uint32(v[0:4]))
+}
+
+// Ifindex returns the device the endpoint is bound to, 0 for any.
+func (v EndpointValue) Ifindex() uint32 { return binary.LittleEndian.Uint32(v[4:8]) }
+
+// Flags returns the value's flags (none defined yet: 0).
+func (v EndpointValue) Flags() uint32 { return binary.LittleEndian.Uint32(v[8:12]) }
+
+// EnforcementKey is the key of the enforcement map: a subject (0 the
+// host-wide default) and a direction (policy.Direction).
+type EnforcementKey struct {
+	Identity  uint32
+	Direction uint32
+}
+
+// NewEnforcementKey encodes a subject's direction.
+func NewEnforcementKey(subject identity.Number, direction policy.Direction) EnforcementKey {
+	return EnforcementKey{Identity: uint32(subject), Direction: uint32(direction)}
+}
 
 // IPCacheKey is the key of the ipcache map.
 type IPCacheKey [ipcacheKeySize]byte

@@ -3,6 +3,8 @@
 package bpfmaps
 
 import (
+	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -110,4 +112,60 @@ func TestPolicyKeyPrefix(t *testing.T) {
 // protocol 0 any protocol, port 0 every port of the protocol.
 func policyMapKey(identity uint32, direction, protocol uint8, port uint16) PolicyKey {
 	return NewPolicyKey(hashPolicyKey(identity, direction, protocol, port))
+}
+
+func TestEndpointKeyBytes(t *testing.T) {
+	k := NewEndpointKey(netip.MustParseAddr("10.1.2.3"))
+	require.Equal(t, EndpointKey{
+		1, 0, 0, 0, // family IPv4, pad
+		10, 1, 2, 3,
+		0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	}, k)
+	require.Equal(t, k, NewEndpointKey(netip.MustParseAddr("::ffff:10.1.2.3")), "a mapped address is IPv4")
+	addr, err := k.Addr()
+	require.NoError(t, err)
+	require.Equal(t, netip.MustParseAddr("10.1.2.3"), addr)
+
+	k6 := NewEndpointKey(netip.MustParseAddr("2001:db8::1"))
+	require.Equal(t, EndpointKey{
+		2, 0, 0, 0,
+		0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+	}, k6)
+	addr, err = k6.Addr()
+	require.NoError(t, err)
+	require.Equal(t, netip.MustParseAddr("2001:db8::1"), addr)
+
+	for name, mutate := range map[string]func(*EndpointKey){
+		"pad":     func(k *EndpointKey) { k[2] = 1 },
+		"family":  func(k *EndpointKey) { k[0] = 9 },
+		"v4 tail": func(k *EndpointKey) { k[19] = 1 },
+	} {
+		bad := k
+		mutate(&bad)
+		_, err := bad.Addr()
+		require.Error(t, err, name)
+	}
+}
+
+func TestEndpointValueBytes(t *testing.T) {
+	v := NewEndpointValue(0x1234, 7)
+	require.Equal(t, EndpointValue{0x34, 0x12, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0}, v)
+	require.Equal(t, identity.Number(0x1234), v.Identity())
+	require.Equal(t, uint32(7), v.Ifindex())
+	require.Equal(t, uint32(0), v.Flags())
+}
+
+func TestEnforcementKeyBytes(t *testing.T) {
+	k := NewEnforcementKey(300, policy.Egress)
+	var b bytes.Buffer
+	require.NoError(t, binary.Write(&b, binary.LittleEndian, k))
+	require.Equal(t, []byte{0x2c, 0x01, 0, 0, 1, 0, 0, 0}, b.Bytes())
+}
+
+// Every subject the outer policy map can hold: 0 and the label identities.
+func TestPolicySubjectsCoverTheLabelIdentities(t *testing.T) {
+	require.Greater(t, PolicySubjects, uint32(identity.MaxCluster))
+	require.Equal(t, uint32(EndpointsMaxEntries), EndpointsSpec().MaxEntries)
+	require.Equal(t, PolicySubjects, PoliciesSpec(10).MaxEntries)
+	require.Equal(t, PolicySpec(10), PoliciesSpec(10).InnerMap)
 }

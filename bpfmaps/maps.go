@@ -33,6 +33,8 @@ func LinksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 // Pinned are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type Pinned struct {
 	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	// Endpoints is the endpoints map (EndpointsSpec).
+	Endpoints *ebpf.Map
 }
 
 // Close closes the maps' descriptors; the maps stay pinned.
@@ -40,7 +42,7 @@ type Pinned struct {
 // Possible errors: a descriptor cannot be closed.
 func (m *Pinned) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -131,6 +133,9 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	}
 	if err == nil {
 		maps.Revision, err = openPinnedMap(dir, RevisionSpec(), log)
+	}
+	if err == nil {
+		maps.Endpoints, err = openPinnedMap(dir, EndpointsSpec(), log)
 	}
 	if err != nil {
 		maps.Close()

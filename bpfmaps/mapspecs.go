@@ -18,6 +18,7 @@ const (
 	// had their origin speak after a reply (conntrack.go).
 	ConntrackOpeningName = "ct_opening"
 	RevisionName         = "revision"
+	EndpointsName        = "endpoints"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
@@ -52,6 +53,38 @@ func PolicySpec(maxEntries uint32) *ebpf.MapSpec {
 		KeySize:    policyKeySize,
 		ValueSize:  policyValueSize,
 		MaxEntries: maxEntries,
+		Flags:      bpfFNoPrealloc,
+	}
+}
+
+// PoliciesSpec is the spec of the outer policy map (pinned as
+// PolicyName): a hash of maps from a subject to its policy map, an LPM
+// trie of PolicySpec(innerMaxEntries). Room for every subject
+// (PolicySubjects), allocated as subjects come (BPF_F_NO_PREALLOC). The
+// kernel compares an inserted map with the inner spec by type, key and
+// value size and flags, not max entries: a subject's map may have another
+// size.
+func PoliciesSpec(innerMaxEntries uint32) *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       PolicyName,
+		Type:       ebpf.HashOfMaps,
+		KeySize:    4,
+		ValueSize:  4,
+		MaxEntries: PolicySubjects,
+		Flags:      bpfFNoPrealloc,
+		InnerMap:   PolicySpec(innerMaxEntries),
+	}
+}
+
+// EndpointsSpec is the spec of the endpoints map: a hash from a local
+// endpoint's address to its identity and device (abi.go).
+func EndpointsSpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       EndpointsName,
+		Type:       ebpf.Hash,
+		KeySize:    endpointKeySize,
+		ValueSize:  endpointValueSize,
+		MaxEntries: EndpointsMaxEntries,
 		Flags:      bpfFNoPrealloc,
 	}
 }
