@@ -3,12 +3,14 @@
 package datapathcell
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -54,6 +56,11 @@ type Datapath struct {
 	order         *ordering
 	policyOps     *policyOps
 	ipcacheWriter *ipcacheWriter
+	// subjects and endpoints are the writers of the subjects' policy
+	// maps and of the endpoints map (endpoints nil without the
+	// `endpoints` table).
+	subjects  *subjectPolicies
+	endpoints *endpointWriter
 
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
@@ -63,11 +70,17 @@ type Datapath struct {
 // writtenMaps are the maps the writers write.
 type writtenMaps struct {
 	ipcache, policy, enforcement mapwrite.Map
+	// endpoints is the endpoints map; policies the outer policy map, whose
+	// subjects' maps newPolicy makes and pinnedPolicies reads (nil in
+	// fakes without subjects).
+	endpoints, policies mapwrite.Map
+	newPolicy           func() (innerPolicy, error)
+	pinnedPolicies      func() (map[identity.Number]innerPolicy, error)
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 	d := &Datapath{cfg: cfg, conntrack: bpfmaps.DefaultConntrackConfig(), log: log, stats: map[string]*mapwrite.Stats{
-		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {},
+		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {}, bpfmaps.EndpointsName: {},
 	}, snapshotTaken: make(chan struct{}), stream: newPinnedIPCacheStream()}
 	return d
 }
@@ -306,5 +319,63 @@ func (d *Datapath) enforcementMap() mapwrite.Map { return d.written().enforcemen
 //
 // Possible errors: ErrMapsNotOpen; the lookup failed.
 func (d *Datapath) lookupEndpoint(addr netip.Addr) (subject identity.Number, ifindex uint32, found bool, err error) {
-	return 0, 0, false, nil
+	d.mu.Lock()
+	var m mapwrite.Map
+	switch {
+	case d.fakeMaps != nil:
+		m = d.fakeMaps.endpoints
+	case d.maps != nil && d.maps.Endpoints != nil:
+		m = d.maps.Endpoints
+	}
+	d.mu.Unlock()
+	if m == nil {
+		return 0, 0, false, fmt.Errorf("look up %s in the %s map: %w", addr, bpfmaps.EndpointsName, ErrMapsNotOpen)
+	}
+	k := bpfmaps.NewEndpointKey(addr)
+	var v bpfmaps.EndpointValue
+	if err := m.Lookup(&k, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, fmt.Errorf("look up %s in the %s map: %w", addr, bpfmaps.EndpointsName, err)
+	}
+	return v.Identity(), v.Ifindex(), true, nil
+}
+
+// endpointsMap is the endpoints map the endpoints writer writes.
+func (d *Datapath) endpointsMap() mapwrite.Map { return d.written().endpoints }
+
+// policiesMap is the outer policy map.
+func (d *Datapath) policiesMap() mapwrite.Map { return d.written().policies }
+
+// newSubjectPolicy makes an empty policy map for a subject.
+//
+// Possible errors: ErrMapsNotOpen; the kernel's.
+func (d *Datapath) newSubjectPolicy() (innerPolicy, error) {
+	w := d.written()
+	if w.newPolicy == nil {
+		return innerPolicy{}, ErrMapsNotOpen
+	}
+	return w.newPolicy()
+}
+
+// pinnedSubjectPolicies returns the subjects' policy maps the outer map
+// holds from a previous run.
+//
+// Possible errors: the outer map cannot be read.
+func (d *Datapath) pinnedSubjectPolicies() (map[identity.Number]innerPolicy, error) {
+	w := d.written()
+	if w.pinnedPolicies == nil {
+		return nil, nil
+	}
+	return w.pinnedPolicies()
+}
+
+// WaitWritten implements endpoint.Datapath: see endpointWriter. Without
+// the `endpoints` table there is nothing to wait for.
+func (d *Datapath) WaitWritten(ctx context.Context, id string, rev statedb.Revision) error {
+	if d.endpoints == nil {
+		return nil
+	}
+	return d.endpoints.WaitWritten(ctx, id, rev)
 }
