@@ -253,6 +253,14 @@ func registerEndpointWriters(p writersParams, d *Datapath, pol *policyOps) {
 		d.order.uses.setEndpoints(map[identity.Number]int{})
 		return
 	}
+	subjects.hasEndpoints = func(id identity.Number) bool {
+		for e := range p.Endpoints.List(p.Reconciler.DB.ReadTxn(), endpoint.IdentityIndex.Query(id)) {
+			if e.Local {
+				return true
+			}
+		}
+		return false
+	}
 	d.endpoints = newEndpointWriter(p.Reconciler.DB, p.Endpoints, p.Enforcement.RWTable, d.endpointsMap, d.order, subjects,
 		d.statsOf(bpfmaps.EndpointsName), p.Log)
 	p.Jobs.Add(job.OneShot("write-endpoints-map", d.endpoints.run))

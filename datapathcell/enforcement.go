@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -32,7 +34,7 @@ func enforcementOf(row *policy.Enforcement) bpfmaps.EnforcementValue {
 }
 
 // enforcementWriter writes the `policy-enforcement` table into the
-// enforcement map (an array: index = direction). It is not a statedb
+// enforcement map (a hash: key = the row's subject and direction). It is not a statedb
 // reconciler because a direction's switch on waits, without blocking the
 // switch off of the other, until the ipcache and policy writers have
 // written the tables as they were when the row said so (see ordering).
@@ -60,19 +62,23 @@ const (
 // run writes the table into the map as it changes.
 func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 	// The map keeps the previous run's switches until the table says
-	// otherwise (it has no rows before the policies are known).
-	var inMap [2]bpfmaps.EnforcementValue
-	for dir := range inMap {
+	// otherwise (it has no rows before the policies are known). What
+	// it holds is known of the default's directions, read here; another
+	// subject's row is written whatever it says.
+	inMap := map[policy.EnforcementKey]bpfmaps.EnforcementValue{}
+	for _, dir := range policy.Directions() {
 		var v bpfmaps.EnforcementValue
-		key := uint32(dir)
+		key := bpfmaps.NewEnforcementKey(0, dir)
 		if err := w.target().Lookup(&key, &v); err == nil {
-			inMap[dir] = v
+			inMap[policy.EnforcementKey{Direction: dir}] = v
 		}
 	}
+	w.readSubjects(inMap)
 	backoff := enforcementRetryMin
 	for {
 		txn := w.db.ReadTxn()
 		rows, watch := w.table.AllWatch(txn)
+		usesChanged := w.order.uses.wait()
 		var (
 			waiting bool
 			errs    []error
@@ -86,25 +92,27 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		for row, rev := range rows {
 			dir := row.Direction
 			want := enforcementOf(row)
-			closing := want == bpfmaps.EnforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
+			// The guard watches the default's policy map only.
+			closing := row.Subject == 0 && want == bpfmaps.EnforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
 			if closing {
 				want = bpfmaps.EnforceDefaultDeny
 			}
+			have, known := inMap[row.Key()]
 			var err error
 			switch {
-			case want == inMap[dir]:
+			case known && want == have:
 			case want == bpfmaps.EnforceNone:
-				err = w.put(dir, want)
+				err = w.put(row.Key(), want)
 			case closing:
 				// Dropping more needs nothing written first.
 				w.log.Warn("A deny rule is not in the full policy map and nothing there covers it: "+
 					"enforcing default deny in its direction until it is written (raise --policy-map-max-entries)",
 					"direction", dir.String())
-				err = w.put(dir, want)
+				err = w.put(row.Key(), want)
 			case w.onReady(txn):
 				// Switching on, or between default deny and deny only:
 				// either needs the entries in the maps first.
-				err = w.put(dir, want)
+				err = w.put(row.Key(), want)
 			default:
 				waiting = true
 				continue
@@ -113,10 +121,13 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 				errs = append(errs, err)
 				continue
 			}
-			inMap[dir] = want
+			inMap[row.Key()] = want
 			if row.Status.Kind != reconciler.StatusKindDone {
 				done = append(done, revisioned{row, rev})
 			}
+		}
+		if w.deleteUnused(txn, inMap, &errs) {
+			waiting = true
 		}
 		if len(errs) == 0 {
 			w.order.switchedOff.Set(w.table.Revision(txn))
@@ -146,6 +157,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		case <-retry:
 		case <-ready:
 		case <-guardChanged:
+		case <-usesChanged:
 		}
 		cancel()
 		<-ready
@@ -171,19 +183,24 @@ func (w *enforcementWriter) waitOnReady(ctx context.Context, txn statedb.ReadTxn
 	w.order.ipcacheWriter.WaitUntilReconciled(ctx, w.order.ipcache.Revision(txn))
 }
 
-func (w *enforcementWriter) put(dir policy.Direction, value bpfmaps.EnforcementValue) error {
-	key := uint32(dir)
+func (w *enforcementWriter) put(k policy.EnforcementKey, value bpfmaps.EnforcementValue) error {
+	key := bpfmaps.NewEnforcementKey(k.Subject, k.Direction)
 	if err := w.target().Put(&key, &value); err != nil {
-		return fmt.Errorf("switch %s enforcement in the %s map: %w", dir, bpfmaps.EnforcementName, err)
+		return fmt.Errorf("switch %s enforcement of subject %d in the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err)
 	}
+	w.order.uses.setEnforcement(key, value, true)
 	w.stats.Written.Add(1)
+	attrs := []any{"direction", k.Direction.String()}
+	if k.Subject != 0 {
+		attrs = append(attrs, "subject", k.Subject)
+	}
 	switch value {
 	case bpfmaps.EnforceDefaultDeny:
-		w.log.Info("Enforcing policy", "direction", dir.String())
+		w.log.Info("Enforcing policy", attrs...)
 	case bpfmaps.EnforceDenyOnly:
-		w.log.Info("Enforcing deny rules only", "direction", dir.String())
+		w.log.Info("Enforcing deny rules only", attrs...)
 	default:
-		w.log.Info("Not enforcing policy", "direction", dir.String())
+		w.log.Info("Not enforcing policy", attrs...)
 	}
 	return nil
 }
@@ -211,14 +228,14 @@ func (w *enforcementWriter) markDone(rows []revisioned) {
 	}
 }
 
-func (w *enforcementWriter) report(health cell.Health, inMap [2]bpfmaps.EnforcementValue, waiting bool, errs []error) {
+func (w *enforcementWriter) report(health cell.Health, inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue, waiting bool, errs []error) {
 	if len(errs) > 0 {
 		health.Degraded("Enforcement map not written", errors.Join(errs...))
 		return
 	}
 	var on []string
 	for _, dir := range policy.Directions() {
-		switch inMap[dir] {
+		switch inMap[policy.EnforcementKey{Direction: dir}] {
 		case bpfmaps.EnforceDefaultDeny:
 			on = append(on, dir.String())
 		case bpfmaps.EnforceDenyOnly:
@@ -233,4 +250,53 @@ func (w *enforcementWriter) report(health cell.Health, inMap [2]bpfmaps.Enforcem
 		msg += " (switching on once the policy entries are written)"
 	}
 	health.OK(msg)
+}
+
+// readSubjects adds to inMap the entries of the subjects other than 0
+// that the map holds (a previous run's), so that a restart writes none
+// that did not change, and tells the subjects' users.
+func (w *enforcementWriter) readSubjects(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue) {
+	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
+		if k.Identity == 0 {
+			return
+		}
+		inMap[policy.EnforcementKey{Subject: identity.Number(k.Identity), Direction: policy.Direction(k.Direction)}] = v
+		w.order.uses.setEnforcement(k, v, true)
+	})
+	if err != nil {
+		// They are written again, as at a first start.
+		w.log.Warn("Cannot read the subjects' entries of the enforcement map; writing them again", "error", err)
+	}
+}
+
+// deleteUnused deletes the entries of subjects other than 0 that no row
+// has, once the table is initialized and no endpoints map entry points at
+// their subject: until then the endpoint's traffic still needs them (an
+// entry deleted is a direction not enforced). It reports whether some
+// wait for that.
+func (w *enforcementWriter) deleteUnused(txn statedb.ReadTxn, inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue, errs *[]error) (waiting bool) {
+	if init, _ := w.table.Initialized(txn); !init {
+		return false
+	}
+	for k := range inMap {
+		if k.Subject == identity.Unknown {
+			continue
+		}
+		if _, _, found := w.table.Get(txn, policy.EnforcementIndex.Query(k)); found {
+			continue
+		}
+		if w.order.uses.users(k.Subject) > 0 {
+			waiting = true
+			continue
+		}
+		key := bpfmaps.NewEnforcementKey(k.Subject, k.Direction)
+		if err := w.target().Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			*errs = append(*errs, fmt.Errorf("delete %s enforcement of subject %d from the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err))
+			continue
+		}
+		w.stats.Written.Add(1)
+		delete(inMap, k)
+		w.order.uses.setEnforcement(key, 0, false)
+	}
+	return waiting
 }

@@ -55,6 +55,9 @@ type recordingMaps struct {
 	watched    map[netip.Addr]uint8
 	violations []string
 	writes     int
+	// check, if set, replaces the check of the watched addresses (the
+	// endpoints' maps: endpoint_order_test.go).
+	check func() []string
 }
 
 func newRecordingMaps(t testing.TB, policyMax int) *recordingMaps {
@@ -111,6 +114,12 @@ func (r *recordingMaps) allowed(addr netip.Addr, direction uint8) bool {
 // wrote checks the watched addresses after one key was written; r.mu held.
 func (r *recordingMaps) wrote(what string) {
 	r.writes++
+	if r.check != nil {
+		for _, v := range r.check() {
+			r.violations = append(r.violations, fmt.Sprintf("after write %d (%s): %s", r.writes, what, v))
+		}
+		return
+	}
 	for addr, dir := range r.watched {
 		if !r.allowed(addr, dir) {
 			r.violations = append(r.violations, fmt.Sprintf("after write %d (%s): %s dropped (identity %d, enforcement %v)",
@@ -240,7 +249,11 @@ type fakeEnforcement struct{ r *recordingMaps }
 func (e *fakeEnforcement) Put(key, value any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	dir, v := *key.(*uint32), *value.(*bpfmaps.EnforcementValue)
+	k, v := *key.(*bpfmaps.EnforcementKey), *value.(*bpfmaps.EnforcementValue)
+	if k.Identity != 0 {
+		return fmt.Errorf("fake enforcement map: subject %d: only the default's are kept", k.Identity)
+	}
+	dir := k.Direction
 	e.r.enforcement[dir] = uint32(v)
 	e.r.wrote(fmt.Sprintf("enforcement[%d] = %d", dir, v))
 	return nil
@@ -249,7 +262,7 @@ func (e *fakeEnforcement) Put(key, value any) error {
 func (e *fakeEnforcement) Lookup(key, valueOut any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[*key.(*uint32)])
+	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[key.(*bpfmaps.EnforcementKey).Direction])
 	return nil
 }
 
@@ -261,7 +274,7 @@ func (e *fakeEnforcement) BatchDelete(any, *ebpf.BatchOptions) (int, error) {
 	return 0, ebpf.ErrNotSupported
 }
 func (e *fakeEnforcement) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOptions) (int, error) {
-	return 0, ebpf.ErrNotSupported
+	return 0, ebpf.ErrKeyNotExist // no subject's entries (the default's are looked up)
 }
 func (e *fakeEnforcement) Iterate() *ebpf.MapIterator { panic("not iterated") }
 func (e *fakeEnforcement) MaxEntries() uint32         { return 2 }
@@ -585,7 +598,7 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 	require.NoError(t, m.ipcache.Put(&k, &v))
 	pk, pv := policyMapKey(16777217, uint8(policy.Egress), 0, 0), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
 	require.NoError(t, m.policy.Put(&pk, &pv))
-	dir, on := uint32(policy.Egress), bpfmaps.EnforcementValue(1)
+	dir, on := bpfmaps.NewEnforcementKey(0, policy.Egress), bpfmaps.EnforcementValue(1)
 	require.NoError(t, m.enforcement.Put(&dir, &on))
 	r.watch(pinged, uint8(policy.Egress))
 	require.NoError(t, m.policy.Delete(&pk))

@@ -52,8 +52,11 @@ type innerPolicy struct {
 //     and the reconciler retries, and its endpoints are held back.
 //
 // A key of a subject whose map is in the outer map drains as the
-// default's keys do (policyOps); one of a subject no endpoint uses goes
-// at once, since the program cannot reach it.
+// default's keys do (policyOps) while the subject has endpoints (a policy
+// edit); one of a subject that has none in the table any more (its
+// endpoints went or moved to another identity) waits until no endpoints
+// map entry points at it; one of a subject no endpoint uses goes at once,
+// since the program cannot reach it.
 type subjectPolicies struct {
 	log   *slog.Logger
 	stats *mapwrite.Stats
@@ -67,6 +70,9 @@ type subjectPolicies struct {
 	// pinned returns the inner maps the outer map holds from a previous
 	// run, by subject (nil: none); called once, at the first use.
 	pinned func() (map[identity.Number]innerPolicy, error)
+	// hasEndpoints reports whether the `endpoints` table has a local
+	// endpoint of the subject now (nil: none).
+	hasEndpoints func(identity.Number) bool
 
 	mu       sync.Mutex
 	subjects map[identity.Number]*subjectPolicy
@@ -263,6 +269,11 @@ func (s *subjectPolicies) deleteDrainedLocked() (left int, wait drainAfter, revi
 			continue
 		}
 		unused := !sp.inOuter || s.order.uses.users(id) == 0
+		if !unused && (s.hasEndpoints == nil || !s.hasEndpoints(id)) {
+			// Its endpoints are leaving it: they still need its keys.
+			left += len(sp.draining)
+			continue
+		}
 		var ready []bpfmaps.PolicyKey
 		for k, after := range sp.draining {
 			if !unused {
@@ -358,15 +369,15 @@ func (s *subjectPolicies) use(id identity.Number) error {
 	return nil
 }
 
-// inOuter returns the inner map the outer map holds for subject, if any.
-func (s *subjectPolicies) inOuter(id identity.Number) (mapwrite.Map, bool) {
+// withMap calls fn with the subject's map if the outer map holds it, else
+// with nil; the map stays open meanwhile.
+func (s *subjectPolicies) withMap(id identity.Number, fn func(mapwrite.Map) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sp, ok := s.subjects[id]
-	if !ok || !sp.inOuter {
-		return nil, false
+	if sp, ok := s.subjects[id]; ok && sp.inOuter {
+		return fn(sp.inner.write)
 	}
-	return sp.inner.write, true
+	return fn(nil)
 }
 
 // count returns the number of subjects with an inner map, and how many of
