@@ -538,3 +538,37 @@ func TestTooManySubjects(t *testing.T) {
 	_, inMap, _ := f.state()
 	require.Equal(t, map[string]identity.Number{web1: subjectA}, inMap)
 }
+
+// TestEndpointDeviceMissing: an endpoint behind a device that does not
+// exist is held back, and WaitWritten says why; once the device resolves
+// its entry is written bound to the device's ifindex.
+func TestEndpointDeviceMissing(t *testing.T) {
+	maps := newSubjectMaps(t)
+	f := newEndpointFixture(t, maps)
+	defer f.stop()
+	ep := local("web-1", subjectA, web1)
+	ep.Interface = "ia-no-such-dev"
+	rev := f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectA}, nil)
+	require.ErrorIs(t, f.waitWritten(ep, rev), ErrDeviceNotFound)
+	_, inMap, _ := f.state()
+	require.Empty(t, inMap)
+
+	// The device appears (the lookup is the seam a devices table fills).
+	f.datapath.endpoints.mu.Lock()
+	f.datapath.endpoints.retry = 10 * time.Millisecond
+	f.datapath.endpoints.mu.Unlock()
+	f.datapath.endpoints.setIfindex(func(name string) (uint32, error) {
+		if name == ep.Interface {
+			return 42, nil
+		}
+		return interfaceIndex(name)
+	})
+	f.eventually("written once the device exists", func() bool {
+		maps.r.mu.Lock()
+		defer maps.r.mu.Unlock()
+		v, ok := maps.endpoints[bpfmaps.NewEndpointKey(netip.MustParseAddr(web1))]
+		return ok && v.Ifindex() == 42 && v.Identity() == subjectA
+	})
+	require.NoError(t, f.waitWritten(ep, rev))
+}

@@ -165,16 +165,17 @@ type endpointWriter struct {
 	subjects    *subjectPolicies
 	stats       *mapwrite.Stats
 	log         *slog.Logger
-	// ifindex resolves an endpoint's device. It is net.InterfaceByName's
-	// index until the datapath follows a devices table; a device that is
-	// missing holds the endpoint's entries back, retried every retry.
-	ifindex func(name string) (uint32, error)
-	retry   time.Duration
 
 	// inMap is what the map holds; the run goroutine's.
 	inMap map[bpfmaps.EndpointKey]bpfmaps.EndpointValue
 
 	mu sync.Mutex
+	// ifindex resolves an endpoint's device. It is net.InterfaceByName's
+	// index until the datapath follows a devices table (the seam:
+	// setIfindex); a device that is missing holds the endpoint's entries
+	// back, retried every retry.
+	ifindex func(name string) (uint32, error)
+	retry   time.Duration
 	// rows are, by endpoint ID, the revision of its row last written, or
 	// the error that holds it back.
 	rows map[string]rowWritten
@@ -220,6 +221,19 @@ func interfaceIndex(name string) (uint32, error) {
 		return 0, fmt.Errorf("%w: %s: %w", ErrDeviceNotFound, name, err)
 	}
 	return uint32(ifc.Index), nil
+}
+
+func (w *endpointWriter) retryInterval() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.retry
+}
+
+// setIfindex replaces how devices are resolved.
+func (w *endpointWriter) setIfindex(resolve func(name string) (uint32, error)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ifindex = resolve
 }
 
 // WaitWritten implements endpoint.Datapath.
@@ -271,7 +285,7 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(w.retry):
+			case <-time.After(w.retryInterval()):
 			}
 		}
 	}
@@ -297,7 +311,7 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 
 		var retry <-chan time.Time
 		if held > 0 {
-			retry = time.After(w.retry)
+			retry = time.After(w.retryInterval())
 		}
 		if initialized {
 			initWatch = nil
@@ -319,13 +333,16 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 	desired := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{}
 	owner := map[bpfmaps.EndpointKey]string{}
 	written := map[string]rowWritten{}
+	w.mu.Lock()
+	resolve := w.ifindex
+	w.mu.Unlock()
 	for row, rev := range rows {
 		id := row.ID()
 		if !row.Local || row.Identity == identity.Unknown {
 			written[id] = rowWritten{rev: rev}
 			continue
 		}
-		ifindex, err := w.ifindex(row.Interface)
+		ifindex, err := resolve(row.Interface)
 		if err == nil {
 			err = w.enforcementReady(txn, row.Identity)
 		}
