@@ -27,12 +27,15 @@ import (
 // Both have this layout:
 //
 //	key   (44 bytes): endpoint_addr [16]u8 | remote_addr [16]u8 | endpoint_port be16 |
-//	                  remote_port be16 | protocol u8 | family u8 | pad u16 | ifindex u32
+//	                  remote_port be16 | protocol u8 | family u8 | subject u16 | ifindex u32
 //	value (16 bytes): expires u64 | origin u8 | flags u8 | checked 48 bits (u16 | u32)
 //
 // The endpoint is the side behind the device, the remote the other one;
 // IPv4 addresses take the first 4 bytes. ICMP and ICMPv6 echo put the echo
-// identifier in endpoint_port, remote_port is 0. ifindex is the device the
+// identifier in endpoint_port, remote_port is 0. subject is the low 16
+// bits of the subject (abi.go: the local endpoint's identity, 0 the
+// host-wide default; subjects are below 65536) whose policy the
+// connection is under: a reply is one only for that subject. ifindex is the device the
 // entry was created on: a connection is only itself on that device, so a
 // packet on another device that carries the same addresses and ports
 // neither finds nor creates its entry. expires is in

@@ -32,7 +32,11 @@ func LinksDir(bpfRoot string) string { return filepath.Join(PinDir(bpfRoot), "li
 
 // Pinned are the agent's maps, pinned under <bpf-root>/ipcache-agent/.
 type Pinned struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	IPCache, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	// Policies is the outer policy map, pinned as PolicyName (PoliciesSpec);
+	// Policy is the host-wide default's map in it (subject 0), which
+	// Open makes sure is there.
+	Policies, Policy *ebpf.Map
 	// Endpoints is the endpoints map (EndpointsSpec).
 	Endpoints *ebpf.Map
 }
@@ -42,7 +46,7 @@ type Pinned struct {
 // Possible errors: a descriptor cannot be closed.
 func (m *Pinned) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -123,10 +127,10 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheSpec(ipcacheMaxEntries), log)
 	if err == nil {
-		maps.Policy, err = openPolicyMap(dir, PolicySpec(policyMaxEntries), log)
+		maps.Policies, maps.Policy, err = openPolicies(dir, policyMaxEntries, log)
 	}
 	if err == nil {
-		maps.Enforcement, err = openPinnedMap(dir, EnforcementSpec(), log)
+		maps.Enforcement, err = openEnforcementMap(dir, log)
 	}
 	if err == nil {
 		maps.Counters, err = openCountersMap(dir, CountersSpec(), log)

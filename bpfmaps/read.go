@@ -37,12 +37,17 @@ func ReadIPCache(bpfRoot string) (map[netip.Prefix]identity.Number, error) {
 	return pinned, nil
 }
 
-// ReadPolicy reads the policy map pinned under bpfRoot: key ->
-// verdict.
+// ReadPolicy reads the host-wide default's policy map (subject 0) of the
+// policy map pinned under bpfRoot: key -> verdict.
 //
 // Possible errors: no map pinned there, or no permission.
 func ReadPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyName), &ebpf.LoadPinOptions{ReadOnly: true})
+	outer, err := ebpf.LoadPinnedMap(filepath.Join(PinDir(bpfRoot), PolicyName), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open pinned policy map: %w", err)
+	}
+	defer outer.Close()
+	m, err := PolicyOf(outer, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open pinned policy map: %w", err)
 	}
@@ -54,10 +59,11 @@ func ReadPolicy(bpfRoot string) (map[PolicyKey]uint32, error) {
 	return out, nil
 }
 
-// ReadEnforcement reads the enforcement map pinned under bpfRoot:
-// whether each direction is enforced with default deny (value 1; a
-// direction of deny rules only, 2, reads false), indexed by direction (0
-// ingress, 1 egress).
+// ReadEnforcement reads the host-wide default's entries (subject 0) of
+// the enforcement map pinned under bpfRoot: whether each direction is
+// enforced with default deny (value 1; a direction of deny rules only, 2,
+// or without an entry reads false), indexed by direction (0 ingress, 1
+// egress).
 //
 // Possible errors: no map pinned there, or no permission.
 func ReadEnforcement(bpfRoot string) ([2]bool, error) {
@@ -69,10 +75,12 @@ func ReadEnforcement(bpfRoot string) ([2]bool, error) {
 	defer m.Close()
 	for dir := range enforced {
 		var v EnforcementValue
-		if err := m.Lookup(uint32(dir), &v); err != nil {
+		key := EnforcementKey{Identity: 0, Direction: uint32(dir)}
+		err := m.Lookup(&key, &v)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return enforced, fmt.Errorf("read pinned enforcement map: %w", err)
 		}
-		enforced[dir] = v == EnforceDefaultDeny
+		enforced[dir] = err == nil && v == EnforceDefaultDeny
 	}
 	return enforced, nil
 }

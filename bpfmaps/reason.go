@@ -23,9 +23,11 @@ const (
 	// whose datagram's first fragment did not pass (or was not seen), or
 	// one that does not start where the fragments before it ended.
 	ReasonFragment Reason = 6
-	// ReasonSpoofedSource drops a packet the endpoint sent with a source
-	// address that the host routes to another device (a strict
-	// reverse-path filter, by the kernel's FIB).
+	// ReasonSpoofedSource drops a packet sent from a device with the
+	// address of a local endpoint that the endpoints map binds to
+	// another device (whatever is enforced), or one the endpoint sent
+	// with a source address that the host routes to another device (a
+	// strict reverse-path filter, by the kernel's FIB).
 	ReasonSpoofedSource Reason = 7
 	ReasonPolicy        Reason = 16
 	ReasonReply         Reason = 17

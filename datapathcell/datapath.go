@@ -170,8 +170,8 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
-	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policy: m.Policy, Enforcement: m.Enforcement, Counters: m.Counters,
-		Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
+	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policies: m.Policies, Policy: m.Policy, Enforcement: m.Enforcement,
+		Counters: m.Counters, Endpoints: m.Endpoints, Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
 		ConntrackTimeouts: d.conntrack.Timeouts})
 	if err != nil {
 		return err

@@ -32,7 +32,7 @@ func putPolicy(t *testing.T, maps enforcerMaps, key policy.Key, verdict policy.V
 
 func putEnforcement(t *testing.T, maps enforcerMaps, direction policy.Direction, value bpfmaps.EnforcementValue) {
 	t.Helper()
-	require.NoError(t, maps.Enforcement.Put(uint32(direction), uint32(value)))
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, direction), uint32(value)))
 	bumpRevision(t, maps)
 }
 

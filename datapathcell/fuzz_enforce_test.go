@@ -180,7 +180,7 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		tb.Cleanup(func() { m.Close() })
 		return m
 	}
-	maps := enforcerMaps{
+	maps := withSubjects(tb, enforcerMaps{
 		IPCache:     newMap(bpfmaps.IPCacheSpec(64)),
 		Policy:      newMap(bpfmaps.PolicySpec(64)),
 		Enforcement: newMap(bpfmaps.EnforcementSpec()),
@@ -189,7 +189,7 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		Revision:    newMap(bpfmaps.RevisionSpec()),
 
 		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(256)),
-	}
+	})
 	oracle := &parserOracle{}
 	for _, e := range parserFuzzIPCache {
 		p := netip.MustParsePrefix(e.prefix)
@@ -201,7 +201,7 @@ func newParserFuzzHarness(tb testing.TB) *parserFuzzHarness {
 		oracle.policy = append(oracle.policy, r)
 	}
 	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
-		require.NoError(tb, maps.Enforcement.Put(uint32(d), uint32(bpfmaps.EnforceDefaultDeny)))
+		require.NoError(tb, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, d), uint32(bpfmaps.EnforceDefaultDeny)))
 	}
 	bumpRevision(tb, maps)
 

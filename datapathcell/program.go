@@ -33,7 +33,10 @@ import (
 // enforcerMaps are the maps the enforcement program uses in place of the
 // ones it declares: the agent's pinned maps, of the layouts in bpfmaps/mapspecs.go.
 type enforcerMaps struct {
-	IPCache, Policy, Enforcement, Counters, Conntrack, ConntrackOpening, Revision *ebpf.Map
+	IPCache, Enforcement, Counters, Conntrack, ConntrackOpening, Revision, Endpoints *ebpf.Map
+	// Policies is the outer policy map (bpfmaps.PoliciesSpec); Policy the
+	// default's map in it, which the program reaches through Policies.
+	Policies, Policy *ebpf.Map
 	// ConntrackTimeouts are set in the program; zero keeps its defaults.
 	ConntrackTimeouts bpfmaps.ConntrackTimeouts
 }
@@ -74,7 +77,8 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	}
 	replacements := map[string]*ebpf.Map{
 		bpf.EnforceMapIpcache:     maps.IPCache,
-		bpf.EnforceMapPolicy:      maps.Policy,
+		bpf.EnforceMapPolicy:      maps.Policies,
+		bpf.EnforceMapEndpoints:   maps.Endpoints,
 		bpf.EnforceMapEnforcement: maps.Enforcement,
 		bpf.EnforceMapCounters:    maps.Counters,
 		bpf.EnforceMapConntrack:   maps.Conntrack,
@@ -88,9 +92,10 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	}
 	// Sizes of ipcache and policy are configuration: the C declarations carry
 	// the defaults only. The other two are indexed by the program, so their
-	// sizes stay as declared and a different map is rejected.
+	// sizes stay as declared and a different map is rejected. The outer
+	// policy map has room for every subject; the kernel does not compare
+	// the size of the maps in it with the declaration's.
 	spec.Maps[bpf.EnforceMapIpcache].MaxEntries = maps.IPCache.MaxEntries()
-	spec.Maps[bpf.EnforceMapPolicy].MaxEntries = maps.Policy.MaxEntries()
 	spec.Maps[bpf.EnforceMapConntrack].MaxEntries = maps.Conntrack.MaxEntries()
 	spec.Maps[bpf.EnforceMapCtOpening].MaxEntries = maps.ConntrackOpening.MaxEntries()
 	if err := setConntrackTimeouts(spec, maps.ConntrackTimeouts); err != nil {

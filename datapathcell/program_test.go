@@ -44,7 +44,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PolicySpec(1), bpfmaps.EnforcementSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec()} {
+	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PoliciesSpec(1), bpfmaps.EnforcementSpec(), bpfmaps.EndpointsSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec()} {
 		got, ok := spec.Maps[want.Name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
@@ -65,7 +65,14 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	require.Equal(t, bpfmaps.CountersSpec().MaxEntries, spec.Maps[bpfmaps.CountersName].MaxEntries)
 	// The C defaults are the flags' defaults (docs/CONTRACT.md).
 	require.EqualValues(t, 512000, spec.Maps[bpfmaps.IPCacheName].MaxEntries)
-	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].MaxEntries)
+	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].InnerMap.MaxEntries)
+	require.Equal(t, bpfmaps.PolicySubjects, spec.Maps[bpfmaps.PolicyName].MaxEntries)
+	require.Equal(t, bpfmaps.EndpointsSpec().MaxEntries, spec.Maps[bpfmaps.EndpointsName].MaxEntries)
+	inner, want := spec.Maps[bpfmaps.PolicyName].InnerMap, bpfmaps.PolicySpec(1)
+	require.Equal(t, want.Type, inner.Type)
+	require.Equal(t, want.KeySize, inner.KeySize)
+	require.Equal(t, want.ValueSize, inner.ValueSize)
+	require.Equal(t, want.Flags, inner.Flags)
 	require.EqualValues(t, bpfmaps.DefaultConntrackMaxEntries, spec.Maps[bpfmaps.ConntrackName].MaxEntries)
 	// The program's timeouts are Cilium's defaults: cilium-agent's
 	// --bpf-ct-timeout-regular-tcp-syn (1m), -regular-tcp (6h),
@@ -110,7 +117,7 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		t.Cleanup(func() { m.Close() })
 		return m
 	}
-	return enforcerMaps{
+	return withSubjects(t, enforcerMaps{
 		IPCache:     newMap(bpfmaps.IPCacheSpec(1024)),
 		Policy:      newMap(bpfmaps.PolicySpec(512)),
 		Enforcement: newMap(bpfmaps.EnforcementSpec()),
@@ -119,7 +126,23 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 		Revision:    newMap(bpfmaps.RevisionSpec()),
 
 		ConntrackOpening: newMap(bpfmaps.ConntrackOpeningSpec(1024)),
-	}
+	})
+}
+
+// withSubjects adds to maps an empty endpoints map and the outer policy
+// map, with maps.Policy as the host-wide default's map in it, as the
+// agent opens them (bpfmaps.Open).
+func withSubjects(tb testing.TB, maps enforcerMaps) enforcerMaps {
+	tb.Helper()
+	var err error
+	maps.Endpoints, err = ebpf.NewMap(bpfmaps.EndpointsSpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { maps.Endpoints.Close() })
+	maps.Policies, err = ebpf.NewMap(bpfmaps.PoliciesSpec(maps.Policy.MaxEntries()))
+	require.NoError(tb, err)
+	tb.Cleanup(func() { maps.Policies.Close() })
+	require.NoError(tb, maps.Policies.Put(uint32(0), maps.Policy))
+	return maps
 }
 
 // bumpRevision does what the agent does after each write to the ipcache,
@@ -197,7 +220,7 @@ func putEnforced(t *testing.T, maps enforcerMaps, direction policy.Direction, en
 	if enforced {
 		v = 1
 	}
-	require.NoError(t, maps.Enforcement.Put(uint32(direction), v))
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, direction), v))
 	bumpRevision(t, maps)
 }
 

@@ -53,7 +53,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 		w := d.written()
 		require.NoError(t, w.ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityAllowed)))
 		require.NoError(t, w.policy.Put(allowKey, allow))
-		require.NoError(t, w.enforcement.Put(uint32(policy.Egress), uint32(1)))
+		require.NoError(t, w.enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Egress), uint32(1)))
 		run(tcxNextRet, "allowed")
 		var v bpfmaps.ConntrackValue
 		require.NoError(t, lookupConntrack(maps, ctKey, &v))
@@ -98,9 +98,9 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 
 	// Enforcement: egress off and on again around a raw policy delete.
 	establish()
-	require.NoError(t, d.written().enforcement.Put(uint32(policy.Egress), uint32(0)))
+	require.NoError(t, d.written().enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Egress), uint32(0)))
 	require.NoError(t, maps.Policy.Delete(allowKey))
-	require.NoError(t, d.written().enforcement.Put(uint32(policy.Egress), uint32(1)))
+	require.NoError(t, d.written().enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Egress), uint32(1)))
 	dropped("enforcement switched")
 }
 

@@ -87,7 +87,12 @@ func bpfPolicyPutCmd(bpfRoot string) script.Cmd {
 			if err != nil {
 				return nil, err
 			}
-			m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(bpfRoot), bpfmaps.PolicyName), nil)
+			outer, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(bpfRoot), bpfmaps.PolicyName), nil)
+			if err != nil {
+				return nil, err
+			}
+			defer outer.Close()
+			m, err := bpfmaps.PolicyOf(outer, 0) // the host-wide default's
 			if err != nil {
 				return nil, err
 			}

@@ -45,6 +45,11 @@ type Event struct {
 	// Identity is the remote address's; 0 when not known (a malformed
 	// packet).
 	Identity identity.Number
+	// Endpoint is the subject whose policy decided: the identity of the
+	// local endpoint whose packet it is, 0 for the host-wide default (no
+	// local endpoint). For a spoofed-source drop, the identity of the
+	// endpoint whose address it carried.
+	Endpoint identity.Number
 	// Protocol is the IP protocol (next header); 0 for a malformed packet.
 	Protocol uint8
 	// Src and Dst are invalid for a malformed packet.
@@ -73,6 +78,7 @@ func Decode(b []byte, monoNow uint64, wallNow time.Time) (Event, error) {
 		Time:      wallNow.Add(-time.Duration(int64(monoNow - r.TimeNs))),
 		Ifindex:   r.Ifindex,
 		Identity:  identity.Number(r.Identity),
+		Endpoint:  identity.Number(r.Subject),
 		Direction: policy.Direction(r.Direction),
 		Allowed:   r.Verdict == 1,
 		Reason:    bpfmaps.Reason(r.Reason),

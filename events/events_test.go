@@ -12,6 +12,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -67,6 +68,14 @@ func TestDecodeEvent(t *testing.T) {
 	require.Equal(t, uint16(50000), e.SrcPort)
 	require.Equal(t, uint16(443), e.DstPort)
 	require.Equal(t, wall, e.Time)
+
+	// The local endpoint whose policy decided, after the ports.
+	raw := rawEvent(3_000, policy.Egress, false, bpfmaps.ReasonSpoofedSource, 1, 6, ep, rem, 40000, 80)
+	binary.NativeEndian.PutUint32(raw[28:], 300)
+	e, err = Decode(raw, 3_000, wall)
+	require.NoError(t, err)
+	require.Equal(t, identity.Number(300), e.Endpoint)
+	require.Equal(t, "spoofed-source", e.Reason.String())
 
 	_, err = Decode(make([]byte, Size-1), 0, wall)
 	require.ErrorIs(t, err, errShortEvent)

@@ -170,10 +170,13 @@ type eventJSON struct {
 	DstPort   *uint16         `json:"dport,omitempty"`
 	ICMPType  *uint8          `json:"type,omitempty"`
 	Identity  identity.Number `json:"identity"`
-	Labels    []string        `json:"labels"`
-	Verdict   string          `json:"verdict"`
-	Reason    string          `json:"reason"`
-	Policy    string          `json:"policy,omitempty"`
+	// Endpoint is the local endpoint's identity whose policy decided;
+	// left out for the host-wide default's (0).
+	Endpoint identity.Number `json:"endpoint,omitempty"`
+	Labels   []string        `json:"labels"`
+	Verdict  string          `json:"verdict"`
+	Reason   string          `json:"reason"`
+	Policy   string          `json:"policy,omitempty"`
 }
 
 func (p monitorParams) describe(e events.Event, devices map[uint32]string) eventJSON {
@@ -191,6 +194,7 @@ func (p monitorParams) describe(e events.Event, devices map[uint32]string) event
 		Direction: e.Direction.String(),
 		Protocol:  policy.Protocol(e.Protocol).PacketString(),
 		Identity:  e.Identity,
+		Endpoint:  e.Endpoint,
 		Labels:    []string{},
 		Verdict:   "drop",
 		Reason:    e.Reason.String(),
@@ -263,6 +267,10 @@ func writeEventText(w io.Writer, j eventJSON) {
 	case j.SrcPort != nil:
 		pkt = fmt.Sprintf("%s:%d -> %s:%d %s", j.Src, *j.SrcPort, j.Dst, *j.DstPort, j.Protocol)
 	}
-	fmt.Fprintf(w, "%s %s on %s %s, identity %d (%s): %s\n", j.Time, what, j.Device, j.Direction,
+	where := j.Device + " " + j.Direction
+	if j.Endpoint != 0 {
+		where += fmt.Sprintf(", endpoint %d", j.Endpoint)
+	}
+	fmt.Fprintf(w, "%s %s on %s, identity %d (%s): %s\n", j.Time, what, where,
 		j.Identity, strings.Join(j.Labels, ","), pkt)
 }

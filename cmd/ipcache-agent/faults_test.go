@@ -348,7 +348,7 @@ func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
 	}, faultAgentTimeout, 20*time.Millisecond, "the replaced policy map works")
 	a.stop()
 
-	for name, typ := range map[string]ebpf.MapType{bpfmaps.IPCacheName: ebpf.LPMTrie, bpfmaps.PolicyName: ebpf.LPMTrie} {
+	for name, typ := range map[string]ebpf.MapType{bpfmaps.IPCacheName: ebpf.LPMTrie, bpfmaps.PolicyName: ebpf.HashOfMaps} {
 		m, err := ebpf.LoadPinnedMap(r.pin(name), &ebpf.LoadPinOptions{ReadOnly: true})
 		require.NoError(t, err)
 		require.Equal(t, typ, m.Type(), name)

@@ -14,14 +14,31 @@
 //                          the endpoint's ingress direction; the remote
 //                          address is the source.
 //
+// Every packet belongs to a subject: the local endpoint whose traffic it
+// is, or the host-wide default (subject 0). The endpoint address (the
+// source of what a device sends, the destination of what it receives) is
+// looked up in `endpoints` (local_endpoint; a frame that is not IPv4 or
+// IPv6, a VLAN-tagged one, or one too short for the address, has none);
+// no entry is the default. An endpoint bound to a device (`ifindex` set)
+// is only itself on that device: a packet another device sends with its
+// address as the source is dropped (REASON_SPOOFED_SOURCE, whatever is
+// enforced), and one sent to its address on another device belongs to the
+// default. The subject's identity goes into the connection's key
+// (ct_key.subject, its low 16 bits: subjects are 0 and label identities,
+// below 65536), so a reply is one only for the subject whose policy
+// allowed its connection, and into events.
+//
 // For an IP packet, the remote address's identity is the longest-prefix
 // match in `ipcache` (world, 2, when nothing matches). A direction is
-// enforced when `enforcement`[direction] is ENFORCE_DEFAULT_DENY (1) or
-// ENFORCE_DENY_ONLY (2). There a packet that replies to a tracked
-// connection (below) passes; any other is looked up in `policy` (an LPM
-// trie, policy_verdict) for the remote identity and for identity 0 (rules
-// for any identity; skipped while the agent says, in policy_flags, that
-// the map holds none), with its protocol and destination port (ICMP: type
+// enforced when `enforcement`[{subject, direction}] is ENFORCE_DEFAULT_DENY
+// (1) or ENFORCE_DENY_ONLY (2); a subject without an entry is not
+// enforced. There a packet that replies to a tracked connection (below)
+// passes; any other is looked up in the subject's policy map (`policy` is a
+// hash of maps from a subject to an LPM trie; a subject without one has no
+// entries) by policy_verdict, for the remote identity and for identity 0
+// (rules for any identity; in the default's map skipped while the agent
+// says, in policy_flags, that it holds none), with its protocol and
+// destination port (ICMP: type
 // and code) at prefix length 64, or with the protocol only (48) when it
 // has no port. A deny from either lookup drops it (REASON_POLICY_DENY);
 // else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
@@ -232,7 +249,8 @@
 //     REASON_EXT_HEADERS (an IPv6 extension header chain past the bound),
 //     REASON_FRAGMENT (a fragment the program cannot place),
 //     REASON_SPOOFED_SOURCE (the endpoint sent it with a source address
-//     the host routes to another device); allows
+//     the host routes to another device, or that `endpoints` binds to
+//     another device); allows
 //     REASON_POLICY (a policy entry), REASON_REPLY (a reply of a tracked
 //     connection), REASON_ESTABLISHED (a tracked forward packet allowed at
 //     the current revision), REASON_RELATED (an ICMP error about a tracked
@@ -323,6 +341,7 @@ struct bpf_fib_lookup {
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
 #define BPF_MAP_TYPE_LRU_HASH 9
 #define BPF_MAP_TYPE_LPM_TRIE 11
+#define BPF_MAP_TYPE_HASH_OF_MAPS 13
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_F_NO_PREALLOC 1
 #define BPF_F_MMAPABLE 1024
@@ -383,6 +402,11 @@ struct bpf_fib_lookup {
 #define FAMILY_IPV4 1
 #define FAMILY_IPV6 2
 
+// Room in `policy` and `endpoints` (bpfmaps.PolicySubjects and
+// EndpointsMaxEntries): every subject below 65536.
+#define POLICY_SUBJECTS 65536
+#define ENDPOINTS_MAX_ENTRIES (2 * POLICY_SUBJECTS)
+
 #define IDENTITY_WORLD 2
 #define VERDICT_ALLOW 1
 #define VERDICT_DENY 2
@@ -394,7 +418,7 @@ struct bpf_fib_lookup {
 #define POLICY_PREFIX_PORT 64
 #define POLICY_PREFIX_PROTOCOL 48
 
-// Values of `enforcement`[direction].
+// Values of `enforcement`[{subject, direction}].
 #define ENFORCE_NONE 0
 #define ENFORCE_DEFAULT_DENY 1
 #define ENFORCE_DENY_ONLY 2
@@ -456,7 +480,7 @@ struct bpf_fib_lookup {
 // policy_flags is set by the agent at run time (POLICY_*), in .bss: a
 // new program starts at 0, which skips nothing, until the agent knows
 // what the pinned policy map holds.
-#define POLICY_NO_ANY_IDENTITY 0x1 // no identity-0 entry: skip that lookup
+#define POLICY_NO_ANY_IDENTITY 0x1 // no identity-0 entry in the default's map: skip that lookup
 volatile __u32 policy_flags;
 
 // events_mask is set by the agent at run time (EVENTS_*): in .bss, which
@@ -511,7 +535,7 @@ struct ct_key {
 	__be16 remote_port;
 	__u8 protocol;
 	__u8 family;
-	__u16 pad;
+	__u16 subject; // the low 16 bits of the subject whose connection it is
 	__u32 ifindex; // the device it was created on
 };
 
@@ -538,20 +562,60 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } ipcache SEC(".maps");
 
-struct {
+// A subject's policy map (the inner maps of `policy`). Sizes rather than
+// types: clang gives types seen only through the outer map's pointer a
+// forward declaration, which has no size.
+struct policy_inner {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__type(key, struct policy_key);
-	__type(value, struct policy_value);
+	__uint(key_size, sizeof(struct policy_key));
+	__uint(value_size, sizeof(struct policy_value));
 	__uint(max_entries, 16384);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-} policy SEC(".maps");
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32); // the subject
+	__uint(max_entries, POLICY_SUBJECTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__array(values, struct policy_inner);
+} policy SEC(".maps");
+
+struct enforcement_key {
+	__u32 subject;
+	__u32 direction;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct enforcement_key);
 	__type(value, __u32);
-	__uint(max_entries, 2);
+	__uint(max_entries, 2 * POLICY_SUBJECTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } enforcement SEC(".maps");
+
+// A local endpoint's address (IPv4 in the first 4 bytes of addr) and what
+// it is: its identity (the subject) and the device it is bound to (0:
+// any).
+struct endpoint_key {
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+struct endpoint_info {
+	__u32 identity;
+	__u32 ifindex;
+	__u32 flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct endpoint_key);
+	__type(value, struct endpoint_info);
+	__uint(max_entries, ENDPOINTS_MAX_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} endpoints SEC(".maps");
 
 // counter is a value of `counters`: one slot's packets and bytes.
 struct counter {
@@ -699,7 +763,7 @@ struct event {
 	__u8 icmp_type;
 	__u16 pad;
 	__u32 ports;
-	__u32 pad2;
+	__u32 subject; // the local endpoint's identity, 0 the host-wide default
 	__u8 endpoint_addr[16];
 	__u8 remote_addr[16];
 };
@@ -749,6 +813,7 @@ struct flow {
 	__u16 frag_offset; // bytes
 	__u16 frag_len;    // bytes of the datagram in this fragment
 	__u32 frag_id;
+	__u32 subject;
 };
 
 // Offsets in the IPv4 header.
@@ -847,8 +912,8 @@ static __always_inline void count(struct __sk_buff *skb, __u8 direction, __u32 s
 // load that spans several narrower stores stalls until they retire.
 static __always_inline void set_ct_tail(struct flow *flow)
 {
-	*(__u64 *)&flow->ct.endpoint_port =
-		(__u64)flow->ports | (__u64)flow->protocol << 32 | (__u64)flow->family << 40;
+	*(__u64 *)&flow->ct.endpoint_port = (__u64)flow->ports | (__u64)flow->protocol << 32 |
+					    (__u64)flow->family << 40 | (__u64)(__u16)flow->subject << 48;
 }
 
 // set_ct_addrs4 and set_ct_addrs6 fill the key's addresses from a packet's
@@ -1227,8 +1292,8 @@ static __always_inline __u32 remote_identity(const struct ipcache_key *key)
 	return info ? info->sec_identity : IDENTITY_WORLD;
 }
 
-// policy_verdict looks the packet up for the remote identity and for
-// identity 0 (entries for any identity): VERDICT_DENY if either finds a
+// policy_verdict looks the packet up in its subject's policy map for the
+// remote identity and for identity 0 (entries for any identity): VERDICT_DENY if either finds a
 // deny, else VERDICT_ALLOW if either finds an allow, else 0. Each lookup
 // finds the longest matching prefix, so inside one identity an allow
 // narrower than a deny would win; the agent never writes such an allow
@@ -1241,19 +1306,24 @@ static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, cons
 	__u64 prefixlen = flow->has_port ? POLICY_PREFIX_PORT : POLICY_PREFIX_PROTOCOL;
 	__u64 tail = (__u64)direction | (__u64)flow->protocol << 8 |
 		     (__u64)(flow->has_port ? flow->dport : 0) << 16;
+	__u32 subject = flow->subject;
 	struct policy_value *remote, *any;
+	void *entries;
 
 	keys[0] = prefixlen | (__u64)identity << 32;
 	keys[1] = tail;
 	keys[2] = prefixlen;
 	keys[3] = tail;
-	remote = bpf_map_lookup_elem(&policy, &keys[0]);
+	entries = bpf_map_lookup_elem(&policy, &subject);
+	if (!entries)
+		return 0; // a subject without a map has no entries
+	remote = bpf_map_lookup_elem(entries, &keys[0]);
 	if (remote && remote->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
-	// The agent sets the flag only while the map holds no identity-0
-	// entry (and clears it before it writes one): the lookup could find
-	// nothing then.
-	any = (policy_flags & POLICY_NO_ANY_IDENTITY) ? 0 : bpf_map_lookup_elem(&policy, &keys[2]);
+	// The agent sets the flag only while the default's map holds no
+	// identity-0 entry (and clears it before it writes one): the lookup
+	// could find nothing then. It says nothing of other subjects' maps.
+	any = (!subject && (policy_flags & POLICY_NO_ANY_IDENTITY)) ? 0 : bpf_map_lookup_elem(entries, &keys[2]);
 	if (any && any->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
 	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
@@ -1537,7 +1607,7 @@ static __always_inline void emit(struct __sk_buff *skb, const struct flow *flow,
 	e->icmp_type = flow->icmp_type;
 	e->pad = 0;
 	e->ports = flow->ports;
-	e->pad2 = 0;
+	e->subject = flow->subject;
 	__builtin_memcpy(e->endpoint_addr, flow->ct.endpoint_addr, 16);
 	__builtin_memcpy(e->remote_addr, flow->ct.remote_addr, 16);
 	bpf_ringbuf_submit(e, 0);
@@ -1616,14 +1686,51 @@ static __always_inline int later_fragment(struct __sk_buff *skb, struct flow *fl
 	return TCX_NEXT;
 }
 
+// local_endpoint finds the local endpoint of a packet in `endpoints`: the
+// source address of what the device sends (direction egress), the
+// destination of what it receives. Read from the IP header before it is
+// parsed, for the subject decides whether it is; a packet too short for
+// the address has none (the parse then finds it malformed).
+static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *skb, __be16 ethertype,
+							      __u8 direction)
+{
+	// Written in whole words, as the other keys (see set_remote_key).
+	__u64 key[3] __attribute__((aligned(8)));
+	__u8 buf[16] __attribute__((aligned(8)));
+	const __u8 *addr;
+
+	if (ethertype == bpf_htons(ETH_P_IP)) {
+		addr = header(skb, ETH_HLEN + (direction == DIRECTION_EGRESS ? IPV4_OFF_SADDR : IPV4_OFF_DADDR), 4,
+			      buf);
+		if (!addr)
+			return 0;
+		key[0] = FAMILY_IPV4 | (__u64)LOAD32(addr, 0) << 32;
+		key[1] = 0;
+		key[2] = 0;
+	} else {
+		addr = header(skb, ETH_HLEN + (direction == DIRECTION_EGRESS ? IPV6_OFF_SADDR : IPV6_OFF_DADDR), 16,
+			      buf);
+		if (!addr)
+			return 0;
+		// family, pad, then the address from byte 4: words that
+		// straddle the address's.
+		key[0] = FAMILY_IPV6 | (__u64)LOAD32(addr, 0) << 32;
+		key[1] = (__u64)LOAD32(addr, 4) | (__u64)LOAD32(addr, 8) << 32;
+		key[2] = LOAD32(addr, 12);
+	}
+	return bpf_map_lookup_elem(&endpoints, key);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
 	struct ipcache_key remote;
 	enum parse_result parsed;
 	struct ct_value *ct = 0;
-	__u32 index = direction;
-	__u32 other = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
+	struct enforcement_key index = {.direction = direction};
+	struct enforcement_key other;
+	struct endpoint_info *endpoint = 0;
+	int spoofed = 0;
 	__u32 quoted = 0;
 	__u64 checked;
 	__u32 identity, verdict;
@@ -1642,12 +1749,34 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (ethertype != bpf_htons(ETH_P_IP) && ethertype != bpf_htons(ETH_P_IPV6) && !vlan)
 		return TCX_NEXT;
 
+	if (!vlan)
+		endpoint = local_endpoint(skb, ethertype, direction);
+	if (endpoint && endpoint->ifindex && endpoint->ifindex != skb->ifindex) {
+		// Bound to another device: a packet sent from here with its
+		// address is spoofed; one sent to it here is not for it.
+		spoofed = direction == DIRECTION_EGRESS;
+		if (!spoofed)
+			endpoint = 0;
+	}
+	flow.subject = endpoint ? endpoint->identity : 0;
+	if (spoofed) {
+		flow.ct.ifindex = skb->ifindex;
+		if (ethertype == bpf_htons(ETH_P_IP))
+			parse_ipv4(skb, direction, &flow, &quoted);
+		else
+			parse_ipv6(skb, direction, &flow, &quoted);
+		return drop(skb, &flow, direction, REASON_SPOOFED_SOURCE, 0);
+	}
+
 	// Default deny and deny-only are tracked and checked alike; they
 	// differ only in what a packet that matches nothing gets.
+	index.subject = flow.subject;
 	value = bpf_map_lookup_elem(&enforcement, &index);
 	mode = value ? *value : ENFORCE_NONE;
 	enforced = mode != ENFORCE_NONE;
 	if (!enforced) {
+		other.subject = flow.subject;
+		other.direction = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
 		value = bpf_map_lookup_elem(&enforcement, &other);
 		other_enforced = value && *value != ENFORCE_NONE;
 	}

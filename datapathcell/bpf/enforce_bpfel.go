@@ -29,7 +29,7 @@ type EnforceEvent struct {
 	IcmpType     uint8
 	Pad          uint16
 	Ports        uint32
-	Pad2         uint32
+	Subject      uint32
 	EndpointAddr [16]uint8
 	RemoteAddr   [16]uint8
 }
@@ -43,6 +43,7 @@ const (
 	EnforceMapCounters                = "counters"
 	EnforceMapCtOpening               = "ct_opening"
 	EnforceMapCtStats                 = "ct_stats"
+	EnforceMapEndpoints               = "endpoints"
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapEventState              = "event_state"
 	EnforceMapEvents                  = "events"
@@ -117,6 +118,7 @@ type EnforceMapSpecs struct {
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	CtOpening   *ebpf.MapSpec `ebpf:"ct_opening"`
 	CtStats     *ebpf.MapSpec `ebpf:"ct_stats"`
+	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	EventState  *ebpf.MapSpec `ebpf:"event_state"`
 	Events      *ebpf.MapSpec `ebpf:"events"`
@@ -165,6 +167,7 @@ type EnforceMaps struct {
 	Counters    *ebpf.Map `ebpf:"counters"`
 	CtOpening   *ebpf.Map `ebpf:"ct_opening"`
 	CtStats     *ebpf.Map `ebpf:"ct_stats"`
+	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	EventState  *ebpf.Map `ebpf:"event_state"`
 	Events      *ebpf.Map `ebpf:"events"`
@@ -182,6 +185,7 @@ func (m *EnforceMaps) Close() error {
 		m.Counters,
 		m.CtOpening,
 		m.CtStats,
+		m.Endpoints,
 		m.Enforcement,
 		m.EventState,
 		m.Events,
