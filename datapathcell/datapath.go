@@ -304,11 +304,59 @@ func (d *Datapath) written() writtenMaps {
 	if d.fakeMaps != nil {
 		return *d.fakeMaps
 	}
+	maps, revision, maxEntries := d.maps, d.revision, d.cfg.PolicyMapMaxEntries
 	return writtenMaps{
-		ipcache:     revisedMap{d.maps.IPCache, d.revision},
-		policy:      revisedMap{d.maps.Policy, d.revision},
-		enforcement: revisedMap{d.maps.Enforcement, d.revision},
+		ipcache:     revisedMap{maps.IPCache, revision},
+		policy:      revisedMap{maps.Policy, revision},
+		enforcement: revisedMap{maps.Enforcement, revision},
+		endpoints:   revisedMap{maps.Endpoints, revision},
+		// Which map a subject's packets are looked up in is a change of
+		// their policy too.
+		policies: revisedMap{maps.Policies, revision},
+		newPolicy: func() (innerPolicy, error) {
+			m, err := ebpf.NewMap(bpfmaps.PolicySpec(maxEntries))
+			if err != nil {
+				return innerPolicy{}, fmt.Errorf("create a subject's policy map: %w", err)
+			}
+			return innerPolicy{write: revisedMap{m, revision}, handle: m, close: m.Close}, nil
+		},
+		pinnedPolicies: func() (map[identity.Number]innerPolicy, error) {
+			return pinnedSubjectPolicies(maps.Policies, revision)
+		},
 	}
+}
+
+// pinnedSubjectPolicies opens the maps of the subjects other than 0 that
+// the outer policy map holds.
+//
+// Possible errors: the outer map cannot be read, or a map opened.
+func pinnedSubjectPolicies(outer *ebpf.Map, revision *revisionCounter) (map[identity.Number]innerPolicy, error) {
+	var subjects []identity.Number
+	var (
+		key uint32
+		id  uint32 // the inner map's ID, as the kernel answers a map of maps
+	)
+	it := outer.Iterate()
+	for it.Next(&key, &id) {
+		if key != 0 {
+			subjects = append(subjects, identity.Number(key))
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read the outer %s map: %w", bpfmaps.PolicyName, err)
+	}
+	out := make(map[identity.Number]innerPolicy, len(subjects))
+	for _, subject := range subjects {
+		m, err := bpfmaps.PolicyOf(outer, subject)
+		if err != nil {
+			for _, inner := range out {
+				inner.close()
+			}
+			return nil, err
+		}
+		out[subject] = innerPolicy{write: revisedMap{m, revision}, handle: m, close: m.Close}
+	}
+	return out, nil
 }
 
 func (d *Datapath) ipcacheMap() mapwrite.Map     { return d.written().ipcache }

@@ -35,8 +35,15 @@
 // policy or enforcement map: every such write bumps the pinned revision
 // map (revision.go), through the maps Datapath.written hands the writers.
 //
+// Endpoints: the endpoints map's writer (endpointWriter) writes the
+// local endpoints of the `endpoints` table once their subject's policy
+// map (subjectPolicies: one per local endpoint identity, in the outer
+// policy map) and enforcement entries are in; the Datapath is the
+// endpoint.Datapath whose WaitWritten the endpoint cell waits on.
+//
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
-// `policy-enforcement` tables (policycell). Writes: the pinned maps and
+// `policy-enforcement` tables (policycell), the `endpoints` table
+// (endpoint cell; optional). Writes: the pinned maps and
 // links; reconciliation status in the policy tables. The ipcache map's
 // writer keeps the status of the `ipcache` entries itself, by revision
 // (Datapath.IPCacheStatus): writing a million entries to the map does not
