@@ -4,8 +4,10 @@ package datapathcell
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,11 +20,13 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -237,6 +241,12 @@ type endpointFixture struct {
 }
 
 func newEndpointFixture(t *testing.T, maps *subjectMaps) *endpointFixture {
+	return newEndpointFixtureOn(t, maps, "")
+}
+
+// newEndpointFixtureOn is newEndpointFixture over the real pinned maps in
+// bpfRoot if maps is nil.
+func newEndpointFixtureOn(t *testing.T, maps *subjectMaps, bpfRoot string) *endpointFixture {
 	f := &endpointFixture{t: t, maps: maps}
 	f.h = hive.New(
 		statedb.Cell,
@@ -272,7 +282,9 @@ func newEndpointFixture(t *testing.T, maps *subjectMaps) *endpointFixture {
 		Cell,
 		cell.Invoke(func(d *Datapath, db *statedb.DB, e statedb.RWTable[*endpoint.State], p statedb.RWTable[*policy.Entry],
 			en statedb.RWTable[*policy.Enforcement], ip statedb.RWTable[*ipcachecell.Entry]) {
-			d.fakeMaps = maps.maps()
+			if maps != nil {
+				d.fakeMaps = maps.maps()
+			}
 			f.datapath, f.db, f.endpoints, f.entries, f.enforcement = d, db, e, p, en
 			// The ipcache table is initialized and stays empty; the others
 			// at the first compute.
@@ -283,6 +295,9 @@ func newEndpointFixture(t *testing.T, maps *subjectMaps) *endpointFixture {
 			txn.Commit()
 		}),
 	)
+	if bpfRoot != "" {
+		hive.AddConfigOverride(f.h, func(c *Config) { c.BPFRoot = bpfRoot })
+	}
 	log := hivetest.Logger(t)
 	require.NoError(t, f.h.Start(log, context.Background()))
 	return f
@@ -571,4 +586,96 @@ func TestEndpointDeviceMissing(t *testing.T) {
 		return ok && v.Ifindex() == 42 && v.Identity() == subjectA
 	})
 	require.NoError(t, f.waitWritten(ep, rev))
+}
+
+// TestPrivilegedEndpointWriters: the same add, relabel, restart and
+// removal through the real pinned maps (no program: the maps' content is
+// checked): the endpoints entries, the subject's map in the outer policy
+// map with its entry, the subject's enforcement entries; the old
+// subject's gone after a relabel; a restart writes nothing; a removal
+// leaves no entry of the subject.
+func TestPrivilegedEndpointWriters(t *testing.T) {
+	privileged.Test(t)
+	root := filepath.Join(t.TempDir(), "bpf")
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	pinned := func(name string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(bpfmaps.PinDir(root), name), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	endpointsOf := func() map[string]identity.Number {
+		out := map[string]identity.Number{}
+		require.NoError(t, bpfmaps.ReadEntries(pinned(bpfmaps.EndpointsName), func(k bpfmaps.EndpointKey, v bpfmaps.EndpointValue) {
+			a, err := k.Addr()
+			require.NoError(t, err)
+			out[a.String()] = v.Identity()
+		}))
+		return out
+	}
+	enforcementOfSubject := func(id identity.Number) map[policy.Direction]bpfmaps.EnforcementValue {
+		out := map[policy.Direction]bpfmaps.EnforcementValue{}
+		require.NoError(t, bpfmaps.ReadEntries(pinned(bpfmaps.EnforcementName), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
+			if identity.Number(k.Identity) == id {
+				out[policy.Direction(k.Direction)] = v
+			}
+		}))
+		return out
+	}
+	// hasPolicy reports whether the subject has a map in the outer map
+	// and, if so, whether it holds the egress allow of subjectRows.
+	hasPolicy := func(id identity.Number) (present, entry bool) {
+		m, err := bpfmaps.PolicyOf(pinned(bpfmaps.PolicyName), id)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, false
+		}
+		require.NoError(t, err)
+		defer m.Close()
+		rows, _ := subjectRows(id)
+		k := bpfmaps.NewPolicyKey(rows[0].Key)
+		var v bpfmaps.PolicyValue
+		return true, m.Lookup(&k, &v) == nil && v.Verdict() == uint32(policy.VerdictAllow)
+	}
+	enforced := map[policy.Direction]bpfmaps.EnforcementValue{policy.Ingress: bpfmaps.EnforceDefaultDeny, policy.Egress: bpfmaps.EnforceDefaultDeny}
+
+	f := newEndpointFixtureOn(t, nil, root)
+	ep := local("web-1", subjectA, web1, web2)
+	rev := f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectA}, nil)
+	require.NoError(t, f.waitWritten(ep, rev))
+	require.Equal(t, map[string]identity.Number{web1: subjectA, web2: subjectA}, endpointsOf())
+	present, entry := hasPolicy(subjectA)
+	require.True(t, present && entry, "the subject's map, with its entry, is in the outer map")
+	require.Equal(t, enforced, enforcementOfSubject(subjectA))
+
+	ep = local("web-1", subjectB, web1, web2)
+	rev = f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectB}, []identity.Number{subjectA})
+	require.NoError(t, f.waitWritten(ep, rev))
+	require.Equal(t, map[string]identity.Number{web1: subjectB, web2: subjectB}, endpointsOf())
+	present, entry = hasPolicy(subjectB)
+	require.True(t, present && entry)
+	f.eventually("the old subject's map and enforcement go", func() bool {
+		present, _ := hasPolicy(subjectA)
+		return !present && len(enforcementOfSubject(subjectA)) == 0
+	})
+	f.stop()
+
+	f = newEndpointFixtureOn(t, nil, root)
+	rev = f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectB}, nil)
+	require.NoError(t, f.waitWritten(ep, rev))
+	time.Sleep(100 * time.Millisecond) // a round of each writer
+	for _, name := range []string{bpfmaps.EndpointsName, bpfmaps.PolicyName, bpfmaps.EnforcementName} {
+		written, _ := f.datapath.MapWrites(name)
+		require.Zero(t, written, "a restart writes nothing to the %s map", name)
+	}
+
+	f.deleteEndpoint(ep)
+	f.compute(nil, []identity.Number{subjectB})
+	f.eventually("nothing of the endpoint left", func() bool {
+		present, _ := hasPolicy(subjectB)
+		return !present && len(enforcementOfSubject(subjectB)) == 0 && len(endpointsOf()) == 0
+	})
+	f.stop()
 }

@@ -338,8 +338,14 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 	w.mu.Unlock()
 	for row, rev := range rows {
 		id := row.ID()
-		if !row.Local || row.Identity == identity.Unknown {
+		switch {
+		case !row.Local:
+			// Another node's: nothing of it is in this node's map.
 			written[id] = rowWritten{rev: rev}
+			continue
+		case row.Identity == identity.Unknown:
+			// No identity yet: the endpoint cell writes it again.
+			written[id] = rowWritten{pending: true}
 			continue
 		}
 		ifindex, err := resolve(row.Interface)
