@@ -51,16 +51,22 @@ import (
 // are 0 and the label identities (identity.MinCluster..MaxCluster): the
 // outer map holds PolicySubjects entries, every number below 65536.
 //
-// enforcement (hash, BPF_F_NO_PREALLOC, 2 * PolicySubjects entries):
+// enforcement (array, 2 * PolicySubjects entries):
 //
-//	key   (8 bytes): identity u32 | direction u32
+//	key   (4 bytes): index u32 = subject * 2 + direction
 //	value (4 bytes): mode u32
 //
-// identity is the subject (0 the host-wide default), direction 0 ingress,
-// 1 egress. mode 0 not enforced (traffic passes, nothing is looked up), 1
-// enforced with default deny (only what policy allows passes), 2 deny
-// rules only (what a deny entry matches is dropped, the rest passes). A
-// subject without an entry for a direction is not enforced in it.
+// subject is 0 (the host-wide default) or a label identity, direction 0
+// ingress, 1 egress: the default's two entries are at 0 and 1, where the
+// previous layout (an array of 2) had them. mode 0 not enforced (traffic
+// passes, nothing is looked up), 1 enforced with default deny (only what
+// policy allows passes), 2 deny rules only (what a deny entry matches is
+// dropped, the rest passes). A subject nobody wrote is 0: not enforced.
+// An array rather than a hash keyed by subject and direction: the
+// program looks it up for every packet, and an array's lookup is inlined
+// by the verifier where a hash's is a hash computation and a bucket walk,
+// which was most of what subjects added to an established connection's
+// packet (datapathcell's EnforcementPerPacket).
 //
 // endpoints (hash, BPF_F_NO_PREALLOC, EndpointsMaxEntries): every address
 // of every local endpoint.
@@ -185,17 +191,21 @@ func (v EndpointValue) Ifindex() uint32 { return binary.LittleEndian.Uint32(v[4:
 // Flags returns the value's flags (none defined yet: 0).
 func (v EndpointValue) Flags() uint32 { return binary.LittleEndian.Uint32(v[8:12]) }
 
-// EnforcementKey is the key of the enforcement map: a subject (0 the
-// host-wide default) and a direction (policy.Direction).
-type EnforcementKey struct {
-	Identity  uint32
-	Direction uint32
+// EnforcementKey is the key of the enforcement map: the index of a
+// subject's direction.
+type EnforcementKey uint32
+
+// NewEnforcementKey encodes a subject's direction (the subject is below
+// PolicySubjects).
+func NewEnforcementKey(subject identity.Number, direction policy.Direction) EnforcementKey {
+	return EnforcementKey(uint32(subject)*2 + uint32(direction))
 }
 
-// NewEnforcementKey encodes a subject's direction.
-func NewEnforcementKey(subject identity.Number, direction policy.Direction) EnforcementKey {
-	return EnforcementKey{Identity: uint32(subject), Direction: uint32(direction)}
-}
+// Subject returns the key's subject.
+func (k EnforcementKey) Subject() identity.Number { return identity.Number(k / 2) }
+
+// Direction returns the key's direction.
+func (k EnforcementKey) Direction() policy.Direction { return policy.Direction(k % 2) }
 
 // IPCacheKey is the key of the ipcache map.
 type IPCacheKey [ipcacheKeySize]byte

@@ -159,7 +159,11 @@ func TestEnforcementKeyBytes(t *testing.T) {
 	k := NewEnforcementKey(300, policy.Egress)
 	var b bytes.Buffer
 	require.NoError(t, binary.Write(&b, binary.LittleEndian, k))
-	require.Equal(t, []byte{0x2c, 0x01, 0, 0, 1, 0, 0, 0}, b.Bytes())
+	require.Equal(t, []byte{0x59, 0x02, 0, 0}, b.Bytes(), "300*2 + 1")
+	require.Equal(t, identity.Number(300), k.Subject())
+	require.Equal(t, policy.Egress, k.Direction())
+	require.Equal(t, EnforcementKey(1), NewEnforcementKey(0, policy.Egress), "the default's where the previous array had them")
+	require.Less(t, uint32(NewEnforcementKey(identity.MaxCluster, policy.Egress)), EnforcementSpec().MaxEntries)
 }
 
 // Every subject the outer policy map can hold: 0 and the label identities.

@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // Open creates and pins the endpoints map, a restart reuses it with its
@@ -47,4 +49,49 @@ func TestPrivilegedEndpointsMapPinned(t *testing.T) {
 	require.NoError(t, Cleanup(root))
 	_, err = os.Stat(filepath.Join(dir, EndpointsName))
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// The outer policy map is reused across restarts with the default's map
+// in it, which keeps its entries when its max entries change (a new map
+// takes its place in the outer map), and AddPolicyOf and PolicyOf give a
+// subject a map of its own.
+func TestPrivilegedPoliciesReopened(t *testing.T) {
+	privileged.Test(t)
+	root := t.TempDir()
+	_, err := EnsureBPFFS(root)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	dir := PinDir(root)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sizes := Sizes{IPCache: 16, Policy: 16, Conntrack: 16, ConntrackOpening: 16}
+
+	maps, err := Open(dir, sizes, nil, log)
+	require.NoError(t, err)
+	require.Equal(t, ebpf.HashOfMaps, maps.Policies.Type())
+	require.Equal(t, uint32(16), maps.Policy.MaxEntries())
+	k, v := NewPolicyKey(policy.Key{Identity: 2, Direction: policy.Egress}), NewPolicyValue(1)
+	require.NoError(t, maps.Policy.Put(&k, &v))
+	sub, err := AddPolicyOf(maps.Policies, 300, 8)
+	require.NoError(t, err)
+	require.NoError(t, sub.Put(&k, &v))
+	sub.Close()
+	_, err = AddPolicyOf(maps.Policies, 300, 8)
+	require.ErrorIs(t, err, ebpf.ErrKeyExist)
+	require.NoError(t, maps.Close())
+
+	sizes.Policy = 32
+	maps, err = Open(dir, sizes, nil, log)
+	require.NoError(t, err)
+	defer maps.Close()
+	require.Equal(t, uint32(32), maps.Policy.MaxEntries(), "migrated")
+	got, err := ReadPolicy(root)
+	require.NoError(t, err)
+	require.Equal(t, map[PolicyKey]uint32{k: 1}, got, "the default's entries kept")
+	sub, err = PolicyOf(maps.Policies, 300)
+	require.NoError(t, err)
+	defer sub.Close()
+	var gotV PolicyValue
+	require.NoError(t, sub.Lookup(&k, &gotV), "the subject's map kept")
+	_, err = PolicyOf(maps.Policies, 301)
+	require.ErrorIs(t, err, ebpf.ErrKeyNotExist)
 }

@@ -130,7 +130,9 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		maps.Policies, maps.Policy, err = openPolicies(dir, policyMaxEntries, log)
 	}
 	if err == nil {
-		maps.Enforcement, err = openEnforcementMap(dir, log)
+		// The previous layout (2 entries) is migrated: the default's
+		// entries are where they were.
+		maps.Enforcement, err = openPinnedMap(dir, EnforcementSpec(), log)
 	}
 	if err == nil {
 		maps.Counters, err = openCountersMap(dir, CountersSpec(), log)

@@ -89,29 +89,17 @@ func EndpointsSpec() *ebpf.MapSpec {
 	}
 }
 
-// EnforcementSpec is the spec of the enforcement map: a hash from a
-// subject's direction (EnforcementKey) to its mode, with room for both
-// directions of every subject.
+// EnforcementSpec is the spec of the enforcement map: an array indexed by
+// a subject's direction (EnforcementKey), both directions of every
+// subject. The previous layout, an array of the default's 2, differs
+// only in max entries: Open migrates it, its values at the same indices.
 func EnforcementSpec() *ebpf.MapSpec {
-	return &ebpf.MapSpec{
-		Name:       EnforcementName,
-		Type:       ebpf.Hash,
-		KeySize:    8,
-		ValueSize:  4,
-		MaxEntries: 2 * PolicySubjects,
-		Flags:      bpfFNoPrealloc,
-	}
-}
-
-// previousEnforcementSpec is the enforcement map of the previous layout:
-// an array indexed by direction, the default's only.
-func previousEnforcementSpec() *ebpf.MapSpec {
 	return &ebpf.MapSpec{
 		Name:       EnforcementName,
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  4,
-		MaxEntries: 2,
+		MaxEntries: 2 * PolicySubjects,
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // ReadIPCache reads the ipcache map pinned under bpfRoot: prefix ->
@@ -75,7 +76,7 @@ func ReadEnforcement(bpfRoot string) ([2]bool, error) {
 	defer m.Close()
 	for dir := range enforced {
 		var v EnforcementValue
-		key := EnforcementKey{Identity: 0, Direction: uint32(dir)}
+		key := NewEnforcementKey(0, policy.Direction(dir))
 		err := m.Lookup(&key, &v)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return enforced, fmt.Errorf("read pinned enforcement map: %w", err)

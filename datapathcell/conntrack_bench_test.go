@@ -88,8 +88,10 @@ func tcpPacket(src, dst netip.AddrPort, flags uint8) []byte {
 }
 
 // benchMaps are maps of the agent's specs with 100k /32s in the ipcache,
-// the peer among them, and egress rules (benchPolicyRules), one of which
-// allows the peer on TCP benchPeerPort.
+// the peer among them, egress rules (benchPolicyRules) in the host-wide
+// default's policy map, one of which allows the peer on TCP
+// benchPeerPort, and other endpoints than benchEndpoint in the endpoints
+// map.
 func benchMaps(tb testing.TB) enforcerMaps {
 	tb.Helper()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
@@ -126,9 +128,22 @@ func benchMaps(tb testing.TB) enforcerMaps {
 	for _, r := range benchPolicyRules() {
 		require.NoError(tb, maps.Policy.Put(policyMapKey(r.identity, uint8(policy.Egress), r.protocol, r.port), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))
 	}
+	// Other local endpoints (benchEndpoints): every packet looks its
+	// endpoint up among them, and the benchmark's is the default's.
+	var epKeys []bpfmaps.EndpointKey
+	var epValues []bpfmaps.EndpointValue
+	for i := range benchEndpoints {
+		epKeys = append(epKeys, bpfmaps.NewEndpointKey(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})))
+		epValues = append(epValues, bpfmaps.NewEndpointValue(identity.MinCluster+identity.Number(i%100), 0))
+	}
+	_, err = maps.Endpoints.BatchUpdate(epKeys, epValues, nil)
+	require.NoError(tb, err)
 	bumpRevision(tb, maps)
 	return maps
 }
+
+// benchEndpoints is how many local endpoints the endpoints map holds.
+const benchEndpoints = 1000
 
 // benchPolicyRule is an egress allow of the benchmark's policy map.
 type benchPolicyRule struct {
@@ -207,13 +222,13 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		}
 		return maps.Policy
 	}
-	// Objects before subjects (an array of the two directions) get one
-	// of that layout, which enforce keeps as the current program's.
+	// Objects before subjects (an array of the default's two directions)
+	// get one of that size, which enforce keeps as the current program's.
 	arrayEnforcement, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 2})
 	require.NoError(b, err)
 	b.Cleanup(func() { arrayEnforcement.Close() })
 	enforcementFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
-		if spec.Maps[bpfmaps.EnforcementName].Type == ebpf.Array {
+		if spec.Maps[bpfmaps.EnforcementName].MaxEntries == arrayEnforcement.MaxEntries() {
 			return arrayEnforcement
 		}
 		return maps.Enforcement

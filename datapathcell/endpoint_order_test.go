@@ -414,7 +414,12 @@ func (f *endpointFixture) state() (subjects []uint32, endpoints map[string]ident
 		a, _ := k.Addr()
 		endpoints[a.String()] = v.Identity()
 	}
-	return subjects, endpoints, len(f.maps.enforcement)
+	for _, v := range f.maps.enforcement {
+		if v != bpfmaps.EnforceNone {
+			enforcement++
+		}
+	}
+	return subjects, endpoints, enforcement
 }
 
 func (f *endpointFixture) eventually(what string, cond func() bool) {
@@ -585,7 +590,8 @@ func TestEndpointDeviceMissing(t *testing.T) {
 		v, ok := maps.endpoints[bpfmaps.NewEndpointKey(netip.MustParseAddr(web1))]
 		return ok && v.Ifindex() == 42 && v.Identity() == subjectA
 	})
-	require.NoError(t, f.waitWritten(ep, rev))
+	// The round that wrote it publishes the row's revision at its end.
+	f.eventually("WaitWritten returns once the entry is in", func() bool { return f.waitWritten(ep, rev) == nil })
 }
 
 // TestPrivilegedEndpointWriters: the same add, relabel, restart and
@@ -616,8 +622,8 @@ func TestPrivilegedEndpointWriters(t *testing.T) {
 	enforcementOfSubject := func(id identity.Number) map[policy.Direction]bpfmaps.EnforcementValue {
 		out := map[policy.Direction]bpfmaps.EnforcementValue{}
 		require.NoError(t, bpfmaps.ReadEntries(pinned(bpfmaps.EnforcementName), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
-			if identity.Number(k.Identity) == id {
-				out[policy.Direction(k.Direction)] = v
+			if k.Subject() == id && v != bpfmaps.EnforceNone {
+				out[k.Direction()] = v
 			}
 		}))
 		return out

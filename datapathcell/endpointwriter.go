@@ -35,7 +35,8 @@ type subjectUses struct {
 	endpoints map[identity.Number]int
 	read      bool
 	// enforcement are the enforcement map's values of the subjects other
-	// than 0.
+	// than 0 that are not 0 (an array: a subject nobody wrote is 0, not
+	// enforced).
 	enforcement map[bpfmaps.EnforcementKey]bpfmaps.EnforcementValue
 	// changed is closed and replaced at every change.
 	changed chan struct{}
@@ -101,7 +102,7 @@ func (u *subjectUses) enforced(id identity.Number) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	for k := range u.enforcement {
-		if identity.Number(k.Identity) == id {
+		if k.Subject() == id {
 			return true
 		}
 	}
@@ -117,12 +118,13 @@ func (u *subjectUses) enforcementValue(k bpfmaps.EnforcementKey) (bpfmaps.Enforc
 	return v, ok
 }
 
-// setEnforcement records the enforcement map's value for k (present
-// false: the entry was deleted). Subject 0's are not kept.
-func (u *subjectUses) setEnforcement(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue, present bool) {
-	if k.Identity == 0 {
+// setEnforcement records the enforcement map's value for k. Subject 0's
+// are not kept.
+func (u *subjectUses) setEnforcement(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
+	if k.Subject() == identity.Unknown {
 		return
 	}
+	present := v != bpfmaps.EnforceNone
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if old, ok := u.enforcement[k]; ok == present && old == v {
@@ -433,11 +435,11 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 func (w *endpointWriter) enforcementReady(txn statedb.ReadTxn, subject identity.Number) error {
 	for _, dir := range policy.Directions() {
 		row, _, found := w.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: subject, Direction: dir}))
-		v, ok := w.order.uses.enforcementValue(bpfmaps.NewEnforcementKey(subject, dir))
-		switch {
-		case !found && !ok:
-		case found && (ok || enforcementOf(row) == bpfmaps.EnforceNone) && v == enforcementOf(row):
-		default:
+		want := bpfmaps.EnforceNone
+		if found {
+			want = enforcementOf(row)
+		}
+		if v, _ := w.order.uses.enforcementValue(bpfmaps.NewEnforcementKey(subject, dir)); v != want {
 			return errEnforcementPending
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
@@ -73,7 +72,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			inMap[policy.EnforcementKey{Direction: dir}] = v
 		}
 	}
-	w.readSubjects(inMap)
+	subjectsRead := w.readSubjects(inMap)
 	backoff := enforcementRetryMin
 	for {
 		txn := w.db.ReadTxn()
@@ -98,6 +97,10 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 				want = bpfmaps.EnforceDefaultDeny
 			}
 			have, known := inMap[row.Key()]
+			if !known && row.Subject != identity.Unknown && subjectsRead {
+				// Read at start: a subject not there is 0 in the array.
+				known = true
+			}
 			var err error
 			switch {
 			case known && want == have:
@@ -188,7 +191,7 @@ func (w *enforcementWriter) put(k policy.EnforcementKey, value bpfmaps.Enforceme
 	if err := w.target().Put(&key, &value); err != nil {
 		return fmt.Errorf("switch %s enforcement of subject %d in the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err)
 	}
-	w.order.uses.setEnforcement(key, value, true)
+	w.order.uses.setEnforcement(key, value)
 	w.stats.Written.Add(1)
 	attrs := []any{"direction", k.Direction.String()}
 	if k.Subject != 0 {
@@ -255,22 +258,24 @@ func (w *enforcementWriter) report(health cell.Health, inMap map[policy.Enforcem
 // readSubjects adds to inMap the entries of the subjects other than 0
 // that the map holds (a previous run's), so that a restart writes none
 // that did not change, and tells the subjects' users.
-func (w *enforcementWriter) readSubjects(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue) {
+func (w *enforcementWriter) readSubjects(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue) (read bool) {
 	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
-		if k.Identity == 0 {
+		if k.Subject() == identity.Unknown || v == bpfmaps.EnforceNone {
 			return
 		}
-		inMap[policy.EnforcementKey{Subject: identity.Number(k.Identity), Direction: policy.Direction(k.Direction)}] = v
-		w.order.uses.setEnforcement(k, v, true)
+		inMap[policy.EnforcementKey{Subject: k.Subject(), Direction: k.Direction()}] = v
+		w.order.uses.setEnforcement(k, v)
 	})
 	if err != nil {
 		// They are written again, as at a first start.
 		w.log.Warn("Cannot read the subjects' entries of the enforcement map; writing them again", "error", err)
+		return false
 	}
+	return true
 }
 
-// deleteUnused deletes the entries of subjects other than 0 that no row
-// has, once the table is initialized and no endpoints map entry points at
+// deleteUnused clears (to 0) the entries of subjects other than 0 that no
+// row has, once the table is initialized and no endpoints map entry points at
 // their subject: until then the endpoint's traffic still needs them (an
 // entry deleted is a direction not enforced). It reports whether some
 // wait for that.
@@ -289,14 +294,15 @@ func (w *enforcementWriter) deleteUnused(txn statedb.ReadTxn, inMap map[policy.E
 			waiting = true
 			continue
 		}
-		key := bpfmaps.NewEnforcementKey(k.Subject, k.Direction)
-		if err := w.target().Delete(&key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			*errs = append(*errs, fmt.Errorf("delete %s enforcement of subject %d from the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err))
+		// An array: the entry goes back to 0, not enforced.
+		key, off := bpfmaps.NewEnforcementKey(k.Subject, k.Direction), bpfmaps.EnforceNone
+		if err := w.target().Put(&key, &off); err != nil {
+			*errs = append(*errs, fmt.Errorf("clear %s enforcement of subject %d in the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err))
 			continue
 		}
 		w.stats.Written.Add(1)
 		delete(inMap, k)
-		w.order.uses.setEnforcement(key, 0, false)
+		w.order.uses.setEnforcement(key, off)
 	}
 	return waiting
 }

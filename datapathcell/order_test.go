@@ -250,10 +250,10 @@ func (e *fakeEnforcement) Put(key, value any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
 	k, v := *key.(*bpfmaps.EnforcementKey), *value.(*bpfmaps.EnforcementValue)
-	if k.Identity != 0 {
-		return fmt.Errorf("fake enforcement map: subject %d: only the default's are kept", k.Identity)
+	if k.Subject() != 0 {
+		return fmt.Errorf("fake enforcement map: subject %d: only the default's are kept", k.Subject())
 	}
-	dir := k.Direction
+	dir := k.Direction()
 	e.r.enforcement[dir] = uint32(v)
 	e.r.wrote(fmt.Sprintf("enforcement[%d] = %d", dir, v))
 	return nil
@@ -262,7 +262,7 @@ func (e *fakeEnforcement) Put(key, value any) error {
 func (e *fakeEnforcement) Lookup(key, valueOut any) error {
 	e.r.mu.Lock()
 	defer e.r.mu.Unlock()
-	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[key.(*bpfmaps.EnforcementKey).Direction])
+	*valueOut.(*bpfmaps.EnforcementValue) = bpfmaps.EnforcementValue(e.r.enforcement[key.(*bpfmaps.EnforcementKey).Direction()])
 	return nil
 }
 

@@ -82,7 +82,7 @@ func TestSubjectMapLifetime(t *testing.T) {
 	// An endpoint points at it, and it is enforced.
 	s.order.uses.endpointMoved(0, subjectA)
 	ek := bpfmaps.NewEnforcementKey(subjectA, policy.Egress)
-	s.order.uses.setEnforcement(ek, bpfmaps.EnforceDefaultDeny, true)
+	s.order.uses.setEnforcement(ek, bpfmaps.EnforceDefaultDeny)
 
 	// Its rows go (the endpoint moved to another identity in the table):
 	// the keys stay while the endpoint entry points at it.
@@ -100,7 +100,7 @@ func TestSubjectMapLifetime(t *testing.T) {
 	require.Empty(t, entries)
 	require.Equal(t, 0, maps.closed)
 
-	s.order.uses.setEnforcement(ek, 0, false)
+	s.order.uses.setEnforcement(ek, bpfmaps.EnforceNone)
 	s.drainRound()
 	_, ok = maps.inOuter(subjectA)
 	require.False(t, ok, "released once nothing uses it")

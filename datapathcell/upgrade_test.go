@@ -245,7 +245,7 @@ func TestPrivilegedUpgradeFromFlatPolicyMap(t *testing.T) {
 		require.Equal(t, [2]bool{true, true}, enforced, "round %d: the array's values are the default's", round)
 		e, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpfmaps.EnforcementName), nil)
 		require.NoError(t, err)
-		require.Equal(t, ebpf.Hash, e.Type())
+		require.Equal(t, bpfmaps.EnforcementSpec().MaxEntries, e.MaxEntries(), "round %d: the new layout", round)
 		e.Close()
 
 		require.Eventually(t, func() bool {
@@ -300,7 +300,7 @@ func startFlatPolicyAgent(t *testing.T, nw *endpointNetwork, pinDir, linksDir st
 	spec, err := ebpf.LoadCollectionSpec(flatPolicyObject)
 	require.NoError(t, err)
 	require.Equal(t, ebpf.LPMTrie, spec.Maps[bpfmaps.PolicyName].Type, "the fixture is of the previous layout")
-	require.Equal(t, ebpf.Array, spec.Maps[bpfmaps.EnforcementName].Type, "the fixture is of the previous layout")
+	require.EqualValues(t, 2, spec.Maps[bpfmaps.EnforcementName].MaxEntries, "the fixture is of the previous layout")
 	replacements := map[string]*ebpf.Map{
 		bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: maps.Policy, bpfmaps.EnforcementName: maps.Enforcement,
 		bpfmaps.CountersName: maps.Counters, bpfmaps.ConntrackName: maps.Conntrack,

@@ -30,9 +30,9 @@
 //
 // For an IP packet, the remote address's identity is the longest-prefix
 // match in `ipcache` (world, 2, when nothing matches). A direction is
-// enforced when `enforcement`[{subject, direction}] is ENFORCE_DEFAULT_DENY
-// (1) or ENFORCE_DENY_ONLY (2); a subject without an entry is not
-// enforced. There a packet that replies to a tracked connection (below)
+// enforced when `enforcement`[subject * 2 + direction] is
+// ENFORCE_DEFAULT_DENY (1) or ENFORCE_DENY_ONLY (2); a subject nobody
+// wrote is 0, not enforced. There a packet that replies to a tracked connection (below)
 // passes; any other is looked up in the subject's policy map (`policy` is a
 // hash of maps from a subject to an LPM trie; a subject without one has no
 // entries) by policy_verdict, for the remote identity and for identity 0
@@ -418,7 +418,7 @@ struct bpf_fib_lookup {
 #define POLICY_PREFIX_PORT 64
 #define POLICY_PREFIX_PROTOCOL 48
 
-// Values of `enforcement`[{subject, direction}].
+// Values of `enforcement`[subject * 2 + direction].
 #define ENFORCE_NONE 0
 #define ENFORCE_DEFAULT_DENY 1
 #define ENFORCE_DENY_ONLY 2
@@ -581,17 +581,13 @@ struct {
 	__array(values, struct policy_inner);
 } policy SEC(".maps");
 
-struct enforcement_key {
-	__u32 subject;
-	__u32 direction;
-};
-
+// Indexed by subject * 2 + direction: an array, whose lookup the verifier
+// inlines, for it is read for every packet (bpfmaps/abi.go).
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct enforcement_key);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, 2 * POLICY_SUBJECTS);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 } enforcement SEC(".maps");
 
 // A local endpoint's address (IPv4 in the first 4 bytes of addr) and what
@@ -1727,8 +1723,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	struct ipcache_key remote;
 	enum parse_result parsed;
 	struct ct_value *ct = 0;
-	struct enforcement_key index = {.direction = direction};
-	struct enforcement_key other;
+	__u32 index, other;
 	struct endpoint_info *endpoint = 0;
 	int spoofed = 0;
 	__u32 quoted = 0;
@@ -1770,13 +1765,13 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 
 	// Default deny and deny-only are tracked and checked alike; they
 	// differ only in what a packet that matches nothing gets.
-	index.subject = flow.subject;
+	// A subject past the array (none is) has no entry: not enforced.
+	index = flow.subject * 2 + direction;
 	value = bpf_map_lookup_elem(&enforcement, &index);
 	mode = value ? *value : ENFORCE_NONE;
 	enforced = mode != ENFORCE_NONE;
 	if (!enforced) {
-		other.subject = flow.subject;
-		other.direction = direction == DIRECTION_EGRESS ? DIRECTION_INGRESS : DIRECTION_EGRESS;
+		other = index ^ 1;
 		value = bpf_map_lookup_elem(&enforcement, &other);
 		other_enforced = value && *value != ENFORCE_NONE;
 	}
