@@ -10,6 +10,7 @@ all: build
 
 build:
 	$(GO) build -o bin/ipcache-agent ./cmd/ipcache-agent
+	$(GO) build -o bin/ipcache-agent-cni ./cmd/ipcache-agent-cni
 
 # All tests, with the race detector. Tests that need root (BPF, TCX, network
 # namespaces) skip with a message when not root, and never skip under CI=true.
@@ -46,7 +47,8 @@ FUZZ_TARGETS = \
 	datapathcell:FuzzEnforceParser \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
-	policyfile/internal/yamlread:FuzzReader
+	endpointfile:FuzzParse \
+	internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \
 		sed 's|^\./\(.*\)/[^/]*:func |\1:|' | sort); \

@@ -10,8 +10,11 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
+	"github.com/ipcache-agent/ipcache-agent/cnicell"
 	"github.com/ipcache-agent/ipcache-agent/conntrackcell"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
+	"github.com/ipcache-agent/ipcache-agent/devicecell"
+	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
@@ -43,12 +46,15 @@ var ControlPlane = cell.Group(
 	ownerCell,
 	identitycell.Cell,
 	ipcachecell.Cell,
+	endpointcell.Cell,
+	cnicell.Cell,
 	datapathcell.Cell,
 	monitorcell.Cell,
 	conntrackcell.Cell,
 	restorecell.Cell,
 	policycell.Cell,
 	metricscell.Cell,
+	devicecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

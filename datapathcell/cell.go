@@ -42,8 +42,9 @@ var Cell = cell.Module(
 			return policy.MapCapacity(c.PolicyMapMaxEntries)
 		},
 		// The endpoint cell's WaitEnforced waits on it.
-		func(d *Datapath) endpoint.Datapath { return d }),
+		func(d *Datapath) endpoint.Enforcement { return d }),
 	cell.Invoke(registerWriters),
+	cell.Invoke(registerDeviceAttacher),
 )
 
 // Config is the datapath's configuration.
@@ -64,7 +65,7 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("bpf-root", def.BPFRoot, "bpffs mount for pinned maps and links (mounted if it is not bpffs)")
-	flags.StringSlice("devices", def.Devices, "Host-side devices of endpoints to enforce policy on (comma-separated)")
+	flags.StringSlice("devices", def.Devices, "Host-side devices of endpoints to enforce policy on (comma-separated; a name ending in + is a prefix: lxc+)")
 	flags.Uint32("ipcache-map-max-entries", def.IPCacheMapMaxEntries, "Maximum entries of the ipcache map")
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
 }
@@ -72,7 +73,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 // Validate reports configuration errors, naming the flag.
 //
 // Possible errors: an empty --bpf-root, a zero --ipcache-map-max-entries or
-// --policy-map-max-entries, a --devices name that is not a device name.
+// --policy-map-max-entries, a --devices entry that is not a device name
+// or a prefix of one followed by '+'.
 func (c Config) Validate() error {
 	switch {
 	case c.BPFRoot == "":
@@ -83,8 +85,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--policy-map-max-entries must be positive")
 	}
 	for _, d := range c.Devices {
-		if d == "" || len(d) > 15 {
-			return fmt.Errorf("--devices: %q is not a network device name", d)
+		if !validDeviceEntry(d) {
+			return fmt.Errorf("--devices: %q is not a network device name or prefix (name+)", d)
 		}
 	}
 	return nil

@@ -216,9 +216,14 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	// An object of the previous policy map layout (a hash) gets a map of
 	// that layout with the same rule.
 	hashPolicy := newHashPolicyMap(b, benchPolicyRules())
+	// One of the flat LPM layout gets the default's map, one of subjects
+	// the outer map (whose default's map it is).
 	policyFor := func(spec *ebpf.CollectionSpec) *ebpf.Map {
-		if spec.Maps[bpfmaps.PolicyName].Type == ebpf.Hash {
+		switch spec.Maps[bpfmaps.PolicyName].Type {
+		case ebpf.Hash:
 			return hashPolicy
+		case ebpf.HashOfMaps:
+			return maps.Policies
 		}
 		return maps.Policy
 	}
@@ -282,6 +287,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		if ct := spec.Maps[bpfmaps.ConntrackOpeningName]; ct != nil && ct.KeySize == maps.ConntrackOpening.KeySize() {
 			ct.MaxEntries = maps.ConntrackOpening.MaxEntries()
 			replacements[bpfmaps.ConntrackOpeningName] = maps.ConntrackOpening
+		}
+		if _, ok := spec.Maps[bpfmaps.EndpointsName]; ok {
+			replacements[bpfmaps.EndpointsName] = maps.Endpoints
 		}
 		// An object that keeps verdicts shares the revision, so that it
 		// trusts what it kept as the current program does.

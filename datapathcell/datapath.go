@@ -65,6 +65,9 @@ type Datapath struct {
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
 	fakeMaps *writtenMaps
+
+	// devices are the devices the program is attached to (devices.go).
+	devices deviceAttachments
 }
 
 // writtenMaps are the maps the writers write.
@@ -163,10 +166,12 @@ func (d *Datapath) readPinned(m mapwrite.Map) error {
 }
 
 // attachEnforcer loads the enforcement program over the pinned maps and
-// attaches it to every device; on a restart this replaces the program in
-// the pinned links in place.
+// attaches it to every selected device that exists (devices.go); on a
+// restart this replaces the program in the pinned links in place. A
+// listed device that is missing or not Ethernet is skipped: the
+// attach-devices job attaches the program once it appears.
 func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
-	if len(d.cfg.Devices) == 0 {
+	if len(d.cfg.Devices) == 0 && !d.devices.loadsWithoutDevices() {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
@@ -176,12 +181,11 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	if err != nil {
 		return err
 	}
-	for _, device := range d.cfg.Devices {
-		if err := enf.attach(device, bpfmaps.LinksDir(d.cfg.BPFRoot)); err != nil {
+	for _, device := range d.startDevices(newDeviceSelection(d.cfg.Devices)) {
+		if err := d.attachAtStart(enf, device); err != nil {
 			enf.Close()
 			return err
 		}
-		d.log.Info("Enforcing policy", "device", device)
 	}
 	d.mu.Lock()
 	d.enforcer = enf
@@ -419,11 +423,11 @@ func (d *Datapath) pinnedSubjectPolicies() (map[identity.Number]innerPolicy, err
 	return w.pinnedPolicies()
 }
 
-// WaitWritten implements endpoint.Datapath: see endpointWriter. Without
+// WaitEnforced implements endpoint.Enforcement: see endpointWriter. Without
 // the `endpoints` table there is nothing to wait for.
-func (d *Datapath) WaitWritten(ctx context.Context, id string, rev statedb.Revision) error {
+func (d *Datapath) WaitEnforced(ctx context.Context, id string, rev statedb.Revision) error {
 	if d.endpoints == nil {
 		return nil
 	}
-	return d.endpoints.WaitWritten(ctx, id, rev)
+	return d.endpoints.WaitEnforced(ctx, id, rev)
 }

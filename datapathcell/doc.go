@@ -39,11 +39,13 @@
 // local endpoints of the `endpoints` table once their subject's policy
 // map (subjectPolicies: one per local endpoint identity, in the outer
 // policy map) and enforcement entries are in; the Datapath is the
-// endpoint.Datapath whose WaitWritten the endpoint cell waits on.
+// endpoint.Enforcement whose WaitEnforced the endpoint cell waits on.
 //
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
-// `policy-enforcement` tables (policycell), the `endpoints` table
-// (endpoint cell; optional). Writes: the pinned maps and
+// `policy-enforcement` tables (policycell), the `devices` table
+// (devicecell) and, when the hive has it, the `endpoints` table: the
+// program follows the devices --devices selects and local endpoints'
+// interfaces as they come and go (devices.go). Writes: the pinned maps and
 // links; reconciliation status in the policy tables. The ipcache map's
 // writer keeps the status of the `ipcache` entries itself, by revision
 // (Datapath.IPCacheStatus): writing a million entries to the map does not

@@ -398,7 +398,7 @@ func (f *endpointFixture) compute(add, remove []identity.Number) {
 func (f *endpointFixture) waitWritten(s *endpoint.State, rev statedb.Revision) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return f.datapath.WaitWritten(ctx, s.ID(), rev)
+	return f.datapath.WaitEnforced(ctx, s.ID(), rev)
 }
 
 // state returns the subjects in the outer map, the endpoints map's
@@ -451,7 +451,7 @@ const (
 // default, not enforced, too), is never dropped; whenever an endpoints
 // entry points at a subject, the subject's policy entries and enforcement
 // are in the maps (so a flow its policy denies is denied from the first
-// packet); WaitWritten returns once the entries are in; a removal leaves
+// packet); WaitEnforced returns once the entries are in; a removal leaves
 // nothing; a restart writes nothing.
 func TestOrderEndpoint(t *testing.T) {
 	maps := newSubjectMaps(t)
@@ -531,7 +531,7 @@ func TestOrderEndpointSeesAViolation(t *testing.T) {
 }
 
 // TestTooManySubjects: a subject beyond the bound gets no policy map: its
-// rows say why, its endpoint is held back (WaitWritten says why) and
+// rows say why, its endpoint is held back (WaitEnforced says why) and
 // nothing crashes; the first subject's endpoint is written.
 func TestTooManySubjects(t *testing.T) {
 	maps := newSubjectMaps(t)
@@ -560,7 +560,7 @@ func TestTooManySubjects(t *testing.T) {
 }
 
 // TestEndpointDeviceMissing: an endpoint behind a device that does not
-// exist is held back, and WaitWritten says why; once the device resolves
+// exist is held back, and WaitEnforced says why; once the device resolves
 // its entry is written bound to the device's ifindex.
 func TestEndpointDeviceMissing(t *testing.T) {
 	maps := newSubjectMaps(t)
@@ -591,7 +591,7 @@ func TestEndpointDeviceMissing(t *testing.T) {
 		return ok && v.Ifindex() == 42 && v.Identity() == subjectA
 	})
 	// The round that wrote it publishes the row's revision at its end.
-	f.eventually("WaitWritten returns once the entry is in", func() bool { return f.waitWritten(ep, rev) == nil })
+	f.eventually("WaitEnforced returns once the entry is in", func() bool { return f.waitWritten(ep, rev) == nil })
 }
 
 // TestPrivilegedEndpointWriters: the same add, relabel, restart and

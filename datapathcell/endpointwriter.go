@@ -156,7 +156,7 @@ func (u *subjectUses) wait() <-chan struct{} {
 // deleted first; its subject's enforcement and policy map go after.
 //
 // It publishes, per endpoint, the revision of its row that is in the maps
-// (endpoint.Datapath). Endpoints are few (thousands, not the ipcache's
+// (endpoint.Enforcement). Endpoints are few (thousands, not the ipcache's
 // millions): each round compares every local row with the map.
 type endpointWriter struct {
 	db          *statedb.DB
@@ -196,7 +196,7 @@ type rowWritten struct {
 	pending bool
 }
 
-var _ endpoint.Datapath = (*endpointWriter)(nil)
+var _ endpoint.Enforcement = (*endpointWriter)(nil)
 
 // errEnforcementPending holds an endpoint back until its subject's
 // enforcement entries are written.
@@ -238,8 +238,8 @@ func (w *endpointWriter) setIfindex(resolve func(name string) (uint32, error)) {
 	w.ifindex = resolve
 }
 
-// WaitWritten implements endpoint.Datapath.
-func (w *endpointWriter) WaitWritten(ctx context.Context, id string, rev statedb.Revision) error {
+// WaitEnforced implements endpoint.Enforcement.
+func (w *endpointWriter) WaitEnforced(ctx context.Context, id string, rev statedb.Revision) error {
 	for {
 		w.mu.Lock()
 		row, ok := w.rows[id]
@@ -358,7 +358,7 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 			err = w.subjects.use(row.Identity)
 		}
 		if errors.Is(err, errEnforcementPending) {
-			// Not written yet, and no error: WaitWritten waits on.
+			// Not written yet, and no error: WaitEnforced waits on.
 			written[id] = rowWritten{pending: true}
 		} else {
 			written[id] = rowWritten{rev: rev, err: err}

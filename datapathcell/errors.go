@@ -34,4 +34,12 @@ var (
 
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")
+
+	// ErrNoDevice is the error of attaching the program to a device that
+	// does not exist (yet): the datapath attaches it once it appears.
+	ErrNoDevice = errors.New("no such device")
+
+	// ErrNotEthernet is the error of attaching the program to a device
+	// whose framing is not Ethernet, which the program cannot read.
+	ErrNotEthernet = errors.New("not an Ethernet device")
 )

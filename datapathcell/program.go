@@ -162,23 +162,33 @@ func (e *enforcer) hooks() []tcxHook {
 // Possible errors: the device does not exist or is not Ethernet; TCX is not
 // supported (Linux < 6.6); no permission; linksDir is not on bpffs.
 func (e *enforcer) attach(device string, linksDir string) error {
+	_, err := e.attachDevice(device, linksDir)
+	return err
+}
+
+// attachDevice is attach, returning the ifindex the device had when the
+// program was attached to it.
+//
+// Possible errors: those of attach; ErrNoDevice and ErrNotEthernet
+// (wrapped) for a device that is missing or not Ethernet.
+func (e *enforcer) attachDevice(device string, linksDir string) (int, error) {
 	iface, err := net.InterfaceByName(device)
 	if err != nil {
-		return fmt.Errorf("attach enforcement to %s: %w", device, err)
+		return 0, fmt.Errorf("attach enforcement to %s: %w (%w)", device, ErrNoDevice, err)
 	}
 	if err := requireEthernet(device); err != nil {
-		return fmt.Errorf("attach enforcement to %s: %w", device, err)
+		return 0, fmt.Errorf("attach enforcement to %s: %w", device, err)
 	}
 	if err := os.MkdirAll(linksDir, 0o700); err != nil {
-		return fmt.Errorf("attach enforcement to %s: create links directory: %w", device, err)
+		return 0, fmt.Errorf("attach enforcement to %s: create links directory: %w", device, err)
 	}
 	for _, hook := range e.hooks() {
 		pin := filepath.Join(linksDir, linkPinName(device, hook.suffix))
 		if err := attachPinned(iface.Index, hook, pin); err != nil {
-			return fmt.Errorf("attach enforcement to %s at TCX %s: %w", device, hook.suffix, err)
+			return 0, fmt.Errorf("attach enforcement to %s at TCX %s: %w", device, hook.suffix, err)
 		}
 	}
-	return nil
+	return iface.Index, nil
 }
 
 // linkPinName is the pin name of a device's link at a hook: <device>-ingress
@@ -285,11 +295,15 @@ func requireEthernet(device string) error {
 	}
 	defer unix.Close(fd)
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFHWADDR, ifr); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			// Gone since it was looked up.
+			return fmt.Errorf("query hardware type: %w (%w)", ErrNoDevice, err)
+		}
 		return fmt.Errorf("query hardware type: %w", err)
 	}
 	// SIOCGIFHWADDR returns a sockaddr whose family is the hardware type.
 	if hwType := ifr.Uint16(); hwType != arphrdEther {
-		return fmt.Errorf("not an Ethernet device (hardware type %d)", hwType)
+		return fmt.Errorf("%w (hardware type %d)", ErrNotEthernet, hwType)
 	}
 	return nil
 }

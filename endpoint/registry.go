@@ -2,7 +2,11 @@
 
 package endpoint
 
-import "context"
+import (
+	"context"
+
+	"github.com/cilium/statedb"
+)
 
 // Registry is where the sources of endpoints (the endpoint directory, the
 // CNI plugin's server, an embedder) register them. The endpoint cell
@@ -46,4 +50,17 @@ type Source interface {
 	//
 	// Possible errors: ctx's, ErrNotFound.
 	WaitEnforced(ctx context.Context, id string) error
+}
+
+// Enforcement tells when an endpoint is in the kernel maps. The datapath
+// provides it; the endpoint cell's Source.WaitEnforced waits on it.
+type Enforcement interface {
+	// WaitEnforced blocks until the `endpoints` row of id at table
+	// revision rev, or a later one, is in the kernel maps: its addresses
+	// in the `endpoints` map, its identity's policy entries and
+	// enforcement in place before them.
+	//
+	// Possible errors: ctx's; an error saying why the row cannot be
+	// written (a full map).
+	WaitEnforced(ctx context.Context, id string, rev statedb.Revision) error
 }

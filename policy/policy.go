@@ -209,6 +209,10 @@ type Policy struct {
 	// KindNetworkPolicy.
 	Kind string `json:"kind,omitempty" yaml:"kind,omitempty"`
 
+	// Selector picks the local endpoints the policy applies to; empty, it
+	// also applies to the host-wide default.
+	Selector EndpointSelector `json:"selector" yaml:"selector"`
+
 	// Ingress and Egress hold the allow and deny rules of a direction.
 	Ingress []Rule `json:"ingress,omitempty" yaml:"ingress,omitempty"`
 	Egress  []Rule `json:"egress,omitempty" yaml:"egress,omitempty"`
@@ -252,13 +256,13 @@ func (p *Policy) Prefixes() []netip.Prefix {
 	return slices.Compact(prefixes)
 }
 
-// sameRules reports whether two policies allow the same traffic (whatever
-// their name and file).
+// sameRules reports whether two policies allow the same traffic to the
+// same endpoints (whatever their name and file).
 func (p *Policy) SameRules(other *Policy) bool {
 	if p == other {
 		return true
 	}
-	return slices.EqualFunc(p.Ingress, other.Ingress, Rule.Equal) &&
+	return p.Selector.Equal(&other.Selector) && slices.EqualFunc(p.Ingress, other.Ingress, Rule.Equal) &&
 		slices.EqualFunc(p.Egress, other.Egress, Rule.Equal)
 }
 

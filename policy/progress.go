@@ -11,9 +11,10 @@ import (
 // Computed is how far the selectors have computed the desired `policy` and
 // `policy-enforcement` tables.
 type Computed struct {
-	// Policies and Identities are the revisions of the `policies` and
-	// `identities` tables that the two tables reflect.
-	Policies, Identities statedb.Revision
+	// Policies, Identities and Endpoints are the revisions of the
+	// `policies`, `identities` and `endpoints` tables that the two tables
+	// reflect (Endpoints 0 in a hive without endpoints).
+	Policies, Identities, Endpoints statedb.Revision
 	// Entries and Enforcement are revisions of the `policy` and
 	// `policy-enforcement` tables at which they reflect them.
 	Entries, Enforcement statedb.Revision
@@ -28,12 +29,12 @@ type Computed struct {
 // (make before break: datapathcell/README.md): the `identities` table
 // changes before the selectors have turned the change into entries.
 type Progress interface {
-	// WaitComputed blocks until the policy tables reflect the `policies`
-	// and `identities` tables as txn has them, and returns how far they
-	// are computed: every policy entry and enforcement row that follows
-	// from txn's policies and identities is in the `policy` and
-	// `policy-enforcement` tables by the returned Entries and Enforcement
-	// revisions.
+	// WaitComputed blocks until the policy tables reflect the `policies`,
+	// `identities` and `endpoints` tables as txn has them, and returns how
+	// far they are computed: every policy entry and enforcement row that
+	// follows from txn's policies, identities and endpoints is in the
+	// `policy` and `policy-enforcement` tables by the returned Entries and
+	// Enforcement revisions.
 	//
 	// Possible errors: ctx's.
 	WaitComputed(ctx context.Context, txn statedb.ReadTxn) (Computed, error)

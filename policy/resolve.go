@@ -12,6 +12,9 @@ import (
 // Lookup is a packet as the enforcement program looks it up in the
 // policy map (docs/CONTRACT.md, "Policy semantics").
 type Lookup struct {
+	// Subject is the local endpoint identity whose policy applies (0:
+	// the host-wide default's).
+	Subject identity.Number
 	// Identity is the remote address's.
 	Identity  identity.Number
 	Direction Direction
@@ -28,7 +31,7 @@ type Lookup struct {
 // Key returns the key the program looks up for the identity id (the
 // remote one, or 0 for any identity).
 func (l Lookup) Key(id identity.Number) Key {
-	k := Key{Identity: id, Direction: l.Direction, Protocol: l.Protocol, Port: l.Port}
+	k := Key{Subject: l.Subject, Identity: id, Direction: l.Direction, Protocol: l.Protocol, Port: l.Port}
 	if !l.HasPort || l.Protocol == ProtocolAny {
 		k.Port, k.PortWildcardBits = 0, 16
 	}
@@ -107,7 +110,7 @@ func LookupEntries(key Key, get func(Key) (*Entry, bool)) (*Entry, bool) {
 			}
 		}
 	}
-	return get(Key{Identity: key.Identity, Direction: key.Direction})
+	return get(Key{Subject: key.Subject, Identity: key.Identity, Direction: key.Direction})
 }
 
 // DesiredLookup is a PolicyLookupFunc over the desired `policy` table;

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -53,7 +54,7 @@ var Cell = cell.Module(
 			return policy.EnforcementReconcilerTable{RWTable: t}
 		},
 		scriptCommands,
-		newSelectorProgress,
+		newSelectorProgressOf,
 		func(p *SelectorProgress) policy.Progress { return p },
 		newPolicyFiles,
 		stateFile,
@@ -164,6 +165,9 @@ type selectorParams struct {
 	Log         *slog.Logger
 	// Capacity is the datapath's --policy-map-max-entries.
 	Capacity policy.MapCapacity `optional:"true"`
+	// Endpoints is the endpoint cell's table, if the hive has one:
+	// without, the host-wide default is the only subject.
+	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
 }
 
 // newSelectorEngineOf returns the selector engine over the cell's tables,
@@ -172,6 +176,7 @@ func newSelectorEngineOf(p selectorParams) *selectorEngine {
 	e := newSelectorEngine(p.DB, p.Policies, p.Identities, p.IPCache, p.Entries, p.Enforcement, p.Progress, p.Log,
 		p.Config.EnablePolicy)
 	e.maxEntries = entryBound * maxEntries(p.Capacity)
+	e.endpoints = p.Endpoints
 	return e
 }
 
@@ -225,9 +230,11 @@ type scriptParams struct {
 	Identities  statedb.Table[*identitycell.Identity]
 	// Datapath is provided by the datapath cell, if the hive has one.
 	Datapath policy.Datapath `optional:"true"`
+	// Endpoints is the endpoint cell's table, if the hive has one.
+	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
 }
 
 func scriptCommands(p scriptParams) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(newScriptCommands(p.DB, p.Loader, p.Policies, p.Entries, p.Enforcement, p.IPCache,
-		p.Identities, p.Datapath, p.Config.EnablePolicy))
+		p.Identities, p.Endpoints, p.Datapath, p.Config.EnablePolicy))
 }

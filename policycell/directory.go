@@ -3,23 +3,20 @@
 package policycell
 
 import (
-	"errors"
-	"fmt"
-	"io"
-	"io/fs"
 	"os"
-	"path/filepath"
-	"slices"
-	"strings"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/ipcache-agent/ipcache-agent/internal/yamldir"
 	"github.com/ipcache-agent/ipcache-agent/policyfile"
 )
 
 // maxFileSize caps a policy file: a larger one is rejected without being
 // read further (policyfile.MaxSize says why).
 const maxFileSize = policyfile.MaxSize
+
+// policyDir is the policy directory dir as yamldir reads it.
+func policyDir(dir string) yamldir.Dir {
+	return yamldir.Dir{Path: dir, MaxSize: maxFileSize, What: "policy"}
+}
 
 // listing is what one read of the policy directory found.
 type listing struct {
@@ -37,168 +34,23 @@ type fileContent struct {
 	err     error
 }
 
-// isPolicyFile reports whether a directory entry's name makes it a policy
-// file: *.yaml or *.yml, not hidden (which also skips Kubernetes'
-// "..data" and its timestamped directories, and editors' swap files).
-func isPolicyFile(name string) bool {
-	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
-}
-
-// readDirectory reads the policy files directly in dir. Subdirectories
-// (and symlinks to directories) are ignored, never traversed. Symlinks
-// are followed, so that Kubernetes ConfigMap mounts work, but only while
-// they stay inside dir (after resolving dir's own symlinks): every file is
-// opened relative to the directory with openat2(RESOLVE_BENEATH), so the
-// kernel refuses, at the moment of opening, a resolution that leaves the
-// directory (a relative target out of it, an absolute target, a symlinked
-// directory out of it). The file type is checked on the opened file
-// (fstat), so swapping a file for a link or a FIFO between the listing
-// and the read is no way around either check. A link out of the directory
-// is an error of that file (ErrOutsideDirectory) and is not opened.
+// readDirectory reads the policy files directly in dir, as
+// yamldir.Dir.Read does: symlinks only while they stay inside dir.
 //
-// Possible errors: the directory cannot be resolved, opened or listed;
-// openat2 is not available (Linux before 5.6). Errors of single files are
-// in the listing.
+// Possible errors: those of yamldir.Dir.Read.
 func readDirectory(dir string) (listing, error) {
-	root, err := filepath.EvalSymlinks(dir)
+	read, err := policyDir(dir).Read()
 	if err != nil {
 		return listing{}, err
 	}
-	if root, err = filepath.Abs(root); err != nil {
-		return listing{}, err
+	found := listing{files: make(map[string]fileContent, len(read.Files)), watchDirs: read.WatchDirs}
+	for name, f := range read.Files {
+		found.files[name] = fileContent{content: f.Content, err: f.Err}
 	}
-	d, err := os.Open(root)
-	if err != nil {
-		return listing{}, err
-	}
-	defer d.Close()
-	entries, err := d.ReadDir(-1)
-	if err != nil {
-		return listing{}, err
-	}
-	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-	raw, err := d.SyscallConn()
-	if err != nil {
-		return listing{}, err
-	}
-
-	found := listing{files: map[string]fileContent{}, watchDirs: []string{root}}
-	for _, entry := range entries {
-		name := entry.Name()
-		if !isPolicyFile(name) || entry.IsDir() {
-			continue
-		}
-		path := filepath.Join(root, name)
-		isLink := entry.Type()&fs.ModeSymlink != 0
-		if !isLink && !entry.Type().IsRegular() {
-			// Known not to be a file without opening it (opening a
-			// device can have effects); the fstat below is what counts.
-			found.files[name] = fileContent{err: fmt.Errorf("%w: %s", ErrNotRegular, entry.Type().Type())}
-			continue
-		}
-		var f *os.File
-		var openErr error
-		if err := raw.Control(func(dirfd uintptr) { f, openErr = openBeneath(int(dirfd), root, name) }); err != nil {
-			return listing{}, err
-		}
-		switch {
-		case errors.Is(openErr, unix.ENOSYS):
-			return listing{}, fmt.Errorf("open %s: openat2 is not available (Linux 5.6 or later is needed): %w", path, openErr)
-		case errors.Is(openErr, unix.EXDEV):
-			target, _ := os.Readlink(path)
-			found.files[name] = fileContent{err: fmt.Errorf("%w: %s", ErrOutsideDirectory, target)}
-			continue
-		case openErr != nil && isLink:
-			found.files[name] = fileContent{err: fmt.Errorf("resolve symlink: %w", openErr)}
-			continue
-		case errors.Is(openErr, fs.ErrNotExist):
-			continue // removed since the listing: the next read sees the removal
-		case openErr != nil:
-			found.files[name] = fileContent{err: openErr}
-			continue
-		}
-		content, isDir, err := readOpened(f)
-		f.Close()
-		if isDir {
-			continue
-		}
-		found.files[name] = fileContent{content: content, err: err}
-		if isLink && err == nil {
-			// What to watch, not what to read: the content is what was
-			// read above, whatever the link points at by now.
-			if target, err := filepath.EvalSymlinks(path); err == nil && isInside(root, target) {
-				found.watchDirs = append(found.watchDirs, filepath.Dir(target))
-			}
-		}
-	}
-	slices.Sort(found.watchDirs)
-	found.watchDirs = slices.Compact(found.watchDirs)
 	return found, nil
 }
 
-// openBeneath opens name for reading relative to the directory dirfd
-// (whose path is root, for errors), following symlinks only as long as
-// they stay beneath it (EXDEV otherwise), never /proc's magic links.
-// O_NONBLOCK keeps a FIFO from blocking the open; O_NOCTTY keeps a
-// terminal from becoming the agent's.
-func openBeneath(dirfd int, root, name string) (*os.File, error) {
-	how := unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	path := filepath.Join(root, name)
-	for attempt := 0; ; attempt++ {
-		fd, err := unix.Openat2(dirfd, name, &how)
-		// EAGAIN: a rename elsewhere raced with a ".." in the resolution.
-		if err == unix.EINTR || err == unix.EAGAIN && attempt < 10 {
-			continue
-		}
-		if err != nil {
-			return nil, &fs.PathError{Op: "openat2", Path: path, Err: err}
-		}
-		return os.NewFile(uintptr(fd), path), nil
-	}
-}
-
-// isInside reports whether path is root or lies under it.
-func isInside(root, path string) bool {
-	rel, err := filepath.Rel(root, path)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
-}
-
-// readOpened reads an opened regular file of at most maxFileSize bytes,
-// and no more than one byte over that of a larger file. It reports
-// directories instead of reading them. The type is that of the opened
-// file (fstat), not of a path that may have changed since.
+// readOpened reads an opened policy file (yamldir.Dir.ReadOpened).
 func readOpened(f *os.File) (content []byte, isDir bool, err error) {
-	info, err := f.Stat()
-	switch {
-	case err != nil:
-		return nil, false, err
-	case info.IsDir():
-		return nil, true, nil
-	case !info.Mode().IsRegular():
-		return nil, false, fmt.Errorf("%w: %s", ErrNotRegular, info.Mode().Type())
-	}
-	// One allocation of the size fstat gives, plus the byte that tells a
-	// file over the cap; a file that grows meanwhile grows it, up to that.
-	content = make([]byte, 0, min(info.Size(), maxFileSize)+1)
-	for len(content) <= maxFileSize {
-		if len(content) == cap(content) {
-			content = slices.Grow(content, 1)
-		}
-		n, err := f.Read(content[len(content):min(cap(content), maxFileSize+1)])
-		content = content[:len(content)+n]
-		if errors.Is(err, io.EOF) {
-			return content, false, nil
-		}
-		if err != nil {
-			return nil, false, err
-		}
-	}
-	return nil, false, errTooLarge()
-}
-
-func errTooLarge() error {
-	return fmt.Errorf("%w: more than the cap of %d bytes (%d MiB)", ErrTooLarge, maxFileSize, maxFileSize>>20)
+	return policyDir("").ReadOpened(f)
 }

@@ -28,6 +28,10 @@
 // behind it) and `policy-enforcement` (default deny, deny rules only, or
 // neither, as the policies and --enable-policy say), incrementally: a
 // change costs what it selects, not the number of policies or identities.
+// Entries and enforcement are per subject: each policy applies to the
+// local endpoint identities its selector matches (the `endpoints` table,
+// when the hive has an endpoint cell) and, when its selector is empty, to
+// the host-wide default (subject 0).
 // policy.Resolve resolves a packet as the enforcement program does, for
 // policy/explain and the datapath's events.
 //
@@ -36,7 +40,7 @@
 // force before it, and a policy name stays with the file that held it.
 //
 // Reads: --policy-dir, --state-dir/policies-in-force.json, the
-// `identities` and `ipcache` tables.
+// `identities`, `ipcache` and (optional) `endpoints` tables.
 // Writes: `policies`, `policy`, `policy-enforcement`;
 // --state-dir/policies-in-force.json; ipcache metadata through the
 // policies' handles.

@@ -2,7 +2,11 @@
 
 package policycell
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/yamldir"
+)
 
 // The errors a policy file is rejected for, beyond its content
 // (policyfile.ErrInvalidPolicy). Each comes wrapped in a
@@ -24,14 +28,14 @@ var (
 	// resolution leaves the policy directory: a target outside it, an
 	// absolute target, or a path through a symlinked directory outside
 	// it. Such a file is not opened.
-	ErrOutsideDirectory = errors.New("symlink target is outside the policy directory, not read")
+	ErrOutsideDirectory = yamldir.ErrOutsideDirectory
 
 	// ErrNotRegular rejects a policy file that is neither a regular file
 	// nor a symlink to one (a FIFO could block the reader).
-	ErrNotRegular = errors.New("not a regular file")
+	ErrNotRegular = yamldir.ErrNotRegular
 
 	// ErrTooLarge rejects a policy file larger than maxFileSize.
-	ErrTooLarge = errors.New("policy file too large")
+	ErrTooLarge = yamldir.ErrTooLarge
 
 	// ErrTooManyEntries rejects a policy file whose policies compute more
 	// policy-map entries than the policy map holds
@@ -54,7 +58,7 @@ var (
 	// policies in force (in the state directory) that cannot be restored.
 	// It is moved aside, and the policy files alone decide what is in
 	// force.
-	ErrCorruptInForce = errors.New("corrupt saved policies in force")
+	ErrCorruptInForce = yamldir.ErrCorruptSaved
 
 	// ErrInForceTooLarge is wrapped by the error for policy files whose
 	// versions in force do not fit into the saved file's cap: they are not
@@ -65,3 +69,7 @@ var (
 // ErrBadEnablePolicy is wrapped by the configuration error for an
 // --enable-policy that is none of default, always and never.
 var ErrBadEnablePolicy = errors.New("want default, always or never")
+
+// ErrNoEndpoint is wrapped by policy/explain's error for an --endpoint
+// that is no local endpoint with an identity.
+var ErrNoEndpoint = errors.New("no local endpoint")

@@ -3,21 +3,13 @@
 package policycell
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"maps"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
+	"github.com/ipcache-agent/ipcache-agent/internal/yamldir"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policyfile"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
@@ -28,8 +20,6 @@ const (
 	// versions of the policy files in force.
 	InForceFileName = "policies-in-force.json"
 
-	inForceVersion = 1
-
 	// maxInForceSize caps the saved file, in what is written and in what is
 	// read back at start, so that memory stays bounded whatever is in the
 	// state directory. Files that do not fit are left out, in name order,
@@ -37,21 +27,11 @@ const (
 	maxInForceSize = 32 << 20
 )
 
-// inForceFile is the saved file: the content of the version in force of
-// each policy file, as it was read. Saving the content (not the parsed
-// policies) means that what is restored is validated again by the same
-// parser. Which file holds a policy name is the file whose content has it.
-type inForceFile struct {
-	Version int `json:"version"`
-	// PolicyDir is the --policy-dir the versions are of: files of another
-	// directory are not restored.
-	PolicyDir string         `json:"policyDir"`
-	Files     []inForceEntry `json:"files"`
-}
-
-type inForceEntry struct {
-	File    string `json:"file"`
-	Content string `json:"content"`
+// savedPolicies is the saved file at path (yamldir.Saved): the content of
+// the version in force of each policy file, as it was read. Which file
+// holds a policy name is the file whose content has it.
+func savedPolicies(path string) yamldir.Saved {
+	return yamldir.Saved{Path: path, DirKey: "policyDir", Name: "policies in force", MaxSize: maxInForceSize}
 }
 
 // savedFile is a policy file's version in force as restored from the save.
@@ -65,7 +45,7 @@ type savedFile struct {
 // versions of the policy files in force.
 type savedInForce struct {
 	path string // empty: not saved
-	// saved identifies what the file holds (saveKey), once written.
+	// saved identifies what the file holds (yamldir.SaveKey), once written.
 	saved    [sha256.Size]byte
 	hasSaved bool
 	// err is why the last save failed (failed: it is retried) or left
@@ -85,55 +65,21 @@ type savedInForce struct {
 // file twice or a name that is not a policy file's, has content that does
 // not parse, or policy names held by two files; errors reading the file.
 func readInForce(path, dir string) (saved map[string]savedFile, otherDir string, err error) {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, "", nil
+	s := savedPolicies(path)
+	files, otherDir, err := s.Read(policyDir(dir))
+	if err != nil || files == nil {
+		return nil, otherDir, err
 	}
-	if err != nil {
-		return nil, "", fmt.Errorf("read saved policies in force: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxInForceSize+1))
-	if err != nil {
-		return nil, "", fmt.Errorf("read saved policies in force %s: %w", path, err)
-	}
-	if len(data) > maxInForceSize {
-		return nil, "", fmt.Errorf("%w %s: larger than %d bytes", ErrCorruptInForce, path, maxInForceSize)
-	}
-	var file inForceFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&file); err != nil {
-		return nil, "", fmt.Errorf("%w %s: %w", ErrCorruptInForce, path, err)
-	}
-	if dec.More() {
-		return nil, "", fmt.Errorf("%w %s: trailing data", ErrCorruptInForce, path)
-	}
-	if file.Version != inForceVersion {
-		return nil, "", fmt.Errorf("%w %s: version %d, want %d", ErrCorruptInForce, path, file.Version, inForceVersion)
-	}
-	if file.PolicyDir != dir {
-		return nil, file.PolicyDir, nil
-	}
-	saved = make(map[string]savedFile, len(file.Files))
+	saved = make(map[string]savedFile, len(files))
 	holder := map[string]string{}
-	for _, entry := range file.Files {
-		if !isPolicyFile(entry.File) || strings.ContainsRune(entry.File, filepath.Separator) {
-			return nil, "", fmt.Errorf("%w %s: %q is not the name of a policy file", ErrCorruptInForce, path, entry.File)
-		}
-		if _, dup := saved[entry.File]; dup {
-			return nil, "", fmt.Errorf("%w %s: %s listed twice", ErrCorruptInForce, path, entry.File)
-		}
+	for _, entry := range files {
 		content := []byte(entry.Content)
-		if len(content) > maxFileSize {
-			return nil, "", fmt.Errorf("%w %s: %s: %w", ErrCorruptInForce, path, entry.File, errTooLarge())
-		}
 		policies, err := policyfile.Parse(entry.File, content)
 		if err != nil {
-			return nil, "", fmt.Errorf("%w %s: %w", ErrCorruptInForce, path, err)
+			return nil, "", fmt.Errorf("%w %s: %w", s.CorruptError(), path, err)
 		}
 		if err := conflict(entry.File, policies, holder); err != nil {
-			return nil, "", fmt.Errorf("%w %s: %w", ErrCorruptInForce, path, err)
+			return nil, "", fmt.Errorf("%w %s: %w", s.CorruptError(), path, err)
 		}
 		for _, p := range policies {
 			holder[p.Name] = entry.File
@@ -144,76 +90,11 @@ func readInForce(path, dir string) (saved map[string]savedFile, otherDir string,
 }
 
 // writeInForce replaces the saved file at path with the given contents of
-// the files in force (by file name), atomically. Files that would take the
-// file over maxInForceSize are left out, in name order; they are returned.
+// the files in force (by file name), atomically (yamldir.Saved.Write).
 //
 // Possible errors: those of atomicfile.Write.
 func writeInForce(path, dir string, contents map[string][]byte) (left []string, err error) {
-	err = atomicfile.Write(path, func(w io.Writer) error {
-		left = nil
-		out := bufio.NewWriter(w)
-		head, err := json.Marshal(struct {
-			Version   int    `json:"version"`
-			PolicyDir string `json:"policyDir"`
-		}{inForceVersion, dir})
-		if err != nil {
-			return err
-		}
-		// The entries are encoded one by one, so that the size is known
-		// before one is written: {"version":1,"policyDir":"..","files":[..]}.
-		head = append(head[:len(head)-1], `,"files":[`...)
-		const tail = "\n]}\n"
-		size := len(head) + len(tail)
-		out.Write(head)
-		first := true
-		for _, name := range slices.Sorted(maps.Keys(contents)) {
-			entry, err := marshalNoHTMLEscape(inForceEntry{File: name, Content: string(contents[name])})
-			if err != nil {
-				return err
-			}
-			if size+len(entry)+2 > maxInForceSize {
-				left = append(left, name)
-				continue
-			}
-			if !first {
-				out.WriteString(",")
-			}
-			first = false
-			out.WriteString("\n")
-			out.Write(entry)
-			size += len(entry) + 2
-		}
-		out.WriteString(tail)
-		return out.Flush()
-	})
-	return left, err
-}
-
-// marshalNoHTMLEscape encodes v as JSON without escaping <, > and & (a
-// policy file's content stays readable and no larger than it must be).
-func marshalNoHTMLEscape(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
-// saveKey identifies a set of versions in force: the files' names and the
-// digests of their contents.
-func saveKey(digests map[string][sha256.Size]byte) [sha256.Size]byte {
-	h := sha256.New()
-	for _, name := range slices.Sorted(maps.Keys(digests)) {
-		digest := digests[name]
-		h.Write([]byte(name))
-		h.Write([]byte{0})
-		h.Write(digest[:])
-	}
-	var key [sha256.Size]byte
-	h.Sum(key[:0])
-	return key
+	return savedPolicies(path).Write(dir, contents)
 }
 
 // restoreInForce puts the versions in force that the previous run saved
@@ -258,11 +139,7 @@ func (l *loader) restoreInForce() {
 			l.log.Warn("Saved version of a policy file is over the policy map's size, not restored", "file", name, "error", err)
 			continue
 		}
-		l.files[name] = &policyFile{
-			digest: s.digest, content: s.content, parsed: s.policies,
-			inForce: s.policies, inForceDigest: s.digest, inForceContent: s.content, hasInForce: true,
-			restored: true,
-		}
+		l.files.Restore(name, s.content, s.policies)
 		policies += len(s.policies)
 	}
 	l.log.Info("Restored the policies in force before the restart", "path", path, "files", len(saved), "policies", policies)
@@ -275,14 +152,8 @@ func (l *loader) saveInForce() {
 	if s.path == "" {
 		return
 	}
-	digests := map[string][sha256.Size]byte{}
-	contents := map[string][]byte{}
-	for name, f := range l.files {
-		if f.hasInForce {
-			digests[name], contents[name] = f.inForceDigest, f.inForceContent
-		}
-	}
-	key := saveKey(digests)
+	contents, digests := l.files.InForceContents()
+	key := yamldir.SaveKey(digests)
 	if s.hasSaved && key == s.saved {
 		return
 	}

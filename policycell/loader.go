@@ -4,7 +4,6 @@ package policycell
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
+	"github.com/ipcache-agent/ipcache-agent/internal/yamldir"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -46,10 +46,10 @@ type loader struct {
 	// initialized marks the first complete read applied; nil once done.
 	initialized func()
 
-	files      map[string]*policyFile         // by file name
-	inForce    map[string]*policy.Policy      // by policy name: what the table and the handles say
-	handles    map[string]*ipcachecell.Handle // by policy name
-	handleErrs map[string]error               // policies whose handle could not be obtained
+	files      yamldir.Versions[[]*policy.Policy] // each file's content and version in force
+	inForce    map[string]*policy.Policy          // by policy name: what the table and the handles say
+	handles    map[string]*ipcachecell.Handle     // by policy name
+	handleErrs map[string]error                   // policies whose handle could not be obtained
 
 	// saved is the versions in force saved in the state directory, which
 	// the first load restores (readOnce: done).
@@ -59,33 +59,6 @@ type loader struct {
 	mu     sync.Mutex
 	status []fileStatus // for the shell, sorted by file
 	err    error        // why the directory could not be read, if it could not
-}
-
-// policyFile is what the loader knows of one file.
-type policyFile struct {
-	// digest identifies the content last read; parsed and parseErr are the
-	// outcome of parsing it. content is kept while it may come into force
-	// (and be saved): not when it does not parse.
-	digest   [sha256.Size]byte
-	content  []byte
-	parsed   []*policy.Policy
-	parseErr error
-	readErr  error
-
-	// inForce is the version of the file's policies in force, and
-	// inForceDigest and inForceContent the content it came from
-	// (hasInForce: any). restored: that version was restored from the
-	// save of the previous run and not read since.
-	inForce        []*policy.Policy
-	inForceDigest  [sha256.Size]byte
-	inForceContent []byte
-	hasInForce     bool
-	restored       bool
-
-	// rejected is why the current content is not in force.
-	rejected error
-	// logged is the last rejection logged, so that each is logged once.
-	logged string
 }
 
 // fileStatus is one policy file as the loader last saw it.
@@ -100,7 +73,7 @@ type fileStatus struct {
 
 func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*policy.Policy], ipcache *ipcachecell.IPCache,
 	log *slog.Logger, initialized func()) *loader {
-	return &loader{
+	l := &loader{
 		dir:         dir,
 		db:          db,
 		policies:    policies,
@@ -108,11 +81,22 @@ func newLoader(dir string, db *statedb.DB, policies statedb.RWTable[*policy.Poli
 		log:         log,
 		maxEntries:  DefaultPolicyMapMaxEntries,
 		initialized: initialized,
-		files:       map[string]*policyFile{},
 		inForce:     map[string]*policy.Policy{},
 		handles:     map[string]*ipcachecell.Handle{},
 		handleErrs:  map[string]error{},
 	}
+	l.files = yamldir.Versions[[]*policy.Policy]{
+		Parse: l.parse,
+		Empty: func(policies []*policy.Policy) bool { return len(policies) == 0 },
+		// Truncated by an editor before it writes the file again, or
+		// emptied by mistake: removing the file is how its policies are
+		// removed.
+		EmptyError: func(file string) error { return &policyfile.FileError{File: file, Err: ErrEmptyFile} },
+		ReadError:  func(file string, err error) error { return &policyfile.FileError{File: file, Err: err} },
+		Claims:     policyNames,
+		Conflict:   conflict,
+	}
+	return l
 }
 
 // saveInForceIn makes the loader save the versions in force in stateDir
@@ -134,7 +118,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		l.readOnce = true
 		l.restoreInForce()
 	}
-	found, err := readDirectory(l.dir)
+	found, err := policyDir(l.dir).Read()
 	if err != nil {
 		err = fmt.Errorf("read policy directory %s: %w", l.dir, err)
 		l.mu.Lock()
@@ -142,31 +126,8 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		l.mu.Unlock()
 		return nil, err
 	}
-	for name := range l.files {
-		if _, ok := found.files[name]; !ok {
-			delete(l.files, name)
-			l.log.Info("Policy file removed", "file", name)
-		}
-	}
-	for name, read := range found.files {
-		f := l.files[name]
-		if f == nil {
-			f = &policyFile{}
-			l.files[name] = f
-		}
-		f.readErr = nil
-		if read.err != nil {
-			f.readErr = &policyfile.FileError{File: name, Err: read.err}
-			continue
-		}
-		digest := sha256.Sum256(read.content)
-		if f.parsed == nil && f.parseErr == nil || digest != f.digest {
-			f.digest, f.content = digest, read.content
-			f.parsed, f.parseErr = l.parse(name, read.content)
-			if f.parseErr != nil {
-				f.content = nil
-			}
-		}
+	for _, name := range l.files.Update(found) {
+		l.log.Info("Policy file removed", "file", name)
 	}
 	l.decide()
 	// Saved before the ipcache and the table change: a restart from here
@@ -180,9 +141,9 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 	if l.initialized != nil {
 		l.initialized()
 		l.initialized = nil
-		l.log.Info("Policy directory read", "dir", l.dir, "files", len(l.files), "policies", len(l.inForce))
+		l.log.Info("Policy directory read", "dir", l.dir, "files", l.files.Len(), "policies", len(l.inForce))
 	}
-	return found.watchDirs, nil
+	return found.WatchDirs, nil
 }
 
 // parse parses a file and counts its entries. A file over the policy
@@ -199,82 +160,28 @@ func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
 	return policies, nil
 }
 
-// decide chooses the version of each file in force. A file whose content
-// is valid but not in force is accepted unless it has a policy name that
-// another file holds; files are tried in name order, and again as long as
-// accepting one frees names (a policy that moves from one file to another
-// in one change is accepted whatever the file names).
+// decide chooses the version of each file in force (yamldir.Versions.Decide:
+// a file that uses a policy name another file holds is rejected) and logs
+// what changed.
 func (l *loader) decide() {
-	holder := map[string]string{} // policy name -> file holding it in force
-	for name, f := range l.files {
-		for _, p := range f.inForce {
-			holder[p.Name] = name
-		}
-	}
-	var pending []string
-	accepted := map[string]bool{}
-	for name, f := range l.files {
-		f.rejected = nil
-		switch {
-		case f.readErr != nil:
-			f.rejected = f.readErr
-		case f.parseErr != nil:
-			f.rejected = f.parseErr
-		case len(f.parsed) == 0 && len(f.inForce) > 0:
-			// Truncated by an editor before it writes the file again, or
-			// emptied by mistake: removing the file is how its policies
-			// are removed.
-			f.rejected = &policyfile.FileError{File: name, Err: ErrEmptyFile}
-		case !f.hasInForce || f.inForceDigest != f.digest:
-			pending = append(pending, name)
-		}
-	}
-	slices.Sort(pending)
-	for progress := true; progress && len(pending) > 0; {
-		progress = false
-		remaining := pending[:0]
-		for _, name := range pending {
-			f := l.files[name]
-			if err := conflict(name, f.parsed, holder); err != nil {
-				f.rejected = err
-				remaining = append(remaining, name)
-				continue
-			}
-			for _, p := range f.inForce {
-				if holder[p.Name] == name {
-					delete(holder, p.Name)
-				}
-			}
-			for _, p := range f.parsed {
-				holder[p.Name] = name
-			}
-			f.inForce, f.inForceDigest, f.inForceContent, f.hasInForce = f.parsed, f.digest, f.content, true
-			f.rejected, f.restored = nil, false
-			progress = true
-			accepted[name] = true
-			l.log.Info("Policy file in force", "file", name, "policies", policyNames(f.inForce))
-		}
-		pending = remaining
-	}
-	for name, f := range l.files {
-		if f.rejected == nil {
-			if f.logged != "" && !accepted[name] {
-				// Rejected (emptied, say) and now back to the version in
-				// force: the warning had its line, so has its end.
-				l.log.Info("Policy file valid again, its version in force is unchanged",
-					"file", name, "policies", policyNames(f.inForce))
-			}
-			f.logged = ""
-		} else if msg := f.rejected.Error(); msg != f.logged {
-			f.logged = msg
+	for _, c := range l.files.Decide() {
+		switch c.Kind {
+		case yamldir.Accepted:
+			l.log.Info("Policy file in force", "file", c.File, "policies", policyNames(c.InForce))
+		case yamldir.ValidAgain:
+			// Rejected (emptied, say) and now back to the version in
+			// force: the warning had its line, so has its end.
+			l.log.Info("Policy file valid again, its version in force is unchanged",
+				"file", c.File, "policies", policyNames(c.InForce))
+		case yamldir.Rejected:
 			what := "Policy file rejected, its previous version stays in force"
 			switch {
-			case len(f.inForce) == 0:
+			case len(c.InForce) == 0:
 				what = "Policy file rejected, none of its policies are in force"
-			case f.restored:
+			case c.Restored:
 				what = "Policy file rejected, its version in force before the restart stays in force"
 			}
-			l.log.Warn(what, "file", name, "in-force", policyNames(f.inForce), "error", f.rejected)
+			l.log.Warn(what, "file", c.File, "in-force", policyNames(c.InForce), "error", c.Err)
 		}
 	}
 }
@@ -307,8 +214,8 @@ func policyNames(policies []*policy.Policy) []string {
 // leaves a prefix without metadata while a policy still selects it.
 func (l *loader) apply(ctx context.Context) {
 	want := map[string]*policy.Policy{}
-	for _, f := range l.files {
-		for _, p := range f.inForce {
+	for _, inForce := range l.files.InForce() {
+		for _, p := range inForce {
 			want[p.Name] = p
 		}
 	}
@@ -428,10 +335,9 @@ func (l *loader) release(p *policy.Policy) {
 
 // report publishes the files' status for Status and health.
 func (l *loader) report() {
-	status := make([]fileStatus, 0, len(l.files))
-	for _, name := range slices.Sorted(maps.Keys(l.files)) {
-		f := l.files[name]
-		status = append(status, fileStatus{File: name, Policies: policyNames(f.inForce), Error: f.rejected})
+	status := make([]fileStatus, 0, l.files.Len())
+	for _, f := range l.files.Status() {
+		status = append(status, fileStatus{File: f.File, Policies: policyNames(f.InForce), Error: f.Err})
 	}
 	l.mu.Lock()
 	l.status, l.err = status, nil

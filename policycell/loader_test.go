@@ -337,9 +337,9 @@ func TestLoaderRejectsFileOverPolicyMap(t *testing.T) {
 	require.ErrorIs(t, f.rejected()["a.yaml"], ErrTooManyEntries)
 	require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce())
 	require.Equal(t, []string{"10.0.0.0/24"}, f.owned("policy/a"), "nothing of the rejected file reached the ipcache")
-	file := f.loader.files["a.yaml"]
-	require.Nil(t, file.parsed)
-	require.Nil(t, file.content)
+	content, parsed, _ := f.loader.files.Current("a.yaml")
+	require.Nil(t, parsed)
+	require.Nil(t, content)
 	retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	t.Logf("heap after the rejected read: %+d bytes", retained)
 	require.Less(t, retained, int64(1<<20), "the rejected file's read left %d bytes on the heap", retained)

@@ -15,7 +15,9 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/spf13/pflag"
 
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
@@ -26,11 +28,12 @@ import (
 
 func newScriptCommands(db *statedb.DB, l *loader, policies statedb.Table[*policy.Policy], entries statedb.Table[*policy.Entry],
 	enforcement statedb.Table[*policy.Enforcement], ipcache statedb.Table[*ipcachecell.Entry],
-	identities statedb.Table[*identitycell.Identity], datapath policy.Datapath, enablePolicy string) map[string]script.Cmd {
+	identities statedb.Table[*identitycell.Identity], endpoints statedb.Table[*endpoint.State], datapath policy.Datapath,
+	enablePolicy string) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"policy/list": listCommand(db, l, policies, entries),
 		"policy/explain": explainCommand(db, explainSources{entries: entries, enforcement: enforcement, policies: policies,
-			ipcache: ipcache, identities: identities, datapath: datapath, enablePolicy: enablePolicy}),
+			ipcache: ipcache, identities: identities, endpoints: endpoints, datapath: datapath, enablePolicy: enablePolicy}),
 	}
 }
 
@@ -274,11 +277,13 @@ func notWrittenByFile(status []fileStatus, rows iter.Seq2[*policy.Entry, statedb
 
 // explainSources are what policy/explain reads.
 type explainSources struct {
-	entries      statedb.Table[*policy.Entry]
-	enforcement  statedb.Table[*policy.Enforcement]
-	policies     statedb.Table[*policy.Policy]
-	ipcache      statedb.Table[*ipcachecell.Entry]
-	identities   statedb.Table[*identitycell.Identity]
+	entries     statedb.Table[*policy.Entry]
+	enforcement statedb.Table[*policy.Enforcement]
+	policies    statedb.Table[*policy.Policy]
+	ipcache     statedb.Table[*ipcachecell.Entry]
+	identities  statedb.Table[*identitycell.Identity]
+	// endpoints is nil in a hive without an endpoint cell.
+	endpoints    statedb.Table[*endpoint.State]
 	datapath     policy.Datapath
 	enablePolicy string
 }
@@ -289,8 +294,11 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Explain the verdict for traffic with an address",
-			Args:    "address ingress|egress [TCP/port|UDP/port|SCTP/port|ICMP/type|ICMPv6/type]",
+			Args:    "[--endpoint namespace/name] address ingress|egress [TCP/port|UDP/port|SCTP/port|ICMP/type|ICMPv6/type]",
 			Detail: []string{
+				"The traffic is the host-wide default's, or with --endpoint that",
+				"local endpoint's: the policy of its identity (the policies whose",
+				"selectors pick it), and its own enforcement.",
 				"The address is the peer: the source for ingress, the destination",
 				"for egress. Its identity is that of the longest ipcache prefix",
 				"containing it, or world. The datapath looks up the remote",
@@ -307,9 +315,13 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				"(Maps:) says what the program decides from the maps as they are.",
 				"-o json: one object (address, direction, port as TCP/443 or \"\",",
 				"identity, prefix: the ipcache prefix or \"\" for world, enforced,",
-				"hasDeny, allowed: the desired verdict, explanation: the lines).",
+				"hasDeny, allowed: the desired verdict, explanation: the lines;",
+				"with --endpoint, endpoint and subject: its identity).",
 			},
-			Flags: scriptcmd.OutputFlag,
+			Flags: func(fs *pflag.FlagSet) {
+				scriptcmd.OutputFlag(fs)
+				fs.String("endpoint", "", "Explain for this local endpoint (namespace/name) instead of the host-wide default")
+			},
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) < 2 || len(args) > 3 {
@@ -335,14 +347,27 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			}
 			txn := db.ReadTxn()
 			var text strings.Builder
+			name, err := s.Flags.GetString("endpoint")
+			if err != nil {
+				return scriptcmd.Result("", err)
+			}
+			if name != "" {
+				if pkt.Subject, err = src.endpointSubject(&text, txn, name); err != nil {
+					return scriptcmd.Result("", err)
+				}
+			}
 			allowed := src.explainDesired(&text, txn, addr, pkt)
-			if src.datapath != nil {
+			switch {
+			case src.datapath != nil && pkt.Subject == identity.Unknown:
 				explainMaps(&text, src.datapath, addr, pkt, allowed)
+			case src.datapath != nil:
+				fmt.Fprintf(&text, "Maps: not read for an endpoint's policy\n")
 			}
 			if !asJSON {
 				return scriptcmd.Result(text.String(), nil)
 			}
 			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: identity.World,
+				Endpoint: name, Subject: pkt.Subject,
 				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
@@ -350,7 +375,7 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 				out.Identity, out.Prefix = entry.Identity, entry.Prefix.String()
 			}
-			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir})); found {
+			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: pkt.Subject, Direction: dir})); found {
 				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
 			}
 			return scriptcmd.JSON(out, nil)
@@ -360,6 +385,10 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 
 // explainJSON is policy/explain -o json.
 type explainJSON struct {
+	// Endpoint and Subject are the local endpoint explained for and its
+	// identity; absent for the host-wide default.
+	Endpoint  string          `json:"endpoint,omitempty"`
+	Subject   identity.Number `json:"subject,omitempty"`
 	Address   string          `json:"address"`
 	Direction string          `json:"direction"`
 	Port      string          `json:"port"`
@@ -462,7 +491,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
 	}
 	pkt.Identity = id
-	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
+	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: pkt.Subject, Direction: dir}))
 	if !found || !row.Enforced && !row.HasDeny {
 		why := fmt.Sprintf("no policy has %s rules with default deny, nor %s deny rules", dir, dir)
 		if src.enablePolicy == EnablePolicyNever {
@@ -477,7 +506,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 	}
 	fmt.Fprintf(out, "Entries (%s %s):\n", dir, mode)
 	for _, of := range []identity.Number{id, 0} {
-		for e := range policy.DirectionEntries(txn, src.entries, identity.Unknown, of, dir) {
+		for e := range policy.DirectionEntries(txn, src.entries, pkt.Subject, of, dir) {
 			notWritten := ""
 			if e.Status.Kind == reconciler.StatusKindError {
 				notWritten = " (not in the policy map: " + e.Status.GetError() + ")"
@@ -506,6 +535,28 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		}
 	}
 	return allowed
+}
+
+// endpointSubject writes the line of a local endpoint and returns its
+// identity, the subject whose policy applies to its traffic.
+//
+// Possible errors: ErrNoEndpoint (wrapped) for a name that is no local
+// endpoint with an identity.
+func (src explainSources) endpointSubject(out *strings.Builder, txn statedb.ReadTxn, name string) (identity.Number, error) {
+	if src.endpoints == nil {
+		return 0, fmt.Errorf("%w %s: this agent has no endpoints", ErrNoEndpoint, name)
+	}
+	ep, _, found := src.endpoints.Get(txn, endpoint.NameIndex.Query(name))
+	switch {
+	case !found:
+		return 0, fmt.Errorf("%w %s", ErrNoEndpoint, name)
+	case !ep.Local:
+		return 0, fmt.Errorf("%w %s on this node: it runs on %s", ErrNoEndpoint, name, ep.Node)
+	case ep.Identity == identity.Unknown:
+		return 0, fmt.Errorf("%w %s with an identity yet", ErrNoEndpoint, name)
+	}
+	fmt.Fprintf(out, "Endpoint: %s (identity %s, labels %s)\n", name, ep.Identity, ep.IdentityLabels)
+	return ep.Identity, nil
 }
 
 // writeVerdict writes the line of a resolution and returns whether it

@@ -19,10 +19,12 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
+	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
@@ -63,6 +65,9 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				return policy.MapCapacity(c.PolicyMapMaxEntries)
 			}),
 			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
+			// The `endpoints` table, as the endpoint cell provides it: the
+			// scripts write its rows with db/insert and db/delete.
+			cell.Provide(endpoint.NewTable, statedb.RWTable[*endpoint.State].ToTable),
 		)
 		flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 		h.RegisterFlags(flags)

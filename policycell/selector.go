@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -145,6 +146,17 @@ func (x *selectorIndex) candidates(prefixes []netip.Prefix) iter.Seq[*selector] 
 // changed identity row is dirty whatever changed: a number freed and taken
 // again by other labels between two rounds is one change, not a deletion
 // and an insertion, and recomputing is what keeps that right.
+//
+// Entries are per subject: the local endpoint identity whose policy they
+// are in, 0 for the host-wide default. A policy applies to the subjects
+// its endpoint selector matches (subject 0 when the selector is empty);
+// the engine keeps the subjects of each policy, so a remote identity's
+// entries are computed for every subject of the policies that select it.
+// An endpoint row appearing, changing identity or going changes the
+// subjects only when the first endpoint of an identity appears or its
+// last one goes: then the selectors are matched against that one
+// identity's labels, and the remote identities of the policies it gains
+// or loses are marked dirty. Endpoints of one identity share everything.
 type selectorEngine struct {
 	db          *statedb.DB
 	policies    statedb.Table[*policy.Policy]
@@ -161,18 +173,31 @@ type selectorEngine struct {
 	policyChanges   statedb.ChangeIterator[*policy.Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
 
+	// endpoints is the `endpoints` table, nil in a hive without an
+	// endpoint cell (then subject 0 is the only one).
+	endpoints       statedb.Table[*endpoint.State]
+	endpointChanges statedb.ChangeIterator[*endpoint.State]
+	// endpointIdentity is the identity of each local endpoint in force, by
+	// name; subjects the local endpoint identities, with their labels and
+	// how many endpoints have them.
+	endpointIdentity map[string]identity.Number
+	subjects         map[identity.Number]*subject
+	// selected are the subjects of each indexed policy; counts the
+	// policies of each subject (0 included) that make a direction
+	// enforced or have deny rules in it. goneSubjects have enforcement
+	// rows to delete.
+	selected     map[string]map[identity.Number]struct{}
+	counts       map[identity.Number]*enforcementCounts
+	goneSubjects map[identity.Number]struct{}
+
 	// indexed are the policies whose selectors are in index, by name.
 	// Identity 0 (the rules for every peer) is not in the identities
 	// table: it is recomputed when its selectors change.
 	indexed map[string]*policy.Policy
 	index   selectorIndex
 
-	// defaultDenyIn counts the policies with rules in each direction that
-	// make it enforced (not enableDefaultDeny false); denyIn those with
-	// deny rules in it. enablePolicy is --enable-policy.
-	defaultDenyIn [2]int
-	denyIn        [2]int
-	enablePolicy  string
+	// enablePolicy is --enable-policy.
+	enablePolicy string
 
 	dirty map[identity.Number]struct{}
 
@@ -212,11 +237,17 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed:     map[string]*policy.Policy{},
-		index:       newSelectorIndex(),
-		dirty:       map[identity.Number]struct{}{},
-		maxEntries:  entryBound * DefaultPolicyMapMaxEntries,
-		notComputed: map[identity.Number]int{},
+		indexed: map[string]*policy.Policy{},
+		index:   newSelectorIndex(),
+
+		endpointIdentity: map[string]identity.Number{},
+		subjects:         map[identity.Number]*subject{},
+		selected:         map[string]map[identity.Number]struct{}{},
+		counts:           map[identity.Number]*enforcementCounts{0: {}},
+		goneSubjects:     map[identity.Number]struct{}{},
+		dirty:            map[identity.Number]struct{}{},
+		maxEntries:       entryBound * DefaultPolicyMapMaxEntries,
+		notComputed:      map[identity.Number]int{},
 
 		enablePolicy: enablePolicy,
 	}
@@ -235,6 +266,9 @@ func (e *selectorEngine) run(ctx context.Context, health cell.Health) error {
 			if changes != nil {
 				changes.Close()
 			}
+		}
+		if e.endpointChanges != nil {
+			e.endpointChanges.Close()
 		}
 	}()
 	for {
@@ -264,6 +298,14 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("observe policies and identities: %w", err)
 		}
+		if e.endpoints != nil {
+			txn := e.db.WriteTxn(e.endpoints)
+			e.endpointChanges, err = e.endpoints.Changes(txn)
+			txn.Commit()
+			if err != nil {
+				return nil, fmt.Errorf("observe endpoints: %w", err)
+			}
+		}
 	}
 
 	snapshot := e.db.ReadTxn()
@@ -271,6 +313,14 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
 	for change := range policyChanges {
 		e.policyChanged(snapshot, change.Object, change.Deleted)
+	}
+	var endpointsWatch <-chan struct{}
+	if e.endpointChanges != nil {
+		var endpointChanges iter.Seq2[statedb.Change[*endpoint.State], statedb.Revision]
+		endpointChanges, endpointsWatch = e.endpointChanges.Next(snapshot)
+		for change := range endpointChanges {
+			e.endpointChanged(snapshot, change.Object, change.Deleted)
+		}
 	}
 	// With no rule in force and no entry written, an identity that
 	// changed has no entry to recompute: a rule added later marks the
@@ -285,6 +335,9 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 
 	watch := statedb.NewWatchSet()
 	watch.Add(policyWatch, identityWatch)
+	if endpointsWatch != nil {
+		watch.Add(endpointsWatch)
+	}
 	initializing := false
 	if e.markInitialized != nil {
 		// The directory was read and applied, the ipcache resolved every
@@ -300,6 +353,15 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		}
 		if !ipcacheDone {
 			watch.Add(ipcacheWatch)
+		}
+		// After a restart, the endpoints in force are what keeps their
+		// subjects' entries: the tables are complete only with them.
+		if e.endpoints != nil {
+			endpointsDone, endpointsInitWatch := e.endpoints.Initialized(snapshot)
+			initializing = initializing && endpointsDone
+			if !endpointsDone {
+				watch.Add(endpointsInitWatch)
+			}
 		}
 	}
 	if err := e.write(initializing); err != nil {
@@ -317,8 +379,12 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		watch.Add(now)
 	}
 	written := e.db.ReadTxn()
+	var endpointsRevision statedb.Revision
+	if e.endpoints != nil {
+		endpointsRevision = e.endpoints.Revision(snapshot)
+	}
 	e.progress.computed.Set(policy.Computed{
-		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot),
+		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot), Endpoints: endpointsRevision,
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
 		Selectors: len(e.index.byCIDR),
 	})
@@ -353,16 +419,32 @@ func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *policy.Policy) {
 	e.indexPolicy(txn, p, -1)
 }
 
-// indexPolicy adds (by 1) or removes (by -1) the selectors and counts of
-// a policy, and marks the identities they select dirty.
+// indexPolicy adds (by 1) or removes (by -1) the selectors, subjects and
+// counts of a policy, and marks the identities they select dirty.
 func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by int) {
+	if by > 0 {
+		subjects := map[identity.Number]struct{}{}
+		if p.Selector.Empty() {
+			subjects[0] = struct{}{}
+		}
+		for id, s := range e.subjects {
+			if p.Selector.Matches(s.labels) {
+				subjects[id] = struct{}{}
+			}
+		}
+		e.selected[p.Name] = subjects
+	}
+	counts := countsOf(p)
+	for id := range e.selected[p.Name] {
+		e.countsOfSubject(id).add(counts, by)
+	}
+	if by < 0 {
+		delete(e.selected, p.Name)
+	}
 	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)
-		defaultDeny, deny := false, false
 		for i := range rules {
 			rule := &rules[i]
-			defaultDeny = defaultDeny || !rule.NoDefaultDeny
-			deny = deny || rule.Deny
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
 				if by > 0 {
@@ -379,16 +461,149 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 				e.markWithin(txn, peer.CIDR)
 			}
 		}
-		if defaultDeny {
-			e.defaultDenyIn[dir] += by
-		}
-		if deny {
-			e.denyIn[dir] += by
-		}
 	}
 	if by < 0 {
 		e.index.removeAnyPeer(p.Name)
 	}
+}
+
+// enforcementCounts counts, for one subject and direction, the policies
+// that make the direction enforced (rules not enableDefaultDeny false) and
+// those with deny rules in it.
+type enforcementCounts struct {
+	defaultDeny, deny [2]int
+}
+
+// countsOf returns what a policy adds to the counts of each subject it
+// applies to: 1 where it makes a direction enforced or has deny rules.
+func countsOf(p *policy.Policy) enforcementCounts {
+	var c enforcementCounts
+	for _, dir := range policy.Directions() {
+		for _, rule := range p.Rules(dir) {
+			if !rule.NoDefaultDeny {
+				c.defaultDeny[dir] = 1
+			}
+			if rule.Deny {
+				c.deny[dir] = 1
+			}
+		}
+	}
+	return c
+}
+
+func (c *enforcementCounts) add(other enforcementCounts, by int) {
+	for _, dir := range policy.Directions() {
+		c.defaultDeny[dir] += by * other.defaultDeny[dir]
+		c.deny[dir] += by * other.deny[dir]
+	}
+}
+
+// countsOfSubject returns the counts of a subject, made on first use.
+func (e *selectorEngine) countsOfSubject(id identity.Number) *enforcementCounts {
+	c, ok := e.counts[id]
+	if !ok {
+		c = &enforcementCounts{}
+		e.counts[id] = c
+	}
+	return c
+}
+
+// subject is a local endpoint identity: the labels its policies are
+// selected by (endpoint.KeyValues of its identity labels), and how many
+// local endpoints have it.
+type subject struct {
+	labels    map[string]string
+	endpoints int
+}
+
+// endpointChanged follows a local endpoint's identity: an endpoint that
+// appears takes its identity as a subject, one that goes or changes
+// identity releases its old one. Rows of other nodes' endpoints, and of
+// endpoints without an identity yet, are no subject.
+func (e *selectorEngine) endpointChanged(txn statedb.ReadTxn, ep *endpoint.State, deleted bool) {
+	name := ep.ID()
+	old, had := e.endpointIdentity[name]
+	id := ep.Identity
+	if deleted || !ep.Local || id == identity.Unknown {
+		if had {
+			delete(e.endpointIdentity, name)
+			e.releaseSubject(txn, old)
+		}
+		return
+	}
+	if had && old == id {
+		return
+	}
+	e.endpointIdentity[name] = id
+	e.takeSubject(txn, id, ep)
+	if had {
+		e.releaseSubject(txn, old)
+	}
+}
+
+// takeSubject counts one more endpoint of identity id; for the first, it
+// applies the policies whose selectors match the identity's labels.
+func (e *selectorEngine) takeSubject(txn statedb.ReadTxn, id identity.Number, ep *endpoint.State) {
+	if s, ok := e.subjects[id]; ok {
+		s.endpoints++
+		return
+	}
+	s := &subject{labels: endpoint.KeyValues(ep.IdentityLabels), endpoints: 1}
+	e.subjects[id] = s
+	delete(e.goneSubjects, id)
+	counts := e.countsOfSubject(id)
+	for name, p := range e.indexed {
+		if !p.Selector.Matches(s.labels) {
+			continue
+		}
+		e.selected[name][id] = struct{}{}
+		counts.add(countsOf(p), 1)
+		e.markSelected(txn, p)
+	}
+}
+
+// releaseSubject counts one endpoint of identity id less; with the last,
+// the identity is no subject: its policies' identities are recomputed
+// without it, and its enforcement rows go.
+func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number) {
+	s, ok := e.subjects[id]
+	if !ok {
+		return
+	}
+	if s.endpoints--; s.endpoints > 0 {
+		return
+	}
+	delete(e.subjects, id)
+	delete(e.counts, id)
+	e.goneSubjects[id] = struct{}{}
+	for name, subjects := range e.selected {
+		if _, ok := subjects[id]; !ok {
+			continue
+		}
+		delete(subjects, id)
+		e.markSelected(txn, e.indexed[name])
+	}
+}
+
+// markSelected marks dirty the identities whose entries a policy gives:
+// those inside its CIDRs, and identity 0 for its rules for every peer.
+func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
+	for _, dir := range policy.Directions() {
+		for _, rule := range p.Rules(dir) {
+			if rule.AnyPeer {
+				e.dirty[0] = struct{}{}
+			}
+			for _, peer := range rule.Peers {
+				e.markWithin(txn, peer.CIDR)
+			}
+		}
+	}
+}
+
+// subjectIDs returns the subjects in order: 0, then the local endpoint
+// identities.
+func (e *selectorEngine) subjectIDs() []identity.Number {
+	return append([]identity.Number{0}, slices.Sorted(maps.Keys(e.subjects))...)
 }
 
 func newSelector(p *policy.Policy, dir policy.Direction, rule *policy.Rule, peer *policy.CIDRSelector) *selector {
@@ -503,7 +718,9 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 	if id == 0 {
 		for _, s := range e.index.anyPeer {
 			e.visited++
-			out = s.appendGrants(out, id)
+			for subject := range e.selected[s.policy] {
+				out = s.appendGrants(out, subject, id)
+			}
 		}
 		return out
 	}
@@ -513,19 +730,21 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 		if s.peer.Excludes(prefixes) {
 			continue
 		}
-		out = s.appendGrants(out, id)
+		for subject := range e.selected[s.policy] {
+			out = s.appendGrants(out, subject, id)
+		}
 	}
 	return out
 }
 
-// appendGrants appends the selector's keys for identity id: any protocol
-// without ports, else each port range's blocks.
-func (s *selector) appendGrants(out []grant, id identity.Number) []grant {
+// appendGrants appends the selector's keys for identity id in subject's
+// policy: any protocol without ports, else each port range's blocks.
+func (s *selector) appendGrants(out []grant, subject, id identity.Number) []grant {
 	verdict := policy.VerdictAllow
 	if s.deny {
 		verdict = policy.VerdictDeny
 	}
-	base := policy.Key{Identity: id, Direction: s.direction}
+	base := policy.Key{Subject: subject, Identity: id, Direction: s.direction}
 	if len(s.ports) == 0 {
 		return append(out, grant{base, verdict, s.policy, s.rule})
 	}
@@ -673,53 +892,81 @@ const (
 	EnablePolicyNever = "never"
 )
 
-// desiredEnforcement is the row the policies in force and --enable-policy
-// give a direction.
-func (e *selectorEngine) desiredEnforcement(dir policy.Direction) policy.Enforcement {
-	row := policy.Enforcement{Direction: dir, HasDeny: e.denyIn[dir] > 0}
+// desiredEnforcement is the row the policies that apply to a subject and
+// --enable-policy give its direction.
+func (e *selectorEngine) desiredEnforcement(subject identity.Number, dir policy.Direction) policy.Enforcement {
+	var counts enforcementCounts
+	if c, ok := e.counts[subject]; ok {
+		counts = *c
+	}
+	row := policy.Enforcement{Subject: subject, Direction: dir, HasDeny: counts.deny[dir] > 0}
 	switch e.enablePolicy {
 	case EnablePolicyAlways:
 		row.Enforced = true
 	case EnablePolicyNever:
 		row.HasDeny = false
 	default:
-		row.Enforced = e.defaultDenyIn[dir] > 0
+		row.Enforced = counts.defaultDeny[dir] > 0
 	}
 	return row
 }
 
-// writeEnforcement writes the rows that differ from the desired ones:
-// with stricter false those that let more through than the row they
-// replace, else the others. The first transaction of a write passes
-// false, the last true: a direction is loosened before the entries it no
-// longer needs go, and tightened after the entries it needs are in.
+// writeEnforcement writes the rows that differ from the desired ones, of
+// every subject: with stricter false those that let more through than the
+// row they replace, else the others. The first transaction of a write
+// passes false, the last true: a direction is loosened before the entries
+// it no longer needs go, and tightened after the entries it needs are in.
+// A new subject's rows come in the last, after its entries; a subject
+// that went loses its rows in the last, after its entries went.
 func (e *selectorEngine) writeEnforcement(txn statedb.WriteTxn, stricter bool) error {
-	for _, dir := range policy.Directions() {
-		want := e.desiredEnforcement(dir)
-		have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
-		if found && have.Enforced == want.Enforced && have.HasDeny == want.HasDeny {
-			continue
-		}
-		looser := found && want.Strictness() < have.Strictness()
-		if looser == stricter {
-			continue
-		}
-		want.Status = reconciler.StatusPending()
-		if _, _, err := e.enforcement.Insert(txn, &want); err != nil {
-			return fmt.Errorf("write %s enforcement: %w", dir, err)
+	for _, subject := range e.subjectIDs() {
+		for _, dir := range policy.Directions() {
+			want := e.desiredEnforcement(subject, dir)
+			have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(want.Key()))
+			if found && have.Enforced == want.Enforced && have.HasDeny == want.HasDeny {
+				continue
+			}
+			looser := found && want.Strictness() < have.Strictness()
+			if looser == stricter {
+				continue
+			}
+			want.Status = reconciler.StatusPending()
+			if _, _, err := e.enforcement.Insert(txn, &want); err != nil {
+				return fmt.Errorf("write %s enforcement of %d: %w", dir, subject, err)
+			}
 		}
 	}
+	if !stricter {
+		return nil
+	}
+	for subject := range e.goneSubjects {
+		for _, dir := range policy.Directions() {
+			have, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: subject, Direction: dir}))
+			if !found {
+				continue
+			}
+			if _, _, err := e.enforcement.Delete(txn, have); err != nil {
+				return fmt.Errorf("delete %s enforcement of %d: %w", dir, subject, err)
+			}
+		}
+	}
+	clear(e.goneSubjects)
 	return nil
 }
 
-// enforcementChanged reports whether a direction's row is missing or
-// differs from the desired one.
+// enforcementChanged reports whether a subject's row is missing or
+// differs from the desired one, or a subject that went has rows.
 func (e *selectorEngine) enforcementChanged(txn statedb.ReadTxn) bool {
-	for _, dir := range policy.Directions() {
-		want := e.desiredEnforcement(dir)
-		row, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Direction: dir}))
-		if !found || row.Enforced != want.Enforced || row.HasDeny != want.HasDeny {
-			return true
+	if len(e.goneSubjects) > 0 {
+		return true
+	}
+	for _, subject := range e.subjectIDs() {
+		for _, dir := range policy.Directions() {
+			want := e.desiredEnforcement(subject, dir)
+			row, _, found := e.enforcement.Get(txn, policy.EnforcementIndex.Query(want.Key()))
+			if !found || row.Enforced != want.Enforced || row.HasDeny != want.HasDeny {
+				return true
+			}
 		}
 	}
 	return false
@@ -729,7 +976,7 @@ func (e *selectorEngine) reportHealth(health cell.Health) {
 	txn := e.db.ReadTxn()
 	var enforced, denyOnly []string
 	for _, dir := range policy.Directions() {
-		switch row := e.desiredEnforcement(dir); {
+		switch row := e.desiredEnforcement(0, dir); {
 		case row.Enforced:
 			enforced = append(enforced, dir.String())
 		case row.HasDeny:

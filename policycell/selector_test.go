@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
@@ -33,7 +34,9 @@ type engineFixture struct {
 	identities  statedb.RWTable[*identitycell.Identity]
 	entries     statedb.RWTable[*policy.Entry]
 	enforcement statedb.RWTable[*policy.Enforcement]
-	engine      *selectorEngine
+	// endpoints is not the engine's until withEndpoints.
+	endpoints statedb.RWTable[*endpoint.State]
+	engine    *selectorEngine
 
 	// policiesRead and ipcacheResolved mark the `policies` and `ipcache`
 	// tables initialized.
@@ -53,6 +56,8 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	f.entries, err = policy.NewEntryTable(f.db)
 	require.NoError(tb, err)
 	f.enforcement, err = policy.NewEnforcementTable(f.db)
+	require.NoError(tb, err)
+	f.endpoints, err = endpoint.NewTable(f.db)
 	require.NoError(tb, err)
 	require.NoError(tb, f.db.Start())
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })

@@ -112,13 +112,63 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 	if len(specs) == 0 {
 		return nil, p.errorf(n, "%s: spec or specs is required", kind)
 	}
+	// A CNP selects in its own namespace whatever its selector says of the
+	// namespace label, as Cilium does; a CCNP's selector may name one.
+	namespace := ""
+	if kind == policy.KindCNP {
+		namespace, _, _ = strings.Cut(name, "/")
+	}
 	for i, spec := range specs {
+		what := strings.TrimSuffix(places[i], ".")
+		if what == "" {
+			what = "spec"
+		}
+		sel, selNode, err := p.ciliumSelector(spec, what, namespace)
+		if err != nil {
+			return nil, err
+		}
 		if err := p.ciliumSpec(spec, places[i], pol); err != nil {
 			return nil, err
+		}
+		// The rules of one policy share its selector: specs that select
+		// different endpoints are different policies.
+		if i == 0 {
+			pol.Selector = sel
+		} else if !sel.Equal(&pol.Selector) {
+			return nil, p.errorf(selNode, "%sendpointSelector: %s differs from the first spec's %s: specs of one policy with different endpoint selectors are not supported (write one policy per selector)",
+				places[i], sel.String(), pol.Selector.String())
 		}
 	}
 	return pol, nil
 }
+
+// ciliumSelector returns a spec's endpoint selector, restricted to
+// namespace if not empty (a CNP's), and the node it is at.
+func (p *parser) ciliumSelector(n node, what, namespace string) (policy.EndpointSelector, node, error) {
+	fields, err := p.fields(n, what, ciliumSpecFields...)
+	if err != nil {
+		return policy.EndpointSelector{}, n, err
+	}
+	value, ok := fields.get("endpointSelector")
+	if !ok {
+		return policy.EndpointSelector{Namespace: namespace}, n, nil
+	}
+	sel, err := p.endpointSelector(value, what+".endpointSelector", namespace, true)
+	if err != nil {
+		return sel, value, err
+	}
+	if namespace != "" {
+		// Cilium replaces a namespace that a CNP's selector names by the
+		// policy's own.
+		delete(sel.MatchLabels, policy.NamespaceLabel)
+	}
+	return sel, value, nil
+}
+
+// ciliumSpecFields are the fields of a Cilium rule (a spec), supported or
+// not.
+var ciliumSpecFields = []string{"endpointSelector", "nodeSelector", "ingress", "ingressDeny", "egress",
+	"egressDeny", "enableDefaultDeny", "description", "labels", "log"}
 
 // ciliumSpec appends the rules of one spec (a Cilium rule) to policy.
 // place prefixes the rules' names ("specs[1].").
@@ -127,18 +177,12 @@ func (p *parser) ciliumSpec(n node, place string, pol *policy.Policy) error {
 	if what == "" {
 		what = "spec"
 	}
-	fields, err := p.fields(n, what, "endpointSelector", "nodeSelector", "ingress", "ingressDeny", "egress",
-		"egressDeny", "enableDefaultDeny", "description", "labels", "log")
+	fields, err := p.fields(n, what, ciliumSpecFields...)
 	if err != nil {
 		return err
 	}
 	if err := p.unsupportedField(n, what, ciliumSpecUnsupported); err != nil {
 		return err
-	}
-	if value, ok := fields.get("endpointSelector"); ok {
-		if err := p.emptySelector(value, what+".endpointSelector"); err != nil {
-			return err
-		}
 	}
 	if value, ok := fields.get("description"); ok && !isNull(value) {
 		if _, err := p.scalar(value, what+".description"); err != nil {

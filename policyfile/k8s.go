@@ -197,27 +197,6 @@ func validateDNSName(name string, maxLength int, dots bool) error {
 	return nil
 }
 
-// emptySelector accepts a label selector that selects everything: absent,
-// null, `{}`, or empty matchLabels and matchExpressions. Anything else
-// selects endpoints by label, which this agent cannot: it enforces on
-// every endpoint behind --devices.
-func (p *parser) emptySelector(n node, what string) error {
-	if isNull(n) {
-		return nil
-	}
-	fields, err := p.fields(n, what, "matchLabels", "matchExpressions")
-	if err != nil {
-		return err
-	}
-	for _, name := range []string{"matchLabels", "matchExpressions"} {
-		if value, ok := fields.get(name); ok && !isNull(value) && value.Len() > 0 {
-			return p.errorf(value, "%s.%s: selecting endpoints by label is not supported: the policies apply to every endpoint behind --devices (write `%s: {}`)",
-				what, name, what)
-		}
-	}
-	return nil
-}
-
 // boolean parses a YAML boolean; a quoted "true" is a string, which the
 // API server rejects for a boolean field.
 func (p *parser) boolean(n node, what string) (bool, error) {

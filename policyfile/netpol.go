@@ -5,6 +5,7 @@ package policyfile
 import (
 	"fmt"
 	"iter"
+	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -39,8 +40,10 @@ func (p *parser) networkPolicy(n node) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	namespace, _, _ := strings.Cut(name, "/")
+	pol.Selector = policy.EndpointSelector{Namespace: namespace}
 	if value, ok := spec.get("podSelector"); ok {
-		if err := p.emptySelector(value, "spec.podSelector"); err != nil {
+		if pol.Selector, err = p.endpointSelector(value, "spec.podSelector", namespace, false); err != nil {
 			return nil, err
 		}
 	}

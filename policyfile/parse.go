@@ -214,6 +214,11 @@ func (p *parser) policy(n node) (*policy.Policy, error) {
 	p.current = name
 
 	pol := &policy.Policy{Name: name, File: p.file, Line: nameNode.Line()}
+	if value, ok := fields.get("endpointSelector"); ok {
+		if pol.Selector, err = p.endpointSelector(value, "endpointSelector", "", true); err != nil {
+			return nil, err
+		}
+	}
 	var added [2]int
 	for _, field := range []struct {
 		name string
@@ -284,7 +289,7 @@ func validateName(name string) error {
 // slice each, not a literal per call (a parse allocates per policy only
 // what the policy keeps).
 var (
-	nativePolicyFields = []string{"name", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
+	nativePolicyFields = []string{"name", "endpointSelector", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
 	nativeRuleFields   = [2][]string{
 		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
 		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},

@@ -94,7 +94,7 @@ func TestParseErrors(t *testing.T) {
 		{"syntax", "name: a\negress: [\n", `bad.yaml:3:1: invalid policy file: YAML: unterminated flow collection: the file ends before its closing bracket`},
 		{"tab", "name: a\n\tegress: []\n", `bad.yaml:2:1: invalid policy file: YAML: tab character where indentation is read: indent with spaces`},
 		{"not a mapping", "- name: a\n", `bad.yaml:1:1: invalid policy file: policy: want a mapping, got a list`},
-		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, ingress, ingressDeny, egress, egressDeny, enableDefaultDeny`},
+		{"unknown field", "name: a\nspec: {}\n", `bad.yaml:2:1: invalid policy file: policy: unknown field "spec", want one of name, endpointSelector, ingress, ingressDeny, egress, egressDeny, enableDefaultDeny`},
 		{"repeated field", "name: a\nname: b\n", `bad.yaml:2:1: invalid policy file: YAML: mapping key "name" given twice (first at line 1)`},
 		{"missing name", "egress: []\n", `bad.yaml:1:1: invalid policy file: policy: name is required`},
 		{"null name", "name:\n", `bad.yaml:1:6: invalid policy file: name: want a value, got nothing`},

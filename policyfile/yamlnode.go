@@ -5,7 +5,7 @@ package policyfile
 import (
 	"errors"
 
-	"github.com/ipcache-agent/ipcache-agent/policyfile/internal/yamlread"
+	"github.com/ipcache-agent/ipcache-agent/internal/yamlread"
 )
 
 // The parsers of every format read documents through the names in this

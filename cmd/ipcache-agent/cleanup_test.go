@@ -21,6 +21,8 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/cnicell"
+	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
@@ -204,6 +206,8 @@ func TestCleanupStateFilesAreDeclared(t *testing.T) {
 	files, err := declaredStateFiles()
 	require.NoError(t, err)
 	require.Equal(t, []string{
+		cnicell.StateFileName, cnicell.StateFileName + ".corrupt", cnicell.DefaultSockName, cnicell.DefaultSockName + ".corrupt",
+		endpointcell.InForceFileName, endpointcell.InForceFileName + ".corrupt",
 		identitycell.CheckpointFileName, identitycell.CheckpointFileName + ".corrupt",
 		policycell.InForceFileName, policycell.InForceFileName + ".corrupt",
 	}, files)

@@ -37,6 +37,7 @@ ipcache map and keeps the same numbers for the same prefixes across restarts.
 Run without a command, it runs the agent until SIGTERM or SIGINT.
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 		stdout, stderr)
-	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout))
+	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout),
+		newEndpointCommand(stdout))
 	return agentcmd.Execute(root, args, stderr)
 }

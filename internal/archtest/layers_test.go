@@ -71,26 +71,34 @@ type place struct {
 func layers() map[string]place {
 	return map[string]place{
 		// 0: vocabulary, and internal packages that import nothing of ours.
-		"identity":                     {0, kindLeaf},
-		"labels":                       {0, kindLeaf},
-		"source":                       {0, kindLeaf},
-		"statedir":                     {0, kindLeaf},
-		"metrics":                      {0, kindLeaf},
-		"internal/atomicfile":          {0, kindLeaf},
-		"internal/prefixkey":           {0, kindLeaf},
-		"internal/progress":            {0, kindLeaf},
-		"internal/scriptcmd":           {0, kindLeaf},
-		"agentcmd/stopsignal":          {0, kindLeaf},
-		"datapathcell/bpf":             {0, kindInternal},
-		"policyfile/internal/yamlread": {0, kindInternal},
+		"identity":            {0, kindLeaf},
+		"labels":              {0, kindLeaf},
+		"source":              {0, kindLeaf},
+		"statedir":            {0, kindLeaf},
+		"metrics":             {0, kindLeaf},
+		"internal/atomicfile": {0, kindLeaf},
+		"internal/prefixkey":  {0, kindLeaf},
+		"internal/progress":   {0, kindLeaf},
+		"internal/scriptcmd":  {0, kindLeaf},
+		"internal/yamlread":   {0, kindLeaf},
+		"agentcmd/stopsignal": {0, kindLeaf},
+		"datapathcell/bpf":    {0, kindInternal},
 
 		// 1: the policy vocabulary.
 		"policy":   {1, kindLeaf},
 		"endpoint": {1, kindLeaf},
 
 		// 2: the policy file formats and the pinned maps' ABI.
-		"policyfile": {2, kindLeaf},
-		"bpfmaps":    {2, kindLeaf},
+		"policyfile":   {2, kindLeaf},
+		"endpointfile": {2, kindLeaf},
+
+		// 2: a watched directory of YAML files (for the policy and endpoint
+		// directories).
+		"internal/yamldir": {2, kindLeaf},
+		"bpfmaps":          {2, kindLeaf},
+
+		// 2: the endpoint socket's protocol (the CNI plugin and the agent).
+		"endpointapi": {2, kindLeaf},
 
 		// 3: the program's events (over the maps' reason codes).
 		"events": {3, kindLeaf},
@@ -100,13 +108,16 @@ func layers() map[string]place {
 
 		// 3-5: cells, each above the cells whose tables it reads.
 		"identitycell":  {3, kindCell},
+		"devicecell":    {3, kindCell},
 		"ipcachecell":   {4, kindCell},
 		"policycell":    {5, kindCell},
 		"datapathcell":  {5, kindCell},
 		"restorecell":   {5, kindCell},
+		"endpointcell":  {5, kindCell},
 		"metricscell":   {5, kindCell},
 		"monitorcell":   {5, kindCell},
 		"conntrackcell": {5, kindCell},
+		"cnicell":       {5, kindCell},
 
 		// 6: composition.
 		"cells":                  {6, kindComposition},
@@ -118,6 +129,7 @@ func layers() map[string]place {
 		// 8: commands, examples, tools and tests.
 		"cmd/ipcache-agent":       {8, kindCommand},
 		"cmd/bench-scale":         {8, kindCommand},
+		"cmd/ipcache-agent-cni":   {8, kindCommand},
 		"examples/embed":          {8, kindExample},
 		"internal/tools/exported": {8, kindCommand},
 		"internal/archtest":       {8, kindTest},
@@ -132,6 +144,11 @@ func layers() map[string]place {
 		"internal/testutils/craft":       {1, kindTest},
 		"internal/testutils/ipcachetest": {5, kindTest},
 		"internal/testutils/agenttest":   {6, kindTest},
+
+		// The endpoint registry of the endpoint sources' tests; a real CNI
+		// chain (cnitool, ptp, the plugin).
+		"internal/testutils/registrytest": {2, kindTest},
+		"internal/testutils/cnitest":      {0, kindTest},
 	}
 }
 
@@ -150,13 +167,16 @@ func allowedSameLayer() map[edge]string {
 // with a one-line reason why a table or an interface would not do.
 func allowedCellImports() map[edge]string {
 	return map[edge]string{
-		{"ipcachecell", "identitycell"}: "allocates and releases identities through the allocator, in the `identities` table's transactions",
-		{"policycell", "identitycell"}:  "reads the `identities` table (the selectors)",
-		{"policycell", "ipcachecell"}:   "owns a resource handle per policy; reads the `ipcache` table (explain)",
-		{"monitorcell", "identitycell"}: "reads the `identities` table for the labels of an event's identity",
-		{"datapathcell", "ipcachecell"}: "writes the `ipcache` table's entries into the map",
-		{"restorecell", "identitycell"}: "withholds and returns numbers through the allocator; reads the checkpoint",
-		{"restorecell", "ipcachecell"}:  "owns the restore resource handle",
+		{"ipcachecell", "identitycell"}:  "allocates and releases identities through the allocator, in the `identities` table's transactions",
+		{"policycell", "identitycell"}:   "reads the `identities` table (the selectors)",
+		{"policycell", "ipcachecell"}:    "owns a resource handle per policy; reads the `ipcache` table (explain)",
+		{"monitorcell", "identitycell"}:  "reads the `identities` table for the labels of an event's identity",
+		{"datapathcell", "ipcachecell"}:  "writes the `ipcache` table's entries into the map",
+		{"restorecell", "identitycell"}:  "withholds and returns numbers through the allocator; reads the checkpoint",
+		{"restorecell", "ipcachecell"}:   "owns the restore resource handle",
+		{"endpointcell", "identitycell"}: "takes and releases each endpoint's label identity reference through the allocator, in the `endpoints` table's transactions",
+		{"endpointcell", "ipcachecell"}:  "owns a resource handle per endpoint source",
+		{"datapathcell", "devicecell"}:   "attaches the program to the `devices` table's devices (its row type)",
 	}
 }
 

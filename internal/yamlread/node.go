@@ -2,7 +2,10 @@
 
 package yamlread
 
-import "iter"
+import (
+	"iter"
+	"strconv"
+)
 
 // Kind is what a node is.
 type Kind uint8
@@ -191,4 +194,31 @@ func (n Node) Pairs() iter.Seq2[Node, Node] {
 			key = Node{}
 		}
 	}
+}
+
+// Get returns the value of a mapping's key (a scalar key, compared by its
+// value), and whether the mapping has it; nothing for other kinds. The
+// reader rejects a key given twice, so there is one value at most.
+func (n Node) Get(key string) (Node, bool) {
+	for k, v := range n.Pairs() {
+		if k.Kind() == Scalar && k.Value() == key {
+			return v, true
+		}
+	}
+	return Node{}, false
+}
+
+// Describe names what a node is, for an error about it: "a mapping", "a
+// list", "nothing" for null, or a scalar's value, quoted.
+func Describe(n Node) string {
+	switch n.Kind() {
+	case Mapping:
+		return "a mapping"
+	case Sequence:
+		return "a list"
+	}
+	if n.IsNull() {
+		return "nothing"
+	}
+	return strconv.Quote(n.Value())
 }

@@ -434,3 +434,26 @@ func TestDifferentialStructured(t *testing.T) {
 	t.Logf("%d of 3000 accepted by both", accepted)
 	require.Greater(t, accepted, 1000)
 }
+
+// TestGetDescribe: Get finds a mapping's value by its key, and nothing in
+// other kinds; Describe names each kind.
+func TestGetDescribe(t *testing.T) {
+	r := NewReader([]byte("a: 1\nb: [x]\nc: {d: e}\n\"f\": ~\n"), 100)
+	root, err := r.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"a": `"1"`, "b": "a list", "c": "a mapping", "f": "nothing"} {
+		value, ok := root.Get(key)
+		if !ok || Describe(value) != want {
+			t.Errorf("Get(%q) = %s, %v, want %s", key, Describe(value), ok, want)
+		}
+	}
+	if _, ok := root.Get("d"); ok {
+		t.Error("Get found a key of a nested mapping")
+	}
+	b, _ := root.Get("b")
+	if _, ok := b.Get("x"); ok {
+		t.Error("Get found a key in a sequence")
+	}
+}

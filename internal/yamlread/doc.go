@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package yamlread reads the YAML of policy files into a compact tree, one
-// document at a time, with the memory of that tree bounded by the file's
-// size.
+// Package yamlread reads the YAML of policy and endpoint files into a
+// compact tree, one document at a time, with the memory of that tree
+// bounded by the file's size.
 //
 // A node is 32 bytes, kept in chunks that are reused from one document to
 // the next; a scalar's value is a substring of the file's content (which

@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package cnicell_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}

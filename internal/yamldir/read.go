@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package yamldir
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is a directory of YAML files, and how its files are read.
+type Dir struct {
+	// Path is the directory, as configured (it may be a symlink).
+	Path string
+	// MaxSize caps a file: a larger one is an error of that file
+	// (ErrTooLarge), read no further.
+	MaxSize int
+	// What names the files in messages: "policy" gives "policy file too
+	// large" and "Cannot read the policy directory".
+	What string
+}
+
+// Listing is what one read of the directory found.
+type Listing struct {
+	// Files are the YAML files by name: their content, or why it could not
+	// be read.
+	Files map[string]File
+
+	// WatchDirs are the directories whose changes can change the files:
+	// the directory (its symlinks resolved) and those holding symlink
+	// targets.
+	WatchDirs []string
+}
+
+// File is one file of a Listing: its content, or why it could not be read.
+type File struct {
+	Content []byte
+	Err     error
+}
+
+// IsYAMLFile reports whether a directory entry's name makes it a file of
+// the directory: *.yaml or *.yml, not hidden (which also skips Kubernetes'
+// "..data" and its timestamped directories, and editors' swap files).
+func IsYAMLFile(name string) bool {
+	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
+}
+
+// Read reads the YAML files directly in the directory. Subdirectories
+// (and symlinks to directories) are ignored, never traversed. Symlinks
+// are followed, so that Kubernetes ConfigMap mounts work, but only while
+// they stay inside the directory (after resolving its own symlinks): every
+// file is opened relative to the directory with openat2(RESOLVE_BENEATH),
+// so the kernel refuses, at the moment of opening, a resolution that
+// leaves the directory (a relative target out of it, an absolute target, a
+// symlinked directory out of it). The file type is checked on the opened
+// file (fstat), so swapping a file for a link or a FIFO between the
+// listing and the read is no way around either check. A link out of the
+// directory is an error of that file (ErrOutsideDirectory) and is not
+// opened.
+//
+// Possible errors: the directory cannot be resolved, opened or listed;
+// openat2 is not available (Linux before 5.6). Errors of single files
+// (ErrOutsideDirectory, ErrNotRegular, ErrTooLarge, the system's) are in
+// the listing.
+func (d Dir) Read() (Listing, error) {
+	root, err := filepath.EvalSymlinks(d.Path)
+	if err != nil {
+		return Listing{}, err
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return Listing{}, err
+	}
+	dir, err := os.Open(root)
+	if err != nil {
+		return Listing{}, err
+	}
+	defer dir.Close()
+	entries, err := dir.ReadDir(-1)
+	if err != nil {
+		return Listing{}, err
+	}
+	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	raw, err := dir.SyscallConn()
+	if err != nil {
+		return Listing{}, err
+	}
+
+	found := Listing{Files: map[string]File{}, WatchDirs: []string{root}}
+	for _, entry := range entries {
+		name := entry.Name()
+		if !IsYAMLFile(name) || entry.IsDir() {
+			continue
+		}
+		path := filepath.Join(root, name)
+		isLink := entry.Type()&fs.ModeSymlink != 0
+		if !isLink && !entry.Type().IsRegular() {
+			// Known not to be a file without opening it (opening a
+			// device can have effects); the fstat below is what counts.
+			found.Files[name] = File{Err: fmt.Errorf("%w: %s", ErrNotRegular, entry.Type().Type())}
+			continue
+		}
+		var f *os.File
+		var openErr error
+		if err := raw.Control(func(dirfd uintptr) { f, openErr = openBeneath(int(dirfd), root, name) }); err != nil {
+			return Listing{}, err
+		}
+		switch {
+		case errors.Is(openErr, unix.ENOSYS):
+			return Listing{}, fmt.Errorf("open %s: openat2 is not available (Linux 5.6 or later is needed): %w", path, openErr)
+		case errors.Is(openErr, unix.EXDEV):
+			target, _ := os.Readlink(path)
+			found.Files[name] = File{Err: fmt.Errorf("%w: %s", d.errOutside(), target)}
+			continue
+		case openErr != nil && isLink:
+			found.Files[name] = File{Err: fmt.Errorf("resolve symlink: %w", openErr)}
+			continue
+		case errors.Is(openErr, fs.ErrNotExist):
+			continue // removed since the listing: the next read sees the removal
+		case openErr != nil:
+			found.Files[name] = File{Err: openErr}
+			continue
+		}
+		content, isDir, err := d.ReadOpened(f)
+		f.Close()
+		if isDir {
+			continue
+		}
+		found.Files[name] = File{Content: content, Err: err}
+		if isLink && err == nil {
+			// What to watch, not what to read: the content is what was
+			// read above, whatever the link points at by now.
+			if target, err := filepath.EvalSymlinks(path); err == nil && isInside(root, target) {
+				found.WatchDirs = append(found.WatchDirs, filepath.Dir(target))
+			}
+		}
+	}
+	slices.Sort(found.WatchDirs)
+	found.WatchDirs = slices.Compact(found.WatchDirs)
+	return found, nil
+}
+
+// openBeneath opens name for reading relative to the directory dirfd
+// (whose path is root, for errors), following symlinks only as long as
+// they stay beneath it (EXDEV otherwise), never /proc's magic links.
+// O_NONBLOCK keeps a FIFO from blocking the open; O_NOCTTY keeps a
+// terminal from becoming the agent's.
+func openBeneath(dirfd int, root, name string) (*os.File, error) {
+	how := unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	path := filepath.Join(root, name)
+	for attempt := 0; ; attempt++ {
+		fd, err := unix.Openat2(dirfd, name, &how)
+		// EAGAIN: a rename elsewhere raced with a ".." in the resolution.
+		if err == unix.EINTR || err == unix.EAGAIN && attempt < 10 {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "openat2", Path: path, Err: err}
+		}
+		return os.NewFile(uintptr(fd), path), nil
+	}
+}
+
+// isInside reports whether path is root or lies under it.
+func isInside(root, path string) bool {
+	rel, err := filepath.Rel(root, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+// ReadOpened reads an opened regular file of at most MaxSize bytes, and
+// no more than one byte over that of a larger file. It reports
+// directories instead of reading them. The type is that of the opened file
+// (fstat), not of a path that may have changed since.
+//
+// Possible errors: ErrNotRegular (wrapped), ErrTooLarge (wrapped), the
+// system's.
+func (d Dir) ReadOpened(f *os.File) (content []byte, isDir bool, err error) {
+	info, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, false, err
+	case info.IsDir():
+		return nil, true, nil
+	case !info.Mode().IsRegular():
+		return nil, false, fmt.Errorf("%w: %s", ErrNotRegular, info.Mode().Type())
+	}
+	maxSize := int64(d.MaxSize)
+	// One allocation of the size fstat gives, plus the byte that tells a
+	// file over the cap; a file that grows meanwhile grows it, up to that.
+	content = make([]byte, 0, min(info.Size(), maxSize)+1)
+	for int64(len(content)) <= maxSize {
+		if len(content) == cap(content) {
+			content = slices.Grow(content, 1)
+		}
+		n, err := f.Read(content[len(content):min(int64(cap(content)), maxSize+1)])
+		content = content[:len(content)+n]
+		if errors.Is(err, io.EOF) {
+			return content, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	return nil, false, d.TooLargeError()
+}
+
+// TooLargeError returns the error of a file over MaxSize: "policy file too
+// large: more than the cap of 4194304 bytes (4 MiB)", wrapping
+// ErrTooLarge.
+func (d Dir) TooLargeError() error {
+	return fmt.Errorf("%w: more than the cap of %d bytes (%d MiB)",
+		&kindError{msg: d.What + " file too large", sentinel: ErrTooLarge}, d.MaxSize, d.MaxSize>>20)
+}
+
+// errOutside is ErrOutsideDirectory, naming the directory's kind.
+func (d Dir) errOutside() error {
+	return &kindError{msg: "symlink target is outside the " + d.What + " directory, not read", sentinel: ErrOutsideDirectory}
+}
