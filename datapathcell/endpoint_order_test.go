@@ -541,10 +541,14 @@ func TestTooManySubjects(t *testing.T) {
 	f.datapath.subjects.max = 1
 	f.datapath.subjects.mu.Unlock()
 
+	// One after the other: which of two new subjects gets the last map
+	// is the order the policy writer sees their rows in.
 	a, b := local("a", subjectA, web1), local("b", subjectB, web2)
-	revA, revB := f.upsertEndpoint(a), f.upsertEndpoint(b)
-	f.compute([]identity.Number{subjectA, subjectB}, nil)
+	revA := f.upsertEndpoint(a)
+	f.compute([]identity.Number{subjectA}, nil)
 	require.NoError(t, f.waitWritten(a, revA))
+	revB := f.upsertEndpoint(b)
+	f.compute([]identity.Number{subjectB}, nil)
 	err := f.waitWritten(b, revB)
 	require.ErrorIs(t, err, ErrTooManySubjects)
 	f.eventually("the row of the subject beyond the bound says why", func() bool {
