@@ -16,6 +16,8 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -38,7 +40,9 @@ var Cell = cell.Module(
 		// map holds, and bounds its table by it.
 		func(c Config) policy.MapCapacity {
 			return policy.MapCapacity(c.PolicyMapMaxEntries)
-		}),
+		},
+		// The endpoint cell's WaitEnforced waits on it.
+		func(d *Datapath) endpoint.Enforcement { return d }),
 	cell.Invoke(registerWriters),
 	cell.Invoke(registerDeviceAttacher),
 )
@@ -148,6 +152,9 @@ type writersParams struct {
 	Selectors   policy.Progress
 	Jobs        job.Group
 	Log         *slog.Logger
+	// Endpoints is the endpoint cell's table; without it the endpoints
+	// map stays as it is and no subject but 0 has entries.
+	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
 }
 
 // registerWriters registers the writers of the three maps, in the order
@@ -228,5 +235,35 @@ func registerWriters(p writersParams) error {
 		job.OneShot("drain-policy-map", pol.drain),
 	)
 	d.order, d.policyOps, d.ipcacheWriter = order, pol, writer
+	registerEndpointWriters(p, d, pol)
 	return nil
+}
+
+// maxSubjects bounds the subjects (other than 0) with a policy map of
+// their own: every label identity fits in the outer map.
+const maxSubjects = int(bpfmaps.PolicySubjects) - 1
+
+// registerEndpointWriters registers the writers of the subjects' policy
+// maps (through the policy writer) and, with the `endpoints` table, of the
+// endpoints map.
+func registerEndpointWriters(p writersParams, d *Datapath, pol *policyOps) {
+	subjects := newSubjectPolicies(p.Log, d.statsOf(bpfmaps.PolicyName), d.order, maxSubjects)
+	subjects.outer, subjects.create, subjects.pinned = d.policiesMap, d.newSubjectPolicy, d.pinnedSubjectPolicies
+	pol.subjects, d.subjects = subjects, subjects
+	if p.Endpoints == nil {
+		// Nothing points at a subject: the previous run's maps go.
+		d.order.uses.setEndpoints(map[identity.Number]int{})
+		return
+	}
+	subjects.hasEndpoints = func(id identity.Number) bool {
+		for e := range p.Endpoints.List(p.Reconciler.DB.ReadTxn(), endpoint.IdentityIndex.Query(id)) {
+			if e.Local {
+				return true
+			}
+		}
+		return false
+	}
+	d.endpoints = newEndpointWriter(p.Reconciler.DB, p.Endpoints, p.Enforcement.RWTable, d.endpointsMap, d.order, subjects,
+		d.statsOf(bpfmaps.EndpointsName), p.Log)
+	p.Jobs.Add(job.OneShot("write-endpoints-map", d.endpoints.run))
 }

@@ -3,17 +3,21 @@
 package datapathcell
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 )
 
 // Datapath owns the pinned BPF maps (and the enforcement program on the
@@ -52,6 +56,11 @@ type Datapath struct {
 	order         *ordering
 	policyOps     *policyOps
 	ipcacheWriter *ipcacheWriter
+	// subjects and endpoints are the writers of the subjects' policy
+	// maps and of the endpoints map (endpoints nil without the
+	// `endpoints` table).
+	subjects  *subjectPolicies
+	endpoints *endpointWriter
 
 	// fakeMaps, set by tests before start, are written instead of the
 	// pinned maps; nothing is pinned or attached then.
@@ -64,11 +73,17 @@ type Datapath struct {
 // writtenMaps are the maps the writers write.
 type writtenMaps struct {
 	ipcache, policy, enforcement mapwrite.Map
+	// endpoints is the endpoints map; policies the outer policy map, whose
+	// subjects' maps newPolicy makes and pinnedPolicies reads (nil in
+	// fakes without subjects).
+	endpoints, policies mapwrite.Map
+	newPolicy           func() (innerPolicy, error)
+	pinnedPolicies      func() (map[identity.Number]innerPolicy, error)
 }
 
 func newDatapath(cfg Config, log *slog.Logger) *Datapath {
 	d := &Datapath{cfg: cfg, conntrack: bpfmaps.DefaultConntrackConfig(), log: log, stats: map[string]*mapwrite.Stats{
-		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {},
+		bpfmaps.IPCacheName: {}, bpfmaps.PolicyName: {}, bpfmaps.EnforcementName: {}, bpfmaps.EndpointsName: {},
 	}, snapshotTaken: make(chan struct{}), stream: newPinnedIPCacheStream()}
 	return d
 }
@@ -293,13 +308,126 @@ func (d *Datapath) written() writtenMaps {
 	if d.fakeMaps != nil {
 		return *d.fakeMaps
 	}
+	maps, revision, maxEntries := d.maps, d.revision, d.cfg.PolicyMapMaxEntries
 	return writtenMaps{
-		ipcache:     revisedMap{d.maps.IPCache, d.revision},
-		policy:      revisedMap{d.maps.Policy, d.revision},
-		enforcement: revisedMap{d.maps.Enforcement, d.revision},
+		ipcache:     revisedMap{maps.IPCache, revision},
+		policy:      revisedMap{maps.Policy, revision},
+		enforcement: revisedMap{maps.Enforcement, revision},
+		endpoints:   revisedMap{maps.Endpoints, revision},
+		// Which map a subject's packets are looked up in is a change of
+		// their policy too.
+		policies: revisedMap{maps.Policies, revision},
+		newPolicy: func() (innerPolicy, error) {
+			m, err := ebpf.NewMap(bpfmaps.PolicySpec(maxEntries))
+			if err != nil {
+				return innerPolicy{}, fmt.Errorf("create a subject's policy map: %w", err)
+			}
+			return innerPolicy{write: revisedMap{m, revision}, handle: m, close: m.Close}, nil
+		},
+		pinnedPolicies: func() (map[identity.Number]innerPolicy, error) {
+			return pinnedSubjectPolicies(maps.Policies, revision)
+		},
 	}
+}
+
+// pinnedSubjectPolicies opens the maps of the subjects other than 0 that
+// the outer policy map holds.
+//
+// Possible errors: the outer map cannot be read, or a map opened.
+func pinnedSubjectPolicies(outer *ebpf.Map, revision *revisionCounter) (map[identity.Number]innerPolicy, error) {
+	var subjects []identity.Number
+	var (
+		key uint32
+		id  uint32 // the inner map's ID, as the kernel answers a map of maps
+	)
+	it := outer.Iterate()
+	for it.Next(&key, &id) {
+		if key != 0 {
+			subjects = append(subjects, identity.Number(key))
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read the outer %s map: %w", bpfmaps.PolicyName, err)
+	}
+	out := make(map[identity.Number]innerPolicy, len(subjects))
+	for _, subject := range subjects {
+		m, err := bpfmaps.PolicyOf(outer, subject)
+		if err != nil {
+			for _, inner := range out {
+				inner.close()
+			}
+			return nil, err
+		}
+		out[subject] = innerPolicy{write: revisedMap{m, revision}, handle: m, close: m.Close}
+	}
+	return out, nil
 }
 
 func (d *Datapath) ipcacheMap() mapwrite.Map     { return d.written().ipcache }
 func (d *Datapath) policyMap() mapwrite.Map      { return d.written().policy }
 func (d *Datapath) enforcementMap() mapwrite.Map { return d.written().enforcement }
+
+// lookupEndpoint returns the endpoints map's entry for addr.
+//
+// Possible errors: ErrMapsNotOpen; the lookup failed.
+func (d *Datapath) lookupEndpoint(addr netip.Addr) (subject identity.Number, ifindex uint32, found bool, err error) {
+	d.mu.Lock()
+	var m mapwrite.Map
+	switch {
+	case d.fakeMaps != nil:
+		m = d.fakeMaps.endpoints
+	case d.maps != nil && d.maps.Endpoints != nil:
+		m = d.maps.Endpoints
+	}
+	d.mu.Unlock()
+	if m == nil {
+		return 0, 0, false, fmt.Errorf("look up %s in the %s map: %w", addr, bpfmaps.EndpointsName, ErrMapsNotOpen)
+	}
+	k := bpfmaps.NewEndpointKey(addr)
+	var v bpfmaps.EndpointValue
+	if err := m.Lookup(&k, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, fmt.Errorf("look up %s in the %s map: %w", addr, bpfmaps.EndpointsName, err)
+	}
+	return v.Identity(), v.Ifindex(), true, nil
+}
+
+// endpointsMap is the endpoints map the endpoints writer writes.
+func (d *Datapath) endpointsMap() mapwrite.Map { return d.written().endpoints }
+
+// policiesMap is the outer policy map.
+func (d *Datapath) policiesMap() mapwrite.Map { return d.written().policies }
+
+// newSubjectPolicy makes an empty policy map for a subject.
+//
+// Possible errors: ErrMapsNotOpen; the kernel's.
+func (d *Datapath) newSubjectPolicy() (innerPolicy, error) {
+	w := d.written()
+	if w.newPolicy == nil {
+		return innerPolicy{}, ErrMapsNotOpen
+	}
+	return w.newPolicy()
+}
+
+// pinnedSubjectPolicies returns the subjects' policy maps the outer map
+// holds from a previous run.
+//
+// Possible errors: the outer map cannot be read.
+func (d *Datapath) pinnedSubjectPolicies() (map[identity.Number]innerPolicy, error) {
+	w := d.written()
+	if w.pinnedPolicies == nil {
+		return nil, nil
+	}
+	return w.pinnedPolicies()
+}
+
+// WaitEnforced implements endpoint.Enforcement: see endpointWriter. Without
+// the `endpoints` table there is nothing to wait for.
+func (d *Datapath) WaitEnforced(ctx context.Context, id string, rev statedb.Revision) error {
+	if d.endpoints == nil {
+		return nil
+	}
+	return d.endpoints.WaitEnforced(ctx, id, rev)
+}

@@ -35,6 +35,12 @@
 // policy or enforcement map: every such write bumps the pinned revision
 // map (revision.go), through the maps Datapath.written hands the writers.
 //
+// Endpoints: the endpoints map's writer (endpointWriter) writes the
+// local endpoints of the `endpoints` table once their subject's policy
+// map (subjectPolicies: one per local endpoint identity, in the outer
+// policy map) and enforcement entries are in; the Datapath is the
+// endpoint.Enforcement whose WaitEnforced the endpoint cell waits on.
+//
 // Reads: the `ipcache` table (ipcachecell), the `policy` and
 // `policy-enforcement` tables (policycell), the `devices` table
 // (devicecell) and, when the hive has it, the `endpoints` table: the

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -71,10 +72,12 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			inMap[policy.EnforcementKey{Direction: dir}] = v
 		}
 	}
+	subjectsRead := w.readSubjects(inMap)
 	backoff := enforcementRetryMin
 	for {
 		txn := w.db.ReadTxn()
 		rows, watch := w.table.AllWatch(txn)
+		usesChanged := w.order.uses.wait()
 		var (
 			waiting bool
 			errs    []error
@@ -94,6 +97,10 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 				want = bpfmaps.EnforceDefaultDeny
 			}
 			have, known := inMap[row.Key()]
+			if !known && row.Subject != identity.Unknown && subjectsRead {
+				// Read at start: a subject not there is 0 in the array.
+				known = true
+			}
 			var err error
 			switch {
 			case known && want == have:
@@ -121,6 +128,9 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			if row.Status.Kind != reconciler.StatusKindDone {
 				done = append(done, revisioned{row, rev})
 			}
+		}
+		if w.deleteUnused(txn, inMap, &errs) {
+			waiting = true
 		}
 		if len(errs) == 0 {
 			w.order.switchedOff.Set(w.table.Revision(txn))
@@ -150,6 +160,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		case <-retry:
 		case <-ready:
 		case <-guardChanged:
+		case <-usesChanged:
 		}
 		cancel()
 		<-ready
@@ -180,6 +191,7 @@ func (w *enforcementWriter) put(k policy.EnforcementKey, value bpfmaps.Enforceme
 	if err := w.target().Put(&key, &value); err != nil {
 		return fmt.Errorf("switch %s enforcement of subject %d in the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err)
 	}
+	w.order.uses.setEnforcement(key, value)
 	w.stats.Written.Add(1)
 	attrs := []any{"direction", k.Direction.String()}
 	if k.Subject != 0 {
@@ -241,4 +253,56 @@ func (w *enforcementWriter) report(health cell.Health, inMap map[policy.Enforcem
 		msg += " (switching on once the policy entries are written)"
 	}
 	health.OK(msg)
+}
+
+// readSubjects adds to inMap the entries of the subjects other than 0
+// that the map holds (a previous run's), so that a restart writes none
+// that did not change, and tells the subjects' users.
+func (w *enforcementWriter) readSubjects(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue) (read bool) {
+	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
+		if k.Subject() == identity.Unknown || v == bpfmaps.EnforceNone {
+			return
+		}
+		inMap[policy.EnforcementKey{Subject: k.Subject(), Direction: k.Direction()}] = v
+		w.order.uses.setEnforcement(k, v)
+	})
+	if err != nil {
+		// They are written again, as at a first start.
+		w.log.Warn("Cannot read the subjects' entries of the enforcement map; writing them again", "error", err)
+		return false
+	}
+	return true
+}
+
+// deleteUnused clears (to 0) the entries of subjects other than 0 that no
+// row has, once the table is initialized and no endpoints map entry points at
+// their subject: until then the endpoint's traffic still needs them (an
+// entry deleted is a direction not enforced). It reports whether some
+// wait for that.
+func (w *enforcementWriter) deleteUnused(txn statedb.ReadTxn, inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue, errs *[]error) (waiting bool) {
+	if init, _ := w.table.Initialized(txn); !init {
+		return false
+	}
+	for k := range inMap {
+		if k.Subject == identity.Unknown {
+			continue
+		}
+		if _, _, found := w.table.Get(txn, policy.EnforcementIndex.Query(k)); found {
+			continue
+		}
+		if w.order.uses.users(k.Subject) > 0 {
+			waiting = true
+			continue
+		}
+		// An array: the entry goes back to 0, not enforced.
+		key, off := bpfmaps.NewEnforcementKey(k.Subject, k.Direction), bpfmaps.EnforceNone
+		if err := w.target().Put(&key, &off); err != nil {
+			*errs = append(*errs, fmt.Errorf("clear %s enforcement of subject %d in the %s map: %w", k.Direction, k.Subject, bpfmaps.EnforcementName, err))
+			continue
+		}
+		w.stats.Written.Add(1)
+		delete(inMap, k)
+		w.order.uses.setEnforcement(key, off)
+	}
+	return waiting
 }

@@ -23,6 +23,15 @@ var (
 	// that a script reading them has an exit status to test.
 	ErrMapDiffers = errors.New("the pinned map differs")
 
+	// ErrTooManySubjects is the error of the policy entries of a subject
+	// (a local endpoint's identity) beyond the number of subjects the
+	// datapath keeps a policy map for; its endpoints are held back.
+	ErrTooManySubjects = errors.New("too many endpoint identities with a policy of their own")
+
+	// ErrDeviceNotFound is the error of an endpoint whose device does not
+	// exist: its entries wait for the device.
+	ErrDeviceNotFound = errors.New("endpoint device not found")
+
 	// ErrNegativeLimit is the error of a negative --limit.
 	ErrNegativeLimit = errors.New("must not be negative")
 

@@ -66,27 +66,45 @@ func (r mapsReader) LookupIdentity(addr netip.Addr) (identity.Number, bool, erro
 // LookupPolicy implements policy.Datapath: the kernel's lookup
 // of key's map key (the program's lookup, at bpfmaps.PolicyPrefixLen(key)) gives
 // the verdict; the entry it found is named by reading the map, the
-// longest of its keys that match.
-func (r mapsReader) LookupPolicy(key policy.Key) (policy.Key, policy.Verdict, bool, error) {
-	k := bpfmaps.NewPolicyKey(key)
-	var v bpfmaps.PolicyValue
-	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.policy }, &k, &v)
-	if err == nil && found {
-		var matched policy.Key
-		matched, found, err = r.longestMatch(key)
-		if err == nil && found {
-			return matched, policy.Verdict(v.Verdict()), true, nil
+// longest of its keys that match. The map is key.Subject's.
+func (r mapsReader) LookupPolicy(key policy.Key) (matched policy.Key, verdict policy.Verdict, found bool, err error) {
+	err = r.withPolicy(key.Subject, func(m mapwrite.Map) error {
+		k := bpfmaps.NewPolicyKey(key)
+		var v bpfmaps.PolicyValue
+		if err := m.Lookup(&k, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return nil
+			}
+			return err
 		}
-	}
+		var err error
+		matched, found, err = longestMatch(m, key)
+		verdict = policy.Verdict(v.Verdict())
+		return err
+	})
 	if err != nil {
 		return policy.Key{}, 0, false, fmt.Errorf("look up %s in the policy map: %w", key, err)
 	}
-	return policy.Key{}, 0, false, nil
+	if !found {
+		return policy.Key{}, 0, false, nil
+	}
+	return matched, verdict, true, nil
 }
 
-// longestMatch returns the policy map's longest key whose prefix key
-// matches, as the LPM trie's lookup finds it.
-func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool, err error) {
+// withPolicy calls fn with subject's policy map (a map without keys if the
+// subject has none in the outer map), which stays open meanwhile.
+func (r mapsReader) withPolicy(subject identity.Number, fn func(mapwrite.Map) error) error {
+	if subject != identity.Unknown {
+		if r.d.subjects == nil {
+			return fn(emptyMap{})
+		}
+		return r.d.subjects.withMap(subject, func(m mapwrite.Map) error {
+			if m == nil {
+				m = emptyMap{}
+			}
+			return fn(m)
+		})
+	}
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
 	var m mapwrite.Map
@@ -97,8 +115,14 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 		m = r.d.maps.Policy
 	}
 	if m == nil {
-		return matched, false, ErrMapsNotOpen
+		return ErrMapsNotOpen
 	}
+	return fn(m)
+}
+
+// longestMatch returns the policy map's longest key whose prefix key
+// matches, as the LPM trie's lookup finds it.
+func longestMatch(m mapwrite.Map, key policy.Key) (matched policy.Key, found bool, err error) {
 	err = bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, _ bpfmaps.PolicyValue) {
 		entry, err := k.Key()
 		if err != nil || bpfmaps.PolicyPrefixLen(entry) > bpfmaps.PolicyPrefixLen(key) || (found && bpfmaps.PolicyPrefixLen(entry) <= bpfmaps.PolicyPrefixLen(matched)) {
@@ -106,15 +130,24 @@ func (r mapsReader) longestMatch(key policy.Key) (matched policy.Key, found bool
 		}
 		if bpfmaps.NewPolicyKey(bpfmaps.PolicyKeyAt(key, bpfmaps.PolicyPrefixLen(entry))) == k {
 			matched, found = entry, true
+			matched.Subject = key.Subject
 		}
 	})
 	return matched, found, err
 }
 
+// emptyMap is a map without keys: the policy of a subject without a map.
+type emptyMap struct{ mapwrite.Map }
+
+func (emptyMap) Lookup(any, any) error { return ebpf.ErrKeyNotExist }
+func (emptyMap) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOptions) (int, error) {
+	return 0, ebpf.ErrKeyNotExist
+}
+
 // Enforcement implements policy.Datapath: the enforcement map's
-// value for dir (bpfmaps/abi.go).
-func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, err error) {
-	k := bpfmaps.NewEnforcementKey(0, dir) // the host-wide default's
+// value for subject's dir (bpfmaps/abi.go); no entry is not enforced.
+func (r mapsReader) Enforcement(subject identity.Number, dir policy.Direction) (enforced, denyOnly bool, err error) {
+	k := bpfmaps.NewEnforcementKey(subject, dir)
 	var v bpfmaps.EnforcementValue
 	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.enforcement }, &k, &v)
 	if err != nil {
@@ -126,4 +159,10 @@ func (r mapsReader) Enforcement(dir policy.Direction) (enforced, denyOnly bool, 
 // IPCacheStatus implements policy.Datapath.
 func (r mapsReader) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
 	return r.d.IPCacheStatus(rev)
+}
+
+// LookupEndpoint implements policy.Datapath: the endpoints map's entry
+// for addr, as the program looks it up (an exact address).
+func (r mapsReader) LookupEndpoint(addr netip.Addr) (identity.Number, uint32, bool, error) {
+	return r.d.lookupEndpoint(addr)
 }

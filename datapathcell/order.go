@@ -55,6 +55,9 @@ type ordering struct {
 	// switchedOff is the `policy-enforcement` revision up to which every
 	// direction the table says is not enforced is off in the map.
 	switchedOff *progress.Tracker[statedb.Revision]
+	// uses is what points at each subject in the endpoints and
+	// enforcement maps (endpointwriter.go).
+	uses *subjectUses
 
 	mu sync.Mutex
 	// unwritten are, by identity, its policy keys whose write failed.
@@ -76,6 +79,7 @@ func newOrdering(log *slog.Logger, selectors policy.Progress, ipcache statedb.Ta
 	return &ordering{
 		log: log, selectors: selectors, ipcache: ipcache, entries: entries, enforcement: enforcement,
 		switchedOff: progress.New[statedb.Revision](0),
+		uses:        newSubjectUses(),
 		unwritten:   map[identity.Number]map[bpfmaps.PolicyKey]struct{}{},
 		held:        map[bpfmaps.IPCacheKey]identity.Number{},
 		heldBy:      map[identity.Number]int{},

@@ -55,6 +55,9 @@ type recordingMaps struct {
 	watched    map[netip.Addr]uint8
 	violations []string
 	writes     int
+	// check, if set, replaces the check of the watched addresses (the
+	// endpoints' maps: endpoint_order_test.go).
+	check func() []string
 }
 
 func newRecordingMaps(t testing.TB, policyMax int) *recordingMaps {
@@ -111,6 +114,12 @@ func (r *recordingMaps) allowed(addr netip.Addr, direction uint8) bool {
 // wrote checks the watched addresses after one key was written; r.mu held.
 func (r *recordingMaps) wrote(what string) {
 	r.writes++
+	if r.check != nil {
+		for _, v := range r.check() {
+			r.violations = append(r.violations, fmt.Sprintf("after write %d (%s): %s", r.writes, what, v))
+		}
+		return
+	}
 	for addr, dir := range r.watched {
 		if !r.allowed(addr, dir) {
 			r.violations = append(r.violations, fmt.Sprintf("after write %d (%s): %s dropped (identity %d, enforcement %v)",
@@ -265,7 +274,7 @@ func (e *fakeEnforcement) BatchDelete(any, *ebpf.BatchOptions) (int, error) {
 	return 0, ebpf.ErrNotSupported
 }
 func (e *fakeEnforcement) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOptions) (int, error) {
-	return 0, ebpf.ErrNotSupported
+	return 0, ebpf.ErrKeyNotExist // no subject's entries (the default's are looked up)
 }
 func (e *fakeEnforcement) Iterate() *ebpf.MapIterator { panic("not iterated") }
 func (e *fakeEnforcement) MaxEntries() uint32         { return 2 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -46,6 +47,10 @@ type policyOps struct {
 	// (denyguard.go); db gives the drain job the tables to recompute it.
 	guard denyGuard
 	db    *statedb.DB
+
+	// subjects, if set, takes the entries of the subjects other than 0
+	// (subjects.go); ops is subject 0's map.
+	subjects *subjectPolicies
 }
 
 // drainAfter is what must be written before a policy key may go: the
@@ -84,6 +89,11 @@ var (
 
 // Update implements reconciler.Operations.
 func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, e *policy.Entry) error {
+	if p.subjects != nil && e.Key.Subject != identity.Unknown {
+		batch := []reconciler.BatchEntry[*policy.Entry]{{Object: e, Revision: rev}}
+		p.subjects.update(ctx, txn, batch)
+		return batch[0].Result
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := p.ops.Key(e)
@@ -104,6 +114,55 @@ func (p *policyOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb
 
 // UpdateBatch implements reconciler.BatchOperations.
 func (p *policyOps) UpdateBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
+	p.bySubject(batch, func(subjects []reconciler.BatchEntry[*policy.Entry]) {
+		p.subjects.update(ctx, txn, subjects)
+	}, func(defaults []reconciler.BatchEntry[*policy.Entry]) {
+		p.updateDefaultBatch(ctx, txn, defaults)
+	})
+}
+
+// bySubject calls subjects with batch's entries of subjects other than 0
+// and defaults with the others, and copies their results back.
+func (p *policyOps) bySubject(batch []reconciler.BatchEntry[*policy.Entry], subjects, defaults func([]reconciler.BatchEntry[*policy.Entry])) {
+	var from []int
+	if p.subjects != nil {
+		for i := range batch {
+			if batch[i].Object.Key.Subject != identity.Unknown {
+				from = append(from, i)
+			}
+		}
+	}
+	if len(from) == 0 {
+		defaults(batch)
+		return
+	}
+	sub := make([]reconciler.BatchEntry[*policy.Entry], 0, len(from))
+	def := make([]reconciler.BatchEntry[*policy.Entry], 0, len(batch)-len(from))
+	for i := range batch {
+		if batch[i].Object.Key.Subject != identity.Unknown {
+			sub = append(sub, batch[i])
+		} else {
+			def = append(def, batch[i])
+		}
+	}
+	subjects(sub)
+	if len(def) > 0 {
+		defaults(def)
+	}
+	s, d := 0, 0
+	for i := range batch {
+		if batch[i].Object.Key.Subject != identity.Unknown {
+			batch[i].Result = sub[s].Result
+			s++
+		} else {
+			batch[i].Result = def[d].Result
+			d++
+		}
+	}
+}
+
+// updateDefaultBatch writes entries of subject 0.
+func (p *policyOps) updateDefaultBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := make([]bpfmaps.PolicyKey, len(batch))
@@ -216,6 +275,11 @@ func (p *policyOps) tellLocked() error {
 
 // Delete implements reconciler.Operations: the key drains.
 func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Revision, e *policy.Entry) error {
+	if p.subjects != nil && e.Key.Subject != identity.Unknown {
+		p.subjects.remove(txn, []*policy.Entry{e})
+		p.wakeDrain()
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drainLocked(txn, []bpfmaps.PolicyKey{p.ops.Key(e)})
@@ -224,7 +288,29 @@ func (p *policyOps) Delete(_ context.Context, txn statedb.ReadTxn, _ statedb.Rev
 }
 
 // DeleteBatch implements reconciler.BatchOperations: the keys drain.
-func (p *policyOps) DeleteBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
+func (p *policyOps) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
+	p.bySubject(batch, func(subjects []reconciler.BatchEntry[*policy.Entry]) {
+		entries := make([]*policy.Entry, len(subjects))
+		for i := range subjects {
+			entries[i] = subjects[i].Object
+		}
+		p.subjects.remove(txn, entries)
+		p.wakeDrain()
+	}, func(defaults []reconciler.BatchEntry[*policy.Entry]) {
+		p.deleteDefaultBatch(ctx, txn, defaults)
+	})
+}
+
+// wakeDrain wakes the drain job.
+func (p *policyOps) wakeDrain() {
+	select {
+	case p.queued <- struct{}{}:
+	default:
+	}
+}
+
+// deleteDefaultBatch drains keys of subject 0.
+func (p *policyOps) deleteDefaultBatch(_ context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*policy.Entry]) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := make([]bpfmaps.PolicyKey, len(batch))
@@ -241,6 +327,26 @@ func (p *policyOps) Prune(_ context.Context, txn statedb.ReadTxn, objects iter.S
 	defer p.mu.Unlock()
 	if err := p.readAnyKeysLocked(); err != nil {
 		return err
+	}
+	if p.subjects != nil {
+		// Each subject's map has its own keys.
+		var subjects []*policy.Entry
+		for e := range objects {
+			if e.Key.Subject != identity.Unknown {
+				subjects = append(subjects, e)
+			}
+		}
+		if err := p.subjects.prune(subjects); err != nil {
+			return err
+		}
+		all := objects
+		objects = func(yield func(*policy.Entry, statedb.Revision) bool) {
+			for e, rev := range all {
+				if e.Key.Subject == identity.Unknown && !yield(e, rev) {
+					return
+				}
+			}
+		}
 	}
 	stale, err := p.ops.StaleKeys(objects)
 	if err != nil {
@@ -318,10 +424,23 @@ func (p *policyOps) deleteDrainedLocked() (left int, wait drainAfter, revisions 
 func (p *policyOps) drain(ctx context.Context, _ cell.Health) error {
 	for {
 		// Taken before the keys are looked at: a held key written after
-		// it closes it.
+		// it closes it, as a change of the subjects' users does.
 		_, heldGone := p.order.heldIdentity(0)
+		usesChanged := p.order.uses.wait()
 		p.mu.Lock()
 		left, after, revisions := p.deleteDrainedLocked()
+		if p.subjects != nil {
+			// A subject's keys wait for the same writers' progress, or
+			// for its endpoints to go (uses).
+			n, wait, waits := p.subjects.drainRound()
+			left += n
+			switch {
+			case waits && !revisions:
+				after, revisions = wait, true
+			case waits:
+				after = drainAfter{ipcache: min(after.ipcache, wait.ipcache), enforcement: min(after.enforcement, wait.enforcement)}
+			}
+		}
 		if p.db != nil && p.guardActiveLocked() {
 			// A deleted key may have been what a denied packet met.
 			p.reguardLocked(p.db.ReadTxn())
@@ -352,6 +471,7 @@ func (p *policyOps) drain(ctx context.Context, _ cell.Health) error {
 		case <-ctx.Done():
 		case <-reached:
 		case <-heldGone:
+		case <-usesChanged:
 		case <-p.queued:
 		}
 		cancel()

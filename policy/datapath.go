@@ -26,16 +26,27 @@ type Datapath interface {
 	// Possible errors: the maps are not open (before start, after stop),
 	// or the lookup failed.
 	LookupIdentity(addr netip.Addr) (id identity.Number, found bool, err error)
-	// LookupPolicy returns the entry the program's lookup of key finds: the longest
-	// prefix in the policy map that matches key's prefix.
+	// LookupEndpoint returns the local endpoint the program finds for
+	// addr in the endpoints map: its identity, the subject whose policy
+	// and enforcement decide its traffic, and its device (ifindex 0: any
+	// device). found is false if addr is no local endpoint's (the program
+	// then uses the host-wide default, subject 0).
+	//
+	// Possible errors: as LookupIdentity.
+	LookupEndpoint(addr netip.Addr) (subject identity.Number, ifindex uint32, found bool, err error)
+	// LookupPolicy returns the entry the program's lookup of key finds in
+	// the policy of key.Subject: the longest prefix in that subject's
+	// policy map that matches key's prefix (found is false if the subject
+	// has no policy map).
 	//
 	// Possible errors: as LookupIdentity.
 	LookupPolicy(key Key) (matched Key, verdict Verdict, found bool, err error)
-	// Enforcement returns the enforcement map's value for dir: enforced with default
-	// deny, or deny rules only (both false: not enforced).
+	// Enforcement returns the enforcement map's value for subject's dir:
+	// enforced with default deny, or deny rules only (both false: not
+	// enforced, also when the subject has no entry).
 	//
 	// Possible errors: as LookupIdentity.
-	Enforcement(dir Direction) (enforced, denyOnly bool, err error)
+	Enforcement(subject identity.Number, dir Direction) (enforced, denyOnly bool, err error)
 	// IPCacheStatus returns whether the `ipcache` entry of table revision
 	// rev is in the ipcache map: Done, Error with why not (a failed or held
 	// write), or Pending. The entries carry no status of their own.

@@ -607,7 +607,7 @@ func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr
 		id = identity.World
 	}
 	pkt.Identity = id
-	enforced, denyOnly, err := datapath.Enforcement(dir)
+	enforced, denyOnly, err := datapath.Enforcement(identity.Unknown, dir)
 	if err != nil {
 		fmt.Fprintf(out, "Maps: identity %s; cannot read the enforcement map: %s\n", id, err)
 		return

@@ -95,7 +95,11 @@ func (m *fakeDatapathMaps) LookupPolicy(k policy.Key) (policy.Key, policy.Verdic
 	return e.Key, e.Verdict, true, m.err
 }
 
-func (m *fakeDatapathMaps) Enforcement(dir policy.Direction) (bool, bool, error) {
+func (m *fakeDatapathMaps) LookupEndpoint(netip.Addr) (identity.Number, uint32, bool, error) {
+	return 0, 0, false, m.err
+}
+
+func (m *fakeDatapathMaps) Enforcement(_ identity.Number, dir policy.Direction) (bool, bool, error) {
 	return m.enforcement[dir] == 1, m.enforcement[dir] == 2, m.err
 }
 
