@@ -84,7 +84,10 @@ func New(t testing.TB, subnet string, cfg Config) *Chain {
 		"plugins": []any{
 			map[string]any{
 				"type": "ptp",
-				"ipam": map[string]any{"type": "host-local", "subnet": subnet, "dataDir": filepath.Join(dir, "ipam")},
+				// A default route, so the pod reaches the host's other
+				// addresses through the host end of the veth.
+				"ipam": map[string]any{"type": "host-local", "subnet": subnet, "dataDir": filepath.Join(dir, "ipam"),
+					"routes": []any{map[string]any{"dst": "0.0.0.0/0"}}},
 			},
 			map[string]any{
 				"type":       "ipcache-agent-cni",
