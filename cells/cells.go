@@ -41,17 +41,21 @@ var Infrastructure = cell.Group(
 )
 
 // ControlPlane is the project's own cells, after the owner lock of their
-// state directory and pins (see [AcquireOwner]).
+// state directory and pins (see [AcquireOwner]). The endpoint sources
+// (the endpoint cell's directory, the CNI server) come after restore:
+// their jobs start after restore's start hook has withheld the previous
+// run's label identities for their label sets, so that an endpoint gets
+// its number back.
 var ControlPlane = cell.Group(
 	ownerCell,
 	identitycell.Cell,
 	ipcachecell.Cell,
-	endpointcell.Cell,
-	cnicell.Cell,
 	datapathcell.Cell,
 	monitorcell.Cell,
 	conntrackcell.Cell,
 	restorecell.Cell,
+	endpointcell.Cell,
+	cnicell.Cell,
 	policycell.Cell,
 	metricscell.Cell,
 	devicecell.Cell,
