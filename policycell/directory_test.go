@@ -46,28 +46,28 @@ func TestReadDirectory(t *testing.T) {
 	// The policy directory itself may be a symlink.
 	link := filepath.Join(base, "link")
 	require.NoError(t, os.Symlink("policies", link))
-	found, err := readDirectory(link)
+	found, err := policyDir(link).Read()
 	require.NoError(t, err)
 
 	require.Equal(t, []string{"a.yaml", "absolute-escape.yaml", "b.yml", "cm.yaml", "dangling.yaml", "escape.yaml", "fifo.yaml"},
-		slices.Sorted(maps.Keys(found.files)))
+		slices.Sorted(maps.Keys(found.Files)))
 	for name, want := range map[string]string{"a.yaml": "a", "b.yml": "b", "cm.yaml": "cm"} {
-		require.NoError(t, found.files[name].err)
-		require.Equal(t, want, string(found.files[name].content))
+		require.NoError(t, found.Files[name].Err)
+		require.Equal(t, want, string(found.Files[name].Content))
 	}
-	require.ErrorIs(t, found.files["escape.yaml"].err, ErrOutsideDirectory)
-	require.ErrorIs(t, found.files["absolute-escape.yaml"].err, ErrOutsideDirectory)
-	require.ErrorContains(t, found.files["dangling.yaml"].err, "resolve symlink")
-	require.ErrorIs(t, found.files["fifo.yaml"].err, ErrNotRegular)
+	require.ErrorIs(t, found.Files["escape.yaml"].Err, ErrOutsideDirectory)
+	require.ErrorIs(t, found.Files["absolute-escape.yaml"].Err, ErrOutsideDirectory)
+	require.ErrorContains(t, found.Files["dangling.yaml"].Err, "resolve symlink")
+	require.ErrorIs(t, found.Files["fifo.yaml"].Err, ErrNotRegular)
 
 	real, err := filepath.EvalSymlinks(dir)
 	require.NoError(t, err)
-	require.Equal(t, []string{real, filepath.Join(real, "..2024_01")}, found.watchDirs,
+	require.Equal(t, []string{real, filepath.Join(real, "..2024_01")}, found.WatchDirs,
 		"the directory and the directory of a symlink target are watched")
 }
 
 func TestReadDirectoryMissing(t *testing.T) {
-	_, err := readDirectory(filepath.Join(t.TempDir(), "missing"))
+	_, err := policyDir(filepath.Join(t.TempDir(), "missing")).Read()
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
@@ -77,17 +77,17 @@ func TestReadDirectoryTooLarge(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Truncate(maxFileSize+1))
 	require.NoError(t, f.Close())
-	found, err := readDirectory(dir)
+	found, err := policyDir(dir).Read()
 	require.NoError(t, err)
-	require.ErrorIs(t, found.files["huge.yaml"].err, ErrTooLarge)
-	require.EqualError(t, found.files["huge.yaml"].err, "policy file too large: more than the cap of 4194304 bytes (4 MiB)")
+	require.ErrorIs(t, found.Files["huge.yaml"].Err, ErrTooLarge)
+	require.EqualError(t, found.Files["huge.yaml"].Err, "policy file too large: more than the cap of 4194304 bytes (4 MiB)")
 
 	// At the cap, a file is read.
 	require.NoError(t, os.Truncate(filepath.Join(dir, "huge.yaml"), maxFileSize))
-	found, err = readDirectory(dir)
+	found, err = policyDir(dir).Read()
 	require.NoError(t, err)
-	require.NoError(t, found.files["huge.yaml"].err)
-	require.Len(t, found.files["huge.yaml"].content, maxFileSize)
+	require.NoError(t, found.Files["huge.yaml"].Err)
+	require.Len(t, found.Files["huge.yaml"].Content, maxFileSize)
 }
 
 // TestReadDirectoryTooLargeNotRead: what is read of a file far over the cap
@@ -98,10 +98,10 @@ func TestReadDirectoryTooLargeNotRead(t *testing.T) {
 	require.NoError(t, os.Truncate(filepath.Join(dir, "huge.yaml"), 1<<30)) // sparse
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	found, err := readDirectory(dir)
+	found, err := policyDir(dir).Read()
 	runtime.ReadMemStats(&after)
 	require.NoError(t, err)
-	require.ErrorIs(t, found.files["huge.yaml"].err, ErrTooLarge)
+	require.ErrorIs(t, found.Files["huge.yaml"].Err, ErrTooLarge)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(maxFileSize+1<<20), "allocated while reading a 1 GiB file")
 }
 
@@ -113,11 +113,11 @@ func TestReadDirectoryAbsoluteLinkInside(t *testing.T) {
 	writeFile(t, filepath.Join(dir, ".real", "a.yaml"), "a")
 	require.NoError(t, os.Symlink(filepath.Join(dir, ".real", "a.yaml"), filepath.Join(dir, "a.yaml")))
 	require.NoError(t, os.Symlink(".real/a.yaml", filepath.Join(dir, "relative.yaml")))
-	found, err := readDirectory(dir)
+	found, err := policyDir(dir).Read()
 	require.NoError(t, err)
-	require.ErrorIs(t, found.files["a.yaml"].err, ErrOutsideDirectory)
-	require.NoError(t, found.files["relative.yaml"].err)
-	require.Equal(t, "a", string(found.files["relative.yaml"].content))
+	require.ErrorIs(t, found.Files["a.yaml"].Err, ErrOutsideDirectory)
+	require.NoError(t, found.Files["relative.yaml"].Err)
+	require.Equal(t, "a", string(found.Files["relative.yaml"].Content))
 }
 
 // TestReadDirectoryThroughLinkedDirectory: a symlinked directory is not
@@ -133,13 +133,13 @@ func TestReadDirectoryThroughLinkedDirectory(t *testing.T) {
 	require.NoError(t, os.Symlink("../outside", filepath.Join(dir, "outside.yaml")))
 	require.NoError(t, os.Symlink(".inside", filepath.Join(dir, "inside.yaml")))
 
-	found, err := readDirectory(dir)
+	found, err := policyDir(dir).Read()
 	require.NoError(t, err)
-	require.Equal(t, []string{"outside.yaml", "via.yaml"}, slices.Sorted(maps.Keys(found.files)),
+	require.Equal(t, []string{"outside.yaml", "via.yaml"}, slices.Sorted(maps.Keys(found.Files)),
 		"a link to a directory inside is ignored, its files are not read")
-	for name, f := range found.files {
-		require.ErrorIs(t, f.err, ErrOutsideDirectory, name)
-		require.Nil(t, f.content, name)
+	for name, f := range found.Files {
+		require.ErrorIs(t, f.Err, ErrOutsideDirectory, name)
+		require.Nil(t, f.Content, name)
 	}
 }
 
@@ -178,15 +178,15 @@ func TestReadDirectorySwappedFile(t *testing.T) {
 
 	reads := 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline) || reads < 100; reads++ {
-		found, err := readDirectory(dir)
+		found, err := policyDir(dir).Read()
 		require.NoError(t, err)
-		f, ok := found.files["flip.yaml"]
+		f, ok := found.Files["flip.yaml"]
 		if !ok {
 			continue
 		}
-		require.NotEqual(t, "secret", string(f.content), "read %d: the file outside was read", reads)
-		if f.err != nil {
-			require.ErrorIs(t, f.err, ErrOutsideDirectory, "read %d", reads)
+		require.NotEqual(t, "secret", string(f.Content), "read %d: the file outside was read", reads)
+		if f.Err != nil {
+			require.ErrorIs(t, f.Err, ErrOutsideDirectory, "read %d", reads)
 		}
 	}
 }
