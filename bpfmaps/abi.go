@@ -62,6 +62,11 @@ import (
 // passes, nothing is looked up), 1 enforced with default deny (only what
 // policy allows passes), 2 deny rules only (what a deny entry matches is
 // dropped, the rest passes). A subject nobody wrote is 0: not enforced.
+// The entries of TaggedSubject (255: below the label identities, and no
+// endpoint's) are not a subject's: the agent keeps a direction's at 1
+// while any endpoint's entry in that direction is not 0, and the program
+// drops a frame with a VLAN tag left in it in that direction (the tag
+// hides the address that says whose traffic it is).
 // An array rather than a hash keyed by subject and direction: the
 // program looks it up for every packet, and an array's lookup is inlined
 // by the verifier where a hash's is a hash computation and a bucket walk,
@@ -194,6 +199,11 @@ func (v EndpointValue) Flags() uint32 { return binary.LittleEndian.Uint32(v[8:12
 // EnforcementKey is the key of the enforcement map: the index of a
 // subject's direction.
 type EnforcementKey uint32
+
+// TaggedSubject is the slot of the enforcement map that is on in a
+// direction while any endpoint's is: there the program drops VLAN-tagged
+// frames, whose endpoint it cannot tell (see the layout above).
+const TaggedSubject identity.Number = 255
 
 // NewEnforcementKey encodes a subject's direction (the subject is below
 // PolicySubjects).

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -49,6 +51,38 @@ func (d *Datapath) pinnedMap(which func(*bpfmaps.Pinned) *ebpf.Map) (*ebpf.Map, 
 		return nil, ErrMapsNotOpen
 	}
 	return which(d.maps).Clone()
+}
+
+// pinnedPolicyMaps opens the policy maps of the host-wide default and of
+// every subject the outer policy map holds, by subject; the caller closes
+// them.
+//
+// Possible errors: ErrMapsNotOpen; the outer map cannot be read or an
+// inner map opened.
+func (d *Datapath) pinnedPolicyMaps() (map[identity.Number]*ebpf.Map, error) {
+	def, err := d.pinnedMap(func(p *bpfmaps.Pinned) *ebpf.Map { return p.Policy })
+	if err != nil {
+		return nil, err
+	}
+	maps := map[identity.Number]*ebpf.Map{identity.Unknown: def}
+	outer, err := d.pinnedMap(func(p *bpfmaps.Pinned) *ebpf.Map { return p.Policies })
+	if errors.Is(err, ErrMapsNotOpen) {
+		return maps, nil // fake maps: the default's only
+	}
+	if err != nil {
+		def.Close()
+		return nil, err
+	}
+	defer outer.Close()
+	inner, err := pinnedSubjectPolicies(outer, nil)
+	if err != nil {
+		def.Close()
+		return nil, err
+	}
+	for subject, p := range inner {
+		maps[subject] = p.handle.(*ebpf.Map)
+	}
+	return maps, nil
 }
 
 func bpfListFlags(fs *pflag.FlagSet) {
@@ -295,6 +329,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 // last portWildcardBits bits are any (16: every port of the protocol).
 type policyRowJSON struct {
 	Difference       string          `json:"difference,omitempty"`
+	Subject          identity.Number `json:"subject"`
 	Identity         identity.Number `json:"identity"`
 	Direction        string          `json:"direction"`
 	Protocol         string          `json:"protocol"`
@@ -306,9 +341,9 @@ type policyRowJSON struct {
 
 // policyRow is the row of key k. A key that is not canonical is shown as
 // stored, with the wildcard bits its prefix length gives.
-func policyRow(k bpfmaps.PolicyKey) policyRowJSON {
+func policyRow(subject identity.Number, k bpfmaps.PolicyKey) policyRowJSON {
 	id, dir, proto, port := k.Fields()
-	row := policyRowJSON{Identity: id, Direction: policy.Direction(dir).String(),
+	row := policyRowJSON{Subject: subject, Identity: id, Direction: policy.Direction(dir).String(),
 		Protocol: policy.Protocol(proto).String(), Port: port}
 	if key, err := k.Key(); err == nil {
 		row.PortWildcardBits = key.PortWildcardBits
@@ -353,67 +388,84 @@ func bpfPolicyCommand(db *statedb.DB, d *Datapath, table statedb.Table[*policy.E
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			m, err := d.pinnedMap(func(p *bpfmaps.Pinned) *ebpf.Map { return p.Policy })
+			bySubject, err := d.pinnedPolicyMaps()
 			if err != nil {
 				return scriptcmd.Result("", fmt.Errorf("read policy map: %w", err))
 			}
-			defer m.Close()
+			defer func() {
+				for _, m := range bySubject {
+					m.Close()
+				}
+			}()
+			subjects := slices.Sorted(maps.Keys(bySubject))
 			txn := db.ReadTxn()
 			listing := bpfListing[policyRowJSON]{Rows: []policyRowJSON{}}
 			var readErr error
-			if !o.diff {
-				readErr = bpfmaps.ReadEntries(m, func(k bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
-					row := policyRow(k)
+			for _, subject := range subjects {
+				// Every subject's entries that are no row's (extra) or
+				// that another verdict (different); the rows then, for
+				// what is missing.
+				readErr = bpfmaps.ReadEntries(bySubject[subject], func(k bpfmaps.PolicyKey, v bpfmaps.PolicyValue) {
+					row := policyRow(subject, k)
 					row.Verdict = policy.Verdict(v.Verdict()).String()
+					if !o.diff {
+						listing.add(row, o.limit)
+						return
+					}
+					// A key that is not canonical is no row's: extra.
+					key, err := k.Key()
+					var want *policy.Entry
+					if err == nil {
+						key.Subject = subject
+						want, _, _ = table.Get(txn, policy.KeyIndex.Query(key))
+					}
+					switch {
+					case want == nil:
+						row.Difference = diffExtra
+					case bpfmaps.NewPolicyValue(uint32(want.Verdict)) != v:
+						row.Difference, row.DesiredVerdict = diffDifferent, want.Verdict.String()
+					default:
+						return
+					}
 					listing.add(row, o.limit)
 				})
-			} else {
-				readErr = diffMap(m,
-					func(k bpfmaps.PolicyKey) (bpfmaps.PolicyValue, bool) {
-						// A key that is not canonical is no row's: extra.
-						key, err := k.Key()
-						if err != nil {
-							return bpfmaps.PolicyValue{}, false
+				if readErr != nil {
+					break
+				}
+			}
+			if o.diff && readErr == nil {
+				for e := range table.All(txn) {
+					k := bpfmaps.NewPolicyKey(e.Key)
+					var v bpfmaps.PolicyValue
+					m := bySubject[e.Key.Subject]
+					if m != nil {
+						err := m.Lookup(&k, &v)
+						if err == nil {
+							continue
 						}
-						e, _, found := table.Get(txn, policy.KeyIndex.Query(key))
-						if !found {
-							return bpfmaps.PolicyValue{}, false
+						if !errors.Is(err, ebpf.ErrKeyNotExist) {
+							readErr = err
+							break
 						}
-						return bpfmaps.NewPolicyValue(uint32(e.Verdict)), true
-					},
-					func(yield func(bpfmaps.PolicyKey, bpfmaps.PolicyValue) bool) {
-						for e := range table.All(txn) {
-							k := bpfmaps.NewPolicyKey(e.Key)
-							if !yield(k, bpfmaps.NewPolicyValue(uint32(e.Verdict))) {
-								return
-							}
-						}
-					},
-					func(kind string, k bpfmaps.PolicyKey, inMap, want bpfmaps.PolicyValue) {
-						row := policyRow(k)
-						row.Difference = kind
-						if kind != diffMissing {
-							row.Verdict = policy.Verdict(inMap.Verdict()).String()
-						}
-						if kind != diffExtra {
-							row.DesiredVerdict = policy.Verdict(want.Verdict()).String()
-						}
-						listing.add(row, o.limit)
-					})
+					}
+					row := policyRow(e.Key.Subject, k)
+					row.Difference, row.DesiredVerdict = diffMissing, e.Verdict.String()
+					listing.add(row, o.limit)
+				}
 			}
 			return listing.result(bpfmaps.PolicyName, readErr, o, func(w io.Writer) {
 				if o.diff {
 					if listing.Total > 0 {
-						fmt.Fprintln(w, "Difference\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")
+						fmt.Fprintln(w, "Difference\tSubject\tIdentity\tDirection\tProtocol\tPort\tMap verdict\tDesired verdict")
 					}
 				} else {
-					fmt.Fprintln(w, "Identity\tDirection\tProtocol\tPort\tVerdict")
+					fmt.Fprintln(w, "Subject\tIdentity\tDirection\tProtocol\tPort\tVerdict")
 				}
 				for _, r := range listing.Rows {
 					if o.diff {
 						fmt.Fprintf(w, "%s\t", r.Difference)
 					}
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s", r.Identity, r.Direction, r.Protocol, r.ports(), dash(r.Verdict))
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s", r.Subject, r.Identity, r.Direction, r.Protocol, r.ports(), dash(r.Verdict))
 					if o.diff {
 						fmt.Fprintf(w, "\t%s", dash(r.DesiredVerdict))
 					}

@@ -130,6 +130,17 @@ func (s *subjectMaps) check() []string {
 			}
 		}
 	}
+	// A tagged frame could be any endpoint's: while one's direction is
+	// enforced, tagged frames are dropped in it.
+	for k, v := range s.enforcement {
+		subject := k.Subject()
+		if subject == identity.Unknown || subject == bpfmaps.TaggedSubject || v == bpfmaps.EnforceNone {
+			continue
+		}
+		if s.enforcement[bpfmaps.NewEnforcementKey(bpfmaps.TaggedSubject, k.Direction())] == bpfmaps.EnforceNone {
+			violations = append(violations, fmt.Sprintf("subject %d's %s is enforced and tagged frames pass", subject, k.Direction()))
+		}
+	}
 	return violations
 }
 
@@ -414,12 +425,25 @@ func (f *endpointFixture) state() (subjects []uint32, endpoints map[string]ident
 		a, _ := k.Addr()
 		endpoints[a.String()] = v.Identity()
 	}
-	for _, v := range f.maps.enforcement {
-		if v != bpfmaps.EnforceNone {
+	for k, v := range f.maps.enforcement {
+		if k.Subject() != bpfmaps.TaggedSubject && v != bpfmaps.EnforceNone {
 			enforcement++
 		}
 	}
 	return subjects, endpoints, enforcement
+}
+
+// tagged returns the directions in which the enforcement map drops
+// VLAN-tagged frames.
+func (f *endpointFixture) tagged() (dirs []policy.Direction) {
+	f.maps.r.mu.Lock()
+	defer f.maps.r.mu.Unlock()
+	for _, dir := range policy.Directions() {
+		if f.maps.enforcement[bpfmaps.NewEnforcementKey(bpfmaps.TaggedSubject, dir)] != bpfmaps.EnforceNone {
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs
 }
 
 func (f *endpointFixture) eventually(what string, cond func() bool) {
@@ -474,6 +498,7 @@ func TestOrderEndpoint(t *testing.T) {
 	require.Equal(t, []uint32{uint32(subjectA)}, subjects)
 	require.Equal(t, map[string]identity.Number{web1: subjectA, web2: subjectA}, inMap)
 	f.noViolations("add")
+	require.Equal(t, policy.Directions(), f.tagged(), "tagged frames are dropped where the endpoint is enforced")
 
 	// Relabel: a new identity; the old one's rows go in the same round of
 	// the selectors.
@@ -506,7 +531,7 @@ func TestOrderEndpoint(t *testing.T) {
 	f.compute(nil, []identity.Number{subjectB})
 	f.eventually("nothing left", func() bool {
 		subjects, inMap, enforcement := f.state()
-		return len(subjects) == 0 && len(inMap) == 0 && enforcement == 0
+		return len(subjects) == 0 && len(inMap) == 0 && enforcement == 0 && len(f.tagged()) == 0
 	})
 	require.NoError(t, f.waitWritten(ep, f.endpoints.Revision(f.db.ReadTxn())))
 	f.noViolations("remove")

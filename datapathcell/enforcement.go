@@ -33,7 +33,9 @@ func enforcementOf(row *policy.Enforcement) bpfmaps.EnforcementValue {
 }
 
 // enforcementWriter writes the `policy-enforcement` table into the
-// enforcement map (a hash: key = the row's subject and direction). It is not a statedb
+// enforcement map (an array indexed by the row's subject and direction),
+// and keeps the map's tagged slot (bpfmaps.TaggedSubject) on in a
+// direction while any endpoint's entry there is. It is not a statedb
 // reconciler because a direction's switch on waits, without blocking the
 // switch off of the other, until the ipcache and policy writers have
 // written the tables as they were when the row said so (see ordering).
@@ -73,6 +75,13 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		}
 	}
 	subjectsRead := w.readSubjects(inMap)
+	var tagged [2]bpfmaps.EnforcementValue
+	for dir := range tagged {
+		key := bpfmaps.NewEnforcementKey(bpfmaps.TaggedSubject, policy.Direction(dir))
+		if err := w.target().Lookup(&key, &tagged[dir]); err != nil {
+			tagged[dir] = bpfmaps.EnforceNone // written below as the endpoints' entries say
+		}
+	}
 	backoff := enforcementRetryMin
 	for {
 		txn := w.db.ReadTxn()
@@ -114,8 +123,15 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 				err = w.put(row.Key(), want)
 			case w.onReady(txn):
 				// Switching on, or between default deny and deny only:
-				// either needs the entries in the maps first.
-				err = w.put(row.Key(), want)
+				// either needs the entries in the maps first. An
+				// endpoint's direction needs tagged frames dropped
+				// first: they could be its traffic.
+				if row.Subject != identity.Unknown {
+					err = w.putTagged(&tagged, dir, true)
+				}
+				if err == nil {
+					err = w.put(row.Key(), want)
+				}
 			default:
 				waiting = true
 				continue
@@ -131,6 +147,13 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		}
 		if w.deleteUnused(txn, inMap, &errs) {
 			waiting = true
+		}
+		// Once the last endpoint's direction is off (or if a previous
+		// run left one on without its tagged slot).
+		for _, dir := range policy.Directions() {
+			if err := w.putTagged(&tagged, dir, endpointEnforced(inMap, dir)); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if len(errs) == 0 {
 			w.order.switchedOff.Set(w.table.Revision(txn))
@@ -208,6 +231,41 @@ func (w *enforcementWriter) put(k policy.EnforcementKey, value bpfmaps.Enforceme
 	return nil
 }
 
+// putTagged switches the tagged slot of dir on or off unless tagged says
+// it is already.
+func (w *enforcementWriter) putTagged(tagged *[2]bpfmaps.EnforcementValue, dir policy.Direction, on bool) error {
+	value := bpfmaps.EnforceNone
+	if on {
+		value = bpfmaps.EnforceDefaultDeny
+	}
+	if tagged[dir] == value {
+		return nil
+	}
+	key := bpfmaps.NewEnforcementKey(bpfmaps.TaggedSubject, dir)
+	if err := w.target().Put(&key, &value); err != nil {
+		return fmt.Errorf("switch %s dropping of VLAN-tagged frames in the %s map: %w", dir, bpfmaps.EnforcementName, err)
+	}
+	tagged[dir] = value
+	w.stats.Written.Add(1)
+	if on {
+		w.log.Info("Dropping VLAN-tagged frames: an endpoint's direction is enforced", "direction", dir.String())
+	} else {
+		w.log.Info("Not dropping VLAN-tagged frames: no endpoint's direction is enforced", "direction", dir.String())
+	}
+	return nil
+}
+
+// endpointEnforced reports whether inMap has an endpoint's direction dir
+// enforced.
+func endpointEnforced(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue, dir policy.Direction) bool {
+	for k, v := range inMap {
+		if k.Subject != identity.Unknown && k.Direction == dir && v != bpfmaps.EnforceNone {
+			return true
+		}
+	}
+	return false
+}
+
 // revisioned is a row and its revision.
 type revisioned struct {
 	row *policy.Enforcement
@@ -260,7 +318,7 @@ func (w *enforcementWriter) report(health cell.Health, inMap map[policy.Enforcem
 // that did not change, and tells the subjects' users.
 func (w *enforcementWriter) readSubjects(inMap map[policy.EnforcementKey]bpfmaps.EnforcementValue) (read bool) {
 	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EnforcementKey, v bpfmaps.EnforcementValue) {
-		if k.Subject() == identity.Unknown || v == bpfmaps.EnforceNone {
+		if k.Subject() == identity.Unknown || k.Subject() == bpfmaps.TaggedSubject || v == bpfmaps.EnforceNone {
 			return
 		}
 		inMap[policy.EnforcementKey{Subject: k.Subject(), Direction: k.Direction()}] = v

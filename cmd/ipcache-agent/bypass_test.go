@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -328,6 +331,7 @@ func TestPrivilegedBypasses(t *testing.T) {
 	t.Parallel()
 	b := newBypassRig(t)
 	t.Run("in-band VLAN tags", b.vlanTags)
+	t.Run("in-band VLAN tags from an endpoint with its own policy", b.vlanTagsOfEndpoint)
 	t.Run("ICMP errors about an allowed flow", b.icmpErrors)
 	t.Run("IPv6 extension header chains", b.extensionHeaders)
 	t.Run("neighbour discovery only on-link", b.neighbourDiscovery)
@@ -404,6 +408,64 @@ func (b *bypassRig) vlanTags(t *testing.T) {
 				direction: "ingress", reason: "vlan-tagged", at: f.udpAtEP,
 				send: func(m []byte) error { return b.fromHost.SendIP(udp(f.denied, f.ep, 40000, 5353, m), stack.tags...) }})
 		}
+	}
+}
+
+// endpointBypassPolicy is bypassPolicy for the endpoint labelled
+// app=web only: the host-wide default is not enforced.
+const endpointBypassPolicy = `apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: bypass-web, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toCIDR: ["10.20.0.0/16", "fd00:20::/64"]
+  egressDeny:
+  - toCIDR: ["10.99.0.0/16", "fd00:99::/64"]
+  ingress:
+  - fromCIDR: ["10.20.0.0/16", "fd00:20::/64"]
+  ingressDeny:
+  - fromCIDR: ["10.99.0.0/16", "fd00:99::/64"]
+`
+
+// vlanTagsOfEndpoint: a tag left in-band hides the address that says
+// whose traffic a frame is, so it is dropped where any endpoint's
+// direction is enforced, even though the host-wide default (which the
+// second endpoint's untagged traffic shows) is not.
+func (b *bypassRig) vlanTagsOfEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(fmt.Sprintf(
+		"apiVersion: ipcache-agent.io/v1\nkind: Endpoint\nmetadata: {name: web, labels: {app: web}}\n"+
+			"spec: {addresses: [%s, \"%s\"], interface: %s}\n", epAddr, epAddr6, e2eDevice)), 0o600))
+	defaultArgs := b.agentArgs
+	b.agentArgs = append(slices.Clone(defaultArgs), "--endpoint-dir="+dir, "--node-name=node-a")
+	t.Cleanup(func() { b.agentArgs = defaultArgs })
+	b.on(t)
+	b.usePolicies(map[string]string{"bypass-web.yaml": endpointBypassPolicy})
+
+	q0 := craft.Tag{TPID: craft.TPID8021Q}
+	for i, f := range b.families() {
+		second := secondEPAddr
+		if f.name == "IPv6" {
+			second = secondEPAddr6
+		}
+		port := uint16(43000 + 10*i)
+		b.requireDelivered(t, f.name+" the default's untagged UDP to the denied peer", f.udpAtPeer, func(m []byte) error {
+			return b.fromSecond.SendIP(udp(second, f.denied, port, 5353, m))
+		})
+		b.requireDelivered(t, f.name+" the endpoint's untagged TCP to the allowed peer", f.tcpAtPeer, func(m []byte) error {
+			return b.fromEP.SendIP(syn(f.ep, f.allowed, port, 22, m))
+		})
+		b.requireDropped(t, attack{name: f.name + " the endpoint's untagged TCP to the denied peer", direction: "egress",
+			reason: "policy-deny", at: f.tcpAtPeer,
+			send: func(m []byte) error { return b.fromEP.SendIP(syn(f.ep, f.denied, port, 22, m)) }})
+		// (Tags of any TPID reach the same check: vlanTags tries them.)
+		b.requireDropped(t, attack{name: f.name + " the endpoint's TCP to the denied peer behind two priority tags",
+			direction: "egress", reason: "vlan-tagged", at: f.tcpAtPeer,
+			send: func(m []byte) error { return b.fromEP.SendIP(syn(f.ep, f.denied, port+1, 22, m), q0, q0) }})
+		b.requireDropped(t, attack{name: f.name + " UDP from the denied peer to the endpoint behind two priority tags",
+			direction: "ingress", reason: "vlan-tagged", at: f.udpAtEP,
+			send: func(m []byte) error { return b.fromHost.SendIP(udp(f.denied, f.ep, port+2, 5353, m), q0, q0) }})
 	}
 }
 

@@ -173,9 +173,12 @@
 //     then sees and enforces the packet inside. A frame whose EtherType is
 //     still 802.1Q or 802.1ad carries another tag in the packet: the kernel
 //     may strip a priority tag (VLAN ID 0) and route what is inside without
-//     running this program again, so such a frame is dropped in an enforced
-//     direction (REASON_VLAN_TAGGED), whatever it holds, and passes in one
-//     that is not.
+//     running this program again, so such a frame is dropped
+//     (REASON_VLAN_TAGGED), whatever it holds, in a direction where any
+//     subject is enforced: the tag hides the address that would say whose
+//     traffic it is. The agent keeps `enforcement`[ENFORCE_TAGGED_SUBJECT
+//     * 2 + direction] on while any endpoint's direction is; the default's
+//     own entry counts as well. It passes where nothing is enforced.
 //   - Other EtherTypes (ARP, LLDP, ...) are not IP to the kernel either:
 //     they pass and are not counted.
 //   - IPv6 neighbour discovery (ICMPv6 types 133-137 with hop limit 255,
@@ -422,6 +425,11 @@ struct bpf_fib_lookup {
 #define ENFORCE_NONE 0
 #define ENFORCE_DEFAULT_DENY 1
 #define ENFORCE_DENY_ONLY 2
+
+// The slot of `enforcement` that says, per direction, whether any
+// endpoint's direction is enforced (bpfmaps.TaggedSubject): no label
+// identity has this number, and the default is 0.
+#define ENFORCE_TAGGED_SUBJECT 255
 
 // Bits of ipcache_key before ip: cluster_id, pad and family.
 #define IPCACHE_STATIC_PREFIX_BITS 32
@@ -1770,6 +1778,22 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	value = bpf_map_lookup_elem(&enforcement, &index);
 	mode = value ? *value : ENFORCE_NONE;
 	enforced = mode != ENFORCE_NONE;
+	if (vlan) {
+		// A tag still in the frame (the kernel moved the outer one to
+		// metadata): the kernel may strip a priority tag and route what
+		// is inside without running this program again. The tag hides
+		// whose traffic it is, so any subject's enforcement counts.
+		if (!enforced) {
+			index = ENFORCE_TAGGED_SUBJECT * 2 + direction;
+			value = bpf_map_lookup_elem(&enforcement, &index);
+			enforced = value && *value != ENFORCE_NONE;
+		}
+		if (!enforced) {
+			count(skb, direction, COUNT_ALLOWED);
+			return TCX_NEXT;
+		}
+		return drop(skb, &flow, direction, REASON_VLAN_TAGGED, 0);
+	}
 	if (!enforced) {
 		other = index ^ 1;
 		value = bpf_map_lookup_elem(&enforcement, &other);
@@ -1779,16 +1803,6 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		// Nothing to enforce, and no reply to track for.
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
-	}
-	if (vlan) {
-		// A tag still in the frame (the kernel moved the outer one to
-		// metadata): the kernel may strip a priority tag and route what
-		// is inside without running this program again.
-		if (!enforced) {
-			count(skb, direction, COUNT_ALLOWED);
-			return TCX_NEXT;
-		}
-		return drop(skb, &flow, direction, REASON_VLAN_TAGGED, 0);
 	}
 
 	flow.ct.ifindex = skb->ifindex;
