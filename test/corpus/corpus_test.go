@@ -145,9 +145,12 @@ func TestClassify(t *testing.T) {
 		{head + `ingress[0].toPorts[0].ports[0].port: "http": named ports are not supported (this agent knows no pod's ports), write the number`, blockNamedPorts},
 		{head + `spec.ingress[0].ports[0].port: "http": named ports are not supported (this agent knows no pod's ports), write the number`, blockNamedPorts},
 		// A podSelector of the policy itself is read; only a peer's blocks.
-		{head + "spec.podSelector: unknown field \"matchFields\"", blockOther},
+		{head + "spec.podSelector: unknown field \"matchFields\", want one of matchLabels, matchExpressions", `unknown field "matchFields"`},
+		{head + "spec.podSelector.matchExpressions[0].operator: \"Gt\": want In, NotIn, Exists or DoesNotExist", blockOther},
 		{`f.yaml:1:1: invalid policy file: document: apiVersion "extensions/v1beta1", kind "NetworkPolicy" is not a policy this agent reads`, blockUnsupportedKind},
-		{`f.yaml:3:1: invalid policy file: CiliumNetworkPolicy: unknown field "description"`, blockOther},
+		{`f.yaml:1:1: invalid policy file: document: apiVersion is required`, blockUnsupportedKind},
+		{`f.yaml:3:1: invalid policy file: CiliumNetworkPolicy: unknown field "description", want one of apiVersion, kind, metadata, spec, specs, status`, `unknown field "description"`},
+		{head + "spec.egress: no rules (write `egress: []` for none)", blockEmptyDirection},
 		{"f.yaml:2:1: invalid policy file: yaml: mapping values are not allowed in this context", blockOther},
 	} {
 		require.Equal(t, tc.want, classify(tc.message), tc.message)

@@ -145,12 +145,12 @@ func (r report) write(w io.Writer) {
 
 	var others []string
 	for _, res := range r.Results {
-		if res.Blocker == blockOther || res.Blocker == blockUnsupportedKind {
+		if formatBlockers[res.Blocker] || strings.HasPrefix(res.Blocker, "unknown field ") {
 			others = append(others, res.File+": "+res.Verdict.Error)
 		}
 	}
 	if len(others) > 0 {
-		fmt.Fprintln(w, "## The rejected files of no named blocker")
+		fmt.Fprintln(w, "## The files rejected for their form, not for a policy feature")
 		fmt.Fprintln(w)
 		for _, o := range others {
 			fmt.Fprintf(w, "- %s\n", o)

@@ -67,9 +67,18 @@ const (
 	blockLog             = "log"
 	blockCIDRGroups      = "cidrGroupRef/cidrGroupSelector"
 	blockNamedPorts      = "named ports"
-	blockUnsupportedKind = "apiVersion or kind not read"
+	blockUnsupportedKind = "apiVersion or kind missing or not read"
+	blockEmptyDirection  = "a direction without a value (`egress:`)"
 	blockOther           = "other"
 )
+
+// formatBlockers are the blockers that are no policy feature: the report
+// lists their files one by one.
+var formatBlockers = map[string]bool{
+	blockUnsupportedKind: true,
+	blockEmptyDirection:  true,
+	blockOther:           true,
+}
 
 // fieldBlockers are the blockers a field name alone decides.
 var fieldBlockers = map[string]string{
@@ -97,15 +106,26 @@ var fieldBlockers = map[string]string{
 
 var (
 	// The agent's error: `file:line:col: invalid policy file: policy "NAME": PATH: MESSAGE`.
-	policyErrorPattern = regexp.MustCompile(`invalid policy file: policy "[^"]*": ([^ :]+): (.*)$`)
-	indexPattern       = regexp.MustCompile(`\[[0-9]+\]`)
-	npPeerPattern      = regexp.MustCompile(`\.(from|to)\[[0-9]+\]\.(podSelector|namespaceSelector)$`)
+	policyErrorPattern  = regexp.MustCompile(`invalid policy file: policy "[^"]*": ([^ :]+): (.*)$`)
+	indexPattern        = regexp.MustCompile(`\[[0-9]+\]`)
+	unknownFieldPattern = regexp.MustCompile(`: unknown field ("[^"]*")`)
+	npPeerPattern       = regexp.MustCompile(`\.(from|to)\[[0-9]+\]\.(podSelector|namespaceSelector)$`)
 )
 
 // classify names the blocker of a rejected file from its first error.
+// An unknown field is named by the field (`unknown field "description"`),
+// which is then a row of its own.
 func classify(message string) string {
-	if strings.Contains(message, "is not a policy this agent reads") {
+	switch {
+	case strings.Contains(message, "is not a policy this agent reads"),
+		strings.Contains(message, "document: apiVersion is required"),
+		strings.Contains(message, "document: kind is required"):
 		return blockUnsupportedKind
+	case strings.Contains(message, ": no rules (write `"):
+		return blockEmptyDirection
+	}
+	if m := unknownFieldPattern.FindStringSubmatch(message); m != nil {
+		return "unknown field " + m[1]
 	}
 	m := policyErrorPattern.FindStringSubmatch(message)
 	if m == nil {
