@@ -4,13 +4,24 @@ GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all build test bench bench-scale lint generate clean demo fuzz
+.PHONY: all build test bench bench-scale lint generate clean demo fuzz corpus
 
 all: build
 
 build:
 	$(GO) build -o bin/ipcache-agent ./cmd/ipcache-agent
 	$(GO) build -o bin/ipcache-agent-cni ./cmd/ipcache-agent-cni
+
+# The public policy corpus (test/corpus/README.md): materializes the files of
+# test/corpus/sources.tsv from the mirrors in CORPUS_MIRRORS (colon-separated)
+# into CORPUS_OUT, validates each, and (as root) loads the accepted ones into
+# the agent. Prints the report; CORPUS_FLAGS="" skips the agent runs.
+CORPUS_MIRRORS ?=
+CORPUS_OUT ?= /tmp/ipcache-agent-corpus
+CORPUS_FLAGS ?= -enforce
+corpus: build
+	@test -n "$(CORPUS_MIRRORS)" || { echo "usage: make corpus CORPUS_MIRRORS=DIR[:DIR...] (test/corpus/README.md)"; exit 2; }
+	$(GO) run ./test/corpus -mirrors $(CORPUS_MIRRORS) -out $(CORPUS_OUT) $(CORPUS_FLAGS)
 
 # All tests, with the race detector. Tests that need root (BPF, TCX, network
 # namespaces) skip with a message when not root, and never skip under CI=true.

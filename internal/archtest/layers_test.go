@@ -134,6 +134,7 @@ func layers() map[string]place {
 		"internal/tools/exported": {8, kindCommand},
 		"internal/archtest":       {8, kindTest},
 		"test/soak":               {8, kindTest},
+		"test/corpus":             {8, kindTest},
 
 		// Test harnesses, each above what it builds on.
 		"internal/testutils/privileged":  {0, kindTest},
