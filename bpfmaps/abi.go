@@ -61,7 +61,9 @@ import (
 // previous layout (an array of 2) had them. mode 0 not enforced (traffic
 // passes, nothing is looked up), 1 enforced with default deny (only what
 // policy allows passes), 2 deny rules only (what a deny entry matches is
-// dropped, the rest passes). A subject nobody wrote is 0: not enforced.
+// dropped, the rest passes), 3 (an endpoint's direction whose policy map
+// lacks a deny it had no room for) every IP packet dropped. A subject
+// nobody wrote is 0: not enforced.
 // The entries of TaggedSubject (255: below the label identities, and no
 // endpoint's) are not a subject's: the agent keeps a direction's at 1
 // while any endpoint's entry in that direction is not 0, and the program
@@ -395,6 +397,9 @@ const (
 	EnforceNone        EnforcementValue = 0
 	EnforceDefaultDeny EnforcementValue = 1
 	EnforceDenyOnly    EnforcementValue = 2
+	// EnforceDropAll is an endpoint's direction whose policy map lacks a
+	// deny it had no room for: everything is dropped until it fits.
+	EnforceDropAll EnforcementValue = 3
 )
 
 // PolicyKeyAt is key cut to prefixLen bits (as PolicyPrefixLen counts

@@ -236,6 +236,7 @@ func registerWriters(p writersParams) error {
 	)
 	d.order, d.policyOps, d.ipcacheWriter = order, pol, writer
 	registerEndpointWriters(p, d, pol)
+	enforcement.subjectsFailClosed = d.subjects.failClosed
 	return nil
 }
 

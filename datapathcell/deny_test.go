@@ -176,6 +176,18 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 		require.True(t, nw.pingOnce(t, peerB))
 		require.Equal(t, noPolicy, egressDrops(t, maps, bpfmaps.ReasonNoPolicy), "no default deny")
 	})
+
+	t.Run("drop all: what the policy allows drops too", func(t *testing.T) {
+		reset(t)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDefaultDeny)
+		putPolicy(t, maps, egress(idA, policy.ProtocolAny, 0, 0), policy.VerdictAllow)
+		require.True(t, tcp(peerA, port), "allowed while default deny")
+		denied := egressDrops(t, maps, bpfmaps.ReasonPolicyDeny)
+		putEnforcement(t, maps, policy.Egress, bpfmaps.EnforceDropAll)
+		require.False(t, tcp(peerA, port))
+		require.False(t, nw.pingOnce(t, peerA))
+		require.Greater(t, egressDrops(t, maps, bpfmaps.ReasonPolicyDeny), denied, "counted as policy-deny")
+	})
 }
 
 // TestPrivilegedPolicyWriterTellsAnyIdentity: the policy writer tells the

@@ -714,3 +714,53 @@ func TestPrivilegedEndpointWriters(t *testing.T) {
 	})
 	f.stop()
 }
+
+// TestEndpointDenyWithoutRoomDropsAll: a deny added to the policy of an
+// endpoint in use, which its full map has no room for, switches that
+// direction to dropping everything (the deny never fails open); once the
+// map has room the deny is written, and only then does the direction
+// enforce what its row says again.
+func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
+	maps := newSubjectMaps(t)
+	maps.policyMax = 1 // the allow of subjectRows
+	f := newEndpointFixture(t, maps)
+	defer f.stop()
+	ep := local("web-1", subjectA, web1)
+	rev := f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectA}, nil)
+	require.NoError(t, f.waitWritten(ep, rev))
+
+	enforcement := func(dir policy.Direction) bpfmaps.EnforcementValue {
+		maps.r.mu.Lock()
+		defer maps.r.mu.Unlock()
+		return maps.enforcement[bpfmaps.NewEnforcementKey(subjectA, dir)]
+	}
+	require.Equal(t, bpfmaps.EnforceDefaultDeny, enforcement(policy.Egress))
+
+	deny := &policy.Entry{Key: policy.Key{Subject: subjectA, Identity: identity.World, Direction: policy.Egress},
+		Verdict: policy.VerdictDeny, Status: reconciler.StatusPending()}
+	txn := f.db.WriteTxn(f.entries, f.enforcement)
+	_, _, err := f.entries.Insert(txn, deny)
+	require.NoError(t, err)
+	_, _, err = f.enforcement.Insert(txn, &policy.Enforcement{Subject: subjectA, Direction: policy.Egress, Enforced: true, HasDeny: true})
+	require.NoError(t, err)
+	txn.Commit()
+	f.eventually("the egress drops everything while the deny has no room", func() bool {
+		return enforcement(policy.Egress) == bpfmaps.EnforceDropAll
+	})
+	require.Equal(t, bpfmaps.EnforceDefaultDeny, enforcement(policy.Ingress), "the other direction is untouched")
+	require.Equal(t, []policy.Direction{policy.Ingress, policy.Egress}, f.tagged())
+
+	denyKey := bpfmaps.NewPolicyKey(deny.Key)
+	maps.r.mu.Lock()
+	maps.policyMax = 2
+	maps.r.mu.Unlock()
+	f.eventually("once written, the egress enforces its row again", func() bool {
+		return enforcement(policy.Egress) == bpfmaps.EnforceDefaultDeny
+	})
+	maps.r.mu.Lock()
+	_, written := maps.outer[uint32(subjectA)].entries[denyKey]
+	maps.r.mu.Unlock()
+	require.True(t, written, "the deny is in the subject's map")
+	f.noViolations("deny without room")
+}

@@ -439,7 +439,8 @@ func (w *endpointWriter) enforcementReady(txn statedb.ReadTxn, subject identity.
 		if found {
 			want = enforcementOf(row)
 		}
-		if v, _ := w.order.uses.enforcementValue(bpfmaps.NewEnforcementKey(subject, dir)); v != want {
+		// Dropping everything (a deny without room: subjectPolicies.failClosed) is more than any row asks.
+		if v, _ := w.order.uses.enforcementValue(bpfmaps.NewEnforcementKey(subject, dir)); v != want && v != bpfmaps.EnforceDropAll {
 			return errEnforcementPending
 		}
 	}

@@ -52,6 +52,10 @@ type enforcementWriter struct {
 	// enforced with default deny, so that the deny never fails open
 	// (nil: never).
 	failClosed func() ([2]bool, <-chan struct{})
+	// subjectsFailClosed returns the endpoints' directions whose policy
+	// map lacks a deny it had no room for (subjectPolicies.failClosed):
+	// they drop everything until it is written (nil: never).
+	subjectsFailClosed func() (map[policy.EnforcementKey]bool, <-chan struct{})
 }
 
 // enforcementRetry bounds the wait before a failed write is tried again.
@@ -97,6 +101,11 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		if w.failClosed != nil {
 			failClosed, guardChanged = w.failClosed()
 		}
+		var subjectsClosed map[policy.EnforcementKey]bool
+		var subjectsChanged <-chan struct{}
+		if w.subjectsFailClosed != nil {
+			subjectsClosed, subjectsChanged = w.subjectsFailClosed()
+		}
 		for row, rev := range rows {
 			dir := row.Direction
 			want := enforcementOf(row)
@@ -104,6 +113,9 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			closing := row.Subject == 0 && want == bpfmaps.EnforceDenyOnly && int(dir) < len(failClosed) && failClosed[dir]
 			if closing {
 				want = bpfmaps.EnforceDefaultDeny
+			}
+			if row.Subject != identity.Unknown && want != bpfmaps.EnforceNone && subjectsClosed[row.Key()] {
+				closing, want = true, bpfmaps.EnforceDropAll
 			}
 			have, known := inMap[row.Key()]
 			if !known && row.Subject != identity.Unknown && subjectsRead {
@@ -115,6 +127,14 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 			case known && want == have:
 			case want == bpfmaps.EnforceNone:
 				err = w.put(row.Key(), want)
+			case closing && row.Subject != identity.Unknown:
+				// Dropping more needs nothing written first.
+				w.log.Warn("A deny rule is not in the endpoints' full policy map: "+
+					"dropping all of their traffic in its direction until it is written (raise --policy-map-max-entries)",
+					"direction", dir.String(), "subject", row.Subject)
+				if err = w.putTagged(&tagged, dir, true); err == nil {
+					err = w.put(row.Key(), want)
+				}
 			case closing:
 				// Dropping more needs nothing written first.
 				w.log.Warn("A deny rule is not in the full policy map and nothing there covers it: "+
@@ -183,6 +203,7 @@ func (w *enforcementWriter) run(ctx context.Context, health cell.Health) error {
 		case <-retry:
 		case <-ready:
 		case <-guardChanged:
+		case <-subjectsChanged:
 		case <-usesChanged:
 		}
 		cancel()
@@ -221,6 +242,8 @@ func (w *enforcementWriter) put(k policy.EnforcementKey, value bpfmaps.Enforceme
 		attrs = append(attrs, "subject", k.Subject)
 	}
 	switch value {
+	case bpfmaps.EnforceDropAll:
+		w.log.Info("Dropping everything", attrs...)
 	case bpfmaps.EnforceDefaultDeny:
 		w.log.Info("Enforcing policy", attrs...)
 	case bpfmaps.EnforceDenyOnly:

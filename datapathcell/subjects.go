@@ -78,6 +78,9 @@ type subjectPolicies struct {
 	subjects map[identity.Number]*subjectPolicy
 	// read is set once pinned was read.
 	read bool
+	// failedChanged is closed when a subject's failed denies change
+	// (failClosed).
+	failedChanged chan struct{}
 }
 
 // subjectPolicy is one subject's inner map and what is written to it.
@@ -90,6 +93,10 @@ type subjectPolicy struct {
 	wanted map[bpfmaps.PolicyKey]struct{}
 	// unwritten are the wanted keys whose last write failed.
 	unwritten map[bpfmaps.PolicyKey]struct{}
+	// failedDenies are the unwritten keys of deny rows, with their
+	// direction: while the subject's endpoints use the map, that
+	// direction drops everything (failClosed).
+	failedDenies map[bpfmaps.PolicyKey]policy.Direction
 	// draining are the keys to delete once the maps' users no longer
 	// need them (see drainAfter).
 	draining map[bpfmaps.PolicyKey]drainAfter
@@ -126,6 +133,8 @@ func (s *subjectPolicies) newSubjectLocked(id identity.Number, inner innerPolicy
 		wanted:    map[bpfmaps.PolicyKey]struct{}{},
 		unwritten: map[bpfmaps.PolicyKey]struct{}{},
 		draining:  map[bpfmaps.PolicyKey]drainAfter{},
+
+		failedDenies: map[bpfmaps.PolicyKey]policy.Direction{},
 	}
 	sp.ops = &mapwrite.Ops[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
 		Name:    bpfmaps.PolicyName,
@@ -135,7 +144,10 @@ func (s *subjectPolicies) newSubjectLocked(id identity.Number, inner innerPolicy
 		Key:     func(e *policy.Entry) bpfmaps.PolicyKey { return bpfmaps.NewPolicyKey(e.Key) },
 		Value:   func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
 		Failed:  func(k bpfmaps.PolicyKey) { sp.unwritten[k] = struct{}{} },
-		Written: func(k bpfmaps.PolicyKey) { delete(sp.unwritten, k) },
+		Written: func(k bpfmaps.PolicyKey) {
+			delete(sp.unwritten, k)
+			s.clearFailedDenyLocked(sp, k)
+		},
 	}
 	s.subjects[id] = sp
 	return sp
@@ -189,6 +201,10 @@ func (s *subjectPolicies) update(ctx context.Context, txn statedb.ReadTxn, batch
 		sp.ops.UpdateBatch(ctx, txn, sub)
 		for j, i := range indexes {
 			batch[i].Result = sub[j].Result
+			if e := batch[i].Object; sub[j].Result != nil && e.Verdict == policy.VerdictDeny {
+				sp.failedDenies[sp.ops.Key(e)] = e.Key.Direction
+				s.failedChangedLocked()
+			}
 		}
 	}
 }
@@ -207,6 +223,7 @@ func (s *subjectPolicies) remove(txn statedb.ReadTxn, entries []*policy.Entry) {
 		k := bpfmaps.NewPolicyKey(e.Key)
 		delete(sp.wanted, k)
 		delete(sp.unwritten, k)
+		s.clearFailedDenyLocked(sp, k)
 		if _, ok := sp.draining[k]; !ok {
 			sp.draining[k] = after
 		}
@@ -367,6 +384,42 @@ func (s *subjectPolicies) use(id identity.Number) error {
 	}
 	sp.inOuter = true
 	return nil
+}
+
+// failClosed returns the directions of subjects whose endpoints use a map
+// that lacks a deny the map had no room for: those directions drop
+// everything until it is written, so that the deny never fails open. The
+// channel is closed when that may have changed.
+func (s *subjectPolicies) failClosed() (map[policy.EnforcementKey]bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failedChanged == nil {
+		s.failedChanged = make(chan struct{})
+	}
+	closed := map[policy.EnforcementKey]bool{}
+	for id, sp := range s.subjects {
+		if !sp.inOuter {
+			continue // no endpoint points at it: use refuses until written
+		}
+		for _, dir := range sp.failedDenies {
+			closed[policy.EnforcementKey{Subject: id, Direction: dir}] = true
+		}
+	}
+	return closed, s.failedChanged
+}
+
+func (s *subjectPolicies) clearFailedDenyLocked(sp *subjectPolicy, k bpfmaps.PolicyKey) {
+	if _, ok := sp.failedDenies[k]; ok {
+		delete(sp.failedDenies, k)
+		s.failedChangedLocked()
+	}
+}
+
+func (s *subjectPolicies) failedChangedLocked() {
+	if s.failedChanged != nil {
+		close(s.failedChanged)
+		s.failedChanged = nil
+	}
 }
 
 // withMap calls fn with the subject's map if the outer map holds it, else

@@ -31,7 +31,8 @@
 // For an IP packet, the remote address's identity is the longest-prefix
 // match in `ipcache` (world, 2, when nothing matches). A direction is
 // enforced when `enforcement`[subject * 2 + direction] is
-// ENFORCE_DEFAULT_DENY (1) or ENFORCE_DENY_ONLY (2); a subject nobody
+// ENFORCE_DEFAULT_DENY (1), ENFORCE_DENY_ONLY (2) or ENFORCE_DROP_ALL (3,
+// every IP packet dropped, replies too); a subject nobody
 // wrote is 0, not enforced. There a packet that replies to a tracked connection (below)
 // passes; any other is looked up in the subject's policy map (`policy` is a
 // hash of maps from a subject to an LPM trie; a subject without one has no
@@ -425,6 +426,10 @@ struct bpf_fib_lookup {
 #define ENFORCE_NONE 0
 #define ENFORCE_DEFAULT_DENY 1
 #define ENFORCE_DENY_ONLY 2
+// An endpoint's direction whose deny rule did not fit in its policy map:
+// every packet is dropped (REASON_POLICY_DENY) until it fits, rather than
+// the deny failing open.
+#define ENFORCE_DROP_ALL 3
 
 // The slot of `enforcement` that says, per direction, whether any
 // endpoint's direction is enforced (bpfmaps.TaggedSubject): no label
@@ -1825,6 +1830,8 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		}
 		return later_fragment(skb, &flow, direction);
 	}
+	if (mode == ENFORCE_DROP_ALL)
+		return drop(skb, &flow, direction, REASON_POLICY_DENY, 0);
 
 	if (enforced)
 		set_remote_key(&remote, &flow);
