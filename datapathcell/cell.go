@@ -16,6 +16,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/devicecell"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -155,6 +156,10 @@ type writersParams struct {
 	// Endpoints is the endpoint cell's table; without it the endpoints
 	// map stays as it is and no subject but 0 has entries.
 	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
+	// Devices is the devices cell's: an endpoint's device is resolved
+	// there (and again when it comes back with a new ifindex); without
+	// it, by name from the kernel.
+	Devices statedb.Table[*devicecell.Device] `optional:"true"`
 }
 
 // registerWriters registers the writers of the three maps, in the order
@@ -266,5 +271,8 @@ func registerEndpointWriters(p writersParams, d *Datapath, pol *policyOps) {
 	}
 	d.endpoints = newEndpointWriter(p.Reconciler.DB, p.Endpoints, p.Enforcement.RWTable, d.endpointsMap, d.order, subjects,
 		d.statsOf(bpfmaps.EndpointsName), p.Log)
+	if p.Devices != nil {
+		d.endpoints.followDevices(p.Devices)
+	}
 	p.Jobs.Add(job.OneShot("write-endpoints-map", d.endpoints.run))
 }

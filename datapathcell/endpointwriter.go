@@ -18,6 +18,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
+	"github.com/ipcache-agent/ipcache-agent/devicecell"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -172,11 +173,14 @@ type endpointWriter struct {
 	inMap map[bpfmaps.EndpointKey]bpfmaps.EndpointValue
 
 	mu sync.Mutex
-	// ifindex resolves an endpoint's device. It is net.InterfaceByName's
-	// index until the datapath follows a devices table (the seam:
-	// setIfindex); a device that is missing holds the endpoint's entries
-	// back, retried every retry.
+	// ifindex resolves an endpoint's device: in the devices table
+	// (followDevices), else net.InterfaceByName's index (tests replace
+	// it: setIfindex); a device that is missing holds the endpoint's
+	// entries back, retried every retry.
 	ifindex func(name string) (uint32, error)
+	// devices, when set, is watched: a device that appears or comes back
+	// under a new ifindex is written again at once (followDevices).
+	devices statedb.Table[*devicecell.Device]
 	retry   time.Duration
 	// rows are, by endpoint ID, the revision of its row last written, or
 	// the error that holds it back.
@@ -229,6 +233,26 @@ func (w *endpointWriter) retryInterval() time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.retry
+}
+
+// followDevices resolves devices in the devices table, and has every
+// change of it start a round: an endpoint's device deleted and created
+// again under its name gets its new ifindex in the endpoints map (else
+// its traffic would be another device's: spoofed).
+func (w *endpointWriter) followDevices(devices statedb.Table[*devicecell.Device]) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.devices = devices
+	w.ifindex = func(name string) (uint32, error) {
+		if name == "" {
+			return 0, nil
+		}
+		d, _, found := devices.Get(w.db.ReadTxn(), devicecell.NameIndex.Query(name))
+		if !found {
+			return 0, fmt.Errorf("%w: %s", ErrDeviceNotFound, name)
+		}
+		return uint32(d.Index), nil
+	}
 }
 
 // setIfindex replaces how devices are resolved.
@@ -291,6 +315,19 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 			}
 		}
 	}
+	w.mu.Lock()
+	devices := w.devices
+	w.mu.Unlock()
+	if devices != nil {
+		// Until the devices are listed every device would be missing.
+		if init, watch := devices.Initialized(w.db.ReadTxn()); !init {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-watch:
+			}
+		}
+	}
 	for {
 		txn := w.db.ReadTxn()
 		rows, watch := w.table.AllWatch(txn)
@@ -308,6 +345,12 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 		// After the wait: the enforcement rows computed for txn are in it.
 		rowsTxn := w.db.ReadTxn()
 		usesChanged := w.order.uses.wait()
+		var devicesChanged <-chan struct{}
+		w.mu.Lock()
+		if w.devices != nil {
+			_, devicesChanged = w.devices.AllWatch(rowsTxn)
+		}
+		w.mu.Unlock()
 		errs, held := w.round(rowsTxn, rows, initialized)
 		w.report(health, errs, held)
 
@@ -325,6 +368,7 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 		case <-initWatch:
 		case <-retry:
 		case <-usesChanged:
+		case <-devicesChanged:
 		}
 	}
 }
