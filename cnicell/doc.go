@@ -4,7 +4,8 @@
 // which the CNI plugin (cmd/ipcache-agent-cni) registers the workloads the
 // container runtime creates: ADD upserts the endpoint through the
 // endpoint.Registry's source "cni" and answers once its policy is in the
-// kernel, DEL deletes it, CHECK compares it.
+// kernel, DEL deletes it, CHECK compares it, ATTACHMENTS lists a
+// network's attachments for the plugin's GC.
 //
 // Owns: the endpoint socket, the source "cni" of the endpoint registry,
 // and the file of the endpoints the plugin registered (cni-endpoints.json

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,9 @@ type record struct {
 	ContainerID string            `json:"containerID"`
 	IfName      string            `json:"ifName"`
 	Endpoint    endpoint.Endpoint `json:"endpoint"`
+	// Network is the network configuration's name; empty for a record
+	// of a plugin that did not send it, which no GC lists.
+	Network string `json:"network,omitempty"`
 }
 
 type server struct {
@@ -155,6 +159,9 @@ func (s *server) serveConn(ctx context.Context, conn net.Conn) {
 		if err == nil {
 			err = s.handle(ctx, req)
 		}
+		if err == nil && req.Command == endpointapi.Attachments {
+			resp.Attachments = s.attachments(req.Network)
+		}
 		if err != nil {
 			s.log.Warn("CNI request failed", "error", err)
 			resp.Error = err.Error()
@@ -180,6 +187,8 @@ func (s *server) handle(ctx context.Context, req endpointapi.Request) error {
 		err = s.del(req)
 	case endpointapi.Check:
 		err = s.check(ctx, req)
+	case endpointapi.Attachments:
+		// Answered by serveConn: nothing changes.
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", req, err)
@@ -213,7 +222,7 @@ func (s *server) upsert(req endpointapi.Request) error {
 	if _, err := s.source.Upsert(req.Endpoint); err != nil {
 		return err
 	}
-	s.records[id] = record{ContainerID: req.ContainerID, IfName: req.IfName, Endpoint: req.Endpoint}
+	s.records[id] = record{ContainerID: req.ContainerID, IfName: req.IfName, Endpoint: req.Endpoint, Network: req.Network}
 	if err := s.save(); err != nil {
 		// Unsaved, it would not survive a restart: take it back.
 		if hadOld {
@@ -256,6 +265,24 @@ func (s *server) del(req endpointapi.Request) error {
 	}
 	s.log.Info("CNI endpoint removed", "endpoint", id, "container", req.ContainerID)
 	return nil
+}
+
+// attachments returns the attachments of network's records, in the order
+// of their endpoints' names.
+func (s *server) attachments(network string) []endpointapi.Attachment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []endpointapi.Attachment
+	for _, rec := range s.records {
+		if rec.Network == network {
+			out = append(out, endpointapi.Attachment{ContainerID: rec.ContainerID, IfName: rec.IfName,
+				Namespace: rec.Endpoint.Namespace, Name: rec.Endpoint.Name})
+		}
+	}
+	slices.SortFunc(out, func(a, b endpointapi.Attachment) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out
 }
 
 // check compares the registered endpoint with the request, then asks the

@@ -295,3 +295,44 @@ func TestSocketOfAnotherAgentIsLeftAlone(t *testing.T) {
 	require.ErrorContains(t, err, "--cni-sock-path "+first.sock)
 	require.NoError(t, first.call(webAdd()), "the first agent still serves")
 }
+
+// Attachments lists the attachments of the request's network alone, and
+// the network outlives a restart with the record; a record without a
+// network (a plugin that did not send one) is no network's.
+func TestAttachmentsOfANetwork(t *testing.T) {
+	dir := t.TempDir()
+	a := startAgent(t, dir, registrytest.New())
+	add := func(container, name, addr, network string) {
+		req := webAdd()
+		req.ContainerID, req.Endpoint.Name, req.Network = container, name, network
+		req.Endpoint.Addresses = []netip.Addr{netip.MustParseAddr(addr)}
+		require.NoError(t, a.call(req))
+	}
+	add("c2", "web-2", "10.1.0.6", "pods")
+	add("c1", "web-1", "10.1.0.5", "pods")
+	add("c3", "db-1", "10.1.0.7", "other")
+	add("c4", "old-1", "10.1.0.8", "")
+
+	want := []endpointapi.Attachment{
+		{ContainerID: "c1", IfName: "eth0", Namespace: "shop", Name: "web-1"},
+		{ContainerID: "c2", IfName: "eth0", Namespace: "shop", Name: "web-2"},
+	}
+	got, err := endpointapi.ListAttachments(context.Background(), a.sock, "pods")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	got, err = endpointapi.ListAttachments(context.Background(), a.sock, "none")
+	require.NoError(t, err)
+	require.Empty(t, got)
+
+	a.stop()
+	a = startAgent(t, dir, registrytest.New())
+	got, err = endpointapi.ListAttachments(context.Background(), a.sock, "pods")
+	require.NoError(t, err)
+	require.Equal(t, want, got, "restored with its network")
+	got, err = endpointapi.ListAttachments(context.Background(), a.sock, "other")
+	require.NoError(t, err)
+	require.Equal(t, []endpointapi.Attachment{{ContainerID: "c3", IfName: "eth0", Namespace: "shop", Name: "db-1"}}, got)
+
+	_, err = endpointapi.ListAttachments(context.Background(), a.sock, "")
+	require.ErrorIs(t, err, endpointapi.ErrRejected, "a request without a network")
+}

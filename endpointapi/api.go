@@ -44,6 +44,12 @@ const (
 	// ReadTimeout bounds how long the server waits for a request once a
 	// client connected.
 	ReadTimeout = 5 * time.Second
+
+	// MaxAttachmentsSize bounds the answer to Attachments, which the
+	// plugin reads: one attachment per endpoint the agent may hold
+	// (--endpoint-max-entries), a few hundred bytes each. The agent reads
+	// no message this large: its requests stay under MaxMessageSize.
+	MaxAttachmentsSize = 32 << 20
 )
 
 // Command is what a request asks, named as CNI names its commands.
@@ -60,6 +66,12 @@ const (
 	// that container and interface with those labels, addresses and
 	// host-side interface.
 	Check Command = "CHECK"
+	// Attachments answers with the attachments the agent holds endpoints
+	// of the request's network for: the plugin's GC deletes those the
+	// runtime no longer lists, one DEL each, so that an attachment added
+	// meanwhile is never taken for a stale one (DEL removes only the
+	// attachment's own endpoint).
+	Attachments Command = "ATTACHMENTS"
 )
 
 // Request is one call of the plugin.
@@ -76,10 +88,27 @@ type Request struct {
 	// Endpoint is the endpoint: its namespace and name always, and for
 	// ADD and CHECK its labels, addresses and host-side interface.
 	Endpoint endpoint.Endpoint `json:"endpoint"`
+
+	// Network is the network configuration's name: ADD records it with
+	// the endpoint, and Attachments lists that network's alone, so that
+	// the GC of one network leaves another's endpoints alone.
+	Network string `json:"network,omitempty"`
+}
+
+// Attachment is an attachment the agent holds an endpoint for, as
+// Attachments answers it.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Namespace   string `json:"namespace"`
+	Name        string `json:"name"`
 }
 
 // String names the request in errors and logs.
 func (r Request) String() string {
+	if r.Command == Attachments {
+		return fmt.Sprintf("CNI %s of network %s", r.Command, r.Network)
+	}
 	return fmt.Sprintf("CNI %s of endpoint %s (container %s, interface %s)",
 		r.Command, r.Endpoint.ID(), r.ContainerID, r.IfName)
 }
@@ -90,6 +119,10 @@ func (r Request) String() string {
 func (r Request) Validate() error {
 	var missing string
 	switch {
+	case r.Command == Attachments && r.Network == "":
+		return fmt.Errorf("%w: CNI %s: no network name", ErrBadMessage, r.Command)
+	case r.Command == Attachments:
+		return nil
 	case r.Command != Add && r.Command != Del && r.Command != Check:
 		return fmt.Errorf("%w: unknown command %q", ErrBadMessage, r.Command)
 	case r.ContainerID == "":
@@ -106,9 +139,11 @@ func (r Request) Validate() error {
 	return fmt.Errorf("%w: %s: no %s", ErrBadMessage, r, missing)
 }
 
-// Response is the agent's answer: empty when the request succeeded.
+// Response is the agent's answer: empty when the request succeeded,
+// except for Attachments'.
 type Response struct {
-	Error string `json:"error,omitempty"`
+	Error       string       `json:"error,omitempty"`
+	Attachments []Attachment `json:"attachments,omitempty"`
 }
 
 // Call sends req to the agent listening on sockPath and waits for its
@@ -120,12 +155,27 @@ type Response struct {
 // and ErrMessageTooLarge (wrapped) for an answer that does not decode;
 // ctx's and the connection's errors.
 func Call(ctx context.Context, sockPath string, req Request) error {
+	_, err := exchange(ctx, sockPath, req, MaxMessageSize)
+	return err
+}
+
+// ListAttachments asks the agent on sockPath for the attachments it holds
+// endpoints of network for (Attachments).
+//
+// Possible errors: those of Call.
+func ListAttachments(ctx context.Context, sockPath, network string) ([]Attachment, error) {
+	resp, err := exchange(ctx, sockPath, Request{Command: Attachments, Network: network}, MaxAttachmentsSize)
+	return resp.Attachments, err
+}
+
+// exchange sends req and reads an answer of at most maxResponse bytes.
+func exchange(ctx context.Context, sockPath string, req Request, maxResponse int) (Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
 	defer cancel()
 	dialer := net.Dialer{Timeout: DialTimeout}
 	conn, err := dialer.DialContext(ctx, "unix", sockPath)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrAgentNotRunning, err)
+		return Response{}, fmt.Errorf("%w: %w", ErrAgentNotRunning, err)
 	}
 	defer conn.Close()
 	// The connection's reads and writes end when ctx does (its deadline or
@@ -135,29 +185,29 @@ func Call(ctx context.Context, sockPath string, req Request) error {
 
 	body, err := json.Marshal(req)
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", req, err)
+		return Response{}, fmt.Errorf("encode %s: %w", req, err)
 	}
 	if len(body) > MaxMessageSize {
-		return fmt.Errorf("%s: %w (%d bytes, at most %d)", req, ErrMessageTooLarge, len(body), MaxMessageSize)
+		return Response{}, fmt.Errorf("%s: %w (%d bytes, at most %d)", req, ErrMessageTooLarge, len(body), MaxMessageSize)
 	}
 	if _, err := conn.Write(body); err != nil {
-		return fmt.Errorf("send %s: %w", req, err)
+		return Response{}, fmt.Errorf("send %s: %w", req, err)
 	}
 	// The end of the request is the end of the stream.
 	if err := conn.(*net.UnixConn).CloseWrite(); err != nil {
-		return fmt.Errorf("send %s: %w", req, err)
+		return Response{}, fmt.Errorf("send %s: %w", req, err)
 	}
 	var resp Response
-	if err := readMessage(conn, &resp); err != nil {
+	if err := readMessage(conn, &resp, maxResponse); err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return fmt.Errorf("answer to %s: %w", req, err)
+		return Response{}, fmt.Errorf("answer to %s: %w", req, err)
 	}
 	if resp.Error != "" {
-		return fmt.Errorf("%w: %s", ErrRejected, resp.Error)
+		return Response{}, fmt.Errorf("%w: %s", ErrRejected, resp.Error)
 	}
-	return nil
+	return resp, nil
 }
 
 // ReadRequest reads one request from r, the connection's reading side.
@@ -165,7 +215,7 @@ func Call(ctx context.Context, sockPath string, req Request) error {
 // Possible errors: ErrMessageTooLarge, ErrBadMessage (wrapped), r's.
 func ReadRequest(r io.Reader) (Request, error) {
 	var req Request
-	err := readMessage(r, &req)
+	err := readMessage(r, &req, MaxMessageSize)
 	return req, err
 }
 
@@ -178,7 +228,7 @@ func WriteResponse(w io.Writer, resp Response) error {
 		return err
 	}
 	// A message cut to size says why rather than failing to decode.
-	if len(body) > MaxMessageSize {
+	if len(body) > MaxMessageSize && len(resp.Error) > MaxMessageSize/2 {
 		body, _ = json.Marshal(Response{Error: resp.Error[:MaxMessageSize/2] + "..."})
 	}
 	_, err = w.Write(body)
@@ -186,14 +236,14 @@ func WriteResponse(w io.Writer, resp Response) error {
 }
 
 // readMessage decodes the one JSON value r holds until its end, reading at
-// most MaxMessageSize bytes.
-func readMessage(r io.Reader, v any) error {
-	body, err := io.ReadAll(io.LimitReader(r, MaxMessageSize+1))
+// most limit bytes.
+func readMessage(r io.Reader, v any, limit int) error {
+	body, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
 	if err != nil {
 		return err
 	}
-	if len(body) > MaxMessageSize {
-		return fmt.Errorf("%w (more than %d bytes)", ErrMessageTooLarge, MaxMessageSize)
+	if len(body) > limit {
+		return fmt.Errorf("%w (more than %d bytes)", ErrMessageTooLarge, limit)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(v); err != nil {

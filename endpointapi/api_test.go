@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,7 +116,7 @@ func TestWriteResponseCutsLongErrors(t *testing.T) {
 	require.NoError(t, WriteResponse(&b, Response{Error: strings.Repeat("x", MaxMessageSize)}))
 	require.LessOrEqual(t, b.Len(), MaxMessageSize)
 	var resp Response
-	require.NoError(t, readMessage(strings.NewReader(b.String()), &resp))
+	require.NoError(t, readMessage(strings.NewReader(b.String()), &resp, MaxMessageSize))
 	require.True(t, strings.HasSuffix(resp.Error, "..."))
 }
 
@@ -131,6 +132,7 @@ func TestValidate(t *testing.T) {
 		"no interface name":          func(r *Request) { r.IfName = "" },
 		"no endpoint namespace":      func(r *Request) { r.Endpoint.Namespace = "" },
 		"no addresses (the previous": func(r *Request) { r.Endpoint.Addresses = nil },
+		"no network name":            func(r *Request) { r.Command = Attachments },
 	} {
 		req := addRequest()
 		change(&req)
@@ -138,4 +140,25 @@ func TestValidate(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadMessage, name)
 		require.ErrorContains(t, err, strings.TrimPrefix(name, "unknown command"), name)
 	}
+}
+
+// ListAttachments sends the network and reads an answer larger than a
+// request may be: one attachment per endpoint the agent holds.
+func TestListAttachments(t *testing.T) {
+	var got Request
+	var want []Attachment
+	for i := range 2000 {
+		want = append(want, Attachment{ContainerID: strings.Repeat("c", 60) + strconv.Itoa(i), IfName: "eth0", Namespace: "shop", Name: "web-" + strconv.Itoa(i)})
+	}
+	path := serveOne(t, func(conn net.Conn, req Request, err error) {
+		require.NoError(t, err)
+		got = req
+		require.NoError(t, WriteResponse(conn, Response{Attachments: want}))
+	})
+	attachments, err := ListAttachments(context.Background(), path, "pods")
+	require.NoError(t, err)
+	require.Equal(t, Request{Command: Attachments, Network: "pods"}, got)
+	require.NoError(t, got.Validate())
+	require.Equal(t, want, attachments)
+	require.Equal(t, "CNI ATTACHMENTS of network pods", got.String())
 }

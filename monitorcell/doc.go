@@ -8,7 +8,8 @@
 //
 // Reads: the loaded program's ring buffer, events_mask and event_state
 // through the events.Source the datapath provides; the `identities` table
-// (identitycell) for an event's labels and the `policy` table for the
-// policies behind a verdict, both optional. Writes: the program's
+// (identitycell) for an event's labels, the `endpoints` table for the
+// name of its local endpoint and the `policy` table for the policies
+// behind a verdict, all optional. Writes: the program's
 // events_mask, only while a client is subscribed. It owns no table.
 package monitorcell

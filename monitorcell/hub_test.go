@@ -3,6 +3,7 @@
 package monitorcell
 
 import (
+	"encoding/json"
 	"net/netip"
 	"strings"
 	"sync"
@@ -10,9 +11,11 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/statedb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -132,6 +135,66 @@ func TestEventText(t *testing.T) {
 	sb.Reset()
 	writeEventText(&sb, p.describe(e, map[uint32]string{1: "veth0"}))
 	require.Equal(t, "2026-12-04T12:00:00Z verdict allow (reply) on veth0 ingress, identity 16777217 (): 192.0.2.1:443 -> 10.0.0.1:40000 TCP\n", sb.String())
+}
+
+// An event of an endpoint's subject is named by the packet's local
+// address (the source on egress, the destination on ingress), in the text
+// and in the JSON; an address of another identity (the endpoint was
+// relabelled since), another node's endpoint or the default's traffic
+// keep the number alone.
+func TestEventEndpointName(t *testing.T) {
+	db := statedb.New()
+	endpoints, err := endpoint.NewTable(db)
+	require.NoError(t, err)
+	txn := db.WriteTxn(endpoints)
+	for _, s := range []*endpoint.State{
+		{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "web-1", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}, Identity: 300, Local: true},
+		{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "web-2", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.2")}}, Identity: 300, Local: true},
+		{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "remote", Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.3")}, Node: "b"}, Identity: 300},
+	} {
+		_, _, err := endpoints.Insert(txn, s)
+		require.NoError(t, err)
+	}
+	txn.Commit()
+	p := monitorParams{DB: db, Endpoints: endpoints}
+	web1, web2, remote := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	peer := netip.MustParseAddr("192.0.2.1")
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+
+	egress := events.Event{Time: at, Ifindex: 1, Direction: policy.Egress, Reason: bpfmaps.ReasonNoPolicy,
+		Identity: 2, Endpoint: 300, Protocol: 1, ICMPType: 8, Src: web2, Dst: peer}
+	j := p.describe(egress, map[uint32]string{1: "veth0"})
+	require.Equal(t, "shop/web-2", j.EndpointName)
+	var sb strings.Builder
+	writeEventText(&sb, j)
+	require.Equal(t, "2026-12-04T12:00:00Z drop (no-policy) on veth0 egress, endpoint shop/web-2 (identity 300), identity 2 (reserved:world): 10.0.0.2 -> 192.0.2.1 ICMP type 8\n", sb.String())
+	b, err := json.Marshal(j)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"endpoint":300,"endpointName":"shop/web-2",`)
+
+	ingress := events.Event{Time: at, Ifindex: 1, Direction: policy.Ingress, Allowed: true, Reason: bpfmaps.ReasonReply,
+		Identity: 2, Endpoint: 300, Protocol: 6, Src: peer, Dst: web1, SrcPort: 443, DstPort: 40000}
+	require.Equal(t, "shop/web-1", p.describe(ingress, map[uint32]string{}).EndpointName, "ingress: the destination is the endpoint's")
+
+	relabelled := egress
+	relabelled.Endpoint = 301
+	sb.Reset()
+	j = p.describe(relabelled, map[uint32]string{1: "veth0"})
+	require.Empty(t, j.EndpointName)
+	writeEventText(&sb, j)
+	require.Contains(t, sb.String(), "on veth0 egress, endpoint 301, identity 2")
+
+	other := egress
+	other.Src = remote
+	require.Empty(t, p.describe(other, map[uint32]string{}).EndpointName, "another node's endpoint is not local")
+
+	host := egress
+	host.Endpoint, host.Src = 0, web1
+	j = p.describe(host, map[uint32]string{})
+	require.Empty(t, j.EndpointName, "the default's traffic names no endpoint")
+	b, err = json.Marshal(j)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), `"endpoint`)
 }
 
 // The protocol names are policy.Protocol's, but a malformed packet's 0 is

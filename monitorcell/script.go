@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/events"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
@@ -46,6 +47,10 @@ type monitorParams struct {
 	Identities statedb.Table[*identitycell.Identity] `optional:"true"`
 	// PolicyEntries name the policies of an allow by policy.
 	PolicyEntries statedb.Table[*policy.Entry] `optional:"true"`
+	// Endpoints name the local endpoint of an event: an identity may be
+	// shared by the endpoints of one label set, an address is one
+	// endpoint's.
+	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
 }
 
 func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
@@ -58,7 +63,9 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 					"allowed packet of an enforced direction; all: both. Rate-limited in",
 					"the program per CPU; lost events are counted (ipcache_agent_events_lost_total).",
 					"-o json: one object per line: time, device, direction, src, dst,",
-					"protocol, sport, dport (ICMP: type), identity, labels, verdict, reason.",
+					"protocol, sport, dport (ICMP: type), identity, endpoint (the local",
+					"endpoint's identity) and endpointName (its namespace/name), labels,",
+					"verdict, reason.",
 				},
 				Flags: func(fs *pflag.FlagSet) {
 					scriptcmd.OutputFlag(fs)
@@ -173,10 +180,15 @@ type eventJSON struct {
 	// Endpoint is the local endpoint's identity whose policy decided;
 	// left out for the host-wide default's (0).
 	Endpoint identity.Number `json:"endpoint,omitempty"`
-	Labels   []string        `json:"labels"`
-	Verdict  string          `json:"verdict"`
-	Reason   string          `json:"reason"`
-	Policy   string          `json:"policy,omitempty"`
+	// EndpointName is that endpoint's namespace/name, found by the
+	// packet's local address; left out when no local endpoint of that
+	// identity has the address now (the default's traffic, or an endpoint
+	// gone or relabelled since the packet).
+	EndpointName string   `json:"endpointName,omitempty"`
+	Labels       []string `json:"labels"`
+	Verdict      string   `json:"verdict"`
+	Reason       string   `json:"reason"`
+	Policy       string   `json:"policy,omitempty"`
 }
 
 func (p monitorParams) describe(e events.Event, devices map[uint32]string) eventJSON {
@@ -213,6 +225,9 @@ func (p monitorParams) describe(e events.Event, devices map[uint32]string) event
 		sp, dp := e.SrcPort, e.DstPort
 		j.SrcPort, j.DstPort = &sp, &dp
 	}
+	if e.Endpoint != identity.Unknown {
+		j.EndpointName = p.endpointName(e)
+	}
 	if p.DB != nil && p.Identities != nil && e.Identity != 0 {
 		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(e.Identity)); found {
 			for l := range id.Labels.All() {
@@ -227,6 +242,28 @@ func (p monitorParams) describe(e events.Event, devices map[uint32]string) event
 		j.Policy = p.allowingPolicies(e)
 	}
 	return j
+}
+
+// endpointName names the local endpoint whose packet e is: the one with
+// the packet's local address (its source on egress, its destination on
+// ingress, as the program looks it up in the endpoints map), if it has the
+// event's subject identity still. "" when the tables say otherwise.
+func (p monitorParams) endpointName(e events.Event) string {
+	if p.DB == nil || p.Endpoints == nil {
+		return ""
+	}
+	local := e.Dst
+	if e.Direction == policy.Egress {
+		local = e.Src
+	}
+	if !local.IsValid() {
+		return ""
+	}
+	ep, _, found := p.Endpoints.Get(p.DB.ReadTxn(), endpoint.AddressIndex.Query(local))
+	if !found || !ep.Local || ep.Identity != e.Endpoint {
+		return ""
+	}
+	return ep.ID()
 }
 
 // allowingPolicies names the policies of the desired entry that decided
@@ -268,7 +305,10 @@ func writeEventText(w io.Writer, j eventJSON) {
 		pkt = fmt.Sprintf("%s:%d -> %s:%d %s", j.Src, *j.SrcPort, j.Dst, *j.DstPort, j.Protocol)
 	}
 	where := j.Device + " " + j.Direction
-	if j.Endpoint != 0 {
+	switch {
+	case j.EndpointName != "":
+		where += fmt.Sprintf(", endpoint %s (identity %d)", j.EndpointName, j.Endpoint)
+	case j.Endpoint != 0:
 		where += fmt.Sprintf(", endpoint %d", j.Endpoint)
 	}
 	fmt.Fprintf(w, "%s %s on %s, identity %d (%s): %s\n", j.Time, what, where,

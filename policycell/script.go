@@ -312,7 +312,9 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				"This is the desired state; the maps follow it once reconciled. An",
 				"entry the datapath could not write (a full policy map) is said,",
 				"with the verdict without it. With the datapath, a last line",
-				"(Maps:) says what the program decides from the maps as they are.",
+				"(Maps:) says what the program decides from the maps as they are;",
+				"for an endpoint, from the subject the endpoints map gives its",
+				"address of the peer's family, that subject's enforcement and map.",
 				"-o json: one object (address, direction, port as TCP/443 or \"\",",
 				"identity, prefix: the ipcache prefix or \"\" for world, enforced,",
 				"hasDeny, allowed: the desired verdict, explanation: the lines;",
@@ -351,17 +353,16 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
+			var ep *endpoint.State
 			if name != "" {
-				if pkt.Subject, err = src.endpointSubject(&text, txn, name); err != nil {
+				if ep, err = src.localEndpoint(&text, txn, name); err != nil {
 					return scriptcmd.Result("", err)
 				}
+				pkt.Subject = ep.Identity
 			}
 			allowed := src.explainDesired(&text, txn, addr, pkt)
-			switch {
-			case src.datapath != nil && pkt.Subject == identity.Unknown:
-				explainMaps(&text, src.datapath, addr, pkt, allowed)
-			case src.datapath != nil:
-				fmt.Fprintf(&text, "Maps: not read for an endpoint's policy\n")
+			if src.datapath != nil {
+				explainMaps(&text, src.datapath, addr, pkt, allowed, ep)
 			}
 			if !asJSON {
 				return scriptcmd.Result(text.String(), nil)
@@ -537,26 +538,26 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 	return allowed
 }
 
-// endpointSubject writes the line of a local endpoint and returns its
-// identity, the subject whose policy applies to its traffic.
+// localEndpoint writes the line of a local endpoint and returns it; its
+// identity is the subject whose policy applies to its traffic.
 //
 // Possible errors: ErrNoEndpoint (wrapped) for a name that is no local
 // endpoint with an identity.
-func (src explainSources) endpointSubject(out *strings.Builder, txn statedb.ReadTxn, name string) (identity.Number, error) {
+func (src explainSources) localEndpoint(out *strings.Builder, txn statedb.ReadTxn, name string) (*endpoint.State, error) {
 	if src.endpoints == nil {
-		return 0, fmt.Errorf("%w %s: this agent has no endpoints", ErrNoEndpoint, name)
+		return nil, fmt.Errorf("%w %s: this agent has no endpoints", ErrNoEndpoint, name)
 	}
 	ep, _, found := src.endpoints.Get(txn, endpoint.NameIndex.Query(name))
 	switch {
 	case !found:
-		return 0, fmt.Errorf("%w %s", ErrNoEndpoint, name)
+		return nil, fmt.Errorf("%w %s", ErrNoEndpoint, name)
 	case !ep.Local:
-		return 0, fmt.Errorf("%w %s on this node: it runs on %s", ErrNoEndpoint, name, ep.Node)
+		return nil, fmt.Errorf("%w %s on this node: it runs on %s", ErrNoEndpoint, name, ep.Node)
 	case ep.Identity == identity.Unknown:
-		return 0, fmt.Errorf("%w %s with an identity yet", ErrNoEndpoint, name)
+		return nil, fmt.Errorf("%w %s with an identity yet", ErrNoEndpoint, name)
 	}
 	fmt.Fprintf(out, "Endpoint: %s (identity %s, labels %s)\n", name, ep.Identity, ep.IdentityLabels)
-	return ep.Identity, nil
+	return ep, nil
 }
 
 // writeVerdict writes the line of a resolution and returns whether it
@@ -585,8 +586,11 @@ func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn
 
 // explainMaps writes what the enforcement program decides from the maps
 // as they are now, resolving as it does (policy.Resolve), and says so
-// when that is not the desired verdict.
-func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr, pkt policy.Lookup, desired bool) {
+// when that is not the desired verdict. With ep, the traffic is that local
+// endpoint's: the program takes the subject from the endpoints map entry
+// of the packet's local address (here the endpoint's first address of the
+// peer's family), not from the tables, which it may not follow yet.
+func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr, pkt policy.Lookup, desired bool, ep *endpoint.State) {
 	verdict := func(allowed bool) string {
 		v := "drop"
 		if allowed {
@@ -598,22 +602,46 @@ func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr
 		return v
 	}
 	dir := pkt.Direction
+	// subject is what the lines say of the subject: nothing for the
+	// host-wide default's traffic, as before endpoints.
+	subject := ""
+	pkt.Subject = identity.Unknown
+	if ep != nil {
+		local, ok := addressLike(ep.Addresses, addr)
+		if !ok {
+			fmt.Fprintf(out, "Maps: not read: %s has no address of %s's family\n", ep.ID(), addr)
+			return
+		}
+		id, _, found, err := datapath.LookupEndpoint(local)
+		switch {
+		case err != nil:
+			fmt.Fprintf(out, "Maps: cannot be read: %s\n", err)
+			return
+		case !found:
+			subject = fmt.Sprintf("%s not in the endpoints map (the host-wide default's policy), ", local)
+		case id != ep.Identity:
+			subject = fmt.Sprintf("%s subject %s (not the endpoint's identity yet), ", local, id)
+		default:
+			subject = fmt.Sprintf("%s subject %s, ", local, id)
+		}
+		pkt.Subject = id
+	}
 	id, found, err := datapath.LookupIdentity(addr)
 	if err != nil {
-		fmt.Fprintf(out, "Maps: cannot be read: %s\n", err)
+		fmt.Fprintf(out, "Maps: %scannot be read: %s\n", subject, err)
 		return
 	}
 	if !found {
 		id = identity.World
 	}
 	pkt.Identity = id
-	enforced, denyOnly, err := datapath.Enforcement(identity.Unknown, dir)
+	enforced, denyOnly, err := datapath.Enforcement(pkt.Subject, dir)
 	if err != nil {
-		fmt.Fprintf(out, "Maps: identity %s; cannot read the enforcement map: %s\n", id, err)
+		fmt.Fprintf(out, "Maps: %sidentity %s; cannot read the enforcement map: %s\n", subject, id, err)
 		return
 	}
 	if !enforced && !denyOnly {
-		fmt.Fprintf(out, "Maps: identity %s, %s not enforced: %s\n", id, dir, verdict(true))
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s not enforced: %s\n", subject, id, dir, verdict(true))
 		return
 	}
 	mode := "enforced"
@@ -622,17 +650,28 @@ func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr
 	}
 	r, err := policy.Resolve(pkt, policy.LookupFunc(datapath.LookupPolicy))
 	if err != nil {
-		fmt.Fprintf(out, "Maps: identity %s, %s %s; cannot read the policy map: %s\n", id, dir, mode, err)
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s; cannot read the policy map: %s\n", subject, id, dir, mode, err)
 		return
 	}
 	switch d := r.Decided; {
 	case d.Found && d.Verdict == policy.VerdictDeny:
-		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map deny entry %s: %s\n", id, dir, mode, d.Matched, verdict(false))
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, policy map deny entry %s: %s\n", subject, id, dir, mode, d.Matched, verdict(false))
 	case d.Found:
-		fmt.Fprintf(out, "Maps: identity %s, %s %s, policy map entry %s: %s\n", id, dir, mode, d.Matched, verdict(true))
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, policy map entry %s: %s\n", subject, id, dir, mode, d.Matched, verdict(true))
 	case enforced:
-		fmt.Fprintf(out, "Maps: identity %s, %s %s, no policy map entry allows it: %s\n", id, dir, mode, verdict(false))
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, no policy map entry allows it: %s\n", subject, id, dir, mode, verdict(false))
 	default:
-		fmt.Fprintf(out, "Maps: identity %s, %s %s, no policy map entry denies it: %s\n", id, dir, mode, verdict(true))
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, no policy map entry denies it: %s\n", subject, id, dir, mode, verdict(true))
 	}
+}
+
+// addressLike returns the first of addrs of peer's family: the packets
+// between an endpoint and peer carry it.
+func addressLike(addrs []netip.Addr, peer netip.Addr) (netip.Addr, bool) {
+	for _, a := range addrs {
+		if a.Unmap().Is4() == peer.Unmap().Is4() {
+			return a.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -69,7 +70,11 @@ type fakeDatapathMaps struct {
 	enforcement map[policy.Direction]int
 	// failedRevs are the ipcache entries, by revision, whose write failed.
 	failedRevs map[statedb.Revision]error
-	err        error
+	// endpoints is the endpoints map: a local address's subject.
+	endpoints map[netip.Addr]identity.Number
+	// subjects is the enforcement of subjects other than 0.
+	subjects map[identity.Number]map[policy.Direction]int
+	err      error
 }
 
 func (m *fakeDatapathMaps) IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error) {
@@ -95,11 +100,15 @@ func (m *fakeDatapathMaps) LookupPolicy(k policy.Key) (policy.Key, policy.Verdic
 	return e.Key, e.Verdict, true, m.err
 }
 
-func (m *fakeDatapathMaps) LookupEndpoint(netip.Addr) (identity.Number, uint32, bool, error) {
-	return 0, 0, false, m.err
+func (m *fakeDatapathMaps) LookupEndpoint(addr netip.Addr) (identity.Number, uint32, bool, error) {
+	id, found := m.endpoints[addr]
+	return id, 0, found, m.err
 }
 
-func (m *fakeDatapathMaps) Enforcement(_ identity.Number, dir policy.Direction) (bool, bool, error) {
+func (m *fakeDatapathMaps) Enforcement(subject identity.Number, dir policy.Direction) (bool, bool, error) {
+	if subject != identity.Unknown {
+		return m.subjects[subject][dir] == 1, m.subjects[subject][dir] == 2, m.err
+	}
 	return m.enforcement[dir] == 1, m.enforcement[dir] == 2, m.err
 }
 
@@ -126,7 +135,7 @@ func TestExplainMaps(t *testing.T) {
 	}
 	explainLine := func(addr netip.Addr, pkt policy.Lookup, desired bool) string {
 		var out strings.Builder
-		explainMaps(&out, maps, addr, pkt, desired)
+		explainMaps(&out, maps, addr, pkt, desired, nil)
 		return out.String()
 	}
 	require.Equal(t, "Maps: identity 16777217, egress enforced, policy map entry 16777217/egress/TCP/any: allow\n",
@@ -148,6 +157,47 @@ func TestExplainMaps(t *testing.T) {
 	require.Equal(t, "Maps: identity 16777217, ingress not enforced: allow\n", explainLine(addr, in, true))
 	maps.err = errors.New("the pinned maps are not open")
 	require.Equal(t, "Maps: cannot be read: the pinned maps are not open\n", explainLine(addr, tcp(1), true))
+}
+
+// TestExplainMapsEndpoint: for an endpoint, the Maps line reads the
+// subject the endpoints map gives the endpoint's address of the peer's
+// family, that subject's enforcement and its policy map; an address not
+// in the endpoints map is the host-wide default's, as in the program.
+func TestExplainMapsEndpoint(t *testing.T) {
+	peer := netip.MustParseAddr("10.0.0.1")
+	web := netip.MustParseAddr("10.9.0.1")
+	maps := &fakeDatapathMaps{
+		identities: map[netip.Addr]identity.Number{peer: 16777217},
+		endpoints:  map[netip.Addr]identity.Number{web: 300},
+		policy: map[policy.Key]policy.Verdict{
+			{Subject: 300, Identity: 16777217, Direction: policy.Egress}: policy.VerdictAllow,
+		},
+		enforcement: map[policy.Direction]int{policy.Egress: 1},
+		subjects:    map[identity.Number]map[policy.Direction]int{300: {policy.Egress: 1}, 301: {policy.Egress: 1}},
+	}
+	ep := &endpoint.State{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "web-1",
+		Addresses: []netip.Addr{netip.MustParseAddr("fd00::1"), web}}, Identity: 300, Local: true}
+	line := func(ep *endpoint.State, addr netip.Addr, desired bool) string {
+		var out strings.Builder
+		explainMaps(&out, maps, addr, policy.Lookup{Direction: policy.Egress, Subject: 300}, desired, ep)
+		return out.String()
+	}
+	require.Equal(t, "Maps: 10.9.0.1 subject 300, identity 16777217, egress enforced, policy map entry 300:16777217/egress/any/any: allow\n",
+		line(ep, peer, true))
+	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
+		line(nil, peer, true), "the default's map has no entry")
+
+	maps.endpoints[web] = 301
+	require.Equal(t, "Maps: 10.9.0.1 subject 301 (not the endpoint's identity yet), identity 16777217, egress enforced, no policy map entry allows it: drop\n",
+		line(ep, peer, false))
+	delete(maps.endpoints, web)
+	maps.enforcement[policy.Egress] = 0
+	require.Equal(t, "Maps: 10.9.0.1 not in the endpoints map (the host-wide default's policy), identity 16777217, egress not enforced: allow, not what the policies want\n",
+		line(ep, peer, false))
+
+	v6only := &endpoint.State{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "v6",
+		Addresses: []netip.Addr{netip.MustParseAddr("fd00::2")}}, Identity: 300, Local: true}
+	require.Equal(t, "Maps: not read: shop/v6 has no address of 10.0.0.1's family\n", line(v6only, peer, true))
 }
 
 // TestExplainEntryNotWritten: an entry whose status is Error is said, with
@@ -209,7 +259,7 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		var out strings.Builder
 		allowed := src.explainDesired(&out, db.ReadTxn(), netip.MustParseAddr(addr), pkt)
 		if datapath != nil {
-			explainMaps(&out, datapath, netip.MustParseAddr(addr), pkt, allowed)
+			explainMaps(&out, datapath, netip.MustParseAddr(addr), pkt, allowed, nil)
 		}
 		return out.String()
 	}

@@ -5,10 +5,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/cnicell"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/endpointapi"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/cnitest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/registrytest"
@@ -102,4 +105,45 @@ func TestPrivilegedCNIChain(t *testing.T) {
 	body, err := os.ReadFile(filepath.Join(dir, cnicell.StateFileName))
 	require.NoError(t, err)
 	require.NotContains(t, string(body), "web-1")
+}
+
+// TestPrivilegedCNIGC runs the real cnitool's GC: the endpoints the plugin
+// registered for the network whose attachment the runtime no longer
+// knows (here: registered without libcni's cache, as after a runtime lost
+// its state) are removed from the agent; another network's stay.
+func TestPrivilegedCNIGC(t *testing.T) {
+	privileged.Test(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "cni.sock")
+	chain := cnitest.New(t, "10.250.8.0/24", cnitest.Config{SocketPath: sock})
+
+	reg := registrytest.New()
+	h := cells.NewHive(cnicell.Cell, cell.Provide(func() endpoint.Registry { return reg }))
+	hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = dir })
+	hive.AddConfigOverride(h, func(c *cnicell.Config) { c.CNISockPath = sock })
+	log := hivetest.Logger(t)
+	require.NoError(t, h.Start(log, context.Background()))
+	t.Cleanup(func() { require.NoError(t, h.Stop(log, context.Background())) })
+	require.Eventually(t, func() bool { return reg.Initialized(cnicell.Owner) }, 10*time.Second, time.Millisecond)
+
+	add := func(container, name, addr, network string) {
+		require.NoError(t, endpointapi.Call(context.Background(), sock, endpointapi.Request{
+			Command: endpointapi.Add, ContainerID: container, IfName: "eth0", Network: network,
+			Endpoint: endpoint.Endpoint{Namespace: "shop", Name: name, Addresses: []netip.Addr{netip.MustParseAddr(addr)}},
+		}))
+	}
+	add("lost", "lost-1", "10.250.8.9", cnitest.Network)
+	add("other", "other-1", "10.250.9.9", "other-network")
+	require.Len(t, reg.Endpoints(), 2)
+
+	out, err := chain.GC()
+	require.NoError(t, err, out)
+	require.Equal(t, []string{"shop/other-1"}, slices.Collect(maps.Keys(reg.Endpoints())))
+	body, err := os.ReadFile(filepath.Join(dir, cnicell.StateFileName))
+	require.NoError(t, err)
+	require.NotContains(t, string(body), "lost-1")
+
+	out, err = chain.GC()
+	require.NoError(t, err, "GC again: %s", out)
+	require.Len(t, reg.Endpoints(), 1)
 }

@@ -11,7 +11,10 @@
 //   - DEL removes it; it is idempotent, and succeeds with no agent running.
 //   - CHECK fails unless the agent has the endpoint with the addresses,
 //     labels and host-side interface this call would register.
-//   - STATUS fails unless an agent serves the socket; GC does nothing.
+//   - STATUS fails unless an agent serves the socket.
+//   - GC removes the endpoints it registered for this network (by the
+//     network configuration's name) whose attachment is not in
+//     cni.dev/valid-attachments; with no agent running it does nothing.
 //
 // What it reads:
 //

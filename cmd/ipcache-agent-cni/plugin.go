@@ -131,9 +131,50 @@ func (p plugin) status(args *skel.CmdArgs) error {
 	return nil
 }
 
-// gc does nothing: DEL removes each endpoint, and the agent drops those
-// whose interface went while it was not running.
-func (p plugin) gc(*skel.CmdArgs) error { return nil }
+// gc removes the endpoints the plugin registered for this network whose
+// attachment is not among cni.dev/valid-attachments (absent: none is
+// valid, as the CNI spec's GC and cnitool have it): the agent lists this
+// network's attachments and each stale one gets its own DEL, which
+// removes the endpoint only if that attachment still holds it, so a name
+// that another attachment registered since the list keeps its endpoint.
+// An attachment added after the runtime made its list is stale to this GC,
+// as to every plugin's (host-local's too): ordering GC after the ADDs it
+// lists is the runtime's part. With no agent running there is
+// nothing to collect: at its next start the agent drops the endpoints
+// whose interface is gone.
+func (p plugin) gc(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	valid := make(map[types.GCAttachment]bool, len(conf.ValidAttachments))
+	for _, a := range conf.ValidAttachments {
+		valid[a] = true
+	}
+	ctx := context.Background()
+	attachments, err := endpointapi.ListAttachments(ctx, conf.SocketPath, conf.Name)
+	if errors.Is(err, endpointapi.ErrAgentNotRunning) {
+		return nil
+	}
+	if err != nil {
+		return cniError(endpointapi.Request{Command: endpointapi.Attachments, Network: conf.Name}, err)
+	}
+	var errs []error
+	for _, a := range attachments {
+		if valid[types.GCAttachment{ContainerID: a.ContainerID, IfName: a.IfName}] {
+			continue
+		}
+		req := endpointapi.Request{Command: endpointapi.Del, ContainerID: a.ContainerID, IfName: a.IfName,
+			Endpoint: endpoint.Endpoint{Namespace: a.Namespace, Name: a.Name}, Network: conf.Name}
+		if err := endpointapi.Call(ctx, conf.SocketPath, req); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", req, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return types.NewError(types.ErrInternal, "GC: "+err.Error(), "")
+	}
+	return nil
+}
 
 // parseConf decodes the network configuration and its prevResult.
 func parseConf(stdin []byte) (*netConf, error) {
@@ -162,6 +203,7 @@ func (p plugin) request(cmd endpointapi.Command, args *skel.CmdArgs, conf *netCo
 		ContainerID: args.ContainerID,
 		IfName:      args.IfName,
 		Endpoint:    endpoint.Endpoint{Namespace: namespace, Name: name},
+		Network:     conf.Name,
 	}
 	if prev == nil {
 		return req, nil

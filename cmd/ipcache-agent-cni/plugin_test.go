@@ -39,10 +39,12 @@ func ptpConf(sock string) []byte {
 }`)
 }
 
-// agent answers each request with answer's error, recording them.
+// agent answers each request with answer's error, recording them, and
+// Attachments with attachments.
 type agent struct {
-	mu       sync.Mutex
-	requests []endpointapi.Request
+	mu          sync.Mutex
+	requests    []endpointapi.Request
+	attachments []endpointapi.Attachment
 }
 
 func startAgent(t *testing.T, answer string) (string, *agent) {
@@ -63,8 +65,12 @@ func startAgent(t *testing.T, answer string) (string, *agent) {
 			require.NoError(t, err)
 			a.mu.Lock()
 			a.requests = append(a.requests, req)
+			resp := endpointapi.Response{Error: answer}
+			if req.Command == endpointapi.Attachments {
+				resp.Attachments = a.attachments
+			}
 			a.mu.Unlock()
-			endpointapi.WriteResponse(conn, endpointapi.Response{Error: answer})
+			endpointapi.WriteResponse(conn, resp)
 			conn.Close()
 		}
 	})
@@ -87,6 +93,7 @@ func TestAddSendsTheEndpoint(t *testing.T) {
 			Addresses: []netip.Addr{netip.MustParseAddr("10.1.0.5"), netip.MustParseAddr("fd00::5")},
 			Interface: "veth1234",
 		},
+		Network: "pods",
 	}}, a.requests)
 }
 
@@ -152,4 +159,56 @@ func TestLabelWithoutKey(t *testing.T) {
 	var p plugin
 	require.ErrorContains(t, p.add(cmdArgs([]byte(conf), "")), `a label without a key (value "web")`)
 	require.Empty(t, a.requests)
+}
+
+// GC asks the agent for this network's attachments and sends a DEL for
+// each one not in cni.dev/valid-attachments, naming its own attachment;
+// a GC without the list finds none valid, as the CNI spec's GC and
+// cnitool have it.
+func TestGCDeletesStaleAttachments(t *testing.T) {
+	sock, a := startAgent(t, "")
+	a.mu.Lock()
+	a.attachments = []endpointapi.Attachment{
+		{ContainerID: "c1", IfName: "eth0", Namespace: "shop", Name: "web-1"},
+		{ContainerID: "c2", IfName: "eth0", Namespace: "shop", Name: "web-2"},
+		{ContainerID: "c1", IfName: "net1", Namespace: "shop", Name: "web-1b"},
+	}
+	a.mu.Unlock()
+	conf := []byte(`{"cniVersion": "1.1.0", "name": "pods", "type": "ipcache-agent-cni", "socketPath": "` + sock + `",
+  "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}, {"containerID": "c9", "ifname": "eth0"}]}`)
+	var p plugin
+	require.NoError(t, p.gc(&skel.CmdArgs{StdinData: conf}))
+	del := func(container, ifName, name string) endpointapi.Request {
+		return endpointapi.Request{Command: endpointapi.Del, ContainerID: container, IfName: ifName,
+			Endpoint: endpoint.Endpoint{Namespace: "shop", Name: name}, Network: "pods"}
+	}
+	require.Equal(t, []endpointapi.Request{
+		{Command: endpointapi.Attachments, Network: "pods"},
+		del("c2", "eth0", "web-2"),
+		del("c1", "net1", "web-1b"),
+	}, a.requests)
+
+	a.mu.Lock()
+	a.requests = nil
+	a.mu.Unlock()
+	conf = []byte(`{"cniVersion": "1.1.0", "name": "pods", "type": "ipcache-agent-cni", "socketPath": "` + sock + `"}`)
+	require.NoError(t, p.gc(&skel.CmdArgs{StdinData: conf}))
+	require.Len(t, a.requests, 4, "without the list, every attachment of the network is stale")
+	require.Equal(t, del("c1", "eth0", "web-1"), a.requests[1])
+}
+
+// GC with no agent running has nothing to collect; one the agent refuses
+// is a CNI error.
+func TestGCWithoutAgentOrRejected(t *testing.T) {
+	var p plugin
+	conf := func(sock string) []byte {
+		return []byte(`{"cniVersion": "1.1.0", "name": "pods", "type": "ipcache-agent-cni", "socketPath": "` + sock + `"}`)
+	}
+	require.NoError(t, p.gc(&skel.CmdArgs{StdinData: conf(filepath.Join(t.TempDir(), "cni.sock"))}))
+	sock, _ := startAgent(t, "bad message")
+	err := p.gc(&skel.CmdArgs{StdinData: conf(sock)})
+	var cniErr *types.Error
+	require.ErrorAs(t, err, &cniErr)
+	require.Equal(t, errRejected, cniErr.Code)
+	require.Contains(t, cniErr.Details, "CNI ATTACHMENTS of network pods")
 }

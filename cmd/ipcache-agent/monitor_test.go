@@ -263,3 +263,66 @@ func (e *e2e) eventsLost() uint64 {
 	require.NoError(e.t, json.Unmarshal([]byte(e.shell("datapath/events-lost", "-o", "json")), &lost))
 	return lost.RateLimit + lost.RingFull
 }
+
+// TestPrivilegedMonitorNamesEndpoint: with endpoints, an event names the
+// local endpoint whose policy decided (JSON endpointName, the text's
+// "endpoint <namespace>/<name>"), and policy/explain --endpoint reads that
+// endpoint's policy map.
+func TestPrivilegedMonitorNamesEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEndpointsE2E(t)
+	e.endpointFile("eps.yaml", endpointDoc("web", "web", epAddr, e2eDevice)+"---\n"+endpointDoc("db", "db", dbAddr, dbDevice))
+	e.policyFile("web.yaml", fmt.Sprintf(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toCIDR: [%s/32]
+`, allowedIP))
+	e.policyFile("db.yaml", fmt.Sprintf(`apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: db, namespace: default}
+spec:
+  endpointSelector: {matchLabels: {app: db}}
+  egress:
+  - toCIDR: [%s/32]
+`, otherIP))
+	e.startAgent()
+	e.expect(pingProbe(e.epNS, allowedIP, answered), pingProbe(e.epNS, otherIP, lost),
+		pingProbe(e.dbNS, otherIP, answered), pingProbe(e.dbNS, allowedIP, lost))
+	web, _ := e.endpoint("default/web")
+	db, _ := e.endpoint("default/db")
+
+	drops := e.startMonitor("drop")
+	text := agentCommand("monitor", "--type=drop", "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"))
+	text.Env = append(text.Env, "GORACE=atexit_sleep_ms=0")
+	textOut := &syncbuf.Buffer{}
+	text.Stdout, text.Stderr = textOut, textOut
+	require.NoError(t, text.Start())
+	t.Cleanup((&monitorClient{t: t, cmd: text, out: textOut}).stop)
+
+	// web's ping to otherIP and db's to allowedIP are dropped, each by its
+	// own endpoint's policy.
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		pingsFrom(e.dbNS, allowedIP)
+		return len(matching(drops.events(), otherIP)) > 0 && len(matching(drops.events(), allowedIP)) > 0 &&
+			strings.Contains(textOut.String(), "endpoint default/db")
+	}, 10*time.Second, 10*time.Millisecond, "monitor shows both endpoints' drops: %s\ntext: %s", drops.out, textOut)
+	webDrop := matching(drops.events(), otherIP)[0]
+	require.Equal(t, "default/web", webDrop["endpointName"])
+	require.Equal(t, float64(web.Identity), webDrop["endpoint"])
+	require.Equal(t, epAddr, webDrop["src"])
+	dbDrop := matching(drops.events(), allowedIP)[0]
+	require.Equal(t, "default/db", dbDrop["endpointName"])
+	require.Equal(t, float64(db.Identity), dbDrop["endpoint"])
+	require.Contains(t, textOut.String(), fmt.Sprintf("egress, endpoint default/web (identity %d), identity ", web.Identity))
+
+	// policy/explain reads each endpoint's policy map: the same peer,
+	// two verdicts.
+	out := e.shell("policy/explain", "--endpoint", "default/web", otherIP, "egress")
+	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: %s subject %d, .*no policy map entry allows it: drop$`, regexp.QuoteMeta(epAddr), web.Identity), out)
+	out = e.shell("policy/explain", "--endpoint", "default/db", otherIP, "egress")
+	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: %s subject %d, .*policy map entry .*: allow$`, regexp.QuoteMeta(dbAddr), db.Identity), out)
+}

@@ -35,6 +35,7 @@ type Chain struct {
 	Subnet  string // host-local's subnet: the pod gets .2, the host end .1
 	cnitool string
 	env     []string
+	gcConf  string // NETCONFPATH of the GC configuration list
 }
 
 // Config is what the chain's ipcache-agent-cni entry says.
@@ -103,11 +104,27 @@ func New(t testing.TB, subnet string, cfg Config) *Chain {
 	if err := os.WriteFile(filepath.Join(netDir, Network+".conflist"), body, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// GC needs version 1.1.0, which the reference plugins do not support:
+	// the GC list has ipcache-agent-cni alone, under the same name.
+	gcDir := filepath.Join(dir, "net-gc.d")
+	conflist["cniVersion"] = "1.1.0"
+	conflist["plugins"] = conflist["plugins"].([]any)[1:]
+	body, err = json.Marshal(conflist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(gcDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(gcDir, Network+".conflist"), body, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	suffix := fmt.Sprintf("%d-%s", os.Getpid()%100000, regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "-"))
 	c := &Chain{
 		t: t, HostNS: cfg.HostNS, PodNS: "cni-pod-" + suffix, Subnet: subnet,
 		cnitool: filepath.Join(bin, "cnitool"),
+		gcConf:  gcDir,
 		env: append(os.Environ(),
 			"NETCONFPATH="+netDir,
 			"CNI_PATH="+bin+":"+PluginDir,
@@ -167,4 +184,21 @@ func goBuild(t testing.TB, gobin string, args ...string) string {
 		t.Fatalf("go %s: %v: %s", strings.Join(args, " "), err, stderr)
 	}
 	return string(out)
+}
+
+// GC runs `cnitool gc` for the chain's network with ipcache-agent-cni
+// alone, at version 1.1.0 (the first with GC). cnitool names no valid
+// attachments: libcni DELs those it cached for the network, then the
+// plugin's GC finds every attachment the agent still holds stale.
+//
+// Possible errors: cnitool's exit, with its output.
+func (c *Chain) GC() (string, error) {
+	c.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", c.HostNS, c.cnitool, "gc", Network, "/run/netns/"+c.PodNS)
+	cmd.Env = append(c.env, "NETCONFPATH="+c.gcConf)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("cnitool gc: %w: %s", err, out)
+	}
+	return string(out), nil
 }
