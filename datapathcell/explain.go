@@ -146,14 +146,24 @@ func (emptyMap) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOptions) 
 
 // Enforcement implements policy.Datapath: the enforcement map's
 // value for subject's dir (bpfmaps/abi.go); no entry is not enforced.
-func (r mapsReader) Enforcement(subject identity.Number, dir policy.Direction) (enforced, denyOnly bool, err error) {
+func (r mapsReader) Enforcement(subject identity.Number, dir policy.Direction) (policy.EnforcementMode, error) {
 	k := bpfmaps.NewEnforcementKey(subject, dir)
 	var v bpfmaps.EnforcementValue
 	found, err := r.lookup(func(m writtenMaps) mapwrite.Map { return m.enforcement }, &k, &v)
 	if err != nil {
-		return false, false, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
+		return policy.NotEnforced, fmt.Errorf("look up %s in the enforcement map: %w", dir, err)
 	}
-	return found && v == bpfmaps.EnforceDefaultDeny, found && v == bpfmaps.EnforceDenyOnly, nil
+	switch {
+	case !found:
+		return policy.NotEnforced, nil
+	case v == bpfmaps.EnforceDefaultDeny:
+		return policy.DefaultDeny, nil
+	case v == bpfmaps.EnforceDenyOnly:
+		return policy.DenyOnly, nil
+	case v == bpfmaps.EnforceDropAll:
+		return policy.DropAll, nil
+	}
+	return policy.NotEnforced, nil
 }
 
 // IPCacheStatus implements policy.Datapath.

@@ -41,14 +41,28 @@ type Datapath interface {
 	//
 	// Possible errors: as LookupIdentity.
 	LookupPolicy(key Key) (matched Key, verdict Verdict, found bool, err error)
-	// Enforcement returns the enforcement map's value for subject's dir:
-	// enforced with default deny, or deny rules only (both false: not
-	// enforced, also when the subject has no entry).
+	// Enforcement returns the enforcement map's value for subject's dir
+	// (NotEnforced also when the subject has no entry).
 	//
 	// Possible errors: as LookupIdentity.
-	Enforcement(subject identity.Number, dir Direction) (enforced, denyOnly bool, err error)
+	Enforcement(subject identity.Number, dir Direction) (EnforcementMode, error)
 	// IPCacheStatus returns whether the `ipcache` entry of table revision
 	// rev is in the ipcache map: Done, Error with why not (a failed or held
 	// write), or Pending. The entries carry no status of their own.
 	IPCacheStatus(rev statedb.Revision) (reconciler.StatusKind, error)
 }
+
+// EnforcementMode is what the datapath does in a subject's direction.
+type EnforcementMode uint8
+
+const (
+	// NotEnforced: everything passes.
+	NotEnforced EnforcementMode = iota
+	// DefaultDeny: what the policy map allows passes.
+	DefaultDeny
+	// DenyOnly: what the policy map denies drops, the rest passes.
+	DenyOnly
+	// DropAll: everything drops (an endpoint's policy map without room
+	// for one of its denies).
+	DropAll
+)

@@ -635,13 +635,18 @@ func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr
 		id = identity.World
 	}
 	pkt.Identity = id
-	enforced, denyOnly, err := datapath.Enforcement(pkt.Subject, dir)
+	enforcement, err := datapath.Enforcement(pkt.Subject, dir)
 	if err != nil {
 		fmt.Fprintf(out, "Maps: %sidentity %s; cannot read the enforcement map: %s\n", subject, id, err)
 		return
 	}
-	if !enforced && !denyOnly {
+	enforced := enforcement == policy.DefaultDeny
+	switch enforcement {
+	case policy.NotEnforced:
 		fmt.Fprintf(out, "Maps: %sidentity %s, %s not enforced: %s\n", subject, id, dir, verdict(true))
+		return
+	case policy.DropAll:
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s drops everything (a deny has no room in the policy map): %s\n", subject, id, dir, verdict(false))
 		return
 	}
 	mode := "enforced"

@@ -105,11 +105,11 @@ func (m *fakeDatapathMaps) LookupEndpoint(addr netip.Addr) (identity.Number, uin
 	return id, 0, found, m.err
 }
 
-func (m *fakeDatapathMaps) Enforcement(subject identity.Number, dir policy.Direction) (bool, bool, error) {
+func (m *fakeDatapathMaps) Enforcement(subject identity.Number, dir policy.Direction) (policy.EnforcementMode, error) {
 	if subject != identity.Unknown {
-		return m.subjects[subject][dir] == 1, m.subjects[subject][dir] == 2, m.err
+		return policy.EnforcementMode(m.subjects[subject][dir]), m.err
 	}
-	return m.enforcement[dir] == 1, m.enforcement[dir] == 2, m.err
+	return policy.EnforcementMode(m.enforcement[dir]), m.err
 }
 
 func tcp(port uint16) policy.Lookup {
@@ -184,6 +184,10 @@ func TestExplainMapsEndpoint(t *testing.T) {
 	}
 	require.Equal(t, "Maps: 10.9.0.1 subject 300, identity 16777217, egress enforced, policy map entry 300:16777217/egress/any/any: allow\n",
 		line(ep, peer, true))
+	maps.subjects[300][policy.Egress] = int(policy.DropAll)
+	require.Equal(t, "Maps: 10.9.0.1 subject 300, identity 16777217, egress drops everything (a deny has no room in the policy map): drop, not what the policies want\n",
+		line(ep, peer, true), "the entry that allows it does not count")
+	maps.subjects[300][policy.Egress] = int(policy.DefaultDeny)
 	require.Equal(t, "Maps: identity 16777217, egress enforced, no policy map entry allows it: drop, not what the policies want\n",
 		line(nil, peer, true), "the default's map has no entry")
 
