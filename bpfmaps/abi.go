@@ -81,7 +81,12 @@ import (
 //	key   (20 bytes): family u8 | pad [3]u8 | addr [16]u8
 //	value (12 bytes): identity u32 | ifindex u32 | flags u32
 //
-// family 1 IPv4 (in the first 4 bytes of addr, the rest zero), 2 IPv6.
+// family 1 IPv4 (in the first 4 bytes of addr, the rest zero), 2 IPv6,
+// 3 a device that endpoints are bound to (its ifindex, u32 little endian,
+// in the first 4 bytes of addr, the rest zero; the value's identity 0 and
+// ifindex the device's): what such a device sends from an address that
+// is no endpoint's is dropped as spoofed (ReasonSpoofedSource), except
+// IPv6 neighbour discovery.
 // identity is the endpoint's (its subject); ifindex the device it is
 // bound to, 0 any device; flags 0 (none defined yet). The program finds
 // a packet's local endpoint here (the source of what a device sends, the
@@ -116,8 +121,9 @@ const (
 	// ipcacheKeyStaticPrefixBits covers cluster_id, pad and family.
 	ipcacheKeyStaticPrefixBits = 32
 
-	familyIPv4 = 1
-	familyIPv6 = 2
+	familyIPv4   = 1
+	familyIPv6   = 2
+	familyDevice = 3
 
 	endpointKeySize   = 20
 	endpointValueSize = 12
@@ -156,10 +162,29 @@ func NewEndpointKey(addr netip.Addr) EndpointKey {
 	return k
 }
 
-// Addr decodes the key.
+// NewEndpointDeviceKey encodes the key that says endpoints are bound to
+// the device ifindex.
+func NewEndpointDeviceKey(ifindex uint32) EndpointKey {
+	var k EndpointKey
+	k[0] = familyDevice
+	binary.LittleEndian.PutUint32(k[4:8], ifindex)
+	return k
+}
+
+// Device returns the device of a key of NewEndpointDeviceKey, and whether
+// the key is one.
+func (k EndpointKey) Device() (ifindex uint32, ok bool) {
+	if k[0] != familyDevice {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(k[4:8]), true
+}
+
+// Addr decodes the key of an address.
 //
 // Possible errors: the key is not in canonical form (unknown family,
-// nonzero pad, an IPv4 key with bytes past the address).
+// nonzero pad, an IPv4 key with bytes past the address), or is a
+// device's (Device).
 func (k EndpointKey) Addr() (netip.Addr, error) {
 	if k[1] != 0 || k[2] != 0 || k[3] != 0 {
 		return netip.Addr{}, fmt.Errorf("decode endpoint key %x: nonzero pad", k)

@@ -169,8 +169,11 @@ type endpointWriter struct {
 	stats       *mapwrite.Stats
 	log         *slog.Logger
 
-	// inMap is what the map holds; the run goroutine's.
+	// inMap is what the map holds of addresses; the run goroutine's.
 	inMap map[bpfmaps.EndpointKey]bpfmaps.EndpointValue
+	// devicesInMap are the devices the map says endpoints are bound to
+	// (bpfmaps.NewEndpointDeviceKey); the run goroutine's.
+	devicesInMap map[uint32]struct{}
 
 	mu sync.Mutex
 	// ifindex resolves an endpoint's device: in the devices table
@@ -290,7 +293,14 @@ func (w *endpointWriter) WaitEnforced(ctx context.Context, id string, rev stated
 // the subjects' users.
 func (w *endpointWriter) readMap() error {
 	inMap := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{}
-	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EndpointKey, v bpfmaps.EndpointValue) { inMap[k] = v })
+	devices := map[uint32]struct{}{}
+	err := bpfmaps.ReadEntries(w.target(), func(k bpfmaps.EndpointKey, v bpfmaps.EndpointValue) {
+		if ifindex, ok := k.Device(); ok {
+			devices[ifindex] = struct{}{}
+			return
+		}
+		inMap[k] = v
+	})
 	if err != nil {
 		return fmt.Errorf("read the %s map: %w", bpfmaps.EndpointsName, err)
 	}
@@ -298,7 +308,7 @@ func (w *endpointWriter) readMap() error {
 	for _, v := range inMap {
 		counts[v.Identity()]++
 	}
-	w.inMap = inMap
+	w.inMap, w.devicesInMap = inMap, devices
 	w.order.uses.setEndpoints(counts)
 	return nil
 }
@@ -438,9 +448,50 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 		w.inMap[k] = v
 		w.order.uses.endpointMoved(old.Identity(), v.Identity())
 	}
+	// The devices the addresses are bound to: after their addresses (an
+	// endpoint's own traffic is never taken for spoofed), and gone before
+	// them.
+	devices := map[uint32]struct{}{}
+	for _, v := range w.inMap {
+		if v.Ifindex() != 0 {
+			devices[v.Ifindex()] = struct{}{}
+		}
+	}
+	for ifindex := range devices {
+		if _, ok := w.devicesInMap[ifindex]; ok {
+			continue
+		}
+		k, v := bpfmaps.NewEndpointDeviceKey(ifindex), bpfmaps.NewEndpointValue(identity.Unknown, ifindex)
+		if err := w.target().Put(&k, &v); err != nil {
+			errs = append(errs, fmt.Errorf("write device %d to the %s map: %w", ifindex, bpfmaps.EndpointsName, err))
+			held++
+			continue
+		}
+		w.stats.Written.Add(1)
+		w.devicesInMap[ifindex] = struct{}{}
+	}
 	// Before the table is initialized, the endpoints of the previous run
 	// that no source registered again yet stay.
 	if initialized {
+		stillBound := map[uint32]struct{}{}
+		for k, v := range w.inMap {
+			if _, ok := desired[k]; ok && v.Ifindex() != 0 {
+				stillBound[v.Ifindex()] = struct{}{}
+			}
+		}
+		for ifindex := range w.devicesInMap {
+			if _, ok := stillBound[ifindex]; ok {
+				continue
+			}
+			k := bpfmaps.NewEndpointDeviceKey(ifindex)
+			if err := w.target().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("delete device %d from the %s map: %w", ifindex, bpfmaps.EndpointsName, err))
+				held++
+				continue
+			}
+			w.stats.Written.Add(1)
+			delete(w.devicesInMap, ifindex)
+		}
 		for k, v := range w.inMap {
 			if _, ok := desired[k]; ok {
 				continue

@@ -137,13 +137,13 @@ func (s *subjectPolicies) newSubjectLocked(id identity.Number, inner innerPolicy
 		failedDenies: map[bpfmaps.PolicyKey]policy.Direction{},
 	}
 	sp.ops = &mapwrite.Ops[*policy.Entry, bpfmaps.PolicyKey, bpfmaps.PolicyValue]{
-		Name:    bpfmaps.PolicyName,
-		Target:  func() mapwrite.Map { return sp.inner.write },
-		Stats:   s.stats,
-		Log:     s.log,
-		Key:     func(e *policy.Entry) bpfmaps.PolicyKey { return bpfmaps.NewPolicyKey(e.Key) },
-		Value:   func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
-		Failed:  func(k bpfmaps.PolicyKey) { sp.unwritten[k] = struct{}{} },
+		Name:   bpfmaps.PolicyName,
+		Target: func() mapwrite.Map { return sp.inner.write },
+		Stats:  s.stats,
+		Log:    s.log,
+		Key:    func(e *policy.Entry) bpfmaps.PolicyKey { return bpfmaps.NewPolicyKey(e.Key) },
+		Value:  func(e *policy.Entry) bpfmaps.PolicyValue { return bpfmaps.NewPolicyValue(uint32(e.Verdict)) },
+		Failed: func(k bpfmaps.PolicyKey) { sp.unwritten[k] = struct{}{} },
 		Written: func(k bpfmaps.PolicyKey) {
 			delete(sp.unwritten, k)
 			s.clearFailedDenyLocked(sp, k)

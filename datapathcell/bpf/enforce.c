@@ -23,7 +23,9 @@
 // is only itself on that device: a packet another device sends with its
 // address as the source is dropped (REASON_SPOOFED_SOURCE, whatever is
 // enforced), and one sent to its address on another device belongs to the
-// default. The subject's identity goes into the connection's key
+// default. A device that endpoints are bound to (a FAMILY_DEVICE key in
+// `endpoints`) sends only from their addresses: anything else it sends is
+// dropped alike, but for neighbour discovery. The subject's identity goes into the connection's key
 // (ct_key.subject, its low 16 bits: subjects are 0 and label identities,
 // below 65536), so a reply is one only for the subject whose policy
 // allowed its connection, and into events.
@@ -405,6 +407,9 @@ struct bpf_fib_lookup {
 
 #define FAMILY_IPV4 1
 #define FAMILY_IPV6 2
+// An `endpoints` key of a device that endpoints are bound to: its ifindex
+// where an IPv4 key has the address.
+#define FAMILY_DEVICE 3
 
 // Room in `policy` and `endpoints` (bpfmaps.PolicySubjects and
 // EndpointsMaxEntries): every subject below 65536.
@@ -1730,6 +1735,18 @@ static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *sk
 	return bpf_map_lookup_elem(&endpoints, key);
 }
 
+// device_has_endpoints reports whether `endpoints` says endpoints are
+// bound to the device (a FAMILY_DEVICE key).
+static __always_inline int device_has_endpoints(__u32 ifindex)
+{
+	__u64 key[3] __attribute__((aligned(8)));
+
+	key[0] = FAMILY_DEVICE | (__u64)ifindex << 32;
+	key[1] = 0;
+	key[2] = 0;
+	return bpf_map_lookup_elem(&endpoints, key) != 0;
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
@@ -1766,13 +1783,24 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		if (!spoofed)
 			endpoint = 0;
 	}
+	if (!endpoint && !vlan && direction == DIRECTION_EGRESS && device_has_endpoints(skb->ifindex)) {
+		// Sent by a device of endpoints from an address that is none
+		// of theirs: its endpoint's policy would not apply to it.
+		// Neighbour discovery (from link-local or unspecified
+		// addresses) is how the endpoint gets on the link at all.
+		spoofed = 1;
+	}
 	flow.subject = endpoint ? endpoint->identity : 0;
 	if (spoofed) {
 		flow.ct.ifindex = skb->ifindex;
 		if (ethertype == bpf_htons(ETH_P_IP))
-			parse_ipv4(skb, direction, &flow, &quoted);
+			parsed = parse_ipv4(skb, direction, &flow, &quoted);
 		else
-			parse_ipv6(skb, direction, &flow, &quoted);
+			parsed = parse_ipv6(skb, direction, &flow, &quoted);
+		if (parsed == PARSE_NDP && !endpoint) {
+			count(skb, direction, COUNT_ALLOWED);
+			return TCX_NEXT;
+		}
 		return drop(skb, &flow, direction, REASON_SPOOFED_SOURCE, 0);
 	}
 
