@@ -197,8 +197,10 @@ func TestPrivilegedEndpointFileChurn(t *testing.T) {
 	_, peak := procMemory(t, pid)
 	t.Logf("%d versions written; web: %d pings, %d answered; %d denied datagrams sent, %d arrived",
 		writes, sent, replies, sentDenied, deniedAt.received.Load())
-	require.Greater(t, writes, 3*int(churnPhase/(5*time.Millisecond)), "versions written")
-	require.Greater(t, sent, 3*int(churnPhase/(5*time.Millisecond)), "pings sent")
+	// Once a millisecond when the machine keeps up; far fewer would
+	// still be churn.
+	require.Greater(t, writes, 3*int(churnPhase/(20*time.Millisecond)), "versions written")
+	require.Greater(t, sent, 3*int(churnPhase/(20*time.Millisecond)), "pings sent")
 	require.Equal(t, sent, replies, "web's pings lost during the churn, at most %d in a row, at %s; agent log:\n%s",
 		longest, lostAt(pinger), e.agentLog)
 	require.Positive(t, sentDenied)
