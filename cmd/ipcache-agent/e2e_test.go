@@ -38,6 +38,9 @@ type e2e struct {
 	gracePeriod       string
 	// extraArgs are more flags for the agent.
 	extraArgs []string
+	// agentBinary, if set, is the agent that startAgent runs instead of
+	// this test binary (an agent of another build).
+	agentBinary string
 }
 
 const (
@@ -104,7 +107,11 @@ func (e *e2e) writePolicy(allow string) {
 
 func (e *e2e) startAgent() {
 	e.t.Helper()
-	args := []string{"netns", "exec", e.hostNS, os.Args[0],
+	binary := os.Args[0]
+	if e.agentBinary != "" {
+		binary = e.agentBinary
+	}
+	args := []string{"netns", "exec", e.hostNS, binary,
 		"--bpf-root=" + e.bpfRoot, "--state-dir=" + e.stateDir, "--policy-dir=" + e.policyDir,
 		"--devices=" + e2eDevice, "--identity-restore-grace-period=" + e.gracePeriod,
 		"--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}
