@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +51,11 @@ type subjectMaps struct {
 	expected map[identity.Number]expectedSubject
 	// made and closed count the subjects' maps created and closed.
 	made, closed int
+	// sending are the addresses a workload sends from, by the device it
+	// sends on: once that device's key is in the endpoints map, the
+	// address must be there too, bound to it (else its traffic is
+	// dropped as spoofed).
+	sending map[netip.Addr]uint32
 }
 
 type expectedSubject struct {
@@ -128,6 +135,14 @@ func (s *subjectMaps) check() []string {
 			if s.enforcement[bpfmaps.NewEnforcementKey(v.Identity(), dir)] != ev {
 				violations = append(violations, fmt.Sprintf("%s points at subject %d without its %s enforcement", addr, v.Identity(), dir))
 			}
+		}
+	}
+	for addr, ifindex := range s.sending {
+		if _, bound := s.endpoints[bpfmaps.NewEndpointDeviceKey(ifindex)]; !bound {
+			continue
+		}
+		if v, ok := s.endpoints[bpfmaps.NewEndpointKey(addr)]; !ok || v.Ifindex() != ifindex {
+			violations = append(violations, fmt.Sprintf("%s sends on device %d, which has endpoints, and is not bound to it: spoofed", addr, ifindex))
 		}
 	}
 	// A tagged frame could be any endpoint's: while one's direction is
@@ -422,8 +437,9 @@ func (f *endpointFixture) state() (subjects []uint32, endpoints map[string]ident
 	}
 	endpoints = map[string]identity.Number{}
 	for k, v := range f.maps.endpoints {
-		a, _ := k.Addr()
-		endpoints[a.String()] = v.Identity()
+		if a, err := k.Addr(); err == nil {
+			endpoints[a.String()] = v.Identity()
+		}
 	}
 	for k, v := range f.maps.enforcement {
 		if k.Subject() != bpfmaps.TaggedSubject && v != bpfmaps.EnforceNone {
@@ -763,4 +779,61 @@ func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
 	maps.r.mu.Unlock()
 	require.True(t, written, "the deny is in the subject's map")
 	f.noViolations("deny without room")
+}
+
+// TestEndpointDeviceKeys: the endpoints map says which devices endpoints
+// are bound to (the program drops what such a device sends from another
+// address) only while their addresses are in it, bound to the device: a
+// device key is written after its addresses, moves with a device created
+// again under a new ifindex, and goes before the addresses.
+func TestEndpointDeviceKeys(t *testing.T) {
+	maps := newSubjectMaps(t)
+	f := newEndpointFixture(t, maps)
+	defer f.stop()
+	var ifindex atomic.Uint32
+	ifindex.Store(7)
+	f.datapath.endpoints.setIfindex(func(string) (uint32, error) { return ifindex.Load(), nil })
+	deviceKeys := func() (devices []uint32) {
+		maps.r.mu.Lock()
+		defer maps.r.mu.Unlock()
+		for k := range maps.endpoints {
+			if d, ok := k.Device(); ok {
+				devices = append(devices, d)
+			}
+		}
+		return devices
+	}
+	sending := func(dev uint32) {
+		maps.r.mu.Lock()
+		defer maps.r.mu.Unlock()
+		maps.sending = map[netip.Addr]uint32{netip.MustParseAddr(web1): dev, netip.MustParseAddr(web2): dev}
+	}
+
+	sending(7)
+	ep := local("web-1", subjectA, web1, web2)
+	ep.Interface = "veth-a"
+	rev := f.upsertEndpoint(ep)
+	f.compute([]identity.Number{subjectA}, nil)
+	require.NoError(t, f.waitWritten(ep, rev))
+	f.eventually("the device's key is written", func() bool { return slices.Equal(deviceKeys(), []uint32{7}) })
+	f.noViolations("add")
+
+	// The device is created again: a new ifindex, the workload sends there.
+	ifindex.Store(8)
+	sending(8)
+	moved := *ep
+	moved.Addresses = slices.Clone(ep.Addresses)
+	rev = f.upsertEndpoint(&moved)
+	f.compute(nil, nil)
+	require.NoError(t, f.waitWritten(&moved, rev))
+	f.eventually("the key moves to the new device", func() bool { return slices.Equal(deviceKeys(), []uint32{8}) })
+	f.noViolations("device created again")
+
+	f.deleteEndpoint(&moved)
+	f.compute(nil, []identity.Number{subjectA})
+	f.eventually("nothing left", func() bool {
+		_, inMap, _ := f.state()
+		return len(inMap) == 0 && len(deviceKeys()) == 0
+	})
+	f.noViolations("remove")
 }
