@@ -274,5 +274,6 @@ func registerEndpointWriters(p writersParams, d *Datapath, pol *policyOps) {
 	if p.Devices != nil {
 		d.endpoints.followDevices(p.Devices)
 	}
+	d.endpoints.filter = d.setEndpointFilter
 	p.Jobs.Add(job.OneShot("write-endpoints-map", d.endpoints.run))
 }

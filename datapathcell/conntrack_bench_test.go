@@ -257,6 +257,13 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	enf, err := loadEnforcer(maps)
 	require.NoError(b, err)
 	b.Cleanup(func() { enf.Close() })
+	// As the endpoints writer tells the program: the slots of the map's
+	// addresses are looked up, the others skipped (benchEndpoint's slot is
+	// none of theirs, which TestEndpointSlots checks).
+	var inMap []bpfmaps.EndpointKey
+	require.NoError(b, bpfmaps.ReadEntries(maps.Endpoints, func(k bpfmaps.EndpointKey, _ bpfmaps.EndpointValue) { inMap = append(inMap, k) }))
+	filter := absentExcept(slices.Values(inMap))
+	require.NoError(b, enf.endpointAbsent.Set(filter))
 	var before *enforcer
 	// beforeCT is the earlier program's conntrack map when its key is of
 	// the previous layout (without the device): the same connection's
@@ -388,6 +395,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, maps.Conntrack.Lookup(key, &v), "established")
 		add("tracking: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "established, forward", from, forwardACK)
+		// What an endpoint's own packet costs: its slot is looked up.
+		require.NoError(b, enf.endpointAbsent.Set(&endpointFilter{}))
+		add("tracking: established, forward, endpoints map looked up", enf.fromEndpoint, forwardACK, tcxNextRet)
+		require.NoError(b, enf.endpointAbsent.Set(filter))
 		require.NoError(b, maps.Conntrack.Lookup(key, &v))
 		require.Equal(b, uint8(bpfmaps.ConntrackEstablished), v.Flags()&bpfmaps.ConntrackEstablished)
 		add("tracking: established, reply", enf.toEndpoint, replyACK, tcxNextRet)

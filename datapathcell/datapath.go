@@ -39,6 +39,9 @@ type Datapath struct {
 	// snapshotErr is the error of reading the snapshot, if it failed.
 	snapshotErr error
 	enforcer    *enforcer
+	// endpointFilter is the program's endpoint_absent as the endpoints
+	// writer last set it (nil: not yet, every bit clear).
+	endpointFilter *endpointFilter
 	// snapshotTaken is closed once the pinned ipcache map is read (or
 	// its read failed): the map's writer waits for it.
 	snapshotTaken chan struct{}
@@ -188,8 +191,13 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 		}
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.enforcer = enf
-	d.mu.Unlock()
+	// The filter the endpoints writer set before, if any; without one
+	// every slot is looked up (bits clear), right whatever the map holds.
+	if err := d.tellEndpointFilterLocked(); err != nil {
+		d.log.Warn("The program looks every endpoint address up", "error", err)
+	}
 	return nil
 }
 
@@ -295,6 +303,30 @@ func (d *Datapath) setAnyIdentityEntries(present bool) error {
 	}
 	if err := d.enforcer.policyFlags.Set(flags); err != nil {
 		return fmt.Errorf("set the program's policy_flags: %w", err)
+	}
+	return nil
+}
+
+// setEndpointFilter gives the program its endpoint_absent (f), and keeps
+// it for a program loaded later. The endpoints writer calls it before
+// each round's writes and after its deletes (endpointWriter.round).
+//
+// Possible errors: the program's variable cannot be written.
+func (d *Datapath) setEndpointFilter(f *endpointFilter) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.endpointFilter = f
+	return d.tellEndpointFilterLocked()
+}
+
+// tellEndpointFilterLocked writes the kept endpoint filter to the
+// program, if there are both.
+func (d *Datapath) tellEndpointFilterLocked() error {
+	if d.enforcer == nil || d.enforcer.endpointAbsent == nil || d.endpointFilter == nil {
+		return nil
+	}
+	if err := d.enforcer.endpointAbsent.Set(d.endpointFilter); err != nil {
+		return fmt.Errorf("set the program's endpoint_absent: %w", err)
 	}
 	return nil
 }

@@ -56,6 +56,10 @@ type subjectMaps struct {
 	// address must be there too, bound to it (else its traffic is
 	// dropped as spoofed).
 	sending map[netip.Addr]uint32
+	// filter, if set, is the program's endpoint_absent as the datapath
+	// last set it: no address in the endpoints map may be in a slot it
+	// skips.
+	filter func() *endpointFilter
 }
 
 type expectedSubject struct {
@@ -117,6 +121,16 @@ func (s *subjectMaps) check() []string {
 	for addr, dir := range s.r.watched {
 		if !s.allowedLocked(addr, policy.Direction(dir)) {
 			violations = append(violations, fmt.Sprintf("%s %s dropped", addr, policy.Direction(dir)))
+		}
+	}
+	if s.filter != nil {
+		if f := s.filter(); f != nil {
+			for k := range s.endpoints {
+				if slot := endpointSlot(k); f[slot/64]&(1<<(slot%64)) != 0 {
+					addr, _ := k.Addr()
+					violations = append(violations, fmt.Sprintf("%s is in a slot the program skips", addr))
+				}
+			}
 		}
 	}
 	for k, v := range s.endpoints {
@@ -310,6 +324,11 @@ func newEndpointFixtureOn(t *testing.T, maps *subjectMaps, bpfRoot string) *endp
 			en statedb.RWTable[*policy.Enforcement], ip statedb.RWTable[*ipcachecell.Entry]) {
 			if maps != nil {
 				d.fakeMaps = maps.maps()
+				maps.filter = func() *endpointFilter {
+					d.mu.Lock()
+					defer d.mu.Unlock()
+					return d.endpointFilter
+				}
 			}
 			f.datapath, f.db, f.endpoints, f.entries, f.enforcement = d, db, e, p, en
 			// The ipcache table is initialized and stays empty; the others
@@ -331,6 +350,14 @@ func newEndpointFixtureOn(t *testing.T, maps *subjectMaps, bpfRoot string) *endp
 
 func (f *endpointFixture) stop() {
 	require.NoError(f.t, f.h.Stop(hivetest.Logger(f.t), context.Background()))
+}
+
+// filterSkips reports whether the program is told to skip the lookup of
+// addr (endpoint_absent).
+func (f *endpointFixture) filterSkips(addr string) bool {
+	slot := endpointSlot(bpfmaps.NewEndpointKey(netip.MustParseAddr(addr)))
+	filter := f.maps.filter()
+	return filter != nil && filter[slot/64]&(1<<(slot%64)) != 0
 }
 
 // local is an endpoint row of this node.
@@ -515,6 +542,11 @@ func TestOrderEndpoint(t *testing.T) {
 	require.Equal(t, map[string]identity.Number{web1: subjectA, web2: subjectA}, inMap)
 	f.noViolations("add")
 	require.Equal(t, policy.Directions(), f.tagged(), "tagged frames are dropped where the endpoint is enforced")
+	// The program looks up the slots of the two addresses, and skips the
+	// others.
+	f.eventually("the program is told the slots", func() bool {
+		return f.filterSkips(web1) == false && f.filterSkips(web2) == false && f.filterSkips("10.99.0.1")
+	})
 
 	// Relabel: a new identity; the old one's rows go in the same round of
 	// the selectors.
@@ -551,6 +583,7 @@ func TestOrderEndpoint(t *testing.T) {
 	})
 	require.NoError(t, f.waitWritten(ep, f.endpoints.Revision(f.db.ReadTxn())))
 	f.noViolations("remove")
+	f.eventually("the removed addresses' slots are skipped", func() bool { return f.filterSkips(web1) && f.filterSkips(web2) })
 	maps.r.mu.Lock()
 	require.Equal(t, maps.made, maps.closed, "every subject's map is closed once released (300 in the first run, 301 in the second)")
 	maps.r.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -168,6 +169,9 @@ type endpointWriter struct {
 	subjects    *subjectPolicies
 	stats       *mapwrite.Stats
 	log         *slog.Logger
+	// filter, if set, gives the program the slots that hold no address
+	// (endpointFilter): before a round writes, and after it deleted.
+	filter func(*endpointFilter) error
 
 	// inMap is what the map holds of addresses; the run goroutine's.
 	inMap map[bpfmaps.EndpointKey]bpfmaps.EndpointValue
@@ -431,6 +435,20 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 			desired[k] = bpfmaps.NewEndpointValue(row.Identity, ifindex)
 		}
 	}
+	// The program looks up every slot of an address or device written
+	// below before it is: one it skipped would make the address the
+	// default's, or the device one without endpoints.
+	if w.filter != nil {
+		if err := w.filter(absentExcept(maps.Keys(w.inMap), maps.Keys(desired), deviceKeys(w.devicesInMap, w.inMap, desired))); err != nil {
+			// Nothing is written: every row waits for the next round.
+			for id, r := range written {
+				if r.err == nil && !r.pending {
+					written[id] = rowWritten{rev: r.rev, err: err}
+				}
+			}
+			return w.publish(txn, written, nil, 0)
+		}
+	}
 	// Writes first, then deletes: an address that moves between two
 	// endpoints is overwritten, never missing in between.
 	for k, v := range desired {
@@ -506,9 +524,22 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 			w.order.uses.endpointMoved(v.Identity(), identity.Unknown)
 		}
 	}
+	// The slots whose last address or device went are skipped from now
+	// on.
+	if w.filter != nil {
+		if err := w.filter(absentExcept(maps.Keys(w.inMap), deviceKeys(w.devicesInMap))); err != nil {
+			errs = append(errs, err)
+			held++
+		}
+	}
 	// A subject no entry points at any more may go.
 	w.subjects.drainRound()
+	return w.publish(txn, written, errs, held)
+}
 
+// publish counts the held rows' errors in errs and held, and publishes
+// each row's revision.
+func (w *endpointWriter) publish(txn statedb.ReadTxn, written map[string]rowWritten, errs []error, held int) ([]error, int) {
 	for _, r := range written {
 		if r.err != nil || r.pending {
 			held++

@@ -57,6 +57,8 @@ type enforcer struct {
 	ctStats *ebpf.Map
 	// policyFlags is the program's policy_flags (policyNoAnyIdentity).
 	policyFlags *ebpf.Variable
+	// endpointAbsent is the program's endpoint_absent (endpointFilter).
+	endpointAbsent *ebpf.Variable
 }
 
 // policyNoAnyIdentity is POLICY_NO_ANY_IDENTITY of policy_flags: the
@@ -104,11 +106,12 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 
 	var objs struct {
 		bpf.EnforcePrograms
-		Events      *ebpf.Map      `ebpf:"events"`
-		EventState  *ebpf.Map      `ebpf:"event_state"`
-		CtStats     *ebpf.Map      `ebpf:"ct_stats"`
-		EventsMask  *ebpf.Variable `ebpf:"events_mask"`
-		PolicyFlags *ebpf.Variable `ebpf:"policy_flags"`
+		Events         *ebpf.Map      `ebpf:"events"`
+		EventState     *ebpf.Map      `ebpf:"event_state"`
+		CtStats        *ebpf.Map      `ebpf:"ct_stats"`
+		EventsMask     *ebpf.Variable `ebpf:"events_mask"`
+		PolicyFlags    *ebpf.Variable `ebpf:"policy_flags"`
+		EndpointAbsent *ebpf.Variable `ebpf:"endpoint_absent"`
 	}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
@@ -121,6 +124,8 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		ctStats:      objs.CtStats,
 		eventsMask:   objs.EventsMask,
 		policyFlags:  objs.PolicyFlags,
+
+		endpointAbsent: objs.EndpointAbsent,
 	}, nil
 }
 

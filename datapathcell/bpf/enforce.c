@@ -19,13 +19,16 @@
 // source of what a device sends, the destination of what it receives) is
 // looked up in `endpoints` (local_endpoint; a frame that is not IPv4 or
 // IPv6, a VLAN-tagged one, or one too short for the address, has none);
-// no entry is the default. An endpoint bound to a device (`ifindex` set)
-// is only itself on that device: a packet another device sends with its
-// address as the source is dropped (REASON_SPOOFED_SOURCE, whatever is
-// enforced), and one sent to its address on another device belongs to the
-// default. A device that endpoints are bound to (a FAMILY_DEVICE key in
-// `endpoints`) sends only from their addresses: anything else it sends is
-// dropped alike, but for neighbour discovery. The subject's identity goes into the connection's key
+// no entry is the default, as is an address of a slot that the agent
+// says, in endpoint_absent, holds none, whose lookup is skipped. An
+// endpoint bound to a device (`ifindex` set) is only itself on that
+// device: a packet another device sends with its address as the source
+// is dropped (REASON_SPOOFED_SOURCE, whatever is enforced), and one sent
+// to its address on another device belongs to the default. A device that
+// endpoints are bound to (a FAMILY_DEVICE key in `endpoints`, looked up
+// unless its slot is said to be absent as well) sends only from their
+// addresses: anything else it sends is dropped alike, but for neighbour
+// discovery. The subject's identity goes into the connection's key
 // (ct_key.subject, its low 16 bits: subjects are 0 and label identities,
 // below 65536), so a reply is one only for the subject whose policy
 // allowed its connection, and into events.
@@ -494,6 +497,18 @@ struct bpf_fib_lookup {
 
 #define EVENT_DROP 0
 #define EVENT_ALLOW 1
+
+// endpoint_absent is set by the agent at run time, in .bss: bit s (word
+// s / 64, bit s % 64) says that no address of slot s (endpoint_slot) is
+// in `endpoints`, so that a packet whose endpoint address falls there
+// skips that lookup, a hash map's, which is a call and a hash and was
+// the dearest part of an established packet. A new program starts at 0,
+// which skips nothing, until the agent knows what the pinned map holds;
+// the agent clears a slot's bit before it writes an address of that
+// slot to the map, and sets it only after the slot's last address left.
+#define ENDPOINT_SLOT_BITS 16
+#define ENDPOINT_SLOT_MUL 0x9e3779b1U
+volatile __u64 endpoint_absent[(1 << ENDPOINT_SLOT_BITS) / 64];
 
 // policy_flags is set by the agent at run time (POLICY_*), in .bss: a
 // new program starts at 0, which skips nothing, until the agent knows
@@ -1700,11 +1715,21 @@ static __always_inline int later_fragment(struct __sk_buff *skb, struct flow *fl
 	return TCX_NEXT;
 }
 
+// endpoint_slot is an address's slot in endpoint_absent: a multiplicative
+// hash of its 32-bit words (an IPv6 address's folded by xor), as the
+// agent computes it (datapathcell, endpointSlot). folded is the words as
+// loaded, in host order.
+static __always_inline __u32 endpoint_slot(__u32 folded)
+{
+	return (folded * ENDPOINT_SLOT_MUL) >> (32 - ENDPOINT_SLOT_BITS);
+}
+
 // local_endpoint finds the local endpoint of a packet in `endpoints`: the
 // source address of what the device sends (direction egress), the
 // destination of what it receives. Read from the IP header before it is
 // parsed, for the subject decides whether it is; a packet too short for
-// the address has none (the parse then finds it malformed).
+// the address has none (the parse then finds it malformed), nor one
+// whose slot the agent says holds no address (endpoint_absent).
 static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *skb, __be16 ethertype,
 							      __u8 direction)
 {
@@ -1712,12 +1737,14 @@ static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *sk
 	__u64 key[3] __attribute__((aligned(8)));
 	__u8 buf[16] __attribute__((aligned(8)));
 	const __u8 *addr;
+	__u32 slot;
 
 	if (ethertype == bpf_htons(ETH_P_IP)) {
 		addr = header(skb, ETH_HLEN + (direction == DIRECTION_EGRESS ? IPV4_OFF_SADDR : IPV4_OFF_DADDR), 4,
 			      buf);
 		if (!addr)
 			return 0;
+		slot = endpoint_slot(LOAD32(addr, 0));
 		key[0] = FAMILY_IPV4 | (__u64)LOAD32(addr, 0) << 32;
 		key[1] = 0;
 		key[2] = 0;
@@ -1726,21 +1753,29 @@ static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *sk
 			      buf);
 		if (!addr)
 			return 0;
+		slot = endpoint_slot(LOAD32(addr, 0) ^ LOAD32(addr, 4) ^ LOAD32(addr, 8) ^ LOAD32(addr, 12));
 		// family, pad, then the address from byte 4: words that
 		// straddle the address's.
 		key[0] = FAMILY_IPV6 | (__u64)LOAD32(addr, 0) << 32;
 		key[1] = (__u64)LOAD32(addr, 4) | (__u64)LOAD32(addr, 8) << 32;
 		key[2] = LOAD32(addr, 12);
 	}
+	if ((endpoint_absent[slot / 64] >> (slot % 64)) & 1)
+		return 0;
 	return bpf_map_lookup_elem(&endpoints, key);
 }
 
 // device_has_endpoints reports whether `endpoints` says endpoints are
-// bound to the device (a FAMILY_DEVICE key).
+// bound to the device (a FAMILY_DEVICE key, whose slot is that of its
+// ifindex, the key's word where an IPv4 key has the address).
 static __always_inline int device_has_endpoints(__u32 ifindex)
 {
 	__u64 key[3] __attribute__((aligned(8)));
 
+	__u32 slot = endpoint_slot(ifindex);
+
+	if ((endpoint_absent[slot / 64] >> (slot % 64)) & 1)
+		return 0;
 	key[0] = FAMILY_DEVICE | (__u64)ifindex << 32;
 	key[1] = 0;
 	key[2] = 0;

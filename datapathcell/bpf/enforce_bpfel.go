@@ -58,6 +58,7 @@ const (
 	EnforceVarCtTimeoutTcpClosing     = "ct_timeout_tcp_closing"
 	EnforceVarCtTimeoutTcpEstablished = "ct_timeout_tcp_established"
 	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
+	EnforceVarEndpointAbsent          = "endpoint_absent"
 	EnforceVarEventsMask              = "events_mask"
 	EnforceVarPolicyFlags             = "policy_flags"
 	EnforceVarUnusedEvent             = "unused_event"
@@ -137,6 +138,7 @@ type EnforceVariableSpecs struct {
 	CtTimeoutTcpClosing     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_closing"`
 	CtTimeoutTcpEstablished *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
+	EndpointAbsent          *ebpf.VariableSpec `ebpf:"endpoint_absent"`
 	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.VariableSpec `ebpf:"policy_flags"`
 	UnusedEvent             *ebpf.VariableSpec `ebpf:"unused_event"`
@@ -205,6 +207,7 @@ type EnforceVariables struct {
 	CtTimeoutTcpClosing     *ebpf.Variable `ebpf:"ct_timeout_tcp_closing"`
 	CtTimeoutTcpEstablished *ebpf.Variable `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
+	EndpointAbsent          *ebpf.Variable `ebpf:"endpoint_absent"`
 	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.Variable `ebpf:"policy_flags"`
 	UnusedEvent             *ebpf.Variable `ebpf:"unused_event"`

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package datapathcell
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+)
+
+// TestPrivilegedEndpointSlotsAsTheProgram: the program finds the local
+// endpoint of a packet whose address's slot, as endpointSlot computes it,
+// is the only one endpoint_absent leaves looked up, for IPv4 and IPv6
+// addresses alike (a slot computed otherwise would be skipped, and the
+// packet would be the default's, which enforces nothing); and it skips
+// the lookup, the packet then being the default's, once the slot is said
+// to be absent. A device key's slot is looked up and skipped alike.
+func TestPrivilegedEndpointSlotsAsTheProgram(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	enf := loadTestEnforcer(t, maps)
+	// The endpoint's subject drops what it sends; the default passes it.
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceDefaultDeny)))
+	bumpRevision(t, maps)
+	peer4, peer6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
+	rng := rand.New(rand.NewPCG(7, 7))
+	for i := range 64 {
+		var addr netip.Addr
+		var frame []byte
+		if i%2 == 0 {
+			addr = netip.AddrFrom4([4]byte{10, byte(rng.Uint32()), byte(rng.Uint32()), byte(rng.Uint32())})
+			frame = frame4(addr, peer4, testProtoTCP, tcpHeader(40000, 80, 0x02))
+		} else {
+			var a [16]byte
+			for j := range a {
+				a[j] = byte(rng.Uint32())
+			}
+			a[0] = 0xfd
+			addr = netip.AddrFrom16(a)
+			frame = frame6(addr, peer6, nil, testProtoTCP, tcpHeader(40000, 80, 0x02))
+		}
+		k := bpfmaps.NewEndpointKey(addr)
+		v := bpfmaps.NewEndpointValue(testEndpointIdentity, 0)
+		require.NoError(t, maps.Endpoints.Put(&k, &v))
+
+		require.NoError(t, enf.endpointAbsent.Set(&endpointFilter{}))
+		require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "%s: every slot looked up", addr)
+		require.NoError(t, enf.endpointAbsent.Set(absentExcept(slices.Values([]bpfmaps.EndpointKey{k}))))
+		require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "%s: only its slot (%d) looked up", addr, endpointSlot(k))
+		other := endpointSlot(k) ^ 1
+		f := absentExcept()
+		f[other/64] &^= 1 << (other % 64)
+		require.NoError(t, enf.endpointAbsent.Set(f))
+		require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "%s: its slot skipped", addr)
+
+		require.NoError(t, maps.Endpoints.Delete(&k))
+	}
+
+	// A device key: what the device sends from an address of no endpoint
+	// is spoofed where its slot is looked up.
+	k := bpfmaps.NewEndpointDeviceKey(progRunIfindex)
+	v := bpfmaps.NewEndpointValue(0, progRunIfindex)
+	require.NoError(t, maps.Endpoints.Put(&k, &v))
+	frame := frame4(netip.MustParseAddr("10.0.0.9"), peer4, testProtoTCP, tcpHeader(40000, 80, 0x02))
+	require.NoError(t, enf.endpointAbsent.Set(absentExcept(slices.Values([]bpfmaps.EndpointKey{k}))))
+	require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "the device's slot (%d) looked up", endpointSlot(k))
+	require.NoError(t, enf.endpointAbsent.Set(absentExcept()))
+	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "the device's slot skipped")
+}
+
+// TestEndpointSlotOfBenchmark: the benchmark's packets, not an endpoint's,
+// fall in a slot of none of the benchmark's endpoints, so that they
+// measure the skipped lookup (and its case with every slot looked up,
+// the lookup).
+func TestEndpointSlotOfBenchmark(t *testing.T) {
+	own := endpointSlot(bpfmaps.NewEndpointKey(benchEndpoint))
+	for i := range benchEndpoints {
+		addr := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+		require.NotEqual(t, own, endpointSlot(bpfmaps.NewEndpointKey(addr)), addr)
+	}
+}
