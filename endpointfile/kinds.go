@@ -323,6 +323,9 @@ func isTrue(s string) bool { return s == "true" || s == "True" || s == "TRUE" }
 // its addresses (addrNodes are the addresses' nodes, for errors).
 func (p *parser) addEndpoint(ep endpoint.Endpoint, nameNode yamlread.Node, addrNodes []yamlread.Node) error {
 	id := ep.ID()
+	if n := len(ep.Addresses); n > endpoint.MaxAddresses {
+		return p.errorf(addrNodes[endpoint.MaxAddresses], "%d addresses, at most %d", n, endpoint.MaxAddresses)
+	}
 	if line, dup := p.endpoints[id]; dup {
 		return p.errorf(nameNode, "endpoint %q is already described at line %d", id, line)
 	}
