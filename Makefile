@@ -49,7 +49,7 @@ bench-endpoints:
 	$(GO) test -run='^$$' -bench=EndpointFileToKernel -benchtime=1x ./cells/
 
 # Each fuzz target for FUZZTIME (go test runs their seeds in `make test`;
-# CI runs `make fuzz FUZZTIME=10s` after it). Every Fuzz function in the
+# CI runs `make fuzz FUZZTIME=5s` after it). Every Fuzz function in the
 # tree must be listed here as package:Target, or `make fuzz` fails. All
 # targets run; the failing ones are listed at the end, their inputs are in
 # <package>/testdata/fuzz/<Target>/. A target that fails with nothing but
