@@ -5,6 +5,7 @@ package policyfile
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -84,6 +85,12 @@ func (p *parser) typeMeta(n node, where string) (apiVersion, kind string, err er
 	values := [2]string{}
 	for i, name := range []string{"apiVersion", "kind"} {
 		if !given[i] {
+			// Keys are case-sensitive: say which one was meant.
+			for key := range n.Pairs() {
+				if key.Kind() == scalarNode && strings.EqualFold(key.Value(), name) {
+					return "", "", p.errorf(key, "%s: %s is required (found %q: keys are case-sensitive)", orDocument(where), name, key.Value())
+				}
+			}
 			return "", "", p.errorf(n, "%s: %s is required", orDocument(where), name)
 		}
 		if values[i], err = p.scalar(found[i], name); err != nil {
