@@ -200,7 +200,9 @@
 //     discovery to or from any other address (a routed one), or behind
 //     extension headers, is decided by policy. It is exempt because it is
 //     what ARP is to IPv4: dropping it would cut an enforced endpoint off
-//     its link.
+//     its link. For the same reason it passes from a device of endpoints
+//     with an address of none of them (link-local, unspecified); with an
+//     endpoint's address sent from another device it is spoofed, dropped.
 //   - Fragments (IPv4: more-fragments set or an offset; IPv6: a fragment
 //     header with either) are placed by the map `fragments` (LRU hash, not
 //     pinned, FRAGMENTS_MAX_ENTRIES), keyed by the datagram: its addresses,
