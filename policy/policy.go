@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
@@ -178,6 +179,18 @@ type Rule struct {
 	Peers   []CIDRSelector `json:"peers,omitempty" yaml:"peers,omitempty"`
 	AnyPeer bool           `json:"anyPeer,omitempty" yaml:"anyPeer,omitempty"`
 
+	// Endpoints select remote identities by their labels: the endpoint
+	// identities, local or remote, that one of them matches
+	// (EndpointSelector.SelectsPeer). fromEndpoints, toEndpoints and a
+	// NetworkPolicy's podSelector and namespaceSelector peers.
+	Endpoints []EndpointSelector `json:"endpoints,omitempty" yaml:"endpoints,omitempty"`
+
+	// Entities select the identities of entities other than world and
+	// all (which are Peers and AnyPeer): each the identities labelled
+	// with its reserved label and its reserved number; cluster is every
+	// endpoint identity and the entities of identity.ClusterEntities.
+	Entities []identity.Entity `json:"entities,omitempty" yaml:"entities,omitempty"`
+
 	// Ports are sorted and distinct. Empty: every protocol and port
 	// (ICMP included).
 	Ports []PortRange `json:"ports,omitempty" yaml:"ports,omitempty"`
@@ -280,7 +293,8 @@ func (r Rule) Equal(other Rule) bool {
 		r.Name == other.Name && r.Line == other.Line && r.Column == other.Column && slices.Equal(r.Ports, other.Ports) &&
 		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
 			return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
-		})
+		}) && slices.Equal(r.Entities, other.Entities) &&
+		slices.EqualFunc(r.Endpoints, other.Endpoints, func(a, b EndpointSelector) bool { return a.Equal(&b) })
 }
 
 // TableHeader implements statedb.TableWritable.

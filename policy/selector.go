@@ -112,6 +112,18 @@ func (s *EndpointSelector) Matches(kv map[string]string) bool {
 	return true
 }
 
+// SelectsPeer reports whether the selector, as a peer (fromEndpoints,
+// toEndpoints), selects an identity whose labels have the k8s labels kv:
+// only endpoint identities (those with a namespace label) are peers by
+// label, so that `{}` in a clusterwide policy is every endpoint of the
+// cluster, not every identity (as Cilium).
+func (s *EndpointSelector) SelectsPeer(kv map[string]string) bool {
+	if _, ok := kv[NamespaceLabel]; !ok {
+		return false
+	}
+	return s.Matches(kv)
+}
+
 // Equal reports whether two selectors select the same way.
 func (s *EndpointSelector) Equal(other *EndpointSelector) bool {
 	return s.Namespace == other.Namespace && maps.Equal(s.MatchLabels, other.MatchLabels) &&
