@@ -85,7 +85,10 @@ func Label(key, value string) string {
 }
 
 // KeyValues returns the key=value pairs of a label set's k8s labels, the
-// form selectors match: "k8s:app=web" is app -> web.
+// form selectors match: "k8s:app=web" is app -> web. The namespace's
+// kubernetes.io/metadata.name label is there whether or not a Namespace
+// document gave it: Kubernetes sets it on every namespace, and namespace
+// selectors rely on it.
 func KeyValues(l labels.Labels) map[string]string {
 	kv := make(map[string]string)
 	for lbl := range l.All() {
@@ -95,6 +98,11 @@ func KeyValues(l labels.Labels) map[string]string {
 		}
 		k, v, _ := strings.Cut(rest, "=")
 		kv[k] = v
+	}
+	if ns, ok := kv[NamespaceLabel]; ok {
+		if _, named := kv[NamespaceLabelsPrefix+NamespaceNameLabel]; !named {
+			kv[NamespaceLabelsPrefix+NamespaceNameLabel] = ns
+		}
 	}
 	return kv
 }

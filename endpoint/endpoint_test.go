@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/labels"
 )
 
 func TestIdentityLabels(t *testing.T) {
@@ -18,7 +20,16 @@ func TestIdentityLabels(t *testing.T) {
 	require.Equal(t, map[string]string{
 		"app": "web", "app.kubernetes.io/tier": "front",
 		"io.cilium.k8s.namespace.labels.team": "a", "io.kubernetes.pod.namespace": "shop",
+		// Implied, as Kubernetes sets it on every namespace.
+		"io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name": "shop",
 	}, KeyValues(lbls))
+
+	// A Namespace document's own name label is kept as it is.
+	lbls, err = ep.IdentityLabels(map[string]string{"kubernetes.io/metadata.name": "shop"})
+	require.NoError(t, err)
+	require.Equal(t, "shop", KeyValues(lbls)["io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name"])
+	require.NotContains(t, KeyValues(labels.ForPrefix(netip.MustParsePrefix("10.0.0.0/8"))),
+		"io.cilium.k8s.namespace.labels.kubernetes.io/metadata.name", "not an endpoint's labels: no namespace")
 }
 
 func TestValidate(t *testing.T) {
