@@ -196,6 +196,13 @@ type selectorEngine struct {
 	indexed map[string]*policy.Policy
 	index   selectorIndex
 
+	// peerIndex holds the peer selectors by label and by entity, and
+	// peers the identities they can select (those with k8s or reserved
+	// labels), with those labels: a new peer selector is matched against
+	// these alone, and a new identity against each distinct selector.
+	peerIndex peerIndex
+	peers     map[identity.Number]*peerLabels
+
 	// enablePolicy is --enable-policy.
 	enablePolicy string
 
@@ -237,8 +244,10 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 			markEntries(txn)
 			markEnforcement(txn)
 		},
-		indexed: map[string]*policy.Policy{},
-		index:   newSelectorIndex(),
+		indexed:   map[string]*policy.Policy{},
+		index:     newSelectorIndex(),
+		peerIndex: newPeerIndex(),
+		peers:     map[identity.Number]*peerLabels{},
 
 		endpointIdentity: map[string]identity.Number{},
 		subjects:         map[identity.Number]*subject{},
@@ -328,7 +337,13 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	// read, to move past them.
 	idle := e.idle(snapshot)
 	for change := range identityChanges {
-		if id := change.Object.ID; id != identity.World && !idle {
+		id := change.Object.ID
+		if pl := peerLabelsOf(change.Object.Labels); pl != nil && !change.Deleted {
+			e.peers[id] = pl
+		} else {
+			delete(e.peers, id)
+		}
+		if id != identity.World && !idle {
 			e.dirty[id] = struct{}{}
 		}
 	}
@@ -451,6 +466,11 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 					e.index.add(newSelector(p, dir, rule, nil))
 				}
 			}
+			if by > 0 && (len(rule.Endpoints) > 0 || len(rule.Entities) > 0) {
+				for _, g := range e.peerIndex.add(newSelector(p, dir, rule, nil), rule) {
+					e.markPeers(g)
+				}
+			}
 			for j := range rule.Peers {
 				peer := &rule.Peers[j]
 				if by > 0 {
@@ -464,6 +484,25 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 	}
 	if by < 0 {
 		e.index.removeAnyPeer(p.Name)
+		for _, g := range e.peerIndex.remove(p.Name) {
+			e.markPeers(g)
+		}
+	}
+}
+
+// markPeers marks dirty the identities a peer selector selects.
+func (e *selectorEngine) markPeers(g *peerGroup) {
+	for id, pl := range e.peers {
+		if g.selects(id, pl) {
+			e.dirty[id] = struct{}{}
+		}
+	}
+	if g.endpoints == nil {
+		for _, id := range reservedPeers() {
+			if g.selects(id, nil) {
+				e.dirty[id] = struct{}{}
+			}
+		}
 	}
 }
 
@@ -586,12 +625,18 @@ func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number)
 }
 
 // markSelected marks dirty the identities whose entries a policy gives:
-// those inside its CIDRs, and identity 0 for its rules for every peer.
+// those inside its CIDRs, those its peers by label and entity select, and
+// identity 0 for its rules for every peer.
 func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
 	for _, dir := range policy.Directions() {
 		for _, rule := range p.Rules(dir) {
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
+			}
+			if len(rule.Endpoints) > 0 || len(rule.Entities) > 0 {
+				for _, g := range rulePeers(&rule) {
+					e.markPeers(g)
+				}
 			}
 			for _, peer := range rule.Peers {
 				e.markWithin(txn, peer.CIDR)
@@ -700,7 +745,7 @@ func (e *selectorEngine) write(initializing bool) error {
 // current ones, and there is nothing to recompute. The engine is the
 // table's only writer of rows, so txn sees all it wrote.
 func (e *selectorEngine) idle(txn statedb.ReadTxn) bool {
-	return e.index.empty() && e.entries.NumObjects(txn) == 0
+	return e.index.empty() && e.peerIndex.empty() && e.entries.NumObjects(txn) == 0
 }
 
 // grant is one rule of a policy giving one key a verdict.
@@ -732,6 +777,19 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 		}
 		for subject := range e.selected[s.policy] {
 			out = s.appendGrants(out, subject, id)
+		}
+	}
+	if pl := e.peers[id]; pl != nil || isReservedPeer(id) {
+		for _, g := range e.peerIndex.groups {
+			e.visited++
+			if !g.selects(id, pl) {
+				continue
+			}
+			for _, s := range g.selectors {
+				for subject := range e.selected[s.policy] {
+					out = s.appendGrants(out, subject, id)
+				}
+			}
 		}
 	}
 	return out

@@ -168,10 +168,14 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 	type target struct {
 		id       identity.Number
 		prefixes []netip.Prefix
+		labels   labels.Labels
 	}
-	targets := []target{{0, nil}, {identity.World, policy.WorldPrefixes()}}
+	targets := []target{{id: 0}, {id: identity.World, prefixes: policy.WorldPrefixes()}}
+	for _, id := range []identity.Number{1, 3, 4, 5, 6, 7, 8} {
+		targets = append(targets, target{id: id})
+	}
 	for _, i := range identities {
-		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes())})
+		targets = append(targets, target{i.ID, slices.Collect(i.Labels.Prefixes()), i.Labels})
 	}
 	// The policies of each key, by verdict.
 	granted := map[policy.Key]map[policy.Verdict]map[string]struct{}{}
@@ -191,6 +195,14 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 					selects := t.id == 0 && rule.AnyPeer
 					for _, peer := range rule.Peers {
 						selects = selects || t.id != 0 && peer.Selects(t.prefixes)
+					}
+					kv := endpoint.KeyValues(t.labels)
+					for _, sel := range rule.Endpoints {
+						_, isEndpoint := kv[policy.NamespaceLabel]
+						selects = selects || isEndpoint && sel.Matches(kv)
+					}
+					for _, entity := range rule.Entities {
+						selects = selects || bruteEntity(entity, t.id, t.labels)
 					}
 					if !selects {
 						continue
@@ -239,6 +251,26 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 		}
 	}
 	return out
+}
+
+// bruteEntity is what an entity selects, as DESIGN.md section 11 and
+// Cilium define it: its reserved number or its reserved label; cluster
+// every endpoint identity (a namespace label) and the cluster's entities.
+func bruteEntity(entity identity.Entity, id identity.Number, l labels.Labels) bool {
+	numbers := map[identity.Entity]identity.Number{"host": 1, "unmanaged": 3, "health": 4, "init": 5,
+		"remote-node": 6, "kube-apiserver": 7, "ingress": 8}
+	if entity == "cluster" {
+		if _, ok := endpoint.KeyValues(l)[policy.NamespaceLabel]; ok {
+			return true
+		}
+		for _, member := range []identity.Entity{"host", "remote-node", "init", "ingress", "health", "unmanaged"} {
+			if bruteEntity(member, id, l) {
+				return true
+			}
+		}
+		return false
+	}
+	return numbers[entity] == id || l.Has("reserved:"+string(entity))
 }
 
 func TestSelectorBasics(t *testing.T) {

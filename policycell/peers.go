@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package policycell
+
+import (
+	"strings"
+
+	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/labels"
+	"github.com/ipcache-agent/ipcache-agent/policy"
+)
+
+// peerLabels are what peer selectors by label and by entity match of an
+// identity: its k8s labels (endpoint.KeyValues) and the entities its
+// reserved labels name. Only identities with such labels have them:
+// endpoint identities, and the addresses of this node and other nodes
+// (a cidr label and a reserved one). A CIDR identity has none.
+type peerLabels struct {
+	kv       map[string]string
+	entities []identity.Entity
+}
+
+// peerLabelsOf returns the peer labels of a label set, nil when it has
+// only cidr labels (nearly every identity at scale, at the cost of one
+// prefix test per label).
+func peerLabelsOf(l labels.Labels) *peerLabels {
+	var pl *peerLabels
+	for lbl := range l.All() {
+		if strings.HasPrefix(lbl, labels.SourceCIDR+":") {
+			continue
+		}
+		if pl == nil {
+			pl = &peerLabels{}
+		}
+		if name, ok := strings.CutPrefix(lbl, labels.SourceReserved+":"); ok {
+			pl.entities = append(pl.entities, identity.Entity(name))
+		}
+	}
+	if pl != nil {
+		pl.kv = endpoint.KeyValues(l)
+	}
+	return pl
+}
+
+// peerGroup is one distinct peer selector (by label or by entity) and
+// the selectors of the rules that use it: an identity is matched against
+// each distinct selector once, however many rules share it, as Cilium's
+// SelectorCache does.
+type peerGroup struct {
+	endpoints *policy.EndpointSelector // nil: entity
+	entity    identity.Entity
+	selectors []*selector
+}
+
+// selects reports whether the group's selector selects identity id, whose
+// peer labels are pl (nil if it has none).
+func (g *peerGroup) selects(id identity.Number, pl *peerLabels) bool {
+	if g.endpoints != nil {
+		return pl != nil && g.endpoints.SelectsPeer(pl.kv)
+	}
+	return entitySelects(g.entity, id, pl)
+}
+
+// entitySelects reports whether an entity selects identity id: its
+// reserved number, the identities labelled with its reserved label, and
+// for cluster every endpoint identity and the cluster's entities.
+func entitySelects(entity identity.Entity, id identity.Number, pl *peerLabels) bool {
+	if entity == identity.EntityCluster {
+		if pl != nil {
+			if _, ok := pl.kv[policy.NamespaceLabel]; ok {
+				return true
+			}
+		}
+		for _, member := range identity.ClusterEntities() {
+			if entitySelects(member, id, pl) {
+				return true
+			}
+		}
+		return false
+	}
+	if n, ok := entity.Reserved(); ok && n == id {
+		return true
+	}
+	if pl == nil {
+		return false
+	}
+	for _, e := range pl.entities {
+		if e == entity {
+			return true
+		}
+	}
+	return false
+}
+
+// reservedPeers are the reserved numbers entities select: no identity row
+// has them, so they are recomputed when an entity selector changes.
+func reservedPeers() []identity.Number {
+	return []identity.Number{identity.Host, identity.Unmanaged, identity.Health, identity.Init,
+		identity.RemoteNode, identity.KubeAPIServer, identity.Ingress}
+}
+
+// isReservedPeer reports whether id is one of reservedPeers.
+func isReservedPeer(id identity.Number) bool {
+	return id >= identity.Host && id <= identity.Ingress && id != identity.World
+}
+
+// peerIndex holds the peer selectors by label and by entity of the
+// policies in force, grouped by distinct selector.
+type peerIndex struct {
+	groups map[string]*peerGroup
+}
+
+func newPeerIndex() peerIndex { return peerIndex{groups: map[string]*peerGroup{}} }
+
+// rulePeers returns a rule's peers by label and by entity, each as a
+// group of its own (without selectors), keyed as the index keys them.
+func rulePeers(rule *policy.Rule) map[string]*peerGroup {
+	groups := map[string]*peerGroup{}
+	for i := range rule.Endpoints {
+		sel := &rule.Endpoints[i]
+		// String is a selector's canonical form: label keys and values
+		// cannot hold the characters it separates them with.
+		groups["endpoints "+sel.String()] = &peerGroup{endpoints: sel}
+	}
+	for _, entity := range rule.Entities {
+		groups["entity "+string(entity)] = &peerGroup{entity: entity}
+	}
+	return groups
+}
+
+// add indexes the label and entity peers of a rule, whose selector is s
+// (s.peer nil), and returns the groups it joined.
+func (x *peerIndex) add(s *selector, rule *policy.Rule) []*peerGroup {
+	var joined []*peerGroup
+	for key, peer := range rulePeers(rule) {
+		g, ok := x.groups[key]
+		if !ok {
+			g = peer
+			x.groups[key] = g
+		}
+		g.selectors = append(g.selectors, s)
+		joined = append(joined, g)
+	}
+	return joined
+}
+
+// remove drops the policy's selectors, and the groups left empty; it
+// returns the groups the policy was in.
+func (x *peerIndex) remove(pol string) []*peerGroup {
+	var left []*peerGroup
+	for key, g := range x.groups {
+		n := len(g.selectors)
+		g.selectors = deleteSelectorsOf(g.selectors, pol)
+		if len(g.selectors) == n {
+			continue
+		}
+		left = append(left, g)
+		if len(g.selectors) == 0 {
+			delete(x.groups, key)
+		}
+	}
+	return left
+}
+
+func deleteSelectorsOf(selectors []*selector, pol string) []*selector {
+	out := selectors[:0]
+	for _, s := range selectors {
+		if s.policy != pol {
+			out = append(out, s)
+		}
+	}
+	clear(selectors[len(out):])
+	return out
+}
+
+// empty reports whether no peer selector is indexed.
+func (x *peerIndex) empty() bool { return len(x.groups) == 0 }
