@@ -466,10 +466,22 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 	if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
 		id = entry.Identity
 		var lbls labels.Labels
-		if ident, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found && !entry.Explicit {
+		if ident, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found {
+			// An explicit identity (an endpoint's) is the allocator's
+			// too: its labels are what peer selectors match.
 			lbls = ident.Labels
 		}
-		fmt.Fprintf(out, "Identity: %s (ipcache prefix %s, labels %s)\n", id, entry.Prefix, lbls)
+		peer := ""
+		if src.endpoints != nil {
+			if ep, _, found := src.endpoints.Get(txn, endpoint.AddressIndex.Query(addr)); found {
+				where := "local"
+				if !ep.Local {
+					where = "on node " + ep.Node
+				}
+				peer = fmt.Sprintf("endpoint %s (%s), ", ep.ID(), where)
+			}
+		}
+		fmt.Fprintf(out, "Identity: %s (%sipcache prefix %s, labels %s)\n", id, peer, entry.Prefix, lbls)
 		var kind reconciler.StatusKind
 		var writeErr error
 		if src.datapath != nil {
