@@ -245,6 +245,15 @@ func LookupAddress(txn statedb.ReadTxn, entries statedb.Table[*Entry], addr neti
 	return longestMatch(txn, entries, addr, addr.BitLen())
 }
 
+// LookupPrefix returns the entry of the longest prefix that contains all
+// of prefix (prefix's own entry if it has one): the identity every
+// address of prefix has, except those of narrower entries inside it
+// (EntriesWithin).
+func LookupPrefix(txn statedb.ReadTxn, entries statedb.Table[*Entry], prefix netip.Prefix) (*Entry, bool) {
+	prefix = prefix.Masked()
+	return longestMatch(txn, entries, prefix.Addr().WithZone(""), prefix.Bits())
+}
+
 // LookupCovering returns the entry of the longest prefix that strictly
 // contains prefix: what a longest-prefix match of prefix's addresses finds
 // once prefix's own entry is gone.

@@ -294,14 +294,18 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
 			Summary: "Explain the verdict for traffic with an address",
-			Args:    "[--endpoint namespace/name] address ingress|egress [TCP/port|UDP/port|SCTP/port|ICMP/type|ICMPv6/type]",
+			Args:    "[--endpoint namespace/name] address|cidr ingress|egress [TCP/port|UDP/port|SCTP/port|ICMP/type|ICMPv6/type]",
 			Detail: []string{
 				"The traffic is the host-wide default's, or with --endpoint that",
 				"local endpoint's: the policy of its identity (the policies whose",
 				"selectors pick it), and its own enforcement.",
 				"The address is the peer: the source for ingress, the destination",
 				"for egress. Its identity is that of the longest ipcache prefix",
-				"containing it, or world. The datapath looks up the remote",
+				"containing it, or world. A CIDR is explained for the identity of",
+				"the longest ipcache prefix containing all of it, and the narrower",
+				"prefixes inside it with identities of their own are listed (their",
+				"addresses are explained one by one); the Maps line is for its",
+				"first address. The datapath looks up the remote",
 				"identity's key and identity 0's (rules for every peer), each the",
 				"longest matching prefix: the port's block, the whole protocol,",
 				"any protocol. A deny from either wins, else an allow from either",
@@ -333,10 +337,11 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			addr, err := netip.ParseAddr(args[0])
+			peer, err := parsePeer(args[0])
 			if err != nil {
-				return scriptcmd.Result("", fmt.Errorf("parse address %q: %w", args[0], err))
+				return scriptcmd.Result("", err)
 			}
+			addr := peer.Addr()
 			dir, err := policy.ParseDirection(args[1])
 			if err != nil {
 				return scriptcmd.Result("", err)
@@ -360,20 +365,20 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				}
 				pkt.Subject = ep.Identity
 			}
-			allowed := src.explainDesired(&text, txn, addr, pkt)
+			allowed := src.explainDesired(&text, txn, peer, pkt)
 			if src.datapath != nil {
 				explainMaps(&text, src.datapath, addr, pkt, allowed, ep)
 			}
 			if !asJSON {
 				return scriptcmd.Result(text.String(), nil)
 			}
-			out := explainJSON{Address: addr.String(), Direction: dir.String(), Identity: identity.World,
+			out := explainJSON{Address: args[0], Direction: dir.String(), Identity: identity.World,
 				Endpoint: name, Subject: pkt.Subject,
 				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
 			}
-			if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
+			if entry, found := ipcachecell.LookupPrefix(txn, src.ipcache, peer); found {
 				out.Identity, out.Prefix = entry.Identity, entry.Prefix.String()
 			}
 			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: pkt.Subject, Direction: dir})); found {
@@ -400,6 +405,22 @@ type explainJSON struct {
 	// Allowed is the desired verdict: whether the policies allow it.
 	Allowed     bool     `json:"allowed"`
 	Explanation []string `json:"explanation"`
+}
+
+// parsePeer parses an address, or a CIDR without host bits, as a prefix
+// (an address is its /32 or /128).
+func parsePeer(s string) (netip.Prefix, error) {
+	if addr, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(addr.WithZone(""), addr.BitLen()), nil
+	}
+	prefix, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q: want an address (10.0.0.1, fd00::1) or a CIDR (10.0.0.0/24)", s)
+	}
+	if prefix != prefix.Masked() {
+		return netip.Prefix{}, fmt.Errorf("%q: host bits set: did you mean %s?", s, prefix.Masked())
+	}
+	return prefix, nil
 }
 
 // parsePacket parses "TCP/443" (or UDP, SCTP; port 1..65535) or
@@ -459,11 +480,12 @@ func (src explainSources) ruleNames(txn statedb.ReadTxn, e *policy.Entry) string
 // write (its status is Error) is said, with the verdict the program gives
 // without it (unless the address's ipcache entry is held too, and the
 // program still finds the prefix's previous identity).
-func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, addr netip.Addr, pkt policy.Lookup) bool {
+func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, peer netip.Prefix, pkt policy.Lookup) bool {
 	id := identity.World
 	held := false
 	dir := pkt.Direction
-	if entry, found := ipcachecell.LookupAddress(txn, src.ipcache, addr); found {
+	addr := peer.Addr()
+	if entry, found := ipcachecell.LookupPrefix(txn, src.ipcache, peer); found {
 		id = entry.Identity
 		var lbls labels.Labels
 		if ident, _, found := src.identities.Get(txn, identitycell.IdentityIndex.Query(id)); found {
@@ -501,7 +523,10 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 			out.WriteString("\n")
 		}
 	} else {
-		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, addr)
+		fmt.Fprintf(out, "Identity: %s (world: no ipcache prefix contains %s)\n", id, peerString(peer))
+	}
+	if peer.Bits() < addr.BitLen() {
+		src.narrower(out, txn, peer)
 	}
 	pkt.Identity = id
 	row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: pkt.Subject, Direction: dir}))
@@ -548,6 +573,42 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 		}
 	}
 	return allowed
+}
+
+// narrowerShown bounds the narrower prefixes explain lists for a CIDR.
+const narrowerShown = 8
+
+// narrower writes the ipcache prefixes strictly inside cidr, whose
+// addresses have identities of their own.
+func (src explainSources) narrower(out *strings.Builder, txn statedb.ReadTxn, cidr netip.Prefix) {
+	var inside []string
+	n := 0
+	for entry := range ipcachecell.EntriesWithin(txn, src.ipcache, cidr) {
+		if entry.Prefix == cidr {
+			continue
+		}
+		if n++; len(inside) < narrowerShown {
+			inside = append(inside, fmt.Sprintf("%s (identity %s)", entry.Prefix, entry.Identity))
+		}
+	}
+	if n == 0 {
+		fmt.Fprintf(out, "Inside: no narrower ipcache prefix: every address of %s has this identity\n", cidr)
+		return
+	}
+	more := ""
+	if n > len(inside) {
+		more = fmt.Sprintf(" and %d more", n-len(inside))
+	}
+	fmt.Fprintf(out, "Inside: %d narrower ipcache prefixes have identities of their own (explain their addresses one by one): %s%s\n",
+		n, strings.Join(inside, ", "), more)
+}
+
+// peerString writes a peer as an address when it is one.
+func peerString(peer netip.Prefix) string {
+	if peer.IsSingleIP() {
+		return peer.Addr().String()
+	}
+	return peer.String()
 }
 
 // localEndpoint writes the line of a local endpoint and returns it; its

@@ -261,7 +261,7 @@ func TestExplainEntryNotWritten(t *testing.T) {
 		src := explainSources{entries: entries, enforcement: enforcement, policies: policies, ipcache: ipcache,
 			identities: identities, datapath: datapath, enablePolicy: EnablePolicyDefault}
 		var out strings.Builder
-		allowed := src.explainDesired(&out, db.ReadTxn(), netip.MustParseAddr(addr), pkt)
+		allowed := src.explainDesired(&out, db.ReadTxn(), netip.PrefixFrom(netip.MustParseAddr(addr), 32), pkt)
 		if datapath != nil {
 			explainMaps(&out, datapath, netip.MustParseAddr(addr), pkt, allowed, nil)
 		}
