@@ -135,6 +135,7 @@ func layers() map[string]place {
 		"internal/archtest":       {8, kindTest},
 		"test/soak":               {8, kindTest},
 		"test/corpus":             {8, kindTest},
+		"test/netpol":             {8, kindTest},
 
 		// Test harnesses, each above what it builds on.
 		"internal/testutils/privileged":  {0, kindTest},
