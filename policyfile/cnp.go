@@ -215,7 +215,13 @@ func (p *parser) ciliumSpec(n node, place, namespace string, pol *policy.Policy)
 		}
 		for i, item := range items {
 			name := fmt.Sprintf("%s%s[%d]", place, field.name, i)
-			rule, err := p.ciliumRule(item, field.dir, field.deny, name, namespace)
+			// Errors give the rule's path from the document ("spec.egress[0]");
+			// the rule's name, for explain, stays as short as "egress[0]".
+			path := name
+			if place == "" {
+				path = "spec." + name
+			}
+			rule, err := p.ciliumRule(item, field.dir, field.deny, path, namespace)
 			if err != nil {
 				return err
 			}

@@ -49,8 +49,8 @@ func TestPolicyValidate(t *testing.T) {
 	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("fqdn.yaml"))
 	require.Equal(t, 1, code)
 	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b; 1 policy map entries)\n"+
-		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps`+"\n"+
-		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
+		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps, toEndpoints, toEntities`+"\n"+
+		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": spec.egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
 	require.Equal(t, "ipcache-agent: invalid policy files: 2 of 3\n", stderr)
 
 	// A name two files use: the first in name order keeps it.
