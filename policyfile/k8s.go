@@ -174,6 +174,7 @@ func (p *parser) metadata(doc node, fields fieldSet, namespaced bool) (name stri
 		return "", 0, p.errorf(nameNode, "name %q is already used at line %d", name, line)
 	}
 	p.names[name] = nameNode.Line()
+	p.nameColumns = append(p.nameColumns, nameNode.Column())
 	p.current = name
 	return name, nameNode.Line(), nil
 }

@@ -43,16 +43,34 @@ const maxNameLength = 253
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
 func Parse(file string, content []byte) ([]*policy.Policy, error) {
+	parsed, err := ParseFile(file, content)
+	return parsed.Policies, err
+}
+
+// Parsed is a policy file as ParseFile reads it.
+type Parsed struct {
+	Policies []*policy.Policy
+	// NameColumns are the columns of the policies' names, in the order
+	// of Policies (Policy.Line is their line): where an error about a
+	// name, such as another file's use of it, points.
+	NameColumns []int
+}
+
+// ParseFile is Parse, with the positions of the policies' names.
+//
+// Possible errors: *FileError wrapping ErrInvalidPolicy; Parsed is empty
+// then.
+func ParseFile(file string, content []byte) (Parsed, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*policy.Policy{}
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
-			return policies, nil
+			return Parsed{Policies: policies, NameColumns: p.nameColumns}, nil
 		}
 		if err != nil {
-			return nil, p.syntaxError(err)
+			return Parsed{}, p.syntaxError(err)
 		}
 		if isNull(root) {
 			continue
@@ -60,14 +78,14 @@ func Parse(file string, content []byte) ([]*policy.Policy, error) {
 		if isKubernetesDocument(root) {
 			more, err := p.kubernetesDocument(root, "")
 			if err != nil {
-				return nil, err
+				return Parsed{}, err
 			}
 			policies = append(policies, more...)
 			continue
 		}
 		pol, err := p.policy(root)
 		if err != nil {
-			return nil, err
+			return Parsed{}, err
 		}
 		pol.Kind = policy.KindNative
 		policies = append(policies, pol)
@@ -78,8 +96,10 @@ type parser struct {
 	file string
 	// current is the name of the policy being parsed, for errors.
 	current string
-	// names are the policies' names so far, with their lines.
-	names map[string]int
+	// names are the policies' names so far, with their lines, and
+	// nameColumns their columns, in the order of the policies.
+	names       map[string]int
+	nameColumns []int
 	// size is the file's, for the node budget's error.
 	size int
 }
@@ -211,6 +231,7 @@ func (p *parser) policy(n node) (*policy.Policy, error) {
 	// The name outlives the file's content, of which it is a part.
 	name = strings.Clone(name)
 	p.names[name] = nameNode.Line()
+	p.nameColumns = append(p.nameColumns, nameNode.Column())
 	p.current = name
 
 	pol := &policy.Policy{Name: name, File: p.file, Line: nameNode.Line()}
