@@ -90,7 +90,7 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	name, line, err := p.metadata(n, fields, kind == policy.KindCNP)
+	name, namespace, line, err := p.metadata(n, fields, kind == policy.KindCNP, "")
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +112,7 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 		return nil, p.errorf(n, "%s: spec or specs is required", kind)
 	}
 	// A CNP selects in its own namespace whatever its selector says of the
-	// namespace label, as Cilium does; a CCNP's selector may name one.
-	namespace := ""
-	if kind == policy.KindCNP {
-		namespace, _, _ = strings.Cut(name, "/")
-	}
+	// namespace label, as Cilium does; a CCNP's (namespace "") may name one.
 	for i, spec := range specs {
 		what := strings.TrimSuffix(places[i], ".")
 		if what == "" {
