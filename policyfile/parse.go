@@ -43,16 +43,34 @@ const maxNameLength = 253
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
 func Parse(file string, content []byte) ([]*policy.Policy, error) {
+	parsed, err := ParseFile(file, content)
+	return parsed.Policies, err
+}
+
+// Parsed is a policy file as ParseFile reads it.
+type Parsed struct {
+	Policies []*policy.Policy
+	// NameColumns are the columns of the policies' names, in the order
+	// of Policies (Policy.Line is their line): where an error about a
+	// name, such as another file's use of it, points.
+	NameColumns []int
+}
+
+// ParseFile is Parse, with the positions of the policies' names.
+//
+// Possible errors: *FileError wrapping ErrInvalidPolicy; Parsed is empty
+// then.
+func ParseFile(file string, content []byte) (Parsed, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*policy.Policy{}
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
-			return policies, nil
+			return Parsed{Policies: policies, NameColumns: p.nameColumns}, nil
 		}
 		if err != nil {
-			return nil, p.syntaxError(err)
+			return Parsed{}, p.syntaxError(err)
 		}
 		if isNull(root) {
 			continue
@@ -60,14 +78,14 @@ func Parse(file string, content []byte) ([]*policy.Policy, error) {
 		if isKubernetesDocument(root) {
 			more, err := p.kubernetesDocument(root, "")
 			if err != nil {
-				return nil, err
+				return Parsed{}, err
 			}
 			policies = append(policies, more...)
 			continue
 		}
 		pol, err := p.policy(root)
 		if err != nil {
-			return nil, err
+			return Parsed{}, err
 		}
 		pol.Kind = policy.KindNative
 		policies = append(policies, pol)
@@ -78,8 +96,10 @@ type parser struct {
 	file string
 	// current is the name of the policy being parsed, for errors.
 	current string
-	// names are the policies' names so far, with their lines.
-	names map[string]int
+	// names are the policies' names so far, with their lines, and
+	// nameColumns their columns, in the order of the policies.
+	names       map[string]int
+	nameColumns []int
 	// size is the file's, for the node budget's error.
 	size int
 }
@@ -211,6 +231,7 @@ func (p *parser) policy(n node) (*policy.Policy, error) {
 	// The name outlives the file's content, of which it is a part.
 	name = strings.Clone(name)
 	p.names[name] = nameNode.Line()
+	p.nameColumns = append(p.nameColumns, nameNode.Column())
 	p.current = name
 
 	pol := &policy.Policy{Name: name, File: p.file, Line: nameNode.Line()}
@@ -291,26 +312,53 @@ func validateName(name string) error {
 var (
 	nativePolicyFields = []string{"name", "endpointSelector", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
 	nativeRuleFields   = [2][]string{
-		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
-		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
+		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps", "fromEndpoints", "fromEntities"},
+		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps", "toEndpoints", "toEntities"},
 	}
 )
 
-// rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet, toPorts,
-// icmps) or egress or egressDeny (toCIDR, toCIDRSet, toPorts, icmps) rule.
-// Ports or ICMP types without CIDRs are for every peer (AnyPeer), as in
-// Cilium; a rule with neither only makes its direction enforced.
+// rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet,
+// fromEndpoints, fromEntities, toPorts, icmps) or egress or egressDeny
+// (toCIDR, toCIDRSet, toEndpoints, toEntities, toPorts, icmps) rule.
+// Ports or ICMP types without peers are for every peer (AnyPeer), as in
+// Cilium; a rule with neither only makes its direction enforced. As in
+// Cilium, label peers and entities are each a rule's only kind of peer
+// (CIDRs and CIDR sets may share one, as this format always allowed).
 func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, error) {
 	peer := "to"
 	if dir == policy.Ingress {
 		peer = "from"
 	}
-	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
+	cidrField, setField, endpointsField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Endpoints", peer+"Entities"
 	fields, err := p.fields(n, what, nativeRuleFields[dir]...)
 	if err != nil {
 		return policy.Rule{}, err
 	}
+	// The first peer field, and whether it may share the rule (CIDRs).
+	peerField, sharing := "", false
+	for key := range n.Pairs() {
+		switch name := key.Value(); name {
+		case cidrField, setField, endpointsField, entityField:
+			cidrs := name == cidrField || name == setField
+			if peerField != "" && !(cidrs && sharing) {
+				return policy.Rule{}, p.errorf(key, "%s: %s and %s in one rule: as in Cilium, write two rules", what, peerField, name)
+			}
+			if peerField == "" {
+				peerField, sharing = name, cidrs
+			}
+		}
+	}
 	var rule policy.Rule
+	if value, ok := fields.get(endpointsField); ok {
+		if err := p.endpointPeers(value, what+"."+endpointsField, "", &rule); err != nil {
+			return policy.Rule{}, err
+		}
+	}
+	if value, ok := fields.get(entityField); ok {
+		if err := p.entities(value, what+"."+entityField, &rule); err != nil {
+			return policy.Rule{}, err
+		}
+	}
 	if value, ok := fields.get(cidrField); ok {
 		if rule.Peers, err = p.cidrPeers(value, what+"."+cidrField); err != nil {
 			return policy.Rule{}, err
@@ -353,7 +401,9 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			return policy.Rule{}, err
 		}
 	}
-	rule.AnyPeer = len(rule.Peers) == 0 && (hasPorts || hasICMPs)
+	if peerField == "" && (hasPorts || hasICMPs) {
+		rule.AnyPeer = true
+	}
 	return rule, nil
 }
 

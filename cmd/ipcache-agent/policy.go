@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -106,8 +107,8 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 			} else {
 				for _, v := range out {
 					if v.Valid {
-						fmt.Fprintf(stdout, "%s: ok (%d policies: %s; %d policy map entries)\n", v.File, len(v.Policies),
-							strings.Join(v.Policies, ", "), v.Entries)
+						fmt.Fprintf(stdout, "%s: ok (%s: %s; %s)\n", v.File, plural(len(v.Policies), "policy", "policies"),
+							strings.Join(v.Policies, ", "), plural(v.Entries, "policy map entry", "policy map entries"))
 					} else {
 						// The error names the file.
 						fmt.Fprintln(stdout, v.Error)
@@ -131,4 +132,12 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 	cmd.Flags().Uint32Var(&maxEntries, "policy-map-max-entries", datapathcell.DefaultConfig.PolicyMapMaxEntries,
 		"Maximum entries of the policy map, as the agent's flag: a file whose policies compute more is invalid")
 	return cmd
+}
+
+// plural returns "1 policy", "2 policies".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
