@@ -203,9 +203,9 @@ func parseVerdict(v string) (verdict, error) {
 	return verdict{}, fmt.Errorf("want drop, allow or a reason (no-policy, policy-deny, spoofed-source, policy, reply, ...)")
 }
 
-// Kinds returns the events the filter can pass, for a client that gave no
+// kinds returns the events the filter can pass, for a client that gave no
 // --type: a --verdict of allowed packets' asks for verdict events.
-func (f *Filter) Kinds() events.Kinds {
+func (f *Filter) kinds() events.Kinds {
 	if len(f.verdicts) == 0 {
 		return events.Drops
 	}
@@ -228,9 +228,9 @@ type sides interface {
 	endpointName(events.Event) string
 }
 
-// Match reports whether e passes every filter given; names are looked up
+// match reports whether e passes every filter given; names are looked up
 // only for --label and --endpoint.
-func (f *Filter) Match(e events.Event, names sides) bool {
+func (f *Filter) match(e events.Event, names sides) bool {
 	srcID, dstID := e.Endpoint, e.Identity
 	if e.Direction == policy.Ingress {
 		srcID, dstID = e.Identity, e.Endpoint

@@ -118,7 +118,7 @@ func TestFilterMatch(t *testing.T) {
 			require.NoError(t, err)
 			var got []string
 			for _, name := range []string{"egressTCP", "ingressUDP", "icmp6", "epICMP6", "malformed"} {
-				if f.Match(all[name], names) {
+				if f.match(all[name], names) {
 					got = append(got, name)
 				}
 			}
@@ -131,7 +131,7 @@ func TestFilterMatch(t *testing.T) {
 func TestFilterLooksUpOnlyWhatItNeeds(t *testing.T) {
 	f, err := parseFilter(t, "--ip", "10.0.0.0/8")
 	require.NoError(t, err)
-	require.True(t, f.Match(events.Event{Src: netip.MustParseAddr("10.0.0.1"), Endpoint: 300}, panicSides{}))
+	require.True(t, f.match(events.Event{Src: netip.MustParseAddr("10.0.0.1"), Endpoint: 300}, panicSides{}))
 }
 
 type panicSides struct{}
@@ -183,7 +183,7 @@ func TestFilterKinds(t *testing.T) {
 		}
 		f, err := parseFilter(t, fargs...)
 		require.NoError(t, err)
-		require.Equal(t, want, f.Kinds(), args)
+		require.Equal(t, want, f.kinds(), args)
 	}
 }
 

@@ -95,7 +95,7 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				if err != nil {
 					return scriptcmd.Result("", err)
 				}
-				kinds := filter.Kinds()
+				kinds := filter.kinds()
 				if s.Flags.Changed("type") {
 					switch typ {
 					case "drop":
@@ -163,7 +163,7 @@ func (p monitorParams) stream(s *script.State, kinds events.Kinds, filter *Filte
 				pending = false
 			}
 		case e := <-subscribed:
-			if !filter.Match(e, p) {
+			if !filter.match(e, p) {
 				continue
 			}
 			j := p.describe(e, devices)

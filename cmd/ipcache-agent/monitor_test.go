@@ -354,6 +354,34 @@ spec:
 	require.Equal(t, float64(db.Identity), dbDrop["endpoint"])
 	require.Contains(t, textOut.String(), fmt.Sprintf("egress, endpoint default/web (identity %d), identity ", web.Identity))
 
+	// Filtered by endpoint and by a label of its identity: db's drops,
+	// not web's. The shell serves two monitors at once: the text's leaves.
+	(&monitorClient{t: t, cmd: text, out: textOut}).stop()
+	var dbOnly *monitorClient
+	require.Eventually(t, func() bool {
+		dbOnly = e.startMonitor("drop", "--endpoint", "default/db", "--label", "k8s:app=db")
+		time.Sleep(300 * time.Millisecond)
+		if strings.Contains(dbOnly.out.String(), "shell busy") {
+			dbOnly.stop()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the text monitor leaves")
+	require.Eventually(t, func() bool {
+		pingsFrom(e.dbNS, allowedIP)
+		return len(matching(dbOnly.events(), allowedIP)) > 0
+	}, 10*time.Second, 10*time.Millisecond, "monitor --endpoint default/db shows db's drop: %s", dbOnly.out)
+	// web's drop, then db's: the filtered client had both, shows db's.
+	webSeen, dbSeen := len(matching(drops.events(), otherIP)), len(matching(dbOnly.events(), allowedIP))
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		pingsFrom(e.dbNS, allowedIP)
+		return len(matching(drops.events(), otherIP)) > webSeen && len(matching(dbOnly.events(), allowedIP)) > dbSeen
+	}, 10*time.Second, 10*time.Millisecond, "web's drop unfiltered, db's filtered: %s\nfiltered: %s", drops.out, dbOnly.out)
+	for _, ev := range dbOnly.events() {
+		require.Equal(t, "default/db", ev["endpointName"], "--endpoint default/db shows db's events only")
+	}
+
 	// policy/explain reads each endpoint's policy map: the same peer,
 	// two verdicts.
 	out := e.shell("policy/explain", "--endpoint", "default/web", otherIP, "egress")
