@@ -172,6 +172,33 @@ func TestPrivilegedMonitor(t *testing.T) {
 		require.Equal(t, "no-policy", ev["reason"])
 	}
 
+	// The text names the policy and rule that allowed a packet; without
+	// --type, --verdict policy asks for verdict events.
+	filtered.stop()
+	var textOut *syncbuf.Buffer
+	var textClient *monitorClient
+	require.Eventually(t, func() bool {
+		text := agentCommand("monitor", "--verdict", "policy", "--to-ip", allowedIP, "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"))
+		text.Env = append(text.Env, "GORACE=atexit_sleep_ms=0")
+		textOut = &syncbuf.Buffer{}
+		text.Stdout, text.Stderr = textOut, textOut
+		require.NoError(t, text.Start())
+		textClient = &monitorClient{t: t, cmd: text, out: textOut}
+		t.Cleanup(textClient.stop)
+		time.Sleep(300 * time.Millisecond)
+		if strings.Contains(textOut.String(), "shell busy") {
+			textClient.stop()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the filtered monitor leaves")
+	require.Eventually(t, func() bool {
+		// A new ping's echo request is a new flow: decided by policy.
+		e.reachable(allowedIP)
+		return strings.Contains(textOut.String(), " -> "+allowedIP+" ICMP type 8; policy e2e, rule e2e:egress[0]\n")
+	}, 10*time.Second, 10*time.Millisecond, "monitor --verdict policy names the rule: %s", textOut)
+	require.NotContains(t, textOut.String(), "drop", "--verdict policy shows allowed packets only")
+
 	// The text form answers too.
 	text := agentCommand("shell", "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"), "help", "monitor")
 	out, err := text.CombinedOutput()
