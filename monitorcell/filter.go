@@ -102,7 +102,8 @@ type verdict struct {
 
 // ParseFilter parses the filter flags of fs.
 //
-// Possible errors: ErrFilter (wrapped, naming the flag and the value).
+// Possible errors: ErrFilter (wrapped, naming the flag and the value);
+// a filter flag missing from fs (not added by AddFilterFlags).
 func ParseFilter(fs *pflag.FlagSet) (*Filter, error) {
 	f := &Filter{}
 	for _, name := range filterFlagNames {
