@@ -10,6 +10,7 @@
 // through the events.Source the datapath provides; the `identities` table
 // (identitycell) for an event's labels, the `endpoints` table for the
 // name of its local endpoint and the `policy` table for the policies
-// behind a verdict, all optional. Writes: the program's
+// and rules behind a verdict, all optional, also for the filters
+// (filter.go). Writes: the program's
 // events_mask, only while a client is subscribed. It owns no table.
 package monitorcell

@@ -17,7 +17,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/events"
+	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -203,4 +206,81 @@ func TestProtocolName(t *testing.T) {
 	for p, name := range map[uint8]string{0: "0", 1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPv6", 132: "SCTP", 47: "47"} {
 		require.Equal(t, name, policy.Protocol(p).PacketString())
 	}
+}
+
+// The entry that decided an event is the one of the event's subject (the
+// local endpoint's identity), not the host-wide default's: its policies
+// and rules are in the JSON and named in the text. The JSON's field names
+// are the contract's (docs/CONTRACT.md "Monitor events").
+func TestEventDecidingRuleAndJSONFields(t *testing.T) {
+	db := statedb.New()
+	entries, err := policy.NewEntryTable(db)
+	require.NoError(t, err)
+	identities, err := identitycell.NewIdentitiesTable(db)
+	require.NoError(t, err)
+	endpoints, err := endpoint.NewTable(db)
+	require.NoError(t, err)
+	web, peer := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("192.0.2.10")
+	txn := db.WriteTxn(entries, identities, endpoints)
+	for _, e := range []*policy.Entry{
+		// web's deny of 443 to identity 400, and the default's allow of
+		// it, which must not be named for web's drop.
+		{Key: policy.Key{Subject: 300, Identity: 400, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443},
+			Verdict: policy.VerdictDeny, Policies: []string{"shop/deny-https"}, Rules: []string{"shop/deny-https:egressDeny[0]"}},
+		{Key: policy.Key{Identity: 400, Direction: policy.Egress, Protocol: policy.ProtocolTCP, Port: 443},
+			Verdict: policy.VerdictAllow, Policies: []string{"host"}, Rules: []string{"host:egress[0]"}},
+		// web's allow of any port to 400, by two rules.
+		{Key: policy.Key{Subject: 300, Identity: 400, Direction: policy.Egress},
+			Verdict: policy.VerdictAllow, Policies: []string{"shop/web"}, Rules: []string{"shop/web:egress[0]", "shop/web:egress[2]"}},
+	} {
+		_, _, err := entries.Insert(txn, e)
+		require.NoError(t, err)
+	}
+	lbls, err := labels.New("cidr:192.0.2.0/24")
+	require.NoError(t, err)
+	_, _, err = identities.Insert(txn, &identitycell.Identity{ID: 400, Labels: lbls})
+	require.NoError(t, err)
+	_, _, err = endpoints.Insert(txn, &endpoint.State{Endpoint: endpoint.Endpoint{Namespace: "shop", Name: "web-1", Addresses: []netip.Addr{web}}, Identity: 300, Local: true})
+	require.NoError(t, err)
+	txn.Commit()
+	p := monitorParams{DB: db, PolicyEntries: entries, Identities: identities, Endpoints: endpoints}
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	devices := map[uint32]string{1: "veth0"}
+
+	deny := events.Event{Time: at, Ifindex: 1, Direction: policy.Egress, Reason: bpfmaps.ReasonPolicyDeny, Identity: 400, Endpoint: 300,
+		Protocol: 6, Src: web, Dst: peer, SrcPort: 40000, DstPort: 443}
+	var sb strings.Builder
+	writeEventText(&sb, p.describe(deny, devices))
+	require.Equal(t, "2026-12-04T12:00:00Z drop (policy-deny) on veth0 egress, endpoint shop/web-1 (identity 300), identity 400 (cidr:192.0.2.0/24): "+
+		"10.0.0.1:40000 -> 192.0.2.10:443 TCP; policy shop/deny-https, rule shop/deny-https:egressDeny[0]\n", sb.String())
+
+	allow := deny
+	allow.Allowed, allow.Reason, allow.DstPort = true, bpfmaps.ReasonPolicy, 80
+	sb.Reset()
+	writeEventText(&sb, p.describe(allow, devices))
+	require.True(t, strings.HasSuffix(sb.String(), "TCP; policy shop/web, rules shop/web:egress[0],shop/web:egress[2]\n"), sb.String())
+
+	b, err := json.Marshal(p.describe(allow, devices))
+	require.NoError(t, err)
+	var fields map[string]any
+	require.NoError(t, json.Unmarshal(b, &fields))
+	require.Equal(t, map[string]any{
+		"time": "2026-12-04T12:00:00Z", "device": "veth0", "direction": "egress", "src": "10.0.0.1", "dst": "192.0.2.10",
+		"protocol": "TCP", "sport": float64(40000), "dport": float64(80), "identity": float64(400), "endpoint": float64(300),
+		"endpointName": "shop/web-1", "labels": []any{"cidr:192.0.2.0/24"}, "verdict": "allow", "reason": "policy",
+		"policy": "shop/web", "rules": []any{"shop/web:egress[0]", "shop/web:egress[2]"},
+	}, fields)
+
+	// A reply names no rule (no entry decided it); an ICMP has its type,
+	// no ports; a reserved identity's label is its entity's.
+	reply := events.Event{Time: at, Ifindex: 1, Direction: policy.Ingress, Allowed: true, Reason: bpfmaps.ReasonReply, Identity: identity.Host,
+		Protocol: 1, ICMPType: 0, Src: peer, Dst: web}
+	b, err = json.Marshal(p.describe(reply, devices))
+	require.NoError(t, err)
+	fields = nil
+	require.NoError(t, json.Unmarshal(b, &fields))
+	require.Equal(t, map[string]any{
+		"time": "2026-12-04T12:00:00Z", "device": "veth0", "direction": "ingress", "src": "192.0.2.10", "dst": "10.0.0.1",
+		"protocol": "ICMP", "type": float64(0), "identity": float64(1), "labels": []any{"reserved:host"}, "verdict": "allow", "reason": "reply",
+	}, fields)
 }

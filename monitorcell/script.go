@@ -65,11 +65,18 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 					"-o json: one object per line: time, device, direction, src, dst,",
 					"protocol, sport, dport (ICMP: type), identity, endpoint (the local",
 					"endpoint's identity) and endpointName (its namespace/name), labels,",
-					"verdict, reason.",
+					"verdict, reason, policy and rules (the deciding entry's).",
+					"Filters as hubble observe's: a flag may be repeated (or take",
+					"comma-separated values) and matches any of its values; an event is",
+					"shown when it matches every flag given. Addresses take an address or",
+					"a CIDR. Without --type, --verdict chooses the events (allow or an",
+					"allow reason: verdict events). Filters select what is shown only: the",
+					"program writes, and datapath/events-lost counts, every event.",
 				},
 				Flags: func(fs *pflag.FlagSet) {
 					scriptcmd.OutputFlag(fs)
 					fs.String("type", "drop", "Events: drop, verdict or all")
+					AddFilterFlags(fs)
 				},
 			},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -84,18 +91,24 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				if err != nil {
 					return nil, err
 				}
-				var kinds events.Kinds
-				switch typ {
-				case "drop":
-					kinds = events.Drops
-				case "verdict":
-					kinds = events.Verdicts
-				case "all":
-					kinds = events.Drops | events.Verdicts
-				default:
-					return scriptcmd.Result("", fmt.Errorf("--type %s: %w", typ, ErrEventType))
+				filter, err := ParseFilter(s.Flags)
+				if err != nil {
+					return scriptcmd.Result("", err)
 				}
-				return nil, p.stream(s, kinds, asJSON)
+				kinds := filter.kinds()
+				if s.Flags.Changed("type") {
+					switch typ {
+					case "drop":
+						kinds = events.Drops
+					case "verdict":
+						kinds = events.Verdicts
+					case "all":
+						kinds = events.Drops | events.Verdicts
+					default:
+						return scriptcmd.Result("", fmt.Errorf("--type %s: %w", typ, ErrEventType))
+					}
+				}
+				return nil, p.stream(s, kinds, filter, asJSON)
 			}),
 		"datapath/events-lost": scriptcmd.Show(
 			script.CmdUsage{
@@ -127,7 +140,7 @@ type eventsLostJSON struct {
 }
 
 // stream writes the events of kinds to the client until it leaves.
-func (p monitorParams) stream(s *script.State, kinds events.Kinds, asJSON bool) error {
+func (p monitorParams) stream(s *script.State, kinds events.Kinds, filter *Filter, asJSON bool) error {
 	subscribed, cancel, err := p.Hub.Subscribe(kinds)
 	if err != nil {
 		return err
@@ -150,6 +163,9 @@ func (p monitorParams) stream(s *script.State, kinds events.Kinds, asJSON bool) 
 				pending = false
 			}
 		case e := <-subscribed:
+			if !filter.match(e, p) {
+				continue
+			}
 			j := p.describe(e, devices)
 			if asJSON {
 				b, err := json.Marshal(j)
@@ -189,6 +205,9 @@ type eventJSON struct {
 	Verdict      string   `json:"verdict"`
 	Reason       string   `json:"reason"`
 	Policy       string   `json:"policy,omitempty"`
+	// Rules are the rules of that entry, each "<policy>:<rule>" as the
+	// `policy` table names them.
+	Rules []string `json:"rules,omitempty"`
 }
 
 func (p monitorParams) describe(e events.Event, devices map[uint32]string) eventJSON {
@@ -228,20 +247,41 @@ func (p monitorParams) describe(e events.Event, devices map[uint32]string) event
 	if e.Endpoint != identity.Unknown {
 		j.EndpointName = p.endpointName(e)
 	}
-	if p.DB != nil && p.Identities != nil && e.Identity != 0 {
-		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(e.Identity)); found {
+	if e.Identity != identity.Unknown {
+		j.Labels = append(j.Labels, p.identityLabels(e.Identity)...)
+	}
+	if e.Allowed && e.Reason == bpfmaps.ReasonPolicy || !e.Allowed && e.Reason == bpfmaps.ReasonPolicyDeny {
+		if entry := p.decidingEntry(e); entry != nil {
+			j.Policy, j.Rules = strings.Join(entry.Policies, ","), entry.Rules
+		}
+	}
+	return j
+}
+
+// reservedEntities are the entities of one reserved identity, whose
+// numbers have no row in the identities table.
+var reservedEntities = []identity.Entity{identity.EntityHost, identity.EntityWorld, identity.EntityUnmanaged,
+	identity.EntityHealth, identity.EntityInit, identity.EntityRemoteNode, identity.EntityKubeAPIServer, identity.EntityIngress}
+
+// identityLabels returns the labels of identity n as the identities
+// table has them, or a reserved identity's label; nil when unknown.
+func (p monitorParams) identityLabels(n identity.Number) []string {
+	var out []string
+	if p.DB != nil && p.Identities != nil {
+		if id, _, found := p.Identities.Get(p.DB.ReadTxn(), identitycell.IdentityIndex.Query(n)); found {
 			for l := range id.Labels.All() {
-				j.Labels = append(j.Labels, l)
+				out = append(out, l)
 			}
 		}
 	}
-	if len(j.Labels) == 0 && e.Identity == identity.World {
-		j.Labels = []string{"reserved:world"}
+	if len(out) == 0 {
+		for _, ent := range reservedEntities {
+			if r, ok := ent.Reserved(); ok && r == n || ent == identity.EntityWorld && n == identity.World {
+				return []string{ent.ReservedLabel()}
+			}
+		}
 	}
-	if e.Allowed && e.Reason == bpfmaps.ReasonPolicy || !e.Allowed && e.Reason == bpfmaps.ReasonPolicyDeny {
-		j.Policy = p.allowingPolicies(e)
-	}
-	return j
+	return out
 }
 
 // endpointName names the local endpoint whose packet e is: the one with
@@ -266,16 +306,18 @@ func (p monitorParams) endpointName(e events.Event) string {
 	return ep.ID()
 }
 
-// allowingPolicies names the policies of the desired entry that decided
-// e, resolved as the program does (policy.Behind: the remote
-// identity's and identity 0's longest prefixes, a deny wins), if its
-// verdict is e's. Empty when the tables changed since.
-func (p monitorParams) allowingPolicies(e events.Event) string {
+// decidingEntry returns the desired entry that decided e, resolved as
+// the program does (policy.Behind: the subject's entries for the remote
+// identity and for identity 0, longest prefixes, a deny wins), if its
+// verdict is e's; nil when the tables changed since. The program's event
+// carries the verdict and reason, not the entry: the entry's policies and
+// rules are the `policy` table's now, as policy/explain reads them.
+func (p monitorParams) decidingEntry(e events.Event) *policy.Entry {
 	if p.DB == nil || p.PolicyEntries == nil {
-		return ""
+		return nil
 	}
 	pkt := policy.Lookup{
-		Identity: e.Identity, Direction: e.Direction, Protocol: policy.Protocol(e.Protocol),
+		Subject: e.Endpoint, Identity: e.Identity, Direction: e.Direction, Protocol: policy.Protocol(e.Protocol),
 	}
 	switch e.Protocol {
 	case 6, 17, 132:
@@ -285,9 +327,9 @@ func (p monitorParams) allowingPolicies(e events.Event) string {
 	}
 	entry := policy.Behind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
 	if entry == nil || (entry.Verdict == policy.VerdictAllow) != e.Allowed {
-		return ""
+		return nil
 	}
-	return strings.Join(entry.Policies, ",")
+	return entry
 }
 
 // writeEventText writes an event as cilium-dbg monitor does, roughly:
@@ -311,6 +353,15 @@ func writeEventText(w io.Writer, j eventJSON) {
 	case j.Endpoint != 0:
 		where += fmt.Sprintf(", endpoint %d", j.Endpoint)
 	}
-	fmt.Fprintf(w, "%s %s on %s, identity %d (%s): %s\n", j.Time, what, where,
-		j.Identity, strings.Join(j.Labels, ","), pkt)
+	decided := ""
+	switch {
+	case len(j.Rules) == 1:
+		decided = "; policy " + j.Policy + ", rule " + j.Rules[0]
+	case len(j.Rules) > 1:
+		decided = "; policy " + j.Policy + ", rules " + strings.Join(j.Rules, ",")
+	case j.Policy != "":
+		decided = "; policy " + j.Policy
+	}
+	fmt.Fprintf(w, "%s %s on %s, identity %d (%s): %s%s\n", j.Time, what, where,
+		j.Identity, strings.Join(j.Labels, ","), pkt, decided)
 }

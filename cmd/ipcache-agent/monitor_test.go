@@ -31,10 +31,10 @@ type monitorClient struct {
 	out *syncbuf.Buffer
 }
 
-func (e *e2e) startMonitor(typ string) *monitorClient {
+func (e *e2e) startMonitor(typ string, filters ...string) *monitorClient {
 	e.t.Helper()
-	cmd := agentCommand("monitor", "--type="+typ, "-o", "json",
-		"--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"))
+	cmd := agentCommand(append([]string{"monitor", "--type=" + typ, "-o", "json",
+		"--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, filters...)...)
 	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
 	m := &monitorClient{t: e.t, cmd: cmd, out: &syncbuf.Buffer{}}
 	cmd.Stdout, cmd.Stderr = m.out, m.out
@@ -131,11 +131,73 @@ func TestPrivilegedMonitor(t *testing.T) {
 	require.Contains(t, allowed["labels"], "cidr:"+allowedIP+"/32")
 	if allowed["reason"] == "policy" {
 		require.Equal(t, "e2e", allowed["policy"], "the policy that allowed it")
+		require.Equal(t, []any{"e2e:egress[0]"}, allowed["rules"], "the rule that allowed it")
 	}
 	require.Empty(t, matching(drops.events(), allowedIP), "no allowed packet with --type drop")
 	for _, ev := range verdicts.events() {
 		require.Equal(t, "allow", ev["verdict"], "--type verdict shows allowed packets only")
 	}
+
+	// Filtered as hubble observe: drops for lack of policy to
+	// 10.201.1.0/30 (otherIP's), not those to outsideIP. The shell serves
+	// two monitors at once: the verdicts' leaves first.
+	verdicts.stop()
+	var filtered *monitorClient
+	require.Eventually(t, func() bool {
+		filtered = e.startMonitor("drop", "--to-ip", "10.201.1.0/30", "--verdict", "no-policy")
+		time.Sleep(300 * time.Millisecond)
+		if strings.Contains(filtered.out.String(), "shell busy") {
+			filtered.stop()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the verdicts' monitor leaves")
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		return len(matching(filtered.events(), otherIP)) > 0
+	}, 10*time.Second, 10*time.Millisecond, "monitor --to-ip --verdict shows no drop: %s", filtered.out)
+	// The filtered client now has every event the other has: a drop to
+	// outsideIP (shown unfiltered), then one to otherIP, that it shows.
+	const outsideIP = "10.202.0.9"
+	filteredSeen := len(matching(filtered.events(), otherIP))
+	require.False(t, e.reachable(outsideIP))
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		return len(matching(drops.events(), outsideIP)) > 0 && len(matching(filtered.events(), otherIP)) > filteredSeen
+	}, 10*time.Second, 10*time.Millisecond, "monitor shows the drop to %s: %s\nfiltered: %s", outsideIP, drops.out, filtered.out)
+	require.Equal(t, "no-policy", matching(drops.events(), outsideIP)[0]["reason"])
+	require.Empty(t, matching(filtered.events(), outsideIP), "--to-ip 10.201.1.0/30 filters out the drop to %s", outsideIP)
+	for _, ev := range filtered.events() {
+		require.Equal(t, otherIP, ev["dst"], "only drops to 10.201.1.0/30 (no allowed packet, no other destination)")
+		require.Equal(t, "no-policy", ev["reason"])
+	}
+
+	// The text names the policy and rule that allowed a packet; without
+	// --type, --verdict policy asks for verdict events.
+	filtered.stop()
+	var textOut *syncbuf.Buffer
+	var textClient *monitorClient
+	require.Eventually(t, func() bool {
+		text := agentCommand("monitor", "--verdict", "policy", "--to-ip", allowedIP, "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"))
+		text.Env = append(text.Env, "GORACE=atexit_sleep_ms=0")
+		textOut = &syncbuf.Buffer{}
+		text.Stdout, text.Stderr = textOut, textOut
+		require.NoError(t, text.Start())
+		textClient = &monitorClient{t: t, cmd: text, out: textOut}
+		t.Cleanup(textClient.stop)
+		time.Sleep(300 * time.Millisecond)
+		if strings.Contains(textOut.String(), "shell busy") {
+			textClient.stop()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the filtered monitor leaves")
+	require.Eventually(t, func() bool {
+		// A new ping's echo request is a new flow: decided by policy.
+		e.reachable(allowedIP)
+		return strings.Contains(textOut.String(), " -> "+allowedIP+" ICMP type 8; policy e2e, rule e2e:egress[0]\n")
+	}, 10*time.Second, 10*time.Millisecond, "monitor --verdict policy names the rule: %s", textOut)
+	require.NotContains(t, textOut.String(), "drop", "--verdict policy shows allowed packets only")
 
 	// The text form answers too.
 	text := agentCommand("shell", "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"), "help", "monitor")
@@ -319,10 +381,57 @@ spec:
 	require.Equal(t, float64(db.Identity), dbDrop["endpoint"])
 	require.Contains(t, textOut.String(), fmt.Sprintf("egress, endpoint default/web (identity %d), identity ", web.Identity))
 
+	// Filtered by endpoint and by a label of its identity: db's drops,
+	// not web's. The shell serves two monitors at once: the text's leaves.
+	(&monitorClient{t: t, cmd: text, out: textOut}).stop()
+	var dbOnly *monitorClient
+	require.Eventually(t, func() bool {
+		dbOnly = e.startMonitor("drop", "--endpoint", "default/db", "--label", "k8s:app=db")
+		time.Sleep(300 * time.Millisecond)
+		if strings.Contains(dbOnly.out.String(), "shell busy") {
+			dbOnly.stop()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "the text monitor leaves")
+	require.Eventually(t, func() bool {
+		pingsFrom(e.dbNS, allowedIP)
+		return len(matching(dbOnly.events(), allowedIP)) > 0
+	}, 10*time.Second, 10*time.Millisecond, "monitor --endpoint default/db shows db's drop: %s", dbOnly.out)
+	// web's drop, then db's: the filtered client had both, shows db's.
+	webSeen, dbSeen := len(matching(drops.events(), otherIP)), len(matching(dbOnly.events(), allowedIP))
+	require.Eventually(t, func() bool {
+		e.reachable(otherIP)
+		pingsFrom(e.dbNS, allowedIP)
+		return len(matching(drops.events(), otherIP)) > webSeen && len(matching(dbOnly.events(), allowedIP)) > dbSeen
+	}, 10*time.Second, 10*time.Millisecond, "web's drop unfiltered, db's filtered: %s\nfiltered: %s", drops.out, dbOnly.out)
+	for _, ev := range dbOnly.events() {
+		require.Equal(t, "default/db", ev["endpointName"], "--endpoint default/db shows db's events only")
+	}
+
 	// policy/explain reads each endpoint's policy map: the same peer,
 	// two verdicts.
 	out := e.shell("policy/explain", "--endpoint", "default/web", otherIP, "egress")
 	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: %s subject %d, .*no policy map entry allows it: drop$`, regexp.QuoteMeta(epAddr), web.Identity), out)
 	out = e.shell("policy/explain", "--endpoint", "default/db", otherIP, "egress")
 	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: %s subject %d, .*policy map entry .*: allow$`, regexp.QuoteMeta(dbAddr), db.Identity), out)
+}
+
+// A filter's invalid value is an error naming the flag, before the agent
+// is asked (no agent runs here: its socket does not exist).
+func TestMonitorInvalidFilter(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	for _, args := range [][]string{
+		{"--to-ip", "10.0.0.0/33"},
+		{"--verdict", "denied"},
+		{"--protocol", "gre"},
+		{"--label", "app=web"},
+		{"--endpoint", "web"},
+	} {
+		stdout, stderr, code := runAgentCommand(t, append([]string{"monitor", "--shell-sock-path=" + sock}, args...)...)
+		require.NotZero(t, code, "%v", args)
+		require.Empty(t, stdout)
+		require.Contains(t, stderr, args[0]+` "`+args[1]+`": invalid filter`, "%v", args)
+		require.NotContains(t, stderr, sock, "%v: refused before the agent is asked", args)
+	}
 }
