@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cilium/statedb"
 
@@ -209,6 +210,12 @@ func (e *Endpoints) upsert(s *endpointSource, ep endpoint.Endpoint) (*endpoint.S
 		e.log.Error("Endpoint's addresses not in the ipcache", "endpoint", ep.ID(), "error", err)
 	}
 	if releaseOld != identity.Unknown {
+		// The old identity goes only once the ipcache table maps the
+		// addresses to the new one: the datapath deletes an identity's
+		// policy entries once no entry of that table points at it, and
+		// the handle's upsert is in the table only when resolved. Released
+		// earlier, a peer's flows both identities allow would drop.
+		e.waitResolved(ep.ID())
 		e.release(releaseOld)
 	}
 	e.log.Info("Endpoint registered", "endpoint", ep.ID(), "owner", s.owner, "identity", row.Identity,
@@ -260,6 +267,24 @@ func (e *Endpoints) writeIPCache(s *endpointSource, addrs, gone []netip.Addr, id
 		errs = append(errs, s.handle.RemoveBatch(prefixes))
 	}
 	return errors.Join(errs...)
+}
+
+// resolveWait bounds how long a relabel waits for the ipcache to resolve
+// the new identity before releasing the old one (a stopping agent's
+// resolver resolves nothing more).
+const resolveWait = 10 * time.Second
+
+// waitResolved waits until the ipcache has resolved what the endpoint's
+// handle wrote, or resolveWait passes (then the old identity is released
+// anyway, and that is logged: its entries may go before the addresses
+// move).
+func (e *Endpoints) waitResolved(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveWait)
+	defer cancel()
+	if err := e.ipcache.WaitResolved(ctx); err != nil {
+		e.log.Warn("The ipcache did not resolve an endpoint's new identity in time: its old identity is released anyway",
+			"endpoint", name, "waited", resolveWait, "error", err)
+	}
 }
 
 // release drops the endpoint cell's reference to id.
