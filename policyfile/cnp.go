@@ -482,7 +482,8 @@ func (p *parser) ciliumPortRules(n node, what string) ([]policy.PortRange, error
 }
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of
-// the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
+// the protocol (with an endPort N, ports 0..N); no protocol is ANY, which
+// is TCP, UDP and SCTP.
 func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
@@ -507,7 +508,9 @@ func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 
 // portRange parses a port (a number; named ports are rejected: this
 // agent knows no pod's ports) and an optional endPort at least as large.
-// An endPort equal to the port is the port alone (end 0). endPort is an
+// An endPort equal to the port is the port alone (end 0); port 0 to
+// endPort N is ports 0..N, as Cilium enforces it (to 65535: every port,
+// as port 0 alone). endPort is an
 // integer in Cilium's and Kubernetes' APIs alike, so a quoted one is
 // rejected, as their API servers reject it.
 func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (start, end uint16, err error) {
@@ -531,8 +534,9 @@ func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (st
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is a string, endPort is an integer: write it without quotes", what, endNode.Value())
 	case !ok:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value())
-	case port == 0:
-		return 0, 0, p.errorf(endNode, "%s.endPort: needs a port to start from", what)
+	case port == 0 && endPort == maxPortNumber:
+		// Every port, as port 0 alone: one form in the model.
+		return 0, 0, nil
 	case endPort < port:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %d is below port %d", what, endPort, port)
 	case endPort == port:
