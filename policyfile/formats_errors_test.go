@@ -123,7 +123,7 @@ func TestFormatsReject(t *testing.T) {
 		{"combined peers", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toCIDRSet: [{cidr: 11.0.0.0/8}]\n",
 			`bad.yaml:7:7: invalid policy file: policy "default/p": spec.egress[0]: toCIDR and toCIDRSet in one rule: Cilium does not support combining them`},
 		{"cidrGroupRef", cnpHead + "spec:\n  egress:\n    - toCIDRSet: [{cidrGroupRef: g}]\n", `bad.yaml:6:20: invalid policy file: policy "default/p": spec.egress[0].toCIDRSet[0].cidrGroupRef: CIDR groups are not supported`},
-		{"bad CIDR", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.1/8]\n", `bad.yaml:6:16: invalid policy file: policy "default/p": spec.egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set`},
+		{"bad CIDR", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.1/33]\n", `bad.yaml:6:16: invalid policy file: policy "default/p": spec.egress[0].toCIDR[0]: "10.0.0.1/33" is not a CIDR`},
 		{"L7 rules", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toPorts:\n        - ports: [{port: \"80\", protocol: TCP}]\n          rules: {http: [{}]}\n",
 			`bad.yaml:9:11: invalid policy file: policy "default/p": spec.egress[0].toPorts[0].rules: L7 rules are not supported`},
 		{"serverNames", cnpHead + "spec:\n  egress:\n    - toPorts:\n        - ports: [{port: \"443\", protocol: TCP}]\n          serverNames: [a.example]\n",
