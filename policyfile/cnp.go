@@ -346,7 +346,7 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, names
 				"cidrGroupRef": cidrGroupMessage, "cidrGroupSelector": cidrGroupMessage}); err != nil {
 				return policy.Rule{}, err
 			}
-			set, err := p.cidrSet(item, itemWhat)
+			set, err := p.cidrSet(item, itemWhat, "Cilium")
 			if err != nil {
 				return policy.Rule{}, err
 			}

@@ -203,6 +203,13 @@ func TestParseBareAddresses(t *testing.T) {
 	policies, err := Parse("p.yaml", []byte("name: a\negress:\n  - toCIDR: [192.0.2.1, \"2001:db8::1\"]\n"))
 	require.NoError(t, err)
 	require.Equal(t, prefixes("192.0.2.1/32", "2001:db8::1/128"), policies[0].Prefixes())
+
+	// In a CNP's CIDR list too (a CIDR set needs a prefix length there);
+	// the native format's CIDR sets take them as they always did.
+	policies, err = Parse("p.yaml", []byte(cnpHead+"spec:\n  ingress:\n    - fromCIDR: [10.0.1.32]\n---\nname: n\negress:\n  - toCIDRSet: [{cidr: 10.0.1.33}]\n"))
+	require.NoError(t, err)
+	require.Equal(t, prefixes("10.0.1.32/32"), policies[0].Prefixes())
+	require.Equal(t, prefixes("10.0.1.33/32"), policies[1].Prefixes())
 }
 
 // TestParseCutMidWrite: a file cut at a line boundary while an editor
