@@ -27,15 +27,17 @@ const maxNameLength = 253
 // validated: the first error rejects it.
 //
 // Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
-// repeated policy name, an ingress or egress key without a value (a file
-// cut mid-write; `egress: []` is no rules), a CIDR that does not parse
+// repeated policy name, an ingress or egress key without a value in a
+// native policy or a NetworkPolicy (a file cut mid-write; `egress: []` is
+// no rules; a Cilium spec reads it as Cilium does), a CIDR that does not parse
 // (one with host bits set is read as its prefix, with a warning that
 // ParseFile gives), an except prefix outside its CIDR, an empty CIDR or port list, a port
 // outside 1..65535, an endPort below its port and a protocol other than
 // TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP; ports or
-// icmps without CIDRs are for every peer (as Cilium's toPorts without
-// peers).
+// icmps without peers are for every peer (as Cilium's toPorts without
+// peers). Peers by label are read into Rule.Endpoints and entities other
+// than world and all into Rule.Entities (selector.go, cnp.go, netpol.go).
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
