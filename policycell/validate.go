@@ -24,6 +24,9 @@ type FileValidation struct {
 	Entries EntryCount
 	// Err is nil when the agent would put the file in force.
 	Err error
+	// Warnings are what the valid file says that the agent reads
+	// otherwise than written (policyfile.Parsed.Warnings).
+	Warnings []policyfile.Warning
 }
 
 // ValidateFiles checks policy files as the agent would read them from its
@@ -49,7 +52,7 @@ func ValidateFiles(files []string, maxEntries int) []FileValidation {
 		if err == nil {
 			var parsed policyfile.Parsed
 			parsed, err = policyfile.ParseFile(file, content)
-			results[i].Policies, nameColumns[i] = parsed.Policies, parsed.NameColumns
+			results[i].Policies, nameColumns[i], results[i].Warnings = parsed.Policies, parsed.NameColumns, parsed.Warnings
 		}
 		if err == nil {
 			results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)

@@ -86,7 +86,10 @@ var (
 // ciliumPolicy parses a CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy
 // into one policy holding the rules of its spec and specs.
 func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
-	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status")
+	// A description beside spec is not in Cilium's schema: the API server
+	// prunes it (with a warning) and keeps the policy, and so does this
+	// parser, whatever its value.
+	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status", "description")
 	if err != nil {
 		return nil, err
 	}
@@ -202,9 +205,8 @@ func (p *parser) ciliumSpec(n node, place, namespace string, pol *policy.Policy)
 		if !ok {
 			continue
 		}
-		if isNull(value) {
-			return p.errorf(value, "%s.%s: no rules (write `%s: []` for none)", what, field.name, field.name)
-		}
+		// As Cilium's decoder reads it: null is no list, as absent (a spec
+		// with no rules at all is still an error, below).
 		items, err := p.list(value, what+"."+field.name)
 		if err != nil {
 			return err
@@ -346,7 +348,7 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, names
 				"cidrGroupRef": cidrGroupMessage, "cidrGroupSelector": cidrGroupMessage}); err != nil {
 				return policy.Rule{}, err
 			}
-			set, err := p.cidrSet(item, itemWhat)
+			set, err := p.cidrSet(item, itemWhat, "Cilium")
 			if err != nil {
 				return policy.Rule{}, err
 			}
@@ -482,7 +484,8 @@ func (p *parser) ciliumPortRules(n node, what string) ([]policy.PortRange, error
 }
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of
-// the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
+// the protocol (with an endPort N, ports 0..N); no protocol is ANY, which
+// is TCP, UDP and SCTP.
 func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
@@ -507,7 +510,9 @@ func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 
 // portRange parses a port (a number; named ports are rejected: this
 // agent knows no pod's ports) and an optional endPort at least as large.
-// An endPort equal to the port is the port alone (end 0). endPort is an
+// An endPort equal to the port is the port alone (end 0); port 0 to
+// endPort N is ports 0..N, as Cilium enforces it (to 65535: every port,
+// as port 0 alone). endPort is an
 // integer in Cilium's and Kubernetes' APIs alike, so a quoted one is
 // rejected, as their API servers reject it.
 func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (start, end uint16, err error) {
@@ -531,8 +536,9 @@ func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (st
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is a string, endPort is an integer: write it without quotes", what, endNode.Value())
 	case !ok:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value())
-	case port == 0:
-		return 0, 0, p.errorf(endNode, "%s.endPort: needs a port to start from", what)
+	case port == 0 && endPort == maxPortNumber:
+		// Every port, as port 0 alone: one form in the model.
+		return 0, 0, nil
 	case endPort < port:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %d is below port %d", what, endPort, port)
 	case endPort == port:

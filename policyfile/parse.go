@@ -27,14 +27,17 @@ const maxNameLength = 253
 // validated: the first error rejects it.
 //
 // Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
-// repeated policy name, an ingress or egress key without a value (a file
-// cut mid-write; `egress: []` is no rules), a CIDR that does not parse or has host bits set,
-// an except prefix outside its CIDR, an empty CIDR or port list, a port
+// repeated policy name, an ingress or egress key without a value in a
+// native policy or a NetworkPolicy (a file cut mid-write; `egress: []` is
+// no rules; a Cilium spec reads it as Cilium does), a CIDR that does not parse
+// (one with host bits set is read as its prefix, with a warning that
+// ParseFile gives), an except prefix outside its CIDR, an empty CIDR or port list, a port
 // outside 1..65535, an endPort below its port and a protocol other than
 // TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP; ports or
-// icmps without CIDRs are for every peer (as Cilium's toPorts without
-// peers).
+// icmps without peers are for every peer (as Cilium's toPorts without
+// peers). Peers by label are read into Rule.Endpoints and entities other
+// than world and all into Rule.Entities (selector.go, cnp.go, netpol.go).
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
@@ -54,9 +57,14 @@ type Parsed struct {
 	// of Policies (Policy.Line is their line): where an error about a
 	// name, such as another file's use of it, points.
 	NameColumns []int
+	// Warnings are what the file says that the agent reads otherwise
+	// than written (a CIDR with host bits set, read as its prefix), in
+	// file order: the file is valid, and its author should know.
+	Warnings []Warning
 }
 
-// ParseFile is Parse, with the positions of the policies' names.
+// ParseFile is Parse, with the positions of the policies' names and the
+// warnings.
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy; Parsed is empty
 // then.
@@ -67,7 +75,7 @@ func ParseFile(file string, content []byte) (Parsed, error) {
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
-			return Parsed{Policies: policies, NameColumns: p.nameColumns}, nil
+			return Parsed{Policies: policies, NameColumns: p.nameColumns, Warnings: p.warnings}, nil
 		}
 		if err != nil {
 			return Parsed{}, p.syntaxError(err)
@@ -100,6 +108,8 @@ type parser struct {
 	// nameColumns their columns, in the order of the policies.
 	names       map[string]int
 	nameColumns []int
+	// warnings are the file's so far.
+	warnings []Warning
 	// size is the file's, for the node budget's error.
 	size int
 }
@@ -113,6 +123,20 @@ func (p *parser) syntaxError(err error) error {
 			ErrInvalidPolicy, p.size, nodeBudget(p.size), nodeBytes, nodeAllowance)}
 	}
 	return &FileError{File: p.file, Line: line, Column: column, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
+}
+
+// warnf adds a warning at n, once per position (a value read twice
+// warns once).
+func (p *parser) warnf(n node, format string, args ...any) {
+	line, column := n.Line(), n.Column()
+	if slices.ContainsFunc(p.warnings, func(w Warning) bool { return w.Line == line && w.Column == column }) {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if p.current != "" {
+		msg = fmt.Sprintf("policy %q: %s", p.current, msg)
+	}
+	p.warnings = append(p.warnings, Warning{File: p.file, Line: line, Column: column, Msg: msg})
 }
 
 func (p *parser) errorf(n node, format string, args ...any) error {
@@ -370,7 +394,7 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			return policy.Rule{}, err
 		}
 		for i, item := range items {
-			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i))
+			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i), "")
 			if err != nil {
 				return policy.Rule{}, err
 			}
@@ -433,7 +457,10 @@ func (p *parser) cidrPeers(n node, what string) ([]policy.CIDRSelector, error) {
 	return peers, nil
 }
 
-func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
+// cidrSet parses {cidr, except}. prefixesOnly names the API (Cilium,
+// Kubernetes) whose CIDR sets take no bare address, cidr or except, as a
+// CIDR list does; empty (the native format), they take them.
+func (p *parser) cidrSet(n node, what, prefixesOnly string) (policy.CIDRSelector, error) {
 	fields, err := p.fields(n, what, "cidr", "except")
 	if err != nil {
 		return policy.CIDRSelector{}, err
@@ -441,6 +468,9 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 	cidrNode, ok := fields.get("cidr")
 	if !ok {
 		return policy.CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
+	}
+	if err := p.prefixLength(cidrNode, what+".cidr", prefixesOnly); err != nil {
+		return policy.CIDRSelector{}, err
 	}
 	cidr, err := p.cidr(cidrNode, what+".cidr", -1)
 	if err != nil {
@@ -454,6 +484,9 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 		}
 		field := what + ".except"
 		for i, item := range items {
+			if err := p.prefixLength(item, fmt.Sprintf("%s[%d]", field, i), prefixesOnly); err != nil {
+				return policy.CIDRSelector{}, err
+			}
 			except, err := p.cidr(item, field, i)
 			if err != nil {
 				return policy.CIDRSelector{}, err
@@ -469,8 +502,23 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 	return set, nil
 }
 
-// cidr parses a CIDR or a bare address (a host prefix). Host bits must be
-// zero; zones and IPv4-mapped IPv6 addresses are rejected (the ipcache
+// prefixLength rejects a bare address where api (not empty) requires a
+// prefix length.
+func (p *parser) prefixLength(n node, what, api string) error {
+	if api == "" || n.Kind() != scalarNode || isNull(n) || strings.Contains(n.Value(), "/") {
+		return nil
+	}
+	addr, err := netip.ParseAddr(n.Value())
+	if err != nil {
+		return nil // cidr says what is wrong
+	}
+	return p.errorf(n, "%s: %q has no prefix length, which %s requires in a CIDR set: write %s",
+		what, n.Value(), api, netip.PrefixFrom(addr.WithZone(""), addr.BitLen()))
+}
+
+// cidr parses a CIDR or a bare address (a host prefix). A CIDR with host
+// bits set is read as its prefix, with a warning; zones and IPv4-mapped
+// IPv6 addresses are rejected (the ipcache
 // keys IPv4 prefixes as IPv4). what[index] names it in errors (what
 // alone for a negative index), formatted only for one.
 func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
@@ -505,7 +553,10 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 	case prefix.Addr().Is4In6():
 		return netip.Prefix{}, p.errorf(n, "%s: %q is an IPv4-mapped IPv6 prefix, write it as IPv4", name(), s)
 	case prefix != prefix.Masked():
-		return netip.Prefix{}, p.errorf(n, "%s: %q has host bits set, did you mean %s?", name(), s, prefix.Masked())
+		// Cilium and Kubernetes read such a CIDR as its prefix: so does
+		// this agent, but says so.
+		p.warnf(n, "%s: %q: host bits set, read as %s", name(), s, prefix.Masked())
+		prefix = prefix.Masked()
 	}
 	return prefix, nil
 }

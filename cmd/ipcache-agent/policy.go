@@ -39,6 +39,9 @@ type validation struct {
 	Policies []string `json:"policies"`
 	Kinds    []string `json:"kinds,omitempty"`
 	Error    string   `json:"error,omitempty"`
+	// Warnings are "file:line:col: message", for what a file says that
+	// the agent reads otherwise than written.
+	Warnings []string `json:"warnings,omitempty"`
 	Line     int      `json:"line,omitempty"`
 	Column   int      `json:"column,omitempty"`
 	// Entries are the policy map entries the file computes; EntriesExact
@@ -61,7 +64,9 @@ the policy map entries each file's policies compute (rejected over
 used by several of the files (taken in name order, the first keeps the
 name, as in a policy directory). It prints one line per file,
 "FILE: ok (N policies: names; M policy map entries)" or the agent's
-error, or with -o json one JSON document.
+error, or with -o json one JSON document; what a valid file says that
+the agent reads otherwise than written (a CIDR with host bits set) is a
+"warning: FILE:LINE:COL: ..." line on stderr (in the JSON, "warnings").
 Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 		Args: agentcmd.UsageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, files []string) error {
@@ -79,6 +84,12 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 					Entries: r.Entries.Entries, EntriesExact: r.Entries.Exact}
 				if r.Err == nil {
 					total += r.Entries.Entries
+				}
+				for _, w := range r.Warnings {
+					out[i].Warnings = append(out[i].Warnings, w.String())
+					if output == "text" {
+						fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w.String())
+					}
 				}
 				for _, p := range r.Policies {
 					out[i].Policies = append(out[i].Policies, p.Name)

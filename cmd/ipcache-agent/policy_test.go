@@ -60,6 +60,20 @@ func TestPolicyValidate(t *testing.T) {
 		":1 (files are taken in name order, the first keeps the name)\n"+
 		path("again.yaml")+": ok (1 policy: a; 0 policy map entries)\n", stdout)
 
+	// A CIDR with host bits set: valid, read as its prefix, with a
+	// warning on stderr.
+	hostBits := filepath.Join(dir, "hostbits.yaml")
+	require.NoError(t, os.WriteFile(hostBits, []byte("name: h\negress:\n  - toCIDR: [10.0.0.5/8]\n"), 0o644))
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", hostBits)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, hostBits+": ok (1 policy: h; 1 policy map entry)\n", stdout)
+	require.Equal(t, "warning: "+hostBits+`:3:14: policy "h": egress[0].toCIDR[0]: "10.0.0.5/8": host bits set, read as 10.0.0.0/8`+"\n", stderr)
+	stdout, _, code = runAgentCommand(t, "policy", "validate", "-o", "json", hostBits)
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, `"warnings": [
+        "`+hostBits+`:3:14: policy \"h\": egress[0].toCIDR[0]: \"10.0.0.5/8\": host bits set, read as 10.0.0.0/8"
+      ]`)
+
 	// A file that cannot be read is invalid too; a FIFO does not block.
 	require.NoError(t, syscall.Mkfifo(path("fifo.yaml"), 0o600))
 	stdout, _, code = runAgentCommand(t, "policy", "validate", path("missing.yaml"), dir, path("fifo.yaml"))
