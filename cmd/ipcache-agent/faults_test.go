@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,7 +133,12 @@ type faultAgent struct {
 // what it creates must not depend on the umask it is started with.
 func startAgent(t *testing.T, args ...string) *faultAgent {
 	t.Helper()
-	a := &faultAgent{t: t, cmd: inFreshNetns(t, agentCommand(args...)), log: &syncbuf.Buffer{}}
+	cmd := agentCommand(args...)
+	if !slices.ContainsFunc(args, func(arg string) bool { return strings.HasPrefix(arg, "--devices=") }) {
+		// An agent attached to a device runs where the device is.
+		cmd = inFreshNetns(t, cmd)
+	}
+	a := &faultAgent{t: t, cmd: cmd, log: &syncbuf.Buffer{}}
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	old := syscall.Umask(0)
 	err := a.cmd.Start()
