@@ -19,6 +19,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
 	"github.com/ipcache-agent/ipcache-agent/monitorcell"
+	"github.com/ipcache-agent/ipcache-agent/nodecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
@@ -59,6 +60,7 @@ var ControlPlane = cell.Group(
 	policycell.Cell,
 	metricscell.Cell,
 	devicecell.Cell,
+	nodecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

@@ -41,7 +41,9 @@ func TestIdentityCommands(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(policyDir, "p.yaml"),
 		[]byte("name: p\negress:\n  - toCIDR: [\"10.20.0.0/16\"]\n"), 0o644))
 	sock := "--shell-sock-path=" + filepath.Join(stateDir, "shell.sock")
-	cmd := agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--policy-dir="+policyDir, sock)
+	// In a network namespace without addresses: the host's would have
+	// identities too.
+	cmd := inFreshNetns(t, agentCommand("--state-dir="+stateDir, "--bpf-root="+bpfRoot, "--policy-dir="+policyDir, sock))
 	var agentErr syncbuf.Buffer
 	cmd.Stderr = &agentErr
 	require.NoError(t, cmd.Start())

@@ -254,8 +254,10 @@ func TestPrivilegedShellMemory(t *testing.T) {
 	policyDir := t.TempDir()
 	writeHostPolicies(t, policyDir, shellRSSPrefixes, 50_000)
 	loadStart := time.Now()
-	agent := startAgentProcess(t, exec.Command(bin, dirs.args("--policy-dir="+policyDir,
-		"--policy-map-max-entries=262144", "--log-level=warn")...))
+	// In a network namespace without addresses: the host's would be
+	// entries of the ipcache table beside the policies' prefixes.
+	agent := startAgentProcess(t, inFreshNetns(t, exec.Command(bin, dirs.args("--policy-dir="+policyDir,
+		"--policy-map-max-entries=262144", "--log-level=warn")...)))
 	pid := agent.cmd.Process.Pid
 	sock := dirs.sockPath()
 	require.Eventually(t, func() bool {
