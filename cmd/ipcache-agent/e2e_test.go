@@ -38,6 +38,10 @@ type e2e struct {
 	gracePeriod       string
 	// extraArgs are more flags for the agent.
 	extraArgs []string
+	// farNS, if set, holds allowedIP and otherIP (moveAddressesFar);
+	// hostAddrs are then the agent namespace's own addresses.
+	farNS     string
+	hostAddrs map[netip.Prefix]bool
 	// agentBinary, if set, is the agent that startAgent runs instead of
 	// this test binary (an agent of another build).
 	agentBinary string

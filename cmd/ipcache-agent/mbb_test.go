@@ -3,9 +3,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -70,14 +72,82 @@ func mbbPolicy(name string, dir policy.Direction, n int, cidrs ...string) string
 	return b.String()
 }
 
-// state is what the pinned maps say: the ipcache entries and the
-// enforcement switches.
+// The far namespace of the make-before-break tests (moveAddressesFar):
+// the link to it from the agent's namespace, and its address there.
+const (
+	farDevice   = "ipcaf0"
+	farHostSide = "10.201.9.1"
+	farAddr     = "10.201.9.2"
+)
+
+// moveAddressesFar moves allowedIP and otherIP from the agent's namespace
+// to a namespace of their own, behind a link the agent does not enforce
+// and routed by the agent's namespace. The make-before-break tests count
+// the pinned ipcache entries their policies make: the addresses of the
+// agent's own namespace are the host entity's, always in the ipcache
+// (nodecell), and state leaves them out; the pinged addresses must be
+// none of them. farAddr, inside the policies' 10.201.0.0/16 and no address
+// of the agent's namespace, is a source for ingress.
+func (e *e2e) moveAddressesFar() {
+	t := e.t
+	e.farNS = strings.Replace(e.hostNS, "ipca-host-", "ipca-far-", 1)
+	mustRun(t, "ip", "netns", "add", e.farNS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", e.farNS).Run() })
+	for _, addr := range []string{allowedIP, otherIP} {
+		mustRun(t, "ip", "-n", e.hostNS, "addr", "del", addr+"/32", "dev", "lo")
+		mustRun(t, "ip", "-n", e.farNS, "addr", "add", addr+"/32", "dev", "lo")
+	}
+	mustRun(t, "ip", "-n", e.hostNS, "link", "add", farDevice, "type", "veth", "peer", "name", "eth0", "netns", e.farNS)
+	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", farHostSide+"/30", "dev", farDevice)
+	mustRun(t, "ip", "-n", e.hostNS, "link", "set", farDevice, "up")
+	mustRun(t, "ip", "-n", e.farNS, "link", "set", "lo", "up")
+	mustRun(t, "ip", "-n", e.farNS, "addr", "add", farAddr+"/30", "dev", "eth0")
+	mustRun(t, "ip", "-n", e.farNS, "link", "set", "eth0", "up")
+	mustRun(t, "ip", "-n", e.farNS, "route", "add", "default", "via", farHostSide)
+	for _, addr := range []string{allowedIP, otherIP} {
+		mustRun(t, "ip", "-n", e.hostNS, "route", "add", addr+"/32", "via", farAddr)
+	}
+	mustRun(t, "ip", "netns", "exec", e.hostNS, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	require.Eventually(t, func() bool { return e.reachable(allowedIP) && pingsFrom(e.farNS, epAddr) },
+		10*time.Second, 50*time.Millisecond, "the endpoint reaches %s in the far namespace, and back", allowedIP)
+}
+
+// hostPrefixes returns the addresses of the agent's namespace, as the
+// node cell puts them in the ipcache (/32, /128).
+func (e *e2e) hostPrefixes() map[netip.Prefix]bool {
+	e.t.Helper()
+	out, err := exec.Command("ip", "-n", e.hostNS, "-j", "addr", "show").Output()
+	require.NoError(e.t, err)
+	var links []struct {
+		AddrInfo []struct {
+			Local string `json:"local"`
+		} `json:"addr_info"`
+	}
+	require.NoError(e.t, json.Unmarshal(out, &links))
+	prefixes := map[netip.Prefix]bool{}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			addr := netip.MustParseAddr(a.Local)
+			prefixes[netip.PrefixFrom(addr, addr.BitLen())] = true
+		}
+	}
+	return prefixes
+}
+
+// state is what the pinned maps say: the ipcache entries (but the host
+// addresses of the agent's namespace: hostPrefixes) and the enforcement
+// switches.
 func (e *e2e) state() (map[netip.Prefix]uint32, [2]bool) {
+	if e.hostAddrs == nil {
+		e.hostAddrs = e.hostPrefixes()
+	}
 	pinned, err := bpfmaps.ReadIPCache(e.bpfRoot)
 	require.NoError(e.t, err)
 	ipcache := make(map[netip.Prefix]uint32, len(pinned))
 	for prefix, id := range pinned {
-		ipcache[prefix] = uint32(id)
+		if !e.hostAddrs[prefix] {
+			ipcache[prefix] = uint32(id)
+		}
 	}
 	enforced, err := bpfmaps.ReadEnforcement(e.bpfRoot)
 	require.NoError(e.t, err)
@@ -132,6 +202,7 @@ func prefixOf(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 // is deleted. Before, in between and after, the address is allowed.
 func TestPrivilegedMakeBeforeBreakFirstAndLastPolicy(t *testing.T) {
 	e := newE2E(t)
+	e.moveAddressesFar()
 	e.extraArgs = []string{"--policy-map-max-entries=65536"}
 	e.startAgent()
 	const others = 20000
@@ -154,9 +225,10 @@ func TestPrivilegedMakeBeforeBreakFirstAndLastPolicy(t *testing.T) {
 // of its own), and is deleted again (the address falls back to the /16).
 func narrowerComesAndGoes(t *testing.T, dir policy.Direction, fromHost bool, to, narrow string) {
 	e := newE2E(t)
+	e.moveAddressesFar()
 	from := e.epNS
 	if fromHost {
-		from = e.hostNS
+		from = e.farNS
 	}
 	e.policyFile("wide.yaml", mbbPolicy("wide", dir, 0, "10.201.0.0/16"))
 	e.startAgent()
@@ -183,16 +255,17 @@ func TestPrivilegedMakeBeforeBreakNarrowerPrefix(t *testing.T) {
 	narrowerComesAndGoes(t, policy.Egress, false, allowedIP, allowedIP)
 }
 
-// TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress: ingress, the host
-// side pings the endpoint.
+// TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress: ingress, the far
+// namespace pings the endpoint through the agent's.
 func TestPrivilegedMakeBeforeBreakNarrowerPrefixIngress(t *testing.T) {
-	narrowerComesAndGoes(t, policy.Ingress, true, epAddr, hostSideAddr)
+	narrowerComesAndGoes(t, policy.Ingress, true, epAddr, farAddr)
 }
 
 // TestPrivilegedMakeBeforeBreakPolicyEdit: an edit swaps the allowing CIDR
 // for another that covers the same address: narrower, wider, narrower.
 func TestPrivilegedMakeBeforeBreakPolicyEdit(t *testing.T) {
 	e := newE2E(t)
+	e.moveAddressesFar()
 	e.policyFile("p.yaml", mbbPolicy("p", policy.Egress, 0, "10.201.0.0/16"))
 	e.startAgent()
 	require.Eventually(t, func() bool {
@@ -216,7 +289,10 @@ func TestPrivilegedMakeBeforeBreakPolicyEdit(t *testing.T) {
 // to its own identity, and no probe is lost throughout.
 func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
 	e := newE2E(t)
-	e.extraArgs = []string{"--policy-map-max-entries=3"}
+	e.moveAddressesFar()
+	// Full with wide's and other's prefixes, and the two host addresses
+	// inside wide's (hostSideAddr, farHostSide): each its own identity.
+	e.extraArgs = []string{"--policy-map-max-entries=5"}
 	e.policyFile("wide.yaml", mbbPolicy("wide", policy.Egress, 0, "10.201.0.0/16"))
 	e.policyFile("other.yaml", mbbPolicy("other", policy.Egress, 0, "10.9.0.0/16", "10.8.0.0/16"))
 	e.startAgent()
