@@ -127,15 +127,20 @@ func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, er
 	return c.Cmd.Run(s, args...)
 }
 
-func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, scopes *healthScopes, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	if cfg.ShellSockPath == "" {
 		log.Info("No --shell-sock-path: not serving the shell")
 		return
 	}
+	all := cmds.Map()
+	// The shell's `health <pattern>` waits a bounded time by default: a
+	// script polling the agent wants an answer (script tests keep theirs
+	// unbounded, up to the test's own deadline).
+	all["health"] = scopes.command(shellHealthTimeout)
 	s := &shellServer{
 		path:     cfg.ShellSockPath,
 		log:      log,
-		engine:   &script.Engine{Cmds: servedCommands(db, cmds.Map())},
+		engine:   &script.Engine{Cmds: servedCommands(db, all)},
 		clients:  make(chan struct{}, maxShellClients),
 		commands: make(chan struct{}, maxShellCommands),
 		watches:  make(chan struct{}, maxShellWatches),
