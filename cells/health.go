@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/metricscell"
 )
 
 // healthCell provides the root cell.Health, a cell.SimpleHealth (each
@@ -26,6 +27,8 @@ import (
 var healthCell = cell.Provide(
 	newHealth,
 	func(s *healthScopes) hive.ScriptCmdOut { return hive.NewScriptCmd("health", s.command(0)) },
+	// What the metrics server's /healthz and /readyz read.
+	func(s *healthScopes) metricscell.HealthScopes { return s },
 )
 
 // healthScopes knows the scopes of a cell.SimpleHealth, which keeps them
@@ -80,6 +83,19 @@ func (r healthRow) String() string {
 // script tests anchor the end of a message on " error".
 func (r healthRow) withError() string {
 	return fmt.Sprintf("%s: level=%s message=%s error=%s", r.Scope, r.Level, r.Message, r.Error)
+}
+
+// NotOK implements metricscell.HealthScopes.
+func (s *healthScopes) NotOK() []metricscell.ScopeStatus {
+	var bad []metricscell.ScopeStatus
+	for _, r := range s.reports() {
+		switch level := cell.Level(r.Level); level {
+		case cell.StatusOK, cell.StatusUnknown:
+		default:
+			bad = append(bad, metricscell.ScopeStatus{Scope: r.Scope, Level: level, Message: r.Message})
+		}
+	}
+	return bad
 }
 
 // notOK returns the scopes of rows that are neither OK nor Unknown
