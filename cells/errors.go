@@ -19,3 +19,7 @@ var ErrShellBusy = errors.New("shell busy")
 // ErrNotHealthy is the error of the shell's `health` when a scope is
 // degraded or stopped, or when no row matched its pattern in time.
 var ErrNotHealthy = errors.New("not healthy")
+
+// ErrShellCommandsFailed is returned by [ShellScript] when some of its
+// commands failed (each error was printed).
+var ErrShellCommandsFailed = errors.New("shell commands failed")

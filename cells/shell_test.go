@@ -198,3 +198,47 @@ func TestShellExchangeNoAgentFailsAtOnce(t *testing.T) {
 	require.ErrorContains(t, err, sock)
 	require.Less(t, time.Since(start), time.Second)
 }
+
+// TestShellErrorOnceWithUsage: a command's error comes back once, as the
+// error (not also as output, though the command wrote it to its stderr
+// too), without the engine's "<stdin>:0: ", and with the command's usage
+// when it is one of usage.
+func TestShellErrorOnceWithUsage(t *testing.T) {
+	sock, _ := startShell(t)
+	out, err := exchange(t, sock, "health -o yaml")
+	require.Empty(t, out)
+	require.EqualError(t, err, "health: -o yaml: want text or json")
+
+	out, err = exchange(t, sock, "health a b")
+	require.Empty(t, out)
+	require.ErrorContains(t, err, "health a b: invalid usage\nusage: health [-o] [--output=string] [--timeout=duration] (pattern)\n")
+	require.ErrorContains(t, err, "--timeout duration")
+	require.NotContains(t, err.Error(), "<stdin>")
+
+	out, err = exchange(t, sock, "db/show --nosuch identities")
+	require.Empty(t, out)
+	require.ErrorContains(t, err, "unknown flag: --nosuch\nusage: db/show ")
+
+	out, err = exchange(t, sock, "nosuch")
+	require.Empty(t, out)
+	require.EqualError(t, err, "nosuch: unknown command", "no usage for a command that does not exist")
+}
+
+// TestShellScript: the commands of a reader run one after the other on
+// one connection, outputs on stdout, errors once on stderr; a failure does
+// not stop the others, and is the error at the end.
+func TestShellScript(t *testing.T) {
+	sock, _ := startShell(t)
+	var stdout, stderr bytes.Buffer
+	err := ShellScript(sock, strings.NewReader("health\n\n# comment\nhealth -o yaml\nhelp health\nexit\nhealth\n"), &stdout, &stderr)
+	require.ErrorIs(t, err, ErrShellCommandsFailed)
+	require.ErrorContains(t, err, "1 of 3")
+	require.Equal(t, "health: -o yaml: want text or json\n", stderr.String())
+	require.Equal(t, 1, strings.Count(stdout.String(), "zeta.b: level=OK"), "nothing after exit: %s", &stdout)
+	require.Contains(t, stdout.String(), "Show health")
+
+	stdout.Reset()
+	stderr.Reset()
+	require.NoError(t, ShellScript(sock, strings.NewReader("health\n"), &stdout, &stderr))
+	require.Empty(t, stderr.String())
+}
