@@ -155,12 +155,13 @@ func (s *healthScopes) command(defaultTimeout time.Duration) script.Cmd {
 			Summary: "Show health (fails if a scope is degraded or stopped), or wait until a row matches the pattern",
 			Args:    "(pattern)",
 			Detail: []string{
-				"Without a pattern: every scope that reported, one a line; the command",
-				"fails (ipcache-agent shell exits 1) when a scope is Degraded or Stopped.",
-				"With a pattern (a regular expression): waits until a row matches it, for",
-				"at most --timeout (0: no bound), and fails saying what it waited for.",
-				"-o json (without a pattern): an array of objects (scope, level,",
-				"message, error), sorted by scope.",
+				"Without a pattern: every scope that reported, one a line;",
+				"the command fails (ipcache-agent shell exits 1) when a scope",
+				"is Degraded or Stopped. With a pattern (a regular",
+				"expression): waits until a row matches it, for at most",
+				"--timeout (0: no bound), and fails saying what it waited",
+				"for. -o json (without a pattern): an array of objects",
+				"(scope, level, message, error), sorted by scope.",
 			},
 			Flags: func(fs *pflag.FlagSet) {
 				scriptcmd.OutputFlag(fs)

@@ -150,14 +150,14 @@ func (o identityOwners) entriesOf(txn statedb.ReadTxn, ident *identitycell.Ident
 func (o identityOwners) showCommand() script.Cmd {
 	return script.Command(
 		script.CmdUsage{
-			Summary: "Show a local identity: labels, references, prefixes and their owners",
+			Summary: "Show an identity: kind, labels, references, prefixes and their owners",
 			Args:    "identity",
 			Detail: []string{
-				"A reserved identity (1 to 8) shows with its reserved:<entity> label,",
-				"kind reserved and no prefixes.",
-				"-o json: one object (identity, kind, labels, references, prefixes with",
-				"their source and owners, owners).",
-				"Fails if the identity is neither reserved nor allocated; 0 is no",
+				"A reserved identity (1 to 8) shows with its",
+				"reserved:<entity> label, kind reserved and no prefixes.",
+				"-o json: one object (identity, kind, labels, references,",
+				"prefixes with their source and owners, owners). Fails if",
+				"the identity is neither reserved nor allocated; 0 is no",
 				"identity.",
 			},
 			Flags: scriptcmd.OutputFlag,
