@@ -3,6 +3,8 @@
 package cells
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -13,8 +15,10 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
+	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
+	"github.com/ipcache-agent/ipcache-agent/metricscell"
 )
 
 // healthCell provides the root cell.Health, a cell.SimpleHealth (each
@@ -22,7 +26,9 @@ import (
 // that shows every scope that has reported, in order.
 var healthCell = cell.Provide(
 	newHealth,
-	func(s *healthScopes) hive.ScriptCmdOut { return hive.NewScriptCmd("health", s.command()) },
+	func(s *healthScopes) hive.ScriptCmdOut { return hive.NewScriptCmd("health", s.command(0)) },
+	// What the metrics server's /healthz and /readyz read.
+	func(s *healthScopes) metricscell.HealthScopes { return s },
 )
 
 // healthScopes knows the scopes of a cell.SimpleHealth, which keeps them
@@ -63,19 +69,47 @@ type healthRow struct {
 	Error   string `json:"error"`
 }
 
-// String is the row as health prints it.
+// String is the row as health prints it: "<scope>: level=<level>
+// message=<message>", and " error=<error>" when it has one.
 func (r healthRow) String() string {
+	if r.Error == "" {
+		return fmt.Sprintf("%s: level=%s message=%s", r.Scope, r.Level, r.Message)
+	}
+	return r.withError()
+}
+
+// withError is the row with its error= field even when it is empty, as
+// health printed every row before: the patterns of `health <pattern>` in
+// script tests anchor the end of a message on " error".
+func (r healthRow) withError() string {
 	return fmt.Sprintf("%s: level=%s message=%s error=%s", r.Scope, r.Level, r.Message, r.Error)
 }
 
-// rows returns "<scope>: level=<level> message=<message> error=<error>" for
-// every open scope that has reported, sorted by scope.
-func (s *healthScopes) rows() []string {
-	var rows []string
+// NotOK implements metricscell.HealthScopes.
+func (s *healthScopes) NotOK() []metricscell.ScopeStatus {
+	var bad []metricscell.ScopeStatus
 	for _, r := range s.reports() {
-		rows = append(rows, r.String())
+		switch level := cell.Level(r.Level); level {
+		case cell.StatusOK, cell.StatusUnknown:
+		default:
+			bad = append(bad, metricscell.ScopeStatus{Scope: r.Scope, Level: level, Message: r.Message})
+		}
 	}
-	return rows
+	return bad
+}
+
+// notOK returns the scopes of rows that are neither OK nor Unknown
+// (Degraded, Stopped), as "<scope> (<level>)".
+func notOK(rows []healthRow) []string {
+	var bad []string
+	for _, r := range rows {
+		switch cell.Level(r.Level) {
+		case cell.StatusOK, cell.StatusUnknown:
+		default:
+			bad = append(bad, fmt.Sprintf("%s (%s)", r.Scope, r.Level))
+		}
+	}
+	return bad
 }
 
 // reports returns every open scope that has reported, sorted by scope. A
@@ -106,49 +140,93 @@ func (s *healthScopes) reports() []healthRow {
 	return rows
 }
 
-// command shows the rows, or with a pattern waits until a row matches it,
-// as cell.SimpleHealthCmd does.
-func (s *healthScopes) command() script.Cmd {
+// shellHealthTimeout is how long the agent's shell's `health <pattern>`
+// waits for a match unless --timeout says otherwise: a script polling the
+// agent wants an answer, where a script test waits as long as the test.
+const shellHealthTimeout = 10 * time.Second
+
+// command shows the rows, failing when a scope is degraded or stopped (a
+// script's exit code), or with a pattern waits until a row matches it, as
+// cell.SimpleHealthCmd does, for at most --timeout; defaultTimeout 0 is
+// until the State's context ends.
+func (s *healthScopes) command(defaultTimeout time.Duration) script.Cmd {
 	return script.Command(
 		script.CmdUsage{
-			Summary: "Show health, or wait until a row matches the pattern",
+			Summary: "Show health (fails if a scope is degraded or stopped), or wait until a row matches the pattern",
 			Args:    "(pattern)",
 			Detail: []string{
-				"-o json (without a pattern): an array of objects (scope, level,",
-				"message, error), sorted by scope.",
+				"Without a pattern: every scope that reported, one a line;",
+				"the command fails (ipcache-agent shell exits 1) when a scope",
+				"is Degraded or Stopped. With a pattern (a regular",
+				"expression): waits until a row matches it, for at most",
+				"--timeout (0: no bound), and fails saying what it waited",
+				"for. -o json (without a pattern): an array of objects",
+				"(scope, level, message, error), sorted by scope.",
 			},
-			Flags: scriptcmd.OutputFlag,
+			Flags: func(fs *pflag.FlagSet) {
+				scriptcmd.OutputFlag(fs)
+				fs.Duration("timeout", defaultTimeout, "How long to wait for a row that matches the pattern (0: no bound)")
+			},
 		},
 		func(st *script.State, args ...string) (script.WaitFunc, error) {
 			asJSON, err := scriptcmd.JSONOutput(st)
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
-			if asJSON {
-				if len(args) != 0 {
-					return nil, script.ErrUsage
-				}
-				return scriptcmd.JSON(s.reports(), nil)
+			timeout, err := st.Flags.GetDuration("timeout")
+			if err != nil || timeout < 0 {
+				return nil, script.ErrUsage
+			}
+			if len(args) > 1 {
+				return nil, script.ErrUsage
 			}
 			if len(args) == 0 {
-				rows := s.rows()
-				if len(rows) > 0 {
-					fmt.Fprintln(st.LogWriter(), strings.Join(rows, "\n"))
+				rows := s.reports()
+				var err error
+				if bad := notOK(rows); len(bad) > 0 {
+					err = fmt.Errorf("%w: %s", ErrNotHealthy, strings.Join(bad, ", "))
 				}
-				return nil, nil
+				var out strings.Builder
+				if asJSON {
+					b, jerr := json.MarshalIndent(rows, "", "  ")
+					if jerr != nil {
+						return nil, jerr
+					}
+					out.Write(b)
+					out.WriteByte('\n')
+				} else {
+					for _, r := range rows {
+						fmt.Fprintln(&out, r)
+					}
+				}
+				// The rows on stdout, the error only as the command's:
+				// on stderr too, a client would print it twice.
+				return func(*script.State) (string, string, error) { return out.String(), "", err }, nil
+			}
+			if asJSON {
+				return nil, script.ErrUsage
 			}
 			re, err := regexp.Compile(args[0])
 			if err != nil {
 				return nil, script.ErrUsage
 			}
-			for st.Context().Err() == nil {
-				for _, row := range s.rows() {
-					if re.MatchString(row) {
+			ctx := st.Context()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			for ctx.Err() == nil {
+				for _, row := range s.reports() {
+					if re.MatchString(row.String()) || re.MatchString(row.withError()) {
 						st.Logf("matched: %s\n", row)
 						return nil, nil
 					}
 				}
 				time.Sleep(10 * time.Millisecond)
+			}
+			if timeout > 0 && st.Context().Err() == nil {
+				return nil, fmt.Errorf("%w: no health row matched %q within %s", ErrNotHealthy, re, timeout)
 			}
 			return nil, fmt.Errorf("no match for %s", re)
 		},

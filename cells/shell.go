@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/debug"
 	"runtime/metrics"
 	"strings"
@@ -42,6 +43,10 @@ const DefaultShellSockPath = "/run/ipcache-agent/shell.sock"
 const (
 	endMarker   = "<<end>>"
 	errorMarker = "<<error>>"
+	// What the engine writes before a command's stdout and stderr, and
+	// the server before an error.
+	stdoutMarker = "[stdout]"
+	stderrMarker = "[stderr]"
 )
 
 // maxShellLine bounds what a client can make the agent buffer for one
@@ -127,15 +132,20 @@ func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, er
 	return c.Cmd.Run(s, args...)
 }
 
-func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
+func registerShellServer(db *statedb.DB, cmds hive.ScriptCmds, scopes *healthScopes, cfg shell.Config, log *slog.Logger, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	if cfg.ShellSockPath == "" {
 		log.Info("No --shell-sock-path: not serving the shell")
 		return
 	}
+	all := cmds.Map()
+	// The shell's `health <pattern>` waits a bounded time by default: a
+	// script polling the agent wants an answer (script tests keep theirs
+	// unbounded, up to the test's own deadline).
+	all["health"] = scopes.command(shellHealthTimeout)
 	s := &shellServer{
 		path:     cfg.ShellSockPath,
 		log:      log,
-		engine:   &script.Engine{Cmds: servedCommands(db, cmds.Map())},
+		engine:   &script.Engine{Cmds: servedCommands(db, all)},
 		clients:  make(chan struct{}, maxShellClients),
 		commands: make(chan struct{}, maxShellCommands),
 		watches:  make(chan struct{}, maxShellWatches),
@@ -313,7 +323,10 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 		}
 		var written error
 		if err := s.executeWhileConnected(ctx, cancel, conn, line, out); err != nil {
-			_, written = fmt.Fprintf(out, "%s%s\n", err, errorMarker)
+			// Marked as stderr, so that a client tells the error's lines
+			// (a usage has several) from the output before it; hive's
+			// client skips the marker.
+			_, written = fmt.Fprintf(out, "%s\n%s%s\n", stderrMarker, s.errorText(err), errorMarker)
 		} else {
 			_, written = fmt.Fprintln(out, endMarker)
 		}
@@ -322,6 +335,47 @@ func (s *shellServer) serveClient(ctx context.Context, conn net.Conn) {
 			return // the client went away
 		}
 	}
+}
+
+// errorText is a command's error as the client shows it: without the
+// engine's "<stdin>:0: " (there is no script file), and followed by the
+// command's usage when the error is one of usage (wrong arguments, an
+// unknown flag).
+func (s *shellServer) errorText(err error) string {
+	text := err.Error()
+	var cmdErr *script.CommandError
+	if !errors.As(err, &cmdErr) {
+		return text
+	}
+	text = strings.TrimPrefix(text, fmt.Sprintf("%s:%d: ", cmdErr.File, cmdErr.Line))
+	if isUsageError(cmdErr.Err) {
+		var usage strings.Builder
+		if s.engine.ListCmds(&usage, true, "^"+regexp.QuoteMeta(cmdErr.Op)+"$") == nil && usage.Len() > 0 {
+			var lines []string
+			for line := range strings.Lines(usage.String()) {
+				if line = strings.TrimRight(line, " \t\n"); line != "" {
+					lines = append(lines, line)
+				}
+			}
+			text += "\nusage: " + strings.Join(lines, "\n")
+		}
+	}
+	return text
+}
+
+// isUsageError reports whether a command's error is one of usage: the
+// script engine's ErrUsage, or a flag the command does not take (pflag's
+// errors, which have no sentinel).
+func isUsageError(err error) bool {
+	if errors.Is(err, script.ErrUsage) {
+		return true
+	}
+	for _, prefix := range []string{"unknown flag", "unknown shorthand flag", "flag needs an argument", "invalid argument", "bad flag syntax"} {
+		if strings.HasPrefix(err.Error(), prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // limitMemory bounds the memory the runtime may use while commands run to
@@ -506,7 +560,9 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // ShellExchange runs one command on the shell at sockPath and copies its
 // output to w. It does not wait for an agent: one that is not listening is
-// an error at once.
+// an error at once. A failed command's error is returned, not copied to
+// w: what the command wrote to its stderr comes first in it, unless the
+// error already says it.
 //
 // Possible errors: ErrNoAgent when nothing listens on sockPath; the
 // command's own error (its text, as the agent reports it); a connection
@@ -522,31 +578,130 @@ func ShellExchange(sockPath, command string, w io.Writer) error {
 	}
 	lines := bufio.NewScanner(conn)
 	lines.Buffer(nil, 1<<20)
+	failure, err := readReply(lines, w, sockPath)
+	if err != nil {
+		return err
+	}
+	return failure
+}
+
+// readReply copies the reply to one command to w, up to its end marker,
+// and returns the command's error as failure. The lines after a stderr
+// marker are held until the reply goes on: output if more follows or the
+// command succeeded, part of the error if it failed.
+//
+// Possible errors: writing to w; reading the connection.
+func readReply(lines *bufio.Scanner, w io.Writer, sockPath string) (failure, err error) {
+	var stderr, previous []string
+	inStderr := false
+	flush := func() error {
+		for _, line := range append(previous, stderr...) {
+			if _, err := fmt.Fprintln(w, line); err != nil {
+				return err
+			}
+		}
+		previous, stderr, inStderr = nil, nil, false
+		return nil
+	}
 	for lines.Scan() {
 		line := lines.Text()
-		if line == "[stdout]" || line == "[stderr]" {
-			// Which buffer a command wrote to: for script tests, not people.
+		switch line {
+		case stdoutMarker:
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			continue
+		case stderrMarker:
+			previous, stderr, inStderr = append(previous, stderr...), nil, true
 			continue
 		}
 		if before, ok := strings.CutSuffix(line, endMarker); ok {
 			if before != "" {
-				fmt.Fprintln(w, before)
+				stderr = append(stderr, before)
 			}
-			return nil
+			if !inStderr {
+				previous, stderr = append(previous, stderr...), nil
+			}
+			return nil, flush()
 		}
 		if before, ok := strings.CutSuffix(line, errorMarker); ok {
-			// Of an error of several lines, the others were copied as
-			// output: each line is printed once.
-			return errors.New(before)
+			text := strings.Join(append(stderr, before), "\n")
+			if !inStderr {
+				// An agent that does not mark its errors: the last line.
+				if err := flush(); err != nil {
+					return nil, err
+				}
+				text = before
+			}
+			// What the command wrote to stderr is, most often, its
+			// error again (scriptcmd.Result).
+			if said := strings.TrimSpace(strings.Join(previous, "\n")); said != "" && !strings.Contains(text, said) {
+				text = said + "\n" + text
+			}
+			return errors.New(text), nil
+		}
+		if inStderr {
+			stderr = append(stderr, line)
+			continue
 		}
 		if _, err := fmt.Fprintln(w, line); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := lines.Err(); err != nil {
-		return fmt.Errorf("read reply of shell %s: %w", sockPath, err)
+		return nil, fmt.Errorf("read reply of shell %s: %w", sockPath, err)
 	}
-	return fmt.Errorf("read reply of shell %s: the agent closed the connection", sockPath)
+	return nil, fmt.Errorf("read reply of shell %s: the agent closed the connection", sockPath)
+}
+
+// ShellScript runs the commands of r, one a line (blank lines and lines
+// starting with # skipped, "exit" ends), on one connection to the shell at
+// sockPath: what `ipcache-agent shell` does with commands piped into it.
+// Each command's output goes to stdout, its error to stderr; a failed
+// command does not stop the others.
+//
+// Possible errors: ErrNoAgent when nothing listens on sockPath;
+// ErrShellCommandsFailed when a command failed; a connection error, or
+// reading r.
+func ShellScript(sockPath string, r io.Reader, stdout, stderr io.Writer) error {
+	conn, err := DialShell(sockPath)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	replies := bufio.NewScanner(conn)
+	replies.Buffer(nil, 1<<20)
+	commands := bufio.NewScanner(r)
+	commands.Buffer(nil, maxShellLine)
+	ran, failed := 0, 0
+	for commands.Scan() {
+		line := strings.TrimSpace(commands.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if line == "exit" || line == "quit" || line == "stop" {
+			break
+		}
+		if _, err := fmt.Fprintln(conn, line); err != nil {
+			return fmt.Errorf("send command to shell %s: %w", sockPath, err)
+		}
+		ran++
+		failure, err := readReply(replies, stdout, sockPath)
+		if err != nil {
+			return err
+		}
+		if failure != nil {
+			failed++
+			fmt.Fprintln(stderr, failure)
+		}
+	}
+	if err := commands.Err(); err != nil {
+		return fmt.Errorf("read commands: %w", err)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%w: %d of %d", ErrShellCommandsFailed, failed, ran)
+	}
+	return nil
 }
 
 // DialShell connects to the shell at sockPath, once: hive's client retries

@@ -22,12 +22,25 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
+// startShell starts a shell whose scopes are all OK (zeta.a, zeta.b) but
+// one that never reported (zeta.silent).
 func startShell(t *testing.T) (string, *syncbuf.Buffer) {
+	t.Helper()
+	return startShellHealth(t, func(health cell.Health) { health.NewScope("a").OK("fine too") })
+}
+
+// startShellDegraded is startShell with zeta.a degraded.
+func startShellDegraded(t *testing.T) (string, *syncbuf.Buffer) {
+	t.Helper()
+	return startShellHealth(t, func(health cell.Health) { health.NewScope("a").Degraded("broken", nil) })
+}
+
+func startShellHealth(t *testing.T, reportA func(cell.Health)) (string, *syncbuf.Buffer) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "shell.sock")
 	h := NewHive(Shell, cell.Module("zeta", "Reports OK", cell.Invoke(func(health cell.Health) {
 		health.NewScope("b").OK("fine")
-		health.NewScope("a").Degraded("broken", nil)
+		reportA(health)
 		health.NewScope("silent")
 	})))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
@@ -94,17 +107,19 @@ func TestShellWritesNoFiles(t *testing.T) {
 }
 
 // TestShellHealthSortedWithoutEmptyRows: `health` lists the scopes that
-// reported, sorted, and no empty line; an error comes back once, as the
-// error, not also as output.
+// reported, sorted, and no empty line, nor an empty error=; it fails,
+// naming the scope, when one is degraded; an error comes back once, as
+// the error, not also as output.
 func TestShellHealthSortedWithoutEmptyRows(t *testing.T) {
-	sock, _ := startShell(t)
+	sock, _ := startShellDegraded(t)
 	out, err := exchange(t, sock, "health")
-	require.NoError(t, err)
+	require.ErrorContains(t, err, "not healthy: zeta.a (Degraded)")
+	require.NotContains(t, err.Error(), "zeta.b")
 	rows := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	require.True(t, slices.IsSorted(rows), "sorted: %q", rows)
 	require.NotContains(t, rows, "")
-	require.Contains(t, rows, "zeta.a: level=Degraded message=broken error=")
-	require.Contains(t, rows, "zeta.b: level=OK message=fine error=")
+	require.Contains(t, rows, "zeta.a: level=Degraded message=broken")
+	require.Contains(t, rows, "zeta.b: level=OK message=fine")
 	for _, row := range rows {
 		require.NotContains(t, row, "level= ", "a scope that never reported")
 	}
@@ -114,11 +129,40 @@ func TestShellHealthSortedWithoutEmptyRows(t *testing.T) {
 	require.Empty(t, out, "the error is not also output")
 }
 
+// TestShellHealthOK: with every scope OK, `health` succeeds.
+func TestShellHealthOK(t *testing.T) {
+	sock, _ := startShell(t)
+	out, err := exchange(t, sock, "health")
+	require.NoError(t, err)
+	require.Contains(t, out, "zeta.a: level=OK message=fine too\nzeta.b: level=OK message=fine\n")
+	require.NotContains(t, out, "error=")
+	out, err = exchange(t, sock, "health 'zeta.b: level=OK message=fine error'")
+	require.NoError(t, err, "a pattern may anchor on the error= of older output")
+	require.Equal(t, "matched: zeta.b: level=OK message=fine\n", out)
+}
+
+// TestShellHealthWaitIsBounded: the shell's `health <pattern>` gives up
+// after --timeout (10 s by default), saying what it waited for.
+func TestShellHealthWaitIsBounded(t *testing.T) {
+	sock, _ := startShell(t)
+	start := time.Now()
+	out, err := exchange(t, sock, "health --timeout=300ms level=Degraded")
+	require.Empty(t, out)
+	require.ErrorContains(t, err, `not healthy: no health row matched "level=Degraded" within 300ms`)
+	require.Equal(t, 1, strings.Count(err.Error(), "no health row"), "once: %v", err)
+	require.Less(t, time.Since(start), 5*time.Second)
+	_, err = exchange(t, sock, "help health")
+	require.NoError(t, err)
+	out, err = exchange(t, sock, "help -v ^health$")
+	require.NoError(t, err)
+	require.Contains(t, out, "(default 10s)")
+}
+
 // TestShellHealthJSON: health -o json is one array of the rows' fields.
 func TestShellHealthJSON(t *testing.T) {
-	sock, _ := startShell(t)
+	sock, _ := startShellDegraded(t)
 	out, err := exchange(t, sock, "health -o json")
-	require.NoError(t, err)
+	require.ErrorContains(t, err, "not healthy: zeta.a (Degraded)", "the rows, and the exit code")
 	var rows []struct{ Scope, Level, Message, Error string }
 	require.NoError(t, json.Unmarshal([]byte(out), &rows), "%s", out)
 	require.Contains(t, out, `"scope": "zeta.a"`, "lowerCamel field names")
@@ -153,4 +197,48 @@ func TestShellExchangeNoAgentFailsAtOnce(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoAgent)
 	require.ErrorContains(t, err, sock)
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// TestShellErrorOnceWithUsage: a command's error comes back once, as the
+// error (not also as output, though the command wrote it to its stderr
+// too), without the engine's "<stdin>:0: ", and with the command's usage
+// when it is one of usage.
+func TestShellErrorOnceWithUsage(t *testing.T) {
+	sock, _ := startShell(t)
+	out, err := exchange(t, sock, "health -o yaml")
+	require.Empty(t, out)
+	require.EqualError(t, err, "health: -o yaml: want text or json")
+
+	out, err = exchange(t, sock, "health a b")
+	require.Empty(t, out)
+	require.ErrorContains(t, err, "health a b: invalid usage\nusage: health [-o] [--output=string] [--timeout=duration] (pattern)\n")
+	require.ErrorContains(t, err, "--timeout duration")
+	require.NotContains(t, err.Error(), "<stdin>")
+
+	out, err = exchange(t, sock, "db/show --nosuch identities")
+	require.Empty(t, out)
+	require.ErrorContains(t, err, "unknown flag: --nosuch\nusage: db/show ")
+
+	out, err = exchange(t, sock, "nosuch")
+	require.Empty(t, out)
+	require.EqualError(t, err, "nosuch: unknown command", "no usage for a command that does not exist")
+}
+
+// TestShellScript: the commands of a reader run one after the other on
+// one connection, outputs on stdout, errors once on stderr; a failure does
+// not stop the others, and is the error at the end.
+func TestShellScript(t *testing.T) {
+	sock, _ := startShell(t)
+	var stdout, stderr bytes.Buffer
+	err := ShellScript(sock, strings.NewReader("health\n\n# comment\nhealth -o yaml\nhelp health\nexit\nhealth\n"), &stdout, &stderr)
+	require.ErrorIs(t, err, ErrShellCommandsFailed)
+	require.ErrorContains(t, err, "1 of 3")
+	require.Equal(t, "health: -o yaml: want text or json\n", stderr.String())
+	require.Equal(t, 1, strings.Count(stdout.String(), "zeta.b: level=OK"), "nothing after exit: %s", &stdout)
+	require.Contains(t, stdout.String(), "Show health")
+
+	stdout.Reset()
+	stderr.Reset()
+	require.NoError(t, ShellScript(sock, strings.NewReader("health\n"), &stdout, &stderr))
+	require.Empty(t, stderr.String())
 }

@@ -46,3 +46,7 @@ type exhaustedError struct{ space string }
 func (e exhaustedError) Error() string { return e.space + " " + ErrExhausted.Error() }
 
 func (e exhaustedError) Is(target error) bool { return target == ErrExhausted }
+
+// ErrNoIdentity is the error of the identity commands for identity 0,
+// which is no identity (Unknown; in a policy entry, any peer).
+var ErrNoIdentity = errors.New("identity 0 is not an identity (unknown; policy entries use it for any peer)")

@@ -62,6 +62,7 @@ type commandParams struct {
 // -o json.
 type identityJSON struct {
 	Identity   identity.Number      `json:"identity"`
+	Kind       string               `json:"kind"`
 	Labels     []string             `json:"labels"`
 	References uint32               `json:"references"`
 	Withheld   bool                 `json:"withheld"`
@@ -108,7 +109,7 @@ func labelList(l labels.Labels) []string {
 }
 
 func (c commands) toJSON(ident *Identity, lookups []userLookup) identityJSON {
-	out := identityJSON{Identity: ident.ID, Labels: labelList(ident.Labels), References: ident.References(),
+	out := identityJSON{Identity: ident.ID, Kind: Kind(ident.ID), Labels: labelList(ident.Labels), References: ident.References(),
 		Withheld: ident.Withheld(), Users: map[string]usersJSON{}}
 	for _, l := range lookups {
 		count, first := l.lookup(ident, maxUsersShown)
@@ -139,13 +140,17 @@ func title(kind string) string {
 func (c commands) list() script.Cmd {
 	return scriptcmd.Show(
 		script.CmdUsage{
-			Summary: "List the allocated identities (local and label) with their references and users",
+			Summary: "List the reserved identities and the allocated ones (local and label) with their references and users",
 			Detail: []string{
-				"Users are contributed by the cells that know them (the ipcache's",
-				"prefixes and the resources that own them); each kind shows its first",
-				"few and how many more.",
-				"-o json: an array of objects (identity, labels, references, withheld,",
-				"users: {kind: {count, first}}).",
+				"The reserved identities (1 host to 8 ingress, 2 world) come",
+				"first, as in cilium-dbg identity list: their label is",
+				"reserved:<entity>, they have no references (\"-\") and no",
+				"users here. Users are contributed by the cells that know",
+				"them (the ipcache's prefixes and the resources that own",
+				"them); each kind shows its first few and how many more.",
+				"-o json: an array of objects (identity, kind: reserved,",
+				"local or label, labels, references, withheld, users:",
+				"{kind: {count, first}}).",
 			},
 		},
 		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
@@ -153,6 +158,9 @@ func (c commands) list() script.Cmd {
 			lookups := c.lookups(txn)
 			if asJSON {
 				rows := []identityJSON{}
+				for _, ident := range reservedIdentities() {
+					rows = append(rows, c.toJSON(ident, lookups))
+				}
 				for ident := range c.Identities.All(txn) {
 					if ident.Allocated() {
 						rows = append(rows, c.toJSON(ident, lookups))
@@ -167,6 +175,13 @@ func (c commands) list() script.Cmd {
 				fmt.Fprintf(w, "%s\t", title(l.kind))
 			}
 			fmt.Fprintln(w, "Labels")
+			for _, ident := range reservedIdentities() {
+				fmt.Fprintf(w, "%s\t-\t\t", ident.ID)
+				for _, l := range lookups {
+					fmt.Fprintf(w, "%s\t", usersText(l.lookup(ident, maxUsersShown)))
+				}
+				fmt.Fprintln(w, ident.Labels)
+			}
 			for ident := range c.Identities.All(txn) {
 				if !ident.Allocated() {
 					continue // only a tool builds such a row: no labels, no users
@@ -192,10 +207,12 @@ func (c commands) get() script.Cmd {
 			Summary: "Show an identity: labels, references, whether withheld, its users",
 			Args:    "identity",
 			Detail: []string{
-				"A number withheld and not allocated shows with 0 references (and,",
-				"for a label identity kept for its previous label set, those labels).",
-				"-o json: one object, as an element of identity/list -o json.",
-				"Fails if the number is neither allocated nor withheld.",
+				"A number withheld and not allocated shows with 0 references",
+				"(and, for a label identity kept for its previous label set,",
+				"those labels). A reserved identity (1 to 8) shows with its",
+				"reserved:<entity> label. -o json: one object, as an element",
+				"of identity/list -o json. Fails if the number is neither",
+				"reserved, allocated nor withheld; 0 is no identity.",
 			},
 			Flags: scriptcmd.OutputFlag,
 		},
@@ -212,9 +229,15 @@ func (c commands) get() script.Cmd {
 				return scriptcmd.Result("", fmt.Errorf("parse identity %q: %w", args[0], err))
 			}
 			id := identity.Number(n)
+			if id == identity.Unknown {
+				return scriptcmd.Result("", ErrNoIdentity)
+			}
 			txn := c.DB.ReadTxn()
 			ident, _, found := c.Identities.Get(txn, IdentityIndex.Query(id))
-			if !found || !ident.Allocated() {
+			if reserved, ok := ReservedIdentity(id); ok {
+				ident, found = reserved, true
+			}
+			if !found || !ident.Allocated() && !ident.Reserved() {
 				withheld, previous := c.Allocator.WithheldNumber(id)
 				if !withheld {
 					return scriptcmd.Result("", fmt.Errorf("identity %d is neither allocated nor withheld", id))
@@ -228,8 +251,12 @@ func (c commands) get() script.Cmd {
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nWithheld:\t%t\n",
-				ident.ID, ident.Labels, ident.References(), ident.Withheld())
+			fmt.Fprintf(w, "Identity:\t%s\nKind:\t%s\nLabels:\t%s\n", ident.ID, Kind(ident.ID), ident.Labels)
+			if ident.Reserved() {
+				fmt.Fprintf(w, "References:\t-\n")
+			} else {
+				fmt.Fprintf(w, "References:\t%d\nWithheld:\t%t\n", ident.References(), ident.Withheld())
+			}
 			for _, l := range lookups {
 				count, first := l.lookup(ident, maxUsersShown)
 				fmt.Fprintf(w, "%s:\t%s\n", title(l.kind), usersText(count, first))
@@ -237,4 +264,53 @@ func (c commands) get() script.Cmd {
 			w.Flush()
 			return scriptcmd.Result(out.String(), nil)
 		})
+}
+
+// Kind names the kind of an identity number: "reserved" (1 to 8),
+// "local" (CIDR identities, the local scope), "label" (endpoints'
+// identities, the cluster range), or "" for another number.
+func Kind(id identity.Number) string {
+	switch {
+	case id.IsLocal():
+		return "local"
+	case id.IsCluster():
+		return "label"
+	}
+	if _, ok := id.ReservedEntity(); ok {
+		return "reserved"
+	}
+	return ""
+}
+
+// ReservedIdentity returns the row of a reserved identity, as the shell
+// shows it: its reserved:<entity> label, no references (reserved
+// identities are not allocated). False for any other number, 0 included.
+func ReservedIdentity(id identity.Number) (*Identity, bool) {
+	entity, ok := id.ReservedEntity()
+	if !ok {
+		return nil, false
+	}
+	l, err := labels.New(entity.ReservedLabel())
+	if err != nil {
+		panic(fmt.Sprintf("reserved label of %s: %v", entity, err)) // a constant
+	}
+	return &Identity{ID: id, Labels: l}, true
+}
+
+// Reserved reports whether the row is a reserved identity's
+// ([ReservedIdentity]).
+func (i *Identity) Reserved() bool {
+	_, ok := i.ID.ReservedEntity()
+	return ok
+}
+
+// reservedIdentities returns the rows of the reserved identities, in
+// order.
+func reservedIdentities() []*Identity {
+	var rows []*Identity
+	for _, id := range identity.ReservedNumbers() {
+		row, _ := ReservedIdentity(id)
+		rows = append(rows, row)
+	}
+	return rows
 }

@@ -23,6 +23,7 @@ import (
 // identityJSON is identity/show -o json.
 type identityJSON struct {
 	Identity   identity.Number `json:"identity"`
+	Kind       string          `json:"kind"`
 	Labels     []string        `json:"labels"`
 	References uint64          `json:"references"`
 	// Prefixes are the ipcache prefixes that resolved to the identity.
@@ -96,7 +97,7 @@ func appendPrefixRows(rows []*PrefixMetadata, txn statedb.ReadTxn, metadata stat
 // identityJSON returns what -o json shows of an identity.
 func (o identityOwners) identityJSON(txn statedb.ReadTxn, ident *identitycell.Identity) identityJSON {
 	out := identityJSON{
-		Identity: ident.ID, Labels: labelList(ident.Labels), References: uint64(ident.References()),
+		Identity: ident.ID, Kind: identitycell.Kind(ident.ID), Labels: labelList(ident.Labels), References: uint64(ident.References()),
 		Prefixes: []identityPrefixJSON{}, Owners: []string{},
 	}
 	seen := map[string]bool{}
@@ -149,12 +150,15 @@ func (o identityOwners) entriesOf(txn statedb.ReadTxn, ident *identitycell.Ident
 func (o identityOwners) showCommand() script.Cmd {
 	return script.Command(
 		script.CmdUsage{
-			Summary: "Show a local identity: labels, references, prefixes and their owners",
+			Summary: "Show an identity: kind, labels, references, prefixes and their owners",
 			Args:    "identity",
 			Detail: []string{
-				"-o json: one object (identity, labels, references, prefixes with",
-				"their source and owners, owners).",
-				"Fails if the identity is not allocated.",
+				"A reserved identity (1 to 8) shows with its",
+				"reserved:<entity> label, kind reserved and no prefixes.",
+				"-o json: one object (identity, kind, labels, references,",
+				"prefixes with their source and owners, owners). Fails if",
+				"the identity is neither reserved nor allocated; 0 is no",
+				"identity.",
 			},
 			Flags: scriptcmd.OutputFlag,
 		},
@@ -171,9 +175,15 @@ func (o identityOwners) showCommand() script.Cmd {
 				return scriptcmd.Result("", fmt.Errorf("parse identity %q: %w", args[0], err))
 			}
 			id := identity.Number(n)
+			if id == identity.Unknown {
+				return scriptcmd.Result("", identitycell.ErrNoIdentity)
+			}
 			txn := o.db.ReadTxn()
 			ident, _, found := o.identities.Get(txn, identitycell.IdentityIndex.Query(id))
-			if !found || !ident.Allocated() {
+			if reserved, ok := identitycell.ReservedIdentity(id); ok {
+				ident, found = reserved, true
+			}
+			if !found || !ident.Allocated() && !ident.Reserved() {
 				return scriptcmd.Result("", fmt.Errorf("identity %d is not allocated", id))
 			}
 			if asJSON {
@@ -181,7 +191,12 @@ func (o identityOwners) showCommand() script.Cmd {
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "Identity:\t%s\nLabels:\t%s\nReferences:\t%d\nPrefixes:\n", ident.ID, ident.Labels, ident.References())
+			references := strconv.FormatUint(uint64(ident.References()), 10)
+			if ident.Reserved() {
+				references = "-"
+			}
+			fmt.Fprintf(w, "Identity:\t%s\nKind:\t%s\nLabels:\t%s\nReferences:\t%s\nPrefixes:\n",
+				ident.ID, identitycell.Kind(ident.ID), ident.Labels, references)
 			for entry := range o.entriesOf(txn, ident) {
 				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
 				for _, row := range appendPrefixRows(nil, txn, o.metadata, entry.Prefix) {

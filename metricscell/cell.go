@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -113,10 +114,23 @@ func registerCollectors(registry *prometheus.Registry, contributed metrics.Colle
 	return nil
 }
 
+// serverParams are the server's inputs; the health scopes come from the
+// agent's infrastructure, and a hive without it serves probes that look
+// at the tables only.
+type serverParams struct {
+	cell.In
+
+	Config   Config
+	Registry *prometheus.Registry
+	DB       *statedb.DB
+	Health   HealthScopes `optional:"true"`
+	Log      *slog.Logger
+}
+
 // newConfiguredServer returns the Server of --prometheus-serve-addr; it
 // does not listen until its start hook runs (registerServer).
-func newConfiguredServer(cfg Config, registry *prometheus.Registry, log *slog.Logger) *Server {
-	return newServer(cfg.PrometheusServeAddr, registry, log)
+func newConfiguredServer(p serverParams) *Server {
+	return newServer(p.Config.PrometheusServeAddr, p.Registry, probes{db: p.DB, health: p.Health}, p.Log)
 }
 
 // registerServer appends the server's start hook and, when an address is

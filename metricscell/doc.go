@@ -14,6 +14,9 @@
 // collector of cilium_bpf_map_pressure, whose series come from several
 // cells (the maps' metrics.MapPressure, a second value group): a registry
 // takes one collector per metric (pressure.go).
+// The probes /healthz and /readyz (probes.go) read the health scopes the
+// agent's infrastructure hands it ([HealthScopes]) and whether every
+// statedb table is initialized.
 // Writes: nothing but HTTP responses.
 //
 // [reconciler.Metrics]: https://pkg.go.dev/github.com/cilium/statedb/reconciler#Metrics

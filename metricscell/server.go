@@ -20,7 +20,8 @@ import (
 // shutdownTimeout bounds how long stop waits for scrapes in flight.
 const shutdownTimeout = 5 * time.Second
 
-// Server serves the registry at /metrics on --prometheus-serve-addr. Its
+// Server serves the registry at /metrics, and the probes /healthz and
+// /readyz (probes.go), on --prometheus-serve-addr. Its
 // start hook listens, so that an address that cannot be listened on fails
 // the agent's start; the `serve` job then serves until stop.
 type Server struct {
@@ -32,8 +33,10 @@ type Server struct {
 	listener net.Listener
 }
 
-func newServer(addr string, registry *prometheus.Registry, log *slog.Logger) *Server {
+func newServer(addr string, registry *prometheus.Registry, p probes, log *slog.Logger) *Server {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", p.healthz)
+	mux.HandleFunc("GET /readyz", p.readyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError,

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -183,6 +184,21 @@ func (e *e2e) pinnedIPCache() map[netip.Prefix]identity.Number {
 }
 
 // shell runs `ipcache-agent shell <command>` against the running agent.
+// health is the agent's `health` (with args, e.g. -o json), which exits
+// 1 while a scope is degraded or stopped: its rows either way.
+func (e *e2e) health(args ...string) string {
+	e.t.Helper()
+	cmd := agentCommand(append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock"), "health"}, args...)...)
+	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if exitErr, ok := err.(*exec.ExitError); !ok || exitErr.ExitCode() != agentcmd.ExitFailure {
+		require.NoError(e.t, err, "shell health: %s%s", &stdout, &stderr)
+	}
+	return stdout.String()
+}
+
 func (e *e2e) shell(command ...string) string {
 	e.t.Helper()
 	args := append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, command...)
@@ -230,7 +246,9 @@ func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
 	require.Equal(t, true, explain["allowed"])
 	require.Equal(t, float64(id), explain["identity"])
 	require.Equal(t, true, parse("restore/status").(map[string]any)["released"])
-	require.NotEmpty(t, parse("health").([]any))
+	var health []any
+	require.NoError(t, json.Unmarshal([]byte(e.health("-o", "json")), &health))
+	require.NotEmpty(t, health)
 	egress := parse("datapath/counters").(map[string]any)["egress"].(map[string]any)
 	require.Positive(t, egress["allowed"])
 	require.Positive(t, egress["dropped"])

@@ -218,8 +218,8 @@ func TestPrivilegedEndpointFileChurn(t *testing.T) {
 		db, ok := e.endpoint("default/db")
 		return ok && db.Enforcement.Egress == "enforced"
 	}, 10*time.Second, 50*time.Millisecond, "db's egress enforced again")
-	require.Eventually(t, func() bool { return !unhealthy.MatchString(e.shell("health")) }, 10*time.Second, 50*time.Millisecond,
-		"the agent is healthy again: %s", e.shell("health"))
+	require.Eventually(t, func() bool { return !unhealthy.MatchString(e.health()) }, 10*time.Second, 50*time.Millisecond,
+		"the agent is healthy again: %s", e.health())
 	var identities []struct{ Identity uint32 }
 	out := e.shell("identity/list", "-o", "json")
 	require.NoError(t, json.Unmarshal([]byte(out), &identities), out)

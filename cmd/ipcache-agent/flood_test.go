@@ -229,7 +229,7 @@ func (b *bypassRig) metric(name string) float64 {
 func (b *bypassRig) conntrackGCHealth() (level, errText string) {
 	b.t.Helper()
 	var rows []struct{ Scope, Level, Message, Error string }
-	out := b.shell("health", "-o", "json")
+	out := b.health("-o", "json")
 	require.NoError(b.t, json.Unmarshal([]byte(out), &rows), "health -o json: %s", out)
 	for _, r := range rows {
 		if strings.Contains(r.Scope, "conntrack-gc") {

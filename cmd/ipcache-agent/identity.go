@@ -17,7 +17,7 @@ func newIdentityCommand(stdout io.Writer) *cobra.Command {
 	return newListGetCommand(stdout, listGet{
 		noun:      "identity",
 		short:     "Show the running agent's identities, their labels and users",
-		listShort: "List the allocated identities (local and label) with their references and users",
+		listShort: "List the reserved identities and the allocated ones (local and label) with their references and users",
 		listCmd:   "identity/list",
 		getUse:    "get N",
 		getShort:  "Show identity N: labels, references, whether withheld, its users",

@@ -54,11 +54,17 @@ func TestIdentityCommands(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(agentErr.String(), "Started hive") },
 		30*time.Second, 10*time.Millisecond, "agent did not start: %s", &agentErr)
 
+	// The reserved identities come first (1 to 8), then the allocated one.
 	var rows []map[string]any
 	require.Eventually(t, func() bool {
 		stdout, _, code := runAgentCommand(t, "identity", "list", "-o", "json", sock)
-		return code == agentcmd.ExitOK && json.Unmarshal([]byte(stdout), &rows) == nil && len(rows) == 1
-	}, 30*time.Second, 50*time.Millisecond, "one identity listed")
+		return code == agentcmd.ExitOK && json.Unmarshal([]byte(stdout), &rows) == nil && len(rows) == 9
+	}, 30*time.Second, 50*time.Millisecond, "the reserved identities and one allocated listed")
+	require.Equal(t, float64(2), rows[1]["identity"])
+	require.Equal(t, "reserved", rows[1]["kind"])
+	require.Equal(t, []any{"reserved:world"}, rows[1]["labels"])
+	rows = rows[8:]
+	require.Equal(t, "local", rows[0]["kind"])
 	require.Equal(t, float64(16777217), rows[0]["identity"])
 	require.Equal(t, []any{"cidr:10.20.0.0/16"}, rows[0]["labels"])
 	require.Equal(t, false, rows[0]["withheld"])
@@ -74,6 +80,13 @@ func TestIdentityCommands(t *testing.T) {
 	var one map[string]any
 	require.NoError(t, json.Unmarshal([]byte(stdout), &one), stdout)
 	require.Equal(t, rows[0], one)
+
+	stdout, stderr, code = runAgentCommand(t, "identity", "get", "2", sock)
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Regexp(t, `Kind: +reserved\nLabels: +reserved:world\n`, stdout)
+	stdout, stderr, code = runAgentCommand(t, "shell", sock, "identity/show", "2")
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Regexp(t, `Identity: +2\nKind: +reserved\nLabels: +reserved:world\n`, stdout)
 
 	_, stderr, code = runAgentCommand(t, "identity", "get", "300", sock)
 	require.Equal(t, agentcmd.ExitFailure, code, stderr)

@@ -318,7 +318,7 @@ func TestPrivilegedMakeBeforeBreakFullPolicyMap(t *testing.T) {
 	// wide prefix's identity, whose entry allows it.
 	require.Contains(t, explained, fmt.Sprintf("the datapath uses identity %d for %s", wide, allowedIP))
 	require.Regexp(t, fmt.Sprintf(`(?m)^Maps: identity %d, egress enforced, policy map entry %d/egress/\S+: allow$`, wide, wide), explained)
-	require.Regexp(t, `ipcache.*level=Degraded`, e.shell("health"))
+	require.Regexp(t, `ipcache.*level=Degraded`, e.health())
 
 	e.pingDuring("room appears", e.epNS, allowedIP,
 		func() { e.removePolicyFile("other.yaml") },

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+)
+
+// TestPrivilegedShellErrorsOnceAndPiped: a failing shell command prints
+// nothing on stdout and its error once on stderr, with the command's usage
+// for a usage error; commands piped into `shell` run without a terminal,
+// each error once on stderr, exit 1 if one failed.
+func TestPrivilegedShellErrorsOnceAndPiped(t *testing.T) {
+	t.Parallel()
+	privileged.Test(t)
+	dirs := newAgentDirs(t)
+	agent := startAgentProcess(t, agentCommand(dirs.args()...))
+	agent.waitStarted(t)
+	sock := "--shell-sock-path=" + dirs.sockPath()
+	require.Eventually(t, func() bool {
+		_, _, code := runAgentCommand(t, "shell", sock, "db/initialized")
+		return code == agentcmd.ExitOK
+	}, 30*time.Second, 50*time.Millisecond, "tables initialized")
+
+	stdout, stderr, code := runAgentCommand(t, "shell", sock, "identity/show", "300")
+	require.Equal(t, agentcmd.ExitFailure, code, stderr)
+	require.Empty(t, stdout, "an error is not output")
+	require.Equal(t, "ipcache-agent: identity/show 300: identity 300 is not allocated\n", stderr)
+
+	stdout, stderr, code = runAgentCommand(t, "shell", sock, "identity/show", "1", "2")
+	require.Equal(t, agentcmd.ExitFailure, code, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "identity/show 1 2: invalid usage\nusage: identity/show [-o] [--output=string] identity\n")
+	require.Contains(t, stderr, "Output format: text or json")
+	require.Equal(t, 1, strings.Count(stderr, "invalid usage"), stderr)
+
+	stdout, stderr, code = runAgentCommand(t, "shell", sock, "health", "--nosuch")
+	require.Equal(t, agentcmd.ExitFailure, code, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "health --nosuch: unknown flag: --nosuch\nusage: health ")
+
+	piped := func(commands string) (string, string, int) {
+		cmd := agentCommand("shell", sock)
+		cmd.Stdin = strings.NewReader(commands)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		if exitErr, ok := err.(*exec.ExitError); ok {
+			return out.String(), errOut.String(), exitErr.ExitCode()
+		}
+		require.NoError(t, err)
+		return out.String(), errOut.String(), 0
+	}
+	stdout, stderr, code = piped("identity/get 2\n\n# a comment\ndb/show identities\n")
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Empty(t, stderr)
+	require.Regexp(t, `Labels: +reserved:world`, stdout)
+	require.Contains(t, stdout, "ID ")
+	stdout, stderr, code = piped("identity/show 300\nidentity/get 2\n")
+	require.Equal(t, agentcmd.ExitFailure, code, stderr)
+	require.Regexp(t, `Labels: +reserved:world`, stdout, "the commands after a failed one run")
+	require.NotContains(t, stdout, "not allocated")
+	require.Equal(t, "identity/show 300: identity 300 is not allocated\nipcache-agent: shell commands failed: 1 of 2\n", stderr)
+}
