@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -21,7 +22,7 @@ const (
 )
 
 // The fields of Cilium's rules that select or match what this agent has
-// no means to know (labels of endpoints, DNS names, services, nodes, L7),
+// no means to know (DNS names, services, nodes, L7),
 // with why they are rejected.
 var (
 	ciliumSpecUnsupported = map[string]string{
@@ -29,15 +30,13 @@ var (
 		"log":          "policy logging is not supported",
 	}
 	ciliumIngressUnsupported = map[string]string{
-		"fromEndpoints":  "selecting endpoints by label is not supported: only fromCIDR, fromCIDRSet and fromEntities world and all",
-		"fromRequires":   "selecting endpoints by label is not supported",
+		"fromRequires":   "not supported: write the labels into each fromEndpoints selector",
 		"fromGroups":     "cloud provider groups are not supported: write the CIDRs",
 		"fromNodes":      "selecting nodes is not supported: write their CIDRs",
 		"authentication": "mutual authentication is not supported",
 	}
 	ciliumEgressUnsupported = map[string]string{
-		"toEndpoints":    "selecting endpoints by label is not supported: only toCIDR, toCIDRSet and toEntities world and all",
-		"toRequires":     "selecting endpoints by label is not supported",
+		"toRequires":     "not supported: write the labels into each toEndpoints selector",
 		"toServices":     "selecting services is not supported: write their CIDRs",
 		"toFQDNs":        "DNS names are not supported: write the CIDRs",
 		"toGroups":       "cloud provider groups are not supported: write the CIDRs",
@@ -56,10 +55,10 @@ var (
 // ciliumRuleFields are the fields of an ingress and of an egress rule
 // (allow or deny), supported or not.
 var ciliumRuleFields = [2][]string{
-	policy.Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "toPorts", "icmps",
-		"authentication", "fromEndpoints", "fromGroups", "fromNodes", "fromRequires"},
-	policy.Egress: {"toCIDR", "toCIDRSet", "toEntities", "toPorts", "icmps",
-		"authentication", "toEndpoints", "toFQDNs", "toGroups", "toNodes", "toRequires", "toServices"},
+	policy.Ingress: {"fromCIDR", "fromCIDRSet", "fromEntities", "fromEndpoints", "toPorts", "icmps",
+		"authentication", "fromGroups", "fromNodes", "fromRequires"},
+	policy.Egress: {"toCIDR", "toCIDRSet", "toEntities", "toEndpoints", "toPorts", "icmps",
+		"authentication", "toFQDNs", "toGroups", "toNodes", "toRequires", "toServices"},
 }
 
 // The ICMP and ICMPv6 type names Cilium accepts for `type` (the IANA
@@ -127,7 +126,7 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := p.ciliumSpec(spec, places[i], pol); err != nil {
+		if err := p.ciliumSpec(spec, places[i], namespace, pol); err != nil {
 			return nil, err
 		}
 		// The rules of one policy share its selector: specs that select
@@ -171,8 +170,9 @@ var ciliumSpecFields = []string{"endpointSelector", "nodeSelector", "ingress", "
 	"egressDeny", "enableDefaultDeny", "description", "labels", "log"}
 
 // ciliumSpec appends the rules of one spec (a Cilium rule) to policy.
-// place prefixes the rules' names ("specs[1].").
-func (p *parser) ciliumSpec(n node, place string, pol *policy.Policy) error {
+// place prefixes the rules' names ("specs[1]."); namespace is a CNP's
+// (empty for a CCNP), where its label peers select.
+func (p *parser) ciliumSpec(n node, place, namespace string, pol *policy.Policy) error {
 	what := strings.TrimSuffix(place, ".")
 	if what == "" {
 		what = "spec"
@@ -215,7 +215,7 @@ func (p *parser) ciliumSpec(n node, place string, pol *policy.Policy) error {
 		}
 		for i, item := range items {
 			name := fmt.Sprintf("%s%s[%d]", place, field.name, i)
-			rule, err := p.ciliumRule(item, field.dir, field.deny, name)
+			rule, err := p.ciliumRule(item, field.dir, field.deny, name, namespace)
 			if err != nil {
 				return err
 			}
@@ -300,12 +300,13 @@ func (p *parser) ruleLabels(n node, what string) error {
 }
 
 // ciliumRule parses one rule of ingress, ingressDeny, egress or egressDeny.
-func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what string) (policy.Rule, error) {
+// namespace is a CNP's, where its label peers select (empty for a CCNP).
+func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, namespace string) (policy.Rule, error) {
 	peer, unsupported := "to", ciliumEgressUnsupported
 	if dir == policy.Ingress {
 		peer, unsupported = "from", ciliumIngressUnsupported
 	}
-	cidrField, setField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Entities"
+	cidrField, setField, entityField, endpointsField := peer+"CIDR", peer+"CIDRSet", peer+"Entities", peer+"Endpoints"
 	fields, err := p.fields(n, what, ciliumRuleFields[dir]...)
 	if err != nil {
 		return policy.Rule{}, err
@@ -316,7 +317,7 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what string
 	// Cilium takes one kind of peer per rule.
 	peerField := ""
 	for key := range n.Pairs() {
-		if name := key.Value(); name == cidrField || name == setField || name == entityField {
+		if name := key.Value(); name == cidrField || name == setField || name == entityField || name == endpointsField {
 			if peerField != "" {
 				return policy.Rule{}, p.errorf(key, "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
 					what, peerField, name)
@@ -355,6 +356,11 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what string
 			return policy.Rule{}, err
 		}
 	}
+	if value, ok := fields.get(endpointsField); ok {
+		if err := p.endpointPeers(value, what+"."+endpointsField, namespace, &rule); err != nil {
+			return policy.Rule{}, err
+		}
+	}
 	portsNode, hasPorts := fields.get("toPorts")
 	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
@@ -380,7 +386,8 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what string
 
 // entities parses toEntities or fromEntities: world is every address
 // outside the ipcache's other identities, as the all-addresses CIDRs
-// select it; all is every peer.
+// select it; all is every peer; none selects nothing; the others are
+// Rule.Entities, each once, in the order written.
 func (p *parser) entities(n node, what string, rule *policy.Rule) error {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
@@ -393,19 +400,45 @@ func (p *parser) entities(n node, what string, rule *policy.Rule) error {
 			return err
 		}
 		switch entity {
-		case "world":
-			for _, all := range policy.WorldPrefixes() {
-				if !slices.ContainsFunc(rule.Peers, func(s policy.CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
-					rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: all})
-				}
-			}
 		case "all":
 			rule.AnyPeer = true
+		case "none":
+		case "world-ipv4", "world-ipv6":
+			return p.errorf(item, "%s: entity %q is not supported: this agent has one world identity (2) for both IP families, "+
+				"so no rule selects the world of one family alone (toCIDR 0.0.0.0/0 or ::/0 selects that family's prefixes "+
+				"and the world of both families); write world for both", itemWhat, entity)
 		default:
-			return p.errorf(item, "%s: entity %q is not supported: only world and all (this agent knows addresses, not cluster entities)", itemWhat, entity)
+			if !addEntity(rule, identity.Entity(entity)) {
+				return p.errorf(item, "%s: unknown entity %q: want %s", itemWhat, entity, strings.Join(entityNames, ", "))
+			}
 		}
 	}
 	return nil
+}
+
+// entityNames are the entities a rule may name, for errors.
+var entityNames = []string{"all", "world", "cluster", "host", "remote-node", "kube-apiserver", "health", "init",
+	"ingress", "unmanaged", "none"}
+
+// addEntity adds an entity to the rule's peers: world as the
+// all-addresses CIDRs, cluster and the reserved entities to Entities
+// (once each). It reports false for an entity that is neither.
+func addEntity(rule *policy.Rule, entity identity.Entity) bool {
+	if entity == identity.EntityWorld {
+		for _, all := range policy.WorldPrefixes() {
+			if !slices.ContainsFunc(rule.Peers, func(s policy.CIDRSelector) bool { return s.CIDR == all && len(s.Except) == 0 }) {
+				rule.Peers = append(rule.Peers, policy.CIDRSelector{CIDR: all})
+			}
+		}
+		return true
+	}
+	if _, reserved := entity.Reserved(); !reserved && entity != identity.EntityCluster {
+		return false
+	}
+	if !slices.Contains(rule.Entities, entity) {
+		rule.Entities = append(rule.Entities, entity)
+	}
+	return true
 }
 
 // ciliumPortRules parses toPorts: a list of {ports}.

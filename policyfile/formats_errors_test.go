@@ -84,9 +84,27 @@ func TestFormatsReject(t *testing.T) {
 		{"enableDefaultDeny value", cnpHead + "spec:\n  egress: [{}]\n  enableDefaultDeny: {egress: maybe}\n", `bad.yaml:6:31: invalid policy file: policy "default/p": spec.enableDefaultDeny.egress: "maybe": want true or false`},
 
 		// Cilium rules.
-		{"toEndpoints", cnpHead + "spec:\n  egress:\n    - toEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toEndpoints: selecting endpoints by label is not supported`},
-		{"fromEndpoints", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromEndpoints: selecting endpoints by label is not supported`},
-		{"fromRequires", cnpHead + "spec:\n  ingressDeny:\n    - fromRequires: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingressDeny[0].fromRequires: selecting endpoints by label is not supported`},
+		{"fromRequires", cnpHead + "spec:\n  ingressDeny:\n    - fromRequires: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingressDeny[0].fromRequires: not supported: write the labels into each fromEndpoints selector`},
+		{"toRequires", cnpHead + "spec:\n  egress:\n    - toRequires: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toRequires: not supported: write the labels into each toEndpoints selector`},
+		{"empty toEndpoints", cnpHead + "spec:\n  egress:\n    - toEndpoints: []\n", `bad.yaml:6:20: invalid policy file: policy "default/p": egress[0].toEndpoints: empty list, omit the field instead`},
+		{"toEndpoints with toCIDR", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toEndpoints: [{}]\n",
+			`bad.yaml:7:7: invalid policy file: policy "default/p": egress[0]: toCIDR and toEndpoints in one rule: Cilium does not support combining them`},
+		{"fromEndpoints with fromEntities", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}]\n      fromEntities: [host]\n",
+			`bad.yaml:7:7: invalid policy file: policy "default/p": ingress[0]: fromEndpoints and fromEntities in one rule`},
+		{"peer label source", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {\"cidr:10.0.0.0/8\": \"\"}}]\n",
+			`bad.yaml:6:38: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0].matchLabels: "cidr:10.0.0.0/8": label source "cidr" does not select endpoints`},
+		{"peer selector field", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabel: {app: a}}]\n",
+			`bad.yaml:6:24: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0]: unknown field "matchLabel", want one of matchLabels, matchExpressions`},
+		{"reserved label with another", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {app: a, \"reserved:host\": \"\"}}]\n",
+			`bad.yaml:6:46: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0].matchLabels: "reserved:host": a reserved label selects its entity only as the one label of a selector`},
+		{"two reserved labels", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {\"reserved:host\": \"\", \"reserved:health\": \"\"}}]\n",
+			`ingress[0].fromEndpoints[0].matchLabels: "reserved:health": a reserved label selects its entity only as the one label of a selector`},
+		{"reserved label expression", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchExpressions: [{key: \"reserved:host\", operator: Exists}]}]\n",
+			`bad.yaml:6:49: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0].matchExpressions[0].key: "reserved:host": a reserved label selects its entity only`},
+		{"reserved label value", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {\"reserved:host\": yes}}]\n",
+			`bad.yaml:6:55: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0].matchLabels.reserved:host: want "": reserved labels have no value`},
+		{"reserved label no entity", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {\"reserved:cluster\": \"\"}}]\n",
+			`bad.yaml:6:38: invalid policy file: policy "default/p": ingress[0].fromEndpoints[0].matchLabels: "reserved:cluster": no entity has this reserved label: want reserved:world, reserved:host, reserved:remote-node`},
 		{"toServices", cnpHead + "spec:\n  egress:\n    - toServices: [{k8sService: {serviceName: a}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toServices: selecting services is not supported`},
 		{"toFQDNs", cnpHead + "spec:\n  egress:\n    - toFQDNs: [{matchName: a.example}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toFQDNs: DNS names are not supported`},
 		{"toGroups", cnpHead + "spec:\n  egress:\n    - toGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0].toGroups: cloud provider groups are not supported`},
@@ -95,8 +113,11 @@ func TestFormatsReject(t *testing.T) {
 		{"fromNodes", cnpHead + "spec:\n  ingress:\n    - fromNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": ingress[0].fromNodes: selecting nodes is not supported`},
 		{"authentication", cnpHead + "spec:\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n      authentication: {mode: required}\n",
 			`bad.yaml:7:7: invalid policy file: policy "default/p": ingress[0].authentication: mutual authentication is not supported`},
-		{"other entity", cnpHead + "spec:\n  egress:\n    - toEntities: [world, cluster]\n", `bad.yaml:6:27: invalid policy file: policy "default/p": egress[0].toEntities[1]: entity "cluster" is not supported: only world and all`},
-		{"host entity", cnpHead + "spec:\n  ingress:\n    - fromEntities: [host]\n", `bad.yaml:6:22: invalid policy file: policy "default/p": ingress[0].fromEntities[0]: entity "host" is not supported`},
+		{"unknown entity", cnpHead + "spec:\n  egress:\n    - toEntities: [world, clusters]\n",
+			`bad.yaml:6:27: invalid policy file: policy "default/p": egress[0].toEntities[1]: unknown entity "clusters": want all, world, cluster, host, remote-node, kube-apiserver, health, init, ingress, unmanaged, none`},
+		{"world-ipv4", cnpHead + "spec:\n  egress:\n    - toEntities: [world-ipv4]\n",
+			`bad.yaml:6:20: invalid policy file: policy "default/p": egress[0].toEntities[0]: entity "world-ipv4" is not supported: this agent has one world identity (2) for both IP families`},
+		{"world-ipv6", cnpHead + "spec:\n  egress:\n    - toEntities: [world-ipv6]\n", `egress[0].toEntities[0]: entity "world-ipv6" is not supported`},
 		{"unknown rule field", cnpHead + "spec:\n  egress:\n    - toCIDRs: [10.0.0.0/8]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": egress[0]: unknown field "toCIDRs"`},
 		{"wrong direction field", cnpHead + "spec:\n  ingress:\n    - toCIDR: [10.0.0.0/8]\n", `ingress[0]: unknown field "toCIDR"`},
 		{"combined peers", cnpHead + "spec:\n  egress:\n    - toCIDR: [10.0.0.0/8]\n      toCIDRSet: [{cidr: 11.0.0.0/8}]\n",
@@ -130,10 +151,13 @@ func TestFormatsReject(t *testing.T) {
 			`bad.yaml:5:31: invalid policy file: policy "default/p": spec.podSelector.matchLabels: "k8s:app": character ':' not allowed`},
 		{"podSelector operator", netpolHead + "spec:\n  podSelector: {matchExpressions: [{key: app, operator: in, values: [a]}]}\n",
 			`bad.yaml:5:57: invalid policy file: policy "default/p": spec.podSelector.matchExpressions[0].operator: "in": want In, NotIn, Exists or DoesNotExist`},
-		{"pod peer", netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {}}]\n", `bad.yaml:6:15: invalid policy file: policy "default/p": spec.ingress[0].from[0].podSelector: selecting pods by label is not supported`},
-		{"namespace peer", netpolHead + "spec:\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}, namespaceSelector: {}}]\n",
-			`bad.yaml:6:42: invalid policy file: policy "default/p": spec.egress[0].to[0].namespaceSelector: selecting namespaces is not supported`},
-		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: ipBlock is required`},
+		{"ipBlock and namespaceSelector", netpolHead + "spec:\n  egress:\n    - to: [{ipBlock: {cidr: 10.0.0.0/8}, namespaceSelector: {}}]\n",
+			`bad.yaml:6:12: invalid policy file: policy "default/p": spec.egress[0].to[0]: ipBlock with podSelector or namespaceSelector in one peer: Kubernetes rejects it, write two peers`},
+		{"ipBlock and podSelector", netpolHead + "spec:\n  egress:\n    - to: [{podSelector: {}, ipBlock: {cidr: 10.0.0.0/8}}]\n", `spec.egress[0].to[0]: ipBlock with podSelector`},
+		{"empty peer", netpolHead + "spec:\n  ingress:\n    - from: [{}]\n", `bad.yaml:6:14: invalid policy file: policy "default/p": spec.ingress[0].from[0]: a peer needs ipBlock, podSelector or namespaceSelector`},
+		{"null selectors peer", netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: null}]\n", `spec.ingress[0].from[0]: a peer needs ipBlock, podSelector or namespaceSelector`},
+		{"namespaceSelector source", netpolHead + "spec:\n  ingress:\n    - from: [{namespaceSelector: {matchLabels: {\"k8s:team\": a}}}]\n",
+			`bad.yaml:6:49: invalid policy file: policy "default/p": spec.ingress[0].from[0].namespaceSelector.matchLabels: "k8s:team": character ':' not allowed`},
 		{"ipBlock except outside", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]\n",
 			`spec.ingress[0].from[0].ipBlock.except[0]: 11.0.0.0/8 is not inside 10.0.0.0/8`},
 		{"ipBlock except equal to cidr", netpolHead + "spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.0.0.0/8]}}]\n",
@@ -263,7 +287,7 @@ func TestCiliumRuleFields(t *testing.T) {
 		if dir == policy.Ingress {
 			peer, unsupported = "from", ciliumIngressUnsupported
 		}
-		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", "toPorts", "icmps"}
+		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", peer + "Endpoints", "toPorts", "icmps"}
 		for name := range unsupported {
 			want = append(want, name)
 		}

@@ -24,6 +24,8 @@ func FuzzParseCNP(f *testing.F) {
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toEntities: [world, all]\n      icmps: [{fields: [{type: 8}]}]\n"))
 	f.Add([]byte(ccnpHead + "specs:\n  - enableDefaultDeny: {ingress: true}\n    egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}]}]\n"))
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", endPort: 90}], rules: {http: [{}]}}]\n"))
+	f.Add([]byte(cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}, {matchLabels: {\"k8s:io.kubernetes.pod.namespace\": a}}, {matchLabels: {\"reserved:host\": \"\"}}]\n" +
+		"      toPorts: [{ports: [{port: \"80\"}]}]\n  egress:\n    - toEntities: [cluster, remote-node, none]\n    - toEndpoints: [{matchExpressions: [{key: app, operator: NotIn, values: [a]}]}]\n"))
 	f.Fuzz(fuzzParseFormats)
 }
 
@@ -33,6 +35,7 @@ func FuzzParseNetworkPolicy(f *testing.F) {
 	f.Add([]byte(netpolHead + "spec:\n  podSelector: {}\n"))
 	f.Add([]byte(netpolHead + "spec:\n  policyTypes: [Egress]\n  egress:\n    - to: [{ipBlock: {cidr: \"::/0\", except: [\"2001:db8::/32\"]}}]\n      ports: [{port: 80, endPort: 81, protocol: SCTP}, {protocol: UDP}]\n"))
 	f.Add([]byte(netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {}}]\n      ports: [{port: http}]\n"))
+	f.Add([]byte(netpolHead + "spec:\n  ingress:\n    - from: [{podSelector: {matchLabels: {app: a}}, namespaceSelector: {matchExpressions: [{key: team, operator: Exists}]}}, {namespaceSelector: {}}]\n"))
 	f.Fuzz(fuzzParseFormats)
 }
 

@@ -23,6 +23,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("name: a\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n    toPorts: [{port: 53, protocol: UDP}]\n"))
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
 	f.Add([]byte("name: e\negressDeny:\n  - toPorts: [{port: 80, endPort: 90, protocol: TCP}]\ningress:\n  - icmps: [{fields: [{type: 8}]}]\nenableDefaultDeny: {ingress: false}\n"))
+	f.Add([]byte("name: f\negress:\n  - toEndpoints: [{matchLabels: {app: a}}]\n  - toEntities: [host, world]\n    toPorts: [{port: 80}]\n"))
 	f.Add([]byte("name: [\n"))
 	f.Add([]byte("name: x\nbogus: 1\n"))
 	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))

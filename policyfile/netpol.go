@@ -10,13 +10,6 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
-// networkPolicyPeerUnsupported are the peers of a NetworkPolicy rule other
-// than ipBlock, with why they are rejected.
-var networkPolicyPeerUnsupported = map[string]string{
-	"podSelector":       "selecting pods by label is not supported: only ipBlock peers",
-	"namespaceSelector": "selecting namespaces is not supported: only ipBlock peers",
-}
-
 // networkPolicy parses a Kubernetes NetworkPolicy with Kubernetes'
 // semantics: policyTypes defaults to Ingress, plus Egress when there are
 // egress rules; a listed type without rules denies that direction; a rule
@@ -87,7 +80,7 @@ func (p *parser) networkPolicy(n node) (*policy.Policy, error) {
 		} else {
 			for i, item := range ruleNodes[dir].Items() {
 				name := fmt.Sprintf("%s[%d]", dir, i)
-				rule, err := p.networkPolicyRule(item, dir, "spec."+name)
+				rule, err := p.networkPolicyRule(item, dir, "spec."+name, namespace)
 				if err != nil {
 					return nil, err
 				}
@@ -150,8 +143,9 @@ func (p *parser) policyTypes(spec fieldSet, specNode node, egressRules bool) ([2
 	return types, value.Line(), nil
 }
 
-// networkPolicyRule parses {from, ports} or {to, ports}.
-func (p *parser) networkPolicyRule(n node, dir policy.Direction, what string) (policy.Rule, error) {
+// networkPolicyRule parses {from, ports} or {to, ports}; namespace is the
+// policy's.
+func (p *parser) networkPolicyRule(n node, dir policy.Direction, what, namespace string) (policy.Rule, error) {
 	peerField := "to"
 	if dir == policy.Ingress {
 		peerField = "from"
@@ -167,30 +161,13 @@ func (p *parser) networkPolicyRule(n node, dir policy.Direction, what string) (p
 			return policy.Rule{}, err
 		}
 		for i, peer := range peers {
-			peerWhat := fmt.Sprintf("%s.%s[%d]", what, peerField, i)
-			peerFields, err := p.fields(peer, peerWhat, "ipBlock", "podSelector", "namespaceSelector")
-			if err != nil {
+			if err := p.networkPolicyPeer(peer, fmt.Sprintf("%s.%s[%d]", what, peerField, i), namespace, &rule); err != nil {
 				return policy.Rule{}, err
 			}
-			if err := p.unsupportedField(peer, peerWhat, networkPolicyPeerUnsupported); err != nil {
-				return policy.Rule{}, err
-			}
-			block, ok := peerFields.get("ipBlock")
-			if !ok {
-				return policy.Rule{}, p.errorf(peer, "%s: ipBlock is required", peerWhat)
-			}
-			set, err := p.cidrSet(block, peerWhat+".ipBlock")
-			if err != nil {
-				return policy.Rule{}, err
-			}
-			if err := p.strictExcept(block, set, peerWhat+".ipBlock.except"); err != nil {
-				return policy.Rule{}, err
-			}
-			rule.Peers = append(rule.Peers, set)
 		}
 	}
 	// No peers: every peer (Kubernetes: "matches all sources").
-	rule.AnyPeer = len(rule.Peers) == 0
+	rule.AnyPeer = len(rule.Peers) == 0 && len(rule.Endpoints) == 0
 	if value, ok := fields.get("ports"); ok {
 		ports, err := p.list(value, what+".ports")
 		if err != nil {
@@ -206,6 +183,68 @@ func (p *parser) networkPolicyRule(n node, dir policy.Direction, what string) (p
 		rule.Ports = sortPorts(rule.Ports)
 	}
 	return rule, nil
+}
+
+// networkPolicyPeer parses one peer into rule, with Kubernetes' semantics:
+// an ipBlock; a podSelector alone, the endpoints of the policy's namespace
+// (namespace) it matches; a namespaceSelector alone, every endpoint of the
+// namespaces whose labels it matches (`{}`: of every namespace); both, the
+// endpoints matching both. A null selector is as absent, as in the API.
+func (p *parser) networkPolicyPeer(peer node, what, namespace string, rule *policy.Rule) error {
+	fields, err := p.fields(peer, what, "ipBlock", "podSelector", "namespaceSelector")
+	if err != nil {
+		return err
+	}
+	podNode, hasPods := fields.get("podSelector")
+	hasPods = hasPods && !isNull(podNode)
+	nsNode, hasNamespaces := fields.get("namespaceSelector")
+	hasNamespaces = hasNamespaces && !isNull(nsNode)
+	if block, ok := fields.get("ipBlock"); ok {
+		if hasPods || hasNamespaces {
+			return p.errorf(peer, "%s: ipBlock with podSelector or namespaceSelector in one peer: Kubernetes rejects it, write two peers", what)
+		}
+		set, err := p.cidrSet(block, what+".ipBlock")
+		if err != nil {
+			return err
+		}
+		if err := p.strictExcept(block, set, what+".ipBlock.except"); err != nil {
+			return err
+		}
+		rule.Peers = append(rule.Peers, set)
+		return nil
+	}
+	if !hasPods && !hasNamespaces {
+		return p.errorf(peer, "%s: a peer needs ipBlock, podSelector or namespaceSelector", what)
+	}
+	var sel policy.EndpointSelector
+	if hasPods {
+		if sel, err = p.endpointSelector(podNode, what+".podSelector", "", false); err != nil {
+			return err
+		}
+	}
+	if !hasNamespaces {
+		sel.Namespace = namespace
+		rule.Endpoints = append(rule.Endpoints, sel)
+		return nil
+	}
+	namespaces, err := p.endpointSelector(nsNode, what+".namespaceSelector", "", false)
+	if err != nil {
+		return err
+	}
+	// An endpoint's identity carries its namespace's labels under a prefix
+	// (docs/CONTRACT.md, "Endpoints").
+	for key, value := range namespaces.MatchLabels {
+		if sel.MatchLabels == nil {
+			sel.MatchLabels = map[string]string{}
+		}
+		sel.MatchLabels[namespaceLabelsPrefix+key] = value
+	}
+	for _, r := range namespaces.MatchExpressions {
+		r.Key = namespaceLabelsPrefix + r.Key
+		sel.MatchExpressions = append(sel.MatchExpressions, r)
+	}
+	rule.Endpoints = append(rule.Endpoints, sel)
+	return nil
 }
 
 // networkPolicyPort parses {port, endPort, protocol}: protocol TCP when

@@ -291,26 +291,53 @@ func validateName(name string) error {
 var (
 	nativePolicyFields = []string{"name", "endpointSelector", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
 	nativeRuleFields   = [2][]string{
-		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps"},
-		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps"},
+		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps", "fromEndpoints", "fromEntities"},
+		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps", "toEndpoints", "toEntities"},
 	}
 )
 
-// rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet, toPorts,
-// icmps) or egress or egressDeny (toCIDR, toCIDRSet, toPorts, icmps) rule.
-// Ports or ICMP types without CIDRs are for every peer (AnyPeer), as in
-// Cilium; a rule with neither only makes its direction enforced.
+// rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet,
+// fromEndpoints, fromEntities, toPorts, icmps) or egress or egressDeny
+// (toCIDR, toCIDRSet, toEndpoints, toEntities, toPorts, icmps) rule.
+// Ports or ICMP types without peers are for every peer (AnyPeer), as in
+// Cilium; a rule with neither only makes its direction enforced. As in
+// Cilium, label peers and entities are each a rule's only kind of peer
+// (CIDRs and CIDR sets may share one, as this format always allowed).
 func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, error) {
 	peer := "to"
 	if dir == policy.Ingress {
 		peer = "from"
 	}
-	cidrField, setField := peer+"CIDR", peer+"CIDRSet"
+	cidrField, setField, endpointsField, entityField := peer+"CIDR", peer+"CIDRSet", peer+"Endpoints", peer+"Entities"
 	fields, err := p.fields(n, what, nativeRuleFields[dir]...)
 	if err != nil {
 		return policy.Rule{}, err
 	}
+	// The first peer field, and whether it may share the rule (CIDRs).
+	peerField, sharing := "", false
+	for key := range n.Pairs() {
+		switch name := key.Value(); name {
+		case cidrField, setField, endpointsField, entityField:
+			cidrs := name == cidrField || name == setField
+			if peerField != "" && !(cidrs && sharing) {
+				return policy.Rule{}, p.errorf(key, "%s: %s and %s in one rule: as in Cilium, write two rules", what, peerField, name)
+			}
+			if peerField == "" {
+				peerField, sharing = name, cidrs
+			}
+		}
+	}
 	var rule policy.Rule
+	if value, ok := fields.get(endpointsField); ok {
+		if err := p.endpointPeers(value, what+"."+endpointsField, "", &rule); err != nil {
+			return policy.Rule{}, err
+		}
+	}
+	if value, ok := fields.get(entityField); ok {
+		if err := p.entities(value, what+"."+entityField, &rule); err != nil {
+			return policy.Rule{}, err
+		}
+	}
 	if value, ok := fields.get(cidrField); ok {
 		if rule.Peers, err = p.cidrPeers(value, what+"."+cidrField); err != nil {
 			return policy.Rule{}, err
@@ -353,7 +380,9 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			return policy.Rule{}, err
 		}
 	}
-	rule.AnyPeer = len(rule.Peers) == 0 && (hasPorts || hasICMPs)
+	if peerField == "" && (hasPorts || hasICMPs) {
+		rule.AnyPeer = true
+	}
 	return rule, nil
 }
 

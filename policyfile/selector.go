@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
@@ -209,3 +210,122 @@ func validateLabelName(s string) error {
 	}
 	return nil
 }
+
+// Label keys that scope a peer selector to namespaces: a CNP's peer
+// selector that names one of them selects in the namespaces it says,
+// not in the policy's own (Cilium's getEndpointSelector).
+const namespaceLabelsPrefix = "io.cilium.k8s.namespace.labels."
+
+// endpointPeers parses fromEndpoints or toEndpoints (a list of label
+// selectors) into rule: each selects endpoint identities (Endpoints),
+// but a selector that is exactly one reserved label (`{matchLabels:
+// {"reserved:host": ""}}`) selects that entity, as Cilium reads it.
+// namespace is a CNP's: a selector that names neither the namespace label
+// nor a namespace's label selects in it; empty (a CCNP's, a native
+// policy's), selectors are not restricted.
+func (p *parser) endpointPeers(n node, what, namespace string, rule *policy.Rule) error {
+	items, err := p.nonEmptyList(n, what)
+	if err != nil {
+		return err
+	}
+	for i, item := range items {
+		itemWhat := fmt.Sprintf("%s[%d]", what, i)
+		entity, ok, err := p.reservedSelector(item, itemWhat)
+		if err != nil {
+			return err
+		}
+		if ok {
+			addEntity(rule, entity)
+			continue
+		}
+		sel, err := p.endpointSelector(item, itemWhat, "", true)
+		if err != nil {
+			return err
+		}
+		if namespace != "" && !namesNamespace(&sel) {
+			sel.Namespace = namespace
+		}
+		rule.Endpoints = append(rule.Endpoints, sel)
+	}
+	return nil
+}
+
+// namesNamespace reports whether a selector names the namespace label or
+// a namespace's label, in its labels or its expressions.
+func namesNamespace(sel *policy.EndpointSelector) bool {
+	names := func(key string) bool {
+		return key == policy.NamespaceLabel || strings.HasPrefix(key, namespaceLabelsPrefix)
+	}
+	for key := range sel.MatchLabels {
+		if names(key) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(sel.MatchExpressions, func(r policy.Requirement) bool { return names(r.Key) })
+}
+
+// reservedSelector reads a peer selector with a key of source reserved:
+// exactly one such label in matchLabels, with an empty value, and nothing
+// else, is the entity it names (ok); any other use of a reserved key is
+// an error. A selector without reserved keys is not ok and no error.
+func (p *parser) reservedSelector(n node, what string) (identity.Entity, bool, error) {
+	if n.Kind() != mappingNode {
+		return "", false, nil
+	}
+	fields, err := p.fields(n, what, "matchLabels", "matchExpressions")
+	if err != nil {
+		return "", false, err
+	}
+	const usage = "a reserved label selects its entity only as the one label of a selector (`{matchLabels: {\"reserved:host\": \"\"}}`), or write the entity in toEntities/fromEntities"
+	if value, ok := fields.get("matchExpressions"); ok && value.Kind() == sequenceNode {
+		for i, item := range value.Items() {
+			if item.Kind() != mappingNode {
+				continue
+			}
+			for key, keyValue := range item.Pairs() {
+				if key.Value() == "key" && strings.HasPrefix(keyValue.Value(), "reserved:") {
+					return "", false, p.errorf(keyValue, "%s.matchExpressions[%d].key: %q: %s", what, i, keyValue.Value(), usage)
+				}
+			}
+		}
+	}
+	labels, ok := fields.get("matchLabels")
+	if !ok || labels.Kind() != mappingNode {
+		return "", false, nil
+	}
+	var (
+		entity string
+		at     node
+		count  int
+	)
+	for key, value := range labels.Pairs() {
+		count++
+		name, isReserved := strings.CutPrefix(key.Value(), "reserved:")
+		if !isReserved {
+			continue
+		}
+		if entity != "" {
+			return "", false, p.errorf(key, "%s.matchLabels: %q: %s", what, key.Value(), usage)
+		}
+		entity, at = name, key
+		if value.Kind() != scalarNode || value.Value() != "" {
+			return "", false, p.errorf(value, "%s.matchLabels.%s: want \"\": reserved labels have no value", what, key.Value())
+		}
+	}
+	if entity == "" {
+		return "", false, nil
+	}
+	if exprs, ok := fields.get("matchExpressions"); count > 1 || ok && !isNull(exprs) && exprs.Len() > 0 {
+		return "", false, p.errorf(at, "%s.matchLabels: %q: %s", what, at.Value(), usage)
+	}
+	e := identity.Entity(entity)
+	if _, reserved := e.Reserved(); !reserved && e != identity.EntityWorld {
+		return "", false, p.errorf(at, "%s.matchLabels: %q: no entity has this reserved label: want reserved:%s",
+			what, at.Value(), strings.Join(reservedLabelEntities, ", reserved:"))
+	}
+	return e, true, nil
+}
+
+// reservedLabelEntities are the entities a reserved label in a peer
+// selector may name, for errors.
+var reservedLabelEntities = []string{"world", "host", "remote-node", "kube-apiserver", "health", "init", "ingress", "unmanaged"}
