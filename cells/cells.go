@@ -19,6 +19,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
 	"github.com/ipcache-agent/ipcache-agent/monitorcell"
+	"github.com/ipcache-agent/ipcache-agent/nodecell"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
@@ -54,6 +55,7 @@ var ControlPlane = cell.Group(
 	monitorcell.Cell,
 	conntrackcell.Cell,
 	restorecell.Cell,
+	nodecell.Cell,
 	endpointcell.Cell,
 	cnicell.Cell,
 	policycell.Cell,

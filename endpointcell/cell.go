@@ -15,6 +15,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/nodecell"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
@@ -120,6 +121,9 @@ type registerParams struct {
 	Jobs      job.Registry
 	Health    cell.Health
 	StateDir  statedir.Config
+	// Nodes takes the addresses of the directory's Node documents, if
+	// the hive has the node cell.
+	Nodes *nodecell.Nodes `optional:"true"`
 }
 
 // registerEndpoints registers the endpoints as a producer of the ipcache
@@ -153,6 +157,9 @@ func registerEndpoints(p registerParams) error {
 		return err
 	}
 	dir := newDirectory(e.log, e.cfg.EndpointDir, p.StateDir.StateDir, src, e.SetNamespace)
+	if p.Nodes != nil {
+		dir.setNodes = func(nodes []endpoint.Node) error { return p.Nodes.SetNodes(e.cfg.NodeName, nodes) }
+	}
 	group := p.Jobs.NewGroup(p.Health, job.WithLogger(e.log))
 	group.Add(job.OneShot("endpoint-directory", dir.watch))
 	return nil

@@ -35,6 +35,9 @@ type directory struct {
 	versions yamldir.Versions[endpointfile.Documents]
 	source   endpoint.Source
 	setNS    func(name string, labels map[string]string) error
+	// setNodes takes the Node documents in force; nil: they are not
+	// applied (a hive without the node cell).
+	setNodes func([]endpoint.Node) error
 
 	readOnce  bool
 	savedKey  [32]byte
@@ -47,6 +50,11 @@ type directory struct {
 	fileOf    map[string]string
 	failed    map[string]error // endpoint ID -> why its upsert failed
 	unhealthy error
+
+	// appliedNodes are the Node documents as last applied, and
+	// nodesFailed why they could not be, if so.
+	appliedNodes []endpoint.Node
+	nodesFailed  error
 }
 
 func newDirectory(log *slog.Logger, path, stateDir string, source endpoint.Source, setNS func(string, map[string]string) error) *directory {
@@ -118,7 +126,7 @@ func (d *directory) watch(ctx context.Context, health cell.Health) error {
 		default:
 			health.OK(fmt.Sprintf("%d endpoint files in force", d.versions.Len()))
 		}
-		return dirs, d.saveAgain || len(d.failed) > 0, err
+		return dirs, d.saveAgain || len(d.failed) > 0 || d.nodesFailed != nil, err
 	})
 }
 
@@ -157,7 +165,12 @@ func (d *directory) load() ([]string, error) {
 	for id, err := range d.failed {
 		rejected = append(rejected, fmt.Errorf("%s: %w", d.fileOf[id], err))
 	}
+	if d.nodesFailed != nil {
+		rejected = append(rejected, d.nodesFailed)
+	}
 	d.unhealthy = errors.Join(rejected...)
+	// The Node documents' addresses are written (apply) before the
+	// source says it is initialized, which lets the ipcache initialize.
 	if d.source != nil {
 		d.source.Initialized()
 	}
@@ -170,10 +183,12 @@ func (d *directory) load() ([]string, error) {
 func (d *directory) apply() {
 	want := map[string]endpoint.Endpoint{}
 	wantNS := map[string]map[string]string{}
+	var wantNodes []endpoint.Node
 	fileOf := map[string]string{}
 	inForce := d.versions.InForce()
 	for _, file := range slices.Sorted(maps.Keys(inForce)) {
 		docs := inForce[file]
+		wantNodes = append(wantNodes, docs.Nodes...)
 		for _, ep := range docs.Endpoints {
 			want[ep.ID()], fileOf[ep.ID()] = ep, file
 		}
@@ -199,6 +214,7 @@ func (d *directory) apply() {
 		}
 	}
 	d.appliedNS = wantNS
+	d.applyNodes(wantNodes)
 	for _, id := range slices.Sorted(maps.Keys(want)) {
 		ep := want[id]
 		if have, ok := d.applied[id]; ok && sameEndpoint(have, ep) && d.failed[id] == nil {
@@ -230,6 +246,28 @@ func (d *directory) apply() {
 		}
 	}
 	d.fileOf = fileOf
+}
+
+// applyNodes gives the node cell the Node documents in force when they
+// changed, or when it could not take them the last time.
+func (d *directory) applyNodes(nodes []endpoint.Node) {
+	if d.setNodes == nil {
+		return
+	}
+	if d.nodesFailed == nil && slices.EqualFunc(nodes, d.appliedNodes, func(a, b endpoint.Node) bool {
+		return a.Name == b.Name && slices.Equal(a.Addresses, b.Addresses)
+	}) {
+		return
+	}
+	if err := d.setNodes(nodes); err != nil {
+		if d.nodesFailed == nil {
+			d.log.Error("Addresses of the Node documents not applied", "error", err)
+		}
+		d.nodesFailed = fmt.Errorf("node addresses: %w", err)
+		return
+	}
+	d.nodesFailed = nil
+	d.appliedNodes = nodes
 }
 
 // restore puts the versions in force that the previous run saved in

@@ -114,6 +114,7 @@ func layers() map[string]place {
 		"datapathcell":  {5, kindCell},
 		"restorecell":   {5, kindCell},
 		"endpointcell":  {5, kindCell},
+		"nodecell":      {5, kindCell},
 		"metricscell":   {5, kindCell},
 		"monitorcell":   {5, kindCell},
 		"conntrackcell": {5, kindCell},
@@ -161,7 +162,9 @@ func (e edge) String() string { return e.pkg + " imports " + e.dep }
 // allowedSameLayer lists the imports within one layer that the design
 // allows, each with the reason why.
 func allowedSameLayer() map[edge]string {
-	return map[edge]string{}
+	return map[edge]string{
+		{"endpointcell", "nodecell"}: "hands the Node documents of the endpoint directory to the node cell's Nodes",
+	}
 }
 
 // allowedCellImports lists the cells that may import another cell, each
@@ -177,6 +180,8 @@ func allowedCellImports() map[edge]string {
 		{"restorecell", "ipcachecell"}:   "owns the restore resource handle",
 		{"endpointcell", "identitycell"}: "takes and releases each endpoint's label identity reference through the allocator, in the `endpoints` table's transactions",
 		{"endpointcell", "ipcachecell"}:  "owns a resource handle per endpoint source",
+		{"nodecell", "ipcachecell"}:      "owns the host and remote-node resource handles",
+		{"endpointcell", "nodecell"}:     "hands the Node documents of the endpoint directory to the Nodes handle",
 		{"datapathcell", "devicecell"}:   "attaches the program to the `devices` table's devices (its row type)",
 	}
 }
