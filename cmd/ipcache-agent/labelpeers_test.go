@@ -60,7 +60,7 @@ const (
 	remoteNodeAddr  = "10.212.0.1" // node-b's, from its Node document
 	remoteEPAddr    = "10.212.0.2" // shop/rweb's, on node-b
 	worldAddr       = "10.212.0.3" // nothing's
-	ownNodeDocAddr  = "10.212.0.4" // what node-a's own Node document says
+	ownNodeDocAddr  = "10.212.0.4" // what node-a's own Node document says: this node's
 	peerLoopbacks   = "10.212.0.0/24"
 	dbPort          = 8080
 	dbOtherPort     = 8081
@@ -98,8 +98,8 @@ func (p peerEndpoint) doc() string {
 
 // peersCluster is what the endpoint directory says of the cluster beside
 // the endpoints: the namespaces' labels (shop has pci, other has not) and
-// two nodes, this one (whose Node document's address is not a remote
-// node's) and node-b.
+// two nodes, this one (whose Node document's address is a host address,
+// as Cilium has it, not a remote node's) and node-b.
 var peersCluster = fmt.Sprintf(`apiVersion: v1
 kind: List
 items:
@@ -376,20 +376,21 @@ func TestPrivilegedLabelPeers(t *testing.T) {
 	})
 
 	// The entities: cluster is every endpoint, local and remote, this
-	// node and the other nodes, and not the world; remote-node the addresses of other nodes' Node documents
-	// (not this node's own); host this node's namespace, where the agent
-	// runs.
+	// node and the other nodes, and not the world; remote-node the
+	// addresses of other nodes' Node documents (not of this node's own);
+	// host this node's namespace's addresses (the agent runs there) and
+	// those of this node's Node document.
 	t.Run("entities", func(t *testing.T) {
 		r.scenario(t)
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [cluster]\n")})
-		r.expect(append(r.to8080(connected, r.web, r.otherWeb, r.remoteEP, r.remoteNode, r.host),
-			r.to8080(timedOut, r.world, r.ownNodeDoc)...)...)
+		r.expect(append(r.to8080(connected, r.web, r.otherWeb, r.remoteEP, r.remoteNode, r.host, r.ownNodeDoc),
+			r.to8080(timedOut, r.world)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [remote-node]\n")})
 		r.expect(append(r.to8080(connected, r.remoteNode), r.to8080(timedOut, r.world, r.ownNodeDoc, r.host, r.web)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [host]\n")})
-		r.expect(append(r.to8080(connected, r.host), r.to8080(timedOut, r.remoteNode, r.world, r.web)...)...)
+		r.expect(append(r.to8080(connected, r.host, r.ownNodeDoc), r.to8080(timedOut, r.remoteNode, r.world, r.web)...)...)
 	})
 }
 
