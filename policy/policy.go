@@ -115,7 +115,8 @@ func ParseProtocol(s string) (Protocol, error) {
 
 // PortRange is what a rule matches of a packet above IP: a protocol and,
 // for TCP, UDP and SCTP, the destination ports Port..EndPort (EndPort 0:
-// Port alone; Port 0: every port of the protocol); for ICMP and ICMPv6,
+// Port alone; Port 0 alone or to 65535: every port of the protocol; Port
+// 0 to EndPort N: ports 0..N, as Cilium's); for ICMP and ICMPv6,
 // the message type in Port (EndPort 0). Protocol is never ProtocolAny: a
 // rule's "any protocol" port is one PortRange per protocol it stands for.
 type PortRange struct {
@@ -130,7 +131,7 @@ func (pr PortRange) String() string {
 	switch {
 	case pr.Protocol == ProtocolICMP || pr.Protocol == ProtocolICMPv6:
 		return fmt.Sprintf("type %d/%s", pr.Port, pr.Protocol)
-	case pr.Port == 0:
+	case pr.Port == 0 && (pr.EndPort == 0 || pr.EndPort == math.MaxUint16):
 		return "any/" + pr.Protocol.String()
 	case pr.EndPort != 0 && pr.EndPort != pr.Port:
 		return fmt.Sprintf("%d-%d/%s", pr.Port, pr.EndPort, pr.Protocol)
@@ -312,9 +313,9 @@ func (p *Policy) TableRow() []string {
 // appendKeys appends the policy-map keys of the range to out, each base
 // with the range's protocol and one aligned block of its ports: a single
 // port is one key; port..endPort the fewest aligned blocks that cover it
-// exactly, as Cilium splits ranges for its LPM policy map; port 0 (alone
-// or to 65535) every port of the protocol; an ICMP type the type in the
-// port's high byte, any code.
+// exactly, as Cilium splits ranges for its LPM policy map (port 0 to N
+// below 65535 too: ports 0..N); port 0 (alone or to 65535) every port of
+// the protocol; an ICMP type the type in the port's high byte, any code.
 func (pr PortRange) AppendKeys(out []Key, base Key) []Key {
 	base.Protocol = pr.Protocol
 	switch {

@@ -18,6 +18,7 @@ func TestPortRangeKeys(t *testing.T) {
 		{Protocol: ProtocolTCP, Port: 8000, EndPort: 8100}, {Protocol: ProtocolUDP, Port: 1, EndPort: 65535},
 		{Protocol: ProtocolTCP, Port: 30000, EndPort: 32767}, {Protocol: ProtocolSCTP, Port: 65534, EndPort: 65535},
 		{Protocol: ProtocolTCP, Port: 16, EndPort: 31}, {Protocol: ProtocolTCP, Port: 443},
+		{Protocol: ProtocolTCP, Port: 0, EndPort: 1000}, {Protocol: ProtocolUDP, Port: 0, EndPort: 1},
 	} {
 		ks := keys(pr)
 		covered := map[uint32]int{}
@@ -41,6 +42,10 @@ func TestPortRangeKeys(t *testing.T) {
 		keys(PortRange{Protocol: ProtocolTCP, Port: 16, EndPort: 31}), "one block when the range is one")
 	require.Len(t, keys(PortRange{Protocol: ProtocolUDP, Port: 1, EndPort: 65535}), 16, "1-65535: 1, 2-3, ..., 32768-65535")
 	require.Len(t, keys(PortRange{Protocol: ProtocolTCP, Port: 8000, EndPort: 8100}), 4, "8000-8063, 8064-8095, 8096-8099, 8100")
+	require.Equal(t, []Key{{Identity: 7, Direction: Egress, Protocol: ProtocolTCP, PortWildcardBits: 10}},
+		keys(PortRange{Protocol: ProtocolTCP, EndPort: 1023}), "0-1023: one block, not every port")
+	require.Equal(t, "0-1023/TCP", PortRange{Protocol: ProtocolTCP, EndPort: 1023}.String())
+	require.Equal(t, "any/TCP", PortRange{Protocol: ProtocolTCP, EndPort: 65535}.String())
 	whole := []Key{{Identity: 7, Direction: Egress, Protocol: ProtocolTCP, PortWildcardBits: 16}}
 	require.Equal(t, whole, keys(PortRange{Protocol: ProtocolTCP}))
 	require.Equal(t, whole, keys(PortRange{Protocol: ProtocolTCP, EndPort: 65535}))

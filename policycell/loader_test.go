@@ -316,6 +316,21 @@ func TestLoaderEmptiedFileValidAgainLogged(t *testing.T) {
 	}
 }
 
+// TestLoaderLogsWarnings: a file the agent reads otherwise than written
+// (a CIDR with host bits set) is in force as read, and the log says so at
+// its position.
+func TestLoaderLogsWarnings(t *testing.T) {
+	f := newLoaderFixture(t, t.TempDir())
+	var log bytes.Buffer
+	f.loader.log = slog.New(slog.NewTextHandler(&log, nil))
+	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.5/8]}]\n")
+	f.load(t)
+	require.Empty(t, f.rejected())
+	require.Equal(t, []string{"10.0.0.0/8"}, f.owned("policy/a"))
+	require.Contains(t, log.String(), `level=WARN msg="Policy file read otherwise than written" file=a.yaml `+
+		`warning="a.yaml:2:20: policy \"a\": egress[0].toCIDR[0]: \"10.0.0.5/8\": host bits set, read as 10.0.0.0/8"`)
+}
+
 // TestLoaderRejectsFileOverPolicyMap: a file whose policies compute more
 // entries than the policy map holds is rejected when it is read (the
 // version in force stays), and nothing of it is kept: neither its content

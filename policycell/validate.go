@@ -24,6 +24,9 @@ type FileValidation struct {
 	Entries EntryCount
 	// Err is nil when the agent would put the file in force.
 	Err error
+	// Warnings are what the valid file says that the agent reads
+	// otherwise than written (policyfile.Parsed.Warnings).
+	Warnings []policyfile.Warning
 }
 
 // ValidateFiles checks policy files as the agent would read them from its
@@ -36,15 +39,20 @@ type FileValidation struct {
 // is read twice.
 //
 // Each result's Err is a *policyfile.FileError wrapping
-// policyfile.ErrInvalidPolicy (and ErrTooManyEntries), ErrNameInUse, ErrTooLarge, ErrNotRegular, or the
-// error of opening or reading the file.
+// policyfile.ErrInvalidPolicy (and ErrTooManyEntries, or ErrNameInUse for
+// a name an earlier file has, at the name), ErrTooLarge, ErrNotRegular, or
+// the error of opening or reading the file.
 func ValidateFiles(files []string, maxEntries int) []FileValidation {
 	results := make([]FileValidation, len(files))
+	// The columns of each file's policy names, for a name another file has.
+	nameColumns := make([][]int, len(files))
 	for i, file := range files {
 		results[i] = FileValidation{File: file}
 		content, err := readPolicyFile(file)
 		if err == nil {
-			results[i].Policies, err = policyfile.Parse(file, content)
+			var parsed policyfile.Parsed
+			parsed, err = policyfile.ParseFile(file, content)
+			results[i].Policies, nameColumns[i], results[i].Warnings = parsed.Policies, parsed.NameColumns, parsed.Warnings
 		}
 		if err == nil {
 			results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)
@@ -64,21 +72,39 @@ func ValidateFiles(files []string, maxEntries int) []FileValidation {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(files[a], files[b]) })
-	holder := map[string]string{}
+	holder := map[string]*policy.Policy{}
 	for _, i := range order {
 		r := &results[i]
 		if r.Err != nil {
 			continue
 		}
-		if err := conflict(r.File, r.Policies, holder); err != nil {
+		if err := nameConflict(r.File, r.Policies, nameColumns[i], holder); err != nil {
 			r.Err, r.Policies = err, nil
 			continue
 		}
 		for _, p := range r.Policies {
-			holder[p.Name] = r.File
+			holder[p.Name] = p
 		}
 	}
 	return results
+}
+
+// nameConflict is conflict for an offline check: nothing is in force, so
+// the error says which file has the name, and is an invalid policy file's
+// error at the name's position, as every other error of a file's content.
+func nameConflict(file string, policies []*policy.Policy, columns []int, holder map[string]*policy.Policy) error {
+	for i, p := range policies {
+		if other, held := holder[p.Name]; held && other.File != file {
+			column := 0
+			if i < len(columns) {
+				column = columns[i]
+			}
+			return &policyfile.FileError{File: file, Line: p.Line, Column: column,
+				Err: fmt.Errorf("%w: policy %q: %w by %s:%d (files are taken in name order, the first keeps the name)",
+					policyfile.ErrInvalidPolicy, p.Name, ErrNameInUse, other.File, other.Line)}
+		}
+	}
+	return nil
 }
 
 // readPolicyFile reads a file as the directory reader does: a FIFO does

@@ -90,7 +90,7 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	name, line, err := p.metadata(n, fields, kind == policy.KindCNP)
+	name, namespace, line, err := p.metadata(n, fields, kind == policy.KindCNP, "")
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +112,7 @@ func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
 		return nil, p.errorf(n, "%s: spec or specs is required", kind)
 	}
 	// A CNP selects in its own namespace whatever its selector says of the
-	// namespace label, as Cilium does; a CCNP's selector may name one.
-	namespace := ""
-	if kind == policy.KindCNP {
-		namespace, _, _ = strings.Cut(name, "/")
-	}
+	// namespace label, as Cilium does; a CCNP's (namespace "") may name one.
 	for i, spec := range specs {
 		what := strings.TrimSuffix(places[i], ".")
 		if what == "" {
@@ -215,7 +211,13 @@ func (p *parser) ciliumSpec(n node, place, namespace string, pol *policy.Policy)
 		}
 		for i, item := range items {
 			name := fmt.Sprintf("%s%s[%d]", place, field.name, i)
-			rule, err := p.ciliumRule(item, field.dir, field.deny, name, namespace)
+			// Errors give the rule's path from the document ("spec.egress[0]");
+			// the rule's name, for explain, stays as short as "egress[0]".
+			path := name
+			if place == "" {
+				path = "spec." + name
+			}
+			rule, err := p.ciliumRule(item, field.dir, field.deny, path, namespace)
 			if err != nil {
 				return err
 			}
@@ -480,7 +482,8 @@ func (p *parser) ciliumPortRules(n node, what string) ([]policy.PortRange, error
 }
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of
-// the protocol; no protocol is ANY, which is TCP, UDP and SCTP.
+// the protocol (with an endPort N, ports 0..N); no protocol is ANY, which
+// is TCP, UDP and SCTP.
 func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 	fields, err := p.fields(n, what, "port", "endPort", "protocol")
 	if err != nil {
@@ -505,7 +508,9 @@ func (p *parser) ciliumPort(n node, what string) ([]policy.PortRange, error) {
 
 // portRange parses a port (a number; named ports are rejected: this
 // agent knows no pod's ports) and an optional endPort at least as large.
-// An endPort equal to the port is the port alone (end 0). endPort is an
+// An endPort equal to the port is the port alone (end 0); port 0 to
+// endPort N is ports 0..N, as Cilium enforces it (to 65535: every port,
+// as port 0 alone). endPort is an
 // integer in Cilium's and Kubernetes' APIs alike, so a quoted one is
 // rejected, as their API servers reject it.
 func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (start, end uint16, err error) {
@@ -529,8 +534,9 @@ func (p *parser) portRange(portNode, endNode node, hasEnd bool, what string) (st
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is a string, endPort is an integer: write it without quotes", what, endNode.Value())
 	case !ok:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %q is not a port number (1..65535, decimal)", what, endNode.Value())
-	case port == 0:
-		return 0, 0, p.errorf(endNode, "%s.endPort: needs a port to start from", what)
+	case port == 0 && endPort == maxPortNumber:
+		// Every port, as port 0 alone: one form in the model.
+		return 0, 0, nil
 	case endPort < port:
 		return 0, 0, p.errorf(endNode, "%s.endPort: %d is below port %d", what, endPort, port)
 	case endPort == port:

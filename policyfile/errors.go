@@ -33,3 +33,17 @@ func (e *FileError) Error() string {
 
 // Unwrap returns the error the file was rejected for.
 func (e *FileError) Unwrap() error { return e.Err }
+
+// Warning is something a valid policy file says that the agent reads
+// otherwise than written, at a position in the file (Line and Column are
+// 1-based).
+type Warning struct {
+	File         string
+	Line, Column int
+	Msg          string
+}
+
+// String formats as "file:line:column: message", as FileError does.
+func (w Warning) String() string {
+	return fmt.Sprintf("%s:%d:%d: %s", w.File, w.Line, w.Column, w.Msg)
+}

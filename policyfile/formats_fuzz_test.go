@@ -24,6 +24,7 @@ func FuzzParseCNP(f *testing.F) {
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toEntities: [world, all]\n      icmps: [{fields: [{type: 8}]}]\n"))
 	f.Add([]byte(ccnpHead + "specs:\n  - enableDefaultDeny: {ingress: true}\n    egress: [{toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16]}]}]\n"))
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"80\", endPort: 90}], rules: {http: [{}]}}]\n"))
+	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"0\", endPort: 1023, protocol: TCP}, {port: \"0\", endPort: 65535, protocol: UDP}]}]\n"))
 	f.Add([]byte(cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}, {matchLabels: {\"k8s:io.kubernetes.pod.namespace\": a}}, {matchLabels: {\"reserved:host\": \"\"}}]\n" +
 		"      toPorts: [{ports: [{port: \"80\"}]}]\n  egress:\n    - toEntities: [cluster, remote-node, none]\n    - toEndpoints: [{matchExpressions: [{key: app, operator: NotIn, values: [a]}]}]\n"))
 	f.Fuzz(fuzzParseFormats)
@@ -106,7 +107,7 @@ func checkParsedModel(t *testing.T, policies []*policy.Policy) {
 					switch {
 					case port.Protocol == policy.ProtocolAny:
 						t.Fatalf("policy %q %s: a port of any protocol", p.Name, rule.Name)
-					case port.EndPort != 0 && (port.EndPort <= port.Port || icmp || port.Port == 0):
+					case port.EndPort != 0 && (port.EndPort <= port.Port || icmp || port.EndPort == maxPortNumber && port.Port == 0):
 						t.Fatalf("policy %q %s: range %v", p.Name, rule.Name, port)
 					case icmp && port.Port > maxICMPType:
 						t.Fatalf("policy %q %s: ICMP type %d", p.Name, rule.Name, port.Port)

@@ -67,13 +67,13 @@ func TestFormatsMatchNative(t *testing.T) {
 		{"native.yaml", "cnp-spec.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindCNP}},
 		{"native.yaml", "cnp-specs.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindCNP}},
 		{"native.yaml", "ccnp.yaml", []string{"web", "dns"}, []string{policy.KindCCNP, policy.KindCCNP}},
-		{"native.yaml", "networkpolicy.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindNetworkPolicy, policy.KindNetworkPolicy}},
-		{"native.yaml", "list.yaml", []string{"shop/web", "shop/dns"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
+		{"native.yaml", "networkpolicy.yaml", []string{"networkpolicy/shop/web", "networkpolicy/shop/dns"}, []string{policy.KindNetworkPolicy, policy.KindNetworkPolicy}},
+		{"native.yaml", "list.yaml", []string{"shop/web", "networkpolicy/shop/dns"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
 		{"native.yaml", "mixed.yaml", []string{"web", "dns"}, []string{policy.KindNative, policy.KindCCNP}},
 		// Deny, endPort, icmps, ports for every peer, enableDefaultDeny.
-		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
+		{"native-cilium.yaml", "cnp-cilium.yaml", []string{"shop/edge", "networkpolicy/shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
 		{"native-cilium.yaml", "ccnp-cilium.yaml", []string{"edge", "shop/ranges"}, []string{policy.KindCCNP, policy.KindCNP}},
-		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
+		{"native-cilium.yaml", "list-cilium.yaml", []string{"shop/edge", "networkpolicy/shop/ranges"}, []string{policy.KindCNP, policy.KindNetworkPolicy}},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			native := parseFixture(t, tc.native)
@@ -88,6 +88,23 @@ func TestFormatsMatchNative(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCNPAndNetworkPolicyShareAName: a CiliumNetworkPolicy and a
+// NetworkPolicy of one namespace and name are two policies, as in
+// Kubernetes (two kinds of object); two of one kind are one name twice.
+func TestCNPAndNetworkPolicyShareAName(t *testing.T) {
+	content := cnpHead + "spec: {egress: [{}]}\n---\n" + netpolHead + "spec: {podSelector: {}}\n"
+	policies, err := Parse("good.yaml", []byte(content))
+	require.NoError(t, err)
+	require.Len(t, policies, 2)
+	require.Equal(t, "default/p", policies[0].Name)
+	require.Equal(t, "networkpolicy/default/p", policies[1].Name)
+	require.Equal(t, "policy/networkpolicy/default/p", policies[1].Resource())
+
+	_, err = Parse("bad.yaml", []byte(content+"---\n"+netpolHead+"spec: {podSelector: {}}\n"))
+	require.ErrorIs(t, err, ErrInvalidPolicy)
+	require.ErrorContains(t, err, `bad.yaml:13:18: invalid policy file: name "networkpolicy/default/p" is already used at line 8`)
 }
 
 // TestFormatsNameRulesAndLines: rules are named as the file spells their

@@ -132,50 +132,60 @@ func (p *parser) kubernetesList(n node) ([]*policy.Policy, error) {
 	return policies, nil
 }
 
+// networkPolicyNamePrefix starts the name of a NetworkPolicy's policy:
+// networkpolicy/<namespace>/<name>, so that it never is a
+// CiliumNetworkPolicy's (<namespace>/<name>, one '/'), which Kubernetes
+// keeps as another object of the same namespace and name.
+const networkPolicyNamePrefix = "networkpolicy/"
+
 // metadata returns the policy's name: <namespace>/<name> when namespaced
 // (namespace "default" when absent, as kubectl applies it in the default
-// context), <name> otherwise. The name line is where the policy is.
-func (p *parser) metadata(doc node, fields fieldSet, namespaced bool) (name string, line int, err error) {
+// context), <name> otherwise, after prefix (networkPolicyNamePrefix or
+// none); and the namespace. The name line is where the policy is.
+func (p *parser) metadata(doc node, fields fieldSet, namespaced bool, prefix string) (name, namespace string, line int, err error) {
 	metaNode, ok := fields.get("metadata")
 	if !ok {
-		return "", 0, p.errorf(doc, "metadata is required (with a name)")
+		return "", "", 0, p.errorf(doc, "metadata is required (with a name)")
 	}
 	allowed := append([]string{"name", "namespace"}, ignoredMetadata...)
 	meta, err := p.fields(metaNode, "metadata", allowed...)
 	if err != nil {
-		return "", 0, err
+		return "", "", 0, err
 	}
 	nameNode, ok := meta.get("name")
 	if !ok {
-		return "", 0, p.errorf(metaNode, "metadata.name is required")
+		return "", "", 0, p.errorf(metaNode, "metadata.name is required")
 	}
 	if name, err = p.scalar(nameNode, "metadata.name"); err != nil {
-		return "", 0, err
+		return "", "", 0, err
 	}
 	if err := validateDNSName(name, maxNameLength, true); err != nil {
-		return "", 0, p.errorf(nameNode, "metadata.name: %v", err)
+		return "", "", 0, p.errorf(nameNode, "metadata.name: %v", err)
 	}
-	namespace := "default"
+	namespace = "default"
 	if nsNode, ok := meta.get("namespace"); ok {
 		if !namespaced {
-			return "", 0, p.errorf(nsNode, "metadata.namespace: a cluster-wide policy has no namespace")
+			return "", "", 0, p.errorf(nsNode, "metadata.namespace: a cluster-wide policy has no namespace")
 		}
 		if namespace, err = p.scalar(nsNode, "metadata.namespace"); err != nil {
-			return "", 0, err
+			return "", "", 0, err
 		}
 		if err := validateDNSName(namespace, 63, false); err != nil {
-			return "", 0, p.errorf(nsNode, "metadata.namespace: %v", err)
+			return "", "", 0, p.errorf(nsNode, "metadata.namespace: %v", err)
 		}
 	}
 	if namespaced {
-		name = namespace + "/" + name
+		name = prefix + namespace + "/" + name
+	} else {
+		name, namespace = prefix+name, ""
 	}
 	if line, dup := p.names[name]; dup {
-		return "", 0, p.errorf(nameNode, "name %q is already used at line %d", name, line)
+		return "", "", 0, p.errorf(nameNode, "name %q is already used at line %d", name, line)
 	}
 	p.names[name] = nameNode.Line()
+	p.nameColumns = append(p.nameColumns, nameNode.Column())
 	p.current = name
-	return name, nameNode.Line(), nil
+	return name, namespace, nameNode.Line(), nil
 }
 
 // validateDNSName accepts a Kubernetes object name: a DNS subdomain

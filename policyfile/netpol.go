@@ -5,7 +5,6 @@ package policyfile
 import (
 	"fmt"
 	"iter"
-	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -20,7 +19,7 @@ func (p *parser) networkPolicy(n node) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	name, line, err := p.metadata(n, fields, true)
+	name, namespace, line, err := p.metadata(n, fields, true, networkPolicyNamePrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +32,6 @@ func (p *parser) networkPolicy(n node) (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	namespace, _, _ := strings.Cut(name, "/")
 	pol.Selector = policy.EndpointSelector{Namespace: namespace}
 	if value, ok := spec.get("podSelector"); ok {
 		if pol.Selector, err = p.endpointSelector(value, "spec.podSelector", namespace, false); err != nil {

@@ -28,8 +28,9 @@ const maxNameLength = 253
 //
 // Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
 // repeated policy name, an ingress or egress key without a value (a file
-// cut mid-write; `egress: []` is no rules), a CIDR that does not parse or has host bits set,
-// an except prefix outside its CIDR, an empty CIDR or port list, a port
+// cut mid-write; `egress: []` is no rules), a CIDR that does not parse
+// (one with host bits set is read as its prefix, with a warning that
+// ParseFile gives), an except prefix outside its CIDR, an empty CIDR or port list, a port
 // outside 1..65535, an endPort below its port and a protocol other than
 // TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP; ports or
@@ -43,16 +44,39 @@ const maxNameLength = 253
 //
 // Possible errors: *FileError wrapping ErrInvalidPolicy.
 func Parse(file string, content []byte) ([]*policy.Policy, error) {
+	parsed, err := ParseFile(file, content)
+	return parsed.Policies, err
+}
+
+// Parsed is a policy file as ParseFile reads it.
+type Parsed struct {
+	Policies []*policy.Policy
+	// NameColumns are the columns of the policies' names, in the order
+	// of Policies (Policy.Line is their line): where an error about a
+	// name, such as another file's use of it, points.
+	NameColumns []int
+	// Warnings are what the file says that the agent reads otherwise
+	// than written (a CIDR with host bits set, read as its prefix), in
+	// file order: the file is valid, and its author should know.
+	Warnings []Warning
+}
+
+// ParseFile is Parse, with the positions of the policies' names and the
+// warnings.
+//
+// Possible errors: *FileError wrapping ErrInvalidPolicy; Parsed is empty
+// then.
+func ParseFile(file string, content []byte) (Parsed, error) {
 	p := &parser{file: file, names: map[string]int{}, size: len(content)}
 	docs := newDocumentReader(content, nodeBudget(len(content)))
 	policies := []*policy.Policy{}
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
-			return policies, nil
+			return Parsed{Policies: policies, NameColumns: p.nameColumns, Warnings: p.warnings}, nil
 		}
 		if err != nil {
-			return nil, p.syntaxError(err)
+			return Parsed{}, p.syntaxError(err)
 		}
 		if isNull(root) {
 			continue
@@ -60,14 +84,14 @@ func Parse(file string, content []byte) ([]*policy.Policy, error) {
 		if isKubernetesDocument(root) {
 			more, err := p.kubernetesDocument(root, "")
 			if err != nil {
-				return nil, err
+				return Parsed{}, err
 			}
 			policies = append(policies, more...)
 			continue
 		}
 		pol, err := p.policy(root)
 		if err != nil {
-			return nil, err
+			return Parsed{}, err
 		}
 		pol.Kind = policy.KindNative
 		policies = append(policies, pol)
@@ -78,8 +102,12 @@ type parser struct {
 	file string
 	// current is the name of the policy being parsed, for errors.
 	current string
-	// names are the policies' names so far, with their lines.
-	names map[string]int
+	// names are the policies' names so far, with their lines, and
+	// nameColumns their columns, in the order of the policies.
+	names       map[string]int
+	nameColumns []int
+	// warnings are the file's so far.
+	warnings []Warning
 	// size is the file's, for the node budget's error.
 	size int
 }
@@ -93,6 +121,20 @@ func (p *parser) syntaxError(err error) error {
 			ErrInvalidPolicy, p.size, nodeBudget(p.size), nodeBytes, nodeAllowance)}
 	}
 	return &FileError{File: p.file, Line: line, Column: column, Err: fmt.Errorf("%w: YAML: %s", ErrInvalidPolicy, msg)}
+}
+
+// warnf adds a warning at n, once per position (a value read twice
+// warns once).
+func (p *parser) warnf(n node, format string, args ...any) {
+	line, column := n.Line(), n.Column()
+	if slices.ContainsFunc(p.warnings, func(w Warning) bool { return w.Line == line && w.Column == column }) {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if p.current != "" {
+		msg = fmt.Sprintf("policy %q: %s", p.current, msg)
+	}
+	p.warnings = append(p.warnings, Warning{File: p.file, Line: line, Column: column, Msg: msg})
 }
 
 func (p *parser) errorf(n node, format string, args ...any) error {
@@ -211,6 +253,7 @@ func (p *parser) policy(n node) (*policy.Policy, error) {
 	// The name outlives the file's content, of which it is a part.
 	name = strings.Clone(name)
 	p.names[name] = nameNode.Line()
+	p.nameColumns = append(p.nameColumns, nameNode.Column())
 	p.current = name
 
 	pol := &policy.Policy{Name: name, File: p.file, Line: nameNode.Line()}
@@ -448,8 +491,9 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 	return set, nil
 }
 
-// cidr parses a CIDR or a bare address (a host prefix). Host bits must be
-// zero; zones and IPv4-mapped IPv6 addresses are rejected (the ipcache
+// cidr parses a CIDR or a bare address (a host prefix). A CIDR with host
+// bits set is read as its prefix, with a warning; zones and IPv4-mapped
+// IPv6 addresses are rejected (the ipcache
 // keys IPv4 prefixes as IPv4). what[index] names it in errors (what
 // alone for a negative index), formatted only for one.
 func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
@@ -484,7 +528,10 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 	case prefix.Addr().Is4In6():
 		return netip.Prefix{}, p.errorf(n, "%s: %q is an IPv4-mapped IPv6 prefix, write it as IPv4", name(), s)
 	case prefix != prefix.Masked():
-		return netip.Prefix{}, p.errorf(n, "%s: %q has host bits set, did you mean %s?", name(), s, prefix.Masked())
+		// Cilium and Kubernetes read such a CIDR as its prefix: so does
+		// this agent, but says so.
+		p.warnf(n, "%s: %q: host bits set, read as %s", name(), s, prefix.Masked())
+		prefix = prefix.Masked()
 	}
 	return prefix, nil
 }

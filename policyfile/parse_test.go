@@ -112,8 +112,6 @@ func TestParseErrors(t *testing.T) {
 			`bad.yaml:3:26: invalid policy file: policy "a": egress[0].toCIDR[1]: "10.0.0.300/24" is not a CIDR`},
 		{"CIDR not a string", "name: a\negress:\n  - toCIDR: [[10.0.0.0/8]]\n",
 			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: want a value, got a list`},
-		{"host bits", "name: a\negress:\n  - toCIDR: [10.0.0.1/8]\n",
-			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: "10.0.0.1/8" has host bits set, did you mean 10.0.0.0/8?`},
 		{"zone", "name: a\negress:\n  - toCIDR: [\"fe80::1%eth0\"]\n",
 			`bad.yaml:3:14: invalid policy file: policy "a": egress[0].toCIDR[0]: "fe80::1%eth0": zones are not allowed`},
 		{"4in6", "name: a\negress:\n  - toCIDR: [\"::ffff:10.0.0.0/104\"]\n",
@@ -169,6 +167,36 @@ func TestParseErrors(t *testing.T) {
 			require.Nil(t, policies, "the whole file is rejected")
 		})
 	}
+}
+
+// TestParseHostBits: a CIDR with host bits set is read as its prefix, as
+// Cilium and Kubernetes read it, with a warning at its position (once,
+// though an ipBlock's except is read twice).
+func TestParseHostBits(t *testing.T) {
+	content := "name: a\negress:\n  - toCIDR: [10.0.0.5/8]\n---\n" + cnpHead +
+		"spec:\n  ingress:\n    - fromCIDRSet: [{cidr: \"2001:db8::1/48\", except: [\"2001:db8:0:1::1/64\"]}]\n---\n" + netpolHead +
+		"spec:\n  ingress:\n    - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.2.3/16]}}]\n"
+	parsed, err := ParseFile("p.yaml", []byte(content))
+	require.NoError(t, err)
+	require.Equal(t, prefixes("10.0.0.0/8"), parsed.Policies[0].Prefixes())
+	require.Equal(t, []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("2001:db8::/48"), Except: prefixes("2001:db8:0:1::/64")}},
+		parsed.Policies[1].Ingress[0].Peers)
+	require.Equal(t, []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8"), Except: prefixes("10.1.0.0/16")}},
+		parsed.Policies[2].Ingress[0].Peers)
+	var warnings []string
+	for _, w := range parsed.Warnings {
+		warnings = append(warnings, w.String())
+	}
+	require.Equal(t, []string{
+		`p.yaml:3:14: policy "a": egress[0].toCIDR[0]: "10.0.0.5/8": host bits set, read as 10.0.0.0/8`,
+		`p.yaml:10:28: policy "default/p": spec.ingress[0].fromCIDRSet[0].cidr: "2001:db8::1/48": host bits set, read as 2001:db8::/48`,
+		`p.yaml:10:55: policy "default/p": spec.ingress[0].fromCIDRSet[0].except[0]: "2001:db8:0:1::1/64": host bits set, read as 2001:db8:0:1::/64`,
+		`p.yaml:17:52: policy "networkpolicy/default/p": spec.ingress[0].from[0].ipBlock.except[0]: "10.1.2.3/16": host bits set, read as 10.1.0.0/16`,
+	}, warnings)
+
+	parsed, err = ParseFile("p.yaml", []byte("name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n"))
+	require.NoError(t, err)
+	require.Empty(t, parsed.Warnings, "no warning for a CIDR as written")
 }
 
 func TestParseBareAddresses(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -38,6 +39,9 @@ type validation struct {
 	Policies []string `json:"policies"`
 	Kinds    []string `json:"kinds,omitempty"`
 	Error    string   `json:"error,omitempty"`
+	// Warnings are "file:line:col: message", for what a file says that
+	// the agent reads otherwise than written.
+	Warnings []string `json:"warnings,omitempty"`
 	Line     int      `json:"line,omitempty"`
 	Column   int      `json:"column,omitempty"`
 	// Entries are the policy map entries the file computes; EntriesExact
@@ -60,7 +64,9 @@ the policy map entries each file's policies compute (rejected over
 used by several of the files (taken in name order, the first keeps the
 name, as in a policy directory). It prints one line per file,
 "FILE: ok (N policies: names; M policy map entries)" or the agent's
-error, or with -o json one JSON document.
+error, or with -o json one JSON document; what a valid file says that
+the agent reads otherwise than written (a CIDR with host bits set) is a
+"warning: FILE:LINE:COL: ..." line on stderr (in the JSON, "warnings").
 Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 		Args: agentcmd.UsageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, files []string) error {
@@ -78,6 +84,12 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 					Entries: r.Entries.Entries, EntriesExact: r.Entries.Exact}
 				if r.Err == nil {
 					total += r.Entries.Entries
+				}
+				for _, w := range r.Warnings {
+					out[i].Warnings = append(out[i].Warnings, w.String())
+					if output == "text" {
+						fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w.String())
+					}
 				}
 				for _, p := range r.Policies {
 					out[i].Policies = append(out[i].Policies, p.Name)
@@ -106,8 +118,8 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 			} else {
 				for _, v := range out {
 					if v.Valid {
-						fmt.Fprintf(stdout, "%s: ok (%d policies: %s; %d policy map entries)\n", v.File, len(v.Policies),
-							strings.Join(v.Policies, ", "), v.Entries)
+						fmt.Fprintf(stdout, "%s: ok (%s: %s; %s)\n", v.File, plural(len(v.Policies), "policy", "policies"),
+							strings.Join(v.Policies, ", "), plural(v.Entries, "policy map entry", "policy map entries"))
 					} else {
 						// The error names the file.
 						fmt.Fprintln(stdout, v.Error)
@@ -131,4 +143,12 @@ Exit codes: 0 every file valid, 1 a file invalid, 2 no file or bad flags.`,
 	cmd.Flags().Uint32Var(&maxEntries, "policy-map-max-entries", datapathcell.DefaultConfig.PolicyMapMaxEntries,
 		"Maximum entries of the policy map, as the agent's flag: a file whose policies compute more is invalid")
 	return cmd
+}
+
+// plural returns "1 policy", "2 policies".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }

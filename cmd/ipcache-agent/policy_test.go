@@ -42,22 +42,37 @@ func TestPolicyValidate(t *testing.T) {
 
 	stdout, stderr, code := runAgentCommand(t, "policy", "validate", path("cnp.yaml"), path("native.yaml"))
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, path("cnp.yaml")+": ok (1 policies: shop/web; 1 policy map entries)\n"+
-		path("native.yaml")+": ok (2 policies: a, b; 1 policy map entries)\n", stdout)
+	require.Equal(t, path("cnp.yaml")+": ok (1 policy: shop/web; 1 policy map entry)\n"+
+		path("native.yaml")+": ok (2 policies: a, b; 1 policy map entry)\n", stdout)
 	require.Empty(t, stderr)
 
 	stdout, stderr, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("typo.yaml"), path("fqdn.yaml"))
 	require.Equal(t, 1, code)
-	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b; 1 policy map entries)\n"+
-		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps`+"\n"+
-		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
+	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b; 1 policy map entry)\n"+
+		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps, toEndpoints, toEntities`+"\n"+
+		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": spec.egress[0].toFQDNs: DNS names are not supported: write the CIDRs`+"\n", stdout)
 	require.Equal(t, "ipcache-agent: invalid policy files: 2 of 3\n", stderr)
 
 	// A name two files use: the first in name order keeps it.
 	stdout, _, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("again.yaml"))
 	require.Equal(t, 1, code)
-	require.Equal(t, path("native.yaml")+`:1: policy name already in use: policy "a" is in force from `+path("again.yaml")+"\n"+
-		path("again.yaml")+": ok (1 policies: a; 0 policy map entries)\n", stdout)
+	require.Equal(t, path("native.yaml")+`:1:7: invalid policy file: policy "a": policy name already in use by `+path("again.yaml")+
+		":1 (files are taken in name order, the first keeps the name)\n"+
+		path("again.yaml")+": ok (1 policy: a; 0 policy map entries)\n", stdout)
+
+	// A CIDR with host bits set: valid, read as its prefix, with a
+	// warning on stderr.
+	hostBits := filepath.Join(dir, "hostbits.yaml")
+	require.NoError(t, os.WriteFile(hostBits, []byte("name: h\negress:\n  - toCIDR: [10.0.0.5/8]\n"), 0o644))
+	stdout, stderr, code = runAgentCommand(t, "policy", "validate", hostBits)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, hostBits+": ok (1 policy: h; 1 policy map entry)\n", stdout)
+	require.Equal(t, "warning: "+hostBits+`:3:14: policy "h": egress[0].toCIDR[0]: "10.0.0.5/8": host bits set, read as 10.0.0.0/8`+"\n", stderr)
+	stdout, _, code = runAgentCommand(t, "policy", "validate", "-o", "json", hostBits)
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, `"warnings": [
+        "`+hostBits+`:3:14: policy \"h\": egress[0].toCIDR[0]: \"10.0.0.5/8\": host bits set, read as 10.0.0.0/8"
+      ]`)
 
 	// A file that cannot be read is invalid too; a FIFO does not block.
 	require.NoError(t, syscall.Mkfifo(path("fifo.yaml"), 0o600))
@@ -126,7 +141,7 @@ func TestPolicyValidateEntries(t *testing.T) {
 
 	stdout, stderr, code = runAgentCommand(t, "policy", "validate", "--policy-map-max-entries=872000", big)
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, big+": ok (1 policies: big; 872000 policy map entries)\n", stdout)
+	require.Equal(t, big+": ok (1 policy: big; 872000 policy map entries)\n", stdout)
 
 	stdout, _, code = runAgentCommand(t, "policy", "validate", "-o", "json", big, small)
 	require.Equal(t, 1, code)
@@ -158,7 +173,7 @@ func TestPolicyValidateEntries(t *testing.T) {
 	// Each file fits, the two together do not: valid, with a note.
 	stdout, stderr, code = runAgentCommand(t, "policy", "validate", "--policy-map-max-entries=1000", small, other)
 	require.Equal(t, 0, code, stderr)
-	require.Equal(t, small+": ok (1 policies: small; 600 policy map entries)\n"+other+": ok (1 policies: other; 600 policy map entries)\n", stdout)
+	require.Equal(t, small+": ok (1 policy: small; 600 policy map entries)\n"+other+": ok (1 policy: other; 600 policy map entries)\n", stdout)
 	require.Equal(t, "ipcache-agent: note: the valid files compute 1200 policy map entries together, more than the policy map holds "+
 		"(1000, --policy-map-max-entries): the agent puts them in force, and the entries that do not fit are not in the policy map "+
 		"(their traffic is dropped)\n", stderr)
