@@ -55,12 +55,12 @@ var ControlPlane = cell.Group(
 	monitorcell.Cell,
 	conntrackcell.Cell,
 	restorecell.Cell,
-	nodecell.Cell,
 	endpointcell.Cell,
 	cnicell.Cell,
 	policycell.Cell,
 	metricscell.Cell,
 	devicecell.Cell,
+	nodecell.Cell,
 )
 
 // NewHive returns a hive of [Infrastructure] and the given cells: the agent

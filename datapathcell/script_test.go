@@ -28,6 +28,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/agenttest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -37,8 +38,14 @@ import (
 // the agent's whole control plane over real pinned maps in a private bpffs
 // mount, restarting the agent inside the scripts. Beside the agenttest
 // commands, test/map-check compares a pinned map with its desired table.
+// It runs in a network namespace of its own, which has no address: the
+// host's addresses (the node cell's) would be in the maps and tables the
+// scripts compare, and take identity numbers.
 func TestPrivilegedScript(t *testing.T) {
 	privileged.Test(t)
+	if !netnstest.InFreshProcessNetns(t, "ipca-dpscript", false) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	scripttest.Test(t, ctx, func(t testing.TB, args []string) *script.Engine {

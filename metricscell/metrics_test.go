@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/labels"
@@ -60,6 +61,13 @@ func scrape(t require.TestingT, addr string) map[string]float64 {
 
 func TestPrivilegedMetricsScrape(t *testing.T) {
 	privileged.Test(t)
+	// In a network namespace of its own with only loopback up: the node
+	// cell's host addresses are then 127.0.0.1 and ::1 (source local),
+	// whatever the machine's.
+	if !netnstest.InFreshProcessNetns(t, "ipca-metrics", true) {
+		return
+	}
+	const hostAddresses = 2
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
 
@@ -106,7 +114,7 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		s := scrape(c, addr)
 		// The map writes come last: once the reconciler has written all six
 		// prefixes, the rest must hold.
-		assert.Equal(c, 6.0, s[`ipcache_agent_map_writes_total{map="ipcache"}`], "ipcache map writes")
+		assert.Equal(c, 6.0+hostAddresses, s[`ipcache_agent_map_writes_total{map="ipcache"}`], "ipcache map writes")
 		assert.Equal(c, 0.0, s[`ipcache_agent_reconciler_errors_current`+ipcacheRound], "current reconciliation errors")
 		// The policy directory is read by a job of its own, maybe later.
 		assert.Equal(c, 1.0, s[`ipcache_agent_policy_files{state="rejected"}`], "rejected policy files")
@@ -114,11 +122,11 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 
 	s := scrape(t, addr)
 	for series, want := range map[string]float64{
-		`ipcache_agent_ipcache_entries{source="local"}`: 3,
+		`ipcache_agent_ipcache_entries{source="local"}`: 3 + hostAddresses,
 		`ipcache_agent_ipcache_entries{source="k8s"}`:   3,
 		// Each prefix's label set includes its own cidr label, so each
 		// labelled prefix has an identity of its own.
-		`ipcache_agent_identities{state="allocated"}`:                                 5,
+		`ipcache_agent_identities{state="allocated"}`:                                 5 + hostAddresses,
 		`ipcache_agent_identities{state="withheld"}`:                                  0,
 		`ipcache_agent_restore_restored_prefixes`:                                     0,
 		`ipcache_agent_restore_held_only_by_restore_prefixes`:                         0,
@@ -144,7 +152,7 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 		`cilium_drop_bytes_total{direction="EGRESS",reason="Invalid packet"}`:            0,
 		`cilium_forward_bytes_total{direction="INGRESS"}`:                                0,
 		`cilium_forward_bytes_total{direction="EGRESS"}`:                                 0,
-		`cilium_bpf_map_pressure{map_name="ipcache"}`:                                    6.0 / 1000,
+		`cilium_bpf_map_pressure{map_name="ipcache"}`:                                    (6.0 + hostAddresses) / 1000,
 		`cilium_bpf_map_pressure{map_name="policy"}`:                                     0,
 		`cilium_bpf_map_pressure{map_name="conntrack"}`:                                  0,
 		`cilium_policy`: 0,
@@ -174,8 +182,8 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 	require.NoError(t, local.Remove(netip.MustParsePrefix("10.1.0.0/16")))
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		s := scrape(c, addr)
-		assert.Equal(c, 2.0, s[`ipcache_agent_ipcache_entries{source="local"}`])
-		assert.Equal(c, 4.0, s[`ipcache_agent_identities{state="allocated"}`])
+		assert.Equal(c, 2.0+hostAddresses, s[`ipcache_agent_ipcache_entries{source="local"}`])
+		assert.Equal(c, 4.0+hostAddresses, s[`ipcache_agent_identities{state="allocated"}`])
 	}, 10*time.Second, 20*time.Millisecond)
 }
 

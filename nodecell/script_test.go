@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/hive/script"
@@ -22,6 +23,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/agenttest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -62,6 +64,23 @@ func TestPrivilegedHostScript(t *testing.T) {
 	scripttest.Test(t, ctx, func(t testing.TB, args []string) *script.Engine {
 		return newEngine(t)
 	}, []string{"PATH=" + os.Getenv("PATH")}, "testdata/host-*.txtar")
+}
+
+// TestPrivilegedRestartScript runs the scripts of restarts
+// (testdata/restart-*.txtar): the whole control plane over real pinned
+// maps (agenttest), in a network namespace of the test's own.
+func TestPrivilegedRestartScript(t *testing.T) {
+	privileged.Test(t)
+	if !netnstest.InFreshProcessNetns(t, "ipca-noderestart", false) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	scripttest.Test(t, ctx, func(t testing.TB, args []string) *script.Engine {
+		return agenttest.NewEngine(t, args, func(extra ...cell.Cell) *hive.Hive {
+			return cells.NewHive(append([]cell.Cell{cells.ControlPlane}, extra...)...)
+		})
+	}, []string{"PATH=" + os.Getenv("PATH")}, "testdata/restart-*.txtar")
 }
 
 // newEngine builds a hive of the identity, ipcache and node cells and the
