@@ -198,8 +198,8 @@ func (r *peersRig) tcp(c peerClient, port int, want string) probe {
 	return p
 }
 
-// to8080 is a connection from each client to db's port dbPort.
-func (r *peersRig) to8080(want string, clients ...peerClient) []probe {
+// toDB is a connection from each client to db's port dbPort.
+func (r *peersRig) toDB(want string, clients ...peerClient) []probe {
 	var probes []probe
 	for _, c := range clients {
 		probes = append(probes, r.tcp(c, dbPort, want))
@@ -224,35 +224,48 @@ func (r *peersRig) setEndpoint(ep peerEndpoint) {
 // each one's address to its identity.
 func (r *peersRig) waitEndpoints() {
 	r.t.Helper()
-	var out string
-	require.Eventually(r.t, func() bool {
-		var listed []struct {
-			Name, Namespace string
-			Labels          map[string]string
-			Identity        uint32
-			IdentityLabels  []string
-			Local           bool
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := r.shell("endpoint/list", "-o", "json")
+		if r.endpointsListed(out) {
+			return
 		}
-		out = r.shell("endpoint/list", "-o", "json")
-		require.NoError(r.t, json.Unmarshal([]byte(out), &listed), "endpoint/list: %s", out)
-		if len(listed) != len(r.endpoints) {
+		if time.Now().After(deadline) {
+			require.FailNow(r.t, "endpoints not as the directory says", "endpoint/list: %s\nagent log:\n%s", out, r.agentLog)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// endpointsListed reports whether endpoint/list's JSON (out) and the
+// pinned ipcache show the rig's endpoints, as waitEndpoints waits for.
+func (r *peersRig) endpointsListed(out string) bool {
+	r.t.Helper()
+	var listed []struct {
+		Name, Namespace string
+		Labels          map[string]string
+		Identity        uint32
+		IdentityLabels  []string
+		Local           bool
+	}
+	require.NoError(r.t, json.Unmarshal([]byte(out), &listed), "endpoint/list: %s", out)
+	if len(listed) != len(r.endpoints) {
+		return false
+	}
+	pinned := r.pinnedIPCache()
+	for _, l := range listed {
+		ep, ok := r.endpoints[l.Namespace+"-"+l.Name+".yaml"]
+		if !ok || !maps.Equal(ep.labels, l.Labels) || l.Identity < 256 || l.Local != (ep.node == "") ||
+			uint32(pinned[netip.MustParsePrefix(ep.addr+"/32")]) != l.Identity {
 			return false
 		}
-		pinned := r.pinnedIPCache()
-		for _, l := range listed {
-			ep, ok := r.endpoints[l.Namespace+"-"+l.Name+".yaml"]
-			if !ok || !maps.Equal(ep.labels, l.Labels) || l.Identity < 256 || l.Local != (ep.node == "") ||
-				uint32(pinned[netip.MustParsePrefix(ep.addr+"/32")]) != l.Identity {
+		for _, nsLabel := range peersNamespaceLabels[ep.namespace] {
+			if !slices.Contains(l.IdentityLabels, nsLabel) {
 				return false
 			}
-			for _, nsLabel := range peersNamespaceLabels[ep.namespace] {
-				if !slices.Contains(l.IdentityLabels, nsLabel) {
-					return false
-				}
-			}
 		}
-		return true
-	}, 10*time.Second, 50*time.Millisecond, "endpoints as the directory says; endpoint/list: %s\nagent log:\n%s", out, r.agentLog)
+	}
+	return true
 }
 
 // dbPolicy is a policy of shop on db (by its labels) with ingress rules.
@@ -269,8 +282,15 @@ func dbPolicy(kind, ingress string) string {
 		"spec:\n  endpointSelector: {matchLabels: {app: db}}\n  ingress:\n" + ingress
 }
 
-// TestPrivilegedLabelPeers: one agent, the scenarios one after another,
-// each with the policy directory's whole content replaced.
+// TestPrivilegedLabelPeers: peers by label (fromEndpoints, also after a
+// label change), namespace scoping (CNP, CCNP, a selector naming the
+// namespace), NetworkPolicy podSelector and namespaceSelector peers (alone,
+// in one peer, in two; matchExpressions), a remote endpoint, and the
+// entities cluster, remote-node and host. One agent, the scenarios one
+// after another, each with the policy directory's whole content replaced.
+// A connection policy does not allow is dropped as no-policy (db's ingress
+// is default deny), which the first scenario checks in the counters and
+// the monitor.
 func TestPrivilegedLabelPeers(t *testing.T) {
 	t.Parallel()
 	r := newPeersRig(t)
@@ -317,14 +337,14 @@ func TestPrivilegedLabelPeers(t *testing.T) {
 	t.Run("namespace scoping", func(t *testing.T) {
 		r.scenario(t)
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEndpoints: [{matchLabels: {app: web}}]\n")})
-		r.expect(append(r.to8080(connected, r.web), r.to8080(timedOut, r.otherWeb, r.shopOther)...)...)
+		r.expect(append(r.toDB(connected, r.web), r.toDB(timedOut, r.otherWeb, r.shopOther)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumClusterwideNetworkPolicy", "  - fromEndpoints: [{matchLabels: {app: web}}]\n")})
-		r.expect(append(r.to8080(connected, r.web, r.otherWeb), r.to8080(timedOut, r.shopOther, r.otherOther)...)...)
+		r.expect(append(r.toDB(connected, r.web, r.otherWeb), r.toDB(timedOut, r.shopOther, r.otherOther)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy",
 			"  - fromEndpoints: [{matchLabels: {app: web, \"k8s:io.kubernetes.pod.namespace\": other}}]\n")})
-		r.expect(append(r.to8080(connected, r.otherWeb), r.to8080(timedOut, r.web, r.otherOther)...)...)
+		r.expect(append(r.toDB(connected, r.otherWeb), r.toDB(timedOut, r.web, r.otherOther)...)...)
 	})
 
 	// NetworkPolicy peers, with Kubernetes' semantics: a podSelector alone
@@ -358,7 +378,7 @@ func TestPrivilegedLabelPeers(t *testing.T) {
 			t.Run(c.name, func(t *testing.T) {
 				r.scenario(t)
 				r.usePolicies(map[string]string{"db.yaml": dbPolicy("NetworkPolicy", "  - from: "+c.from+"\n")})
-				r.expect(append(r.to8080(connected, c.allowed...), r.to8080(timedOut, c.dropped...)...)...)
+				r.expect(append(r.toDB(connected, c.allowed...), r.toDB(timedOut, c.dropped...)...)...)
 			})
 		}
 	})
@@ -372,7 +392,7 @@ func TestPrivilegedLabelPeers(t *testing.T) {
 		require.True(t, ok)
 		require.False(t, rweb.Local)
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEndpoints: [{matchLabels: {app: rweb}}]\n")})
-		r.expect(append(r.to8080(connected, r.remoteEP), r.to8080(timedOut, r.world, r.web)...)...)
+		r.expect(append(r.toDB(connected, r.remoteEP), r.toDB(timedOut, r.world, r.web)...)...)
 	})
 
 	// The entities: cluster is every endpoint, local and remote, this
@@ -383,14 +403,14 @@ func TestPrivilegedLabelPeers(t *testing.T) {
 	t.Run("entities", func(t *testing.T) {
 		r.scenario(t)
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [cluster]\n")})
-		r.expect(append(r.to8080(connected, r.web, r.otherWeb, r.remoteEP, r.remoteNode, r.host, r.ownNodeDoc),
-			r.to8080(timedOut, r.world)...)...)
+		r.expect(append(r.toDB(connected, r.web, r.otherWeb, r.remoteEP, r.remoteNode, r.host, r.ownNodeDoc),
+			r.toDB(timedOut, r.world)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [remote-node]\n")})
-		r.expect(append(r.to8080(connected, r.remoteNode), r.to8080(timedOut, r.world, r.ownNodeDoc, r.host, r.web)...)...)
+		r.expect(append(r.toDB(connected, r.remoteNode), r.toDB(timedOut, r.world, r.ownNodeDoc, r.host, r.web)...)...)
 
 		r.usePolicies(map[string]string{"db.yaml": dbPolicy("CiliumNetworkPolicy", "  - fromEntities: [host]\n")})
-		r.expect(append(r.to8080(connected, r.host, r.ownNodeDoc), r.to8080(timedOut, r.remoteNode, r.world, r.web)...)...)
+		r.expect(append(r.toDB(connected, r.host, r.ownNodeDoc), r.toDB(timedOut, r.remoteNode, r.world, r.web)...)...)
 	})
 }
 
