@@ -115,7 +115,7 @@ func TestLoaderRestartKeepsLastGood(t *testing.T) {
 	require.Equal(t, map[string]string{"a": "a.yaml", "x": "z.yaml"}, first.inForce())
 	require.ErrorIs(t, first.rejected()["b.yaml"], ErrNameInUse)
 
-	first.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.1.0.1/16]}]\n")
+	first.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.1.0.300/16]}]\n")
 	var logged bytes.Buffer
 	second := newLoaderFixture(t, dir)
 	second.loader.log = slog.New(slog.NewTextHandler(&logged, nil))

@@ -152,7 +152,7 @@ func TestLoaderBadFileKeepsPrevious(t *testing.T) {
 	f := newLoaderFixture(t, t.TempDir())
 	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/8]}]\n")
 	f.load(t)
-	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/8, 10.0.0.1/8]}]\n")
+	f.write(t, "a.yaml", "name: a\negress: [{toCIDR: [10.0.0.0/8, 10.0.0.300/8]}]\n")
 	f.load(t)
 	require.ErrorIs(t, f.rejected()["a.yaml"], policyfile.ErrInvalidPolicy)
 	require.Equal(t, map[string]string{"a": "a.yaml"}, f.inForce())

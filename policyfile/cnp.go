@@ -86,7 +86,10 @@ var (
 // ciliumPolicy parses a CiliumNetworkPolicy or CiliumClusterwideNetworkPolicy
 // into one policy holding the rules of its spec and specs.
 func (p *parser) ciliumPolicy(n node, kind string) (*policy.Policy, error) {
-	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status")
+	// A description beside spec is not in Cilium's schema: the API server
+	// prunes it (with a warning) and keeps the policy, and so does this
+	// parser, whatever its value.
+	fields, err := p.fields(n, kind, "apiVersion", "kind", "metadata", "spec", "specs", "status", "description")
 	if err != nil {
 		return nil, err
 	}
@@ -202,9 +205,8 @@ func (p *parser) ciliumSpec(n node, place, namespace string, pol *policy.Policy)
 		if !ok {
 			continue
 		}
-		if isNull(value) {
-			return p.errorf(value, "%s.%s: no rules (write `%s: []` for none)", what, field.name, field.name)
-		}
+		// As Cilium's decoder reads it: null is no list, as absent (a spec
+		// with no rules at all is still an error, below).
 		items, err := p.list(value, what+"."+field.name)
 		if err != nil {
 			return err
@@ -346,7 +348,7 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, names
 				"cidrGroupRef": cidrGroupMessage, "cidrGroupSelector": cidrGroupMessage}); err != nil {
 				return policy.Rule{}, err
 			}
-			set, err := p.cidrSet(item, itemWhat)
+			set, err := p.cidrSet(item, itemWhat, "Cilium")
 			if err != nil {
 				return policy.Rule{}, err
 			}

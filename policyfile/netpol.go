@@ -201,7 +201,7 @@ func (p *parser) networkPolicyPeer(peer node, what, namespace string, rule *poli
 		if hasPods || hasNamespaces {
 			return p.errorf(peer, "%s: ipBlock with podSelector or namespaceSelector in one peer: Kubernetes rejects it, write two peers", what)
 		}
-		set, err := p.cidrSet(block, what+".ipBlock")
+		set, err := p.cidrSet(block, what+".ipBlock", "Kubernetes")
 		if err != nil {
 			return err
 		}

@@ -27,15 +27,17 @@ const maxNameLength = 253
 // validated: the first error rejects it.
 //
 // Strict: unknown or repeated fields, YAML aliases, a missing, malformed or
-// repeated policy name, an ingress or egress key without a value (a file
-// cut mid-write; `egress: []` is no rules), a CIDR that does not parse
+// repeated policy name, an ingress or egress key without a value in a
+// native policy or a NetworkPolicy (a file cut mid-write; `egress: []` is
+// no rules; a Cilium spec reads it as Cilium does), a CIDR that does not parse
 // (one with host bits set is read as its prefix, with a warning that
 // ParseFile gives), an except prefix outside its CIDR, an empty CIDR or port list, a port
 // outside 1..65535, an endPort below its port and a protocol other than
 // TCP, UDP or SCTP are errors. A CIDR may be a bare address (a host
 // prefix). A port without protocol stands for both TCP and UDP; ports or
-// icmps without CIDRs are for every peer (as Cilium's toPorts without
-// peers).
+// icmps without peers are for every peer (as Cilium's toPorts without
+// peers). Peers by label are read into Rule.Endpoints and entities other
+// than world and all into Rule.Entities (selector.go, cnp.go, netpol.go).
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
@@ -392,7 +394,7 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			return policy.Rule{}, err
 		}
 		for i, item := range items {
-			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i))
+			set, err := p.cidrSet(item, fmt.Sprintf("%s.%s[%d]", what, setField, i), "")
 			if err != nil {
 				return policy.Rule{}, err
 			}
@@ -455,7 +457,10 @@ func (p *parser) cidrPeers(n node, what string) ([]policy.CIDRSelector, error) {
 	return peers, nil
 }
 
-func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
+// cidrSet parses {cidr, except}. prefixesOnly names the API (Cilium,
+// Kubernetes) whose CIDR sets take no bare address, cidr or except, as a
+// CIDR list does; empty (the native format), they take them.
+func (p *parser) cidrSet(n node, what, prefixesOnly string) (policy.CIDRSelector, error) {
 	fields, err := p.fields(n, what, "cidr", "except")
 	if err != nil {
 		return policy.CIDRSelector{}, err
@@ -463,6 +468,9 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 	cidrNode, ok := fields.get("cidr")
 	if !ok {
 		return policy.CIDRSelector{}, p.errorf(n, "%s: cidr is required", what)
+	}
+	if err := p.prefixLength(cidrNode, what+".cidr", prefixesOnly); err != nil {
+		return policy.CIDRSelector{}, err
 	}
 	cidr, err := p.cidr(cidrNode, what+".cidr", -1)
 	if err != nil {
@@ -476,6 +484,9 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 		}
 		field := what + ".except"
 		for i, item := range items {
+			if err := p.prefixLength(item, fmt.Sprintf("%s[%d]", field, i), prefixesOnly); err != nil {
+				return policy.CIDRSelector{}, err
+			}
 			except, err := p.cidr(item, field, i)
 			if err != nil {
 				return policy.CIDRSelector{}, err
@@ -489,6 +500,20 @@ func (p *parser) cidrSet(n node, what string) (policy.CIDRSelector, error) {
 		set.Except = slices.Compact(set.Except)
 	}
 	return set, nil
+}
+
+// prefixLength rejects a bare address where api (not empty) requires a
+// prefix length.
+func (p *parser) prefixLength(n node, what, api string) error {
+	if api == "" || n.Kind() != scalarNode || isNull(n) || strings.Contains(n.Value(), "/") {
+		return nil
+	}
+	addr, err := netip.ParseAddr(n.Value())
+	if err != nil {
+		return nil // cidr says what is wrong
+	}
+	return p.errorf(n, "%s: %q has no prefix length, which %s requires in a CIDR set: write %s",
+		what, n.Value(), api, netip.PrefixFrom(addr.WithZone(""), addr.BitLen()))
 }
 
 // cidr parses a CIDR or a bare address (a host prefix). A CIDR with host

@@ -199,10 +199,33 @@ func TestParseHostBits(t *testing.T) {
 	require.Empty(t, parsed.Warnings, "no warning for a CIDR as written")
 }
 
+// TestParseCiliumAsTheAPIServer: what Cilium's API server keeps of a
+// policy: a description beside spec is pruned, a null rule list is no
+// rules (as absent).
+func TestParseCiliumAsTheAPIServer(t *testing.T) {
+	content := cnpHead + "description: what it does\nspec:\n  egress: null\n  ingressDeny:\n  ingress:\n    - fromCIDR: [10.0.0.0/8]\n---\n" +
+		ccnpHead + "description: {a: b}\nspecs:\n  - egress: [{}]\n    ingress: ~\n"
+	policies, err := Parse("p.yaml", []byte(content))
+	require.NoError(t, err)
+	require.Len(t, policies, 2)
+	require.Empty(t, policies[0].Egress)
+	require.Equal(t, []policy.Rule{{Peers: []policy.CIDRSelector{{CIDR: netip.MustParsePrefix("10.0.0.0/8")}}}},
+		clearRuleNames(policies[0].Ingress))
+	require.Empty(t, policies[1].Ingress)
+	require.Len(t, policies[1].Egress, 1)
+}
+
 func TestParseBareAddresses(t *testing.T) {
 	policies, err := Parse("p.yaml", []byte("name: a\negress:\n  - toCIDR: [192.0.2.1, \"2001:db8::1\"]\n"))
 	require.NoError(t, err)
 	require.Equal(t, prefixes("192.0.2.1/32", "2001:db8::1/128"), policies[0].Prefixes())
+
+	// In a CNP's CIDR list too (a CIDR set needs a prefix length there);
+	// the native format's CIDR sets take them as they always did.
+	policies, err = Parse("p.yaml", []byte(cnpHead+"spec:\n  ingress:\n    - fromCIDR: [10.0.1.32]\n---\nname: n\negress:\n  - toCIDRSet: [{cidr: 10.0.1.33}]\n"))
+	require.NoError(t, err)
+	require.Equal(t, prefixes("10.0.1.32/32"), policies[0].Prefixes())
+	require.Equal(t, prefixes("10.0.1.33/32"), policies[1].Prefixes())
 }
 
 // TestParseCutMidWrite: a file cut at a line boundary while an editor

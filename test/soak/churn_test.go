@@ -221,8 +221,8 @@ func (c *churn) invalidContent(file string) []byte {
 	base := strings.TrimSuffix(file, ".yaml")
 	valid := c.policyContent(file)
 	switch c.rng.IntN(4) {
-	case 0: // a CIDR with host bits, after valid documents
-		return fmt.Appendf(valid, "---\nname: %s-bad\negress:\n  - toCIDR: [\"10.0.0.1/8\"]\n", base)
+	case 0: // a CIDR that does not parse, after valid documents
+		return fmt.Appendf(valid, "---\nname: %s-bad\negress:\n  - toCIDR: [\"10.0.0.300/8\"]\n", base)
 	case 1: // YAML syntax
 		return fmt.Appendf(valid, "---\nname: %s-bad\negress: [\n", base)
 	case 2: // an unknown field
