@@ -175,6 +175,7 @@ type crashRig struct {
 	rng                          *rand.Rand
 	gen                          *policyGen
 	bpfRoot, stateDir, policyDir string
+	netns                        string // the agents' network namespace
 
 	inForce   map[string]*crashPolicy // by name
 	removed   []*crashPolicy          // may come back
@@ -210,6 +211,10 @@ func newCrashRig(t *testing.T, seed uint64) *crashRig {
 		stopReader: make(chan struct{}), readerDone: make(chan struct{}),
 	}
 	r.gen = newPolicyGen(r.rng)
+	r.netns = fmt.Sprintf("ipca-crash-%d", os.Getpid())
+	out, err := exec.Command("ip", "netns", "add", r.netns).CombinedOutput()
+	require.NoError(t, err, "ip netns add %s: %s", r.netns, out)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", r.netns).Run() })
 	require.NoError(t, os.MkdirAll(r.bpfRoot, 0o700))
 	require.NoError(t, unix.Mount("bpf", r.bpfRoot, "bpf", 0, "mode=0700"))
 	t.Cleanup(func() {
@@ -356,6 +361,12 @@ func (r *crashRig) start(label string) *crashRun {
 	run.cmd = agentCommand("--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir, "--policy-dir="+r.policyDir,
 		"--identity-restore-grace-period="+crashGrace.String(), "--log-format=json",
 		"--shell-sock-path="+filepath.Join(r.stateDir, "shell.sock"))
+	// In the rig's network namespace, which has no address: the host
+	// entity's addresses (every address of the agent's namespace) would
+	// be prefixes neither wanted nor restored. nsenter execs the agent,
+	// so the process killed is the agent.
+	run.cmd.Args = append([]string{"nsenter", "--net=/run/netns/" + r.netns, "--"}, run.cmd.Args...)
+	run.cmd.Path, run.cmd.Err = exec.LookPath("nsenter")
 	run.cmd.Stdout, run.cmd.Stderr = &run.log, &run.log
 	run.start = time.Now()
 	require.NoError(r.t, run.cmd.Start())

@@ -55,6 +55,24 @@ func newFaultRig(t *testing.T) *faultRig {
 	return r
 }
 
+// inFreshNetns makes cmd run in a network namespace of its own, made for
+// it and deleted when the test ends, which has no address: the host
+// entity's addresses (every address of the agent's namespace) would be
+// entries of the pinned ipcache map that the tests count. nsenter enters
+// the network namespace only (the agent mounts bpffs where the test sees
+// it) and execs cmd, so the process is the agent.
+func inFreshNetns(t *testing.T, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	dir := t.TempDir()
+	ns := "ipca-" + filepath.Base(filepath.Dir(dir)) + "-" + filepath.Base(dir)
+	out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput()
+	require.NoError(t, err, "ip netns add %s: %s", ns, out)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	cmd.Args = append([]string{"nsenter", "--net=/run/netns/" + ns, "--"}, cmd.Args...)
+	cmd.Path, cmd.Err = exec.LookPath("nsenter")
+	return cmd
+}
+
 // args are the agent's flags on the rig, then extra (later flags win).
 func (r *faultRig) args(extra ...string) []string {
 	return append([]string{"--bpf-root=" + r.bpfRoot, "--state-dir=" + r.stateDir,
@@ -81,7 +99,7 @@ func (r *faultRig) writePolicy(cidrs ...string) {
 // output (stdout and stderr) and exit code.
 func runFailing(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := agentCommand(args...)
+	cmd := inFreshNetns(t, agentCommand(args...))
 	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
@@ -114,7 +132,7 @@ type faultAgent struct {
 // what it creates must not depend on the umask it is started with.
 func startAgent(t *testing.T, args ...string) *faultAgent {
 	t.Helper()
-	a := &faultAgent{t: t, cmd: agentCommand(args...), log: &syncbuf.Buffer{}}
+	a := &faultAgent{t: t, cmd: inFreshNetns(t, agentCommand(args...)), log: &syncbuf.Buffer{}}
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	old := syscall.Umask(0)
 	err := a.cmd.Start()
