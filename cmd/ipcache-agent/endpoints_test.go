@@ -37,16 +37,7 @@ type endpointsE2E struct {
 
 func newEndpointsE2E(t *testing.T) *endpointsE2E {
 	e := &endpointsE2E{e2e: newE2E(t), endpointDir: t.TempDir()}
-	e.dbNS = e.epNS + "-db"
-	mustRun(t, "ip", "netns", "add", e.dbNS)
-	t.Cleanup(func() { mustRunQuiet("ip", "netns", "del", e.dbNS) })
-	mustRun(t, "ip", "-n", e.hostNS, "link", "add", dbDevice, "type", "veth", "peer", "name", "eth0", "netns", e.dbNS)
-	mustRun(t, "ip", "-n", e.hostNS, "addr", "add", dbHostSide+"/24", "dev", dbDevice)
-	mustRun(t, "ip", "-n", e.hostNS, "link", "set", dbDevice, "up")
-	mustRun(t, "ip", "-n", e.dbNS, "link", "set", "lo", "up")
-	mustRun(t, "ip", "-n", e.dbNS, "addr", "add", dbAddr+"/24", "dev", "eth0")
-	mustRun(t, "ip", "-n", e.dbNS, "link", "set", "eth0", "up")
-	mustRun(t, "ip", "-n", e.dbNS, "route", "add", "default", "via", dbHostSide)
+	e.dbNS = e.vethNamespace("db", dbDevice, dbHostSide, dbAddr)
 	require.Eventually(t, func() bool { return pingsFrom(e.dbNS, allowedIP) }, 10*time.Second, 50*time.Millisecond,
 		"db reaches %s before any agent runs", allowedIP)
 	e.extraArgs = append(e.extraArgs, "--endpoint-dir="+e.endpointDir, "--node-name=node-a")

@@ -60,11 +60,19 @@ type probe struct {
 // tcpProbe connects from the endpoint to addr (an EchoTCP server) and
 // echoes a byte: connected, timed out, or the error (a refused connection
 // is neither a pass nor a policy drop).
-func (e *e2e) tcpProbe(addr string, want string) probe {
+func (e *e2e) tcpProbe(addr string, want string) probe { return tcpFrom(e.t, e.epNS, "", addr, want) }
+
+// tcpFrom is tcpProbe from the namespace ns, with the source address src
+// ("": the one the namespace's route gives).
+func tcpFrom(t *testing.T, ns, src, addr string, want string) probe {
 	return probe{what: "TCP " + addr, want: want, run: func() string {
+		d := net.Dialer{Timeout: probeTimeout}
+		if src != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		}
 		var c net.Conn
-		err := netnstest.InNetns(e.t, e.epNS, func() (err error) {
-			c, err = net.DialTimeout("tcp", addr, probeTimeout)
+		err := netnstest.InNetns(t, ns, func() (err error) {
+			c, err = d.Dial("tcp", addr)
 			return err
 		})
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
