@@ -2,9 +2,11 @@
 # demo/demo.sh: a narrated end-to-end run of ipcache-agent in network
 # namespaces (run it with `make demo`, as root).
 #
-# An endpoint namespace reaches, through a veth, a host namespace that owns
-# two addresses. The agent runs in the host namespace with the veth as its
-# device and a policy directory. The demo applies a policy that allows one
+# An endpoint namespace reaches, through a veth, a host namespace that
+# routes to a server namespace owning two addresses. The agent runs in the
+# host namespace with the endpoint's veth as its device and a policy
+# directory (the host namespace's own addresses are the agent's host
+# entity: they are in the ipcache from the start). The demo applies a policy that allows one
 # address and shows the other denied; restarts the agent under a continuous
 # ping and shows the same identity numbers and zero lost packets; shows the
 # restore status and, after the grace period, a restored prefix that nobody
@@ -19,9 +21,10 @@ cd "$(dirname "$0")/.."
 ID=$$
 EP_NS="demo-ep-$ID"         # the endpoint
 HOST_NS="demo-host-$ID"     # the "host": the agent runs here
+SRV_NS="demo-srv-$ID"       # a server the host routes to
 DEV="demo-veth0"            # host side of the endpoint's veth (in HOST_NS)
-ALLOWED_IP="10.201.1.1"     # host address the policy allows
-DENIED_IP="10.201.1.2"      # host address nothing allows
+ALLOWED_IP="10.201.1.1"     # server address the policy allows
+DENIED_IP="10.201.1.2"      # server address nothing allows
 EXTRA_PREFIX="198.51.100.0/24" # in a second policy file, removed before the restart
 GRACE_SECONDS=5
 AGENT="$PWD/bin/ipcache-agent"
@@ -90,13 +93,14 @@ cleanup() {
 	fi
 	ip netns del "$EP_NS" 2>/dev/null
 	ip netns del "$HOST_NS" 2>/dev/null
+	ip netns del "$SRV_NS" 2>/dev/null
 	if [ -n "$WORK" ]; then
 		mountpoint -q "$WORK/bpf" && umount "$WORK/bpf"
 		rm -rf "$WORK"
 	fi
 	# Nothing may be left behind.
 	local left
-	left="$(ip netns list | grep -E "^($EP_NS|$HOST_NS)( |$)")"
+	left="$(ip netns list | grep -E "^($EP_NS|$HOST_NS|$SRV_NS)( |$)")"
 	[ -n "$WORK" ] && left+="$(grep -F " $WORK" /proc/mounts)"
 	if [ -n "$left" ]; then
 		echo "    left behind:" >&2
@@ -180,17 +184,28 @@ identity_of() { identities | awk -v l="cidr:$1" '$1 == l { print $2 }'; }
 status_field() { shell restore/status | sed -n "s/^$1: *//p"; }
 
 # ---- the demo -------------------------------------------------------------
-say "Setting up: endpoint netns $EP_NS --veth--> host netns $HOST_NS (device $DEV)"
+say "Setting up: endpoint netns $EP_NS --veth--> host netns $HOST_NS (device $DEV) --veth--> server netns $SRV_NS"
 WORK="$(mktemp -d /tmp/ipcache-agent-demo.XXXXXX)"
 mkdir -m 0700 "$WORK/bpf" "$WORK/state" "$WORK/policy"
 ip netns add "$EP_NS"
 ip netns add "$HOST_NS"
+ip netns add "$SRV_NS"
 ip -n "$HOST_NS" link add "$DEV" type veth peer name eth0 netns "$EP_NS"
 ip -n "$HOST_NS" link set lo up
 ip -n "$HOST_NS" addr add 10.201.0.1/24 dev "$DEV"
-ip -n "$HOST_NS" addr add "$ALLOWED_IP/32" dev lo
-ip -n "$HOST_NS" addr add "$DENIED_IP/32" dev lo
 ip -n "$HOST_NS" link set "$DEV" up
+ip -n "$HOST_NS" link add demo-srv0 type veth peer name eth0 netns "$SRV_NS"
+ip -n "$HOST_NS" addr add 10.201.9.1/30 dev demo-srv0
+ip -n "$HOST_NS" link set demo-srv0 up
+ip -n "$HOST_NS" route add "$ALLOWED_IP/32" via 10.201.9.2
+ip -n "$HOST_NS" route add "$DENIED_IP/32" via 10.201.9.2
+ip netns exec "$HOST_NS" sysctl -qw net.ipv4.ip_forward=1
+ip -n "$SRV_NS" link set lo up
+ip -n "$SRV_NS" addr add "$ALLOWED_IP/32" dev lo
+ip -n "$SRV_NS" addr add "$DENIED_IP/32" dev lo
+ip -n "$SRV_NS" addr add 10.201.9.2/30 dev eth0
+ip -n "$SRV_NS" link set eth0 up
+ip -n "$SRV_NS" route add default via 10.201.9.1
 ip -n "$EP_NS" link set lo up
 ip -n "$EP_NS" addr add 10.201.0.2/24 dev eth0
 ip -n "$EP_NS" link set eth0 up
@@ -199,10 +214,10 @@ ip -n "$EP_NS" route add default via 10.201.0.1
 # (made inside `ip netns exec`, which has a mount namespace of its own)
 # outlive each agent process.
 mount -t bpf -o mode=0700 bpf "$WORK/bpf"
-echo "    endpoint 10.201.0.2 (eth0) -> host 10.201.0.1 ($DEV), host also owns $ALLOWED_IP and $DENIED_IP"
+echo "    endpoint 10.201.0.2 (eth0) -> host 10.201.0.1 ($DEV) -> server 10.201.9.2 (eth0), which owns $ALLOWED_IP and $DENIED_IP"
 echo "    work dir $WORK (bpffs at bpf/, state dir state/, policy dir policy/)"
 
-say "Without the agent, the endpoint reaches both host addresses"
+say "Without the agent, the endpoint reaches both server addresses"
 ping_expect "$ALLOWED_IP" allowed
 ping_expect "$DENIED_IP" allowed
 
@@ -250,6 +265,9 @@ shell db/show identities | show
 echo "    \$ ipcache-agent shell db/show ipcache"
 shell db/show ipcache | show
 ids_before="$(identities)"
+# The host namespace's own addresses (the host entity's) are in the
+# ipcache too, and restored with the policies' prefixes.
+hosts="$(shell node/addresses | awk 'NR > 1 && $2 == "host"' | wc -l)"
 allowed_id="$(identity_of "$ALLOWED_IP/32")"
 extra_id="$(identity_of "$EXTRA_PREFIX")"
 [ -n "$allowed_id" ] && [ -n "$extra_id" ] || fail "no identity for $ALLOWED_IP/32 or $EXTRA_PREFIX"
@@ -282,10 +300,10 @@ shell restore/status | show
 restored="$(status_field Restored)"
 held="$(status_field 'Held only by restore')"
 released="$(status_field Released)"
-[ "$restored" = 2 ] || fail "restore/status: Restored is '$restored', want 2"
+[ "$restored" = $((2 + hosts)) ] || fail "restore/status: Restored is '$restored', want $((2 + hosts)) (2 policy prefixes, $hosts host addresses)"
 [ "$held" = 1 ] || fail "restore/status: Held only by restore is '$held', want 1 ($EXTRA_PREFIX)"
 [ "$released" = false ] || fail "restore/status: Released is '$released' already"
-ok "2 prefixes restored from the pinned map; $EXTRA_PREFIX is held only by restore"
+ok "$restored prefixes restored from the pinned map (2 of the policies, $hosts host addresses); $EXTRA_PREFIX is held only by restore"
 
 say "Identity numbers after the restart: unchanged"
 echo "    \$ ipcache-agent shell db/show identities"
