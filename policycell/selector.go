@@ -172,6 +172,11 @@ type selectorEngine struct {
 
 	policyChanges   statedb.ChangeIterator[*policy.Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
+	// seen are the revisions of the last change of each table processed:
+	// the progress tells them, not the snapshot's revisions, because a
+	// commit is visible in a snapshot before it wakes the change
+	// iterators, which until then yield none of its changes.
+	seen struct{ policies, identities, endpoints statedb.Revision }
 
 	// endpoints is the `endpoints` table, nil in a hive without an
 	// endpoint cell (then subject 0 is the only one).
@@ -303,6 +308,9 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		if e.policyChanges, err = e.policies.Changes(txn); err == nil {
 			e.identityChanges, err = e.identities.Changes(txn)
 		}
+		// The first changes are the objects in txn: they stand for every
+		// change up to it, deletions included.
+		e.seen.policies, e.seen.identities = e.policies.Revision(txn), e.identities.Revision(txn)
 		txn.Commit()
 		if err != nil {
 			return nil, fmt.Errorf("observe policies and identities: %w", err)
@@ -310,6 +318,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		if e.endpoints != nil {
 			txn := e.db.WriteTxn(e.endpoints)
 			e.endpointChanges, err = e.endpoints.Changes(txn)
+			e.seen.endpoints = e.endpoints.Revision(txn)
 			txn.Commit()
 			if err != nil {
 				return nil, fmt.Errorf("observe endpoints: %w", err)
@@ -322,6 +331,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
 	for change := range policyChanges {
 		e.policyChanged(snapshot, change.Object, change.Deleted)
+		e.seen.policies = max(e.seen.policies, change.Revision)
 	}
 	var endpointsWatch <-chan struct{}
 	if e.endpointChanges != nil {
@@ -329,6 +339,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		endpointChanges, endpointsWatch = e.endpointChanges.Next(snapshot)
 		for change := range endpointChanges {
 			e.endpointChanged(snapshot, change.Object, change.Deleted)
+			e.seen.endpoints = max(e.seen.endpoints, change.Revision)
 		}
 	}
 	// With no rule in force and no entry written, an identity that
@@ -337,6 +348,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	// read, to move past them.
 	idle := e.idle(snapshot)
 	for change := range identityChanges {
+		e.seen.identities = max(e.seen.identities, change.Revision)
 		id := change.Object.ID
 		if pl := peerLabelsOf(change.Object.Labels); pl != nil && !change.Deleted {
 			e.peers[id] = pl
@@ -394,12 +406,8 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		watch.Add(now)
 	}
 	written := e.db.ReadTxn()
-	var endpointsRevision statedb.Revision
-	if e.endpoints != nil {
-		endpointsRevision = e.endpoints.Revision(snapshot)
-	}
 	e.progress.computed.Set(policy.Computed{
-		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot), Endpoints: endpointsRevision,
+		Policies: e.seen.policies, Identities: e.seen.identities, Endpoints: e.seen.endpoints,
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
 		Selectors: len(e.index.byCIDR),
 	})
