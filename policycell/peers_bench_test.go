@@ -161,24 +161,32 @@ func peerEndpoint(tb testing.TB, ns, name string, s int, version string, id iden
 // entries they give, less that without, per policy; entries/policy the
 // `policy` table's rows per policy.
 func BenchmarkPeerRelabel(b *testing.B) {
+	// Memory is measured once per scale, here: the sub-benchmarks run
+	// more than once, and the fixtures of earlier runs are alive until
+	// their cleanup at the end.
+	type heap struct{ perLabelSet, perPolicy float64 }
+	memory := map[int]heap{}
+	for _, k := range []int{1, 2, 4} {
+		empty := peerLiveHeap()
+		f, shape, policies := newPeerFixture(b, k)
+		withPolicies := peerLiveHeap()
+		txn := f.db.WriteTxn(f.policies)
+		for _, p := range policies {
+			_, _, err := f.policies.Delete(txn, p)
+			require.NoError(b, err)
+		}
+		txn.Commit()
+		f.round(b)
+		require.Zero(b, f.entries.NumObjects(f.db.ReadTxn()))
+		withLabelSets := peerLiveHeap()
+		memory[k] = heap{
+			perLabelSet: (float64(withLabelSets) - float64(empty)) / float64(len(shape.identities)),
+			perPolicy:   (float64(withPolicies) - float64(withLabelSets)) / float64(len(policies)),
+		}
+	}
 	for _, k := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("scale=%d", k), func(b *testing.B) {
-			empty := peerLiveHeap()
-			f := newEngineFixture(b).withEndpoints()
-			f.engine.log = slog.New(slog.DiscardHandler)
-			// The bound of the policy map's size is not what is measured.
-			f.engine.maxEntries = 1 << 30
-			f.policiesRead()
-			f.ipcacheResolved()
-			shape := peerLabelSetsOf(b, k)
-			f.upsertIdentities(b, shape.identities...)
-			f.upsertEndpoints(b, shape.endpoints...)
-			f.round(b)
-			withLabelSets := peerLiveHeap()
-			policies := peerPoliciesOf(k)
-			f.upsertPolicies(b, policies...)
-			f.round(b)
-			withPolicies := peerLiveHeap()
+			f, shape, policies := newPeerFixture(b, k)
 			entries := f.entries.NumObjects(f.db.ReadTxn())
 			require.NotZero(b, entries)
 
@@ -222,18 +230,38 @@ func BenchmarkPeerRelabel(b *testing.B) {
 			b.ReportMetric(float64(visited)/float64(b.N), "visited/op")
 			b.ReportMetric(float64(recomputed)/float64(b.N), "recomputed/op")
 			b.ReportMetric(float64(peerEntries)/float64(b.N), "entries/op")
-			b.ReportMetric((float64(withLabelSets)-float64(empty))/float64(len(shape.identities)), "heap-B/labelset")
-			b.ReportMetric((float64(withPolicies)-float64(withLabelSets))/float64(len(policies)), "heap-B/policy")
+			b.ReportMetric(memory[k].perLabelSet, "heap-B/labelset")
+			b.ReportMetric(memory[k].perPolicy, "heap-B/policy")
 			b.ReportMetric(float64(entries)/float64(len(policies)), "entries/policy")
 		})
 	}
 }
 
-// peerLiveHeap returns the heap in use after garbage collection.
+// newPeerFixture returns an engine on bare tables with the label sets,
+// endpoints and policies of scale k, computed.
+func newPeerFixture(b *testing.B, k int) (*engineFixture, peerShape, []*policy.Policy) {
+	f := newEngineFixture(b).withEndpoints()
+	f.engine.log = slog.New(slog.DiscardHandler)
+	// The bound of the policy map's size is not what is measured.
+	f.engine.maxEntries = 1 << 30
+	f.policiesRead()
+	f.ipcacheResolved()
+	shape := peerLabelSetsOf(b, k)
+	f.upsertIdentities(b, shape.identities...)
+	f.upsertEndpoints(b, shape.endpoints...)
+	f.round(b)
+	policies := peerPoliciesOf(k)
+	f.upsertPolicies(b, policies...)
+	f.round(b)
+	return f, shape, policies
+}
+
+// peerLiveHeap returns the bytes of live heap objects after garbage
+// collection.
 func peerLiveHeap() uint64 {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
+	return ms.HeapAlloc
 }
