@@ -206,7 +206,7 @@ type selectorEngine struct {
 	// labels), with those labels: a new peer selector is matched against
 	// these alone, and a new identity against each distinct selector.
 	peerIndex peerIndex
-	peers     map[identity.Number]*peerLabels
+	peers     peerSet
 
 	// enablePolicy is --enable-policy.
 	enablePolicy string
@@ -252,7 +252,7 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		indexed:   map[string]*policy.Policy{},
 		index:     newSelectorIndex(),
 		peerIndex: newPeerIndex(),
-		peers:     map[identity.Number]*peerLabels{},
+		peers:     newPeerSet(),
 
 		endpointIdentity: map[string]identity.Number{},
 		subjects:         map[identity.Number]*subject{},
@@ -350,10 +350,10 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	for change := range identityChanges {
 		e.seen.identities = max(e.seen.identities, change.Revision)
 		id := change.Object.ID
-		if pl := peerLabelsOf(change.Object.Labels); pl != nil && !change.Deleted {
-			e.peers[id] = pl
+		if change.Deleted {
+			e.peers.set(id, nil)
 		} else {
-			delete(e.peers, id)
+			e.peers.set(id, peerLabelsOf(change.Object.Labels))
 		}
 		if id != identity.World && !idle {
 			e.dirty[id] = struct{}{}
@@ -500,7 +500,7 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 
 // markPeers marks dirty the identities a peer selector selects.
 func (e *selectorEngine) markPeers(g *peerGroup) {
-	for id, pl := range e.peers {
+	for id, pl := range e.peers.selectable(g) {
 		if g.selects(id, pl) {
 			e.dirty[id] = struct{}{}
 		}
@@ -787,8 +787,8 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 			out = s.appendGrants(out, subject, id)
 		}
 	}
-	if pl := e.peers[id]; pl != nil || isReservedPeer(id) {
-		for _, g := range e.peerIndex.groups {
+	if pl := e.peers.all[id]; pl != nil || isReservedPeer(id) {
+		for g := range e.peerIndex.candidates(pl) {
 			e.visited++
 			if !g.selects(id, pl) {
 				continue
