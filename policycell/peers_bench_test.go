@@ -8,8 +8,10 @@ import (
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
@@ -152,7 +154,7 @@ func peerEndpoint(tb testing.TB, ns, name string, s int, version string, id iden
 // scale's op has the same entries to write: its cost should not grow with
 // the scale.
 //
-// Reported per op: visited (peer groups and selectors matched),
+// Reported per op: cpu-ns (the process's CPU time, getrusage), visited (peer groups and selectors matched),
 // recomputed (identities whose entries were recomputed), and entries
 // (the new identity's rows as a peer, the same at every scale). Memory,
 // from the setup: heap-B/labelset is the heap in use after GC with the
@@ -200,11 +202,13 @@ func BenchmarkPeerRelabel(b *testing.B) {
 				identitycell.NewIdentity(identity.MaxCluster, versions[1].IdentityLabels, 1, false),
 			}
 			var visited, recomputed, peerEntries int
+			var cpu time.Duration
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
 				from, to := i%2, (i+1)%2
 				before, beforeRecomputed := f.engine.visited, f.engine.recomputed
+				cpuBefore := peerCPUTime(b)
 				txn := f.db.WriteTxn(f.identities, f.endpoints)
 				_, _, err := f.identities.Insert(txn, rows[to])
 				require.NoError(b, err)
@@ -217,6 +221,7 @@ func BenchmarkPeerRelabel(b *testing.B) {
 				recomputed += f.engine.recomputed - beforeRecomputed
 
 				b.StopTimer()
+				cpu += peerCPUTime(b) - cpuBefore
 				n := 0
 				for range policy.IdentityEntries(f.db.ReadTxn(), f.entries, rows[to].ID) {
 					n++
@@ -230,6 +235,7 @@ func BenchmarkPeerRelabel(b *testing.B) {
 			b.ReportMetric(float64(visited)/float64(b.N), "visited/op")
 			b.ReportMetric(float64(recomputed)/float64(b.N), "recomputed/op")
 			b.ReportMetric(float64(peerEntries)/float64(b.N), "entries/op")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 			b.ReportMetric(memory[k].perLabelSet, "heap-B/labelset")
 			b.ReportMetric(memory[k].perPolicy, "heap-B/policy")
 			b.ReportMetric(float64(entries)/float64(len(policies)), "entries/policy")
@@ -254,6 +260,14 @@ func newPeerFixture(b *testing.B, k int) (*engineFixture, peerShape, []*policy.P
 	f.upsertPolicies(b, policies...)
 	f.round(b)
 	return f, shape, policies
+}
+
+// peerCPUTime is the process's user and system CPU time so far: on a
+// shared machine, less affected by other load than the time per op.
+func peerCPUTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	require.NoError(b, unix.Getrusage(unix.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // peerLiveHeap returns the bytes of live heap objects after garbage
