@@ -48,6 +48,16 @@ bench-scale:
 bench-endpoints:
 	$(GO) test -run='^$$' -bench=EndpointFileToKernel -benchtime=1x ./cells/
 
+# The label peers benchmarks (the second as root; about 2 minutes): one
+# endpoint relabelled under 500 policies with label peers, in the selector
+# engine at 1x, 2x and 4x the whole (policycell), and from the endpoint
+# source's Upsert to the kernel against a baseline without the policies
+# (cells). See policycell/peers_bench_test.go, cells/peers_bench_test.go.
+.PHONY: bench-peers
+bench-peers:
+	$(GO) test -run='^$$' -bench=PeerRelabel -benchmem -benchtime=200x ./policycell/
+	$(GO) test -run='^$$' -bench=PeerLabelChangeToKernel -benchtime=1x ./cells/
+
 # Each fuzz target for FUZZTIME (go test runs their seeds in `make test`;
 # CI runs `make fuzz FUZZTIME=5s` after it). Every Fuzz function in the
 # tree must be listed here as package:Target, or `make fuzz` fails. All

@@ -3,6 +3,7 @@
 package policycell
 
 import (
+	"iter"
 	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
@@ -93,6 +94,45 @@ func entitySelects(entity identity.Entity, id identity.Number, pl *peerLabels) b
 	return false
 }
 
+// peerSet is the identities with peer labels, also by namespace.
+type peerSet struct {
+	all         map[identity.Number]*peerLabels
+	byNamespace map[string]map[identity.Number]*peerLabels
+}
+
+func newPeerSet() peerSet {
+	return peerSet{all: map[identity.Number]*peerLabels{}, byNamespace: map[string]map[identity.Number]*peerLabels{}}
+}
+
+// set records id's peer labels, nil when it has none (or is gone).
+func (p *peerSet) set(id identity.Number, pl *peerLabels) {
+	if old, ok := p.all[id]; ok {
+		ns := namespaceOf(old)
+		if delete(p.byNamespace[ns], id); len(p.byNamespace[ns]) == 0 {
+			delete(p.byNamespace, ns)
+		}
+		delete(p.all, id)
+	}
+	if pl == nil {
+		return
+	}
+	p.all[id] = pl
+	ns := namespaceOf(pl)
+	if p.byNamespace[ns] == nil {
+		p.byNamespace[ns] = map[identity.Number]*peerLabels{}
+	}
+	p.byNamespace[ns][id] = pl
+}
+
+// selectable returns the identities g may select: those of its
+// namespace, or all.
+func (p *peerSet) selectable(g *peerGroup) map[identity.Number]*peerLabels {
+	if ns := g.namespace(); ns != "" {
+		return p.byNamespace[ns]
+	}
+	return p.all
+}
+
 // reservedPeers are the reserved numbers entities select: no identity row
 // has them, so they are recomputed when an entity selector changes.
 func reservedPeers() []identity.Number {
@@ -106,12 +146,53 @@ func isReservedPeer(id identity.Number) bool {
 }
 
 // peerIndex holds the peer selectors by label and by entity of the
-// policies in force, grouped by distinct selector.
+// policies in force, grouped by distinct selector, and also by the
+// namespace a selector is restricted to ("" for the others and the
+// entities): an identity is matched against the groups of its namespace
+// and those of none, not against every namespace's.
 type peerIndex struct {
-	groups map[string]*peerGroup
+	groups      map[string]*peerGroup
+	byNamespace map[string]map[string]*peerGroup
 }
 
-func newPeerIndex() peerIndex { return peerIndex{groups: map[string]*peerGroup{}} }
+func newPeerIndex() peerIndex {
+	return peerIndex{groups: map[string]*peerGroup{}, byNamespace: map[string]map[string]*peerGroup{}}
+}
+
+// namespace is the namespace a group's selector is restricted to, "" for
+// none (and for an entity).
+func (g *peerGroup) namespace() string {
+	if g.endpoints == nil {
+		return ""
+	}
+	return g.endpoints.Namespace
+}
+
+// namespaceOf is the namespace of an identity's peer labels, "" for none.
+func namespaceOf(pl *peerLabels) string {
+	if pl == nil {
+		return ""
+	}
+	return pl.kv[policy.NamespaceLabel]
+}
+
+// candidates yields the groups that may select an identity whose peer
+// labels are pl: those of its namespace and those of none.
+func (x *peerIndex) candidates(pl *peerLabels) iter.Seq[*peerGroup] {
+	return func(yield func(*peerGroup) bool) {
+		namespaces := []string{""}
+		if ns := namespaceOf(pl); ns != "" {
+			namespaces = append(namespaces, ns)
+		}
+		for _, ns := range namespaces {
+			for _, g := range x.byNamespace[ns] {
+				if !yield(g) {
+					return
+				}
+			}
+		}
+	}
+}
 
 // rulePeers returns a rule's peers by label and by entity, each as a
 // group of its own (without selectors), keyed as the index keys them.
@@ -138,6 +219,11 @@ func (x *peerIndex) add(s *selector, rule *policy.Rule) []*peerGroup {
 		if !ok {
 			g = peer
 			x.groups[key] = g
+			ns := g.namespace()
+			if x.byNamespace[ns] == nil {
+				x.byNamespace[ns] = map[string]*peerGroup{}
+			}
+			x.byNamespace[ns][key] = g
 		}
 		g.selectors = append(g.selectors, s)
 		joined = append(joined, g)
@@ -158,6 +244,10 @@ func (x *peerIndex) remove(pol string) []*peerGroup {
 		left = append(left, g)
 		if len(g.selectors) == 0 {
 			delete(x.groups, key)
+			ns := g.namespace()
+			if delete(x.byNamespace[ns], key); len(x.byNamespace[ns]) == 0 {
+				delete(x.byNamespace, ns)
+			}
 		}
 	}
 	return left

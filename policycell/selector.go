@@ -172,6 +172,11 @@ type selectorEngine struct {
 
 	policyChanges   statedb.ChangeIterator[*policy.Policy]
 	identityChanges statedb.ChangeIterator[*identitycell.Identity]
+	// seen are the revisions of the last change of each table processed:
+	// the progress tells them, not the snapshot's revisions, because a
+	// commit is visible in a snapshot before it wakes the change
+	// iterators, which until then yield none of its changes.
+	seen struct{ policies, identities, endpoints statedb.Revision }
 
 	// endpoints is the `endpoints` table, nil in a hive without an
 	// endpoint cell (then subject 0 is the only one).
@@ -201,7 +206,7 @@ type selectorEngine struct {
 	// labels), with those labels: a new peer selector is matched against
 	// these alone, and a new identity against each distinct selector.
 	peerIndex peerIndex
-	peers     map[identity.Number]*peerLabels
+	peers     peerSet
 
 	// enablePolicy is --enable-policy.
 	enablePolicy string
@@ -247,7 +252,7 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		indexed:   map[string]*policy.Policy{},
 		index:     newSelectorIndex(),
 		peerIndex: newPeerIndex(),
-		peers:     map[identity.Number]*peerLabels{},
+		peers:     newPeerSet(),
 
 		endpointIdentity: map[string]identity.Number{},
 		subjects:         map[identity.Number]*subject{},
@@ -303,6 +308,9 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		if e.policyChanges, err = e.policies.Changes(txn); err == nil {
 			e.identityChanges, err = e.identities.Changes(txn)
 		}
+		// The first changes are the objects in txn: they stand for every
+		// change up to it, deletions included.
+		e.seen.policies, e.seen.identities = e.policies.Revision(txn), e.identities.Revision(txn)
 		txn.Commit()
 		if err != nil {
 			return nil, fmt.Errorf("observe policies and identities: %w", err)
@@ -310,6 +318,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		if e.endpoints != nil {
 			txn := e.db.WriteTxn(e.endpoints)
 			e.endpointChanges, err = e.endpoints.Changes(txn)
+			e.seen.endpoints = e.endpoints.Revision(txn)
 			txn.Commit()
 			if err != nil {
 				return nil, fmt.Errorf("observe endpoints: %w", err)
@@ -322,6 +331,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
 	for change := range policyChanges {
 		e.policyChanged(snapshot, change.Object, change.Deleted)
+		e.seen.policies = max(e.seen.policies, change.Revision)
 	}
 	var endpointsWatch <-chan struct{}
 	if e.endpointChanges != nil {
@@ -329,6 +339,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		endpointChanges, endpointsWatch = e.endpointChanges.Next(snapshot)
 		for change := range endpointChanges {
 			e.endpointChanged(snapshot, change.Object, change.Deleted)
+			e.seen.endpoints = max(e.seen.endpoints, change.Revision)
 		}
 	}
 	// With no rule in force and no entry written, an identity that
@@ -337,11 +348,12 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	// read, to move past them.
 	idle := e.idle(snapshot)
 	for change := range identityChanges {
+		e.seen.identities = max(e.seen.identities, change.Revision)
 		id := change.Object.ID
-		if pl := peerLabelsOf(change.Object.Labels); pl != nil && !change.Deleted {
-			e.peers[id] = pl
+		if change.Deleted {
+			e.peers.set(id, nil)
 		} else {
-			delete(e.peers, id)
+			e.peers.set(id, peerLabelsOf(change.Object.Labels))
 		}
 		if id != identity.World && !idle {
 			e.dirty[id] = struct{}{}
@@ -394,12 +406,8 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 		watch.Add(now)
 	}
 	written := e.db.ReadTxn()
-	var endpointsRevision statedb.Revision
-	if e.endpoints != nil {
-		endpointsRevision = e.endpoints.Revision(snapshot)
-	}
 	e.progress.computed.Set(policy.Computed{
-		Policies: e.policies.Revision(snapshot), Identities: e.identities.Revision(snapshot), Endpoints: endpointsRevision,
+		Policies: e.seen.policies, Identities: e.seen.identities, Endpoints: e.seen.endpoints,
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
 		Selectors: len(e.index.byCIDR),
 	})
@@ -492,7 +500,7 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 
 // markPeers marks dirty the identities a peer selector selects.
 func (e *selectorEngine) markPeers(g *peerGroup) {
-	for id, pl := range e.peers {
+	for id, pl := range e.peers.selectable(g) {
 		if g.selects(id, pl) {
 			e.dirty[id] = struct{}{}
 		}
@@ -779,8 +787,8 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 			out = s.appendGrants(out, subject, id)
 		}
 	}
-	if pl := e.peers[id]; pl != nil || isReservedPeer(id) {
-		for _, g := range e.peerIndex.groups {
+	if pl := e.peers.all[id]; pl != nil || isReservedPeer(id) {
+		for g := range e.peerIndex.candidates(pl) {
 			e.visited++
 			if !g.selects(id, pl) {
 				continue
