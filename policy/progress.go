@@ -18,7 +18,8 @@ type Computed struct {
 	// Entries and Enforcement are revisions of the `policy` and
 	// `policy-enforcement` tables at which they reflect them.
 	Entries, Enforcement statedb.Revision
-	// Selectors is the number of CIDR selectors of the policies in force.
+	// Selectors is the number of peer selectors of the policies in force:
+	// distinct CIDRs, and distinct selectors of peers by label or entity.
 	// Without any, an identity has no policy entries whatever its labels.
 	Selectors int
 }

@@ -39,6 +39,18 @@ func TestWaitComputed(t *testing.T) {
 	require.ErrorIs(t, wait(), context.DeadlineExceeded, "a new identity waits for the selectors' round")
 	f.round(t)
 	require.NoError(t, wait())
+
+	// Peers by entity alone: another node's address appearing waits for
+	// the selectors' round too (its entries must be in before its
+	// ipcache entry points at it).
+	f.deletePolicy(t, cidrPolicy("p", policy.Egress, nil, "10.0.0.0/8"))
+	f.upsertPolicies(t, &policy.Policy{Name: "nodes", Ingress: []policy.Rule{{Entities: []identity.Entity{identity.EntityRemoteNode}}}})
+	f.round(t)
+	require.NoError(t, wait())
+	f.upsertIdentities(t, identityRow(16777219, "cidr:192.0.2.7/32", "reserved:remote-node"))
+	require.ErrorIs(t, wait(), context.DeadlineExceeded, "a new peer identity waits for the selectors' round")
+	f.round(t)
+	require.NoError(t, wait())
 }
 
 // TestProgressClaimsOnlyProcessedChanges: the progress never says the

@@ -409,7 +409,7 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	e.progress.computed.Set(policy.Computed{
 		Policies: e.seen.policies, Identities: e.seen.identities, Endpoints: e.seen.endpoints,
 		Entries: e.entries.Revision(written), Enforcement: e.enforcement.Revision(written),
-		Selectors: len(e.index.byCIDR),
+		Selectors: len(e.index.byCIDR) + len(e.peerIndex.groups),
 	})
 	if initializing {
 		e.markInitialized = nil
