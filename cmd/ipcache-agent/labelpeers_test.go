@@ -77,7 +77,6 @@ type peerEndpoint struct {
 	device, node    string // "" if none
 }
 
-func (p peerEndpoint) id() string   { return p.namespace + "/" + p.name }
 func (p peerEndpoint) file() string { return p.namespace + "-" + p.name + ".yaml" }
 
 func (p peerEndpoint) doc() string {
