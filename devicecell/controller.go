@@ -7,20 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
+	"github.com/ipcache-agent/ipcache-agent/internal/resubscribe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-)
-
-// The controller's wait before it subscribes and lists again after its
-// subscription failed: retryMin, then twice as long each time, up to
-// retryMax; a listing that succeeds starts over from retryMin.
-const (
-	retryMin = 100 * time.Millisecond
-	retryMax = 10 * time.Second
 )
 
 // updateBatch bounds how many link updates one write transaction applies:
@@ -42,24 +34,7 @@ type controller struct {
 // run follows the links until ctx ends, subscribing and listing again
 // after each failure of the subscription.
 func (c *controller) run(ctx context.Context, health cell.Health) error {
-	wait := retryMin
-	for {
-		listed, err := c.follow(ctx, health)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if listed {
-			wait = retryMin
-		}
-		c.log.Warn("Following network devices failed; listing them again", "error", err, "retry-in", wait)
-		health.Degraded("Following network devices failed", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, retryMax)
-	}
+	return resubscribe.Run(ctx, health, c.log, "network devices", c.follow)
 }
 
 // follow subscribes to link updates, lists the links into the table, and

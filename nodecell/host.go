@@ -11,15 +11,8 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/ipcache-agent/ipcache-agent/internal/resubscribe"
 	"github.com/vishvananda/netlink"
-)
-
-// The follower's wait before it subscribes and lists again after its
-// subscription failed: retryMin, then twice as long each time, up to
-// retryMax; a listing that succeeds starts over from retryMin.
-const (
-	retryMin = 100 * time.Millisecond
-	retryMax = 10 * time.Second
 )
 
 // hostDebounce is how long the follower gathers address updates before it
@@ -52,24 +45,7 @@ type hostFollower struct {
 // run follows the addresses until ctx ends, subscribing and listing again
 // after each failure of the subscription.
 func (f *hostFollower) run(ctx context.Context, health cell.Health) error {
-	wait := retryMin
-	for {
-		listed, err := f.follow(ctx, health)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if listed {
-			wait = retryMin
-		}
-		f.log.Warn("Following this node's addresses failed; listing them again", "error", err, "retry-in", wait)
-		health.Degraded("Following this node's addresses failed", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, retryMax)
-	}
+	return resubscribe.Run(ctx, health, f.log, "this node's addresses", f.follow)
 }
 
 // follow subscribes to address updates, lists the addresses, and applies

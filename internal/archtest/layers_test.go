@@ -71,18 +71,19 @@ type place struct {
 func layers() map[string]place {
 	return map[string]place{
 		// 0: vocabulary, and internal packages that import nothing of ours.
-		"identity":            {0, kindLeaf},
-		"labels":              {0, kindLeaf},
-		"source":              {0, kindLeaf},
-		"statedir":            {0, kindLeaf},
-		"metrics":             {0, kindLeaf},
-		"internal/atomicfile": {0, kindLeaf},
-		"internal/prefixkey":  {0, kindLeaf},
-		"internal/progress":   {0, kindLeaf},
-		"internal/scriptcmd":  {0, kindLeaf},
-		"internal/yamlread":   {0, kindLeaf},
-		"agentcmd/stopsignal": {0, kindLeaf},
-		"datapathcell/bpf":    {0, kindInternal},
+		"identity":             {0, kindLeaf},
+		"labels":               {0, kindLeaf},
+		"source":               {0, kindLeaf},
+		"statedir":             {0, kindLeaf},
+		"metrics":              {0, kindLeaf},
+		"internal/atomicfile":  {0, kindLeaf},
+		"internal/prefixkey":   {0, kindLeaf},
+		"internal/progress":    {0, kindLeaf},
+		"internal/resubscribe": {0, kindLeaf},
+		"internal/scriptcmd":   {0, kindLeaf},
+		"internal/yamlread":    {0, kindLeaf},
+		"agentcmd/stopsignal":  {0, kindLeaf},
+		"datapathcell/bpf":     {0, kindInternal},
 
 		// 1: the policy vocabulary.
 		"policy":   {1, kindLeaf},
