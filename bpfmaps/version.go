@@ -18,7 +18,15 @@ import (
 // AttachedProgram is the program a pinned link of an agent holds.
 type AttachedProgram struct {
 	// Link is the pin's name (device and hook).
-	Link      string `json:"link"`
+	Link string `json:"link"`
+	// Hook is where the kernel says the link is attached: "tcx-ingress"
+	// (what the device receives: what the endpoint behind it sends) or
+	// "tcx-egress" (what the device sends: what the endpoint receives).
+	// Enforces says which of the endpoint's directions that is, because
+	// the pin's suffix names the device's hook and reads the other way
+	// round to an operator thinking of the endpoint.
+	Hook      string `json:"hook"`
+	Enforces  string `json:"enforces"`
 	ProgramID uint32 `json:"programId"`
 	// Name is the kernel's (truncated to 15 characters); Tag the
 	// kernel's hash of the instructions, as bpftool prog shows it.
@@ -78,6 +86,15 @@ func attachedProgram(pin string, spec *ebpf.CollectionSpec) (AttachedProgram, er
 		return AttachedProgram{}, fmt.Errorf("program %d of pinned link %s: %w", info.Program, pin, err)
 	}
 	out := AttachedProgram{ProgramID: uint32(info.Program), Name: pinfo.Name, Tag: pinfo.Tag}
+	// A link whose device is gone is still a TCX link, on no ifindex.
+	if tcx := info.TCX(); tcx != nil && tcx.Ifindex != 0 {
+		switch ebpf.AttachType(tcx.AttachType) {
+		case ebpf.AttachTCXIngress:
+			out.Hook, out.Enforces = "tcx-ingress", "endpoint egress"
+		case ebpf.AttachTCXEgress:
+			out.Hook, out.Enforces = "tcx-egress", "endpoint ingress"
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
 		if spec.Programs[name].Compatible(pinfo) == nil {
 			out.BuildProgram = name

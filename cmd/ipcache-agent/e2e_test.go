@@ -263,8 +263,8 @@ func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
 	require.Zero(t, code, "stderr: %s", stderr)
 	var v struct {
 		Attached []struct {
-			Link, Name, Tag, BuildProgram string
-			ProgramID                     uint32 `json:"programId"`
+			Link, Name, Tag, BuildProgram, Hook, Enforces string
+			ProgramID                                     uint32 `json:"programId"`
 		}
 		AttachedError string
 	}
@@ -274,11 +274,14 @@ func (e *e2e) requireJSONOutputs(id uint32, otherIP string) {
 	for _, a := range v.Attached {
 		require.NotZero(t, a.ProgramID)
 		require.Regexp(t, `^[0-9a-f]{16}$`, a.Tag)
-		want := "enforce_from_endpoint" // the device's ingress: traffic from the endpoint
+		// The device's ingress: traffic from the endpoint, its egress.
+		want, hook, enforces := "enforce_from_endpoint", "tcx-ingress", "endpoint egress"
 		if strings.HasSuffix(a.Link, "-egress") {
-			want = "enforce_to_endpoint"
+			want, hook, enforces = "enforce_to_endpoint", "tcx-egress", "endpoint ingress"
 		}
 		require.Equal(t, want, a.BuildProgram, "%s: %s", a.Link, stdout)
+		require.Equal(t, hook, a.Hook, "%s: %s", a.Link, stdout)
+		require.Equal(t, enforces, a.Enforces, "%s: %s", a.Link, stdout)
 	}
 }
 

@@ -144,6 +144,10 @@ func writeVersion(w io.Writer, v versionInfo) {
 		if a.BuildProgram == "" {
 			build = "not this build's"
 		}
-		fmt.Fprintf(w, "Attached %s: program %d %s tag %s (%s)\n", a.Link, a.ProgramID, a.Name, a.Tag, build)
+		hook := "not attached"
+		if a.Hook != "" {
+			hook = a.Hook + ", enforces the " + a.Enforces
+		}
+		fmt.Fprintf(w, "Attached %s (%s): program %d %s tag %s (%s)\n", a.Link, hook, a.ProgramID, a.Name, a.Tag, build)
 	}
 }
