@@ -18,6 +18,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/spf13/cobra"
+
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 )
@@ -28,6 +30,11 @@ func main() {
 
 // run executes the command line and returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	return agentcmd.Execute(newRootCommand(stdout, stderr), args, stderr)
+}
+
+// newRootCommand is the command tree: the agent and its subcommands.
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root := agentcmd.NewRootCommand(cells.NewHive(cells.ControlPlane, cells.Shell),
 		"ipcache-agent",
 		"Map IP prefixes to security identities and enforce CIDR policy in BPF",
@@ -40,5 +47,5 @@ Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout))
 	root.AddCommand(newEndpointCommand(stdout))
 	root.AddCommand(newIdentityCommand(stdout))
-	return agentcmd.Execute(root, args, stderr)
+	return root
 }
