@@ -71,6 +71,13 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 		a.stop()
 		unix.Unmount(a.BPFRoot, unix.MNT_DETACH)
 	})
+	// Mounted here, not by the agent: the agent refuses to mount bpffs from
+	// a mount namespace of its own, which a script run in a network
+	// namespace (netnstest.InProcessNetns, `ip netns exec`) has. A test's
+	// pins need not outlive it. Without privilege the agent says why.
+	if os.MkdirAll(a.BPFRoot, 0o700) == nil {
+		_ = unix.Mount("bpf", a.BPFRoot, "bpf", 0, "mode=0700")
+	}
 	a.build()
 
 	cmds := script.DefaultCmds()
