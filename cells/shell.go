@@ -108,6 +108,7 @@ type withoutWrites struct{ script.Cmd }
 
 func (c withoutWrites) Usage() *script.CmdUsage {
 	usage := *c.Cmd.Usage()
+	usage.Detail = detailParagraphs(usage.Detail)
 	if register := usage.Flags; register != nil {
 		usage.Flags = func(fs *pflag.FlagSet) {
 			register(fs)
@@ -119,6 +120,31 @@ func (c withoutWrites) Usage() *script.CmdUsage {
 		}
 	}
 	return &usage
+}
+
+// helpWidth is where hive's help wraps each line of a command's Detail.
+const helpWidth = 60
+
+// detailParagraphs joins the lines of a command's Detail that their author
+// wrapped wider than helpWidth into paragraphs. hive's help wraps each
+// element of Detail on its own at helpWidth, so a sentence the author
+// broke at 72 columns came out broken twice ("status: done (in" / "the
+// ipcache map)"). A line that fits is left where its author ended it
+// (lists, examples), and one starting with a space, '-' or '>' starts a
+// paragraph of its own.
+func detailParagraphs(detail []string) []string {
+	var out []string
+	joining := false
+	for _, line := range detail {
+		starts := line == "" || strings.HasPrefix(line, " ") || strings.HasPrefix(line, "-") || strings.HasPrefix(line, ">")
+		if joining && !starts {
+			out[len(out)-1] += " " + line
+		} else {
+			out = append(out, line)
+		}
+		joining = len(line) > helpWidth
+	}
+	return out
 }
 
 func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, error) {
