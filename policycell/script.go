@@ -45,6 +45,7 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 		script.CmdUsage{
 			Summary: "List the policy files, their policies in force and their errors",
 			Detail: []string{
+				"Each policy in force is named with where it is (file:line).",
 				"A rejected file keeps the policies it had in force before;",
 				"its error follows on an indented line.",
 				"Then each rule of its policies in force, on an indented line,",
@@ -78,7 +79,9 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "File\tStatus\tPolicies\n")
+			// A policy's line is shown as file:line, as explain's rules are:
+			// "name:3" read like a count.
+			fmt.Fprintf(w, "File\tStatus\tPolicies (file:line)\n")
 			for i, f := range status {
 				state := "in force"
 				if f.Error != nil {
@@ -91,7 +94,7 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 				var names []string
 				for _, name := range f.Policies {
 					if p, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
-						name = fmt.Sprintf("%s:%d", name, p.Line)
+						name = fmt.Sprintf("%s (%s:%d)", name, f.File, p.Line)
 					}
 					names = append(names, name)
 				}
