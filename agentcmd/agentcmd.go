@@ -33,6 +33,7 @@
 package agentcmd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -155,10 +156,32 @@ func newInspectCommand(h *hive.Hive, log **slog.Logger, fromEnv *envFlags, stdou
 // Possible errors: a UsageError when the hive cannot be built from its
 // configuration.
 func populate(h *hive.Hive, log *slog.Logger, fromEnv envFlags) error {
+	// The error is returned and printed once, as every command's: hive's
+	// own log line about it would say it a second time.
+	log = slog.New(withoutInvokeFailed{log.Handler()})
 	if err := h.Populate(log); err != nil {
 		return UsageError{fmt.Errorf("invalid configuration: %w", fromEnv.name(dig.RootCause(err)))}
 	}
 	return nil
+}
+
+// withoutInvokeFailed drops hive's "Invoke failed" record, the log line
+// hive writes for the error Populate returns.
+type withoutInvokeFailed struct{ slog.Handler }
+
+func (h withoutInvokeFailed) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelError && r.Message == "Invoke failed" {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h withoutInvokeFailed) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return withoutInvokeFailed{h.Handler.WithAttrs(attrs)}
+}
+
+func (h withoutInvokeFailed) WithGroup(name string) slog.Handler {
+	return withoutInvokeFailed{h.Handler.WithGroup(name)}
 }
 
 // Execute runs the command line and returns the exit code, having written

@@ -140,6 +140,10 @@ func TestEnablePolicyFromEnvironment(t *testing.T) {
 	require.Equal(t, agentcmd.ExitUsage, code, stderr)
 	require.Contains(t, stderr, `IPCACHE_AGENT_ENABLE_POLICY="sometimes": --enable-policy "sometimes": want default, always or never`,
 		"names the variable too")
+	require.Equal(t, 1, strings.Count(stderr, "want default, always or never"), "the error once: %s", stderr)
+	_, stderr, code = run("sometimes")
+	require.Equal(t, agentcmd.ExitUsage, code, stderr)
+	require.Equal(t, 1, strings.Count(stderr, "want default, always or never"), "the agent's error once: %s", stderr)
 	stdout, stderr, code := run("never", "hive")
 	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	require.Contains(t, stdout, "EnablePolicy: (string) (len=5) \"never\"")
