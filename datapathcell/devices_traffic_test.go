@@ -67,8 +67,7 @@ func TestPrivilegedDeviceRecreatedIsEnforced(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
 	// The agent mounts no bpffs from the mount namespace `ip netns exec`
 	// made; the test's pins need not outlive it.
-	require.NoError(t, os.MkdirAll(bpfRoot, 0o700))
-	require.NoError(t, unix.Mount("bpf", bpfRoot, "bpf", 0, "mode=0700"))
+	require.NoError(t, privileged.MountBPFFS(t, bpfRoot))
 	policyDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(policyDir, "devices.yaml"),
 		[]byte(fmt.Sprintf("name: devices\negress:\n  - toCIDR: [%q]\n", recreatedAllowed+"/32")), 0o600))

@@ -33,6 +33,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -75,9 +76,7 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 	// a mount namespace of its own, which a script run in a network
 	// namespace (netnstest.InProcessNetns, `ip netns exec`) has. A test's
 	// pins need not outlive it. Without privilege the agent says why.
-	if os.MkdirAll(a.BPFRoot, 0o700) == nil {
-		_ = unix.Mount("bpf", a.BPFRoot, "bpf", 0, "mode=0700")
-	}
+	_ = privileged.MountBPFFS(t, a.BPFRoot)
 	a.build()
 
 	cmds := script.DefaultCmds()
