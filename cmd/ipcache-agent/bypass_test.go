@@ -325,16 +325,35 @@ ingressDeny:
   - fromCIDR: ["10.99.0.0/16", "fd00:99::/64"]
 `
 
-// TestPrivilegedBypasses sends each known bypass through the real
-// agent binary (see the comment at the top of this file).
-func TestPrivilegedBypasses(t *testing.T) {
+// The TestPrivilegedBypasses tests send each known bypass through the real
+// agent binary (see the comment at the top of this file). They are four
+// tests, each on a rig of its own, rather than one: the package runs
+// tests in parallel, and one test of every case in a row was the longest
+// of them.
+
+func TestPrivilegedBypassesVLAN(t *testing.T) {
 	t.Parallel()
 	b := newBypassRig(t)
 	t.Run("in-band VLAN tags", b.vlanTags)
+}
+
+func TestPrivilegedBypassesVLANEndpointICMP(t *testing.T) {
+	t.Parallel()
+	b := newBypassRig(t)
 	t.Run("in-band VLAN tags from an endpoint with its own policy", b.vlanTagsOfEndpoint)
 	t.Run("ICMP errors about an allowed flow", b.icmpErrors)
+}
+
+func TestPrivilegedBypassesHeadersND(t *testing.T) {
+	t.Parallel()
+	b := newBypassRig(t)
 	t.Run("IPv6 extension header chains", b.extensionHeaders)
 	t.Run("neighbour discovery only on-link", b.neighbourDiscovery)
+}
+
+func TestPrivilegedBypassesConntrack(t *testing.T) {
+	t.Parallel()
+	b := newBypassRig(t)
 	t.Run("a revoked egress policy stops a two-way flow", b.revocation)
 	t.Run("conntrack entries are bound to their device", b.deviceBinding)
 	t.Run("a source address of another device is dropped", b.spoofedSource)
