@@ -25,8 +25,11 @@ corpus: build
 
 # All tests, with the race detector. Tests that need root (BPF, TCX, network
 # namespaces) skip with a message when not root, and never skip under CI=true.
+# The timeout is go test's per package: cmd/ipcache-agent's binary tests,
+# which wait on agents and traffic, come near its default of 10 minutes on
+# a busy 2-core machine; a hung test still ends the run.
 test:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # Benchmarks only; compare runs with benchstat.
 bench:
