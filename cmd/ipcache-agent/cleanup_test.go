@@ -269,8 +269,7 @@ func TestPrivilegedCleanupLeavesBPFFSNotTheAgents(t *testing.T) {
 
 	t.Run("mounted by the test", func(t *testing.T) {
 		d := newAgentDirs(t)
-		require.NoError(t, os.MkdirAll(d.bpfRoot, 0o700))
-		require.NoError(t, unix.Mount("bpf", d.bpfRoot, "bpf", 0, "mode=0700"))
+		require.NoError(t, privileged.MountBPFFS(t, d.bpfRoot))
 		a := startAgentProcess(t, agentCommand(d.args()...))
 		a.waitStarted(t)
 		a.stop(t)

@@ -215,8 +215,7 @@ func newCrashRig(t *testing.T, seed uint64) *crashRig {
 	out, err := exec.Command("ip", "netns", "add", r.netns).CombinedOutput()
 	require.NoError(t, err, "ip netns add %s: %s", r.netns, out)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", r.netns).Run() })
-	require.NoError(t, os.MkdirAll(r.bpfRoot, 0o700))
-	require.NoError(t, unix.Mount("bpf", r.bpfRoot, "bpf", 0, "mode=0700"))
+	require.NoError(t, privileged.MountBPFFS(t, r.bpfRoot))
 	t.Cleanup(func() {
 		if run := r.current.Load(); run != nil {
 			run.cmd.Process.Kill()

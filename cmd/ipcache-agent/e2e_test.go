@@ -88,8 +88,7 @@ func newE2E(t *testing.T) *e2e {
 	// bpffs is mounted here, in the test's mount namespace, so that what
 	// the agent pins (from inside `ip netns exec`, which makes a mount
 	// namespace of its own) outlives each agent process.
-	require.NoError(t, os.MkdirAll(e.bpfRoot, 0o700))
-	require.NoError(t, unix.Mount("bpf", e.bpfRoot, "bpf", 0, "mode=0700"))
+	require.NoError(t, privileged.MountBPFFS(t, e.bpfRoot))
 	// A fresh veth takes a moment before it carries traffic (longer on a
 	// busy machine); tests start from a network that works.
 	require.Eventually(t, func() bool { return e.reachable(allowedIP) }, 10*time.Second, 50*time.Millisecond,

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -90,8 +89,7 @@ func TestPrivilegedNetnsBPFFSMountedFirst(t *testing.T) {
 	t.Parallel()
 	privileged.Test(t)
 	d := newAgentDirs(t)
-	require.NoError(t, os.MkdirAll(d.bpfRoot, 0o700))
-	require.NoError(t, unix.Mount("bpf", d.bpfRoot, "bpf", 0, "mode=0700"))
+	require.NoError(t, privileged.MountBPFFS(t, d.bpfRoot))
 	a := startAgentProcess(t, agentInMountNamespace(d.args()...))
 	a.waitStarted(t)
 	a.stop(t)
