@@ -26,6 +26,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
@@ -37,14 +38,12 @@ import (
 // endpoint and the odd ones with 9 (1,000 endpoints), 125 policies per
 // namespace over 25 distinct peer selectors of the namespace.
 const (
-	peerNamespaces     = 4
-	peerApps           = 10
-	peerTiers          = 5
-	peerLabelSets      = peerApps * peerTiers
-	peerCrowd          = 9
-	peerPoliciesPerNS  = 125
-	peerSelectorsPerNS = 25
-	peerChanges        = 200
+	peerNamespaces = 4
+	peerApps       = policygen.PeerApps
+	peerTiers      = policygen.PeerTiers
+	peerLabelSets  = peerApps * peerTiers
+	peerCrowd      = 9
+	peerChanges    = 200
 )
 
 // BenchmarkPeerLabelChangeToKernel is the whole control plane
@@ -165,7 +164,7 @@ func runPeers(b *testing.B, withPolicies bool) peerRun {
 	withEndpoints := liveHeap()
 	run.heapPerLabelSet = (float64(withEndpoints) - float64(started)) / (peerNamespaces * peerLabelSets)
 	if withPolicies {
-		policies := peerPolicies()
+		policies := policygen.PeerPolicies(peerNamespaces)
 		txn := a.db.WriteTxn(a.policies)
 		for _, p := range policies {
 			_, _, err := a.policies.Insert(txn, p)
@@ -436,54 +435,4 @@ func peerLabels(s int, version string) map[string]string {
 	app := s / peerTiers
 	return map[string]string{"app": fmt.Sprintf("a-%d", app), "tier": fmt.Sprintf("t-%d", s%peerTiers),
 		"team": fmt.Sprintf("team-%d", app/2), "version": version}
-}
-
-// peerPolicies returns the 500 policies: policy p of namespace ns
-// applies to app a-<p%10> of ns and allows in, on TCP/8080-8083, from
-// its peer selector p%25 and out, on TCP/443, to its peer selector
-// (7p+3)%25.
-func peerPolicies() []*policy.Policy {
-	var policies []*policy.Policy
-	for n := range peerNamespaces {
-		ns := fmt.Sprintf("ns-%d", n)
-		selectors := peerSelectors(ns)
-		for p := range peerPoliciesPerNS {
-			policies = append(policies, &policy.Policy{
-				Name: fmt.Sprintf("%s-p%d", ns, p), File: ns + ".yaml", Line: 1 + p,
-				Selector: policy.EndpointSelector{Namespace: ns, MatchLabels: map[string]string{"app": fmt.Sprintf("a-%d", p%peerApps)}},
-				Ingress: []policy.Rule{{
-					Endpoints: []policy.EndpointSelector{selectors[p%peerSelectorsPerNS]},
-					Ports:     []policy.PortRange{{Port: uint16(8080 + p%4), Protocol: policy.ProtocolTCP}},
-				}},
-				Egress: []policy.Rule{{
-					Endpoints: []policy.EndpointSelector{selectors[(p*7+3)%peerSelectorsPerNS]},
-					Ports:     []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}},
-				}},
-			})
-		}
-	}
-	return policies
-}
-
-// peerSelectors are the 25 distinct peer selectors of namespace ns: by
-// app, by tier, by team, and tier in two tiers.
-func peerSelectors(ns string) []policy.EndpointSelector {
-	var out []policy.EndpointSelector
-	one := func(k, v string) policy.EndpointSelector {
-		return policy.EndpointSelector{Namespace: ns, MatchLabels: map[string]string{k: v}}
-	}
-	for a := range peerApps {
-		out = append(out, one("app", fmt.Sprintf("a-%d", a)))
-	}
-	for t := range peerTiers {
-		out = append(out, one("tier", fmt.Sprintf("t-%d", t)))
-	}
-	for team := range peerApps / 2 {
-		out = append(out, one("team", fmt.Sprintf("team-%d", team)))
-	}
-	for t := range peerTiers {
-		out = append(out, policy.EndpointSelector{Namespace: ns, MatchExpressions: []policy.Requirement{{
-			Key: "tier", Operator: policy.OpIn, Values: []string{fmt.Sprintf("t-%d", t), fmt.Sprintf("t-%d", (t+1)%peerTiers)}}}})
-	}
-	return out
 }

@@ -16,24 +16,23 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // The shape of BenchmarkPeerRelabel at scale 1: peerNamespaces
 // namespaces, each with peerApps x peerTiers label sets (app, tier, and a
 // team per two apps; every endpoint also has version=v1), half of them
-// with one endpoint and half with peerCrowd, and peerPoliciesPerNS
-// policies choosing their peers among peerSelectorsPerNS distinct peer
+// with one endpoint and half with peerCrowd, and policygen.PeerPoliciesPerNS
+// policies choosing their peers among policygen.PeerSelectorsPerNS distinct peer
 // selectors of their namespace. Scale k has k times the namespaces, so
 // k times everything, while what one change in the first namespace
 // selects stays the same.
 const (
-	peerNamespaces     = 4
-	peerApps           = 10
-	peerTiers          = 5
-	peerCrowd          = 9
-	peerPoliciesPerNS  = 125
-	peerSelectorsPerNS = 25
+	peerNamespaces = 4
+	peerApps       = policygen.PeerApps
+	peerTiers      = policygen.PeerTiers
+	peerCrowd      = 9
 )
 
 // peerShape is the label identities and local endpoints of one scale.
@@ -72,53 +71,6 @@ func peerLabelSetsOf(tb testing.TB, k int) peerShape {
 		}
 	}
 	return shape
-}
-
-// peerPoliciesOf returns the policies of scale k.
-func peerPoliciesOf(k int) []*policy.Policy {
-	var policies []*policy.Policy
-	for n := range k * peerNamespaces {
-		ns := fmt.Sprintf("ns-%d", n)
-		selectors := peerSelectors(ns)
-		for p := range peerPoliciesPerNS {
-			policies = append(policies, &policy.Policy{
-				Name: fmt.Sprintf("%s-p%d", ns, p), File: ns + ".yaml", Line: 1 + p,
-				Selector: policy.EndpointSelector{Namespace: ns, MatchLabels: map[string]string{"app": fmt.Sprintf("a-%d", p%peerApps)}},
-				Ingress: []policy.Rule{{
-					Endpoints: []policy.EndpointSelector{selectors[p%peerSelectorsPerNS]},
-					Ports:     []policy.PortRange{{Port: uint16(8080 + p%4), Protocol: policy.ProtocolTCP}},
-				}},
-				Egress: []policy.Rule{{
-					Endpoints: []policy.EndpointSelector{selectors[(p*7+3)%peerSelectorsPerNS]},
-					Ports:     []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}},
-				}},
-			})
-		}
-	}
-	return policies
-}
-
-// peerSelectors are the peerSelectorsPerNS distinct peer selectors of
-// namespace ns: by app, by tier, by team, and tier in two tiers.
-func peerSelectors(ns string) []policy.EndpointSelector {
-	var out []policy.EndpointSelector
-	one := func(k, v string) policy.EndpointSelector {
-		return policy.EndpointSelector{Namespace: ns, MatchLabels: map[string]string{k: v}}
-	}
-	for a := range peerApps {
-		out = append(out, one("app", fmt.Sprintf("a-%d", a)))
-	}
-	for t := range peerTiers {
-		out = append(out, one("tier", fmt.Sprintf("t-%d", t)))
-	}
-	for team := range peerApps / 2 {
-		out = append(out, one("team", fmt.Sprintf("team-%d", team)))
-	}
-	for t := range peerTiers {
-		out = append(out, policy.EndpointSelector{Namespace: ns, MatchExpressions: []policy.Requirement{{
-			Key: "tier", Operator: policy.OpIn, Values: []string{fmt.Sprintf("t-%d", t), fmt.Sprintf("t-%d", (t+1)%peerTiers)}}}})
-	}
-	return out
 }
 
 // peerEndpoint is the row of local endpoint name of label set s of
@@ -256,7 +208,7 @@ func newPeerFixture(b *testing.B, k int) (*engineFixture, peerShape, []*policy.P
 	f.upsertIdentities(b, shape.identities...)
 	f.upsertEndpoints(b, shape.endpoints...)
 	f.round(b)
-	policies := peerPoliciesOf(k)
+	policies := policygen.PeerPolicies(k * peerNamespaces)
 	f.upsertPolicies(b, policies...)
 	f.round(b)
 	return f, shape, policies

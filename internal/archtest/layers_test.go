@@ -144,7 +144,7 @@ func layers() map[string]place {
 		"internal/testutils/syncbuf":     {0, kindTest},
 		"internal/testutils/jsoncmd":     {0, kindTest},
 		"internal/testutils/netnstest":   {0, kindTest},
-		"internal/testutils/policygen":   {0, kindTest},
+		"internal/testutils/policygen":   {2, kindTest},
 		"internal/testutils/craft":       {1, kindTest},
 		"internal/testutils/ipcachetest": {5, kindTest},
 		"internal/testutils/agenttest":   {6, kindTest},

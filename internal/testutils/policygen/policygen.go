@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package policygen writes policy files for tests: files whose size and
-// shape stand for what operators write, or for what a bug report saw.
+// shape stand for what operators write, or for what a bug report saw;
+// and the policies (as the model) of workloads that several benchmarks
+// share, so that their figures are of the same work.
 package policygen
 
 import (
