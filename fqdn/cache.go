@@ -83,7 +83,8 @@ type Removed struct {
 
 // Update is what an Add or Restore changed.
 type Update struct {
-	// Added are the pairs the cache did not hold before, live.
+	// Added are the pairs the cache did not hold before: live, or for
+	// Restore deferred when their expiry has passed.
 	Added []Entry
 	// Removed are the deferred pairs removed to stay within MaxDeferred.
 	// Last is as it stands once the whole call is done.
@@ -91,10 +92,6 @@ type Update struct {
 	// Deferred counts the live pairs made deferred to stay within
 	// MaxAddressesPerName and MaxLive.
 	Deferred int
-
-	// The pairs added and removed so far in the call: a pair both added
-	// and removed in one call is in neither list (netChange).
-	added, removed map[pairKey]int
 }
 
 type pairKey struct {
@@ -102,33 +99,24 @@ type pairKey struct {
 	addr netip.Addr
 }
 
-func (u *Update) noteAdded(e *entry) {
-	if u.added == nil {
-		u.added = make(map[pairKey]int)
-	}
-	u.added[pairKey{e.name, e.addr}]++
-	u.Added = append(u.Added, e.export())
-}
-
-func (u *Update) noteRemoved(r Removed) {
-	if u.removed == nil {
-		u.removed = make(map[pairKey]int)
-	}
-	u.removed[pairKey{r.Name, r.Addr}]++
-	u.Removed = append(u.Removed, r)
-}
-
 // netChange leaves in Added the pairs held now and not before the call,
 // and in Removed those held before and not now: a pair removed and
 // learned again in one call (a cap made it give way to another address
 // of the same answer), or learned and removed, is in neither.
 func (c *Cache) netChange(u *Update) {
-	if len(u.added) == 0 || len(u.removed) == 0 {
+	if len(u.Added) == 0 || len(u.Removed) == 0 {
 		return
 	}
+	adds, removes := make(map[pairKey]int), make(map[pairKey]int)
+	for _, e := range u.Added {
+		adds[pairKey{e.Name, e.Addr}]++
+	}
+	for _, r := range u.Removed {
+		removes[pairKey{r.Name, r.Addr}]++
+	}
 	keepAdded, keepRemoved := make(map[pairKey]bool), make(map[pairKey]bool)
-	for k, removes := range u.removed {
-		adds := u.added[k]
+	for k, removes := range removes {
+		adds := adds[k]
 		if adds == 0 {
 			continue
 		}
@@ -280,7 +268,7 @@ func (c *Cache) Restore(entries []Entry) Update {
 		held := c.insert(ne, name, addr, expires)
 		held.deferred, held.lastUsed = true, now
 		heap.Push(&c.deferred, held)
-		u.noteAdded(held)
+		u.Added = append(u.Added, held.export())
 		c.trimDeferred(&u)
 	}
 	c.netChange(&u)
@@ -329,7 +317,7 @@ func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Updat
 	e := c.insert(ne, name, addr, expires)
 	ne.live++
 	heap.Push(&c.live, e)
-	u.noteAdded(e)
+	u.Added = append(u.Added, e.export())
 	// Only now: the name holds e, so removing its deferred pairs cannot
 	// leave it empty and forgotten.
 	c.trimDeferred(u)
@@ -380,7 +368,7 @@ func (c *Cache) makeDeferred(e *entry, now int64, u *Update) {
 func (c *Cache) trimDeferred(u *Update) {
 	for c.deferred.Len() > c.cfg.MaxDeferred {
 		e := heap.Pop(&c.deferred).(*entry)
-		u.noteRemoved(c.forget(e))
+		u.Removed = append(u.Removed, c.forget(e))
 	}
 }
 
@@ -439,13 +427,16 @@ func (c *Cache) GC(inUse func(netip.Addr) bool) []Removed {
 // memory, so without this a burst of names would stay in memory for
 // good.
 func (c *Cache) shrinkMaps() {
+	// Copied entry by entry: maps.Clone keeps the source's size.
 	if c.peakNames > 1024 && len(c.names) < c.peakNames/4 {
-		c.names = maps.Clone(c.names)
-		c.peakNames = len(c.names)
+		names := make(map[string]*nameEntries, len(c.names))
+		maps.Copy(names, c.names)
+		c.names, c.peakNames = names, len(names)
 	}
 	if c.peakAddrs > 1024 && len(c.addrs) < c.peakAddrs/4 {
-		c.addrs = maps.Clone(c.addrs)
-		c.peakAddrs = len(c.addrs)
+		addrs := make(map[netip.Addr][]*entry, len(c.addrs))
+		maps.Copy(addrs, c.addrs)
+		c.addrs, c.peakAddrs = addrs, len(addrs)
 	}
 }
 
@@ -618,6 +609,7 @@ func (h *entryHeap) Pop() any {
 // leaves no large array behind.
 func (h *entryHeap) shrink() {
 	if cap(h.entries) > 64 && len(h.entries) < cap(h.entries)/4 {
-		h.entries = slices.Clip(slices.Clone(h.entries))
+		// A new array: a slice of the old one, even empty, keeps it.
+		h.entries = append(make([]*entry, 0, len(h.entries)), h.entries...)
 	}
 }
