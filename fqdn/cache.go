@@ -4,7 +4,6 @@ package fqdn
 
 import (
 	"cmp"
-	"container/heap"
 	"maps"
 	"math"
 	"net/netip"
@@ -37,23 +36,26 @@ type Config struct {
 	MaxLive int
 }
 
-// DefaultConfig is the configuration a zero field takes: Cilium's flags'
-// defaults, and MaxLive 131072.
-var DefaultConfig = Config{
-	MaxAddressesPerName: 1000,
-	MaxDeferred:         10000,
-	MaxLive:             1 << 17,
+// DefaultConfig returns the configuration a zero field takes: Cilium's
+// flags' defaults, and MaxLive 131072.
+func DefaultConfig() Config {
+	return Config{
+		MaxAddressesPerName: 1000,
+		MaxDeferred:         10000,
+		MaxLive:             1 << 17,
+	}
 }
 
 func (c Config) withDefaults() Config {
+	defaults := DefaultConfig()
 	if c.MaxAddressesPerName <= 0 {
-		c.MaxAddressesPerName = DefaultConfig.MaxAddressesPerName
+		c.MaxAddressesPerName = defaults.MaxAddressesPerName
 	}
 	if c.MaxDeferred <= 0 {
-		c.MaxDeferred = DefaultConfig.MaxDeferred
+		c.MaxDeferred = defaults.MaxDeferred
 	}
 	if c.MaxLive <= 0 {
-		c.MaxLive = DefaultConfig.MaxLive
+		c.MaxLive = defaults.MaxLive
 	}
 	c.MinTTL = max(c.MinTTL, 0)
 	c.IdleGrace = max(c.IdleGrace, 0)
@@ -92,6 +94,271 @@ type Update struct {
 	// Deferred counts the live pairs made deferred to stay within
 	// MaxAddressesPerName and MaxLive.
 	Deferred int
+}
+
+// Cache holds the names learned from DNS answers and their addresses,
+// each pair live until its TTL ends, then deferred while the caller says
+// a connection uses the address. Its memory is bounded by MaxLive plus
+// MaxDeferred pairs.
+//
+// A Cache is not safe for concurrent use: its owner serializes calls.
+type Cache struct {
+	cfg   Config
+	now   func() time.Time
+	names map[string]*nameEntries
+	addrs map[netip.Addr][]*entry
+	// live is ordered by expiry, deferred by last use: the next to
+	// expire and the first to give way are at the top.
+	live     entryHeap
+	deferred entryHeap
+	// The maps' largest sizes since they were last copied (shrinkMaps).
+	peakNames, peakAddrs int
+}
+
+// entry is a pair. The name shares the names map key's bytes.
+type entry struct {
+	name     string
+	addr     netip.Addr
+	expires  int64 // Unix nanoseconds
+	lastUsed int64 // Unix nanoseconds; deferred entries only
+	index    int   // in live or deferred
+	deferred bool
+}
+
+type nameEntries struct {
+	entries []*entry
+	live    int
+}
+
+// NewCache returns an empty cache that reads the time from now (time.Now
+// when nil).
+func NewCache(cfg Config, now func() time.Time) *Cache {
+	if now == nil {
+		now = time.Now
+	}
+	return &Cache{
+		cfg:   cfg.withDefaults(),
+		now:   now,
+		names: make(map[string]*nameEntries),
+		addrs: make(map[netip.Addr][]*entry),
+	}
+}
+
+// Config returns the cache's configuration, defaults filled in.
+func (c *Cache) Config() Config { return c.cfg }
+
+// Add records that the answer's question name resolves to each of its
+// addresses, as Cilium does: the question name learns them, whichever
+// name of the CNAME chain the records are under. A pair already held
+// keeps the later of its expiries and is live again if it was deferred.
+// A name no selector can match (a character other than letters, digits,
+// '-' and '_' in a label, an empty label, the root) learns nothing.
+func (c *Cache) Add(answer Answer) Update {
+	var u Update
+	if len(answer.Addresses) == 0 {
+		return u
+	}
+	name := CanonicalName(answer.Question)
+	if !validName(name) {
+		return u
+	}
+	now := c.now().UnixNano()
+	for _, a := range answer.Addresses {
+		if !a.Addr.IsValid() {
+			continue
+		}
+		ttl := max(time.Duration(clampTTL(a.TTL))*time.Second, c.cfg.MinTTL)
+		c.learn(name, a.Addr.Unmap(), addNanos(now, ttl), now, &u)
+	}
+	c.netChange(&u)
+	c.settleLast(u.Removed)
+	return u
+}
+
+// Restore puts back pairs from a checkpoint ([ReadCheckpoint]): live
+// until their expiry, or deferred from now when it has passed, so that a
+// connection that outlived the agent is seen by the next GC. The caps
+// apply as for Add; Update.Added lists the deferred pairs restored too.
+func (c *Cache) Restore(entries []Entry) Update {
+	var u Update
+	now := c.now().UnixNano()
+	for _, e := range entries {
+		if !e.Addr.IsValid() {
+			continue
+		}
+		name, addr, expires := CanonicalName(e.Name), e.Addr.Unmap(), unixNanos(e.Expires)
+		if !validName(name) {
+			continue
+		}
+		if expires > now {
+			c.learn(name, addr, expires, now, &u)
+			continue
+		}
+		ne := c.names[name]
+		if c.findIn(ne, addr) != nil {
+			continue
+		}
+		if ne == nil {
+			ne = &nameEntries{}
+			c.names[name] = ne
+		}
+		held := c.insert(ne, name, addr, expires)
+		held.deferred, held.lastUsed = true, now
+		c.deferred.push(held, held.lastUsed)
+		u.Added = append(u.Added, held.export())
+		c.trimDeferred(&u)
+	}
+	c.netChange(&u)
+	c.settleLast(u.Removed)
+	return u
+}
+
+// learn records name -> addr live until expires.
+func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Update) {
+	ne := c.names[name]
+	if e := c.findIn(ne, addr); e != nil {
+		e.expires = max(e.expires, expires)
+		if !e.deferred {
+			c.live.fix(e.index, e.expires)
+			return
+		}
+		c.deferred.remove(e.index)
+		c.makeRoom(ne, now, u) // while e is in no heap, and still not live
+		e.deferred, e.lastUsed = false, 0
+		ne.live++
+		c.live.push(e, e.expires)
+		c.trimDeferred(u)
+		return
+	}
+	if ne == nil {
+		ne = &nameEntries{}
+		c.names[name] = ne
+	}
+	c.makeRoom(ne, now, u)
+	e := c.insert(ne, name, addr, expires)
+	ne.live++
+	c.live.push(e, e.expires)
+	u.Added = append(u.Added, e.export())
+	// Only now: the name holds e, so removing its deferred pairs cannot
+	// leave it empty and forgotten.
+	c.trimDeferred(u)
+}
+
+// insert adds a new entry to the name and the address, in no heap.
+func (c *Cache) insert(ne *nameEntries, name string, addr netip.Addr, expires int64) *entry {
+	e := &entry{name: name, addr: addr, expires: expires, index: -1}
+	ne.entries = append(ne.entries, e)
+	c.addrs[addr] = append(c.addrs[addr], e)
+	c.peakNames = max(c.peakNames, len(c.names))
+	c.peakAddrs = max(c.peakAddrs, len(c.addrs))
+	return e
+}
+
+// makeRoom makes a live pair deferred when the name or the cache is at
+// its cap, the soonest to expire first.
+func (c *Cache) makeRoom(ne *nameEntries, now int64, u *Update) {
+	if ne.live >= c.cfg.MaxAddressesPerName {
+		var soonest *entry
+		for _, e := range ne.entries {
+			if !e.deferred && (soonest == nil || e.expires < soonest.expires) {
+				soonest = e
+			}
+		}
+		if soonest != nil {
+			c.live.remove(soonest.index)
+			c.makeDeferred(soonest, now, u)
+		}
+	}
+	if c.live.len() >= c.cfg.MaxLive {
+		c.makeDeferred(c.live.pop(), now, u)
+	}
+}
+
+// makeDeferred moves an entry already out of live to deferred, last used
+// at now.
+func (c *Cache) makeDeferred(e *entry, now int64, u *Update) {
+	e.deferred = true
+	e.lastUsed = now
+	c.names[e.name].live--
+	c.deferred.push(e, now)
+	u.Deferred++
+}
+
+// trimDeferred removes the deferred pairs used longest ago while there
+// are more than MaxDeferred.
+func (c *Cache) trimDeferred(u *Update) {
+	for c.deferred.len() > c.cfg.MaxDeferred {
+		e := c.deferred.pop()
+		u.Removed = append(u.Removed, c.forget(e))
+	}
+}
+
+// GC makes the live pairs whose expiry has passed deferred, then removes
+// the deferred pairs whose address inUse does not report in use (nil:
+// none is) and whose last use (or expiry) is IdleGrace or more ago, and
+// returns them. A deferred pair in use is kept, and its last use is now,
+// unless there are more than MaxDeferred: then those used longest ago
+// are removed too. Of the pairs removed of an address, the last one in
+// the list says Last when no name holds the address any more.
+func (c *Cache) GC(inUse func(netip.Addr) bool) []Removed {
+	now := c.now().UnixNano()
+	// The expired pairs join the deferred ones unordered: the loop
+	// below sets their keys and orders them all once.
+	for c.live.len() > 0 && c.live.top().expires <= now {
+		e := c.live.pop()
+		e.deferred = true
+		e.lastUsed = e.expires
+		c.names[e.name].live--
+		c.deferred.slots = append(c.deferred.slots, heapSlot{e: e})
+	}
+	var removed []Removed
+	kept := c.deferred.slots[:0]
+	var gone []*entry
+	for _, slot := range c.deferred.slots {
+		e := slot.e
+		switch {
+		case inUse != nil && inUse(e.addr):
+			e.lastUsed = now
+		case addNanos(e.lastUsed, c.cfg.IdleGrace) <= now:
+			gone = append(gone, e)
+			continue
+		}
+		kept = append(kept, heapSlot{e.lastUsed, e})
+	}
+	clear(c.deferred.slots[len(kept):])
+	c.deferred.slots = kept
+	c.deferred.init()
+	c.deferred.shrink()
+	for _, e := range gone {
+		e.index = -1
+		removed = append(removed, c.forget(e))
+	}
+	// The cap holds even against pairs in use: the ones used longest
+	// ago give way, as Cilium's deferred deletes do.
+	var u Update
+	c.trimDeferred(&u)
+	removed = append(removed, u.Removed...)
+	c.settleLast(removed)
+	c.shrinkMaps()
+	return removed
+}
+
+// shrinkMaps copies the maps into new ones once they hold a quarter of
+// what they held at their largest: a Go map keeps its largest size's
+// memory, so without this a burst of names would stay in memory for
+// good.
+func (c *Cache) shrinkMaps() {
+	// Copied entry by entry: maps.Clone keeps the source's size.
+	if c.peakNames > 1024 && len(c.names) < c.peakNames/4 {
+		names := make(map[string]*nameEntries, len(c.names))
+		maps.Copy(names, c.names)
+		c.names, c.peakNames = names, len(names)
+	}
+	if c.peakAddrs > 1024 && len(c.addrs) < c.peakAddrs/4 {
+		addrs := make(map[netip.Addr][]*entry, len(c.addrs))
+		maps.Copy(addrs, c.addrs)
+		c.addrs, c.peakAddrs = addrs, len(addrs)
+	}
 }
 
 type pairKey struct {
@@ -157,125 +424,6 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// Cache holds the names learned from DNS answers and their addresses,
-// each pair live until its TTL ends, then deferred while the caller says
-// a connection uses the address. Its memory is bounded by MaxLive plus
-// MaxDeferred pairs.
-//
-// A Cache is not safe for concurrent use: its owner serializes calls.
-type Cache struct {
-	cfg   Config
-	now   func() time.Time
-	names map[string]*nameEntries
-	addrs map[netip.Addr][]*entry
-	// live is ordered by expiry, deferred by last use: the next to
-	// expire and the first to give way are at the top.
-	live     entryHeap
-	deferred entryHeap
-	// The maps' largest sizes since they were last copied (shrinkMaps).
-	peakNames, peakAddrs int
-}
-
-// entry is a pair. The name shares the names map key's bytes.
-type entry struct {
-	name     string
-	addr     netip.Addr
-	expires  int64 // Unix nanoseconds
-	lastUsed int64 // Unix nanoseconds; deferred entries only
-	index    int   // in live or deferred
-	deferred bool
-}
-
-type nameEntries struct {
-	entries []*entry
-	live    int
-}
-
-// NewCache returns an empty cache that reads the time from now (time.Now
-// when nil).
-func NewCache(cfg Config, now func() time.Time) *Cache {
-	if now == nil {
-		now = time.Now
-	}
-	return &Cache{
-		cfg:      cfg.withDefaults(),
-		now:      now,
-		names:    make(map[string]*nameEntries),
-		addrs:    make(map[netip.Addr][]*entry),
-		live:     entryHeap{key: func(e *entry) int64 { return e.expires }},
-		deferred: entryHeap{key: func(e *entry) int64 { return e.lastUsed }},
-	}
-}
-
-// Config returns the cache's configuration, defaults filled in.
-func (c *Cache) Config() Config { return c.cfg }
-
-// Add records that the answer's question name resolves to each of its
-// addresses, as Cilium does: the question name learns them, whichever
-// name of the CNAME chain the records are under. A pair already held
-// keeps the later of its expiries and is live again if it was deferred.
-// A name no selector can match (a character other than letters, digits,
-// '-' and '_' in a label, an empty label, the root) learns nothing.
-func (c *Cache) Add(answer Answer) Update {
-	var u Update
-	if len(answer.Addresses) == 0 {
-		return u
-	}
-	name := CanonicalName(answer.Question)
-	if !validName(name) {
-		return u
-	}
-	now := c.now().UnixNano()
-	for _, a := range answer.Addresses {
-		if !a.Addr.IsValid() {
-			continue
-		}
-		ttl := max(time.Duration(clampTTL(a.TTL))*time.Second, c.cfg.MinTTL)
-		c.learn(name, a.Addr.Unmap(), addNanos(now, ttl), now, &u)
-	}
-	c.netChange(&u)
-	c.settleLast(u.Removed)
-	return u
-}
-
-// Restore puts back pairs from a checkpoint ([ReadCheckpoint]): live
-// until their expiry, or deferred from now when it has passed, so that a
-// connection that outlived the agent is seen by the next GC. The caps
-// apply as for Add; Update.Added lists the deferred pairs restored too.
-func (c *Cache) Restore(entries []Entry) Update {
-	var u Update
-	now := c.now().UnixNano()
-	for _, e := range entries {
-		if !e.Addr.IsValid() {
-			continue
-		}
-		name, addr, expires := CanonicalName(e.Name), e.Addr.Unmap(), unixNanos(e.Expires)
-		if !validName(name) {
-			continue
-		}
-		if expires > now {
-			c.learn(name, addr, expires, now, &u)
-			continue
-		}
-		ne := c.names[name]
-		if c.findIn(ne, addr) != nil {
-			continue
-		}
-		if ne == nil {
-			ne = &nameEntries{}
-			c.names[name] = ne
-		}
-		held := c.insert(ne, name, addr, expires)
-		held.deferred, held.lastUsed = true, now
-		heap.Push(&c.deferred, held)
-		u.Added = append(u.Added, held.export())
-		c.trimDeferred(&u)
-	}
-	c.netChange(&u)
-	c.settleLast(u.Removed)
-	return u
-}
-
 // settleLast sets Last on the last removal of each address that no name
 // holds once the whole call is done, and clears it on the others: an
 // address removed for one name may be learned for another later in the
@@ -289,154 +437,6 @@ func (c *Cache) settleLast(removed []Removed) {
 		addr := removed[i].Addr
 		removed[i].Last = !seen[addr] && len(c.addrs[addr]) == 0
 		seen[addr] = true
-	}
-}
-
-// learn records name -> addr live until expires.
-func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Update) {
-	ne := c.names[name]
-	if e := c.findIn(ne, addr); e != nil {
-		e.expires = max(e.expires, expires)
-		if !e.deferred {
-			heap.Fix(&c.live, e.index)
-			return
-		}
-		heap.Remove(&c.deferred, e.index)
-		c.makeRoom(ne, now, u) // while e is in no heap, and still not live
-		e.deferred, e.lastUsed = false, 0
-		ne.live++
-		heap.Push(&c.live, e)
-		c.trimDeferred(u)
-		return
-	}
-	if ne == nil {
-		ne = &nameEntries{}
-		c.names[name] = ne
-	}
-	c.makeRoom(ne, now, u)
-	e := c.insert(ne, name, addr, expires)
-	ne.live++
-	heap.Push(&c.live, e)
-	u.Added = append(u.Added, e.export())
-	// Only now: the name holds e, so removing its deferred pairs cannot
-	// leave it empty and forgotten.
-	c.trimDeferred(u)
-}
-
-// insert adds a new entry to the name and the address, in no heap.
-func (c *Cache) insert(ne *nameEntries, name string, addr netip.Addr, expires int64) *entry {
-	e := &entry{name: name, addr: addr, expires: expires, index: -1}
-	ne.entries = append(ne.entries, e)
-	c.addrs[addr] = append(c.addrs[addr], e)
-	c.peakNames = max(c.peakNames, len(c.names))
-	c.peakAddrs = max(c.peakAddrs, len(c.addrs))
-	return e
-}
-
-// makeRoom makes a live pair deferred when the name or the cache is at
-// its cap, the soonest to expire first.
-func (c *Cache) makeRoom(ne *nameEntries, now int64, u *Update) {
-	if ne.live >= c.cfg.MaxAddressesPerName {
-		var soonest *entry
-		for _, e := range ne.entries {
-			if !e.deferred && (soonest == nil || e.expires < soonest.expires) {
-				soonest = e
-			}
-		}
-		if soonest != nil {
-			heap.Remove(&c.live, soonest.index)
-			c.makeDeferred(soonest, now, u)
-		}
-	}
-	if c.live.Len() >= c.cfg.MaxLive {
-		c.makeDeferred(heap.Pop(&c.live).(*entry), now, u)
-	}
-}
-
-// makeDeferred moves an entry already out of live to deferred, last used
-// at now.
-func (c *Cache) makeDeferred(e *entry, now int64, u *Update) {
-	e.deferred = true
-	e.lastUsed = now
-	c.names[e.name].live--
-	heap.Push(&c.deferred, e)
-	u.Deferred++
-}
-
-// trimDeferred removes the deferred pairs used longest ago while there
-// are more than MaxDeferred.
-func (c *Cache) trimDeferred(u *Update) {
-	for c.deferred.Len() > c.cfg.MaxDeferred {
-		e := heap.Pop(&c.deferred).(*entry)
-		u.Removed = append(u.Removed, c.forget(e))
-	}
-}
-
-// GC makes the live pairs whose expiry has passed deferred, then removes
-// the deferred pairs whose address inUse does not report in use (nil:
-// none is) and whose last use (or expiry) is IdleGrace or more ago, and
-// returns them. A deferred pair in use is kept, and its last use is now,
-// unless there are more than MaxDeferred: then those used longest ago
-// are removed too. Of the pairs removed of an address, the last one in
-// the list says Last when no name holds the address any more.
-func (c *Cache) GC(inUse func(netip.Addr) bool) []Removed {
-	now := c.now().UnixNano()
-	for c.live.Len() > 0 && c.live.entries[0].expires <= now {
-		e := heap.Pop(&c.live).(*entry)
-		e.deferred = true
-		e.lastUsed = e.expires
-		c.names[e.name].live--
-		heap.Push(&c.deferred, e)
-	}
-	var removed []Removed
-	kept := c.deferred.entries[:0]
-	var gone []*entry
-	for _, e := range c.deferred.entries {
-		switch {
-		case inUse != nil && inUse(e.addr):
-			e.lastUsed = now
-		case addNanos(e.lastUsed, c.cfg.IdleGrace) <= now:
-			gone = append(gone, e)
-			continue
-		}
-		kept = append(kept, e)
-	}
-	clear(c.deferred.entries[len(kept):])
-	c.deferred.entries = kept
-	for i, e := range kept {
-		e.index = i
-	}
-	heap.Init(&c.deferred)
-	c.deferred.shrink()
-	for _, e := range gone {
-		e.index = -1
-		removed = append(removed, c.forget(e))
-	}
-	// The cap holds even against pairs in use: the ones used longest
-	// ago give way, as Cilium's deferred deletes do.
-	var u Update
-	c.trimDeferred(&u)
-	removed = append(removed, u.Removed...)
-	c.settleLast(removed)
-	c.shrinkMaps()
-	return removed
-}
-
-// shrinkMaps copies the maps into new ones once they hold a quarter of
-// what they held at their largest: a Go map keeps its largest size's
-// memory, so without this a burst of names would stay in memory for
-// good.
-func (c *Cache) shrinkMaps() {
-	// Copied entry by entry: maps.Clone keeps the source's size.
-	if c.peakNames > 1024 && len(c.names) < c.peakNames/4 {
-		names := make(map[string]*nameEntries, len(c.names))
-		maps.Copy(names, c.names)
-		c.names, c.peakNames = names, len(names)
-	}
-	if c.peakAddrs > 1024 && len(c.addrs) < c.peakAddrs/4 {
-		addrs := make(map[netip.Addr][]*entry, len(c.addrs))
-		maps.Copy(addrs, c.addrs)
-		c.addrs, c.peakAddrs = addrs, len(addrs)
 	}
 }
 
@@ -525,7 +525,7 @@ func (c *Cache) NamesOf(addr netip.Addr) []string {
 
 // Entries returns every pair, by name then address.
 func (c *Cache) Entries() []Entry {
-	out := make([]Entry, 0, c.live.Len()+c.deferred.Len())
+	out := make([]Entry, 0, c.live.len()+c.deferred.len())
 	for _, ne := range c.names {
 		for _, e := range ne.entries {
 			out = append(out, e.export())
@@ -547,7 +547,7 @@ type Stats struct {
 
 // Stats returns the cache's sizes.
 func (c *Cache) Stats() Stats {
-	return Stats{Names: len(c.names), Addresses: len(c.addrs), Live: c.live.Len(), Deferred: c.deferred.Len()}
+	return Stats{Names: len(c.names), Addresses: len(c.addrs), Live: c.live.len(), Deferred: c.deferred.len()}
 }
 
 // addNanos adds d to t (Unix nanoseconds), saturating instead of
@@ -571,45 +571,110 @@ func unixNanos(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-// entryHeap is a min-heap of entries by key, keeping each entry's index.
+// entryHeap is a min-heap of entries by a key kept beside each entry, so
+// that ordering reads no entry, and each entry knows its index.
 type entryHeap struct {
-	entries []*entry
-	key     func(*entry) int64
+	slots []heapSlot
 }
 
-var _ heap.Interface = (*entryHeap)(nil)
-
-func (h *entryHeap) Len() int { return len(h.entries) }
-
-func (h *entryHeap) Less(i, j int) bool { return h.key(h.entries[i]) < h.key(h.entries[j]) }
-
-func (h *entryHeap) Swap(i, j int) {
-	h.entries[i], h.entries[j] = h.entries[j], h.entries[i]
-	h.entries[i].index = i
-	h.entries[j].index = j
+type heapSlot struct {
+	key int64
+	e   *entry
 }
 
-func (h *entryHeap) Push(x any) {
-	e := x.(*entry)
-	e.index = len(h.entries)
-	h.entries = append(h.entries, e)
+func (h *entryHeap) len() int { return len(h.slots) }
+
+// top is the entry with the least key; the heap is not empty.
+func (h *entryHeap) top() *entry { return h.slots[0].e }
+
+func (h *entryHeap) push(e *entry, key int64) {
+	h.slots = append(h.slots, heapSlot{key, e})
+	h.up(len(h.slots) - 1)
 }
 
-func (h *entryHeap) Pop() any {
-	last := len(h.entries) - 1
-	e := h.entries[last]
-	h.entries[last] = nil
-	h.entries = h.entries[:last]
+// pop removes the entry with the least key; the heap is not empty.
+func (h *entryHeap) pop() *entry { return h.remove(0) }
+
+// remove removes the entry at index i.
+func (h *entryHeap) remove(i int) *entry {
+	e := h.slots[i].e
+	last := len(h.slots) - 1
+	if i != last {
+		h.swap(i, last)
+	}
+	h.slots[last] = heapSlot{}
+	h.slots = h.slots[:last]
+	if i != last {
+		h.fix(i, h.slots[i].key)
+	}
 	e.index = -1
 	h.shrink()
 	return e
 }
 
+// fix sets the key of the entry at index i and restores the order.
+func (h *entryHeap) fix(i int, key int64) {
+	h.slots[i].key = key
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+// init orders slots built in any order.
+func (h *entryHeap) init() {
+	for i := range h.slots {
+		h.slots[i].e.index = i
+	}
+	for i := len(h.slots)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *entryHeap) swap(i, j int) {
+	h.slots[i], h.slots[j] = h.slots[j], h.slots[i]
+	h.slots[i].e.index = i
+	h.slots[j].e.index = j
+}
+
+func (h *entryHeap) up(i int) {
+	h.slots[i].e.index = i
+	for i > 0 {
+		parent := (i - 1) / 2
+		if h.slots[parent].key <= h.slots[i].key {
+			return
+		}
+		h.swap(i, parent)
+		i = parent
+	}
+}
+
+// down moves the entry at i down to its place, and reports whether it
+// moved.
+func (h *entryHeap) down(i int) bool {
+	start := i
+	n := len(h.slots)
+	for {
+		least := 2*i + 1
+		if least >= n {
+			break
+		}
+		if right := least + 1; right < n && h.slots[right].key < h.slots[least].key {
+			least = right
+		}
+		if h.slots[i].key <= h.slots[least].key {
+			break
+		}
+		h.swap(i, least)
+		i = least
+	}
+	return i > start
+}
+
 // shrink gives back the array once most of it is unused, so that a burst
 // leaves no large array behind.
 func (h *entryHeap) shrink() {
-	if cap(h.entries) > 64 && len(h.entries) < cap(h.entries)/4 {
+	if cap(h.slots) > 64 && len(h.slots) < cap(h.slots)/4 {
 		// A new array: a slice of the old one, even empty, keeps it.
-		h.entries = append(make([]*entry, 0, len(h.entries)), h.entries...)
+		h.slots = append(make([]heapSlot, 0, len(h.slots)), h.slots...)
 	}
 }

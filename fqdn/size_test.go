@@ -44,10 +44,10 @@ func TestLearnAndExpire100k(t *testing.T) {
 		}
 		require.Empty(t, c.names)
 		require.Empty(t, c.addrs)
-		require.Empty(t, c.live.entries)
-		require.Empty(t, c.deferred.entries)
-		require.LessOrEqual(t, cap(c.live.entries), 64)
-		require.LessOrEqual(t, cap(c.deferred.entries), 64)
+		require.Empty(t, c.live.slots)
+		require.Empty(t, c.deferred.slots)
+		require.LessOrEqual(t, cap(c.live.slots), 64)
+		require.LessOrEqual(t, cap(c.deferred.slots), 64)
 	}
 	after := heapAlloc()
 	runtime.KeepAlive(c)
