@@ -78,3 +78,22 @@ func BenchmarkCacheGC(b *testing.B) {
 		b.Fatalf("removed %d of %d", len(removed), b.N)
 	}
 }
+
+// BenchmarkCacheAddRotating is a name that answers 8 of many addresses
+// each time (as S3 does): at its cap of 1000 live addresses, with the
+// deferred ones (up to 10000) of the same name.
+func BenchmarkCacheAddRotating(b *testing.B) {
+	clk := newClock()
+	c := fqdn.NewCache(fqdn.Config{}, clk.now)
+	for i := range b.N {
+		a := fqdn.Answer{Question: "bucket.s3.example.com"}
+		for j := range 8 {
+			a.Addresses = append(a.Addresses, fqdn.Address{Addr: nthAddr((i*8 + j) % 50000), TTL: 5})
+		}
+		c.Add(a)
+		if i%100 == 0 {
+			clk.advance(time.Second)
+			c.GC(nil)
+		}
+	}
+}

@@ -46,6 +46,9 @@ func DefaultConfig() Config {
 	}
 }
 
+// maxPairs bounds MaxLive and MaxDeferred.
+const maxPairs = 1 << 30
+
 func (c Config) withDefaults() Config {
 	defaults := DefaultConfig()
 	if c.MaxAddressesPerName <= 0 {
@@ -57,6 +60,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxLive <= 0 {
 		c.MaxLive = defaults.MaxLive
 	}
+	// A heap index is an int32.
+	c.MaxLive = min(c.MaxLive, maxPairs)
+	c.MaxDeferred = min(c.MaxDeferred, maxPairs)
 	c.MinTTL = max(c.MinTTL, 0)
 	c.IdleGrace = max(c.IdleGrace, 0)
 	return c
@@ -121,13 +127,9 @@ type entry struct {
 	addr     netip.Addr
 	expires  int64 // Unix nanoseconds
 	lastUsed int64 // Unix nanoseconds; deferred entries only
-	index    int   // in live or deferred
+	index    int32 // in live or deferred
+	slot     int32 // in its name's entries
 	deferred bool
-}
-
-type nameEntries struct {
-	entries []*entry
-	live    int
 }
 
 // NewCache returns an empty cache that reads the time from now (time.Now
@@ -195,15 +197,15 @@ func (c *Cache) Restore(entries []Entry) Update {
 			continue
 		}
 		ne := c.names[name]
-		if c.findIn(ne, addr) != nil {
+		if ne.find(addr) != nil {
 			continue
 		}
 		if ne == nil {
 			ne = &nameEntries{}
 			c.names[name] = ne
 		}
-		held := c.insert(ne, name, addr, expires)
-		held.deferred, held.lastUsed = true, now
+		held := &entry{name: name, addr: addr, expires: expires, lastUsed: now, deferred: true}
+		c.insert(ne, held)
 		c.deferred.push(held, held.lastUsed)
 		u.Added = append(u.Added, held.export())
 		c.trimDeferred(&u)
@@ -216,16 +218,16 @@ func (c *Cache) Restore(entries []Entry) Update {
 // learn records name -> addr live until expires.
 func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Update) {
 	ne := c.names[name]
-	if e := c.findIn(ne, addr); e != nil {
+	if e := ne.find(addr); e != nil {
 		e.expires = max(e.expires, expires)
 		if !e.deferred {
-			c.live.fix(e.index, e.expires)
+			c.live.fix(int(e.index), e.expires)
 			return
 		}
-		c.deferred.remove(e.index)
+		c.deferred.remove(int(e.index))
 		c.makeRoom(ne, now, u) // while e is in no heap, and still not live
+		ne.setLive(e)
 		e.deferred, e.lastUsed = false, 0
-		ne.live++
 		c.live.push(e, e.expires)
 		c.trimDeferred(u)
 		return
@@ -235,8 +237,8 @@ func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Updat
 		c.names[name] = ne
 	}
 	c.makeRoom(ne, now, u)
-	e := c.insert(ne, name, addr, expires)
-	ne.live++
+	e := &entry{name: name, addr: addr, expires: expires}
+	c.insert(ne, e)
 	c.live.push(e, e.expires)
 	u.Added = append(u.Added, e.export())
 	// Only now: the name holds e, so removing its deferred pairs cannot
@@ -244,28 +246,21 @@ func (c *Cache) learn(name string, addr netip.Addr, expires, now int64, u *Updat
 	c.trimDeferred(u)
 }
 
-// insert adds a new entry to the name and the address, in no heap.
-func (c *Cache) insert(ne *nameEntries, name string, addr netip.Addr, expires int64) *entry {
-	e := &entry{name: name, addr: addr, expires: expires, index: -1}
-	ne.entries = append(ne.entries, e)
-	c.addrs[addr] = append(c.addrs[addr], e)
+// insert adds a new entry to its name and its address, in no heap yet.
+func (c *Cache) insert(ne *nameEntries, e *entry) {
+	e.index = -1
+	ne.add(e)
+	c.addrs[e.addr] = append(c.addrs[e.addr], e)
 	c.peakNames = max(c.peakNames, len(c.names))
 	c.peakAddrs = max(c.peakAddrs, len(c.addrs))
-	return e
 }
 
 // makeRoom makes a live pair deferred when the name or the cache is at
 // its cap, the soonest to expire first.
 func (c *Cache) makeRoom(ne *nameEntries, now int64, u *Update) {
 	if ne.live >= c.cfg.MaxAddressesPerName {
-		var soonest *entry
-		for _, e := range ne.entries {
-			if !e.deferred && (soonest == nil || e.expires < soonest.expires) {
-				soonest = e
-			}
-		}
-		if soonest != nil {
-			c.live.remove(soonest.index)
+		if soonest := ne.soonestLive(); soonest != nil {
+			c.live.remove(int(soonest.index))
 			c.makeDeferred(soonest, now, u)
 		}
 	}
@@ -277,9 +272,9 @@ func (c *Cache) makeRoom(ne *nameEntries, now int64, u *Update) {
 // makeDeferred moves an entry already out of live to deferred, last used
 // at now.
 func (c *Cache) makeDeferred(e *entry, now int64, u *Update) {
+	c.names[e.name].setDeferred(e)
 	e.deferred = true
 	e.lastUsed = now
-	c.names[e.name].live--
 	c.deferred.push(e, now)
 	u.Deferred++
 }
@@ -306,9 +301,9 @@ func (c *Cache) GC(inUse func(netip.Addr) bool) []Removed {
 	// below sets their keys and orders them all once.
 	for c.live.len() > 0 && c.live.top().expires <= now {
 		e := c.live.pop()
+		c.names[e.name].setDeferred(e)
 		e.deferred = true
 		e.lastUsed = e.expires
-		c.names[e.name].live--
 		c.deferred.slots = append(c.deferred.slots, heapSlot{e: e})
 	}
 	var removed []Removed
@@ -442,12 +437,7 @@ func (c *Cache) settleLast(removed []Removed) {
 
 // forget removes an entry that is in neither heap any more.
 func (c *Cache) forget(e *entry) Removed {
-	ne := c.names[e.name]
-	if !e.deferred {
-		ne.live--
-	}
-	ne.entries = deleteEntry(ne.entries, e)
-	if len(ne.entries) == 0 {
+	if c.names[e.name].remove(e) {
 		delete(c.names, e.name)
 	}
 	holders := deleteEntry(c.addrs[e.addr], e)
@@ -476,19 +466,7 @@ func deleteEntry(entries []*entry, e *entry) []*entry {
 }
 
 func (c *Cache) find(name string, addr netip.Addr) *entry {
-	return c.findIn(c.names[name], addr)
-}
-
-func (c *Cache) findIn(ne *nameEntries, addr netip.Addr) *entry {
-	if ne == nil {
-		return nil
-	}
-	for _, e := range ne.entries {
-		if e.addr == addr {
-			return e
-		}
-	}
-	return nil
+	return c.names[name].find(addr)
 }
 
 func (e *entry) export() Entry {
@@ -623,7 +601,7 @@ func (h *entryHeap) fix(i int, key int64) {
 // init orders slots built in any order.
 func (h *entryHeap) init() {
 	for i := range h.slots {
-		h.slots[i].e.index = i
+		h.slots[i].e.index = int32(i)
 	}
 	for i := len(h.slots)/2 - 1; i >= 0; i-- {
 		h.down(i)
@@ -632,12 +610,12 @@ func (h *entryHeap) init() {
 
 func (h *entryHeap) swap(i, j int) {
 	h.slots[i], h.slots[j] = h.slots[j], h.slots[i]
-	h.slots[i].e.index = i
-	h.slots[j].e.index = j
+	h.slots[i].e.index = int32(i)
+	h.slots[j].e.index = int32(j)
 }
 
 func (h *entryHeap) up(i int) {
-	h.slots[i].e.index = i
+	h.slots[i].e.index = int32(i)
 	for i > 0 {
 		parent := (i - 1) / 2
 		if h.slots[parent].key <= h.slots[i].key {

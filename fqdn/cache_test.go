@@ -196,19 +196,23 @@ func TestCacheAddressesBySelector(t *testing.T) {
 // plain model of the same rules (TTL, MinTTL, in use, grace, learned
 // again), with caps the operations never reach, and compares everything.
 func TestCacheAgainstModel(t *testing.T) {
-	for seed := range uint64(20) {
+	for seed := range uint64(10) {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		clk := newClock()
 		cfg := fqdn.Config{MinTTL: time.Duration(rng.IntN(3)) * time.Second, IdleGrace: time.Duration(rng.IntN(4)) * time.Second}
 		c := fqdn.NewCache(cfg, clk.now)
 		m := newModel(cfg)
 		names := []string{"a.example.com", "b.example.com", "c.example.com", "d.example.com"}
-		addrs := []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "2001:db8::1", "2001:db8::2"}
+		// Enough addresses that a name indexes its pairs.
+		addrs := []string{"2001:db8::1", "2001:db8::2"}
+		for i := range 22 {
+			addrs = append(addrs, fmt.Sprintf("192.0.2.%d", i))
+		}
 		for op := range 2000 {
 			switch rng.IntN(4) {
 			case 0, 1:
 				a := fqdn.Answer{Question: names[rng.IntN(len(names))]}
-				for _, i := range rng.Perm(len(addrs))[:1+rng.IntN(3)] {
+				for _, i := range rng.Perm(len(addrs))[:1+rng.IntN(8)] {
 					a.Addresses = append(a.Addresses, fqdn.Address{Addr: netip.MustParseAddr(addrs[i]), TTL: uint32(rng.IntN(6))})
 				}
 				got := c.Add(a)
@@ -368,7 +372,12 @@ func TestCacheCapsRandom(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 2))
 		clk := newClock()
+		// Small caps, and in half the runs caps that let a name hold more
+		// pairs than it holds before indexing them.
 		cfg := fqdn.Config{MaxAddressesPerName: 1 + rng.IntN(4), MaxLive: 1 + rng.IntN(8), MaxDeferred: 1 + rng.IntN(4), IdleGrace: time.Second}
+		if seed%2 == 1 {
+			cfg = fqdn.Config{MaxAddressesPerName: 10 + rng.IntN(30), MaxLive: 20 + rng.IntN(60), MaxDeferred: 5 + rng.IntN(40), IdleGrace: time.Second}
+		}
 		c := fqdn.NewCache(cfg, clk.now)
 		held := make(map[modelKey]bool)
 		check := func(removed []fqdn.Removed) {
@@ -399,8 +408,8 @@ func TestCacheCapsRandom(t *testing.T) {
 			switch rng.IntN(3) {
 			case 0:
 				a := fqdn.Answer{Question: fmt.Sprintf("n%d.example.com", rng.IntN(5))}
-				for range 1 + rng.IntN(4) {
-					a.Addresses = append(a.Addresses, fqdn.Address{Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(12))}), TTL: uint32(rng.IntN(5))})
+				for range 1 + rng.IntN(4+int(seed%2)*8) {
+					a.Addresses = append(a.Addresses, fqdn.Address{Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(rng.IntN(12 + int(seed%2)*40))}), TTL: uint32(rng.IntN(5))})
 				}
 				u := c.Add(a)
 				for _, e := range u.Added {
