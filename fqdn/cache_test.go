@@ -233,10 +233,8 @@ func TestCacheAgainstModel(t *testing.T) {
 				checkLast(t, c, removed)
 			}
 			require.Equal(t, m.entries(), c.Entries(), "seed %d op %d", seed, op)
-			for _, s := range addrs {
-				a := netip.MustParseAddr(s)
-				require.Equal(t, m.namesOf(a), c.NamesOf(a))
-			}
+			a := netip.MustParseAddr(addrs[rng.IntN(len(addrs))])
+			require.Equal(t, m.namesOf(a), c.NamesOf(a))
 		}
 	}
 }
