@@ -78,6 +78,9 @@ func (ne *nameEntries) remove(e *entry) (empty bool) {
 	ne.entries = ne.entries[:last]
 	if ne.byAddr != nil {
 		delete(ne.byAddr, e.addr)
+		if last < indexFrom/2 { // the list again; and the map's memory back
+			ne.byAddr = nil
+		}
 	}
 	return last == 0
 }
