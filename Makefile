@@ -79,6 +79,7 @@ FUZZ_TARGETS = \
 	policyfile:FuzzParse policyfile:FuzzParseCIDR \
 	policyfile:FuzzParseCNP policyfile:FuzzParseNetworkPolicy \
 	endpointfile:FuzzParse \
+	fqdn:FuzzAnswer \
 	internal/yamlread:FuzzReader
 fuzz:
 	@found=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | \

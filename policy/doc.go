@@ -2,7 +2,7 @@
 
 // Package policy is the vocabulary of network policy that the policy
 // cell, the datapath, the monitor and the metrics share: what a validated
-// policy says ([Policy], [Rule], [CIDRSelector], [PortRange]), the desired
+// policy says ([Policy], [Rule], [CIDRSelector], [PortRange], [FQDNRule]), the desired
 // policy-map entries ([Key], [Entry], [Verdict]) and how each direction is
 // enforced ([Enforcement]), as rows of the `policy` and
 // `policy-enforcement` tables, and the rules by which the enforcement

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
@@ -192,6 +193,11 @@ type Rule struct {
 	// endpoint identity and the entities of identity.ClusterEntities.
 	Entities []identity.Entity `json:"entities,omitempty" yaml:"entities,omitempty"`
 
+	// FQDN is the rule's toFQDNs and DNS rules (egress allow rules
+	// only, as Cilium), nil when it has neither: most rules, which a
+	// pointer keeps as small as they were.
+	FQDN *FQDNRule `json:"fqdn,omitempty" yaml:"fqdn,omitempty"`
+
 	// Ports are sorted and distinct. Empty: every protocol and port
 	// (ICMP included).
 	Ports []PortRange `json:"ports,omitempty" yaml:"ports,omitempty"`
@@ -208,6 +214,43 @@ type Rule struct {
 	Name   string `json:"name,omitempty" yaml:"name,omitempty"`
 	Line   int    `json:"line,omitempty" yaml:"line,omitempty"`
 	Column int    `json:"column,omitempty" yaml:"column,omitempty"`
+}
+
+// FQDNRule is what a rule says of DNS names.
+type FQDNRule struct {
+	// Selectors select remote addresses by the DNS names they were
+	// resolved from (toFQDNs): the addresses the DNS proxy learns from
+	// the answers to the endpoints' queries. A rule with Selectors has
+	// no other kind of peer, and its Ports apply to the learned
+	// addresses (it is never AnyPeer).
+	Selectors []fqdn.Selector `json:"selectors,omitempty" yaml:"selectors,omitempty"`
+
+	// DNS are the rule's DNS rules (toPorts[].rules.dns): its DNS
+	// traffic to its peers on their ports goes through the DNS proxy,
+	// which forwards the queries for the names they allow and refuses
+	// the others. Their ports are in the rule's Ports too: the rule
+	// allows them at L4 as any port.
+	DNS []DNSRule `json:"dns,omitempty" yaml:"dns,omitempty"`
+}
+
+// Equal reports whether two FQDN rules say the same (nil: nothing).
+func (f *FQDNRule) Equal(other *FQDNRule) bool {
+	if f == nil || other == nil {
+		return f == other
+	}
+	return slices.Equal(f.Selectors, other.Selectors) &&
+		slices.EqualFunc(f.DNS, other.DNS, func(a, b DNSRule) bool {
+			return slices.Equal(a.Ports, b.Ports) && slices.Equal(a.Names, b.Names)
+		})
+}
+
+// DNSRule is one toPorts entry's DNS rules: on Ports (single ports, TCP
+// or UDP, as Cilium requires of DNS rules), the queries for a name one
+// of Names matches are forwarded. Names is not empty; a pattern "*"
+// allows every name, which still makes the proxy learn the answers.
+type DNSRule struct {
+	Ports []PortRange     `json:"ports" yaml:"ports"`
+	Names []fqdn.Selector `json:"names" yaml:"names"`
 }
 
 // Policy is one document of a policy file, validated. Policies are
@@ -295,7 +338,8 @@ func (r Rule) Equal(other Rule) bool {
 		slices.EqualFunc(r.Peers, other.Peers, func(a, b CIDRSelector) bool {
 			return a.CIDR == b.CIDR && slices.Equal(a.Except, b.Except)
 		}) && slices.Equal(r.Entities, other.Entities) &&
-		slices.EqualFunc(r.Endpoints, other.Endpoints, func(a, b EndpointSelector) bool { return a.Equal(&b) })
+		slices.EqualFunc(r.Endpoints, other.Endpoints, func(a, b EndpointSelector) bool { return a.Equal(&b) }) &&
+		r.FQDN.Equal(other.FQDN)
 }
 
 // TableHeader implements statedb.TableWritable.

@@ -44,6 +44,13 @@ var (
 	// it would cost memory in proportion to its CIDRs times its port
 	// blocks.
 	ErrTooManyEntries = errors.New("more than the policy map holds")
+
+	// ErrNotEnforced rejects a policy file with toFQDNs or DNS rules
+	// (toPorts[].rules.dns): the formats read them, and this agent has
+	// no DNS proxy yet to learn the names' addresses or apply the DNS
+	// rules, so taking the file would enforce something other than it
+	// says.
+	ErrNotEnforced = errors.New("not enforced by this agent yet (it has no DNS proxy to learn the names' addresses and apply DNS rules)")
 )
 
 // ErrPolicyTableFull is wrapped by the selector job's health error when

@@ -63,7 +63,8 @@ type savedInForce struct {
 // Possible errors: ErrCorruptInForce (wrapped) for a file larger than
 // maxInForceSize, that does not decode, is of another version, lists a
 // file twice or a name that is not a policy file's, has content that does
-// not parse, or policy names held by two files; errors reading the file.
+// not parse or that this build does not enforce (notEnforced), or policy
+// names held by two files; errors reading the file.
 func readInForce(path, dir string) (saved map[string]savedFile, otherDir string, err error) {
 	s := savedPolicies(path)
 	files, otherDir, err := s.Read(policyDir(dir))
@@ -75,6 +76,10 @@ func readInForce(path, dir string) (saved map[string]savedFile, otherDir string,
 	for _, entry := range files {
 		content := []byte(entry.Content)
 		policies, err := policyfile.Parse(entry.File, content)
+		if err == nil {
+			// Saved by a build that enforces more: not this one's to take.
+			err = notEnforced(entry.File, policies)
+		}
 		if err != nil {
 			return nil, "", fmt.Errorf("%w %s: %w", s.CorruptError(), path, err)
 		}

@@ -147,8 +147,9 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 }
 
 // parse parses a file and counts its entries. A file over the policy
-// map's size is rejected before anything of it is expanded, and nothing
-// of it is kept: its parsed policies go with the error. The file's
+// map's size, or with rules this agent does not enforce yet
+// (notEnforced), is rejected before anything of it is expanded, and
+// nothing of it is kept: its parsed policies go with the error. The file's
 // warnings are logged, each time a version of it is read.
 func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
 	parsed, err := policyfile.ParseFile(name, content)
@@ -159,6 +160,9 @@ func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
 		l.log.Warn("Policy file read otherwise than written", "file", name, "warning", w.String())
 	}
 	policies := parsed.Policies
+	if err := notEnforced(name, policies); err != nil {
+		return nil, err
+	}
 	if _, err := CountEntries(name, policies, l.maxEntries); err != nil {
 		return nil, err
 	}

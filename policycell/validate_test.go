@@ -34,3 +34,32 @@ func TestValidateFilesNameConflict(t *testing.T) {
 		`:1 (files are taken in name order, the first keeps the name)`)
 	require.Nil(t, results[0].Policies)
 }
+
+// TestValidateFilesNotEnforced: a file with toFQDNs or DNS rules parses
+// and is rejected, as the agent rejects it, at the rule, with its
+// warnings kept; without them the same file is valid.
+func TestValidateFilesNotEnforced(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+		return path
+	}
+	fqdn := write("fqdn.yaml", "name: a\negress:\n  - toCIDR: [10.0.0.0/8]\n  - toFQDNs: [{matchName: api.example.com}]\n")
+	dns := write("dns.yaml", "name: b\negress:\n  - toPorts: [{port: 53, protocol: UDP, rules: {dns: [{matchPattern: \"*\"}]}}]\n")
+	plain := write("plain.yaml", "name: c\negress:\n  - toPorts: [{port: 53, protocol: UDP}]\n")
+	results := ValidateFiles([]string{fqdn, dns, plain}, 100)
+
+	require.ErrorIs(t, results[0].Err, ErrNotEnforced)
+	require.ErrorIs(t, results[0].Err, policyfile.ErrInvalidPolicy)
+	require.EqualError(t, results[0].Err, fqdn+`:4:5: invalid policy file: policy "a": egress[1]: toFQDNs: `+ErrNotEnforced.Error())
+	require.Nil(t, results[0].Policies)
+	require.Len(t, results[0].Warnings, 1)
+	require.Equal(t, 4, results[0].Warnings[0].Line)
+
+	require.ErrorIs(t, results[1].Err, ErrNotEnforced)
+	require.EqualError(t, results[1].Err, dns+`:3:5: invalid policy file: policy "b": egress[0]: toPorts[].rules.dns: `+ErrNotEnforced.Error())
+	require.Empty(t, results[1].Warnings)
+
+	require.NoError(t, results[2].Err)
+}

@@ -22,7 +22,7 @@ const (
 )
 
 // The fields of Cilium's rules that select or match what this agent has
-// no means to know (DNS names, services, nodes, L7),
+// no means to know (services, nodes, L7 but DNS rules: l7Rules),
 // with why they are rejected.
 var (
 	ciliumSpecUnsupported = map[string]string{
@@ -38,13 +38,11 @@ var (
 	ciliumEgressUnsupported = map[string]string{
 		"toRequires":     "not supported: write the labels into each toEndpoints selector",
 		"toServices":     "selecting services is not supported: write their CIDRs",
-		"toFQDNs":        "DNS names are not supported: write the CIDRs",
 		"toGroups":       "cloud provider groups are not supported: write the CIDRs",
 		"toNodes":        "selecting nodes is not supported: write their CIDRs",
 		"authentication": "mutual authentication is not supported",
 	}
 	ciliumPortRuleUnsupported = map[string]string{
-		"rules":          "L7 rules are not supported: this agent enforces L3 and L4 only",
 		"serverNames":    "TLS server names are not supported: this agent enforces L3 and L4 only",
 		"listener":       "L7 listeners are not supported: this agent enforces L3 and L4 only",
 		"terminatingTLS": "TLS termination is not supported: this agent enforces L3 and L4 only",
@@ -318,10 +316,15 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, names
 	if err := p.unsupportedField(n, what, unsupported); err != nil {
 		return policy.Rule{}, err
 	}
-	// Cilium takes one kind of peer per rule.
+	// Cilium takes one kind of peer per rule; toFQDNs is one, of egress
+	// allow rules only (Cilium's deny rules have no toFQDNs).
 	peerField := ""
 	for key := range n.Pairs() {
-		if name := key.Value(); name == cidrField || name == setField || name == entityField || name == endpointsField {
+		name := key.Value()
+		if name == "toFQDNs" && deny {
+			return policy.Rule{}, p.errorf(key, "%s.toFQDNs: not allowed in egressDeny (as Cilium: deny rules have no toFQDNs): deny the CIDRs", what)
+		}
+		if name == cidrField || name == setField || name == entityField || name == endpointsField || name == "toFQDNs" {
 			if peerField != "" {
 				return policy.Rule{}, p.errorf(key, "%s: %s and %s in one rule: Cilium does not support combining them, write two rules",
 					what, peerField, name)
@@ -365,15 +368,24 @@ func (p *parser) ciliumRule(n node, dir policy.Direction, deny bool, what, names
 			return policy.Rule{}, err
 		}
 	}
+	if value, ok := fields.get("toFQDNs"); ok {
+		selectors, err := p.fqdnSelectors(value, what+".toFQDNs")
+		if err != nil {
+			return policy.Rule{}, err
+		}
+		rule.FQDN = &policy.FQDNRule{Selectors: selectors}
+	}
 	portsNode, hasPorts := fields.get("toPorts")
 	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
 		return policy.Rule{}, p.errorf(icmpsNode, "%s.icmps: icmps and toPorts in one rule: Cilium does not support combining them, write two rules", what)
 	}
 	if hasPorts {
-		if rule.Ports, err = p.ciliumPortRules(portsNode, what+".toPorts"); err != nil {
+		var dns []policy.DNSRule
+		if rule.Ports, dns, err = p.ciliumPortRules(portsNode, what+".toPorts", dir, deny); err != nil {
 			return policy.Rule{}, err
 		}
+		addDNSRules(&rule, dns...)
 	}
 	if hasICMPs {
 		if rule.Ports, err = p.icmpRules(icmpsNode, what+".icmps"); err != nil {
@@ -445,42 +457,63 @@ func addEntity(rule *policy.Rule, entity identity.Entity) bool {
 	return true
 }
 
-// ciliumPortRules parses toPorts: a list of {ports}.
-func (p *parser) ciliumPortRules(n node, what string) ([]policy.PortRange, error) {
+// ciliumPortRules parses toPorts: a list of {ports, rules}, rules only
+// DNS rules (l7Rules), in a rule of the direction dir (deny: a deny
+// rule).
+func (p *parser) ciliumPortRules(n node, what string, dir policy.Direction, deny bool) ([]policy.PortRange, []policy.DNSRule, error) {
 	items, err := p.nonEmptyList(n, what)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var ports []policy.PortRange
+	var (
+		ports []policy.PortRange
+		dns   []policy.DNSRule
+	)
 	for i, item := range items {
 		itemWhat := fmt.Sprintf("%s[%d]", what, i)
 		fields, err := p.fields(item, itemWhat, "ports", "rules", "serverNames", "listener", "terminatingTLS", "originatingTLS")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := p.unsupportedField(item, itemWhat, ciliumPortRuleUnsupported); err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		names, err := p.l7Rules(item, itemWhat, dir, deny)
+		if err != nil {
+			return nil, nil, err
 		}
 		portsNode, ok := fields.get("ports")
 		if !ok {
-			return nil, p.errorf(item, "%s: ports is required", itemWhat)
+			return nil, nil, p.errorf(item, "%s: ports is required", itemWhat)
 		}
 		portItems, err := p.nonEmptyList(portsNode, itemWhat+".ports")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if count := portsNode.Len(); count > maxPortsPerRule {
-			return nil, p.errorf(portsNode, "%s.ports: %d ports, at most %d (as Cilium)", itemWhat, count, maxPortsPerRule)
+			return nil, nil, p.errorf(portsNode, "%s.ports: %d ports, at most %d (as Cilium)", itemWhat, count, maxPortsPerRule)
 		}
+		var dnsPorts []policy.PortRange
 		for j, portItem := range portItems {
-			more, err := p.ciliumPort(portItem, fmt.Sprintf("%s.ports[%d]", itemWhat, j))
+			portWhat := fmt.Sprintf("%s.ports[%d]", itemWhat, j)
+			more, err := p.ciliumPort(portItem, portWhat)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ports = append(ports, more...)
+			if names != nil {
+				checked, err := p.dnsPorts(portItem, portWhat, more)
+				if err != nil {
+					return nil, nil, err
+				}
+				dnsPorts = append(dnsPorts, checked...)
+			}
+		}
+		if names != nil {
+			dns = append(dns, policy.DNSRule{Ports: sortPorts(dnsPorts), Names: names})
 		}
 	}
-	return sortPorts(ports), nil
+	return sortPorts(ports), dns, nil
 }
 
 // ciliumPort parses {port, endPort, protocol}: port "0" is every port of

@@ -7,6 +7,8 @@
 // gives the policy.Policy values they mean, or a *FileError at the
 // position of the first thing the agent cannot enforce or does not know.
 // A file is the unit of validity: one error rejects it as a whole.
+// toFQDNs and DNS rules are read into the model (policy.FQDNRule), and
+// enforcing them, or refusing a file with them, is the policy cell's.
 //
 // The YAML is read by the package's own reader (internal/yamlread), one
 // document at a time, so that a parse's memory is a bounded multiple of

@@ -80,8 +80,8 @@ func TestFormatsReject(t *testing.T) {
 			`bad.yaml:7:23: invalid policy file: policy "default/p": specs[1].endpointSelector: namespace default: app=b differs from the first spec's namespace default: app=a: specs of one policy with different endpoint selectors are not supported`},
 		{"nodeSelector", ccnpHead + "spec:\n  nodeSelector: {}\n  ingress: [{}]\n", `bad.yaml:5:3: invalid policy file: policy "p": spec.nodeSelector: host policies are not supported`},
 		{"log", cnpHead + "spec:\n  log: {value: x}\n  ingress: [{}]\n", `bad.yaml:5:3: invalid policy file: policy "default/p": spec.log: policy logging is not supported`},
-		{"specs place", cnpHead + "specs:\n  - egress: [{}]\n  - egress: [{toFQDNs: [{matchName: a.example}]}]\n",
-			`bad.yaml:6:15: invalid policy file: policy "default/p": specs[1].egress[0].toFQDNs: DNS names are not supported`},
+		{"specs place", cnpHead + "specs:\n  - egress: [{}]\n  - egress: [{toServices: [{k8sService: {serviceName: a}}]}]\n",
+			`bad.yaml:6:15: invalid policy file: policy "default/p": specs[1].egress[0].toServices: selecting services is not supported`},
 		{"enableDefaultDeny value", cnpHead + "spec:\n  egress: [{}]\n  enableDefaultDeny: {egress: maybe}\n", `bad.yaml:6:31: invalid policy file: policy "default/p": spec.enableDefaultDeny.egress: "maybe": want true or false`},
 
 		// Cilium rules.
@@ -107,7 +107,6 @@ func TestFormatsReject(t *testing.T) {
 		{"reserved label no entity", cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{matchLabels: {\"reserved:cluster\": \"\"}}]\n",
 			`bad.yaml:6:38: invalid policy file: policy "default/p": spec.ingress[0].fromEndpoints[0].matchLabels: "reserved:cluster": no entity has this reserved label: want reserved:world, reserved:host, reserved:remote-node`},
 		{"toServices", cnpHead + "spec:\n  egress:\n    - toServices: [{k8sService: {serviceName: a}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": spec.egress[0].toServices: selecting services is not supported`},
-		{"toFQDNs", cnpHead + "spec:\n  egress:\n    - toFQDNs: [{matchName: a.example}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": spec.egress[0].toFQDNs: DNS names are not supported`},
 		{"toGroups", cnpHead + "spec:\n  egress:\n    - toGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": spec.egress[0].toGroups: cloud provider groups are not supported`},
 		{"fromGroups", cnpHead + "spec:\n  ingress:\n    - fromGroups: [{aws: {}}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": spec.ingress[0].fromGroups: cloud provider groups are not supported`},
 		{"toNodes", cnpHead + "spec:\n  egress:\n    - toNodes: [{}]\n", `bad.yaml:6:7: invalid policy file: policy "default/p": spec.egress[0].toNodes: selecting nodes is not supported`},
@@ -300,6 +299,9 @@ func TestCiliumRuleFields(t *testing.T) {
 			peer, unsupported = "from", ciliumIngressUnsupported
 		}
 		want := []string{peer + "CIDR", peer + "CIDRSet", peer + "Entities", peer + "Endpoints", "toPorts", "icmps"}
+		if dir == policy.Egress {
+			want = append(want, "toFQDNs")
+		}
 		for name := range unsupported {
 			want = append(want, name)
 		}

@@ -27,6 +27,9 @@ func FuzzParseCNP(f *testing.F) {
 	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"0\", endPort: 1023, protocol: TCP}, {port: \"0\", endPort: 65535, protocol: UDP}]}]\n"))
 	f.Add([]byte(cnpHead + "spec:\n  ingress:\n    - fromEndpoints: [{}, {matchLabels: {\"k8s:io.kubernetes.pod.namespace\": a}}, {matchLabels: {\"reserved:host\": \"\"}}]\n" +
 		"      toPorts: [{ports: [{port: \"80\"}]}]\n  egress:\n    - toEntities: [cluster, remote-node, none]\n    - toEndpoints: [{matchExpressions: [{key: app, operator: NotIn, values: [a]}]}]\n"))
+	f.Add([]byte(cnpHead + "spec:\n  egress:\n    - toFQDNs: [{matchName: api.example.com}, {matchPattern: \"*.example.com\"}]\n      toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n" +
+		"    - toEndpoints: [{matchLabels: {k8s-app: kube-dns}}]\n      toPorts: [{ports: [{port: \"53\", protocol: ANY}], rules: {dns: [{matchPattern: \"*\"}]}}]\n"))
+	f.Add([]byte(ccnpHead + "spec:\n  egress:\n    - toPorts: [{ports: [{port: \"53\", protocol: UDP}, {port: \"0\"}], rules: {dns: [{matchName: a.}, {}], http: [{}]}}]\n  egressDeny: [{toFQDNs: [{matchPattern: \"**\"}]}]\n"))
 	f.Fuzz(fuzzParseFormats)
 }
 
@@ -99,6 +102,7 @@ func checkParsedModel(t *testing.T, policies []*policy.Policy) {
 						}
 					}
 				}
+				checkFQDNRule(t, p.Name, dir, rule)
 				if !slices.Equal(rule.Ports, sortPorts(slices.Clone(rule.Ports))) {
 					t.Fatalf("policy %q %s: ports not sorted and distinct: %v", p.Name, rule.Name, rule.Ports)
 				}
@@ -113,6 +117,45 @@ func checkParsedModel(t *testing.T, policies []*policy.Policy) {
 						t.Fatalf("policy %q %s: ICMP type %d", p.Name, rule.Name, port.Port)
 					}
 				}
+			}
+		}
+	}
+}
+
+// checkFQDNRule fails unless a rule's toFQDNs and DNS rules hold the
+// model's invariants: only in egress allow rules; selectors valid;
+// toFQDNs the rule's only kind of peer and never every peer; DNS rules
+// with valid names on single TCP or UDP ports the rule allows.
+func checkFQDNRule(t *testing.T, name string, dir policy.Direction, rule policy.Rule) {
+	t.Helper()
+	f := rule.FQDN
+	if f == nil {
+		return
+	}
+	if dir != policy.Egress || rule.Deny || len(f.Selectors)+len(f.DNS) == 0 {
+		t.Fatalf("policy %q %s: FQDN rule in %s (deny %v) or empty: %+v", name, rule.Name, dir, rule.Deny, f)
+	}
+	for _, sel := range f.Selectors {
+		if err := sel.Validate(); err != nil {
+			t.Fatalf("policy %q %s: toFQDNs %+v: %v", name, rule.Name, sel, err)
+		}
+	}
+	if len(f.Selectors) > 0 && (rule.AnyPeer || len(rule.Peers)+len(rule.Endpoints)+len(rule.Entities) > 0) {
+		t.Fatalf("policy %q %s: toFQDNs with another peer", name, rule.Name)
+	}
+	for _, dns := range f.DNS {
+		if len(dns.Names) == 0 || len(dns.Ports) == 0 {
+			t.Fatalf("policy %q %s: DNS rule without names or ports: %+v", name, rule.Name, dns)
+		}
+		for _, sel := range dns.Names {
+			if err := sel.Validate(); err != nil {
+				t.Fatalf("policy %q %s: dns %+v: %v", name, rule.Name, sel, err)
+			}
+		}
+		for _, port := range dns.Ports {
+			if port.Protocol != policy.ProtocolTCP && port.Protocol != policy.ProtocolUDP || port.Port == 0 || port.EndPort != 0 ||
+				!slices.Contains(rule.Ports, port) {
+				t.Fatalf("policy %q %s: DNS rule port %v", name, rule.Name, port)
 			}
 		}
 	}

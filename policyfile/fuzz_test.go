@@ -24,6 +24,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("name: b\ningress:\n  - fromCIDR: [\"2001:db8::/32\"]\n---\nname: c\negress:\n  - toCIDRSet:\n      - cidr: 0.0.0.0/0\n        except: [\"10.0.0.0/8\"]\n"))
 	f.Add([]byte("name: e\negressDeny:\n  - toPorts: [{port: 80, endPort: 90, protocol: TCP}]\ningress:\n  - icmps: [{fields: [{type: 8}]}]\nenableDefaultDeny: {ingress: false}\n"))
 	f.Add([]byte("name: f\negress:\n  - toEndpoints: [{matchLabels: {app: a}}]\n  - toEntities: [host, world]\n    toPorts: [{port: 80}]\n"))
+	f.Add([]byte("name: g\negress:\n  - toFQDNs: [{matchName: a.example.}, {matchPattern: \"*\"}]\n    toPorts: [{port: 443}]\n  - toPorts: [{port: 53, protocol: UDP, rules: {dns: [{matchPattern: \"*.a\"}]}}]\n"))
 	f.Add([]byte("name: [\n"))
 	f.Add([]byte("name: x\nbogus: 1\n"))
 	f.Add([]byte("name: d\negress:\n  - toCIDR: [\"192.0.2.1\", \"::ffff:10.0.0.0/104\", \"fe80::1%eth0\"]\n"))
@@ -39,6 +40,7 @@ func FuzzParse(f *testing.F) {
 		for _, p := range policies {
 			for _, dir := range policy.Directions() {
 				for _, rule := range p.Rules(dir) {
+					checkFQDNRule(t, p.Name, dir, rule)
 					for _, peer := range rule.Peers {
 						checkPolicyPrefix(t, peer.CIDR)
 						for _, except := range peer.Except {

@@ -37,7 +37,8 @@ const maxNameLength = 253
 // prefix). A port without protocol stands for both TCP and UDP; ports or
 // icmps without peers are for every peer (as Cilium's toPorts without
 // peers). Peers by label are read into Rule.Endpoints and entities other
-// than world and all into Rule.Entities (selector.go, cnp.go, netpol.go).
+// than world and all into Rule.Entities (selector.go, cnp.go, netpol.go),
+// toFQDNs and DNS rules into Rule.FQDN (fqdn.go).
 //
 // Memory is bounded by the content's size: a document with more YAML
 // nodes than the content's size allows (one per 4 bytes, plus 4096) is an
@@ -58,8 +59,9 @@ type Parsed struct {
 	// name, such as another file's use of it, points.
 	NameColumns []int
 	// Warnings are what the file says that the agent reads otherwise
-	// than written (a CIDR with host bits set, read as its prefix), in
-	// file order: the file is valid, and its author should know.
+	// than written (a CIDR with host bits set, read as its prefix; a
+	// toFQDNs rule whose endpoints no DNS rule of the file intercepts),
+	// in file order: the file is valid, and its author should know.
 	Warnings []Warning
 }
 
@@ -75,6 +77,7 @@ func ParseFile(file string, content []byte) (Parsed, error) {
 	for {
 		root, err := docs.next()
 		if errors.Is(err, io.EOF) {
+			p.fqdnWarnings(policies)
 			return Parsed{Policies: policies, NameColumns: p.nameColumns, Warnings: p.warnings}, nil
 		}
 		if err != nil {
@@ -286,7 +289,7 @@ func (p *parser) policy(n node) (*policy.Policy, error) {
 		}
 		for i, item := range items {
 			ruleName := fmt.Sprintf("%s[%d]", field.name, i)
-			rule, err := p.rule(item, field.dir, ruleName)
+			rule, err := p.rule(item, field.dir, field.deny, ruleName)
 			if err != nil {
 				return nil, err
 			}
@@ -337,18 +340,20 @@ var (
 	nativePolicyFields = []string{"name", "endpointSelector", "ingress", "ingressDeny", "egress", "egressDeny", "enableDefaultDeny"}
 	nativeRuleFields   = [2][]string{
 		policy.Ingress: {"fromCIDR", "fromCIDRSet", "toPorts", "icmps", "fromEndpoints", "fromEntities"},
-		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps", "toEndpoints", "toEntities"},
+		policy.Egress:  {"toCIDR", "toCIDRSet", "toPorts", "icmps", "toEndpoints", "toEntities", "toFQDNs"},
 	}
 )
 
 // rule parses one ingress or ingressDeny (fromCIDR, fromCIDRSet,
 // fromEndpoints, fromEntities, toPorts, icmps) or egress or egressDeny
-// (toCIDR, toCIDRSet, toEndpoints, toEntities, toPorts, icmps) rule.
-// Ports or ICMP types without peers are for every peer (AnyPeer), as in
-// Cilium; a rule with neither only makes its direction enforced. As in
-// Cilium, label peers and entities are each a rule's only kind of peer
-// (CIDRs and CIDR sets may share one, as this format always allowed).
-func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, error) {
+// (toCIDR, toCIDRSet, toEndpoints, toEntities, toFQDNs, toPorts, icmps)
+// rule (deny: ingressDeny or egressDeny). Ports or ICMP types without
+// peers are for every peer (AnyPeer), as in Cilium; a rule with neither
+// only makes its direction enforced. As in Cilium, label peers, entities
+// and toFQDNs are each a rule's only kind of peer (CIDRs and CIDR sets
+// may share one, as this format always allowed), toFQDNs and DNS rules
+// (a port's rules.dns) are for egress allow rules only.
+func (p *parser) rule(n node, dir policy.Direction, deny bool, what string) (policy.Rule, error) {
 	peer := "to"
 	if dir == policy.Ingress {
 		peer = "from"
@@ -362,6 +367,11 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 	peerField, sharing := "", false
 	for key := range n.Pairs() {
 		switch name := key.Value(); name {
+		case "toFQDNs":
+			if deny {
+				return policy.Rule{}, p.errorf(key, "%s.toFQDNs: not allowed in egressDeny (as Cilium: deny rules have no toFQDNs): deny the CIDRs", what)
+			}
+			fallthrough
 		case cidrField, setField, endpointsField, entityField:
 			cidrs := name == cidrField || name == setField
 			if peerField != "" && !(cidrs && sharing) {
@@ -401,6 +411,13 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			rule.Peers = append(rule.Peers, set)
 		}
 	}
+	if value, ok := fields.get("toFQDNs"); ok {
+		selectors, err := p.fqdnSelectors(value, what+".toFQDNs")
+		if err != nil {
+			return policy.Rule{}, err
+		}
+		rule.FQDN = &policy.FQDNRule{Selectors: selectors}
+	}
 	portsNode, hasPorts := fields.get("toPorts")
 	icmpsNode, hasICMPs := fields.get("icmps")
 	if hasPorts && hasICMPs {
@@ -412,11 +429,25 @@ func (p *parser) rule(n node, dir policy.Direction, what string) (policy.Rule, e
 			return policy.Rule{}, err
 		}
 		for i, item := range items {
-			ports, err := p.port(item, fmt.Sprintf("%s.toPorts[%d]", what, i))
+			itemWhat := fmt.Sprintf("%s.toPorts[%d]", what, i)
+			ports, err := p.port(item, itemWhat)
 			if err != nil {
 				return policy.Rule{}, err
 			}
 			rule.Ports = append(rule.Ports, ports...)
+			// A native port is Cilium's toPorts entry of one port: its
+			// rules are that port's.
+			names, err := p.l7Rules(item, itemWhat, dir, deny)
+			if err != nil {
+				return policy.Rule{}, err
+			}
+			if names != nil {
+				dnsPorts, err := p.dnsPorts(item, itemWhat, ports)
+				if err != nil {
+					return policy.Rule{}, err
+				}
+				addDNSRules(&rule, policy.DNSRule{Ports: dnsPorts, Names: names})
+			}
 		}
 		rule.Ports = sortPorts(rule.Ports)
 	}
@@ -561,11 +592,12 @@ func (p *parser) cidr(n node, what string, index int) (netip.Prefix, error) {
 	return prefix, nil
 }
 
-// port parses {port, endPort, protocol}; without a protocol it is both
-// TCP and UDP (not SCTP: this format predates SCTP ports and keeps its
-// meaning). endPort, as in Cilium, makes the range port..endPort.
+// port parses {port, endPort, protocol, rules}; without a protocol it is
+// both TCP and UDP (not SCTP: this format predates SCTP ports and keeps
+// its meaning). endPort, as in Cilium, makes the range port..endPort.
+// rules is the caller's (l7Rules).
 func (p *parser) port(n node, what string) ([]policy.PortRange, error) {
-	fields, err := p.fields(n, what, "port", "endPort", "protocol")
+	fields, err := p.fields(n, what, "port", "endPort", "protocol", "rules")
 	if err != nil {
 		return nil, err
 	}

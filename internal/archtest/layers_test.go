@@ -73,6 +73,7 @@ func layers() map[string]place {
 		// 0: vocabulary, and internal packages that import nothing of ours.
 		"identity":             {0, kindLeaf},
 		"labels":               {0, kindLeaf},
+		"fqdn":                 {0, kindLeaf},
 		"source":               {0, kindLeaf},
 		"statedir":             {0, kindLeaf},
 		"metrics":              {0, kindLeaf},
