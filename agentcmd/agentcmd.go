@@ -33,6 +33,7 @@
 package agentcmd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,8 @@ func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Wri
 	logging := cells.DefaultLogging
 	// Made from the logging flags once they are parsed.
 	var log *slog.Logger
+	// The flags set from the environment, named in configuration errors.
+	var fromEnv envFlags
 	root := &cobra.Command{
 		Use:           use,
 		Short:         short,
@@ -98,14 +101,15 @@ func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Wri
 				// Only the agent itself keeps the signals caught.
 				stopsignal.Release()
 			}
-			if err := setFromEnvironment(cmd.Flags()); err != nil {
+			var err error
+			if fromEnv, err = setFromEnvironment(cmd.Flags()); err != nil {
 				return UsageError{err}
 			}
 			log = logging.NewLogger(stderr)
 			return nil
 		},
 		RunE: func(*cobra.Command, []string) error {
-			return runAgent(h, log)
+			return runAgent(h, log, fromEnv)
 		},
 	}
 	root.SetOut(stdout)
@@ -114,18 +118,18 @@ func NewRootCommand(h *hive.Hive, use, short, long string, stdout, stderr io.Wri
 	logging.AddFlags(root.PersistentFlags())
 	h.RegisterFlags(root.Flags())
 
-	root.AddCommand(newInspectCommand(h, &log, stdout))
+	root.AddCommand(newInspectCommand(h, &log, &fromEnv, stdout))
 	return root
 }
 
 // newInspectCommand is hive's `hive` and `hive dot-graph`, logging through
 // *log rather than slog's default logger, which hive's own use. A hive that
 // cannot be built from its configuration is a UsageError, as for the agent.
-func newInspectCommand(h *hive.Hive, log **slog.Logger, stdout io.Writer) *cobra.Command {
+func newInspectCommand(h *hive.Hive, log **slog.Logger, fromEnv *envFlags, stdout io.Writer) *cobra.Command {
 	inspect := h.Command()
 	inspect.Args = UsageArgs(cobra.NoArgs)
 	inspect.RunE = func(*cobra.Command, []string) error {
-		if err := populate(h, *log); err != nil {
+		if err := populate(h, *log, *fromEnv); err != nil {
 			return err
 		}
 		return h.PrintObjects(stdout, *log)
@@ -136,7 +140,7 @@ func newInspectCommand(h *hive.Hive, log **slog.Logger, stdout io.Writer) *cobra
 		sub.RunE = func(cmd *cobra.Command, args []string) error {
 			// A hive is populated once: hive's own populating with slog's
 			// default logger, next, does nothing.
-			if err := populate(h, *log); err != nil {
+			if err := populate(h, *log, *fromEnv); err != nil {
 				return err
 			}
 			return run(cmd, args)
@@ -145,28 +149,59 @@ func newInspectCommand(h *hive.Hive, log **slog.Logger, stdout io.Writer) *cobra
 	return inspect
 }
 
-// populate builds the hive's objects from its configuration.
+// populate builds the hive's objects from its configuration. An error
+// that names a flag set from the environment names its variable too
+// (fromEnv.name).
 //
 // Possible errors: a UsageError when the hive cannot be built from its
 // configuration.
-func populate(h *hive.Hive, log *slog.Logger) error {
+func populate(h *hive.Hive, log *slog.Logger, fromEnv envFlags) error {
+	// The error is returned and printed once, as every command's: hive's
+	// own log line about it would say it a second time.
+	log = slog.New(withoutInvokeFailed{log.Handler()})
 	if err := h.Populate(log); err != nil {
-		return UsageError{fmt.Errorf("invalid configuration: %w", dig.RootCause(err))}
+		return UsageError{fmt.Errorf("invalid configuration: %w", fromEnv.name(dig.RootCause(err)))}
 	}
 	return nil
 }
 
+// withoutInvokeFailed drops hive's "Invoke failed" record, the log line
+// hive writes for the error Populate returns.
+type withoutInvokeFailed struct{ slog.Handler }
+
+func (h withoutInvokeFailed) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelError && r.Message == "Invoke failed" {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h withoutInvokeFailed) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return withoutInvokeFailed{h.Handler.WithAttrs(attrs)}
+}
+
+func (h withoutInvokeFailed) WithGroup(name string) slog.Handler {
+	return withoutInvokeFailed{h.Handler.WithGroup(name)}
+}
+
 // Execute runs the command line and returns the exit code, having written
 // any error to stderr: [ExitUsage] for a [UsageError] (followed by a hint
-// at --help), [ExitFailure] for any other error, [ExitOK] without one.
+// at the --help of the command that was given it, its full path, e.g.
+// 'agent policy validate --help'), [ExitFailure] for any other error,
+// [ExitOK] without one.
 func Execute(root *cobra.Command, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
-	err := root.Execute()
+	// cobra returns the command it found even when its flags do not parse:
+	// that command's help is the one that tells what it takes.
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return ExitOK
 	}
 	if errors.As(err, new(UsageError)) {
-		fmt.Fprintf(stderr, "%s: %s\nRun '%s --help' for usage.\n", root.Name(), err, root.Name())
+		if cmd == nil {
+			cmd = root
+		}
+		fmt.Fprintf(stderr, "%s: %s\nRun '%s --help' for usage.\n", root.Name(), err, cmd.CommandPath())
 		return ExitUsage
 	}
 	fmt.Fprintf(stderr, "%s: %s\n", root.Name(), err)
@@ -182,12 +217,12 @@ func Execute(root *cobra.Command, args []string, stderr io.Writer) int {
 // Possible errors: a UsageError when the hive cannot be built from its
 // configuration; "agent failed: %w" with the hive's error when it fails to
 // start or to stop, or a cell stops it with an error.
-func runAgent(h *hive.Hive, log *slog.Logger) error {
+func runAgent(h *hive.Hive, log *slog.Logger, fromEnv envFlags) error {
 	// What the agent creates (state files, the shell socket, pins) is for
 	// root only, whatever umask it was started with (see the package
 	// documentation).
 	syscall.Umask(0o077)
-	if err := populate(h, log); err != nil {
+	if err := populate(h, log, fromEnv); err != nil {
 		return err
 	}
 	signals := stopsignal.Caught()

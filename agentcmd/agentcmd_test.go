@@ -127,3 +127,40 @@ func TestInspectLeavesDefaultLogger(t *testing.T) {
 	require.Contains(t, stderr.String(), `"level":"DEBUG"`, "the hive logs through --log-level and --log-format")
 	require.Empty(t, embedders.String(), "nothing logged through the default logger")
 }
+
+// TestConfigurationErrorNamesTheVariable: a value from the environment that
+// the flag parses but the cell's validation refuses is named by its
+// variable as well as its flag, as one the flag refuses is; the same value
+// from the command line names the flag alone.
+func TestConfigurationErrorNamesTheVariable(t *testing.T) {
+	t.Run("environment", func(t *testing.T) {
+		t.Setenv("IPCACHE_AGENT_ENABLE_POLICY", "sometimes")
+		t.Setenv("IPCACHE_AGENT_STATE_DIR", "/not/named")
+		root, stderr := newAgentCommand()
+		require.Equal(t, ExitUsage, Execute(root, []string{"hive"}, stderr))
+		require.Contains(t, stderr.String(), `agent: invalid configuration: IPCACHE_AGENT_ENABLE_POLICY="sometimes": `+
+			`--enable-policy "sometimes": want default, always or never`+"\nRun 'agent hive --help' for usage.\n")
+		require.NotContains(t, stderr.String(), "IPCACHE_AGENT_STATE_DIR", "a variable the error is not about")
+	})
+	t.Run("command line", func(t *testing.T) {
+		root, stderr := newAgentCommand()
+		require.Equal(t, ExitUsage, Execute(root, []string{"hive", "--enable-policy=sometimes"}, stderr))
+		require.Contains(t, stderr.String(), `agent: invalid configuration: --enable-policy "sometimes": want`)
+	})
+}
+
+func TestMentionsFlag(t *testing.T) {
+	for _, tc := range []struct {
+		msg, flag string
+		want      bool
+	}{
+		{`--enable-policy "x": bad`, "enable-policy", true},
+		{`bad: --policy-dir`, "policy-dir", true},
+		{`--policy-dir-x 1, then --policy-dir 2`, "policy-dir", true},
+		{`--policy-dir-x 1`, "policy-dir", false},
+		{`--policy-map-max-entries must be positive`, "policy", false},
+		{`policy-dir without dashes`, "policy-dir", false},
+	} {
+		require.Equal(t, tc.want, mentionsFlag(tc.msg, tc.flag), "%q names --%s", tc.msg, tc.flag)
+	}
+}

@@ -6,7 +6,9 @@
 // for the tools and tests that read what it enforces.
 //
 // It owns the pin directory <bpf-root>/ipcache-agent/ (PinDir) and what
-// is done to the pins: bpffs mounted at --bpf-root (EnsureBPFFS), the maps
+// is done to the pins: bpffs mounted at --bpf-root (EnsureBPFFS; never from
+// a mount namespace other than the host's, where the mount, and the pins,
+// would not outlive the agent; IsBPFFS tells whether a path is one), the maps
 // opened, migrated or replaced at start (Open: a map of the expected
 // layout is reused, one that differs only in max entries migrated, one of
 // an older layout converted, any other replaced), read (ReadIPCache,

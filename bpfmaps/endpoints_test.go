@@ -46,7 +46,10 @@ func TestPrivilegedEndpointsMapPinned(t *testing.T) {
 	require.Equal(t, v, got)
 	require.NoError(t, maps.Close())
 
-	require.NoError(t, Cleanup(root))
+	removed, err := Cleanup(root)
+	require.NoError(t, err)
+	require.Contains(t, removed.Maps, EndpointsName)
+	require.Empty(t, removed.Links)
 	_, err = os.Stat(filepath.Join(dir, EndpointsName))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }

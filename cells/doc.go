@@ -32,7 +32,10 @@
 //     agent's, or start fails. It relies on being the first start hook
 //     (cells.ControlPlane lists it first): it guards every hook that
 //     touches the state directory or the pins, an embedding agent's
-//     included, and those cannot all wait for it.
+//     included, and those cannot all wait for it. It mounts bpffs at
+//     --bpf-root if needed (never from a mount namespace other than the
+//     host's) and records the mount in <state-dir>/bpffs-mount for
+//     `cleanup`; its stop hook, the last, logs that the pins stay.
 //  3. Start hook, Checkpointer: the state directory is made and probed
 //     writable, the previous checkpoint is read; it is decoded in the
 //     background. Checkpointer.Previous waits for it.

@@ -30,7 +30,8 @@ const OwnerLockFileName = "owner.lock"
 // ownerCell makes the agent the one owner of its --state-dir and of its pins
 // under --bpf-root before anything else starts: its start hook is the first
 // of the control plane's, so a second agent stops before it touches maps,
-// links, checkpoint or socket.
+// links, checkpoint or socket. It mounts bpffs at --bpf-root if needed and
+// records that it did (BPFFSMountFileName).
 var ownerCell = cell.Invoke(registerOwner)
 
 type ownerParams struct {
@@ -62,9 +63,20 @@ func registerOwner(p ownerParams) {
 					return err
 				}
 			}
-			mounted, err := bpfmaps.EnsureBPFFS(p.Datapath.BPFRoot)
+			root := p.Datapath.BPFRoot
+			_, statErr := os.Stat(root)
+			mounted, err := bpfmaps.EnsureBPFFS(root)
 			if err == nil && mounted {
-				p.Log.Info("Mounted bpffs", "bpf-root", p.Datapath.BPFRoot)
+				p.Log.Info("Mounted bpffs", "bpf-root", root)
+				// For `cleanup`, which unmounts only what the agent mounted. A
+				// record that cannot be written costs only that: the mount is
+				// left to the operator.
+				if p.StateDir.StateDir != "" {
+					record := BPFFSMount{Path: root, CreatedDir: errors.Is(statErr, os.ErrNotExist)}
+					if err := writeBPFFSMount(p.StateDir.StateDir, record); err != nil {
+						p.Log.Warn("cleanup will not unmount the bpffs the agent mounted", "error", err)
+					}
+				}
 			}
 			if err == nil {
 				err = owner.lockPins(p.Datapath.BPFRoot)
@@ -75,7 +87,12 @@ func registerOwner(p ownerParams) {
 			}
 			return nil
 		},
-		OnStop: func(cell.HookContext) error { return owner.Release() },
+		OnStop: func(cell.HookContext) error {
+			// Last of the stop hooks, as the lock is first of the start hooks.
+			p.Log.Info("The pins and the enforcement stay after the agent stops; `ipcache-agent cleanup` removes them",
+				"pins", bpfmaps.PinDir(p.Datapath.BPFRoot))
+			return owner.Release()
+		},
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,18 +81,56 @@ var unservedCommands = []string{"db/insert", "db/delete", "exec"}
 // help, each writing its output to the client as it goes (see
 // shellstream.go).
 func servedCommands(db *statedb.DB, all map[string]script.Cmd) map[string]script.Cmd {
-	cmds := map[string]script.Cmd{"help": script.DefaultCmds()["help"]}
-	for name, cmd := range all {
-		cmds[name] = streamedStdout{cmd}
+	cmds := servedSet(all)
+	for name, cmd := range cmds {
+		if name != "help" {
+			cmds[name] = streamedStdout{cmd}
+		}
 	}
 	newStreamedQueries(db, cmds)
 	for name, cmd := range cmds {
 		cmds[name] = withoutWrites{cmd}
 	}
-	for _, name := range unservedCommands {
-		delete(cmds, name)
+	return cmds
+}
+
+// servedSet is help and the commands of all the shell serves, as they are.
+func servedSet(all map[string]script.Cmd) map[string]script.Cmd {
+	cmds := map[string]script.Cmd{"help": script.DefaultCmds()["help"]}
+	for name, cmd := range all {
+		if !slices.Contains(unservedCommands, name) {
+			cmds[name] = cmd
+		}
 	}
 	return cmds
+}
+
+// hiveCommands are the commands hive.Hive.ScriptCommands adds of its own
+// (to start and stop the hive in script tests); the shell serves the
+// cells' commands only.
+var hiveCommands = []string{"hive", "hive/start", "hive/stop"}
+
+// ShellCommandSummaries returns the name and one-line summary of each
+// command the agent's shell serves, from the hive's cells, without
+// starting the hive: for `ipcache-agent shell --help`, which lists them
+// as the agent built from h would serve them. It populates h (the cells'
+// constructors and Invokes run, which touch neither the kernel nor the
+// disk, as for `hive`), so h is not to be run afterwards.
+//
+// Possible errors: the hive cannot be populated from its configuration.
+func ShellCommandSummaries(h *hive.Hive, log *slog.Logger) (map[string]string, error) {
+	all, err := h.ScriptCommands(log)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range hiveCommands {
+		delete(all, name)
+	}
+	summaries := map[string]string{}
+	for name, cmd := range servedSet(all) {
+		summaries[name] = cmd.Usage().Summary
+	}
+	return summaries, nil
 }
 
 // unservedFlags write: statedb's query commands' --delete (db/get,
@@ -108,6 +147,7 @@ type withoutWrites struct{ script.Cmd }
 
 func (c withoutWrites) Usage() *script.CmdUsage {
 	usage := *c.Cmd.Usage()
+	usage.Detail = detailParagraphs(usage.Detail)
 	if register := usage.Flags; register != nil {
 		usage.Flags = func(fs *pflag.FlagSet) {
 			register(fs)
@@ -119,6 +159,31 @@ func (c withoutWrites) Usage() *script.CmdUsage {
 		}
 	}
 	return &usage
+}
+
+// helpWidth is where hive's help wraps each line of a command's Detail.
+const helpWidth = 60
+
+// detailParagraphs joins the lines of a command's Detail that their author
+// wrapped wider than helpWidth into paragraphs. hive's help wraps each
+// element of Detail on its own at helpWidth, so a sentence the author
+// broke at 72 columns came out broken twice ("status: done (in" / "the
+// ipcache map)"). A line that fits is left where its author ended it
+// (lists, examples), and one starting with a space, '-' or '>' starts a
+// paragraph of its own.
+func detailParagraphs(detail []string) []string {
+	var out []string
+	joining := false
+	for _, line := range detail {
+		starts := line == "" || strings.HasPrefix(line, " ") || strings.HasPrefix(line, "-") || strings.HasPrefix(line, ">")
+		if joining && !starts {
+			out[len(out)-1] += " " + line
+		} else {
+			out = append(out, line)
+		}
+		joining = len(line) > helpWidth
+	}
+	return out
 }
 
 func (c withoutWrites) Run(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/script"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
@@ -241,4 +243,48 @@ func TestShellScript(t *testing.T) {
 	stderr.Reset()
 	require.NoError(t, ShellScript(sock, strings.NewReader("health\n"), &stdout, &stderr))
 	require.Empty(t, stderr.String())
+}
+
+// TestShellHelpReflowsDetail: a command's help text, wrapped by its author
+// wider than hive's help wraps it, comes out in whole lines of at most
+// helpWidth, sentences unbroken; lines that fit (lists, examples) stay as
+// written.
+func TestShellHelpReflowsDetail(t *testing.T) {
+	detail := []string{
+		"The first line counts the `ipcache` table's entries by status: done (in",
+		"the ipcache map), pending (not written yet), error (the write failed or",
+		"is held for make before break.",
+		"-o json: one object.",
+		"A list:",
+		"- one",
+		"- two",
+	}
+	require.Equal(t, []string{
+		"The first line counts the `ipcache` table's entries by status: done (in the ipcache map), pending (not written yet), error (the write failed or is held for make before break.",
+		"-o json: one object.",
+		"A list:",
+		"- one",
+		"- two",
+	}, detailParagraphs(detail))
+
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	h := NewHive(Shell, cell.Provide(func() hive.ScriptCmdsOut {
+		return hive.NewScriptCmds(map[string]script.Cmd{"test/wide": script.Command(
+			script.CmdUsage{Summary: "A command with wide help", Detail: detail},
+			func(*script.State, ...string) (script.WaitFunc, error) { return nil, nil })})
+	}))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	require.NoError(t, flags.Parse([]string{"--shell-sock-path=" + sock}))
+	require.NoError(t, h.Start(hivetest.Logger(t), context.Background()))
+	t.Cleanup(func() { require.NoError(t, h.Stop(hivetest.Logger(t), context.Background())) })
+	require.Eventually(t, func() bool { _, err := exchange(t, sock, "help"); return err == nil },
+		5*time.Second, 5*time.Millisecond)
+	out, err := exchange(t, sock, "help test/wide")
+	require.NoError(t, err)
+	require.Contains(t, out, "\tstatus: done (in the ipcache map), pending (not written\n", out)
+	require.Contains(t, out, "\t- one\n\t- two\n", out)
+	for line := range strings.Lines(out) {
+		require.LessOrEqual(t, len(strings.TrimSuffix(line, "\n")), helpWidth+1, "%q", line)
+	}
 }

@@ -65,6 +65,9 @@ func TestPrivilegedDeviceRecreatedIsEnforced(t *testing.T) {
 
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+	// The agent mounts no bpffs from the mount namespace `ip netns exec`
+	// made; the test's pins need not outlive it.
+	require.NoError(t, privileged.MountBPFFS(t, bpfRoot))
 	policyDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(policyDir, "devices.yaml"),
 		[]byte(fmt.Sprintf("name: devices\negress:\n  - toCIDR: [%q]\n", recreatedAllowed+"/32")), 0o600))

@@ -530,14 +530,18 @@ func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 	require.False(t, nw.pingOnce(t, denied4))
 	require.Equal(t, 2, nw.attachedPrograms(t, nw.hostDevice))
 
-	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)))
-	_, err := os.Stat(linksDir)
+	removed, err := bpfmaps.Cleanup(bpfRootOf(linksDir))
+	require.NoError(t, err)
+	require.Equal(t, []string{nw.hostDevice}, removed.Devices)
+	_, err = os.Stat(linksDir)
 	require.True(t, errors.Is(err, os.ErrNotExist), "links directory still there: %v", err)
 	require.Zero(t, nw.attachedPrograms(t, nw.hostDevice))
 	// The program still exists (the agent holds it) but nothing runs it.
 	require.True(t, nw.pingOnce(t, denied4))
 
-	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)), "nothing to detach is not an error")
+	removed, err = bpfmaps.Cleanup(bpfRootOf(linksDir))
+	require.NoError(t, err, "nothing to detach is not an error")
+	require.Empty(t, removed.Devices)
 }
 
 func TestPrivilegedAttachRefusesNonEthernet(t *testing.T) {
@@ -569,7 +573,9 @@ func TestPrivilegedAttachDeviceNameWithDot(t *testing.T) {
 	require.NoError(t, inNetns(t, nw.host, func() error { return e.attach("vl.10", linksDir) }))
 	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-ingress"))
 	pinnedLinkInfo(t, filepath.Join(linksDir, "vl%10-egress"))
-	require.NoError(t, bpfmaps.Cleanup(bpfRootOf(linksDir)))
+	removed, err := bpfmaps.Cleanup(bpfRootOf(linksDir))
+	require.NoError(t, err)
+	require.Equal(t, []string{"vl.10"}, removed.Devices, "the device's name, not the pin's")
 }
 
 // fixedVerdictProgram is a TCX program that returns verdict for every packet.

@@ -17,37 +17,78 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
-// ipcacheStatusText is datapath/ipcache-status's output: the counts, then
-// the entries not written. Only those are listed: at a million entries a
-// line for each would be a large output saying little.
-func ipcacheStatusText(d *Datapath, txn statedb.ReadTxn, entries statedb.Table[*ipcachecell.Entry]) string {
-	var (
-		done, pending, failed int
-		out                   strings.Builder
-	)
-	w := tabwriter.NewWriter(&out, 0, 8, 3, ' ', 0)
-	fmt.Fprintln(w, "Prefix\tIdentity\tStatus")
+// ipcacheStatus is datapath/ipcache-status's document: the `ipcache`
+// entries counted by the map writer's status, and those not written.
+// Only those are listed: at a million entries a row for each would be a
+// large output saying little.
+type ipcacheStatus struct {
+	Counts  ipcacheStatusCounts  `json:"counts"`
+	Entries []ipcacheStatusEntry `json:"entries"`
+}
+
+type ipcacheStatusCounts struct {
+	Done    int `json:"done"`
+	Pending int `json:"pending"`
+	Error   int `json:"error"`
+}
+
+// ipcacheStatusEntry is an entry not written: status "pending" or
+// "error" (with the write's error).
+type ipcacheStatusEntry struct {
+	Prefix   string `json:"prefix"`
+	Identity uint32 `json:"identity"`
+	Status   string `json:"status"`
+	Error    string `json:"error"`
+}
+
+func ipcacheStatusOf(d *Datapath, txn statedb.ReadTxn, entries statedb.Table[*ipcachecell.Entry]) ipcacheStatus {
+	status := ipcacheStatus{Entries: []ipcacheStatusEntry{}}
 	for e, rev := range entries.All(txn) {
 		kind, err := d.IPCacheStatus(rev)
+		row := ipcacheStatusEntry{Prefix: e.Prefix.String(), Identity: uint32(e.Identity)}
 		switch kind {
 		case reconciler.StatusKindDone:
-			done++
+			status.Counts.Done++
 			continue
 		case reconciler.StatusKindError:
-			failed++
-			fmt.Fprintf(w, "%s\t%s\tError: %v\n", e.Prefix, e.Identity, err)
+			status.Counts.Error++
+			row.Status = "error"
+			if err != nil {
+				row.Error = err.Error()
+			}
 		default:
-			pending++
-			fmt.Fprintf(w, "%s\t%s\tPending\n", e.Prefix, e.Identity)
+			status.Counts.Pending++
+			row.Status = "pending"
+		}
+		status.Entries = append(status.Entries, row)
+	}
+	return status
+}
+
+// ipcacheStatusText is datapath/ipcache-status's text: the counts, then
+// the entries not written, under a header only when there are some.
+func ipcacheStatusText(status ipcacheStatus) string {
+	var out strings.Builder
+	fmt.Fprintf(&out, "done=%d pending=%d error=%d\n", status.Counts.Done, status.Counts.Pending, status.Counts.Error)
+	if len(status.Entries) == 0 {
+		return out.String()
+	}
+	w := tabwriter.NewWriter(&out, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(w, "Prefix\tIdentity\tStatus")
+	for _, e := range status.Entries {
+		if e.Status == "error" {
+			fmt.Fprintf(w, "%s\t%d\tError: %s\n", e.Prefix, e.Identity, e.Error)
+		} else {
+			fmt.Fprintf(w, "%s\t%d\tPending\n", e.Prefix, e.Identity)
 		}
 	}
 	w.Flush()
-	return fmt.Sprintf("done=%d pending=%d error=%d\n", done, pending, failed) + out.String()
+	return out.String()
 }
 
 func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachecell.Entry]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
-		"datapath/ipcache-status": script.Command(
+		"datapath/ipcache-status": scriptcmd.Show(
 			script.CmdUsage{
 				Summary: "Count the ipcache entries the datapath wrote, and list those it did not, with why",
 				Detail: []string{
@@ -57,13 +98,17 @@ func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachec
 					"value; retried). Then one line per entry that is not done: prefix,",
 					"identity, status and error. The entries carry no status of their own",
 					"(db/show ipcache shows none): the map's writer keeps it.",
+					"-o json: one object, {\"counts\": {\"done\": n, \"pending\": n, \"error\": n},",
+					"\"entries\": [{\"prefix\", \"identity\", \"status\": \"pending\" or \"error\",",
+					"\"error\"}]}, the entries not done.",
 				},
 			},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 0 {
-					return nil, script.ErrUsage
+			func(s *script.State, asJSON bool) (script.WaitFunc, error) {
+				status := ipcacheStatusOf(d, db.ReadTxn(), entries)
+				if asJSON {
+					return scriptcmd.JSON(status, nil)
 				}
-				return scriptcmd.Result(ipcacheStatusText(d, db.ReadTxn(), entries), nil)
+				return scriptcmd.Result(ipcacheStatusText(status), nil)
 			}),
 		"datapath/counters": scriptcmd.Show(
 			script.CmdUsage{
@@ -75,7 +120,7 @@ func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachec
 					"the Ethernet header on). Drops are also shown by reason (no-policy,",
 					"malformed-ip-header, policy-deny).",
 					"-o json: one object, {\"ingress\": {\"allowed\": n, \"dropped\": n,",
-					"\"allowed_bytes\": n, \"dropped_bytes\": n, \"drops\": {\"no-policy\":",
+					"\"allowedBytes\": n, \"droppedBytes\": n, \"drops\": {\"no-policy\":",
 					"{\"packets\": n, \"bytes\": n}, ...}}, \"egress\": {...}}.",
 				},
 			},
@@ -96,8 +141,8 @@ func scriptCommands(d *Datapath, db *statedb.DB, entries statedb.Table[*ipcachec
 type verdictCountsJSON struct {
 	Allowed      uint64 `json:"allowed"`
 	Dropped      uint64 `json:"dropped"`
-	AllowedBytes uint64 `json:"allowed_bytes"`
-	DroppedBytes uint64 `json:"dropped_bytes"`
+	AllowedBytes uint64 `json:"allowedBytes"`
+	DroppedBytes uint64 `json:"droppedBytes"`
 	// Drops by reason name (bpfmaps.Reason.String).
 	Drops map[string]dropCountJSON `json:"drops"`
 }
@@ -125,12 +170,16 @@ func countersJSON(c bpfmaps.Counters) map[string]verdictCountsJSON {
 // direction and drop reason.
 func countersText(c bpfmaps.Counters) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Direction  Allowed  Dropped  Allowed bytes  Dropped bytes\n")
-	fmt.Fprintf(&b, "ingress    %d  %d  %d  %d\n", c.IngressAllowed, c.IngressDropped, c.IngressAllowedBytes, c.IngressDroppedBytes)
-	fmt.Fprintf(&b, "egress     %d  %d  %d  %d\n", c.EgressAllowed, c.EgressDropped, c.EgressAllowedBytes, c.EgressDroppedBytes)
-	fmt.Fprintf(&b, "Direction  Drop reason  Packets  Bytes\n")
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "Direction\tAllowed\tDropped\tAllowed bytes\tDropped bytes")
+	fmt.Fprintf(w, "ingress\t%d\t%d\t%d\t%d\n", c.IngressAllowed, c.IngressDropped, c.IngressAllowedBytes, c.IngressDroppedBytes)
+	fmt.Fprintf(w, "egress\t%d\t%d\t%d\t%d\n", c.EgressAllowed, c.EgressDropped, c.EgressAllowedBytes, c.EgressDroppedBytes)
+	w.Flush()
+	w = tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "Direction\tDrop reason\tPackets\tBytes")
 	for _, d := range c.Drops {
-		fmt.Fprintf(&b, "%-9s  %s  %d  %d\n", d.Direction, d.Reason, d.Packets, d.Bytes)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", d.Direction, d.Reason, d.Packets, d.Bytes)
 	}
+	w.Flush()
 	return b.String()
 }

@@ -59,8 +59,8 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 			owner:    &owner{resource: "policy/a", source: source.Directory, id: 3},
 			Metadata: Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}},
 		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
-			`"requested-identity":16777217,"explicit-identity":5}`,
-		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nlabels: app:x\nrequested-identity: 16777217\nexplicit-identity: 5\n",
+			`"requestedIdentity":16777217,"explicitIdentity":5}`,
+		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nlabels: app:x\nrequestedIdentity: 16777217\nexplicitIdentity: 5\n",
 		table: []string{"10.0.0.0/8", "policy/a", "directory", "app:x", "16777217", "5"},
 	}, {
 		row:   &PrefixMetadata{Prefix: netip.MustParsePrefix("2001:db8::/32"), owner: &owner{resource: "r", source: source.Local}},

@@ -32,11 +32,11 @@ type Metadata struct {
 	// RequestedIdentity is the number wanted if an identity has to be
 	// allocated (a producer keeping numbers across restarts asks for the old
 	// one). Zero: no preference.
-	RequestedIdentity identity.Number `json:"requested-identity,omitempty" yaml:"requested-identity,omitempty"`
+	RequestedIdentity identity.Number `json:"requestedIdentity,omitempty" yaml:"requestedIdentity,omitempty"`
 
 	// ExplicitIdentity is an identity allocated elsewhere; if set, the
 	// prefix maps to it and the ipcache takes no reference. Zero: none.
-	ExplicitIdentity identity.Number `json:"explicit-identity,omitempty" yaml:"explicit-identity,omitempty"`
+	ExplicitIdentity identity.Number `json:"explicitIdentity,omitempty" yaml:"explicitIdentity,omitempty"`
 }
 
 // PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of

@@ -22,7 +22,6 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
@@ -69,7 +68,7 @@ func TestPrivilegedMetricsScrape(t *testing.T) {
 	}
 	const hostAddresses = 2
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
-	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
+	require.NoError(t, privileged.MountBPFFS(t, bpfRoot))
 
 	var (
 		ipcache *ipcachecell.IPCache

@@ -28,6 +28,13 @@ type ScopeStatus struct {
 	Message string
 }
 
+// The probes' paths on the metrics server, for the manifests that probe
+// them (packaging/).
+const (
+	HealthzPath = "/healthz"
+	ReadyzPath  = "/readyz"
+)
+
 // probes answers /healthz (liveness) and /readyz (readiness) in plain
 // text, 200 or 503, for a DaemonSet's or a systemd unit's probe.
 type probes struct {

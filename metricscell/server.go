@@ -35,8 +35,8 @@ type Server struct {
 
 func newServer(addr string, registry *prometheus.Registry, p probes, log *slog.Logger) *Server {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", p.healthz)
-	mux.HandleFunc("GET /readyz", p.readyz)
+	mux.HandleFunc("GET "+HealthzPath, p.healthz)
+	mux.HandleFunc("GET "+ReadyzPath, p.readyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError,

@@ -45,6 +45,7 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 		script.CmdUsage{
 			Summary: "List the policy files, their policies in force and their errors",
 			Detail: []string{
+				"Each policy in force is named with where it is (file:line).",
 				"A rejected file keeps the policies it had in force before;",
 				"its error follows on an indented line.",
 				"Then each rule of its policies in force, on an indented line,",
@@ -78,7 +79,9 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 			}
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "File\tStatus\tPolicies\n")
+			// A policy's line is shown as file:line, as explain's rules are:
+			// "name:3" read like a count.
+			fmt.Fprintf(w, "File\tStatus\tPolicies (file:line)\n")
 			for i, f := range status {
 				state := "in force"
 				if f.Error != nil {
@@ -91,7 +94,7 @@ func listCommand(db *statedb.DB, l *loader, policies statedb.Table[*policy.Polic
 				var names []string
 				for _, name := range f.Policies {
 					if p, _, found := policies.Get(txn, PolicyNameIndex.Query(name)); found {
-						name = fmt.Sprintf("%s:%d", name, p.Line)
+						name = fmt.Sprintf("%s (%s:%d)", name, f.File, p.Line)
 					}
 					names = append(names, name)
 				}
@@ -321,8 +324,12 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				"address of the peer's family, that subject's enforcement and map.",
 				"-o json: one object (address, direction, port as TCP/443 or \"\",",
 				"identity, prefix: the ipcache prefix or \"\" for world, enforced,",
-				"hasDeny, allowed: the desired verdict, explanation: the lines;",
-				"with --endpoint, endpoint and subject: its identity).",
+				"hasDeny, allowed: the desired verdict, decision: allow or deny,",
+				"reason: notEnforced, policyDisabled, allowedByRule, deniedByRule,",
+				"defaultDeny or noDenyMatches, rules: the deciding entry's rules",
+				"(name, policy, rule, file, line, direction, verdict, peerIdentity:",
+				"the entry's, 0 for any peer, peers: the rule's peers), explanation:",
+				"the lines; with --endpoint, endpoint and subject: its identity).",
 			},
 			Flags: func(fs *pflag.FlagSet) {
 				scriptcmd.OutputFlag(fs)
@@ -365,7 +372,8 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				}
 				pkt.Subject = ep.Identity
 			}
-			allowed := src.explainDesired(&text, txn, peer, pkt)
+			decided := src.explainDecision(&text, txn, peer, pkt)
+			allowed := decided.allowed
 			if src.datapath != nil {
 				explainMaps(&text, src.datapath, addr, pkt, allowed, ep)
 			}
@@ -374,7 +382,8 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 			}
 			out := explainJSON{Address: args[0], Direction: dir.String(), Identity: identity.World,
 				Endpoint: name, Subject: pkt.Subject,
-				Allowed: allowed, Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
+				Allowed: allowed, Decision: decided.name(), Reason: decided.reason, Rules: src.decidingRules(txn, decided),
+				Explanation: strings.Split(strings.TrimSuffix(text.String(), "\n"), "\n")}
 			if len(args) == 3 {
 				out.Port = args[2]
 			}
@@ -402,9 +411,15 @@ type explainJSON struct {
 	Prefix    string          `json:"prefix"`
 	Enforced  bool            `json:"enforced"`
 	HasDeny   bool            `json:"hasDeny"`
-	// Allowed is the desired verdict: whether the policies allow it.
-	Allowed     bool     `json:"allowed"`
-	Explanation []string `json:"explanation"`
+	// Allowed is the desired verdict: whether the policies allow it;
+	// Decision says it as "allow" or "deny", Reason why, and Rules are
+	// the rules of the entry that decides (none for a direction's
+	// default).
+	Allowed     bool               `json:"allowed"`
+	Decision    string             `json:"decision"`
+	Reason      explainReason      `json:"reason"`
+	Rules       []decidingRuleJSON `json:"rules"`
+	Explanation []string           `json:"explanation"`
 }
 
 // parsePeer parses an address, or a CIDR without host bits, as a prefix
@@ -481,6 +496,12 @@ func (src explainSources) ruleNames(txn statedb.ReadTxn, e *policy.Entry) string
 // without it (unless the address's ipcache entry is held too, and the
 // program still finds the prefix's previous identity).
 func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadTxn, peer netip.Prefix, pkt policy.Lookup) bool {
+	return src.explainDecision(out, txn, peer, pkt).allowed
+}
+
+// explainDecision is explainDesired, returning also why the policies
+// decide so and the entry that decides (if one does).
+func (src explainSources) explainDecision(out *strings.Builder, txn statedb.ReadTxn, peer netip.Prefix, pkt policy.Lookup) decision {
 	id := identity.World
 	held := false
 	dir := pkt.Direction
@@ -536,7 +557,10 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 			why = "--enable-policy=never"
 		}
 		fmt.Fprintf(out, "Verdict: allow (%s is not enforced: %s)\n", dir, why)
-		return true
+		if src.enablePolicy == EnablePolicyNever {
+			return decision{allowed: true, reason: reasonPolicyDisabled}
+		}
+		return decision{allowed: true, reason: reasonNotEnforced}
 	}
 	mode := "enforced, default deny"
 	if !row.Enforced {
@@ -555,6 +579,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 	}
 	r, _ := policy.Resolve(pkt, policy.DesiredLookup(txn, src.entries, false))
 	allowed := src.writeVerdict(out, txn, "Verdict", r, row.Enforced)
+	decided := decisionOf(r, row.Enforced, allowed)
 	written, _ := policy.Resolve(pkt, policy.DesiredLookup(txn, src.entries, true))
 	if written.Decided != r.Decided {
 		e, _, _ := src.entries.Get(txn, policy.KeyIndex.Query(r.Decided.Matched))
@@ -572,7 +597,7 @@ func (src explainSources) explainDesired(out *strings.Builder, txn statedb.ReadT
 			src.writeVerdict(out, txn, "Verdict without it", written, row.Enforced)
 		}
 	}
-	return allowed
+	return decided
 }
 
 // narrowerShown bounds the narrower prefixes explain lists for a CIDR.

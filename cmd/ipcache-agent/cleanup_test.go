@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/cnicell"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
@@ -83,6 +85,8 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond, "policies in force not saved: %s", &stderr)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), stderr.String())
+	require.Contains(t, stderr.String(), "The pins and the enforcement stay after the agent stops; "+
+		"`ipcache-agent cleanup` removes them", "the stop says what stays and what removes it")
 
 	pins := filepath.Join(bpfRoot, "ipcache-agent")
 	for _, name := range []string{"ipcache", "policy", "enforcement", "counters", "links/" + device + "-ingress", "links/" + device + "-egress"} {
@@ -96,6 +100,14 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
 	require.Equal(t, agentcmd.ExitOK, code, errOut)
 	require.Contains(t, stdout, "Removed")
+	require.Contains(t, stdout, "Removed pins: "+pins+" (maps: conntrack, counters, ct_opening, endpoints, enforcement, "+
+		"ipcache, policy, revision; links: "+device+"-egress, "+device+"-ingress)\n")
+	require.Contains(t, stdout, "Detached enforcement from: "+device+"\n")
+	require.Contains(t, stdout, "Unmounted bpffs at "+bpfRoot+" (mounted by the agent)\n")
+	require.Contains(t, stdout, "Removed directory "+bpfRoot+" (made by the agent)\n")
+	require.Contains(t, stdout, "Removed state from "+stateDir+": "+identitycell.CheckpointFileName+", "+
+		policycell.InForceFileName+", "+cells.BPFFSMountFileName+", "+cells.OwnerLockFileName+"\n")
+	require.False(t, mountedAt(t, bpfRoot), "the bpffs the agent mounted is unmounted")
 	_, err := os.Stat(pins)
 	require.ErrorIs(t, err, os.ErrNotExist, "no pinned object left")
 	require.Zero(t, tcxPrograms(t, device, ebpf.AttachTCXIngress), "program detached")
@@ -106,8 +118,9 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist, "saved policies in force removed")
 
 	// Cleaning up what is already clean is fine.
-	_, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
+	stdout, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
 	require.Equal(t, agentcmd.ExitOK, code, errOut)
+	require.Equal(t, "Nothing pinned under "+bpfRoot+": not a bpffs mount\nNothing of the agent's in "+stateDir+"\n", stdout)
 }
 
 // killedAgent runs an agent with args and SIGKILLs it once started: its
@@ -211,4 +224,87 @@ func TestCleanupStateFilesAreDeclared(t *testing.T) {
 		identitycell.CheckpointFileName, identitycell.CheckpointFileName + ".corrupt",
 		policycell.InForceFileName, policycell.InForceFileName + ".corrupt",
 	}, files)
+}
+
+// TestPrivilegedCleanupNotBPFFS: a --bpf-root that is not a bpffs mount
+// holds no pins: cleanup says so, removes nothing there (not even what
+// looks like the pin directory), still removes the state files, and
+// exits 0, nothing of the agent's being left.
+func TestPrivilegedCleanupNotBPFFS(t *testing.T) {
+	t.Parallel()
+	privileged.Test(t)
+	bpfRoot, stateDir := t.TempDir(), t.TempDir()
+	lookalike := filepath.Join(bpfRoot, "ipcache-agent", "ipcache")
+	require.NoError(t, os.MkdirAll(filepath.Dir(lookalike), 0o700))
+	require.NoError(t, os.WriteFile(lookalike, []byte("not a pin\n"), 0o600))
+	checkpoint := filepath.Join(stateDir, identitycell.CheckpointFileName)
+	require.NoError(t, os.WriteFile(checkpoint, []byte("{}\n"), 0o600))
+
+	stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
+	require.Equal(t, agentcmd.ExitOK, code, errOut)
+	require.Equal(t, "Nothing pinned under "+bpfRoot+": not a bpffs mount\n"+
+		"Removed state from "+stateDir+": "+identitycell.CheckpointFileName+"\n", stdout)
+	require.NotContains(t, stdout, "Removed pins")
+	require.FileExists(t, lookalike, "nothing removed under a --bpf-root that is not bpffs")
+	require.NoFileExists(t, checkpoint, "the state files are removed all the same")
+
+	require.NoError(t, os.WriteFile(checkpoint, []byte("{}\n"), 0o600))
+	stdout, errOut, code = runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir, "-o", "json")
+	require.Equal(t, agentcmd.ExitOK, code, errOut)
+	var report map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &report), stdout)
+	require.Equal(t, false, report["bpffs"])
+	require.Equal(t, bpfRoot, report["bpfRoot"])
+	require.Equal(t, []any{}, report["removedMaps"], "arrays, never null")
+	require.Equal(t, []any{identitycell.CheckpointFileName}, report["removedStateFiles"])
+}
+
+// TestPrivilegedCleanupLeavesBPFFSNotTheAgents: cleanup unmounts only the
+// bpffs the agent mounted, and only when nothing but the agent's pins
+// were in it; otherwise the mount stays and the output says why. The
+// -o json object says the same as the text.
+func TestPrivilegedCleanupLeavesBPFFSNotTheAgents(t *testing.T) {
+	t.Parallel()
+	privileged.Test(t)
+
+	t.Run("mounted by the test", func(t *testing.T) {
+		d := newAgentDirs(t)
+		require.NoError(t, os.MkdirAll(d.bpfRoot, 0o700))
+		require.NoError(t, unix.Mount("bpf", d.bpfRoot, "bpf", 0, "mode=0700"))
+		a := startAgentProcess(t, agentCommand(d.args()...))
+		a.waitStarted(t)
+		a.stop(t)
+		require.NoFileExists(t, filepath.Join(d.stateDir, cells.BPFFSMountFileName), "the agent mounted nothing")
+
+		stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+d.bpfRoot, "--state-dir="+d.stateDir, "-o", "json")
+		require.Equal(t, agentcmd.ExitOK, code, errOut)
+		var report cleanupReport
+		require.NoError(t, json.Unmarshal([]byte(stdout), &report), stdout)
+		require.True(t, report.BPFFS)
+		require.Contains(t, report.RemovedMaps, "ipcache")
+		require.False(t, report.UnmountedBPFFS)
+		require.Equal(t, []leftBehind{{Path: d.bpfRoot, What: leftMount, Reason: "not mounted by the agent"}}, report.Left)
+		require.True(t, mountedAt(t, d.bpfRoot), "a bpffs the agent did not mount stays")
+		require.NoDirExists(t, bpfmaps.PinDir(d.bpfRoot))
+	})
+
+	t.Run("other pins", func(t *testing.T) {
+		d := newAgentDirs(t)
+		a := startAgentProcess(t, agentCommand(d.args()...))
+		a.waitStarted(t)
+		a.stop(t)
+		require.FileExists(t, filepath.Join(d.stateDir, cells.BPFFSMountFileName), "the agent mounted bpffs")
+		other, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		require.NoError(t, err)
+		defer other.Close()
+		require.NoError(t, other.Pin(filepath.Join(d.bpfRoot, "someone-elses")))
+
+		stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+d.bpfRoot, "--state-dir="+d.stateDir)
+		require.Equal(t, agentcmd.ExitOK, code, errOut)
+		require.Contains(t, stdout, "Removed pins: "+bpfmaps.PinDir(d.bpfRoot))
+		require.Contains(t, stdout, "Left "+d.bpfRoot+" mounted: mounted by the agent, but it holds pins other than the agent's (someone-elses)\n")
+		require.NotContains(t, stdout, "Unmounted")
+		require.True(t, mountedAt(t, d.bpfRoot))
+		require.FileExists(t, filepath.Join(d.bpfRoot, "someone-elses"))
+	})
 }

@@ -133,7 +133,7 @@ func TestPrivilegedTypoThenRestart(t *testing.T) {
 	// What the operator is told.
 	require.Contains(t, e.agentLog.String(), `msg="Policy file rejected, its version in force before the restart stays in force"`)
 	list := e.shell("policy/list")
-	require.Regexp(t, `allow.yaml +rejected +e2e:1\n +allow.yaml:3:5: invalid policy file: .*toCDIR`, list)
+	require.Regexp(t, `allow.yaml +rejected +e2e \(allow.yaml:1\)\n +allow.yaml:3:5: invalid policy file: .*toCDIR`, list)
 }
 
 // TestPrivilegedContestedNameRestart: z.yaml holds policy x;
@@ -173,7 +173,7 @@ func TestPrivilegedContestedNameRestart(t *testing.T) {
 
 	list := e.shell("policy/list")
 	require.Regexp(t, contested, list)
-	require.Regexp(t, `z.yaml +in force +x:1`, list)
+	require.Regexp(t, `z.yaml +in force +x \(z.yaml:1\)`, list)
 }
 
 // TestPrivilegedEditorSave: an editor saves a policy file in
@@ -199,7 +199,7 @@ func TestPrivilegedEditorSave(t *testing.T) {
 	// once, so a new log line about it after the truncation tells that the
 	// agent has read the empty file.
 	aboutFile := func() int { return e.logLines("file=" + policyFile) }
-	againInForce := regexp.MustCompile(`allow.yaml +in force +e2e:1`)
+	againInForce := regexp.MustCompile(`allow.yaml +in force +e2e \(allow.yaml:1\)`)
 	const rounds = 5
 	for round := range rounds {
 		pinger := e.startProbing(allowedIP)
@@ -239,7 +239,7 @@ func TestPrivilegedEditorSave(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		e.requireNoLoss(fmt.Sprintf("round %d: truncated, then written", round), pinger, 300)
 		require.Equal(t, before, e.pinned(), "round %d: same pinned maps, same identity numbers", round)
-		require.Regexp(t, `allow.yaml +rejected +e2e:1\n +allow.yaml: no policies in the file`, whileEmpty,
+		require.Regexp(t, `allow.yaml +rejected +e2e \(allow.yaml:1\)\n +allow.yaml: no policies in the file`, whileEmpty,
 			"round %d: while empty, rejected and still in force", round)
 		require.Equal(t, round+1, e.logLines(`msg="Policy file rejected, its previous version stays in force"`,
 			"file="+policyFile, "no policies in the file"), "round %d: the rejection of the empty file is logged", round)

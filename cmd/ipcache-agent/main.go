@@ -18,6 +18,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/spf13/cobra"
+
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 )
@@ -28,7 +30,13 @@ func main() {
 
 // run executes the command line and returns the exit code.
 func run(args []string, stdout, stderr io.Writer) int {
-	root := agentcmd.NewRootCommand(cells.NewHive(cells.ControlPlane, cells.Shell),
+	return agentcmd.Execute(newRootCommand(stdout, stderr), args, stderr)
+}
+
+// newRootCommand is the agent's command line, every subcommand included.
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	h := cells.NewHive(cells.ControlPlane, cells.Shell)
+	root := agentcmd.NewRootCommand(h,
 		"ipcache-agent",
 		"Map IP prefixes to security identities and enforce CIDR policy in BPF",
 		`ipcache-agent maps IP prefixes to numeric security identities in a pinned BPF
@@ -37,8 +45,8 @@ ipcache map and keeps the same numbers for the same prefixes across restarts.
 Run without a command, it runs the agent until SIGTERM or SIGINT.
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 		stdout, stderr)
-	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout))
+	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout, h), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout))
 	root.AddCommand(newEndpointCommand(stdout))
 	root.AddCommand(newIdentityCommand(stdout))
-	return agentcmd.Execute(root, args, stderr)
+	return root
 }

@@ -129,8 +129,8 @@ func TestBadFlagsExitTwoNamingTheFlag(t *testing.T) {
 }
 
 // TestEnablePolicyFromEnvironment: IPCACHE_AGENT_ENABLE_POLICY goes
-// through the flag's validation: a bad value exits 2 naming the flag, a
-// good one is the configuration.
+// through the flag's validation: a bad value exits 2 naming the flag and
+// the variable, a good one is the configuration.
 func TestEnablePolicyFromEnvironment(t *testing.T) {
 	t.Parallel()
 	run := func(value string, args ...string) (string, string, int) {
@@ -138,7 +138,12 @@ func TestEnablePolicyFromEnvironment(t *testing.T) {
 	}
 	_, stderr, code := run("sometimes", "hive")
 	require.Equal(t, agentcmd.ExitUsage, code, stderr)
-	require.Contains(t, stderr, `--enable-policy "sometimes": want default, always or never`)
+	require.Contains(t, stderr, `IPCACHE_AGENT_ENABLE_POLICY="sometimes": --enable-policy "sometimes": want default, always or never`,
+		"names the variable too")
+	require.Equal(t, 1, strings.Count(stderr, "want default, always or never"), "the error once: %s", stderr)
+	_, stderr, code = run("sometimes")
+	require.Equal(t, agentcmd.ExitUsage, code, stderr)
+	require.Equal(t, 1, strings.Count(stderr, "want default, always or never"), "the agent's error once: %s", stderr)
 	stdout, stderr, code := run("never", "hive")
 	require.Equal(t, agentcmd.ExitOK, code, stderr)
 	require.Contains(t, stdout, "EnablePolicy: (string) (len=5) \"never\"")

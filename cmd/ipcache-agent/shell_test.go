@@ -71,3 +71,22 @@ func TestPrivilegedShellErrorsOnceAndPiped(t *testing.T) {
 	require.NotContains(t, stdout, "not allocated")
 	require.Equal(t, "identity/show 300: identity 300 is not allocated\nipcache-agent: shell commands failed: 1 of 2\n", stderr)
 }
+
+// TestShellHelpListsCommands: `shell --help` lists the commands of the
+// agent's shell with their summaries, from the agent's cells, without an
+// agent (TestPrivilegedShellCommandsJSONAndErrors checks the list is the
+// running agent's), and none the shell does not serve.
+func TestShellHelpListsCommands(t *testing.T) {
+	t.Parallel()
+	stdout, stderr, code := runAgentCommand(t, "shell", "--help")
+	require.Equal(t, agentcmd.ExitOK, code, stderr)
+	require.Contains(t, stdout, "--shell-sock-path", "cobra's help comes first")
+	require.Contains(t, stdout, "Commands of the agent's shell")
+	require.Regexp(t, `(?m)^  policy/explain +Explain the verdict for traffic with an address$`, stdout)
+	require.Regexp(t, `(?m)^  datapath/ipcache-status +Count the ipcache entries`, stdout)
+	require.Regexp(t, `(?m)^  db/show +Show the contents of a table$`, stdout)
+	require.Regexp(t, `(?m)^  help +`, stdout)
+	for _, unserved := range []string{"db/insert", "db/delete", "exec", "hive/start", "hive/stop", "hive"} {
+		require.NotRegexp(t, `(?m)^  `+unserved+` `, stdout)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/restorecell"
@@ -77,6 +78,7 @@ func startAgent(t *testing.T, extraFlags ...string) *agent {
 		PolicyDir: filepath.Join(tmp, "policies"),
 	}
 	require.NoError(t, os.Mkdir(a.PolicyDir, 0o700))
+	require.NoError(t, privileged.MountBPFFS(t, a.BPFRoot))
 	a.log = slog.New(a.logs)
 	a.hive = cells.NewHive(
 		cells.ControlPlane,

@@ -33,6 +33,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/scriptcmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/ipcachetest"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 )
 
@@ -71,6 +72,11 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 		a.stop()
 		unix.Unmount(a.BPFRoot, unix.MNT_DETACH)
 	})
+	// Mounted here, not by the agent: the agent refuses to mount bpffs from
+	// a mount namespace of its own, which a script run in a network
+	// namespace (netnstest.InProcessNetns, `ip netns exec`) has. A test's
+	// pins need not outlive it. Without privilege the agent says why.
+	_ = privileged.MountBPFFS(t, a.BPFRoot)
 	a.build()
 
 	cmds := script.DefaultCmds()
