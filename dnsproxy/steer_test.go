@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package dnsproxy_test
+
+import (
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+)
+
+// TestSteeredProxy runs the proxy in the test's own namespace between a
+// client and a DNS server in namespaces of their own, with the steering
+// program at ingress of the client's link: queries the client sends to
+// the server's address reach the proxy, which forwards the allowed ones
+// from the host's address and answers from the server's; with the proxy
+// gone, the program lets queries through to the server.
+func TestSteeredProxy(t *testing.T) {
+	privileged.Test(t)
+	if !netnstest.InFreshProcessNetns(t, "dnsproxy", true) {
+		return
+	}
+	top, port := newTopology(t)
+	var seen answers
+	p, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := port.Set(p.Port()); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network+"/allowed", func(t *testing.T) {
+			name := network + ".allowed.example."
+			resp, from, err := top.exchange(t, network, name)
+			if err != nil {
+				t.Fatalf("query %s: %v", name, err)
+			}
+			if from != serverAP {
+				t.Errorf("answer from %v, want the server's %v", from, serverAP)
+			}
+			if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || resp.Answer[0].(*dns.A).A.String() != answerAddr.String() {
+				t.Errorf("answer %v, want %s A %s", resp, name, answerAddr)
+			}
+			qs := top.dns.sawName(name)
+			if len(qs) != 1 || qs[0].from != hostServerSide || qs[0].net != network {
+				t.Errorf("server saw %v, want one %s query from the host's %s", qs, network, hostServerSide)
+			}
+			if !seen.saw(clientAddr.String() + " " + name) {
+				t.Errorf("OnAnswer did not see %s from %s", name, clientAddr)
+			}
+		})
+		t.Run(network+"/refused", func(t *testing.T) {
+			name := network + ".refused.example."
+			resp, from, err := top.exchange(t, network, name)
+			if err != nil {
+				t.Fatalf("query %s: %v", name, err)
+			}
+			if from != serverAP {
+				t.Errorf("answer from %v, want the server's %v", from, serverAP)
+			}
+			if resp.Rcode != dns.RcodeRefused {
+				t.Errorf("rcode %s, want REFUSED", dns.RcodeToString[resp.Rcode])
+			}
+			if qs := top.dns.sawName(name); len(qs) != 0 {
+				t.Errorf("server saw refused name: %v", qs)
+			}
+		})
+	}
+	if st := p.Stats(); st.Forwarded != 2 || st.Refused != 2 {
+		t.Errorf("stats %+v, want 2 forwarded and 2 refused", st)
+	}
+
+	// bpf_sk_assign does not make the packet local: without the policy
+	// route its destination is routed, and a forwarded packet with a
+	// socket is dropped. Neither the proxy nor the server sees it.
+	t.Run("udp/no-local-route", func(t *testing.T) {
+		run(t, "ip", "rule", "del", "fwmark", "0x200/0xf00", "lookup", "2004")
+		defer run(t, "ip", "rule", "add", "fwmark", "0x200/0xf00", "lookup", "2004")
+		before := p.Stats()
+		name := "udp.noroute.allowed.example."
+		if resp, from, err := top.exchange(t, "udp", name); err == nil {
+			t.Errorf("answer %v from %v without the policy route, want none", resp, from)
+		}
+		if qs := top.dns.sawName(name); len(qs) != 0 || p.Stats() != before {
+			t.Errorf("server saw %v, proxy stats %+v then %+v: want the query lost", qs, before, p.Stats())
+		}
+	})
+
+	// Fail-open: the proxy's sockets gone (the agent down), the program
+	// finds none and queries, even names the proxy would refuse, go to
+	// their server straight from the client.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network+"/proxy-gone", func(t *testing.T) {
+			name := network + ".down.refused.example."
+			resp, from, err := top.exchange(t, network, name)
+			if err != nil {
+				t.Fatalf("query %s: %v", name, err)
+			}
+			if from != serverAP || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+				t.Errorf("answer %v from %v, want the server's", resp, from)
+			}
+			qs := top.dns.sawName(name)
+			if len(qs) != 1 || qs[0].from != clientAddr {
+				t.Errorf("server saw %v, want one query straight from the client %s", qs, clientAddr)
+			}
+		})
+	}
+}
