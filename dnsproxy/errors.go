@@ -11,9 +11,6 @@ var (
 	// ErrListen is a proxy socket that could not be made transparent or
 	// bound (IP_TRANSPARENT needs CAP_NET_ADMIN; the port may be in use).
 	ErrListen = errors.New("dnsproxy: cannot listen")
-	// ErrNoOrigDst is a UDP query that came without its original
-	// destination (it was not steered to the proxy but sent to it).
-	ErrNoOrigDst = errors.New("dnsproxy: query without original destination")
 	// ErrReply is an answer that could not be sent from the server's
 	// address.
 	ErrReply = errors.New("dnsproxy: cannot send answer from server address")

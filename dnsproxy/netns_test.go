@@ -236,7 +236,12 @@ type answers struct {
 	seen []string // "client name"
 }
 
-func (a *answers) hook(_ context.Context, client netip.AddrPort, m *dns.Msg) {
+// hook records the answer; it holds one for a name starting with "hold."
+// until its ctx is done.
+func (a *answers) hook(ctx context.Context, client netip.AddrPort, m *dns.Msg) {
+	if strings.HasPrefix(m.Question[0].Name, "hold.") {
+		<-ctx.Done()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.seen = append(a.seen, client.Addr().String()+" "+m.Question[0].Name)

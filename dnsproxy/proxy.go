@@ -47,7 +47,7 @@ type Config struct {
 type Stats struct {
 	Forwarded    uint64 // answers from a server sent to their client
 	Refused      uint64 // queries Allow refused
-	Dropped      uint64 // queries over MaxConcurrent, or without their original destination
+	Dropped      uint64 // queries over MaxConcurrent, without their original destination, or sent to the proxy's own port
 	ForwardFails uint64 // queries the server did not answer in time (SERVFAIL sent)
 	HoldTimeouts uint64 // answers released because MaxHold passed
 }
@@ -192,6 +192,16 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 	}
 	p.served.Add(1)
 	defer func() { <-p.sem; p.served.Done() }()
+
+	// A query sent to the proxy's own port rather than steered to it
+	// would be forwarded to the proxy itself, again and again.
+	if server.Port() == p.port {
+		p.dropped.Add(1)
+		if network == "tcp" {
+			w.Close()
+		}
+		return
+	}
 
 	if len(q.Question) != 1 {
 		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeFormatError))

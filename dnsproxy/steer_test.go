@@ -3,7 +3,11 @@
 package dnsproxy_test
 
 import (
+	"context"
+	"errors"
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -18,6 +22,8 @@ import (
 // the server's address reach the proxy, which forwards the allowed ones
 // from the host's address and answers from the server's; with the proxy
 // gone, the program lets queries through to the server.
+const maxHold = 50 * time.Millisecond
+
 func TestSteeredProxy(t *testing.T) {
 	privileged.Test(t)
 	if !netnstest.InFreshProcessNetns(t, "dnsproxy", true) {
@@ -25,7 +31,7 @@ func TestSteeredProxy(t *testing.T) {
 	}
 	top, port := newTopology(t)
 	var seen answers
-	p, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook})
+	p, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +82,43 @@ func TestSteeredProxy(t *testing.T) {
 		t.Errorf("stats %+v, want 2 forwarded and 2 refused", st)
 	}
 
+	// An answer OnAnswer does not release goes out when MaxHold passes.
+	t.Run("udp/hold-timeout", func(t *testing.T) {
+		before := p.Stats()
+		start := time.Now()
+		resp, _, err := top.exchange(t, "udp", "hold.udp.allowed.example.")
+		if err != nil || resp.Rcode != dns.RcodeSuccess {
+			t.Fatalf("held query: %v %v", resp, err)
+		}
+		if d := time.Since(start); d < maxHold {
+			t.Errorf("answer after %v, want it held %v", d, maxHold)
+		}
+		if got := p.Stats().HoldTimeouts - before.HoldTimeouts; got != 1 {
+			t.Errorf("hold timeouts +%d, want +1", got)
+		}
+	})
+
+	// A query sent to the proxy's port itself, not steered, is dropped
+	// rather than forwarded to the proxy.
+	t.Run("udp/to-proxy-port", func(t *testing.T) {
+		before := p.Stats()
+		c, err := dns.Dial("udp", netip.AddrPortFrom(hostClientSide, p.Port()).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		if err := c.WriteMsg(new(dns.Msg).SetQuestion("self.allowed.example.", dns.TypeA)); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := c.ReadMsg(); err == nil {
+			t.Errorf("answer %v, want none", m)
+		}
+		if got := p.Stats().Dropped - before.Dropped; got != 1 {
+			t.Errorf("dropped +%d, want +1", got)
+		}
+	})
+
 	// bpf_sk_assign does not make the packet local: without the policy
 	// route its destination is routed, and a forwarded packet with a
 	// socket is dropped. Neither the proxy nor the server sees it.
@@ -113,5 +156,24 @@ func TestSteeredProxy(t *testing.T) {
 				t.Errorf("server saw %v, want one query straight from the client %s", qs, clientAddr)
 			}
 		})
+	}
+}
+
+func TestStartConfig(t *testing.T) {
+	allow := func(netip.AddrPort, string) bool { return true }
+	hook := func(context.Context, netip.AddrPort, *dns.Msg) {}
+	for name, cfg := range map[string]dnsproxy.Config{
+		"no Allow":           {OnAnswer: hook},
+		"no OnAnswer":        {Allow: allow},
+		"negative hold":      {Allow: allow, OnAnswer: hook, MaxHold: -1},
+		"UDP size too big":   {Allow: allow, OnAnswer: hook, MaxUDPSize: 70000},
+		"UDP size too small": {Allow: allow, OnAnswer: hook, MaxUDPSize: 100},
+	} {
+		if p, err := dnsproxy.Start(cfg); !errors.Is(err, dnsproxy.ErrConfig) {
+			if p != nil {
+				p.Close()
+			}
+			t.Errorf("%s: Start: %v, want ErrConfig", name, err)
+		}
 	}
 }
