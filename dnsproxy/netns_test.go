@@ -75,9 +75,7 @@ func newTopology(tb testing.TB) (*topology, *ebpf.Variable) {
 		run(tb, "ip", "-n", l.ns, "link", "set", "lo", "up")
 		run(tb, "ip", "-n", l.ns, "route", "add", "default", "via", l.hostIP.String())
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
-		tb.Fatal(err)
-	}
+	setForwarding(tb, "1")
 	run(tb, "ip", "rule", "add", "fwmark", "0x200/0xf00", "lookup", "2004")
 	run(tb, "ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "2004")
 
@@ -260,4 +258,12 @@ func (a *answers) saw(s string) bool {
 
 func allowExample(_ netip.AddrPort, qname string) bool {
 	return strings.HasSuffix(qname, ".allowed.example.")
+}
+
+// setForwarding sets IPv4 forwarding in the calling thread's namespace.
+func setForwarding(tb testing.TB, v string) {
+	tb.Helper()
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(v), 0); err != nil {
+		tb.Fatal(err)
+	}
 }

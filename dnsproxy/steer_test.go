@@ -82,6 +82,22 @@ func TestSteeredProxy(t *testing.T) {
 		t.Errorf("stats %+v, want 2 forwarded and 2 refused", st)
 	}
 
+	// The steered packet is delivered locally, not forwarded: it needs
+	// no forwarding on the host (the proxy's own query to the server is
+	// sent by the host, not forwarded either).
+	t.Run("udp/no-forwarding", func(t *testing.T) {
+		setForwarding(t, "0")
+		defer setForwarding(t, "1")
+		name := "udp.nofwd.allowed.example."
+		resp, from, err := top.exchange(t, "udp", name)
+		if err != nil || resp.Rcode != dns.RcodeSuccess || from != serverAP {
+			t.Fatalf("query %s without forwarding: %v from %v: %v", name, resp, from, err)
+		}
+		if qs := top.dns.sawName(name); len(qs) != 1 || qs[0].from != hostServerSide {
+			t.Errorf("server saw %v, want one query from the host's %s", qs, hostServerSide)
+		}
+	})
+
 	// An answer OnAnswer does not release goes out when MaxHold passes.
 	t.Run("udp/hold-timeout", func(t *testing.T) {
 		before := p.Stats()
