@@ -135,6 +135,47 @@ func TestSteeredProxy(t *testing.T) {
 		}
 	})
 
+	// Beyond MaxConcurrent a query is dropped: with one query held in a
+	// proxy of one, the next gets no answer.
+	t.Run("udp/over-max-concurrent", func(t *testing.T) {
+		entered := make(chan struct{}, 1)
+		one, err := dnsproxy.Start(dnsproxy.Config{
+			Allow: allowExample,
+			OnAnswer: func(ctx context.Context, _ netip.AddrPort, _ *dns.Msg) {
+				entered <- struct{}{}
+				<-ctx.Done()
+			},
+			MaxHold:       500 * time.Millisecond,
+			MaxConcurrent: 1,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer one.Close()
+		if err := port.Set(one.Port()); err != nil {
+			t.Fatal(err)
+		}
+		defer port.Set(p.Port())
+		held := make(chan error, 1)
+		go func() {
+			_, _, err := top.exchange(t, "udp", "first.allowed.example.")
+			held <- err
+		}()
+		<-entered
+		if resp, _, err := top.exchange(t, "udp", "second.allowed.example."); err == nil {
+			t.Errorf("answer %v beyond MaxConcurrent, want none", resp)
+		}
+		if err := <-held; err != nil {
+			t.Errorf("held query: %v", err)
+		}
+		if st := one.Stats(); st.Dropped != 1 || st.Forwarded != 1 {
+			t.Errorf("stats %+v, want 1 dropped and 1 forwarded", st)
+		}
+		if qs := top.dns.sawName("second.allowed.example."); len(qs) != 0 {
+			t.Errorf("server saw the dropped query: %v", qs)
+		}
+	})
+
 	// bpf_sk_assign does not make the packet local: without the policy
 	// route its destination is routed, and a forwarded packet with a
 	// socket is dropped. Neither the proxy nor the server sees it.
