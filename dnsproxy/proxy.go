@@ -25,7 +25,9 @@ type Config struct {
 	Allow func(client netip.AddrPort, qname string) bool
 	// OnAnswer is given each answer before it is sent; the answer waits
 	// until it returns or MaxHold passes, whichever is first (ctx is done
-	// then). It must not modify msg.
+	// then, and OnAnswer should return soon after: the proxy does not wait
+	// for it, but its goroutine lives until it returns). It must not
+	// modify msg.
 	OnAnswer func(ctx context.Context, client netip.AddrPort, msg *dns.Msg)
 	// MaxHold bounds OnAnswer's hold (default 100ms).
 	MaxHold time.Duration
