@@ -32,6 +32,12 @@ var (
 	serverAddr     = netip.MustParseAddr("10.99.2.2")
 	serverAP       = netip.AddrPortFrom(serverAddr, 53)
 	answerAddr     = netip.MustParseAddr("192.0.2.10")
+
+	hostClientSide6 = netip.MustParseAddr("fd99:1::1")
+	clientAddr6     = netip.MustParseAddr("fd99:1::2")
+	hostServerSide6 = netip.MustParseAddr("fd99:2::1")
+	serverAddr6     = netip.MustParseAddr("fd99:2::2")
+	serverAP6       = netip.AddrPortFrom(serverAddr6, 53)
 )
 
 // topology is the namespaces around the calling process's own (the host).
@@ -64,20 +70,32 @@ func newTopology(tb testing.TB) (*topology, *ebpf.Variable) {
 		tb.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	}
 	for _, l := range []struct {
-		ns, host     string
-		hostIP, nsIP netip.Addr
-	}{{top.client, "dnsp-hc", hostClientSide, clientAddr}, {top.server, "dnsp-hs", hostServerSide, serverAddr}} {
+		ns, host       string
+		hostIP, nsIP   netip.Addr
+		hostIP6, nsIP6 netip.Addr
+	}{
+		{top.client, "dnsp-hc", hostClientSide, clientAddr, hostClientSide6, clientAddr6},
+		{top.server, "dnsp-hs", hostServerSide, serverAddr, hostServerSide6, serverAddr6},
+	} {
 		run(tb, "ip", "link", "add", l.host, "type", "veth", "peer", "name", "eth0", "netns", l.ns)
 		run(tb, "ip", "addr", "add", l.hostIP.String()+"/24", "dev", l.host)
+		run(tb, "ip", "addr", "add", l.hostIP6.String()+"/64", "dev", l.host, "nodad")
 		run(tb, "ip", "link", "set", l.host, "up")
 		run(tb, "ip", "-n", l.ns, "addr", "add", l.nsIP.String()+"/24", "dev", "eth0")
+		run(tb, "ip", "-n", l.ns, "addr", "add", l.nsIP6.String()+"/64", "dev", "eth0", "nodad")
 		run(tb, "ip", "-n", l.ns, "link", "set", "eth0", "up")
 		run(tb, "ip", "-n", l.ns, "link", "set", "lo", "up")
 		run(tb, "ip", "-n", l.ns, "route", "add", "default", "via", l.hostIP.String())
+		run(tb, "ip", "-n", l.ns, "-6", "route", "add", "default", "via", l.hostIP6.String())
 	}
 	setForwarding(tb, "1")
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0); err != nil {
+		tb.Fatal(err)
+	}
 	run(tb, "ip", "rule", "add", "fwmark", "0x200/0xf00", "lookup", "2004")
 	run(tb, "ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "2004")
+	run(tb, "ip", "-6", "rule", "add", "fwmark", "0x200/0xf00", "lookup", "2004")
+	run(tb, "ip", "-6", "route", "add", "local", "::/0", "dev", "lo", "table", "2004")
 
 	top.dns = startDNSServer(tb, top.server)
 
@@ -151,21 +169,25 @@ func startDNSServer(tb testing.TB, ns string) *dnsServer {
 		})
 		w.WriteMsg(r)
 	})
-	var (
-		pc net.PacketConn
-		ln net.Listener
-	)
-	err := netnstest.InNetns(tb, ns, func() (err error) {
-		if pc, err = net.ListenPacket("udp4", serverAP.String()); err != nil {
-			return err
+	var servers []*dns.Server
+	err := netnstest.InNetns(tb, ns, func() error {
+		for _, ap := range []netip.AddrPort{serverAP, serverAP6} {
+			pc, err := net.ListenPacket("udp", ap.String())
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", ap.String())
+			if err != nil {
+				return err
+			}
+			servers = append(servers, &dns.Server{PacketConn: pc, Handler: handler}, &dns.Server{Listener: ln, Handler: handler})
 		}
-		ln, err = net.Listen("tcp4", serverAP.String())
-		return err
+		return nil
 	})
 	if err != nil {
 		tb.Fatalf("DNS server in %s: %v", ns, err)
 	}
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: ln, Handler: handler}} {
+	for _, srv := range servers {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
 		go srv.ActivateAndServe()
@@ -180,6 +202,11 @@ func startDNSServer(tb testing.TB, ns string) *dnsServer {
 // it came from (for UDP read off an unconnected socket, which takes a
 // datagram from anyone).
 func (top *topology) exchange(tb testing.TB, network, name string) (*dns.Msg, netip.AddrPort, error) {
+	return top.exchangeWith(tb, network, serverAP, name)
+}
+
+// exchangeWith is exchange with the server at server.
+func (top *topology) exchangeWith(tb testing.TB, network string, server netip.AddrPort, name string) (*dns.Msg, netip.AddrPort, error) {
 	tb.Helper()
 	q := new(dns.Msg).SetQuestion(name, dns.TypeA)
 	var (
@@ -189,7 +216,7 @@ func (top *topology) exchange(tb testing.TB, network, name string) (*dns.Msg, ne
 	err := netnstest.InNetns(tb, top.client, func() error {
 		deadline := time.Now().Add(2 * time.Second)
 		if network == "tcp" {
-			c, err := net.DialTimeout("tcp4", serverAP.String(), 2*time.Second)
+			c, err := net.DialTimeout("tcp", server.String(), 2*time.Second)
 			if err != nil {
 				return err
 			}
@@ -203,7 +230,7 @@ func (top *topology) exchange(tb testing.TB, network, name string) (*dns.Msg, ne
 			from = c.RemoteAddr().(*net.TCPAddr).AddrPort()
 			return err
 		}
-		c, err := net.ListenUDP("udp4", nil)
+		c, err := net.ListenUDP("udp", nil)
 		if err != nil {
 			return err
 		}
@@ -213,7 +240,7 @@ func (top *topology) exchange(tb testing.TB, network, name string) (*dns.Msg, ne
 		if err != nil {
 			return err
 		}
-		if _, err := c.WriteToUDPAddrPort(b, serverAP); err != nil {
+		if _, err := c.WriteToUDPAddrPort(b, server); err != nil {
 			return err
 		}
 		buf := make([]byte, 4096)

@@ -58,8 +58,7 @@ type Stats struct {
 type Proxy struct {
 	cfg     Config
 	port    uint16
-	udp     *dns.Server
-	tcp     *dns.Server
+	servers []*dns.Server // UDP and TCP, IPv4 and IPv6
 	sem     chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -88,26 +87,32 @@ func Start(cfg Config) (*Proxy, error) {
 	setDefault(&cfg.MaxTCPConns, 256)
 	setDefault(&cfg.Timeout, 5*time.Second)
 
-	pc, ln, port, err := listen(cfg.Port, cfg.MaxUDPSize)
+	pcs, lns, port, err := listen(cfg.Port, cfg.MaxUDPSize)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{cfg: cfg, port: port, sem: make(chan struct{}, cfg.MaxConcurrent), ctx: ctx, cancel: cancel}
-	p.udp = &dns.Server{
-		PacketConn:     pc,
-		Handler:        dns.HandlerFunc(p.serveUDP),
-		UDPSize:        cfg.MaxUDPSize,
-		DecorateReader: func(dns.Reader) dns.Reader { return origDstReader{maxSize: cfg.MaxUDPSize} },
+	for _, pc := range pcs {
+		p.servers = append(p.servers, &dns.Server{
+			PacketConn:     pc,
+			Handler:        dns.HandlerFunc(p.serveUDP),
+			UDPSize:        cfg.MaxUDPSize,
+			DecorateReader: func(dns.Reader) dns.Reader { return origDstReader{maxSize: cfg.MaxUDPSize} },
+		})
 	}
-	p.tcp = &dns.Server{
-		Listener:      newLimitListener(ln, cfg.MaxTCPConns),
-		Handler:       dns.HandlerFunc(p.serveTCP),
-		ReadTimeout:   cfg.Timeout,
-		WriteTimeout:  cfg.Timeout,
-		MaxTCPQueries: -1,
+	// One bound on the TCP connections of both families.
+	tcpSlots := make(chan struct{}, cfg.MaxTCPConns)
+	for _, ln := range lns {
+		p.servers = append(p.servers, &dns.Server{
+			Listener:      newLimitListener(ln, tcpSlots),
+			Handler:       dns.HandlerFunc(p.serveTCP),
+			ReadTimeout:   cfg.Timeout,
+			WriteTimeout:  cfg.Timeout,
+			MaxTCPQueries: -1,
+		})
 	}
-	for _, srv := range []*dns.Server{p.udp, p.tcp} {
+	for i, srv := range p.servers {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
 		errc := make(chan error, 1)
@@ -115,6 +120,13 @@ func Start(cfg Config) (*Proxy, error) {
 		select {
 		case <-started:
 		case err := <-errc:
+			for _, pc := range pcs {
+				pc.Close()
+			}
+			for _, ln := range lns {
+				ln.Close()
+			}
+			p.servers = p.servers[:i]
 			p.Close()
 			return nil, fmt.Errorf("%w: %v", ErrListen, err)
 		}
@@ -156,7 +168,7 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	p.cancel()
 	var errs []error
-	for _, srv := range []*dns.Server{p.udp, p.tcp} {
+	for _, srv := range p.servers {
 		if err := srv.Shutdown(); err != nil && !errors.Is(err, net.ErrClosed) && err.Error() != "dns: server not started" {
 			errs = append(errs, err)
 		}

@@ -82,6 +82,35 @@ func TestSteeredProxy(t *testing.T) {
 		t.Errorf("stats %+v, want 2 forwarded and 2 refused", st)
 	}
 
+	// IPv6 as IPv4: the answer from the server's address, the query from
+	// the host's, refused names not forwarded.
+	for _, network := range []string{"udp", "tcp"} {
+		t.Run(network+"6", func(t *testing.T) {
+			name := network + "6.allowed.example."
+			resp, from, err := top.exchangeWith(t, network, serverAP6, name)
+			if err != nil {
+				t.Fatalf("query %s: %v", name, err)
+			}
+			if from != serverAP6 || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+				t.Errorf("answer %v from %v, want one from the server's %v", resp, from, serverAP6)
+			}
+			if qs := top.dns.sawName(name); len(qs) != 1 || qs[0].from != hostServerSide6 {
+				t.Errorf("server saw %v, want one query from the host's %s", qs, hostServerSide6)
+			}
+			if !seen.saw(clientAddr6.String() + " " + name) {
+				t.Errorf("OnAnswer did not see %s from %s", name, clientAddr6)
+			}
+			name = network + "6.refused.example."
+			resp, _, err = top.exchangeWith(t, network, serverAP6, name)
+			if err != nil || resp.Rcode != dns.RcodeRefused {
+				t.Errorf("query %s: %v %v, want REFUSED", name, resp, err)
+			}
+			if qs := top.dns.sawName(name); len(qs) != 0 {
+				t.Errorf("server saw refused name: %v", qs)
+			}
+		})
+	}
+
 	// The steered packet is delivered locally, not forwarded: it needs
 	// no forwarding on the host (the proxy's own query to the server is
 	// sent by the host, not forwarded either).
@@ -211,6 +240,14 @@ func TestSteeredProxy(t *testing.T) {
 			qs := top.dns.sawName(name)
 			if len(qs) != 1 || qs[0].from != clientAddr {
 				t.Errorf("server saw %v, want one query straight from the client %s", qs, clientAddr)
+			}
+			name = network + "6.down.refused.example."
+			resp, from, err = top.exchangeWith(t, network, serverAP6, name)
+			if err != nil || from != serverAP6 || resp.Rcode != dns.RcodeSuccess {
+				t.Errorf("query %s: %v from %v: %v, want the server's answer", name, resp, from, err)
+			}
+			if qs := top.dns.sawName(name); len(qs) != 1 || qs[0].from != clientAddr6 {
+				t.Errorf("server saw %v, want one query straight from the client %s", qs, clientAddr6)
 			}
 		})
 	}

@@ -18,48 +18,76 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// listen opens the transparent UDP and TCP sockets on one port (IPv4).
-// With port 0 the UDP socket picks a free port and the TCP one takes the
-// same, retried a few times when TCP has it in use.
-func listen(port uint16, maxUDPSize int) (net.PacketConn, net.Listener, uint16, error) {
-	udpCfg := net.ListenConfig{Control: sockopts(true)}
-	tcpCfg := net.ListenConfig{Control: sockopts(false)}
+// listen opens the transparent UDP and TCP sockets on one port, for
+// IPv4 and IPv6 each. With port 0 the first UDP socket picks a free port
+// and the others take the same, retried a few times when one of them has
+// it in use.
+func listen(port uint16, maxUDPSize int) ([]net.PacketConn, []net.Listener, uint16, error) {
 	var lastErr error
 	for range 5 {
-		pc, err := udpCfg.ListenPacket(context.Background(), "udp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(int(port))))
-		if err != nil {
-			return nil, nil, 0, fmt.Errorf("%w: udp: %v", ErrListen, err)
-		}
-		udp := pc.(*net.UDPConn)
-		got := uint16(udp.LocalAddr().(*net.UDPAddr).Port)
-		ln, err := tcpCfg.Listen(context.Background(), "tcp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(int(got))))
+		pcs, lns, got, err := listenOnce(port, maxUDPSize)
 		if err == nil {
-			return &tproxyConn{UDPConn: udp, maxSize: maxUDPSize}, ln, got, nil
+			return pcs, lns, got, nil
 		}
-		udp.Close()
 		lastErr = err
 		if port != 0 || !errors.Is(err, unix.EADDRINUSE) {
 			break
 		}
 	}
-	return nil, nil, 0, fmt.Errorf("%w: tcp: %v", ErrListen, lastErr)
+	return nil, nil, 0, fmt.Errorf("%w: %v", ErrListen, lastErr)
+}
+
+func listenOnce(port uint16, maxUDPSize int) (pcs []net.PacketConn, lns []net.Listener, got uint16, err error) {
+	defer func() {
+		if err != nil {
+			for _, pc := range pcs {
+				pc.Close()
+			}
+			for _, ln := range lns {
+				ln.Close()
+			}
+		}
+	}()
+	got = port
+	for _, fam := range []struct{ suffix, any string }{{"4", "0.0.0.0"}, {"6", "::"}} {
+		v6 := fam.suffix == "6"
+		udpCfg := net.ListenConfig{Control: sockopts(v6, true)}
+		pc, err := udpCfg.ListenPacket(context.Background(), "udp"+fam.suffix, net.JoinHostPort(fam.any, strconv.Itoa(int(got))))
+		if err != nil {
+			return pcs, lns, 0, fmt.Errorf("udp%s: %w", fam.suffix, err)
+		}
+		udp := pc.(*net.UDPConn)
+		pcs = append(pcs, &tproxyConn{UDPConn: udp, maxSize: maxUDPSize})
+		got = uint16(udp.LocalAddr().(*net.UDPAddr).Port)
+		tcpCfg := net.ListenConfig{Control: sockopts(v6, false)}
+		ln, err := tcpCfg.Listen(context.Background(), "tcp"+fam.suffix, net.JoinHostPort(fam.any, strconv.Itoa(int(got))))
+		if err != nil {
+			return pcs, lns, 0, fmt.Errorf("tcp%s: %w", fam.suffix, err)
+		}
+		lns = append(lns, ln)
+	}
+	return pcs, lns, got, nil
 }
 
 // sockopts makes a listening socket transparent, so that it may accept
 // packets and connections addressed to other hosts and (TCP) answer from
 // their address; a UDP one also asks for each datagram's original
 // destination.
-func sockopts(udp bool) func(string, string, syscall.RawConn) error {
+func sockopts(v6, udp bool) func(string, string, syscall.RawConn) error {
+	level, transparent, origDst := unix.SOL_IP, unix.IP_TRANSPARENT, unix.IP_RECVORIGDSTADDR
+	if v6 {
+		level, transparent, origDst = unix.SOL_IPV6, unix.IPV6_TRANSPARENT, unix.IPV6_RECVORIGDSTADDR
+	}
 	return func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			if serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1); serr != nil {
-				serr = fmt.Errorf("IP_TRANSPARENT: %w", serr)
+			if serr = unix.SetsockoptInt(int(fd), level, transparent, 1); serr != nil {
+				serr = fmt.Errorf("transparent: %w", serr)
 				return
 			}
 			if udp {
-				if serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_RECVORIGDSTADDR, 1); serr != nil {
-					serr = fmt.Errorf("IP_RECVORIGDSTADDR: %w", serr)
+				if serr = unix.SetsockoptInt(int(fd), level, origDst, 1); serr != nil {
+					serr = fmt.Errorf("original destination: %w", serr)
 				}
 			}
 		})
@@ -105,23 +133,33 @@ func (c *tproxyConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 // SO_REUSEADDR lets answers from one server go out at once (and share the
 // address with whatever else is bound there).
 func sendFrom(src, dst netip.AddrPort, b []byte) error {
-	if !src.Addr().Is4() || !dst.Addr().Is4() {
-		return fmt.Errorf("%w: %v to %v: only IPv4", ErrReply, src, dst)
+	family, level, transparent, freebind := unix.AF_INET, unix.SOL_IP, unix.IP_TRANSPARENT, unix.IP_FREEBIND
+	var from, to unix.Sockaddr
+	switch {
+	case src.Addr().Is4() && dst.Addr().Is4():
+		from = &unix.SockaddrInet4{Port: int(src.Port()), Addr: src.Addr().As4()}
+		to = &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}
+	case src.Addr().Is6() && dst.Addr().Is6():
+		family, level, transparent, freebind = unix.AF_INET6, unix.SOL_IPV6, unix.IPV6_TRANSPARENT, unix.IPV6_FREEBIND
+		from = &unix.SockaddrInet6{Port: int(src.Port()), Addr: src.Addr().As16()}
+		to = &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()}
+	default:
+		return fmt.Errorf("%w: %v to %v: families differ", ErrReply, src, dst)
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrReply, err)
 	}
 	defer unix.Close(fd)
-	for _, o := range [][2]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR}, {unix.SOL_IP, unix.IP_TRANSPARENT}, {unix.SOL_IP, unix.IP_FREEBIND}} {
+	for _, o := range [][2]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR}, {level, transparent}, {level, freebind}} {
 		if err := unix.SetsockoptInt(fd, o[0], o[1], 1); err != nil {
 			return fmt.Errorf("%w: setsockopt: %v", ErrReply, err)
 		}
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Port: int(src.Port()), Addr: src.Addr().As4()}); err != nil {
+	if err := unix.Bind(fd, from); err != nil {
 		return fmt.Errorf("%w: bind %v: %v", ErrReply, src, err)
 	}
-	if err := unix.Sendto(fd, b, 0, &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()}); err != nil {
+	if err := unix.Sendto(fd, b, 0, to); err != nil {
 		return fmt.Errorf("%w: send to %v: %v", ErrReply, dst, err)
 	}
 	return nil
@@ -165,7 +203,8 @@ func (r origDstReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration
 	return buf[:n], qa, nil
 }
 
-// origDst reads IP_ORIGDSTADDR from a datagram's control messages.
+// origDst reads IP_ORIGDSTADDR or IPV6_ORIGDSTADDR from a datagram's
+// control messages.
 func origDst(oob []byte) netip.AddrPort {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
@@ -179,12 +218,20 @@ func origDst(oob []byte) netip.AddrPort {
 			addr := netip.AddrFrom4([4]byte(m.Data[4:8]))
 			return netip.AddrPortFrom(addr, port)
 		}
+		if m.Header.Level == unix.SOL_IPV6 && m.Header.Type == unix.IPV6_ORIGDSTADDR && len(m.Data) >= unix.SizeofSockaddrInet6 {
+			// struct sockaddr_in6: family, port (network order),
+			// flow info, address, scope.
+			port := binary.BigEndian.Uint16(m.Data[2:4])
+			addr := netip.AddrFrom16([16]byte(m.Data[8:24])).Unmap()
+			return netip.AddrPortFrom(addr, port)
+		}
 	}
 	return netip.AddrPort{}
 }
 
-// limitListener accepts at most max connections open at once; Accept
-// waits for one to close beyond that.
+// limitListener accepts connections while a slot is free (one per open
+// connection, shared by the listeners given the same slots); Accept waits
+// for one to close beyond that.
 type limitListener struct {
 	net.Listener
 	sem       chan struct{}
@@ -192,8 +239,8 @@ type limitListener struct {
 	closeOnce sync.Once
 }
 
-func newLimitListener(l net.Listener, max int) *limitListener {
-	return &limitListener{Listener: l, sem: make(chan struct{}, max), done: make(chan struct{})}
+func newLimitListener(l net.Listener, slots chan struct{}) *limitListener {
+	return &limitListener{Listener: l, sem: slots, done: make(chan struct{})}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {

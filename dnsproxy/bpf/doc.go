@@ -5,9 +5,9 @@
 // little-endian targets (steer_bpfel.o) and the Go that bpf2go generates
 // to load it (steer_bpfel.go). Attached at TCX ingress of the host side of
 // an endpoint's link, it assigns the endpoint's DNS packets (UDP and TCP
-// to port 53) to the proxy's socket on the port written into its
-// proxy_port variable, and lets them through untouched when no such
-// socket exists (steer.c says why the host needs a policy route).
+// to port 53, IPv4 and IPv6) to the proxy's socket on the port written
+// into its proxy_port variable, and lets them through untouched when no
+// such socket exists (steer.c says why the host needs a policy route).
 //
 // The object and the generated Go are committed, so building needs no C
 // toolchain; regenerate with `make generate` (or

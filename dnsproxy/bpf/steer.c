@@ -6,7 +6,8 @@
 // ingress of the host side of an endpoint's link (packets the endpoint
 // sends).
 //
-// An IPv4 UDP or TCP packet to port 53 (not a fragment) is assigned with
+// An IPv4 or IPv6 UDP or TCP packet to port 53 (IPv4: not a fragment;
+// IPv6: no extension header) is assigned with
 // bpf_sk_assign to the proxy's socket and marked MARK_TO_PROXY; everything
 // else passes untouched (TCX_NEXT, so a program attached after it, such as
 // the enforcement program, still sees every packet).
@@ -34,6 +35,8 @@
 //
 //   ip rule add fwmark 0x200/0xf00 lookup 2004
 //   ip route add local 0.0.0.0/0 dev lo table 2004
+//   ip -6 rule add fwmark 0x200/0xf00 lookup 2004
+//   ip -6 route add local ::/0 dev lo table 2004
 //
 // The build needs clang and libbpf's bpf_helpers.h only; the few kernel
 // UAPI definitions used are below (prefixes of the UAPI structs, whose
@@ -90,16 +93,28 @@ struct bpf_sock {
 	__s32 rx_queue_mapping;
 };
 
-struct bpf_sock_tuple_ipv4 {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
+// struct bpf_sock_tuple: the helpers tell its two forms by the size given.
+struct bpf_sock_tuple {
+	union {
+		struct {
+			__be32 saddr;
+			__be32 daddr;
+			__be16 sport;
+			__be16 dport;
+		} ipv4;
+		struct {
+			__be32 saddr[4];
+			__be32 daddr[4];
+			__be16 sport;
+			__be16 dport;
+		} ipv6;
+	};
 };
 
 #define TCX_NEXT -1
 #define ETH_HLEN 14
 #define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IP_MF_OFFSET 0x3fff
@@ -118,6 +133,15 @@ struct bpf_sock_tuple_ipv4 {
 // run time; 0 steers nothing.
 volatile __u16 proxy_port;
 
+struct ipv6hdr_min {
+	__be32 ver_tc_flow;
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
 struct iphdr_min {
 	__u8 ver_ihl;
 	__u8 tos;
@@ -132,11 +156,11 @@ struct iphdr_min {
 };
 
 static __always_inline struct bpf_sock *lookup(struct __sk_buff *skb,
-		struct bpf_sock_tuple_ipv4 *t, __u8 proto)
+		struct bpf_sock_tuple *t, __u32 size, __u8 proto)
 {
 	if (proto == IPPROTO_TCP)
-		return bpf_sk_lookup_tcp(skb, (void *)t, sizeof(*t), BPF_F_CURRENT_NETNS, 0);
-	return bpf_sk_lookup_udp(skb, (void *)t, sizeof(*t), BPF_F_CURRENT_NETNS, 0);
+		return bpf_sk_lookup_tcp(skb, t, size, BPF_F_CURRENT_NETNS, 0);
+	return bpf_sk_lookup_udp(skb, t, size, BPF_F_CURRENT_NETNS, 0);
 }
 
 static __always_inline void mark_to_proxy(struct __sk_buff *skb)
@@ -144,62 +168,93 @@ static __always_inline void mark_to_proxy(struct __sk_buff *skb)
 	skb->mark = (skb->mark & ~MARK_MASK) | MARK_TO_PROXY;
 }
 
-SEC("tcx/ingress")
-int steer_dns(struct __sk_buff *skb)
+// steer assigns a packet of the tuple t (size bytes: IPv4 or IPv6 form)
+// to the proxy; *dport is t's destination port, which it rewrites.
+static __always_inline void steer(struct __sk_buff *skb, struct bpf_sock_tuple *t,
+		__u32 size, __be16 *dport, __u8 proto, __u16 port)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct bpf_sock_tuple_ipv4 t = {};
-	struct iphdr_min *ip;
 	struct bpf_sock *sk;
-	__be16 *ports;
-	__u16 port;
-	__u32 ihl;
 
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return TCX_NEXT;
-	ip = data + ETH_HLEN;
-	if ((void *)(ip + 1) > end)
-		return TCX_NEXT;
-	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
-		return TCX_NEXT;
-	if (ip->frag_off & bpf_htons(IP_MF_OFFSET))
-		return TCX_NEXT;
-	ihl = (ip->ver_ihl & 0x0f) * 4;
-	if (ihl < sizeof(*ip))
-		return TCX_NEXT;
-	ports = (void *)ip + ihl;
-	if ((void *)(ports + 2) > end)
-		return TCX_NEXT;
-	if (ports[1] != bpf_htons(DNS_PORT))
-		return TCX_NEXT;
-	port = proxy_port;
-	if (!port)
-		return TCX_NEXT;
-
-	t.saddr = ip->saddr;
-	t.daddr = ip->daddr;
-	t.sport = ports[0];
-	t.dport = ports[1];
-	if (ip->protocol == IPPROTO_TCP) {
-		sk = bpf_skc_lookup_tcp(skb, (void *)&t, sizeof(t), BPF_F_CURRENT_NETNS, 0);
+	if (proto == IPPROTO_TCP) {
+		sk = bpf_skc_lookup_tcp(skb, t, size, BPF_F_CURRENT_NETNS, 0);
 		if (sk) {
 			__u32 state = sk->state;
 
 			bpf_sk_release(sk);
 			if (state != BPF_TCP_LISTEN) {
 				mark_to_proxy(skb);
-				return TCX_NEXT;
+				return;
 			}
 		}
 	}
-	t.dport = bpf_htons(port);
-	sk = lookup(skb, &t, ip->protocol);
+	*dport = bpf_htons(port);
+	sk = lookup(skb, t, size, proto);
 	if (!sk)
-		return TCX_NEXT;
+		return;
 	if (bpf_sk_assign(skb, sk, 0) == 0)
 		mark_to_proxy(skb);
 	bpf_sk_release(sk);
+}
+
+SEC("tcx/ingress")
+int steer_dns(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct bpf_sock_tuple t = {};
+	__be16 *ports;
+	__u16 port;
+	__u8 proto;
+
+	port = proxy_port;
+	if (!port)
+		return TCX_NEXT;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr_min *ip = data + ETH_HLEN;
+		__u32 ihl;
+
+		if ((void *)(ip + 1) > end)
+			return TCX_NEXT;
+		proto = ip->protocol;
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+			return TCX_NEXT;
+		if (ip->frag_off & bpf_htons(IP_MF_OFFSET))
+			return TCX_NEXT;
+		ihl = (ip->ver_ihl & 0x0f) * 4;
+		if (ihl < sizeof(*ip))
+			return TCX_NEXT;
+		ports = (void *)ip + ihl;
+		if ((void *)(ports + 2) > end)
+			return TCX_NEXT;
+		if (ports[1] != bpf_htons(DNS_PORT))
+			return TCX_NEXT;
+		t.ipv4.saddr = ip->saddr;
+		t.ipv4.daddr = ip->daddr;
+		t.ipv4.sport = ports[0];
+		t.ipv4.dport = ports[1];
+		steer(skb, &t, sizeof(t.ipv4), &t.ipv4.dport, proto, port);
+		return TCX_NEXT;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr_min *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > end)
+			return TCX_NEXT;
+		// Extension headers are not followed: DNS carries none.
+		proto = ip6->nexthdr;
+		if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+			return TCX_NEXT;
+		ports = (void *)(ip6 + 1);
+		if ((void *)(ports + 2) > end)
+			return TCX_NEXT;
+		if (ports[1] != bpf_htons(DNS_PORT))
+			return TCX_NEXT;
+		__builtin_memcpy(t.ipv6.saddr, ip6->saddr, sizeof(t.ipv6.saddr));
+		__builtin_memcpy(t.ipv6.daddr, ip6->daddr, sizeof(t.ipv6.daddr));
+		t.ipv6.sport = ports[0];
+		t.ipv6.dport = ports[1];
+		steer(skb, &t, sizeof(t.ipv6), &t.ipv6.dport, proto, port);
+	}
 	return TCX_NEXT;
 }
 
