@@ -5,6 +5,7 @@ package dnsproxy_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -251,6 +252,50 @@ func TestSteeredProxy(t *testing.T) {
 			}
 		})
 	}
+
+	// The proxy back (the agent restarted): a TCP connection opened to
+	// the server meanwhile stays with the server, a new one goes through
+	// the proxy.
+	t.Run("tcp/proxy-back", func(t *testing.T) {
+		var c net.Conn
+		if err := netnstest.InNetns(t, top.client, func() (err error) {
+			c, err = net.DialTimeout("tcp", serverAP.String(), 2*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		co := &dns.Conn{Conn: c}
+		ask := func(name string) {
+			t.Helper()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			if err := co.WriteMsg(new(dns.Msg).SetQuestion(name, dns.TypeA)); err != nil {
+				t.Fatalf("query %s: %v", name, err)
+			}
+			if resp, err := co.ReadMsg(); err != nil || resp.Rcode != dns.RcodeSuccess {
+				t.Fatalf("query %s: %v %v", name, resp, err)
+			}
+		}
+		ask("before.back.refused.example.")
+		back, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer back.Close()
+		if err := port.Set(back.Port()); err != nil {
+			t.Fatal(err)
+		}
+		ask("after.back.refused.example.")
+		for _, name := range []string{"before.back.refused.example.", "after.back.refused.example."} {
+			if qs := top.dns.sawName(name); len(qs) != 1 || qs[0].from != clientAddr {
+				t.Errorf("server saw %v, want one query on the client's own connection", qs)
+			}
+		}
+		resp, _, err := top.exchange(t, "tcp", "new.back.refused.example.")
+		if err != nil || resp.Rcode != dns.RcodeRefused {
+			t.Errorf("new connection: %v %v, want REFUSED by the proxy", resp, err)
+		}
+	})
 }
 
 func TestStartConfig(t *testing.T) {

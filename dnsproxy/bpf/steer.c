@@ -21,7 +21,10 @@
 // marked, and the stack's own lookup by the same tuple finds its socket
 // (assigning the listener instead would answer the handshake's ACK with a
 // reset); a listener found that way is some other local server on port 53
-// and is not used.
+// and is not used. Otherwise only a SYN without ACK (a new connection) is
+// assigned to the proxy's listener: a connection opened to the server
+// while no proxy listened stays with the server when the proxy comes back
+// rather than being reset by a listener that never saw its handshake.
 //
 // Fail-open: when no socket is found (the agent is down or restarting,
 // the proxy closed), the packet passes unmarked and is routed to its
@@ -121,6 +124,9 @@ struct bpf_sock_tuple {
 #define BPF_F_CURRENT_NETNS (-1L)
 #define BPF_TCP_LISTEN 10
 #define DNS_PORT 53
+#define TCP_FLAGS_OFF 13
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
 
 // MARK_TO_PROXY is the mark of a packet assigned to the proxy's socket:
 // the policy route above delivers it locally (the value and mask are
@@ -171,7 +177,7 @@ static __always_inline void mark_to_proxy(struct __sk_buff *skb)
 // steer assigns a packet of the tuple t (size bytes: IPv4 or IPv6 form)
 // to the proxy; *dport is t's destination port, which it rewrites.
 static __always_inline void steer(struct __sk_buff *skb, struct bpf_sock_tuple *t,
-		__u32 size, __be16 *dport, __u8 proto, __u16 port)
+		__u32 size, __be16 *dport, __u8 proto, __u16 port, void *l4, void *end)
 {
 	struct bpf_sock *sk;
 
@@ -186,6 +192,13 @@ static __always_inline void steer(struct __sk_buff *skb, struct bpf_sock_tuple *
 				return;
 			}
 		}
+		// Only a connection's first SYN goes to the listener: a segment
+		// of a connection the proxy does not hold (opened to the server
+		// while no proxy listened) keeps going to the server.
+		if (l4 + TCP_FLAGS_OFF + 1 > end)
+			return;
+		if ((*(__u8 *)(l4 + TCP_FLAGS_OFF) & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+			return;
 	}
 	*dport = bpf_htons(port);
 	sk = lookup(skb, t, size, proto);
@@ -232,7 +245,7 @@ int steer_dns(struct __sk_buff *skb)
 		t.ipv4.daddr = ip->daddr;
 		t.ipv4.sport = ports[0];
 		t.ipv4.dport = ports[1];
-		steer(skb, &t, sizeof(t.ipv4), &t.ipv4.dport, proto, port);
+		steer(skb, &t, sizeof(t.ipv4), &t.ipv4.dport, proto, port, ports, end);
 		return TCX_NEXT;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
@@ -253,7 +266,7 @@ int steer_dns(struct __sk_buff *skb)
 		__builtin_memcpy(t.ipv6.daddr, ip6->daddr, sizeof(t.ipv6.daddr));
 		t.ipv6.sport = ports[0];
 		t.ipv6.dport = ports[1];
-		steer(skb, &t, sizeof(t.ipv6), &t.ipv6.dport, proto, port);
+		steer(skb, &t, sizeof(t.ipv6), &t.ipv6.dport, proto, port, ports, end);
 	}
 	return TCX_NEXT;
 }
