@@ -85,6 +85,8 @@ func layers() map[string]place {
 		"internal/yamlread":    {0, kindLeaf},
 		"agentcmd/stopsignal":  {0, kindLeaf},
 		"datapathcell/bpf":     {0, kindInternal},
+		"dnsproxy":             {0, kindLeaf},
+		"dnsproxy/bpf":         {0, kindInternal},
 
 		// 1: the policy vocabulary.
 		"policy":   {1, kindLeaf},
