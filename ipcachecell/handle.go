@@ -90,7 +90,7 @@ func (c *IPCache) WaitResolved(ctx context.Context) error {
 //   - ErrResourceInUse: the resource has a live handle
 //   - ErrInvalidMetadata: the resource name is empty
 //   - source.ErrUnknownSource: src is not a valid source
-func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error) {
+func (c *IPCache) NewHandle(resource string, src source.Source, opts ...HandleOption) (*Handle, error) {
 	if resource == "" {
 		return nil, fmt.Errorf("create handle: empty resource name: %w", ErrInvalidMetadata)
 	}
@@ -103,6 +103,9 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 		return nil, fmt.Errorf("create handle for %s: %w", resource, ErrResourceInUse)
 	}
 	o := &owner{resource: resource, source: src}
+	for _, opt := range opts {
+		opt(o)
+	}
 	if last := len(c.freeIDs) - 1; last >= 0 {
 		o.id, c.freeIDs = c.freeIDs[last], c.freeIDs[:last]
 	} else {
@@ -112,6 +115,19 @@ func (c *IPCache) NewHandle(resource string, src source.Source) (*Handle, error)
 	c.live[resource] = o
 	return &Handle{ipcache: c, owner: o, prefixes: map[compactPrefix]struct{}{}, maxKnown: maxKnownPrefixes}, nil
 }
+
+// HandleOption changes what a handle's metadata means.
+type HandleOption func(*owner)
+
+// SharedIdentity makes the handle's labels the whole label set of its
+// prefixes' identity: the prefix's own cidr label is not added, so every
+// prefix with the same labels maps to one identity (the addresses learned
+// from DNS: one identity per name selector rather than one per address).
+// The labels must then hold a cidr label, so that CIDR selectors and the
+// world still select the identity: the owner picks the covering prefix
+// whose selectors should. A prefix whose rows include one of such a
+// handle gets the shared identity.
+func SharedIdentity() HandleOption { return func(o *owner) { o.shared = true } }
 
 // ProducerOption changes how a registered producer takes part in start-up.
 type ProducerOption func(*producerOptions)
@@ -258,7 +274,7 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	for i, u := range batch {
 		prefix, err := canonicalPrefix(u.Prefix)
 		if err == nil {
-			err = validateMetadata(u.Metadata)
+			err = validateMetadata(u.Metadata, h.owner.shared)
 		}
 		if err != nil {
 			return fmt.Errorf("upsert metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
@@ -329,9 +345,15 @@ func sortByPrefix(rows []*PrefixMetadata) {
 	}
 }
 
-func validateMetadata(md Metadata) error {
+func validateMetadata(md Metadata, shared bool) error {
 	if md.RequestedIdentity != identity.Unknown && !md.RequestedIdentity.IsLocal() {
 		return fmt.Errorf("requested identity %d is not a local identity", md.RequestedIdentity)
+	}
+	if shared {
+		for range md.Labels.Prefixes() {
+			return nil
+		}
+		return fmt.Errorf("a shared identity's labels %q hold no cidr label", md.Labels)
 	}
 	return nil
 }

@@ -422,6 +422,8 @@ type resolution struct {
 	explicit          identity.Number
 	explicitBy        *owner // set with explicit
 	hasAnyMetadataRow bool
+	// shared is set when a row's handle has the SharedIdentity option.
+	shared bool
 	// want is labels with the prefix's cidr label (see wantedLabels).
 	want labels.Labels
 }
@@ -436,6 +438,7 @@ func (res *resolution) merge(row *PrefixMetadata) {
 		res.source = row.Source()
 	}
 	res.hasAnyMetadataRow = true
+	res.shared = res.shared || row.owner.shared
 	if row.RequestedIdentity != identity.Unknown &&
 		(res.requested == identity.Unknown || row.owner.precedes(res.requestedBy)) {
 		res.requested, res.requestedBy = row.RequestedIdentity, row.owner
@@ -494,7 +497,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 				p.res.merge(row)
 			}
 			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identity.Unknown {
-				p.res.want = wantedLabels(p.res.labels, queued.prefix)
+				p.res.want = wantedLabels(p.res.labels, queued.prefix, p.res.shared)
 			}
 		}
 		done <- out
@@ -503,10 +506,13 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 }
 
 // wantedLabels is the rows' labels with the prefix's cidr label: a
-// prefix's identity always carries its own cidr label, so that CIDR
-// selectors find it and two prefixes never share a local identity.
-func wantedLabels(rows labels.Labels, prefix netip.Prefix) labels.Labels {
+// prefix's identity carries its own cidr label, so that CIDR selectors
+// find it and two prefixes never share a local identity, unless a row asks
+// for a shared identity, whose labels hold the cidr label its owner chose.
+func wantedLabels(rows labels.Labels, prefix netip.Prefix, shared bool) labels.Labels {
 	switch {
+	case shared:
+		return rows
 	case rows.IsEmpty():
 		return labels.ForPrefix(prefix)
 	case rows.IsForPrefix(prefix):

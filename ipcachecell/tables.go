@@ -37,6 +37,7 @@ type Metadata struct {
 	// ExplicitIdentity is an identity allocated elsewhere; if set, the
 	// prefix maps to it and the ipcache takes no reference. Zero: none.
 	ExplicitIdentity identity.Number `json:"explicitIdentity,omitempty" yaml:"explicitIdentity,omitempty"`
+
 }
 
 // PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of
@@ -59,6 +60,8 @@ type owner struct {
 	// id is the resource's number in its IPCache, which the rows' keys
 	// hold instead of the name (see metadataKey).
 	id uint64
+	// shared is the handle's SharedIdentity option.
+	shared bool
 }
 
 // Resource returns the name of the resource whose metadata this is.

@@ -8,6 +8,7 @@ package ipcachetest
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,7 +30,7 @@ func OwnerCommands(current func() *ipcachecell.IPCache) map[string]script.Cmd {
 		handlesOf *ipcachecell.IPCache
 		handles   map[string]*ipcachecell.Handle
 	)
-	handle := func(resource, src string) (*ipcachecell.Handle, error) {
+	handle := func(resource, src string, opts ...ipcachecell.HandleOption) (*ipcachecell.Handle, error) {
 		if handlesOf != current() {
 			handlesOf, handles = current(), map[string]*ipcachecell.Handle{}
 		}
@@ -40,7 +41,7 @@ func OwnerCommands(current func() *ipcachecell.IPCache) map[string]script.Cmd {
 		if err != nil {
 			return nil, err
 		}
-		h, err := current().NewHandle(resource, s)
+		h, err := current().NewHandle(resource, s, opts...)
 		if err == nil {
 			handles[resource] = h
 		}
@@ -56,13 +57,17 @@ func OwnerCommands(current func() *ipcachecell.IPCache) map[string]script.Cmd {
 	cmds["test/upsert"] = script.Command(
 		script.CmdUsage{
 			Summary: "Upsert metadata for prefixes through a resource's handle",
-			Args:    "resource source prefix[,prefix...] [labels=l1,l2] [requested=N] [explicit=N]",
+			Args:    "resource source prefix[,prefix...] [labels=l1,l2] [requested=N] [explicit=N] [shared=true] (shared: the handle, when made, has SharedIdentity)",
 		},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
 			if len(args) < 3 {
 				return nil, script.ErrUsage
 			}
-			h, err := handle(args[0], args[1])
+			var opts []ipcachecell.HandleOption
+			if slices.Contains(args[3:], "shared=true") {
+				opts = append(opts, ipcachecell.SharedIdentity())
+			}
+			h, err := handle(args[0], args[1], opts...)
 			if err != nil {
 				return scriptcmd.Result("", err)
 			}
@@ -72,6 +77,9 @@ func OwnerCommands(current func() *ipcachecell.IPCache) map[string]script.Cmd {
 				switch key {
 				case "labels":
 					md.Labels, err = labels.Parse(value)
+				case "shared":
+					// An option of the resource's handle, taken when the
+					// handle is made (above).
 				case "requested", "explicit":
 					var n uint64
 					n, err = strconv.ParseUint(value, 10, 32)
