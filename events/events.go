@@ -20,7 +20,7 @@ import (
 // (events_mask).
 
 // Kinds selects the events a subscriber wants: the bits of the program's
-// events_mask.
+// events_mask (ProgramKinds), and DNSQueries.
 type Kinds uint32
 
 const (
@@ -28,6 +28,13 @@ const (
 	Drops Kinds = 1 << 0
 	// Verdicts: also one per allowed packet in an enforced direction.
 	Verdicts Kinds = 1 << 1
+	// DNSQueries: one event per query the DNS proxy handled (DNS). Not a
+	// bit of the program's: it must never reach its events_mask.
+	DNSQueries Kinds = 1 << 16
+
+	// ProgramKinds are the kinds the program writes, the bits its
+	// events_mask may have.
+	ProgramKinds = Drops | Verdicts
 )
 
 // Size is the size of struct event in bpf/enforce.c (bpf.EnforceEvent,
