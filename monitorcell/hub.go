@@ -5,6 +5,7 @@ package monitorcell
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
@@ -20,7 +21,7 @@ import (
 // behind loses events (counted), the reader never waits for it.
 
 // subscriberBuffer is how many events a subscriber may fall behind by
-// before it loses events.
+// before it loses events: program events and DNS events each.
 const subscriberBuffer = 4096
 
 // subscriber is one monitor client's subscription.
@@ -30,13 +31,26 @@ type subscriber struct {
 	lost  uint64 // under Hub.mu
 }
 
+// dnsSubscriber is one monitor client's subscription to the DNS proxy's
+// events.
+type dnsSubscriber struct {
+	ch   chan events.DNS
+	lost uint64 // under Hub.mu
+}
+
 // Hub reads the loaded program's ring buffer while there are subscribers,
-// and fans the events out to them.
+// and fans the events out to them; it fans the DNS proxy's events out
+// too, which need no program.
 type Hub struct {
 	source events.Source
 
-	mu     sync.Mutex
-	subs   map[*subscriber]struct{}
+	// dnsCount is len(dnsSubs), read without mu so that a DNS event
+	// nobody wants costs the proxy one atomic load.
+	dnsCount atomic.Int32
+
+	mu      sync.Mutex
+	subs    map[*subscriber]struct{}
+	dnsSubs map[*dnsSubscriber]struct{}
 	reader *ringbuf.Reader
 	// stopped is set by the stop hook, which runs before the datapath's
 	// (the hub depends on its Source): nothing reads the program after.
@@ -44,7 +58,7 @@ type Hub struct {
 }
 
 func newHub(source events.Source) *Hub {
-	return &Hub{source: source, subs: map[*subscriber]struct{}{}}
+	return &Hub{source: source, subs: map[*subscriber]struct{}{}, dnsSubs: map[*dnsSubscriber]struct{}{}}
 }
 
 // newLifecycleHub returns the Hub with its stop hook appended to the
@@ -71,8 +85,10 @@ func (h *Hub) stop() {
 	h.stopped = true
 }
 
-// Subscribe starts handing events of kinds to the returned channel until
-// cancel is called; lost says how many it missed by falling behind.
+// Subscribe starts handing the program's events of kinds (of
+// events.ProgramKinds; DNS events are SubscribeDNS's) to the returned
+// channel until cancel is called; lost says how many it missed by falling
+// behind.
 //
 // Possible errors: events.ErrNoProgram when no program is loaded (no
 // --devices), those of reading the ring buffer or setting the mask.
@@ -126,7 +142,7 @@ func (h *Hub) removeLocked(sub *subscriber) {
 func (h *Hub) setMaskLocked() error {
 	var mask events.Kinds
 	for s := range h.subs {
-		mask |= s.kinds
+		mask |= s.kinds & events.ProgramKinds
 	}
 	return h.source.SetMask(mask)
 }
@@ -164,6 +180,47 @@ func (h *Hub) dispatch(e events.Event) {
 		if s.kinds&kind == 0 {
 			continue
 		}
+		select {
+		case s.ch <- e:
+		default:
+			s.lost++
+		}
+	}
+}
+
+var _ events.DNSPublisher = (*Hub)(nil)
+
+// SubscribeDNS starts handing the DNS proxy's events to the returned
+// channel until cancel is called; lost says how many it missed by falling
+// behind. It needs no program: the proxy publishes from user space.
+func (h *Hub) SubscribeDNS() (subscribed <-chan events.DNS, cancel func() (lost uint64)) {
+	sub := &dnsSubscriber{ch: make(chan events.DNS, subscriberBuffer)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dnsSubs[sub] = struct{}{}
+	h.dnsCount.Store(int32(len(h.dnsSubs)))
+	return sub.ch, func() uint64 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.dnsSubs, sub)
+		h.dnsCount.Store(int32(len(h.dnsSubs)))
+		return sub.lost
+	}
+}
+
+// PublishDNS hands e to every DNS subscriber that has room for it, and
+// counts it lost for the others: the proxy never waits for a client.
+// Addresses beyond events.MaxDNSAddresses are left out.
+func (h *Hub) PublishDNS(e events.DNS) {
+	if h.dnsCount.Load() == 0 {
+		return
+	}
+	if len(e.Addresses) > events.MaxDNSAddresses {
+		e.Addresses = e.Addresses[:events.MaxDNSAddresses:events.MaxDNSAddresses]
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.dnsSubs {
 		select {
 		case s.ch <- e:
 		default:
