@@ -6,8 +6,8 @@ import "errors"
 
 var (
 	// ErrEventType is the error of a monitor --type other than drop,
-	// verdict or all.
-	ErrEventType = errors.New("want drop, verdict or all")
+	// verdict, dns or all.
+	ErrEventType = errors.New("want drop, verdict, dns or all")
 
 	// ErrFilter is the error of a monitor filter flag's invalid value.
 	ErrFilter = errors.New("invalid filter")

@@ -58,7 +58,7 @@ func AddFilterFlags(fs *pflag.FlagSet) {
 	fs.StringSlice(flagToPort, nil, "Show events whose destination port (TCP, UDP, SCTP) is this port")
 	fs.StringSlice(flagPort, nil, "Show events whose source or destination port (TCP, UDP, SCTP) is this port")
 	fs.StringSlice(flagProtocol, nil, "Show events of this protocol: tcp, udp, icmp, icmpv6, sctp or a number")
-	fs.StringSlice(flagVerdict, nil, "Show events of this verdict (drop, allow) or reason (no-policy, policy-deny, policy, reply, ...)")
+	fs.StringSlice(flagVerdict, nil, "Show events of this verdict (drop, allow) or reason (no-policy, policy-deny, policy, reply, ...); DNS: refused, failed")
 	fs.StringSlice(flagFromIdentity, nil, "Show events whose source's identity is this number")
 	fs.StringSlice(flagToIdentity, nil, "Show events whose destination's identity is this number")
 	fs.StringSlice(flagIdentity, nil, "Show events whose source's or destination's identity is this number")
@@ -94,10 +94,21 @@ type Filter struct {
 	endpoints                       []string
 }
 
-// verdict is one --verdict value: an event's verdict, or one reason.
+// verdict is one --verdict value: an event's verdict, or one reason, or
+// one of a DNS event's.
 type verdict struct {
 	allowed bool
-	reason  bpfmaps.Reason // 0: any reason of the verdict
+	reason  bpfmaps.Reason    // 0: any reason of the verdict
+	dns     events.DNSVerdict // 0: not a DNS event's own (refused, failed)
+}
+
+// matchesDNS reports whether a DNS event of verdict d passes v: allow is
+// forwarded, drop refused or failed; a reason passes none.
+func (v verdict) matchesDNS(d events.DNSVerdict) bool {
+	if v.dns != 0 {
+		return v.dns == d
+	}
+	return v.reason == 0 && v.allowed == (d == events.DNSForwarded)
 }
 
 // ParseFilter parses the filter flags of fs.
@@ -194,6 +205,10 @@ func parseVerdict(v string) (verdict, error) {
 		return verdict{}, nil
 	case "allow", "allowed", "forwarded":
 		return verdict{allowed: true}, nil
+	case "refused":
+		return verdict{dns: events.DNSRefused}, nil
+	case "failed":
+		return verdict{dns: events.DNSFailed}, nil
 	}
 	for code := 1; code < 256; code++ {
 		r := bpfmaps.Reason(code)
@@ -201,18 +216,21 @@ func parseVerdict(v string) (verdict, error) {
 			return verdict{allowed: r >= bpfmaps.ReasonPolicy, reason: r}, nil
 		}
 	}
-	return verdict{}, fmt.Errorf("want drop, allow or a reason (no-policy, policy-deny, spoofed-source, policy, reply, ...)")
+	return verdict{}, fmt.Errorf("want drop, allow, a reason (no-policy, policy-deny, spoofed-source, policy, reply, ...), refused or failed")
 }
 
 // kinds returns the events the filter can pass, for a client that gave no
-// --type: a --verdict of allowed packets' asks for verdict events.
+// --type: a --verdict of allowed packets' asks for verdict events, one of
+// DNS events' own (refused, failed) for DNS events.
 func (f *Filter) kinds() events.Kinds {
 	if len(f.verdicts) == 0 {
 		return events.Drops
 	}
 	var k events.Kinds
 	for _, v := range f.verdicts {
-		if v.allowed {
+		if v.dns != 0 {
+			k |= events.DNSQueries
+		} else if v.allowed {
 			k |= events.Verdicts
 		} else {
 			k |= events.Drops
@@ -260,7 +278,7 @@ func (f *Filter) match(e events.Event, names sides) bool {
 		len(f.port) > 0 && !portIn(f.port, e.SrcPort, e.DstPort),
 		len(f.protocols) > 0 && !slices.Contains(f.protocols, e.Protocol),
 		len(f.verdicts) > 0 && !slices.ContainsFunc(f.verdicts, func(v verdict) bool {
-			return v.allowed == e.Allowed && (v.reason == 0 || v.reason == e.Reason)
+			return v.dns == 0 && v.allowed == e.Allowed && (v.reason == 0 || v.reason == e.Reason)
 		}),
 		len(f.fromIdentity) > 0 && !idIn(f.fromIdentity, srcID),
 		len(f.toIdentity) > 0 && !idIn(f.toIdentity, dstID),
@@ -278,6 +296,38 @@ func (f *Filter) match(e events.Event, names sides) bool {
 		}
 	}
 	if len(f.endpoints) > 0 && (e.Endpoint == identity.Unknown || !slices.Contains(f.endpoints, names.endpointName(e))) {
+		return false
+	}
+	return true
+}
+
+// matchDNS reports whether a DNS event passes every filter given: the
+// client is its source, the server its destination, its endpoint the
+// client's; a port, protocol or identity filter passes none (the proxy's
+// event has no packet's ports or remote identity).
+func (f *Filter) matchDNS(e events.DNS, names sides) bool {
+	if len(f.fromPort) > 0 || len(f.toPort) > 0 || len(f.port) > 0 || len(f.protocols) > 0 ||
+		len(f.fromIdentity) > 0 || len(f.toIdentity) > 0 || len(f.anyID) > 0 {
+		return false
+	}
+	client, server := e.Client.Addr().Unmap(), e.Server.Addr().Unmap()
+	inAny := func(ps []netip.Prefix, addrs ...netip.Addr) bool {
+		return slices.ContainsFunc(ps, func(p netip.Prefix) bool {
+			return slices.ContainsFunc(addrs, func(a netip.Addr) bool { return a.IsValid() && p.Contains(a) })
+		})
+	}
+	switch {
+	case len(f.fromIP) > 0 && !inAny(f.fromIP, client),
+		len(f.toIP) > 0 && !inAny(f.toIP, server),
+		len(f.ip) > 0 && !inAny(f.ip, client, server),
+		len(f.verdicts) > 0 && !slices.ContainsFunc(f.verdicts, func(v verdict) bool { return v.matchesDNS(e.Verdict) }):
+		return false
+	}
+	if len(f.labels) > 0 && (e.Endpoint == identity.Unknown || !slices.ContainsFunc(names.identityLabels(e.Endpoint),
+		func(l string) bool { return slices.Contains(f.labels, l) })) {
+		return false
+	}
+	if len(f.endpoints) > 0 && (e.Endpoint == identity.Unknown || !slices.Contains(f.endpoints, names.endpointName(queryPacket(e)))) {
 		return false
 	}
 	return true

@@ -48,13 +48,14 @@ type Hub struct {
 	// nobody wants costs the proxy one atomic load.
 	dnsCount atomic.Int32
 
-	mu      sync.Mutex
-	subs    map[*subscriber]struct{}
-	dnsSubs map[*dnsSubscriber]struct{}
+	mu     sync.Mutex
+	subs   map[*subscriber]struct{}
 	reader *ringbuf.Reader
 	// stopped is set by the stop hook, which runs before the datapath's
 	// (the hub depends on its Source): nothing reads the program after.
 	stopped bool
+	// dnsSubs need no program: the stop leaves them to their cancel.
+	dnsSubs map[*dnsSubscriber]struct{}
 }
 
 func newHub(source events.Source) *Hub {

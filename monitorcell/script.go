@@ -4,9 +4,11 @@ package monitorcell
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
+	"github.com/miekg/dns"
 	"github.com/spf13/pflag"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -57,25 +60,33 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		Command: script.Command(
 			script.CmdUsage{
-				Summary: "Stream the enforcement program's drop and verdict events until interrupted",
+				Summary: "Stream the enforcement program's drop and verdict events and the DNS proxy's until interrupted",
 				Detail: []string{
 					"--type drop (default): one event per dropped packet; verdict: one per",
-					"allowed packet of an enforced direction; all: both. Rate-limited in",
+					"allowed packet of an enforced direction; dns: one per query the DNS",
+					"proxy handled (no program needed); all: the three (without a program,",
+					"DNS events only). Rate-limited in",
 					"the program per CPU; lost events are counted (ipcache_agent_events_lost_total).",
 					"-o json: one object per line: time, device, direction, src, dst,",
 					"protocol, sport, dport (ICMP: type), identity, endpoint (the local",
 					"endpoint's identity) and endpointName (its namespace/name), labels,",
-					"verdict, reason, policy and rules (the deciding entry's).",
+					"verdict, reason, policy and rules (the deciding entry's). A DNS event:",
+					"type \"dns\", time, client, server, endpoint, endpointName, name, qtype,",
+					"rcode, addresses, verdict (forwarded, refused, failed), held (a duration).",
 					"Filters as hubble observe's: a flag may be repeated (or take",
 					"comma-separated values) and matches any of its values; an event is",
 					"shown when it matches every flag given. Addresses take an address or",
 					"a CIDR. Without --type, --verdict chooses the events (allow or an",
 					"allow reason: verdict events). Filters select what is shown only: the",
 					"program writes, and datapath/events-lost counts, every event.",
+					"On DNS events --from-ip is the client's address, --to-ip the server's;",
+					"--verdict drop matches refused and failed queries, allow forwarded ones",
+					"(refused or failed alone: DNS events only); --label and --endpoint the",
+					"client's endpoint. A DNS event passes no port, protocol or identity filter.",
 				},
 				Flags: func(fs *pflag.FlagSet) {
 					scriptcmd.OutputFlag(fs)
-					fs.String("type", "drop", "Events: drop, verdict or all")
+					fs.String("type", "drop", "Events: drop, verdict, dns or all")
 					AddFilterFlags(fs)
 				},
 			},
@@ -97,15 +108,8 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 				}
 				kinds := filter.kinds()
 				if s.Flags.Changed("type") {
-					switch typ {
-					case "drop":
-						kinds = events.Drops
-					case "verdict":
-						kinds = events.Verdicts
-					case "all":
-						kinds = events.Drops | events.Verdicts
-					default:
-						return scriptcmd.Result("", fmt.Errorf("--type %s: %w", typ, ErrEventType))
+					if kinds, err = EventKinds(typ); err != nil {
+						return scriptcmd.Result("", err)
 					}
 				}
 				return nil, p.stream(s, kinds, filter, asJSON)
@@ -133,19 +137,51 @@ func monitorScriptCommands(p monitorParams) hive.ScriptCmdsOut {
 	})
 }
 
+// EventKinds returns the events of a monitor --type: drop, verdict, dns
+// or all.
+//
+// Possible errors: ErrEventType (wrapped, naming the value).
+func EventKinds(typ string) (events.Kinds, error) {
+	switch typ {
+	case "drop":
+		return events.Drops, nil
+	case "verdict":
+		return events.Verdicts, nil
+	case "dns":
+		return events.DNSQueries, nil
+	case "all":
+		return events.Drops | events.Verdicts | events.DNSQueries, nil
+	}
+	return 0, fmt.Errorf("--type %s: %w", typ, ErrEventType)
+}
+
 // eventsLostJSON is datapath/events-lost -o json.
 type eventsLostJSON struct {
 	RateLimit uint64 `json:"rateLimit"`
 	RingFull  uint64 `json:"ringFull"`
 }
 
-// stream writes the events of kinds to the client until it leaves.
+// stream writes the events of kinds to the client until it leaves. A
+// client that wants DNS events too gets those alone when no program is
+// loaded: without one there are no drops or verdicts to miss.
 func (p monitorParams) stream(s *script.State, kinds events.Kinds, filter *Filter, asJSON bool) error {
-	subscribed, cancel, err := p.Hub.Subscribe(kinds)
-	if err != nil {
-		return err
+	var subscribed <-chan events.Event
+	if kinds&events.ProgramKinds != 0 {
+		ch, cancel, err := p.Hub.Subscribe(kinds & events.ProgramKinds)
+		switch {
+		case err == nil:
+			subscribed = ch
+			defer cancel()
+		case !errors.Is(err, events.ErrNoProgram) || kinds&events.DNSQueries == 0:
+			return err
+		}
 	}
-	defer cancel()
+	var dnsSubscribed <-chan events.DNS
+	if kinds&events.DNSQueries != 0 {
+		ch, cancel := p.Hub.SubscribeDNS()
+		dnsSubscribed = ch
+		defer cancel()
+	}
 	out := s.LogWriter()
 	devices := map[uint32]string{}
 	flush := time.NewTicker(monitorFlush)
@@ -175,6 +211,21 @@ func (p monitorParams) stream(s *script.State, kinds events.Kinds, filter *Filte
 				out.Write(append(b, '\n'))
 			} else {
 				writeEventText(out, j)
+			}
+			pending = true
+		case e := <-dnsSubscribed:
+			if !filter.matchDNS(e, p) {
+				continue
+			}
+			j := p.describeDNS(e)
+			if asJSON {
+				b, err := json.Marshal(j)
+				if err != nil {
+					return err
+				}
+				out.Write(append(b, '\n'))
+			} else {
+				writeDNSText(out, j)
 			}
 			pending = true
 		}
@@ -364,4 +415,83 @@ func writeEventText(w io.Writer, j eventJSON) {
 	}
 	fmt.Fprintf(w, "%s %s on %s, identity %d (%s): %s%s\n", j.Time, what, where,
 		j.Identity, strings.Join(j.Labels, ","), pkt, decided)
+}
+
+// dnsJSON is one DNS event of monitor -o json (docs/CONTRACT.md).
+type dnsJSON struct {
+	// Type is "dns": it tells a DNS event from a program's, whose "type"
+	// is absent or an ICMP type (a number).
+	Type     string          `json:"type"`
+	Time     string          `json:"time"`
+	Client   string          `json:"client"`
+	Server   string          `json:"server"`
+	Endpoint identity.Number `json:"endpoint,omitempty"`
+	// EndpointName is the client endpoint's namespace/name, found by the
+	// client's address as for a program's egress event.
+	EndpointName string `json:"endpointName,omitempty"`
+	Name         string `json:"name"`
+	QType        string `json:"qtype"`
+	Rcode        string `json:"rcode"`
+	// Addresses are the answer's, [] when none.
+	Addresses []string `json:"addresses"`
+	Verdict   string   `json:"verdict"`
+	// Held is a duration (Go's time.Duration text, "0s" when the answer
+	// was not held).
+	Held string `json:"held"`
+}
+
+func (p monitorParams) describeDNS(e events.DNS) dnsJSON {
+	j := dnsJSON{
+		Type:      "dns",
+		Time:      e.Time.UTC().Format(time.RFC3339Nano),
+		Client:    unmapped(e.Client).String(),
+		Server:    unmapped(e.Server).String(),
+		Endpoint:  e.Endpoint,
+		Name:      e.Name,
+		QType:     dns.TypeToString[e.Type],
+		Rcode:     dns.RcodeToString[e.Rcode],
+		Addresses: make([]string, 0, len(e.Addresses)),
+		Verdict:   e.Verdict.String(),
+		Held:      e.Held.String(),
+	}
+	// Unknown codes as RFC 3597 writes unknown types.
+	if j.QType == "" {
+		j.QType = "TYPE" + strconv.Itoa(int(e.Type))
+	}
+	if j.Rcode == "" {
+		j.Rcode = "RCODE" + strconv.Itoa(e.Rcode)
+	}
+	for _, a := range e.Addresses {
+		j.Addresses = append(j.Addresses, a.String())
+	}
+	if e.Endpoint != identity.Unknown {
+		j.EndpointName = p.endpointName(queryPacket(e))
+	}
+	return j
+}
+
+// unmapped is ap with an IPv4-mapped IPv6 address as its IPv4 address,
+// as the filters compare it.
+func unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// queryPacket is a DNS event's query as the program saw it: an egress
+// packet of the client's endpoint, for the lookups by a local address.
+func queryPacket(e events.DNS) events.Event {
+	return events.Event{Direction: policy.Egress, Endpoint: e.Endpoint, Src: e.Client.Addr().Unmap(), Dst: e.Server.Addr().Unmap()}
+}
+
+// writeDNSText writes a DNS event on one line: who asked whom, for
+// what, what came back and what the proxy did.
+func writeDNSText(w io.Writer, j dnsJSON) {
+	who := j.Client + " -> " + j.Server
+	switch {
+	case j.EndpointName != "":
+		who += fmt.Sprintf(", endpoint %s (identity %d)", j.EndpointName, j.Endpoint)
+	case j.Endpoint != 0:
+		who += fmt.Sprintf(", endpoint %d", j.Endpoint)
+	}
+	fmt.Fprintf(w, "%s dns %s: %s %s %s [%s] %s held %s\n", j.Time, who, j.Name, j.QType, j.Rcode,
+		strings.Join(j.Addresses, ", "), j.Verdict, j.Held)
 }

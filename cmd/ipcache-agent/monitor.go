@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"strings"
 
@@ -22,9 +21,10 @@ func newMonitorCommand(stdout io.Writer) *cobra.Command {
 	var typ, output, sockPath string
 	cmd := &cobra.Command{
 		Use:   monitorcell.Command,
-		Short: "Stream the enforcement program's drop and verdict events (as cilium-dbg monitor)",
+		Short: "Stream the enforcement program's drop and verdict events and the DNS proxy's (as cilium-dbg monitor)",
 		Long: "Streams one line per event until interrupted: --type drop (default), verdict\n" +
-			"(allowed packets) or all; -o json prints one JSON object per line\n" +
+			"(allowed packets), dns (the DNS proxy's queries; no program needed) or all\n" +
+			"(without a program, DNS events only); -o json prints one JSON object per line\n" +
 			"(docs/CONTRACT.md \"Monitor events\"). The text names the policy and rule of\n" +
 			"the entry that decided an allow by policy or a policy-deny drop.\n\n" +
 			"Filters, as hubble observe's: a flag may be repeated (or take comma-separated\n" +
@@ -33,15 +33,15 @@ func newMonitorCommand(stdout io.Writer) *cobra.Command {
 			"--verdict chooses the events (allow or an allow reason: verdict events).\n" +
 			"Filters select what is shown only: the program still writes every event, and\n" +
 			"lost events (datapath/events-lost, ipcache_agent_events_lost_total) count\n" +
-			"them all.\n\n" +
+			"them all. On DNS events --from-ip is the client, --to-ip the server, --verdict\n" +
+			"drop matches refused and failed queries (refused, failed alone), allow\n" +
+			"forwarded ones; a port, protocol or identity filter passes no DNS event.\n\n" +
 			"  ipcache-agent monitor --to-ip 10.30.0.0/16 --verdict policy-deny\n" +
 			"  ipcache-agent monitor --verdict allow --endpoint shop/web-1 --port 443",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			switch typ {
-			case "drop", "verdict", "all":
-			default:
-				return fmt.Errorf("--type %s: %w", typ, monitorcell.ErrEventType)
+			if _, err := monitorcell.EventKinds(typ); err != nil {
+				return err
 			}
 			if _, err := monitorcell.ParseFilter(cmd.Flags()); err != nil {
 				return err
@@ -54,7 +54,7 @@ func newMonitorCommand(stdout io.Writer) *cobra.Command {
 			return cells.ShellExchange(sockPath, strings.Join(args, " "), stdout)
 		},
 	}
-	cmd.Flags().StringVar(&typ, "type", "drop", "Events: drop, verdict or all")
+	cmd.Flags().StringVar(&typ, "type", "drop", "Events: drop, verdict, dns or all")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "Output format: text or json")
 	cmd.Flags().StringVar(&sockPath, shell.ShellSockPathName, cells.DefaultShellSockPath, "Path to the agent's shell socket")
 	monitorcell.AddFilterFlags(cmd.Flags())

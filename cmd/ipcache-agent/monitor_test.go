@@ -437,3 +437,16 @@ func TestMonitorInvalidFilter(t *testing.T) {
 		require.NotContains(t, stderr, sock, "%v: refused before the agent is asked", args)
 	}
 }
+
+// --type dns is the DNS proxy's events: accepted, the agent is asked; an
+// unknown type is an error before it is.
+func TestMonitorType(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "shell.sock")
+	_, stderr, code := runAgentCommand(t, "monitor", "--type=dns", "--shell-sock-path="+sock)
+	require.NotZero(t, code, "no agent runs")
+	require.Contains(t, stderr, sock, "--type dns: the agent is asked")
+	_, stderr, code = runAgentCommand(t, "monitor", "--type=dnss", "--shell-sock-path="+sock)
+	require.NotZero(t, code)
+	require.Contains(t, stderr, "--type dnss: want drop, verdict, dns or all")
+	require.NotContains(t, stderr, sock)
+}
