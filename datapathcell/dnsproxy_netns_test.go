@@ -247,8 +247,8 @@ func (a *proxyAnswers) saw(client netip.Addr, name string) bool {
 	return slices.Contains(a.seen, client.String()+" "+name)
 }
 
-// TestPrivilegedDNSProxySteering: with the enforcement program at TCX
-// ingress of the client's device, egress enforced and the servers'
+// TestPrivilegedDNSProxySteering: with the enforcement program on the
+// client's device, both directions enforced and the servers'
 // identity allowed on UDP and TCP port 53 with verdict 3, the client's
 // queries to its server are answered through the proxy (UDP and TCP, IPv4
 // and IPv6, queries from one socket every time), from the server's address;
@@ -274,7 +274,11 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 		bumpRevision(t, maps)
 	}
 	putVerdict(verdictDNSProxy)
-	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Egress), uint32(1)))
+	// Both directions default deny: the answers, the proxy's too, pass as
+	// replies of the connections the queries made.
+	for _, d := range []policy.Direction{policy.Ingress, policy.Egress} {
+		require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(0, d), uint32(1)))
+	}
 	bumpRevision(t, maps)
 
 	var seen proxyAnswers
