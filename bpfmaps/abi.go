@@ -40,7 +40,10 @@ import (
 // of dport. sec_identity 0 is any identity. direction: 0 ingress, 1
 // egress (policy.Direction). For ICMP and ICMPv6 dport holds the type
 // in its first byte and the code in its second. Bits past prefixlen are
-// zero. verdict 1 allow, 2 deny (policy.Verdict).
+// zero. verdict 1 allow, 2 deny, 3 allow with the DNS (port 53) that the
+// endpoint sends steered to the DNS proxy (policy.Verdict; dns-proxy
+// below). Of the two lookups, a deny wins, then the remote identity's
+// allow (1 or 3), then identity 0's.
 //
 // policy is an LPM trie of that layout per subject: the outer pinned map
 // `policy` is a hash of maps (BPF_F_NO_PREALLOC) keyed by the subject, u32,
@@ -105,6 +108,19 @@ import (
 //
 // A pinned counters map of the previous layout (8 entries, index
 // direction*4 + slot) is migrated to this one at start (maps.go).
+//
+// dns-proxy (array, 1 entry; the program declares it as dns_proxy, for a
+// C name has no '-'):
+//
+//	key   (4 bytes): u32 0
+//	value (4 bytes): port u32
+//
+// port is the DNS proxy's port in host order (its UDP and TCP sockets
+// listen on it, IPv4 and IPv6), written by the agent once the proxy
+// listens; 0 is no proxy, and so is a value above 65535. The program
+// steers the DNS of policy entries of verdict 3 there (datapathcell/bpf/enforce.c);
+// without a proxy, or with no socket on the port (the agent down), that
+// DNS goes to its server.
 
 const (
 	ipcacheKeySize   = 24
@@ -127,6 +143,8 @@ const (
 
 	endpointKeySize   = 20
 	endpointValueSize = 12
+
+	dnsProxyValueSize = 4
 )
 
 // PolicySubjects is the max entries of the outer policy map: every
@@ -222,6 +240,26 @@ func (v EndpointValue) Ifindex() uint32 { return binary.LittleEndian.Uint32(v[4:
 
 // Flags returns the value's flags (none defined yet: 0).
 func (v EndpointValue) Flags() uint32 { return binary.LittleEndian.Uint32(v[8:12]) }
+
+// DNSProxyValue is the value of the dns-proxy map (at key uint32(0)).
+type DNSProxyValue [dnsProxyValueSize]byte
+
+// NewDNSProxyValue encodes the DNS proxy's port; 0 is no proxy.
+func NewDNSProxyValue(port uint16) DNSProxyValue {
+	var v DNSProxyValue
+	binary.LittleEndian.PutUint32(v[:], uint32(port))
+	return v
+}
+
+// Port returns the DNS proxy's port, 0 for none (also for a value above
+// 65535, which the program takes as none).
+func (v DNSProxyValue) Port() uint16 {
+	port := binary.LittleEndian.Uint32(v[:])
+	if port > 0xffff {
+		return 0
+	}
+	return uint16(port)
+}
 
 // EnforcementKey is the key of the enforcement map: the index of a
 // subject's direction.

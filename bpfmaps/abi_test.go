@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
@@ -172,4 +173,18 @@ func TestPolicySubjectsCoverTheLabelIdentities(t *testing.T) {
 	require.Equal(t, uint32(EndpointsMaxEntries), EndpointsSpec().MaxEntries)
 	require.Equal(t, PolicySubjects, PoliciesSpec(10).MaxEntries)
 	require.Equal(t, PolicySpec(10), PoliciesSpec(10).InnerMap)
+}
+
+func TestDNSProxyValueBytes(t *testing.T) {
+	require.Equal(t, DNSProxyValue{0xe9, 0x14, 0, 0}, NewDNSProxyValue(5353), "u32, little-endian")
+	require.Equal(t, uint16(5353), NewDNSProxyValue(5353).Port())
+	require.Equal(t, DNSProxyValue{}, NewDNSProxyValue(0), "no proxy")
+	require.Zero(t, DNSProxyValue{0, 0, 1, 0}.Port(), "above 65535: no proxy, as the program takes it")
+	spec := DNSProxySpec()
+	require.Equal(t, "dns-proxy", spec.Name)
+	require.Equal(t, ebpf.Array, spec.Type)
+	require.EqualValues(t, 4, spec.KeySize)
+	require.EqualValues(t, 4, spec.ValueSize)
+	require.EqualValues(t, 1, spec.MaxEntries)
+	require.Zero(t, spec.Flags)
 }

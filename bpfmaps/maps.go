@@ -39,6 +39,8 @@ type Pinned struct {
 	Policies, Policy *ebpf.Map
 	// Endpoints is the endpoints map (EndpointsSpec).
 	Endpoints *ebpf.Map
+	// DNSProxy holds the DNS proxy's port (DNSProxySpec).
+	DNSProxy *ebpf.Map
 }
 
 // Close closes the maps' descriptors; the maps stay pinned.
@@ -46,7 +48,7 @@ type Pinned struct {
 // Possible errors: a descriptor cannot be closed.
 func (m *Pinned) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints, m.DNSProxy} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -142,6 +144,11 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 	}
 	if err == nil {
 		maps.Endpoints, err = openPinnedMap(dir, EndpointsSpec(), log)
+	}
+	if err == nil {
+		// Kept across restarts like the others; the next agent writes its
+		// own proxy's port.
+		maps.DNSProxy, err = openPinnedMap(dir, DNSProxySpec(), log)
 	}
 	if err != nil {
 		maps.Close()

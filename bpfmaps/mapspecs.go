@@ -19,6 +19,9 @@ const (
 	ConntrackOpeningName = "ct_opening"
 	RevisionName         = "revision"
 	EndpointsName        = "endpoints"
+	// DNSProxyName is the pin of the DNS proxy's port (abi.go); the
+	// program declares the map as dns_proxy.
+	DNSProxyName = "dns-proxy"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.
@@ -147,5 +150,16 @@ func RevisionSpec() *ebpf.MapSpec {
 		ValueSize:  8,
 		MaxEntries: 1,
 		Flags:      bpfFMmapable,
+	}
+}
+
+// DNSProxySpec: one u32, the DNS proxy's port (abi.go).
+func DNSProxySpec() *ebpf.MapSpec {
+	return &ebpf.MapSpec{
+		Name:       DNSProxyName,
+		Type:       ebpf.Array,
+		KeySize:    4,
+		ValueSize:  dnsProxyValueSize,
+		MaxEntries: 1,
 	}
 }

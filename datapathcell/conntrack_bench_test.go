@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -264,6 +265,19 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	require.NoError(b, bpfmaps.ReadEntries(maps.Endpoints, func(k bpfmaps.EndpointKey, _ bpfmaps.EndpointValue) { inMap = append(inMap, k) }))
 	filter := absentExcept(slices.Values(inMap))
 	require.NoError(b, enf.endpointAbsent.Set(filter))
+	// A DNS query the peer's rule of verdict 3 allows, and a socket for
+	// the program to find on the proxy's port (no packet reaches it:
+	// BPF_PROG_RUN delivers nothing).
+	dnsQuery := frame4(benchEndpoint, benchPeer, testProtoUDP, udpHeader(benchEndpointPort, 53, make([]byte, 40)))
+	require.NoError(b, maps.Policy.Put(policyMapKey(testIdentityAllowed, uint8(policy.Egress), testProtoUDP, 53),
+		bpfmaps.NewPolicyValue(uint32(verdictDNSProxy))))
+	bumpRevision(b, maps)
+	proxySocket, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4zero})
+	require.NoError(b, err)
+	b.Cleanup(func() { proxySocket.Close() })
+	setDNSProxy := func(port int) {
+		require.NoError(b, maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(uint16(port))))
+	}
 	var before *enforcer
 	// beforeCT is the earlier program's conntrack map when its key is of
 	// the previous layout (without the device): the same connection's
@@ -419,6 +433,13 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		add("events: established, reply, verdict events on", enf.toEndpoint, replyACK, tcxNextRet)
 		setEvents(0)
 		ctDelete()
+		// DNS the endpoint sends that verdict 3 allows: checked in full
+		// every time (no established fast path), and with a proxy port the
+		// proxy's socket is looked up.
+		add("dns: UDP query, verdict 3, no proxy (port 0)", enf.fromEndpoint, dnsQuery, tcxNextRet)
+		setDNSProxy(proxySocket.LocalAddr().(*net.UDPAddr).Port)
+		add("dns: UDP query, verdict 3, proxy socket looked up", enf.fromEndpoint, dnsQuery, tcxNextRet)
+		setDNSProxy(0)
 
 		enforce(false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)

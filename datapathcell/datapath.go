@@ -180,7 +180,7 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	}
 	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policies: m.Policies, Policy: m.Policy, Enforcement: m.Enforcement,
 		Counters: m.Counters, Endpoints: m.Endpoints, Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
-		ConntrackTimeouts: d.conntrack.Timeouts})
+		DNSProxy: m.DNSProxy, ConntrackTimeouts: d.conntrack.Timeouts})
 	if err != nil {
 		return err
 	}
@@ -284,6 +284,35 @@ func (d *Datapath) Counters() (bpfmaps.Counters, error) {
 }
 
 func (d *Datapath) statsOf(mapName string) *mapwrite.Stats { return d.stats[mapName] }
+
+// SetDNSProxyPort writes the DNS proxy's port to the pinned dns-proxy map:
+// the program steers the DNS that policy entries of verdict 3
+// (policy.VerdictDNSProxy) allow to the proxy's UDP and TCP sockets on
+// that port, found in the calling process's network namespace as the
+// program sees it. 0 steers nothing. Write it once the proxy listens:
+// until then the program finds no socket and the queries go to their
+// servers. The port stays in the pinned map when the agent stops; with the
+// proxy's sockets gone the program finds none there, and the next agent
+// writes its own. The host also needs the policy route of the mark
+// (datapathcell/README.md, DNS proxy). With fake maps (tests) nothing is
+// written.
+//
+// Possible errors: ErrMapsNotOpen before start or after stop; the map
+// cannot be written.
+func (d *Datapath) SetDNSProxyPort(port uint16) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fakeMaps != nil {
+		return nil
+	}
+	if d.maps == nil || d.maps.DNSProxy == nil {
+		return fmt.Errorf("set the DNS proxy's port: %w", ErrMapsNotOpen)
+	}
+	if err := d.maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(port)); err != nil {
+		return fmt.Errorf("set the DNS proxy's port in the %s map: %w", bpfmaps.DNSProxyName, err)
+	}
+	return nil
+}
 
 // setAnyIdentityEntries tells the attached program whether the policy map
 // may hold identity-0 entries (policy_flags): while it holds none, the

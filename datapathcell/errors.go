@@ -13,7 +13,8 @@ var (
 	ErrPolicyEntriesNotWritten = errors.New("policy entries of the identity are not in the policy map")
 
 	// ErrMapsNotOpen is returned by what reads the pinned maps (Counters,
-	// ConntrackFull, the maps policy/explain looks up) before
+	// ConntrackFull, the maps policy/explain looks up), and by
+	// SetDNSProxyPort, before
 	// the datapath has opened them at start or after it closed them at
 	// stop.
 	ErrMapsNotOpen = errors.New("pinned maps are not open")

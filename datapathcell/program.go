@@ -34,6 +34,8 @@ import (
 // ones it declares: the agent's pinned maps, of the layouts in bpfmaps/mapspecs.go.
 type enforcerMaps struct {
 	IPCache, Enforcement, Counters, Conntrack, ConntrackOpening, Revision, Endpoints *ebpf.Map
+	// DNSProxy holds the DNS proxy's port (bpfmaps.DNSProxySpec).
+	DNSProxy *ebpf.Map
 	// Policies is the outer policy map (bpfmaps.PoliciesSpec); Policy the
 	// default's map in it, which the program reaches through Policies.
 	Policies, Policy *ebpf.Map
@@ -86,6 +88,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		bpf.EnforceMapConntrack:   maps.Conntrack,
 		bpf.EnforceMapCtOpening:   maps.ConntrackOpening,
 		bpf.EnforceMapRevision:    maps.Revision,
+		bpf.EnforceMapDnsProxy:    maps.DNSProxy,
 	}
 	for name, m := range replacements {
 		if m == nil {

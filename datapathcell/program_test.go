@@ -44,8 +44,12 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PoliciesSpec(1), bpfmaps.EnforcementSpec(), bpfmaps.EndpointsSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec()} {
-		got, ok := spec.Maps[want.Name]
+	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PoliciesSpec(1), bpfmaps.EnforcementSpec(), bpfmaps.EndpointsSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec(), bpfmaps.DNSProxySpec()} {
+		name := want.Name
+		if name == bpfmaps.DNSProxyName {
+			name = bpf.EnforceMapDnsProxy // a C name has no '-'
+		}
+		got, ok := spec.Maps[name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
 		require.Equal(t, want.Type, got.Type, want.Name)
 		require.Equal(t, want.KeySize, got.KeySize, want.Name)
@@ -63,6 +67,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	// Sizes that are not configuration.
 	require.Equal(t, bpfmaps.EnforcementSpec().MaxEntries, spec.Maps[bpfmaps.EnforcementName].MaxEntries)
 	require.Equal(t, bpfmaps.CountersSpec().MaxEntries, spec.Maps[bpfmaps.CountersName].MaxEntries)
+	require.Equal(t, bpfmaps.DNSProxySpec().MaxEntries, spec.Maps[bpf.EnforceMapDnsProxy].MaxEntries)
 	// The C defaults are the flags' defaults (docs/CONTRACT.md).
 	require.EqualValues(t, 512000, spec.Maps[bpfmaps.IPCacheName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].InnerMap.MaxEntries)
@@ -130,11 +135,14 @@ func newTestEnforcerMaps(t *testing.T) enforcerMaps {
 }
 
 // withSubjects adds to maps an empty endpoints map and the outer policy
-// map, with maps.Policy as the host-wide default's map in it, as the
-// agent opens them (bpfmaps.Open).
+// map, with maps.Policy as the host-wide default's map in it, and a
+// dns-proxy map without a proxy, as the agent opens them (bpfmaps.Open).
 func withSubjects(tb testing.TB, maps enforcerMaps) enforcerMaps {
 	tb.Helper()
 	var err error
+	maps.DNSProxy, err = ebpf.NewMap(bpfmaps.DNSProxySpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { maps.DNSProxy.Close() })
 	maps.Endpoints, err = ebpf.NewMap(bpfmaps.EndpointsSpec())
 	require.NoError(tb, err)
 	tb.Cleanup(func() { maps.Endpoints.Close() })

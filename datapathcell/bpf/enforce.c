@@ -237,6 +237,44 @@
 //     port but not tracked; an ICMP echo too short for its identifier is
 //     matched by type and code and not tracked.
 //
+// DNS to the proxy (the transparent DNS proxy of toFQDNs, dnsproxy/):
+//   - A policy entry's verdict VERDICT_DNS_PROXY (3) is an allow, in
+//     everything above (conntrack, counters, events, REASON_POLICY), whose
+//     DNS the proxy is to see. Of the two lookups, a deny from either wins;
+//     else the remote identity's allow (1 or 3) decides before identity
+//     0's, as policy/explain resolves them.
+//   - Only at TCX ingress (what the endpoint sends, where bpf_sk_assign
+//     works), and only for a TCP or UDP packet to port 53 that passes a
+//     full check (not a fragment; IPv4 or IPv6, extension headers walked
+//     as above): such packets never take the established fast path, for a
+//     UDP query from a socket that sent one before (the same ports) must
+//     be steered again, which needs its verdict. Every other packet pays
+//     one compare of its port.
+//   - TCP, whatever the allow: the packet's own tuple is looked up
+//     (bpf_skc_lookup_tcp, which also finds request sockets). A local
+//     socket other than a listener is a connection the proxy has accepted
+//     or is accepting: the packet is only marked MARK_TO_PROXY, and the
+//     stack's own lookup delivers it to that socket (assigning the
+//     listener would answer the handshake's ACK with a reset). A listener
+//     so found is some local server on port 53, not used.
+//   - Verdict 3, UDP or a TCP SYN without ACK: the proxy's socket is
+//     looked up on the port in the pinned `dns_proxy` (pin `dns-proxy`;
+//     0 no proxy) with the packet's addresses and source port
+//     (bpf_sk_lookup_udp/tcp: a listener or an unconnected socket, on the
+//     wildcard address), assigned with bpf_sk_assign and the packet marked
+//     MARK_TO_PROXY. Another TCP segment without a local socket belongs to
+//     a connection opened to the server while no proxy listened: it keeps
+//     going there.
+//   - No socket, or port 0: the packet passes unchanged to its server
+//     (fail-open: DNS keeps being answered while the agent or its proxy is
+//     down, without the proxy's name rules).
+//   - The mark only makes the host deliver the packet locally: the host
+//     needs the policy route `ip rule add fwmark 0x200/0xf00 lookup 2004`,
+//     `ip route add local 0.0.0.0/0 dev lo table 2004` (and the same with
+//     -6 and ::/0), which the agent installs. The proxy's answer comes
+//     from the server's address and port at TCX egress: a reply of the
+//     connection the query created.
+//
 // Events (docs/CONTRACT.md "Monitor events"; layout in events/events.go):
 //   - The program writes one struct event per verdict to the ring buffer
 //     `events` (EVENTS_RING_BYTES, not pinned: each loaded program has its
@@ -322,6 +360,47 @@ struct __sk_buff {
 	__u32 data;
 	__u32 data_end;
 };
+
+// The start of struct bpf_sock (include/uapi/linux/bpf.h), up to the
+// field read here (state), for the socket lookups of DNS steering.
+struct bpf_sock {
+	__u32 bound_dev_if;
+	__u32 family;
+	__u32 type;
+	__u32 protocol;
+	__u32 mark;
+	__u32 priority;
+	__u32 src_ip4;
+	__u32 src_ip6[4];
+	__u32 src_port;
+	__be16 dst_port;
+	__u16 unused;
+	__u32 dst_ip4;
+	__u32 dst_ip6[4];
+	__u32 state;
+};
+
+// struct bpf_sock_tuple: the socket lookup helpers tell its two forms by
+// the size they are given.
+struct bpf_sock_tuple {
+	union {
+		struct {
+			__be32 saddr;
+			__be32 daddr;
+			__be16 sport;
+			__be16 dport;
+		} ipv4;
+		struct {
+			__be32 saddr[4];
+			__be32 daddr[4];
+			__be16 sport;
+			__be16 dport;
+		} ipv6;
+	};
+};
+
+#define BPF_F_CURRENT_NETNS (-1L)
+#define BPF_TCP_LISTEN 10
 
 // struct bpf_fib_lookup (include/uapi/linux/bpf.h), with the unions
 // reduced to the members used here; the size is the UAPI's (64 bytes).
@@ -424,6 +503,15 @@ struct bpf_fib_lookup {
 #define IDENTITY_WORLD 2
 #define VERDICT_ALLOW 1
 #define VERDICT_DENY 2
+// An allow whose DNS (port 53) goes to the DNS proxy (header above).
+#define VERDICT_DNS_PROXY 3
+
+#define DNS_PORT 53
+// The mark of a packet steered to the DNS proxy, which the host's policy
+// route delivers locally: Cilium's "to proxy" mark (MARK_MAGIC_TO_PROXY)
+// and its bits.
+#define MARK_TO_PROXY 0x200
+#define MARK_TO_PROXY_MASK 0xf00
 
 // Prefix lengths of policy_key lookups: a packet with a port (or an ICMP
 // type and code) is looked up with all of it; one without, with identity,
@@ -704,6 +792,16 @@ struct {
 	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_MMAPABLE);
 } revision SEC(".maps");
+
+// dns_proxy (pinned as `dns-proxy`) holds the DNS proxy's port, in host
+// order, which the agent writes once its proxy listens: 0 (or anything
+// above 65535) is no proxy, and nothing is steered.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} dns_proxy SEC(".maps");
 
 // clock holds, per CPU, the coarse clock as read at the first packet of
 // the current jiffy: see now_ns. Not pinned: a reload starts it empty.
@@ -1325,7 +1423,8 @@ static __always_inline __u32 remote_identity(const struct ipcache_key *key)
 
 // policy_verdict looks the packet up in its subject's policy map for the
 // remote identity and for identity 0 (entries for any identity): VERDICT_DENY if either finds a
-// deny, else VERDICT_ALLOW if either finds an allow, else 0. Each lookup
+// deny, else the allow (VERDICT_ALLOW or VERDICT_DNS_PROXY) the remote
+// identity's lookup finds, else identity 0's, else 0. Each lookup
 // finds the longest matching prefix, so inside one identity an allow
 // narrower than a deny would win; the agent never writes such an allow
 // (docs/CONTRACT.md).
@@ -1357,8 +1456,10 @@ static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, cons
 	any = (!subject && (policy_flags & POLICY_NO_ANY_IDENTITY)) ? 0 : bpf_map_lookup_elem(entries, &keys[2]);
 	if (any && any->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
-	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
-		return VERDICT_ALLOW;
+	if (remote && (remote->verdict == VERDICT_ALLOW || remote->verdict == VERDICT_DNS_PROXY))
+		return remote->verdict;
+	if (any && (any->verdict == VERDICT_ALLOW || any->verdict == VERDICT_DNS_PROXY))
+		return any->verdict;
 	return 0;
 }
 
@@ -1784,6 +1885,75 @@ static __always_inline int device_has_endpoints(__u32 ifindex)
 	return bpf_map_lookup_elem(&endpoints, key) != 0;
 }
 
+static __always_inline void mark_to_proxy(struct __sk_buff *skb)
+{
+	skb->mark = (skb->mark & ~MARK_TO_PROXY_MASK) | MARK_TO_PROXY;
+}
+
+// to_dns_proxy steers a packet the endpoint sends to port 53, which policy
+// allowed with verdict, to the DNS proxy (rules at the top of the file):
+// a TCP segment of a connection the proxy holds is marked; with verdict
+// VERDICT_DNS_PROXY, a UDP packet or a TCP SYN is assigned to the proxy's
+// socket and marked. Without a socket it passes unchanged.
+static __always_inline void to_dns_proxy(struct __sk_buff *skb, const struct flow *flow, __u32 verdict)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 zero = 0, size, *port;
+	__be16 *dport;
+
+	if (flow->fragment || (flow->protocol != IPPROTO_TCP && flow->protocol != IPPROTO_UDP))
+		return;
+	if (flow->protocol == IPPROTO_UDP && verdict != VERDICT_DNS_PROXY)
+		return;
+	// What the endpoint sends: its address is the source, and flow->ports
+	// the source and destination ports as in the packet.
+	if (flow->family == FAMILY_IPV4) {
+		t.ipv4.saddr = LOAD32(flow->ct.endpoint_addr, 0);
+		t.ipv4.daddr = LOAD32(flow->ct.remote_addr, 0);
+		*(__u32 *)&t.ipv4.sport = flow->ports;
+		size = sizeof(t.ipv4);
+		dport = &t.ipv4.dport;
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, flow->ct.endpoint_addr, 16);
+		__builtin_memcpy(t.ipv6.daddr, flow->ct.remote_addr, 16);
+		*(__u32 *)&t.ipv6.sport = flow->ports;
+		size = sizeof(t.ipv6);
+		dport = &t.ipv6.dport;
+	}
+	if (flow->protocol == IPPROTO_TCP) {
+		__u32 state;
+
+		// Its flags were not read (a short header): nothing to tell.
+		if (!flow->tracked)
+			return;
+		sk = bpf_skc_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			state = sk->state;
+			bpf_sk_release(sk);
+			if (state != BPF_TCP_LISTEN) {
+				mark_to_proxy(skb);
+				return;
+			}
+		}
+		if (verdict != VERDICT_DNS_PROXY || (flow->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) != TCP_FLAG_SYN)
+			return;
+	}
+	port = bpf_map_lookup_elem(&dns_proxy, &zero);
+	if (!port || !*port || *port > 0xffff)
+		return;
+	*dport = bpf_htons((__u16)*port);
+	if (flow->protocol == IPPROTO_TCP)
+		sk = bpf_sk_lookup_tcp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return;
+	if (bpf_sk_assign(skb, sk, 0) == 0)
+		mark_to_proxy(skb);
+	bpf_sk_release(sk);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
@@ -1931,7 +2101,9 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	}
 	// A forward packet of a connection that policy allowed at the current
 	// revision: nothing that could change the verdict was written since.
-	if (ct && allowed_at(ct)) {
+	// Not DNS the endpoint sends: its verdict says whether it goes to the
+	// DNS proxy (to_dns_proxy).
+	if (ct && allowed_at(ct) && !(direction == DIRECTION_EGRESS && flow.dport == bpf_htons(DNS_PORT))) {
 		ct_refresh(ct, &flow, opening, now_ns());
 		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
 	}
@@ -1967,9 +2139,11 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	checked = flow.tracked ? current_revision() : 0;
 	identity = remote_identity(&remote);
 	verdict = policy_verdict(identity, direction, &flow);
-	if (verdict == VERDICT_ALLOW || (!verdict && mode == ENFORCE_DENY_ONLY)) {
+	if (verdict == VERDICT_ALLOW || verdict == VERDICT_DNS_PROXY || (!verdict && mode == ENFORCE_DENY_ONLY)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, checked, opening);
+		if (direction == DIRECTION_EGRESS && flow.dport == bpf_htons(DNS_PORT))
+			to_dns_proxy(skb, &flow, verdict);
 		return allow(skb, &flow, direction, verdict ? REASON_POLICY : REASON_NOT_DENIED, identity);
 	}
 	if (ct)

@@ -43,6 +43,7 @@ const (
 	EnforceMapCounters                = "counters"
 	EnforceMapCtOpening               = "ct_opening"
 	EnforceMapCtStats                 = "ct_stats"
+	EnforceMapDnsProxy                = "dns_proxy"
 	EnforceMapEndpoints               = "endpoints"
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapEventState              = "event_state"
@@ -119,6 +120,7 @@ type EnforceMapSpecs struct {
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	CtOpening   *ebpf.MapSpec `ebpf:"ct_opening"`
 	CtStats     *ebpf.MapSpec `ebpf:"ct_stats"`
+	DnsProxy    *ebpf.MapSpec `ebpf:"dns_proxy"`
 	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
 	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
 	EventState  *ebpf.MapSpec `ebpf:"event_state"`
@@ -169,6 +171,7 @@ type EnforceMaps struct {
 	Counters    *ebpf.Map `ebpf:"counters"`
 	CtOpening   *ebpf.Map `ebpf:"ct_opening"`
 	CtStats     *ebpf.Map `ebpf:"ct_stats"`
+	DnsProxy    *ebpf.Map `ebpf:"dns_proxy"`
 	Endpoints   *ebpf.Map `ebpf:"endpoints"`
 	Enforcement *ebpf.Map `ebpf:"enforcement"`
 	EventState  *ebpf.Map `ebpf:"event_state"`
@@ -187,6 +190,7 @@ func (m *EnforceMaps) Close() error {
 		m.Counters,
 		m.CtOpening,
 		m.CtStats,
+		m.DnsProxy,
 		m.Endpoints,
 		m.Enforcement,
 		m.EventState,
