@@ -235,7 +235,7 @@ type proxyAnswers struct {
 	seen []string // "client-address name"
 }
 
-func (a *proxyAnswers) hook(_ context.Context, client netip.AddrPort, m *dns.Msg) {
+func (a *proxyAnswers) hook(_ context.Context, client, _ netip.AddrPort, m *dns.Msg) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.seen = append(a.seen, client.Addr().String()+" "+m.Question[0].Name)
@@ -283,7 +283,7 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 
 	var seen proxyAnswers
 	p, err := dnsproxy.Start(dnsproxy.Config{
-		Allow:    func(netip.AddrPort, string) bool { return true },
+		Allow:    func(netip.AddrPort, netip.AddrPort, string) bool { return true },
 		OnAnswer: seen.hook,
 	})
 	require.NoError(t, err)

@@ -67,8 +67,8 @@ func BenchmarkExchange(b *testing.B) {
 	}
 	top, port := newTopology(b)
 	p, err := dnsproxy.Start(dnsproxy.Config{
-		Allow:    func(netip.AddrPort, string) bool { return true },
-		OnAnswer: func(context.Context, netip.AddrPort, *dns.Msg) {},
+		Allow:    func(netip.AddrPort, netip.AddrPort, string) bool { return true },
+		OnAnswer: func(context.Context, netip.AddrPort, netip.AddrPort, *dns.Msg) {},
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -263,7 +263,7 @@ type answers struct {
 
 // hook records the answer; it holds one for a name starting with "hold."
 // until its ctx is done.
-func (a *answers) hook(ctx context.Context, client netip.AddrPort, m *dns.Msg) {
+func (a *answers) hook(ctx context.Context, client, _ netip.AddrPort, m *dns.Msg) {
 	if strings.HasPrefix(m.Question[0].Name, "hold.") {
 		<-ctx.Done()
 	}
@@ -283,7 +283,7 @@ func (a *answers) saw(s string) bool {
 	return false
 }
 
-func allowExample(_ netip.AddrPort, qname string) bool {
+func allowExample(_, _ netip.AddrPort, qname string) bool {
 	return strings.HasSuffix(qname, ".allowed.example.")
 }
 

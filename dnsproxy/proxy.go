@@ -21,14 +21,15 @@ type Config struct {
 	// one (the same for both).
 	Port uint16
 	// Allow says whether client may resolve qname (as in the question,
-	// with its final dot). False answers REFUSED without forwarding.
-	Allow func(client netip.AddrPort, qname string) bool
+	// with its final dot) at server, the address it sent the query to.
+	// False answers RejectRcode without forwarding.
+	Allow func(client, server netip.AddrPort, qname string) bool
 	// OnAnswer is given each answer before it is sent; the answer waits
 	// until it returns or MaxHold passes, whichever is first (ctx is done
 	// then, and OnAnswer should return soon after: the proxy does not wait
 	// for it, but its goroutine lives until it returns). It must not
 	// modify msg.
-	OnAnswer func(ctx context.Context, client netip.AddrPort, msg *dns.Msg)
+	OnAnswer func(ctx context.Context, client, server netip.AddrPort, msg *dns.Msg)
 	// MaxHold bounds OnAnswer's hold (default 100ms).
 	MaxHold time.Duration
 	// MaxConcurrent bounds the queries in flight, UDP and TCP together
@@ -43,6 +44,13 @@ type Config struct {
 	// Timeout bounds the forwarding of one query to its server and the
 	// reading of a TCP query (default 5s).
 	Timeout time.Duration
+	// RejectRcode is the response code of a query Allow refuses (default
+	// dns.RcodeRefused; dns.RcodeNameError makes the name look absent).
+	RejectRcode int
+	// Observe, if set, is told of each answer sent to its client: how long
+	// the query was in the proxy in all, from its arrival to the answer's
+	// send, and how much of that its server took.
+	Observe func(total, server time.Duration)
 }
 
 // Stats counts what the proxy did since it started.
@@ -78,7 +86,7 @@ func Start(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("%w: Allow and OnAnswer are required", ErrConfig)
 	}
 	if cfg.MaxHold < 0 || cfg.MaxConcurrent < 0 || cfg.MaxTCPConns < 0 || cfg.Timeout < 0 ||
-		cfg.MaxUDPSize < 0 || cfg.MaxUDPSize > dns.MaxMsgSize || (cfg.MaxUDPSize > 0 && cfg.MaxUDPSize < dns.MinMsgSize) {
+		cfg.RejectRcode < 0 || cfg.RejectRcode > 0xf || cfg.MaxUDPSize < 0 || cfg.MaxUDPSize > dns.MaxMsgSize || (cfg.MaxUDPSize > 0 && cfg.MaxUDPSize < dns.MinMsgSize) {
 		return nil, fmt.Errorf("%w: a bound out of range", ErrConfig)
 	}
 	setDefault(&cfg.MaxHold, 100*time.Millisecond)
@@ -86,6 +94,7 @@ func Start(cfg Config) (*Proxy, error) {
 	setDefault(&cfg.MaxUDPSize, 4096)
 	setDefault(&cfg.MaxTCPConns, 256)
 	setDefault(&cfg.Timeout, 5*time.Second)
+	setDefault(&cfg.RejectRcode, dns.RcodeRefused)
 
 	pcs, lns, port, err := listen(cfg.Port, cfg.MaxUDPSize)
 	if err != nil {
@@ -195,6 +204,7 @@ func (p *Proxy) serveTCP(w dns.ResponseWriter, q *dns.Msg) {
 // serve answers one query. It runs on the DNS server's goroutine for the
 // query (UDP) or the connection (TCP).
 func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.AddrPort, network string) {
+	arrived := time.Now()
 	select {
 	case p.sem <- struct{}{}:
 	default:
@@ -221,14 +231,14 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeFormatError))
 		return
 	}
-	if !p.cfg.Allow(client, q.Question[0].Name) {
+	if !p.cfg.Allow(client, server, q.Question[0].Name) {
 		p.refused.Add(1)
-		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeRefused))
+		p.reply(w, new(dns.Msg).SetRcode(q, p.cfg.RejectRcode))
 		return
 	}
 	c := &dns.Client{Net: network, Timeout: p.cfg.Timeout, UDPSize: uint16(p.cfg.MaxUDPSize)}
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
-	resp, _, err := c.ExchangeContext(ctx, q, server.String())
+	resp, rtt, err := c.ExchangeContext(ctx, q, server.String())
 	cancel()
 	if err != nil {
 		p.forwardFails.Add(1)
@@ -243,20 +253,23 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
 		return
 	}
-	p.hold(client, resp)
+	p.hold(client, server, resp)
 	if _, err := w.Write(b); err == nil {
 		p.forwarded.Add(1)
+		if p.cfg.Observe != nil {
+			p.cfg.Observe(time.Since(arrived), rtt)
+		}
 	}
 }
 
 // hold runs OnAnswer and waits for it at most MaxHold.
-func (p *Proxy) hold(client netip.AddrPort, resp *dns.Msg) {
+func (p *Proxy) hold(client, server netip.AddrPort, resp *dns.Msg) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.MaxHold)
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		p.cfg.OnAnswer(ctx, client, resp)
+		p.cfg.OnAnswer(ctx, client, server, resp)
 	}()
 	select {
 	case <-done:

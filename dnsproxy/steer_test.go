@@ -171,7 +171,7 @@ func TestSteeredProxy(t *testing.T) {
 		entered := make(chan struct{}, 1)
 		one, err := dnsproxy.Start(dnsproxy.Config{
 			Allow: allowExample,
-			OnAnswer: func(ctx context.Context, _ netip.AddrPort, _ *dns.Msg) {
+			OnAnswer: func(ctx context.Context, _, _ netip.AddrPort, _ *dns.Msg) {
 				entered <- struct{}{}
 				<-ctx.Done()
 			},
@@ -299,8 +299,8 @@ func TestSteeredProxy(t *testing.T) {
 }
 
 func TestStartConfig(t *testing.T) {
-	allow := func(netip.AddrPort, string) bool { return true }
-	hook := func(context.Context, netip.AddrPort, *dns.Msg) {}
+	allow := func(netip.AddrPort, netip.AddrPort, string) bool { return true }
+	hook := func(context.Context, netip.AddrPort, netip.AddrPort, *dns.Msg) {}
 	for name, cfg := range map[string]dnsproxy.Config{
 		"no Allow":           {OnAnswer: hook},
 		"no OnAnswer":        {Allow: allow},
