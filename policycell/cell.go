@@ -122,6 +122,9 @@ type loaderParams struct {
 	StateDir statedir.Config
 	// Capacity is the datapath's --policy-map-max-entries.
 	Capacity policy.MapCapacity `optional:"true"`
+	// FQDN is provided by the DNS proxy's cell, if the hive has one:
+	// without, files with toFQDNs or DNS rules are rejected.
+	FQDN *policy.FQDNEnforcer `optional:"true"`
 }
 
 // maxEntries returns the policy map's size: the datapath's, else its
@@ -139,6 +142,10 @@ func maxEntries(c policy.MapCapacity) int {
 func newConfiguredLoader(p loaderParams) *loader {
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
 	l.maxEntries = maxEntries(p.Capacity)
+	if p.FQDN != nil {
+		l.fqdnEnforced = true
+		p.Log.Info("toFQDNs and DNS rules are enforced", "by", p.FQDN.Name)
+	}
 	if p.Config.PolicyDir != "" {
 		l.saveInForceIn(p.StateDir.StateDir)
 	}

@@ -64,6 +64,13 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			cell.Provide(func(c policyMapConfig) policy.MapCapacity {
 				return policy.MapCapacity(c.PolicyMapMaxEntries)
 			}),
+			cell.Config(fqdnEnforcerConfig{}),
+			cell.Provide(func(c fqdnEnforcerConfig) *policy.FQDNEnforcer {
+				if !c.TestFQDNEnforcer {
+					return nil
+				}
+				return &policy.FQDNEnforcer{Name: "test"}
+			}),
 			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
 			// The `endpoints` table, as the endpoint cell provides it: the
 			// scripts write its rows with db/insert and db/delete.
@@ -117,6 +124,17 @@ type policyMapConfig struct {
 
 func (def policyMapConfig) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
+}
+
+// fqdnEnforcerConfig stands in for the DNS proxy's cell, which provides
+// policy.FQDNEnforcer: with --test-fqdn-enforcer (a script's `#!` line),
+// the hive enforces toFQDNs and DNS rules.
+type fqdnEnforcerConfig struct {
+	TestFQDNEnforcer bool
+}
+
+func (def fqdnEnforcerConfig) Flags(flags *pflag.FlagSet) {
+	flags.Bool("test-fqdn-enforcer", def.TestFQDNEnforcer, "Provide a policy.FQDNEnforcer, as the DNS proxy's cell does")
 }
 
 // currentHiveCmd runs the command of that name of the current hive.
