@@ -201,9 +201,9 @@ type selectorEngine struct {
 	indexed map[string]*policy.Policy
 	index   selectorIndex
 
-	// peerIndex holds the peer selectors by label and by entity, and
-	// peers the identities they can select (those with k8s or reserved
-	// labels), with those labels: a new peer selector is matched against
+	// peerIndex holds the peer selectors by label, by entity and by DNS
+	// name, and peers the identities they can select (those with k8s,
+	// reserved or fqdn labels), with those labels: a new peer selector is matched against
 	// these alone, and a new identity against each distinct selector.
 	peerIndex peerIndex
 	peers     peerSet
@@ -474,7 +474,7 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 					e.index.add(newSelector(p, dir, rule, nil))
 				}
 			}
-			if by > 0 && (len(rule.Endpoints) > 0 || len(rule.Entities) > 0) {
+			if by > 0 && hasRulePeers(rule) {
 				for _, g := range e.peerIndex.add(newSelector(p, dir, rule, nil), rule) {
 					e.markPeers(g)
 				}
@@ -505,7 +505,7 @@ func (e *selectorEngine) markPeers(g *peerGroup) {
 			e.dirty[id] = struct{}{}
 		}
 	}
-	if g.endpoints == nil {
+	if g.endpoints == nil && g.fqdn == "" {
 		for _, id := range reservedPeers() {
 			if g.selects(id, nil) {
 				e.dirty[id] = struct{}{}
@@ -633,7 +633,7 @@ func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number)
 }
 
 // markSelected marks dirty the identities whose entries a policy gives:
-// those inside its CIDRs, those its peers by label and entity select, and
+// those inside its CIDRs, those its peers by label, entity and DNS name select, and
 // identity 0 for its rules for every peer.
 func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
 	for _, dir := range policy.Directions() {
@@ -641,7 +641,7 @@ func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
 			}
-			if len(rule.Endpoints) > 0 || len(rule.Entities) > 0 {
+			if hasRulePeers(&rule) {
 				for _, g := range rulePeers(&rule) {
 					e.markPeers(g)
 				}
