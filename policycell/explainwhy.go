@@ -81,7 +81,8 @@ type decidingRuleJSON struct {
 	File      string `json:"file"`
 	Line      int    `json:"line"`
 	Direction string `json:"direction"`
-	// Verdict is the entry's: allow or deny.
+	// Verdict is the entry's: allow, deny or dns-proxy (an allow through
+	// the DNS proxy).
 	Verdict string `json:"verdict"`
 	// PeerIdentity is the remote identity of the entry (0: any peer);
 	// Peers are the rule's peers as its policy selects them.

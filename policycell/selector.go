@@ -804,7 +804,9 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 }
 
 // appendGrants appends the selector's keys for identity id in subject's
-// policy: any protocol without ports, else each port range's blocks.
+// policy: any protocol without ports, else each port range's blocks. The
+// ports of an egress rule's DNS rules are dns-proxy: their DNS goes
+// through the proxy.
 func (s *selector) appendGrants(out []grant, subject, id identity.Number) []grant {
 	verdict := policy.VerdictAllow
 	if s.deny {
@@ -816,11 +818,43 @@ func (s *selector) appendGrants(out []grant, subject, id identity.Number) []gran
 	}
 	var keys [8]policy.Key
 	for _, pr := range s.ports {
+		v := verdict
+		if s.intercepts(pr) {
+			v = policy.VerdictDNSProxy
+		}
 		for _, key := range pr.AppendKeys(keys[:0], base) {
-			out = append(out, grant{key, verdict, s.policy, s.rule})
+			out = append(out, grant{key, v, s.policy, s.rule})
 		}
 	}
 	return out
+}
+
+// intercepts reports whether the selector's rule has DNS rules on pr, in
+// an egress allow rule: only there do DNS rules steer the endpoint's DNS
+// to the proxy (the formats take them nowhere else). Most rules have no
+// FQDN part: one nil test.
+func (s *selector) intercepts(pr policy.PortRange) bool {
+	if s.source == nil || s.source.FQDN == nil || s.deny || s.direction != policy.Egress {
+		return false
+	}
+	for _, dns := range s.source.FQDN.DNS {
+		if slices.Contains(dns.Ports, pr) {
+			return true
+		}
+	}
+	return false
+}
+
+// verdictRank orders the verdicts one key may get from several rules:
+// deny wins over everything, dns-proxy over allow.
+func verdictRank(v policy.Verdict) int {
+	switch v {
+	case policy.VerdictDeny:
+		return 2
+	case policy.VerdictDNSProxy:
+		return 1
+	}
+	return 0
 }
 
 // resolve turns an identity's grants into its entries, in key order, as
@@ -830,14 +864,17 @@ func (s *selector) appendGrants(out []grant, subject, id identity.Number) []gran
 // not written, since the program's longest-prefix lookup would find it
 // rather than the deny. An allow wider than a deny stays: the lookup
 // finds the narrower deny for what the deny covers. (Across identity 0
-// and the remote identity, the program's two lookups resolve it.)
+// and the remote identity, the program's two lookups resolve it.) A
+// dns-proxy is an allow that wins over a plain allow of the same key (of
+// the dns-proxy rules alone): what a DNS rule intercepts is intercepted
+// whatever else allows it.
 func resolve(grants []grant) []*policy.Entry {
 	slices.SortFunc(grants, func(a, b grant) int {
 		if c := policy.CompareKeys(a.key, b.key); c != 0 {
 			return c
 		}
 		if a.verdict != b.verdict {
-			return -cmp.Compare(a.verdict, b.verdict) // deny first
+			return -cmp.Compare(verdictRank(a.verdict), verdictRank(b.verdict)) // deny, then dns-proxy, first
 		}
 		if c := strings.Compare(a.policy, b.policy); c != 0 {
 			return c
@@ -855,7 +892,7 @@ func resolve(grants []grant) []*policy.Entry {
 		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
 		for _, g := range grants[i:j] {
 			if g.verdict != entry.Verdict {
-				break // the allows of a denied key
+				break // the allows of a denied (or intercepted) key
 			}
 			if len(entry.Policies) == 0 || entry.Policies[len(entry.Policies)-1] != g.policy {
 				entry.Policies = append(entry.Policies, g.policy)
@@ -872,7 +909,7 @@ func resolve(grants []grant) []*policy.Entry {
 		return entries
 	}
 	return slices.DeleteFunc(entries, func(entry *policy.Entry) bool {
-		return entry.Verdict == policy.VerdictAllow && slices.ContainsFunc(denies, func(deny policy.Key) bool {
+		return entry.Verdict != policy.VerdictDeny && slices.ContainsFunc(denies, func(deny policy.Key) bool {
 			return deny.Matches(entry.Key)
 		})
 	})
@@ -915,7 +952,7 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number,
 			return err
 		}
 	}
-	slices.SortStableFunc(added, func(a, b *policy.Entry) int { return -cmp.Compare(a.Verdict, b.Verdict) })
+	slices.SortStableFunc(added, func(a, b *policy.Entry) int { return -cmp.Compare(verdictRank(a.Verdict), verdictRank(b.Verdict)) })
 	room := e.maxEntries - e.entries.NumObjects(txn)
 	for i, want := range added {
 		if i >= room {
