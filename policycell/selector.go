@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -211,6 +212,14 @@ type selectorEngine struct {
 	// enablePolicy is --enable-policy.
 	enablePolicy string
 
+	// dnsRules is the `dns-rules` table, nil when the engine writes none
+	// (tests of the entries alone). dnsPolicies are the indexed policies
+	// with DNS rules in egress, by name; dnsDirty the subjects whose row
+	// to recompute.
+	dnsRules    statedb.RWTable[*policy.DNSRules]
+	dnsPolicies map[string]*policy.Policy
+	dnsDirty    map[identity.Number]struct{}
+
 	dirty map[identity.Number]struct{}
 
 	// maxEntries bounds the rows of the `policy` table (entryBound times
@@ -260,6 +269,8 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		counts:           map[identity.Number]*enforcementCounts{0: {}},
 		goneSubjects:     map[identity.Number]struct{}{},
 		dirty:            map[identity.Number]struct{}{},
+		dnsPolicies:      map[string]*policy.Policy{},
+		dnsDirty:         map[identity.Number]struct{}{},
 		maxEntries:       entryBound * DefaultPolicyMapMaxEntries,
 		notComputed:      map[identity.Number]int{},
 
@@ -269,6 +280,20 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		e.enablePolicy = EnablePolicyDefault
 	}
 	return e
+}
+
+// writeDNSRulesTo makes the engine write the `dns-rules` table too, and
+// initialize it with the others. Call it before run.
+func (e *selectorEngine) writeDNSRulesTo(table statedb.RWTable[*policy.DNSRules]) {
+	txn := e.db.WriteTxn(table)
+	markDNSRules := table.RegisterInitializer(txn, "policy-selectors")
+	txn.Commit()
+	e.dnsRules = table
+	markOthers := e.markInitialized
+	e.markInitialized = func(txn statedb.WriteTxn) {
+		markOthers(txn)
+		markDNSRules(txn)
+	}
 }
 
 // run processes changes as they come.
@@ -461,6 +486,16 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 	for id := range e.selected[p.Name] {
 		e.countsOfSubject(id).add(counts, by)
 	}
+	if hasDNSRules(p) {
+		for id := range e.selected[p.Name] {
+			e.dnsDirty[id] = struct{}{}
+		}
+		if by > 0 {
+			e.dnsPolicies[p.Name] = p
+		} else {
+			delete(e.dnsPolicies, p.Name)
+		}
+	}
 	if by < 0 {
 		delete(e.selected, p.Name)
 	}
@@ -598,6 +633,7 @@ func (e *selectorEngine) takeSubject(txn statedb.ReadTxn, id identity.Number, ep
 	s := &subject{labels: endpoint.KeyValues(ep.IdentityLabels), endpoints: 1}
 	e.subjects[id] = s
 	delete(e.goneSubjects, id)
+	e.dnsDirty[id] = struct{}{}
 	counts := e.countsOfSubject(id)
 	for name, p := range e.indexed {
 		if !p.Selector.Matches(s.labels) {
@@ -623,6 +659,7 @@ func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number)
 	delete(e.subjects, id)
 	delete(e.counts, id)
 	e.goneSubjects[id] = struct{}{}
+	e.dnsDirty[id] = struct{}{}
 	for name, subjects := range e.selected {
 		if _, ok := subjects[id]; !ok {
 			continue
@@ -714,14 +751,24 @@ func (e *selectorEngine) write(initializing bool) error {
 	}
 	e.dirty = map[identity.Number]struct{}{}
 	writeEnforcement := initializing || e.markInitialized == nil
-	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
+	if len(dirty) == 0 && len(e.dnsDirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
 		return nil // nothing changed that the entries depend on
+	}
+	tables := []statedb.TableMeta{e.entries, e.enforcement}
+	if e.dnsRules != nil {
+		tables = append(tables, e.dnsRules)
 	}
 	var scratch []grant
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
-		txn := e.db.WriteTxn(e.entries, e.enforcement)
+		txn := e.db.WriteTxn(tables...)
 		if start == 0 && writeEnforcement {
 			if err := e.writeEnforcement(txn, false); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
+		if start == 0 {
+			if err := e.writeDNSRules(txn, false); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -730,6 +777,12 @@ func (e *selectorEngine) write(initializing bool) error {
 			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
 			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
+		if start+writeChunkSize >= len(dirty) {
+			if err := e.writeDNSRules(txn, true); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -744,6 +797,86 @@ func (e *selectorEngine) write(initializing bool) error {
 			}
 		}
 		txn.Commit()
+	}
+	return nil
+}
+
+// hasDNSRules reports whether a policy has DNS rules in egress, the only
+// direction where they intercept.
+func hasDNSRules(p *policy.Policy) bool {
+	for _, rule := range p.Egress {
+		if rule.FQDN != nil && len(rule.FQDN.DNS) > 0 && !rule.Deny {
+			return true
+		}
+	}
+	return false
+}
+
+// desiredDNSRules returns the `dns-rules` row of a subject: the names of
+// the DNS rules of the policies that apply to it, nil if none has any.
+func (e *selectorEngine) desiredDNSRules(subject identity.Number) *policy.DNSRules {
+	var (
+		names    []fqdn.Selector
+		policies []string
+	)
+	for name, p := range e.dnsPolicies {
+		if _, ok := e.selected[name][subject]; !ok {
+			continue
+		}
+		policies = append(policies, name)
+		for _, rule := range p.Egress {
+			if rule.FQDN == nil || rule.Deny {
+				continue
+			}
+			for _, dns := range rule.FQDN.DNS {
+				names = append(names, dns.Names...)
+			}
+		}
+	}
+	if len(policies) == 0 {
+		return nil
+	}
+	slices.Sort(policies)
+	return &policy.DNSRules{Subject: subject, Names: policy.CanonicalDNSNames(names), Policies: policies}
+}
+
+// writeDNSRules writes the rows of the subjects whose DNS rules may have
+// changed: with stricter false those that allow more names than before
+// (a new row, or one whose names include all the old ones), else the
+// others (fewer names, or none: the row goes), as writeEnforcement
+// orders its rows. The first transaction of a write passes false, the
+// last true: the proxy knows a name before the dns-proxy entries that
+// steer its queries there are written, and forgets one only after the
+// entries that no longer need it went.
+func (e *selectorEngine) writeDNSRules(txn statedb.WriteTxn, stricter bool) error {
+	if e.dnsRules == nil {
+		clear(e.dnsDirty)
+		return nil
+	}
+	for subject := range e.dnsDirty {
+		want := e.desiredDNSRules(subject)
+		have, _, found := e.dnsRules.Get(txn, policy.DNSRulesIndex.Query(subject))
+		switch {
+		case want == nil && !found, want != nil && found && have.Same(want):
+			continue
+		case want == nil:
+			if stricter {
+				if _, _, err := e.dnsRules.Delete(txn, have); err != nil {
+					return fmt.Errorf("delete the DNS rules of %d: %w", subject, err)
+				}
+			}
+			continue
+		}
+		looser := !found || !slices.ContainsFunc(have.Names, func(n fqdn.Selector) bool { return !slices.Contains(want.Names, n) })
+		if looser == stricter {
+			continue
+		}
+		if _, _, err := e.dnsRules.Insert(txn, want); err != nil {
+			return fmt.Errorf("write the DNS rules of %d: %w", subject, err)
+		}
+	}
+	if stricter {
+		clear(e.dnsDirty)
 	}
 	return nil
 }
