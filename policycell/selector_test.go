@@ -133,8 +133,11 @@ func (f *engineFixture) table() map[policy.Key]string {
 	out := map[policy.Key]string{}
 	for e := range f.entries.All(f.db.ReadTxn()) {
 		out[e.Key] = strings.Join(e.Policies, ",")
-		if e.Verdict == policy.VerdictDeny {
+		switch e.Verdict {
+		case policy.VerdictDeny:
 			out[e.Key] = "deny:" + out[e.Key]
+		case policy.VerdictDNSProxy:
+			out[e.Key] = "dns-proxy:" + out[e.Key]
 		}
 	}
 	return out
@@ -204,6 +207,11 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 					for _, entity := range rule.Entities {
 						selects = selects || bruteEntity(entity, t.id, t.labels)
 					}
+					if rule.FQDN != nil {
+						for _, sel := range rule.FQDN.Selectors {
+							selects = selects || t.labels.Has(sel.Label())
+						}
+					}
 					if !selects {
 						continue
 					}
@@ -216,8 +224,16 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 						grant(k, v, p.Name)
 					}
 					for _, pp := range rule.Ports {
+						pv := v
+						if rule.FQDN != nil && dir == policy.Egress && !rule.Deny {
+							for _, dns := range rule.FQDN.DNS {
+								if slices.Contains(dns.Ports, pp) {
+									pv = policy.VerdictDNSProxy
+								}
+							}
+						}
 						for _, block := range pp.AppendKeys(nil, k) {
-							grant(block, v, p.Name)
+							grant(block, pv, p.Name)
 						}
 					}
 				}
@@ -246,7 +262,11 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 			dp, dlo, dhi := span(d)
 			covered = covered || dp == policy.ProtocolAny || dp == protocol && dlo <= lo && hi <= dhi
 		}
-		if !covered {
+		switch proxied, ok := verdicts[policy.VerdictDNSProxy]; {
+		case covered:
+		case ok:
+			out[k] = "dns-proxy:" + strings.Join(slices.Sorted(maps.Keys(proxied)), ",")
+		default:
 			out[k] = strings.Join(slices.Sorted(maps.Keys(verdicts[policy.VerdictAllow])), ",")
 		}
 	}
