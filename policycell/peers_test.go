@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ import (
 // changing at random, the engine's tables equal a computation from
 // scratch after every round.
 func TestPeersMatchBruteForce(t *testing.T) {
-	f := newEngineFixture(t).withEndpoints()
+	f := newEngineFixture(t).withEndpoints().withDNSRules()
 	f.policiesRead()
 	f.ipcacheResolved()
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -60,7 +61,7 @@ func TestPeersMatchBruteForce(t *testing.T) {
 			rule.Endpoints, rule.Entities, rule.Peers = nil, nil, nil
 			rule.FQDN = &policy.FQDNRule{Selectors: []fqdn.Selector{fqdnSelectors[rng.IntN(len(fqdnSelectors))]}}
 		case 1:
-			rule.FQDN = &policy.FQDNRule{DNS: []policy.DNSRule{{Ports: []policy.PortRange{dns53}, Names: fqdnSelectors[:1]}}}
+			rule.FQDN = &policy.FQDNRule{DNS: []policy.DNSRule{{Ports: []policy.PortRange{dns53}, Names: fqdnSelectors[rng.IntN(len(fqdnSelectors)):]}}}
 			rule.Ports = append(rule.Ports, dns53)
 		}
 		return rule
@@ -152,6 +153,7 @@ func TestPeersMatchBruteForce(t *testing.T) {
 		}
 		identities := slices.Collect(maps.Values(present))
 		want := map[policy.Key]string{}
+		wantDNS := map[identity.Number]string{}
 		for subject, kv := range subjects {
 			var selected []*policy.Policy
 			for _, p := range policies {
@@ -163,8 +165,12 @@ func TestPeersMatchBruteForce(t *testing.T) {
 				k.Subject = subject
 				want[k] = v
 			}
+			if names, pols := bruteDNSRules(selected); len(pols) > 0 {
+				wantDNS[subject] = names + " " + pols
+			}
 		}
 		require.Equal(t, want, f.table(), "step %d", step)
+		require.Equal(t, wantDNS, f.dnsTable(), "step %d", step)
 	}
 }
 
@@ -203,4 +209,31 @@ func TestPeerChangeCost(t *testing.T) {
 		Ingress: []policy.Rule{{Endpoints: []policy.EndpointSelector{{MatchLabels: map[string]string{"app": "web"}}}}}})
 	f.round(t)
 	require.Zero(t, f.engine.recomputed, "app=web selects no identity: nothing to recompute")
+}
+
+// bruteDNSRules is a subject's `dns-rules` row from the policies that
+// apply to it: the canonical names of their egress DNS rules, distinct and
+// sorted by text, and the policies that have any ("" when none has).
+func bruteDNSRules(policies []*policy.Policy) (names, pols string) {
+	seen := map[string]struct{}{}
+	var withDNS []string
+	for _, p := range policies {
+		has := false
+		for _, rule := range p.Egress {
+			if rule.FQDN == nil || rule.Deny {
+				continue
+			}
+			for _, dns := range rule.FQDN.DNS {
+				has = true
+				for _, n := range dns.Names {
+					seen[n.String()] = struct{}{}
+				}
+			}
+		}
+		if has {
+			withDNS = append(withDNS, p.Name)
+		}
+	}
+	slices.Sort(withDNS)
+	return strings.Join(slices.Sorted(maps.Keys(seen)), ","), strings.Join(withDNS, ",")
 }

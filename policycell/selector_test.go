@@ -34,8 +34,10 @@ type engineFixture struct {
 	identities  statedb.RWTable[*identitycell.Identity]
 	entries     statedb.RWTable[*policy.Entry]
 	enforcement statedb.RWTable[*policy.Enforcement]
-	// endpoints is not the engine's until withEndpoints.
+	// endpoints is not the engine's until withEndpoints, dnsRules until
+	// withDNSRules.
 	endpoints statedb.RWTable[*endpoint.State]
+	dnsRules  statedb.RWTable[*policy.DNSRules]
 	engine    *selectorEngine
 
 	// policiesRead and ipcacheResolved mark the `policies` and `ipcache`
@@ -58,6 +60,8 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	f.enforcement, err = policy.NewEnforcementTable(f.db)
 	require.NoError(tb, err)
 	f.endpoints, err = endpoint.NewTable(f.db)
+	require.NoError(tb, err)
+	f.dnsRules, err = policy.NewDNSRulesTable(f.db)
 	require.NoError(tb, err)
 	require.NoError(tb, f.db.Start())
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })
