@@ -5,7 +5,9 @@
 // policy says ([Policy], [Rule], [CIDRSelector], [PortRange], [FQDNRule]), the desired
 // policy-map entries ([Key], [Entry], [Verdict]) and how each direction is
 // enforced ([Enforcement]), as rows of the `policy` and
-// `policy-enforcement` tables, and the rules by which the enforcement
+// `policy-enforcement` tables, the DNS names each subject's DNS rules
+// allow ([DNSRules], the `dns-rules` table, for the DNS proxy, whose cell
+// provides [FQDNEnforcer]), and the rules by which the enforcement
 // program resolves a packet against them ([Lookup], [Resolve]).
 //
 // It is a leaf: it imports no cell. How a key is encoded in the BPF map

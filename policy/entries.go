@@ -34,15 +34,27 @@ const (
 	// VerdictDeny drops what the entry matches, in any direction, whatever
 	// an allow entry says.
 	VerdictDeny Verdict = 2
+	// VerdictDNSProxy passes what the entry matches, as VerdictAllow, and
+	// steers it to the DNS proxy: the entries of the ports of an egress
+	// rule's DNS rules. A deny wins over it as over an allow; it wins
+	// over an allow of the same key, so that a DNS rule's traffic is
+	// intercepted whatever other rules allow it.
+	VerdictDNSProxy Verdict = 3
 )
 
-// String returns "allow", "deny", else the number.
+// Allows reports whether the verdict passes what it matches (allow or
+// dns-proxy).
+func (v Verdict) Allows() bool { return v == VerdictAllow || v == VerdictDNSProxy }
+
+// String returns "allow", "deny", "dns-proxy", else the number.
 func (v Verdict) String() string {
 	switch v {
 	case VerdictAllow:
 		return "allow"
 	case VerdictDeny:
 		return "deny"
+	case VerdictDNSProxy:
+		return "dns-proxy"
 	}
 	return strconv.FormatUint(uint64(v), 10)
 }

@@ -19,8 +19,9 @@ type Computed struct {
 	// `policy-enforcement` tables at which they reflect them.
 	Entries, Enforcement statedb.Revision
 	// Selectors is the number of peer selectors of the policies in force:
-	// distinct CIDRs, and distinct selectors of peers by label or entity.
-	// Without any, an identity has no policy entries whatever its labels.
+	// distinct CIDRs, and distinct selectors of peers by label, entity or
+	// DNS name (toFQDNs). Without any, an identity has no policy entries
+	// whatever its labels.
 	Selectors int
 }
 

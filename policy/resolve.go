@@ -52,7 +52,9 @@ type Match struct {
 type Resolution struct {
 	Remote, Any Match
 	// Decided is the match that decides: a deny from either lookup (the
-	// remote identity's first), else an allow from either. Not Found: no
+	// remote identity's first), else a dns-proxy from either (it allows,
+	// and the packet goes to the DNS proxy even when the other lookup
+	// finds a plain allow), else an allow from either. Not Found: no
 	// entry matches, and the direction's default applies (drop when
 	// enforced with default deny, pass with deny rules only).
 	Decided Match
@@ -85,6 +87,10 @@ func Resolve(l Lookup, lookup LookupFunc) (Resolution, error) {
 	case r.Remote.Found && r.Remote.Verdict == VerdictDeny:
 		r.Decided = r.Remote
 	case r.Any.Found && r.Any.Verdict == VerdictDeny:
+		r.Decided = r.Any
+	case r.Remote.Found && r.Remote.Verdict == VerdictDNSProxy:
+		r.Decided = r.Remote
+	case r.Any.Found && r.Any.Verdict == VerdictDNSProxy:
 		r.Decided = r.Any
 	case r.Remote.Found:
 		r.Decided = r.Remote
@@ -134,7 +140,7 @@ func DesiredLookup(txn statedb.ReadTxn, entries statedb.Table[*Entry], writtenOn
 
 // Behind returns the entry of the desired `policy` table that
 // decides the packet as the program resolves it (a deny from the remote
-// identity or identity 0, else an allow), nil if none matches: for naming
+// identity or identity 0, else a dns-proxy, else an allow), nil if none matches: for naming
 // the policies behind a datapath event.
 func Behind(txn statedb.ReadTxn, entries statedb.Table[*Entry], l Lookup) *Entry {
 	r, _ := Resolve(l, DesiredLookup(txn, entries, false))

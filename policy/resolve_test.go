@@ -88,6 +88,38 @@ func TestResolvePolicy(t *testing.T) {
 	require.Equal(t, VerdictAllow, decided().Verdict)
 }
 
+// TestResolveDNSProxy: a dns-proxy entry allows; it wins over an allow
+// of the other lookup, and a deny of either wins over it.
+func TestResolveDNSProxy(t *testing.T) {
+	table := map[Key]Verdict{}
+	lookup := func(k Key) (Key, Verdict, bool, error) {
+		e, found := LookupEntries(k, func(k Key) (*Entry, bool) {
+			v, found := table[k]
+			return &Entry{Key: k, Verdict: v}, found
+		})
+		if !found {
+			return Key{}, 0, false, nil
+		}
+		return e.Key, e.Verdict, true, nil
+	}
+	pkt := Lookup{Identity: 9, Direction: Egress, Protocol: ProtocolUDP, Port: 53, HasPort: true}
+	decided := func() Match {
+		r, err := Resolve(pkt, lookup)
+		require.NoError(t, err)
+		return r.Decided
+	}
+	dns := Key{Identity: 0, Direction: Egress, Protocol: ProtocolUDP, Port: 53}
+	table[dns] = VerdictDNSProxy
+	require.True(t, decided().Found)
+	require.Equal(t, VerdictDNSProxy, decided().Verdict)
+	require.True(t, decided().Verdict.Allows())
+	table[Key{Identity: 9, Direction: Egress}] = VerdictAllow
+	require.Equal(t, dns, decided().Matched, "identity 0's dns-proxy wins over the remote identity's allow")
+	table[Key{Identity: 9, Direction: Egress, Protocol: ProtocolUDP, PortWildcardBits: 16}] = VerdictDeny
+	require.Equal(t, VerdictDeny, decided().Verdict, "a deny wins over a dns-proxy")
+	require.False(t, VerdictDeny.Allows())
+}
+
 // TestPolicyKeyStringRoundTrip: db/get takes the keys as the table shows
 // them.
 func TestPolicyKeyStringRoundTrip(t *testing.T) {

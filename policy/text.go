@@ -61,13 +61,13 @@ func (p *Protocol) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// MarshalText returns String's "allow" or "deny", or the number of
-// another value.
+// MarshalText returns String's "allow", "deny" or "dns-proxy", or the
+// number of another value.
 //
 // Possible errors: none.
 func (v Verdict) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
 
-// UnmarshalText parses "allow", "deny" or a number.
+// UnmarshalText parses "allow", "deny", "dns-proxy" or a number.
 //
 // Possible errors: neither a verdict's name nor a number.
 func (v *Verdict) UnmarshalText(text []byte) error {
@@ -76,10 +76,12 @@ func (v *Verdict) UnmarshalText(text []byte) error {
 		*v = VerdictAllow
 	case VerdictDeny.String():
 		*v = VerdictDeny
+	case VerdictDNSProxy.String():
+		*v = VerdictDNSProxy
 	default:
 		n, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
-			return fmt.Errorf("verdict %q: want allow, deny or a number", s)
+			return fmt.Errorf("verdict %q: want allow, deny, dns-proxy or a number", s)
 		}
 		*v = Verdict(n)
 	}

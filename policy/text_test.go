@@ -43,6 +43,14 @@ func TestRowEnumsMarshalAsNames(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal([]byte("allow"), &v))
 	require.Equal(t, VerdictAllow, v)
 	require.Error(t, yaml.Unmarshal([]byte("maybe"), &v))
+	for _, text := range []string{"dns-proxy", "3"} {
+		v = 0
+		require.NoError(t, yaml.Unmarshal([]byte(text), &v), text)
+		require.Equal(t, VerdictDNSProxy, v, text)
+	}
+	out, err = json.Marshal(VerdictDNSProxy)
+	require.NoError(t, err)
+	require.JSONEq(t, `"dns-proxy"`, string(out))
 	var d Direction
 	require.Error(t, yaml.Unmarshal([]byte("sideways"), &d))
 }

@@ -22,9 +22,9 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
-// Cell provides the read-only `policies`, `policy` and
-// `policy-enforcement` tables, their reconciler wrappers for the datapath,
-// and the policy shell commands. It runs the directory job (when
+// Cell provides the read-only `policies`, `policy`, `policy-enforcement`
+// and `dns-rules` tables, the reconciler wrappers of the two policy map
+// tables for the datapath, and the policy shell commands. It runs the directory job (when
 // --policy-dir is set) and the selector job.
 var Cell = cell.Module(
 	"policy",
@@ -36,6 +36,7 @@ var Cell = cell.Module(
 		newPoliciesTable,
 		policy.NewEntryTable,
 		policy.NewEnforcementTable,
+		policy.NewDNSRulesTable,
 		newConfiguredLoader,
 		newSelectorEngineOf,
 		// One job group for the module's jobs.
@@ -47,6 +48,7 @@ var Cell = cell.Module(
 		statedb.RWTable[*policy.Policy].ToTable,
 		statedb.RWTable[*policy.Entry].ToTable,
 		statedb.RWTable[*policy.Enforcement].ToTable,
+		statedb.RWTable[*policy.DNSRules].ToTable,
 		func(t statedb.RWTable[*policy.Entry]) policy.ReconcilerTable {
 			return policy.ReconcilerTable{RWTable: t}
 		},
@@ -122,6 +124,9 @@ type loaderParams struct {
 	StateDir statedir.Config
 	// Capacity is the datapath's --policy-map-max-entries.
 	Capacity policy.MapCapacity `optional:"true"`
+	// FQDN is provided by the DNS proxy's cell, if the hive has one:
+	// without, files with toFQDNs or DNS rules are rejected.
+	FQDN *policy.FQDNEnforcer `optional:"true"`
 }
 
 // maxEntries returns the policy map's size: the datapath's, else its
@@ -139,6 +144,10 @@ func maxEntries(c policy.MapCapacity) int {
 func newConfiguredLoader(p loaderParams) *loader {
 	l := newLoader(p.Config.PolicyDir, p.DB, p.Policies, p.IPCache, p.Log, nil)
 	l.maxEntries = maxEntries(p.Capacity)
+	if p.FQDN != nil {
+		l.fqdnEnforced = true
+		p.Log.Info("toFQDNs and DNS rules are enforced", "by", p.FQDN.Name)
+	}
 	if p.Config.PolicyDir != "" {
 		l.saveInForceIn(p.StateDir.StateDir)
 	}
@@ -161,6 +170,7 @@ type selectorParams struct {
 	IPCache     statedb.Table[*ipcachecell.Entry]
 	Entries     statedb.RWTable[*policy.Entry]
 	Enforcement statedb.RWTable[*policy.Enforcement]
+	DNSRules    statedb.RWTable[*policy.DNSRules]
 	Progress    *SelectorProgress
 	Log         *slog.Logger
 	// Capacity is the datapath's --policy-map-max-entries.
@@ -177,6 +187,7 @@ func newSelectorEngineOf(p selectorParams) *selectorEngine {
 		p.Config.EnablePolicy)
 	e.maxEntries = entryBound * maxEntries(p.Capacity)
 	e.endpoints = p.Endpoints
+	e.writeDNSRulesTo(p.DNSRules)
 	return e
 }
 

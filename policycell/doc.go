@@ -41,7 +41,13 @@
 //
 // Reads: --policy-dir, --state-dir/policies-in-force.json, the
 // `identities`, `ipcache` and (optional) `endpoints` tables.
-// Writes: `policies`, `policy`, `policy-enforcement`;
+// The selector job also writes `dns-rules`: the names the DNS rules of
+// each subject's policies allow, for the DNS proxy. toFQDNs selectors
+// select the identities with their fqdn label, and the ports of egress
+// DNS rules are dns-proxy entries; a hive without a DNS proxy
+// (policy.FQDNEnforcer) rejects files with either.
+//
+// Writes: `policies`, `policy`, `policy-enforcement`, `dns-rules`;
 // --state-dir/policies-in-force.json; ipcache metadata through the
 // policies' handles.
 // Metrics: cilium_policy and ipcache_agent_policy_files, contributed to the

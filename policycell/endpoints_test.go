@@ -28,6 +28,22 @@ func (f *engineFixture) withEndpoints() *engineFixture {
 	return f
 }
 
+// withDNSRules makes the engine write the `dns-rules` table.
+func (f *engineFixture) withDNSRules() *engineFixture {
+	f.engine.writeDNSRulesTo(f.dnsRules)
+	return f
+}
+
+// dnsTable returns the `dns-rules` table as subject -> "names policies".
+func (f *engineFixture) dnsTable() map[identity.Number]string {
+	out := map[identity.Number]string{}
+	for r := range f.dnsRules.All(f.db.ReadTxn()) {
+		row := r.TableRow()
+		out[r.Subject] = row[1] + " " + row[2]
+	}
+	return out
+}
+
 func (f *engineFixture) upsertEndpoints(tb testing.TB, endpoints ...*endpoint.State) {
 	tb.Helper()
 	txn := f.db.WriteTxn(f.endpoints)

@@ -46,11 +46,11 @@ var (
 	ErrTooManyEntries = errors.New("more than the policy map holds")
 
 	// ErrNotEnforced rejects a policy file with toFQDNs or DNS rules
-	// (toPorts[].rules.dns): the formats read them, and this agent has
-	// no DNS proxy yet to learn the names' addresses or apply the DNS
-	// rules, so taking the file would enforce something other than it
-	// says.
-	ErrNotEnforced = errors.New("not enforced by this agent yet (it has no DNS proxy to learn the names' addresses and apply DNS rules)")
+	// (toPorts[].rules.dns) in an agent without a DNS proxy (no
+	// policy.FQDNEnforcer in its hive): nothing would learn the names'
+	// addresses or apply the DNS rules, so taking the file would enforce
+	// something other than it says.
+	ErrNotEnforced = errors.New("not enforced by this agent (it has no DNS proxy to learn the names' addresses and apply DNS rules)")
 )
 
 // ErrPolicyTableFull is wrapped by the selector job's health error when

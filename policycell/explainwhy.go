@@ -81,7 +81,8 @@ type decidingRuleJSON struct {
 	File      string `json:"file"`
 	Line      int    `json:"line"`
 	Direction string `json:"direction"`
-	// Verdict is the entry's: allow or deny.
+	// Verdict is the entry's: allow, deny or dns-proxy (an allow through
+	// the DNS proxy).
 	Verdict string `json:"verdict"`
 	// PeerIdentity is the remote identity of the entry (0: any peer);
 	// Peers are the rule's peers as its policy selects them.
@@ -121,7 +122,8 @@ func (src explainSources) decidingRules(txn statedb.ReadTxn, d decision) []decid
 }
 
 // peerNames names a rule's peers: CIDRs (with their excepts), endpoint
-// selectors, entities, or "any" for a rule for every peer.
+// selectors, entities, toFQDNs selectors (as the label of the identities
+// they select, "fqdn:*.example.com"), or "any" for a rule for every peer.
 func peerNames(r policy.Rule) []string {
 	peers := []string{}
 	if r.AnyPeer {
@@ -143,6 +145,11 @@ func peerNames(r policy.Rule) []string {
 	}
 	for _, e := range r.Entities {
 		peers = append(peers, "entity "+string(e))
+	}
+	if r.FQDN != nil {
+		for _, s := range r.FQDN.Selectors {
+			peers = append(peers, s.Label())
+		}
 	}
 	return peers
 }

@@ -10,10 +10,11 @@ import (
 )
 
 // notEnforced returns the error for the first rule of a file's policies
-// that the policy files may hold and this agent does not enforce yet:
-// toFQDNs and DNS rules, which need the DNS proxy to learn the names'
-// addresses and to apply the DNS rules. Taken, such a rule would allow
-// nothing (toFQDNs) or filter no query (DNS rules) while the file says
+// that the policy files may hold and an agent without a DNS proxy (no
+// policy.FQDNEnforcer in its hive) does not enforce: toFQDNs and DNS
+// rules, which need the DNS proxy to learn the names' addresses and to
+// apply the DNS rules. Taken there, such a rule would allow nothing
+// (toFQDNs) or filter no query (DNS rules) while the file says
 // otherwise, so the file is rejected, at the rule, as every other error
 // of its content.
 //

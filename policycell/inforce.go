@@ -63,9 +63,10 @@ type savedInForce struct {
 // Possible errors: ErrCorruptInForce (wrapped) for a file larger than
 // maxInForceSize, that does not decode, is of another version, lists a
 // file twice or a name that is not a policy file's, has content that does
-// not parse or that this build does not enforce (notEnforced), or policy
-// names held by two files; errors reading the file.
-func readInForce(path, dir string) (saved map[string]savedFile, otherDir string, err error) {
+// not parse or that this agent does not enforce (notEnforced, unless
+// fqdnEnforced), or policy names held by two files; errors reading the
+// file.
+func readInForce(path, dir string, fqdnEnforced bool) (saved map[string]savedFile, otherDir string, err error) {
 	s := savedPolicies(path)
 	files, otherDir, err := s.Read(policyDir(dir))
 	if err != nil || files == nil {
@@ -76,8 +77,8 @@ func readInForce(path, dir string) (saved map[string]savedFile, otherDir string,
 	for _, entry := range files {
 		content := []byte(entry.Content)
 		policies, err := policyfile.Parse(entry.File, content)
-		if err == nil {
-			// Saved by a build that enforces more: not this one's to take.
+		if err == nil && !fqdnEnforced {
+			// Saved by an agent that enforces more: not this one's to take.
 			err = notEnforced(entry.File, policies)
 		}
 		if err != nil {
@@ -115,7 +116,7 @@ func (l *loader) restoreInForce() {
 	if err := atomicfile.RemoveTemps(path); err != nil {
 		l.log.Warn("Cannot remove stale temporary files of the saved policies in force", "path", path, "error", err)
 	}
-	saved, otherDir, err := readInForce(path, l.dir)
+	saved, otherDir, err := readInForce(path, l.dir, l.fqdnEnforced)
 	switch {
 	case errors.Is(err, ErrCorruptInForce):
 		aside, moveErr := statedir.SetAside(path)

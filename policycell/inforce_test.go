@@ -29,7 +29,7 @@ func TestInForceRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(data), `# <not> & \"escaped\"`, "readable: no HTML escapes")
 
-	saved, otherDir, err := readInForce(path, "/policies")
+	saved, otherDir, err := readInForce(path, "/policies", false)
 	require.NoError(t, err)
 	require.Empty(t, otherDir)
 	require.Len(t, saved, 3)
@@ -42,13 +42,13 @@ func TestInForceRoundTrip(t *testing.T) {
 	require.Empty(t, saved["e.yaml"].policies)
 
 	// Saved for another directory: nothing is restored.
-	saved, otherDir, err = readInForce(path, "/elsewhere")
+	saved, otherDir, err = readInForce(path, "/elsewhere", false)
 	require.NoError(t, err)
 	require.Nil(t, saved)
 	require.Equal(t, "/policies", otherDir)
 
 	// Not there: nothing to restore.
-	saved, _, err = readInForce(filepath.Join(t.TempDir(), InForceFileName), "/policies")
+	saved, _, err = readInForce(filepath.Join(t.TempDir(), InForceFileName), "/policies", false)
 	require.NoError(t, err)
 	require.Nil(t, saved)
 }
@@ -73,7 +73,7 @@ func TestInForceCorrupt(t *testing.T) {
 		{strings.Repeat(" ", maxInForceSize+1), "larger than 33554432 bytes"},
 	} {
 		require.NoError(t, os.WriteFile(path, []byte(tc.content), 0o600))
-		_, _, err := readInForce(path, "/p")
+		_, _, err := readInForce(path, "/p", false)
 		require.ErrorIs(t, err, ErrCorruptInForce, tc.err)
 		require.ErrorContains(t, err, path, tc.err)
 		require.ErrorContains(t, err, tc.err)
@@ -155,7 +155,7 @@ func TestLoaderCorruptSaveMovedAside(t *testing.T) {
 	aside, err := os.ReadFile(path + ".corrupt")
 	require.NoError(t, err)
 	require.Equal(t, `{"version":1,`, string(aside))
-	saved, _, err := readInForce(path, dir)
+	saved, _, err := readInForce(path, dir, false)
 	require.NoError(t, err)
 	require.Contains(t, saved, "a.yaml")
 }

@@ -42,6 +42,10 @@ type loader struct {
 	// maxEntries is the policy map's size: a file whose policies compute
 	// more entries is rejected (CountEntries).
 	maxEntries int
+	// fqdnEnforced: the hive has a DNS proxy (policy.FQDNEnforcer), so
+	// files with toFQDNs and DNS rules are taken; without, they are
+	// rejected (notEnforced).
+	fqdnEnforced bool
 
 	// initialized marks the first complete read applied; nil once done.
 	initialized func()
@@ -147,8 +151,8 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 }
 
 // parse parses a file and counts its entries. A file over the policy
-// map's size, or with rules this agent does not enforce yet
-// (notEnforced), is rejected before anything of it is expanded, and
+// map's size, or with rules this agent does not enforce (notEnforced,
+// without a DNS proxy), is rejected before anything of it is expanded, and
 // nothing of it is kept: its parsed policies go with the error. The file's
 // warnings are logged, each time a version of it is read.
 func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
@@ -160,8 +164,10 @@ func (l *loader) parse(name string, content []byte) ([]*policy.Policy, error) {
 		l.log.Warn("Policy file read otherwise than written", "file", name, "warning", w.String())
 	}
 	policies := parsed.Policies
-	if err := notEnforced(name, policies); err != nil {
-		return nil, err
+	if !l.fqdnEnforced {
+		if err := notEnforced(name, policies); err != nil {
+			return nil, err
+		}
 	}
 	if _, err := CountEntries(name, policies, l.maxEntries); err != nil {
 		return nil, err

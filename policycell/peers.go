@@ -4,22 +4,29 @@ package policycell
 
 import (
 	"iter"
+	"slices"
 	"strings"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
-// peerLabels are what peer selectors by label and by entity match of an
-// identity: its k8s labels (endpoint.KeyValues) and the entities its
-// reserved labels name. Only identities with such labels have them:
-// endpoint identities, and the addresses of this node and other nodes
-// (a cidr label and a reserved one). A CIDR identity has none.
+// peerLabels are what peer selectors by label, by entity and by DNS name
+// match of an identity: its k8s labels (endpoint.KeyValues), the
+// entities its reserved labels name, and its fqdn labels. Only
+// identities with such labels have them: endpoint identities, the
+// addresses of this node and other nodes (a cidr label and a reserved
+// one), and the addresses the DNS proxy learned (a cidr label and the
+// fqdn labels of the toFQDNs selectors that matched their name). A CIDR
+// identity has none.
 type peerLabels struct {
 	kv       map[string]string
 	entities []identity.Entity
+	// fqdns are the identity's fqdn labels, whole ("fqdn:*.example.com").
+	fqdns []string
 }
 
 // peerLabelsOf returns the peer labels of a label set, nil when it has
@@ -37,6 +44,9 @@ func peerLabelsOf(l labels.Labels) *peerLabels {
 		if name, ok := strings.CutPrefix(lbl, labels.SourceReserved+":"); ok {
 			pl.entities = append(pl.entities, identity.Entity(name))
 		}
+		if strings.HasPrefix(lbl, fqdn.LabelSource+":") {
+			pl.fqdns = append(pl.fqdns, lbl)
+		}
 	}
 	if pl != nil {
 		pl.kv = endpoint.KeyValues(l)
@@ -44,12 +54,15 @@ func peerLabelsOf(l labels.Labels) *peerLabels {
 	return pl
 }
 
-// peerGroup is one distinct peer selector (by label or by entity) and
-// the selectors of the rules that use it: an identity is matched against
-// each distinct selector once, however many rules share it, as Cilium's
-// SelectorCache does.
+// peerGroup is one distinct peer selector (by label, by entity or by DNS
+// name) and the selectors of the rules that use it: an identity is
+// matched against each distinct selector once, however many rules share
+// it, as Cilium's SelectorCache does.
 type peerGroup struct {
-	endpoints *policy.EndpointSelector // nil: entity
+	endpoints *policy.EndpointSelector // nil: entity or fqdn
+	// fqdn is a toFQDNs selector's label (fqdn.Selector.Label, its
+	// canonical form): the group selects the identities that have it.
+	fqdn      string
 	entity    identity.Entity
 	selectors []*selector
 }
@@ -57,8 +70,11 @@ type peerGroup struct {
 // selects reports whether the group's selector selects identity id, whose
 // peer labels are pl (nil if it has none).
 func (g *peerGroup) selects(id identity.Number, pl *peerLabels) bool {
-	if g.endpoints != nil {
+	switch {
+	case g.endpoints != nil:
 		return pl != nil && g.endpoints.SelectsPeer(pl.kv)
+	case g.fqdn != "":
+		return pl != nil && slices.Contains(pl.fqdns, g.fqdn)
 	}
 	return entitySelects(g.entity, id, pl)
 }
@@ -194,8 +210,15 @@ func (x *peerIndex) candidates(pl *peerLabels) iter.Seq[*peerGroup] {
 	}
 }
 
-// rulePeers returns a rule's peers by label and by entity, each as a
-// group of its own (without selectors), keyed as the index keys them.
+// hasRulePeers reports whether a rule has peers by label, by entity or
+// by DNS name (rulePeers).
+func hasRulePeers(rule *policy.Rule) bool {
+	return len(rule.Endpoints) > 0 || len(rule.Entities) > 0 || (rule.FQDN != nil && len(rule.FQDN.Selectors) > 0)
+}
+
+// rulePeers returns a rule's peers by label, by entity and by DNS name,
+// each as a group of its own (without selectors), keyed as the index
+// keys them.
 func rulePeers(rule *policy.Rule) map[string]*peerGroup {
 	groups := map[string]*peerGroup{}
 	for i := range rule.Endpoints {
@@ -207,10 +230,16 @@ func rulePeers(rule *policy.Rule) map[string]*peerGroup {
 	for _, entity := range rule.Entities {
 		groups["entity "+string(entity)] = &peerGroup{entity: entity}
 	}
+	if rule.FQDN != nil {
+		for _, sel := range rule.FQDN.Selectors {
+			// Two spellings of one selector are one label, one group.
+			groups["fqdn "+sel.Label()] = &peerGroup{fqdn: sel.Label()}
+		}
+	}
 	return groups
 }
 
-// add indexes the label and entity peers of a rule, whose selector is s
+// add indexes the label, entity and DNS name peers of a rule, whose selector is s
 // (s.peer nil), and returns the groups it joined.
 func (x *peerIndex) add(s *selector, rule *policy.Rule) []*peerGroup {
 	var joined []*peerGroup

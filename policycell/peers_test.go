@@ -8,22 +8,26 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
-// TestPeersMatchBruteForce: with peers by label and by entity, policies,
-// peer identities (endpoint identities, node addresses with a reserved
-// label, CIDR identities) and local endpoints changing at random, the
-// engine's tables equal a computation from scratch after every round.
+// TestPeersMatchBruteForce: with peers by label, by entity and by DNS
+// name (toFQDNs), DNS rules, policies, peer identities (endpoint
+// identities, node addresses with a reserved label, CIDR identities,
+// addresses the DNS proxy learned with fqdn labels) and local endpoints
+// changing at random, the engine's tables equal a computation from
+// scratch after every round.
 func TestPeersMatchBruteForce(t *testing.T) {
-	f := newEngineFixture(t).withEndpoints()
+	f := newEngineFixture(t).withEndpoints().withDNSRules()
 	f.policiesRead()
 	f.ipcacheResolved()
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -40,6 +44,27 @@ func TestPeersMatchBruteForce(t *testing.T) {
 		302:                   {"k8s:app=a", "k8s:io.kubernetes.pod.namespace=other", "k8s:io.cilium.k8s.namespace.labels.team=blue"},
 		303:                   {"k8s:app=c", "k8s:io.kubernetes.pod.namespace=other"},
 		304:                   {"k8s:app=a"}, // labels of an embedder's identity without a namespace: no peer by label
+		identity.MinLocal + 4: {"cidr:0.0.0.0/0", "cidr:198.51.100.7/32", "fqdn:api.example.com"},
+		identity.MinLocal + 5: {"cidr:0.0.0.0/0", "cidr:198.51.100.8/32", "fqdn:*.example.com", "fqdn:api.example.com"},
+		identity.MinLocal + 6: {"cidr:0.0.0.0/0", "cidr:198.51.100.9/32", "fqdn:other.example.org"},
+	}
+	fqdnSelectors := []fqdn.Selector{{MatchName: "API.example.com."}, {MatchPattern: "*.example.com"}, {MatchName: "nowhere.example.net"}}
+	dns53 := policy.PortRange{Protocol: policy.ProtocolUDP, Port: 53}
+	// withFQDN gives an egress allow rule toFQDNs (its only peers) or DNS
+	// rules on UDP/53, at random.
+	withFQDN := func(rule policy.Rule) policy.Rule {
+		if rule.Deny {
+			return rule
+		}
+		switch rng.IntN(3) {
+		case 0:
+			rule.Endpoints, rule.Entities, rule.Peers = nil, nil, nil
+			rule.FQDN = &policy.FQDNRule{Selectors: []fqdn.Selector{fqdnSelectors[rng.IntN(len(fqdnSelectors))]}}
+		case 1:
+			rule.FQDN = &policy.FQDNRule{DNS: []policy.DNSRule{{Ports: []policy.PortRange{dns53}, Names: fqdnSelectors[rng.IntN(len(fqdnSelectors)):]}}}
+			rule.Ports = append(rule.Ports, dns53)
+		}
+		return rule
 	}
 	poolIDs := slices.Sorted(maps.Keys(pool))
 	peerSelectors := []policy.EndpointSelector{
@@ -92,7 +117,7 @@ func TestPeersMatchBruteForce(t *testing.T) {
 					p.Ingress = append(p.Ingress, randomRule())
 				}
 				for range rng.IntN(2) {
-					p.Egress = append(p.Egress, randomRule())
+					p.Egress = append(p.Egress, withFQDN(randomRule()))
 				}
 				f.upsertPolicies(t, p)
 				policies[p.Name] = p
@@ -128,6 +153,7 @@ func TestPeersMatchBruteForce(t *testing.T) {
 		}
 		identities := slices.Collect(maps.Values(present))
 		want := map[policy.Key]string{}
+		wantDNS := map[identity.Number]string{}
 		for subject, kv := range subjects {
 			var selected []*policy.Policy
 			for _, p := range policies {
@@ -139,8 +165,12 @@ func TestPeersMatchBruteForce(t *testing.T) {
 				k.Subject = subject
 				want[k] = v
 			}
+			if names, pols := bruteDNSRules(selected); len(pols) > 0 {
+				wantDNS[subject] = names + " " + pols
+			}
 		}
 		require.Equal(t, want, f.table(), "step %d", step)
+		require.Equal(t, wantDNS, f.dnsTable(), "step %d", step)
 	}
 }
 
@@ -179,4 +209,31 @@ func TestPeerChangeCost(t *testing.T) {
 		Ingress: []policy.Rule{{Endpoints: []policy.EndpointSelector{{MatchLabels: map[string]string{"app": "web"}}}}}})
 	f.round(t)
 	require.Zero(t, f.engine.recomputed, "app=web selects no identity: nothing to recompute")
+}
+
+// bruteDNSRules is a subject's `dns-rules` row from the policies that
+// apply to it: the canonical names of their egress DNS rules, distinct and
+// sorted by text, and the policies that have any ("" when none has).
+func bruteDNSRules(policies []*policy.Policy) (names, pols string) {
+	seen := map[string]struct{}{}
+	var withDNS []string
+	for _, p := range policies {
+		has := false
+		for _, rule := range p.Egress {
+			if rule.FQDN == nil || rule.Deny {
+				continue
+			}
+			for _, dns := range rule.FQDN.DNS {
+				has = true
+				for _, n := range dns.Names {
+					seen[n.String()] = struct{}{}
+				}
+			}
+		}
+		if has {
+			withDNS = append(withDNS, p.Name)
+		}
+	}
+	slices.Sort(withDNS)
+	return strings.Join(slices.Sorted(maps.Keys(seen)), ","), strings.Join(withDNS, ",")
 }

@@ -58,3 +58,27 @@ func TestResolveDenyWins(t *testing.T) {
 	require.Equal(t, []row{{tcp443, policy.VerdictAllow, []string{"a:egress[0]", "a:egress[1]"}}},
 		rows(allow(tcp443, "egress[1]"), allow(tcp443, "egress[0]"), allow(tcp443, "egress[0]")))
 }
+
+// TestResolveDNSProxy: a dns-proxy wins over an allow of the same key (of
+// the dns-proxy rules alone), a deny over a dns-proxy of the same key or
+// inside its prefix; a dns-proxy narrower than an allow stays beside it.
+func TestResolveDNSProxy(t *testing.T) {
+	udp := policy.Key{Identity: 9, Direction: policy.Egress, Protocol: policy.ProtocolUDP, PortWildcardBits: 16}
+	udp53 := policy.Key{Identity: 9, Direction: policy.Egress, Protocol: policy.ProtocolUDP, Port: 53}
+	proxy := func(k policy.Key, rule string) grant { return grant{k, policy.VerdictDNSProxy, "p", "p:" + rule} }
+	verdicts := func(grants ...grant) map[policy.Key]string {
+		out := map[policy.Key]string{}
+		for _, e := range resolve(grants) {
+			out[e.Key] = e.Verdict.String() + " " + e.Rules[0]
+		}
+		return out
+	}
+	require.Equal(t, map[policy.Key]string{udp53: "dns-proxy p:egress[0]"},
+		verdicts(allow(udp53, "egress[0]"), proxy(udp53, "egress[0]")))
+	require.Equal(t, map[policy.Key]string{udp53: "deny d:egressDeny[0]"},
+		verdicts(allow(udp53, "egress[0]"), proxy(udp53, "egress[0]"), deny(udp53, "egressDeny[0]")))
+	require.Equal(t, map[policy.Key]string{udp: "deny d:egressDeny[0]"},
+		verdicts(proxy(udp53, "egress[0]"), deny(udp, "egressDeny[0]")))
+	require.Equal(t, map[policy.Key]string{udp: "allow a:egress[0]", udp53: "dns-proxy p:egress[0]"},
+		verdicts(allow(udp, "egress[0]"), proxy(udp53, "egress[0]")))
+}

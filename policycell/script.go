@@ -311,7 +311,8 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				"first address. The datapath looks up the remote",
 				"identity's key and identity 0's (rules for every peer), each the",
 				"longest matching prefix: the port's block, the whole protocol,",
-				"any protocol. A deny from either wins, else an allow from either",
+				"any protocol. A deny from either wins, else a dns-proxy from either",
+				"(an allow, through the DNS proxy), else an allow from either",
 				"allows, else the direction's default: drop when enforced (default",
 				"deny), pass with deny rules only. Without a port, the verdict is",
 				"for other protocols: only entries for any protocol match.",
@@ -678,6 +679,10 @@ func (src explainSources) writeVerdict(out *strings.Builder, txn statedb.ReadTxn
 		fmt.Fprintf(out, "%s: drop (deny entry %s)\n", label, rules)
 		return false
 	}
+	if d.Verdict == policy.VerdictDNSProxy {
+		fmt.Fprintf(out, "%s: allow through the DNS proxy (dns-proxy entry %s)\n", label, rules)
+		return true
+	}
 	fmt.Fprintf(out, "%s: allow (entry %s)\n", label, rules)
 	return true
 }
@@ -759,6 +764,8 @@ func explainMaps(out *strings.Builder, datapath policy.Datapath, addr netip.Addr
 	switch d := r.Decided; {
 	case d.Found && d.Verdict == policy.VerdictDeny:
 		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, policy map deny entry %s: %s\n", subject, id, dir, mode, d.Matched, verdict(false))
+	case d.Found && d.Verdict == policy.VerdictDNSProxy:
+		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, policy map dns-proxy entry %s: %s through the DNS proxy\n", subject, id, dir, mode, d.Matched, verdict(true))
 	case d.Found:
 		fmt.Fprintf(out, "Maps: %sidentity %s, %s %s, policy map entry %s: %s\n", subject, id, dir, mode, d.Matched, verdict(true))
 	case enforced:

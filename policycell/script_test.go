@@ -30,6 +30,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/jsoncmd"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/policygen"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
+	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 	"github.com/ipcache-agent/ipcache-agent/policycell"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -63,6 +64,13 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			cell.Config(policyMapConfig{PolicyMapMaxEntries: policycell.DefaultPolicyMapMaxEntries}),
 			cell.Provide(func(c policyMapConfig) policy.MapCapacity {
 				return policy.MapCapacity(c.PolicyMapMaxEntries)
+			}),
+			cell.Config(fqdnEnforcerConfig{}),
+			cell.Provide(func(c fqdnEnforcerConfig) *policy.FQDNEnforcer {
+				if !c.TestFQDNEnforcer {
+					return nil
+				}
+				return &policy.FQDNEnforcer{Name: "test"}
 			}),
 			cell.Invoke(func(c *ipcachecell.IPCache) { ipcache = c }),
 			// The `endpoints` table, as the endpoint cell provides it: the
@@ -117,6 +125,17 @@ type policyMapConfig struct {
 
 func (def policyMapConfig) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("policy-map-max-entries", def.PolicyMapMaxEntries, "Maximum entries of the policy map")
+}
+
+// fqdnEnforcerConfig stands in for the DNS proxy's cell, which provides
+// policy.FQDNEnforcer: with --test-fqdn-enforcer (a script's `#!` line),
+// the hive enforces toFQDNs and DNS rules.
+type fqdnEnforcerConfig struct {
+	TestFQDNEnforcer bool
+}
+
+func (def fqdnEnforcerConfig) Flags(flags *pflag.FlagSet) {
+	flags.Bool("test-fqdn-enforcer", def.TestFQDNEnforcer, "Provide a policy.FQDNEnforcer, as the DNS proxy's cell does")
 }
 
 // currentHiveCmd runs the command of that name of the current hive.
@@ -321,10 +340,18 @@ func ownerCommands(ipcache func() *ipcachecell.IPCache) map[string]script.Cmd {
 	handles := map[string]*ipcachecell.Handle{}
 	return map[string]script.Cmd{
 		"test/upsert": script.Command(
-			script.CmdUsage{Summary: "Upsert prefixes through a resource's handle", Args: "resource source prefix[,prefix...]"},
+			script.CmdUsage{Summary: "Upsert prefixes through a resource's handle, with labels (as the DNS proxy's fqdn labels)",
+				Args: "resource source prefix[,prefix...] [label,...]"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 3 {
+				if len(args) != 3 && len(args) != 4 {
 					return nil, script.ErrUsage
+				}
+				var md ipcachecell.Metadata
+				if len(args) == 4 {
+					var err error
+					if md.Labels, err = labels.Parse(args[3]); err != nil {
+						return nil, err
+					}
 				}
 				h, ok := handles[args[0]]
 				if !ok {
@@ -343,7 +370,7 @@ func ownerCommands(ipcache func() *ipcachecell.IPCache) map[string]script.Cmd {
 					if err != nil {
 						return nil, err
 					}
-					batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix})
+					batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix, Metadata: md})
 				}
 				return scriptcmd.Result("", h.UpsertBatch(batch))
 			}),

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -201,15 +202,23 @@ type selectorEngine struct {
 	indexed map[string]*policy.Policy
 	index   selectorIndex
 
-	// peerIndex holds the peer selectors by label and by entity, and
-	// peers the identities they can select (those with k8s or reserved
-	// labels), with those labels: a new peer selector is matched against
+	// peerIndex holds the peer selectors by label, by entity and by DNS
+	// name, and peers the identities they can select (those with k8s,
+	// reserved or fqdn labels), with those labels: a new peer selector is matched against
 	// these alone, and a new identity against each distinct selector.
 	peerIndex peerIndex
 	peers     peerSet
 
 	// enablePolicy is --enable-policy.
 	enablePolicy string
+
+	// dnsRules is the `dns-rules` table, nil when the engine writes none
+	// (tests of the entries alone). dnsPolicies are the indexed policies
+	// with DNS rules in egress, by name; dnsDirty the subjects whose row
+	// to recompute.
+	dnsRules    statedb.RWTable[*policy.DNSRules]
+	dnsPolicies map[string]*policy.Policy
+	dnsDirty    map[identity.Number]struct{}
 
 	dirty map[identity.Number]struct{}
 
@@ -260,6 +269,8 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		counts:           map[identity.Number]*enforcementCounts{0: {}},
 		goneSubjects:     map[identity.Number]struct{}{},
 		dirty:            map[identity.Number]struct{}{},
+		dnsPolicies:      map[string]*policy.Policy{},
+		dnsDirty:         map[identity.Number]struct{}{},
 		maxEntries:       entryBound * DefaultPolicyMapMaxEntries,
 		notComputed:      map[identity.Number]int{},
 
@@ -269,6 +280,20 @@ func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], i
 		e.enablePolicy = EnablePolicyDefault
 	}
 	return e
+}
+
+// writeDNSRulesTo makes the engine write the `dns-rules` table too, and
+// initialize it with the others. Call it before run.
+func (e *selectorEngine) writeDNSRulesTo(table statedb.RWTable[*policy.DNSRules]) {
+	txn := e.db.WriteTxn(table)
+	markDNSRules := table.RegisterInitializer(txn, "policy-selectors")
+	txn.Commit()
+	e.dnsRules = table
+	markOthers := e.markInitialized
+	e.markInitialized = func(txn statedb.WriteTxn) {
+		markOthers(txn)
+		markDNSRules(txn)
+	}
 }
 
 // run processes changes as they come.
@@ -461,6 +486,16 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 	for id := range e.selected[p.Name] {
 		e.countsOfSubject(id).add(counts, by)
 	}
+	if hasDNSRules(p) {
+		for id := range e.selected[p.Name] {
+			e.dnsDirty[id] = struct{}{}
+		}
+		if by > 0 {
+			e.dnsPolicies[p.Name] = p
+		} else {
+			delete(e.dnsPolicies, p.Name)
+		}
+	}
 	if by < 0 {
 		delete(e.selected, p.Name)
 	}
@@ -474,7 +509,7 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 					e.index.add(newSelector(p, dir, rule, nil))
 				}
 			}
-			if by > 0 && (len(rule.Endpoints) > 0 || len(rule.Entities) > 0) {
+			if by > 0 && hasRulePeers(rule) {
 				for _, g := range e.peerIndex.add(newSelector(p, dir, rule, nil), rule) {
 					e.markPeers(g)
 				}
@@ -505,7 +540,7 @@ func (e *selectorEngine) markPeers(g *peerGroup) {
 			e.dirty[id] = struct{}{}
 		}
 	}
-	if g.endpoints == nil {
+	if g.endpoints == nil && g.fqdn == "" {
 		for _, id := range reservedPeers() {
 			if g.selects(id, nil) {
 				e.dirty[id] = struct{}{}
@@ -598,6 +633,7 @@ func (e *selectorEngine) takeSubject(txn statedb.ReadTxn, id identity.Number, ep
 	s := &subject{labels: endpoint.KeyValues(ep.IdentityLabels), endpoints: 1}
 	e.subjects[id] = s
 	delete(e.goneSubjects, id)
+	e.dnsDirty[id] = struct{}{}
 	counts := e.countsOfSubject(id)
 	for name, p := range e.indexed {
 		if !p.Selector.Matches(s.labels) {
@@ -623,6 +659,7 @@ func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number)
 	delete(e.subjects, id)
 	delete(e.counts, id)
 	e.goneSubjects[id] = struct{}{}
+	e.dnsDirty[id] = struct{}{}
 	for name, subjects := range e.selected {
 		if _, ok := subjects[id]; !ok {
 			continue
@@ -633,7 +670,7 @@ func (e *selectorEngine) releaseSubject(txn statedb.ReadTxn, id identity.Number)
 }
 
 // markSelected marks dirty the identities whose entries a policy gives:
-// those inside its CIDRs, those its peers by label and entity select, and
+// those inside its CIDRs, those its peers by label, entity and DNS name select, and
 // identity 0 for its rules for every peer.
 func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
 	for _, dir := range policy.Directions() {
@@ -641,7 +678,7 @@ func (e *selectorEngine) markSelected(txn statedb.ReadTxn, p *policy.Policy) {
 			if rule.AnyPeer {
 				e.dirty[0] = struct{}{}
 			}
-			if len(rule.Endpoints) > 0 || len(rule.Entities) > 0 {
+			if hasRulePeers(&rule) {
 				for _, g := range rulePeers(&rule) {
 					e.markPeers(g)
 				}
@@ -714,14 +751,24 @@ func (e *selectorEngine) write(initializing bool) error {
 	}
 	e.dirty = map[identity.Number]struct{}{}
 	writeEnforcement := initializing || e.markInitialized == nil
-	if len(dirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
+	if len(dirty) == 0 && len(e.dnsDirty) == 0 && !initializing && (!writeEnforcement || !e.enforcementChanged(e.db.ReadTxn())) {
 		return nil // nothing changed that the entries depend on
+	}
+	tables := []statedb.TableMeta{e.entries, e.enforcement}
+	if e.dnsRules != nil {
+		tables = append(tables, e.dnsRules)
 	}
 	var scratch []grant
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
-		txn := e.db.WriteTxn(e.entries, e.enforcement)
+		txn := e.db.WriteTxn(tables...)
 		if start == 0 && writeEnforcement {
 			if err := e.writeEnforcement(txn, false); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
+		if start == 0 {
+			if err := e.writeDNSRules(txn, false); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -730,6 +777,12 @@ func (e *selectorEngine) write(initializing bool) error {
 			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
 			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
+				txn.Abort()
+				return err
+			}
+		}
+		if start+writeChunkSize >= len(dirty) {
+			if err := e.writeDNSRules(txn, true); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -744,6 +797,86 @@ func (e *selectorEngine) write(initializing bool) error {
 			}
 		}
 		txn.Commit()
+	}
+	return nil
+}
+
+// hasDNSRules reports whether a policy has DNS rules in egress, the only
+// direction where they intercept.
+func hasDNSRules(p *policy.Policy) bool {
+	for _, rule := range p.Egress {
+		if rule.FQDN != nil && len(rule.FQDN.DNS) > 0 && !rule.Deny {
+			return true
+		}
+	}
+	return false
+}
+
+// desiredDNSRules returns the `dns-rules` row of a subject: the names of
+// the DNS rules of the policies that apply to it, nil if none has any.
+func (e *selectorEngine) desiredDNSRules(subject identity.Number) *policy.DNSRules {
+	var (
+		names    []fqdn.Selector
+		policies []string
+	)
+	for name, p := range e.dnsPolicies {
+		if _, ok := e.selected[name][subject]; !ok {
+			continue
+		}
+		policies = append(policies, name)
+		for _, rule := range p.Egress {
+			if rule.FQDN == nil || rule.Deny {
+				continue
+			}
+			for _, dns := range rule.FQDN.DNS {
+				names = append(names, dns.Names...)
+			}
+		}
+	}
+	if len(policies) == 0 {
+		return nil
+	}
+	slices.Sort(policies)
+	return &policy.DNSRules{Subject: subject, Names: policy.CanonicalDNSNames(names), Policies: policies}
+}
+
+// writeDNSRules writes the rows of the subjects whose DNS rules may have
+// changed: with stricter false those that allow more names than before
+// (a new row, or one whose names include all the old ones), else the
+// others (fewer names, or none: the row goes), as writeEnforcement
+// orders its rows. The first transaction of a write passes false, the
+// last true: the proxy knows a name before the dns-proxy entries that
+// steer its queries there are written, and forgets one only after the
+// entries that no longer need it went.
+func (e *selectorEngine) writeDNSRules(txn statedb.WriteTxn, stricter bool) error {
+	if e.dnsRules == nil {
+		clear(e.dnsDirty)
+		return nil
+	}
+	for subject := range e.dnsDirty {
+		want := e.desiredDNSRules(subject)
+		have, _, found := e.dnsRules.Get(txn, policy.DNSRulesIndex.Query(subject))
+		switch {
+		case want == nil && !found, want != nil && found && have.Same(want):
+			continue
+		case want == nil:
+			if stricter {
+				if _, _, err := e.dnsRules.Delete(txn, have); err != nil {
+					return fmt.Errorf("delete the DNS rules of %d: %w", subject, err)
+				}
+			}
+			continue
+		}
+		looser := !found || !slices.ContainsFunc(have.Names, func(n fqdn.Selector) bool { return !slices.Contains(want.Names, n) })
+		if looser == stricter {
+			continue
+		}
+		if _, _, err := e.dnsRules.Insert(txn, want); err != nil {
+			return fmt.Errorf("write the DNS rules of %d: %w", subject, err)
+		}
+	}
+	if stricter {
+		clear(e.dnsDirty)
 	}
 	return nil
 }
@@ -804,7 +937,9 @@ func (e *selectorEngine) grants(txn statedb.ReadTxn, id identity.Number, out []g
 }
 
 // appendGrants appends the selector's keys for identity id in subject's
-// policy: any protocol without ports, else each port range's blocks.
+// policy: any protocol without ports, else each port range's blocks. The
+// ports of an egress rule's DNS rules are dns-proxy: their DNS goes
+// through the proxy.
 func (s *selector) appendGrants(out []grant, subject, id identity.Number) []grant {
 	verdict := policy.VerdictAllow
 	if s.deny {
@@ -816,11 +951,43 @@ func (s *selector) appendGrants(out []grant, subject, id identity.Number) []gran
 	}
 	var keys [8]policy.Key
 	for _, pr := range s.ports {
+		v := verdict
+		if s.intercepts(pr) {
+			v = policy.VerdictDNSProxy
+		}
 		for _, key := range pr.AppendKeys(keys[:0], base) {
-			out = append(out, grant{key, verdict, s.policy, s.rule})
+			out = append(out, grant{key, v, s.policy, s.rule})
 		}
 	}
 	return out
+}
+
+// intercepts reports whether the selector's rule has DNS rules on pr, in
+// an egress allow rule: only there do DNS rules steer the endpoint's DNS
+// to the proxy (the formats take them nowhere else). Most rules have no
+// FQDN part: one nil test.
+func (s *selector) intercepts(pr policy.PortRange) bool {
+	if s.source == nil || s.source.FQDN == nil || s.deny || s.direction != policy.Egress {
+		return false
+	}
+	for _, dns := range s.source.FQDN.DNS {
+		if slices.Contains(dns.Ports, pr) {
+			return true
+		}
+	}
+	return false
+}
+
+// verdictRank orders the verdicts one key may get from several rules:
+// deny wins over everything, dns-proxy over allow.
+func verdictRank(v policy.Verdict) int {
+	switch v {
+	case policy.VerdictDeny:
+		return 2
+	case policy.VerdictDNSProxy:
+		return 1
+	}
+	return 0
 }
 
 // resolve turns an identity's grants into its entries, in key order, as
@@ -830,14 +997,17 @@ func (s *selector) appendGrants(out []grant, subject, id identity.Number) []gran
 // not written, since the program's longest-prefix lookup would find it
 // rather than the deny. An allow wider than a deny stays: the lookup
 // finds the narrower deny for what the deny covers. (Across identity 0
-// and the remote identity, the program's two lookups resolve it.)
+// and the remote identity, the program's two lookups resolve it.) A
+// dns-proxy is an allow that wins over a plain allow of the same key (of
+// the dns-proxy rules alone): what a DNS rule intercepts is intercepted
+// whatever else allows it.
 func resolve(grants []grant) []*policy.Entry {
 	slices.SortFunc(grants, func(a, b grant) int {
 		if c := policy.CompareKeys(a.key, b.key); c != 0 {
 			return c
 		}
 		if a.verdict != b.verdict {
-			return -cmp.Compare(a.verdict, b.verdict) // deny first
+			return -cmp.Compare(verdictRank(a.verdict), verdictRank(b.verdict)) // deny, then dns-proxy, first
 		}
 		if c := strings.Compare(a.policy, b.policy); c != 0 {
 			return c
@@ -855,7 +1025,7 @@ func resolve(grants []grant) []*policy.Entry {
 		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
 		for _, g := range grants[i:j] {
 			if g.verdict != entry.Verdict {
-				break // the allows of a denied key
+				break // the allows of a denied (or intercepted) key
 			}
 			if len(entry.Policies) == 0 || entry.Policies[len(entry.Policies)-1] != g.policy {
 				entry.Policies = append(entry.Policies, g.policy)
@@ -872,7 +1042,7 @@ func resolve(grants []grant) []*policy.Entry {
 		return entries
 	}
 	return slices.DeleteFunc(entries, func(entry *policy.Entry) bool {
-		return entry.Verdict == policy.VerdictAllow && slices.ContainsFunc(denies, func(deny policy.Key) bool {
+		return entry.Verdict != policy.VerdictDeny && slices.ContainsFunc(denies, func(deny policy.Key) bool {
 			return deny.Matches(entry.Key)
 		})
 	})
@@ -915,7 +1085,7 @@ func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number,
 			return err
 		}
 	}
-	slices.SortStableFunc(added, func(a, b *policy.Entry) int { return -cmp.Compare(a.Verdict, b.Verdict) })
+	slices.SortStableFunc(added, func(a, b *policy.Entry) int { return -cmp.Compare(verdictRank(a.Verdict), verdictRank(b.Verdict)) })
 	room := e.maxEntries - e.entries.NumObjects(txn)
 	for i, want := range added {
 		if i >= room {

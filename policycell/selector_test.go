@@ -34,8 +34,10 @@ type engineFixture struct {
 	identities  statedb.RWTable[*identitycell.Identity]
 	entries     statedb.RWTable[*policy.Entry]
 	enforcement statedb.RWTable[*policy.Enforcement]
-	// endpoints is not the engine's until withEndpoints.
+	// endpoints is not the engine's until withEndpoints, dnsRules until
+	// withDNSRules.
 	endpoints statedb.RWTable[*endpoint.State]
+	dnsRules  statedb.RWTable[*policy.DNSRules]
 	engine    *selectorEngine
 
 	// policiesRead and ipcacheResolved mark the `policies` and `ipcache`
@@ -58,6 +60,8 @@ func newEngineFixture(tb testing.TB) *engineFixture {
 	f.enforcement, err = policy.NewEnforcementTable(f.db)
 	require.NoError(tb, err)
 	f.endpoints, err = endpoint.NewTable(f.db)
+	require.NoError(tb, err)
+	f.dnsRules, err = policy.NewDNSRulesTable(f.db)
 	require.NoError(tb, err)
 	require.NoError(tb, f.db.Start())
 	tb.Cleanup(func() { require.NoError(tb, f.db.Stop()) })
@@ -133,8 +137,11 @@ func (f *engineFixture) table() map[policy.Key]string {
 	out := map[policy.Key]string{}
 	for e := range f.entries.All(f.db.ReadTxn()) {
 		out[e.Key] = strings.Join(e.Policies, ",")
-		if e.Verdict == policy.VerdictDeny {
+		switch e.Verdict {
+		case policy.VerdictDeny:
 			out[e.Key] = "deny:" + out[e.Key]
+		case policy.VerdictDNSProxy:
+			out[e.Key] = "dns-proxy:" + out[e.Key]
 		}
 	}
 	return out
@@ -204,6 +211,11 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 					for _, entity := range rule.Entities {
 						selects = selects || bruteEntity(entity, t.id, t.labels)
 					}
+					if rule.FQDN != nil {
+						for _, sel := range rule.FQDN.Selectors {
+							selects = selects || t.labels.Has(sel.Label())
+						}
+					}
 					if !selects {
 						continue
 					}
@@ -216,8 +228,16 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 						grant(k, v, p.Name)
 					}
 					for _, pp := range rule.Ports {
+						pv := v
+						if rule.FQDN != nil && dir == policy.Egress && !rule.Deny {
+							for _, dns := range rule.FQDN.DNS {
+								if slices.Contains(dns.Ports, pp) {
+									pv = policy.VerdictDNSProxy
+								}
+							}
+						}
 						for _, block := range pp.AppendKeys(nil, k) {
-							grant(block, v, p.Name)
+							grant(block, pv, p.Name)
 						}
 					}
 				}
@@ -246,7 +266,11 @@ func bruteForce(policies []*policy.Policy, identities []*identitycell.Identity) 
 			dp, dlo, dhi := span(d)
 			covered = covered || dp == policy.ProtocolAny || dp == protocol && dlo <= lo && hi <= dhi
 		}
-		if !covered {
+		switch proxied, ok := verdicts[policy.VerdictDNSProxy]; {
+		case covered:
+		case ok:
+			out[k] = "dns-proxy:" + strings.Join(slices.Sorted(maps.Keys(proxied)), ",")
+		default:
 			out[k] = strings.Join(slices.Sorted(maps.Keys(verdicts[policy.VerdictAllow])), ",")
 		}
 	}

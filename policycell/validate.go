@@ -31,9 +31,9 @@ type FileValidation struct {
 
 // ValidateFiles checks policy files as the agent would read them from its
 // policy directory, without one: the same size and type limits, the same
-// parser (policyfile.Parse), the same rejection of what it does not
-// enforce yet (toFQDNs and DNS rules; a file's warnings are kept with
-// that error), the same count of policy-map entries against the
+// parser (policyfile.Parse, whose warnings are kept, among them a
+// toFQDNs policy whose endpoints no DNS rule of the file intercepts), the
+// same count of policy-map entries against the
 // policy map's size maxEntries (CountEntries, the agent's
 // --policy-map-max-entries), and the same rule for a policy name that
 // several files use: files are taken in name order and the first to use a
@@ -41,7 +41,7 @@ type FileValidation struct {
 // is read twice.
 //
 // Each result's Err is a *policyfile.FileError wrapping
-// policyfile.ErrInvalidPolicy (and ErrTooManyEntries, ErrNotEnforced, or
+// policyfile.ErrInvalidPolicy (and ErrTooManyEntries, or
 // ErrNameInUse for a name an earlier file has, at the name), ErrTooLarge, ErrNotRegular, or
 // the error of opening or reading the file.
 func ValidateFiles(files []string, maxEntries int) []FileValidation {
@@ -57,9 +57,9 @@ func ValidateFiles(files []string, maxEntries int) []FileValidation {
 			results[i].Policies, nameColumns[i], results[i].Warnings = parsed.Policies, parsed.NameColumns, parsed.Warnings
 		}
 		if err == nil {
-			if err = notEnforced(file, results[i].Policies); err == nil {
-				results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)
-			}
+			// toFQDNs and DNS rules are taken: the files are checked for
+			// an agent with its DNS proxy, which enforces them.
+			results[i].Entries, err = CountEntries(file, results[i].Policies, maxEntries)
 			if err != nil {
 				results[i].Policies = nil
 			}

@@ -35,10 +35,11 @@ func TestValidateFilesNameConflict(t *testing.T) {
 	require.Nil(t, results[0].Policies)
 }
 
-// TestValidateFilesNotEnforced: a file with toFQDNs or DNS rules parses
-// and is rejected, as the agent rejects it, at the rule, with its
-// warnings kept; without them the same file is valid.
-func TestValidateFilesNotEnforced(t *testing.T) {
+// TestValidateFilesFQDN: files with toFQDNs or DNS rules are valid (they
+// are checked for an agent with its DNS proxy; an agent without rejects
+// them: testdata/fqdn.txtar), and a toFQDNs rule whose endpoints the file
+// gives no DNS rule keeps its warning.
+func TestValidateFilesFQDN(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		path := filepath.Join(dir, name)
@@ -50,15 +51,15 @@ func TestValidateFilesNotEnforced(t *testing.T) {
 	plain := write("plain.yaml", "name: c\negress:\n  - toPorts: [{port: 53, protocol: UDP}]\n")
 	results := ValidateFiles([]string{fqdn, dns, plain}, 100)
 
-	require.ErrorIs(t, results[0].Err, ErrNotEnforced)
-	require.ErrorIs(t, results[0].Err, policyfile.ErrInvalidPolicy)
-	require.EqualError(t, results[0].Err, fqdn+`:4:5: invalid policy file: policy "a": egress[1]: toFQDNs: `+ErrNotEnforced.Error())
-	require.Nil(t, results[0].Policies)
+	require.NoError(t, results[0].Err)
+	require.Len(t, results[0].Policies, 1)
+	require.Equal(t, EntryCount{Entries: 1, Exact: true}, results[0].Entries, "the CIDR's; a toFQDNs rule's identities are learned")
 	require.Len(t, results[0].Warnings, 1)
 	require.Equal(t, 4, results[0].Warnings[0].Line)
+	require.Contains(t, results[0].Warnings[0].String(), "no policy in this file gives its endpoints a DNS rule")
 
-	require.ErrorIs(t, results[1].Err, ErrNotEnforced)
-	require.EqualError(t, results[1].Err, dns+`:3:5: invalid policy file: policy "b": egress[0]: toPorts[].rules.dns: `+ErrNotEnforced.Error())
+	require.NoError(t, results[1].Err)
+	require.Len(t, results[1].Policies, 1)
 	require.Empty(t, results[1].Warnings)
 
 	require.NoError(t, results[2].Err)

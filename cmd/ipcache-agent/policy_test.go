@@ -51,11 +51,12 @@ func TestPolicyValidate(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Equal(t, path("native.yaml")+": ok (2 policies: a, b; 1 policy map entry)\n"+
 		path("typo.yaml")+`:4:5: invalid policy file: policy "c": egress[0]: unknown field "toPort", want one of toCIDR, toCIDRSet, toPorts, icmps, toEndpoints, toEntities, toFQDNs`+"\n"+
-		path("fqdn.yaml")+`:6:7: invalid policy file: policy "fqdn": egress[0]: toFQDNs: not enforced by this agent yet (it has no DNS proxy to learn the names' addresses and apply DNS rules)`+"\n", stdout)
-	// The toFQDNs rule without a DNS rule for its endpoints is also a
-	// warning: the file would be wrong even for an agent that enforces it.
+		path("fqdn.yaml")+": ok (1 policy: fqdn; 0 policy map entries)\n", stdout)
+	// toFQDNs is valid (the agent's DNS proxy enforces it), but the rule
+	// without a DNS rule for its endpoints is a warning: nothing would be
+	// learned.
 	require.Regexp(t, `^warning: `+regexp.QuoteMeta(path("fqdn.yaml"))+`:6:7: policy "fqdn": egress\[0\]\.toFQDNs: no policy in this file gives its endpoints a DNS rule .*\n`+
-		`ipcache-agent: invalid policy files: 2 of 3\n$`, stderr)
+		`ipcache-agent: invalid policy files: 1 of 3\n$`, stderr)
 
 	// A name two files use: the first in name order keeps it.
 	stdout, _, code = runAgentCommand(t, "policy", "validate", path("native.yaml"), path("again.yaml"))
