@@ -42,8 +42,8 @@ import (
 // in its first byte and the code in its second. Bits past prefixlen are
 // zero. verdict 1 allow, 2 deny, 3 allow with the DNS (port 53) that the
 // endpoint sends steered to the DNS proxy (policy.Verdict; dns-proxy
-// below). Of the two lookups, a deny wins, then the remote identity's
-// allow (1 or 3), then identity 0's.
+// below). Of the two lookups, a deny wins, then a dns-proxy of either,
+// then an allow of either (policy.Resolve).
 //
 // policy is an LPM trie of that layout per subject: the outer pinned map
 // `policy` is a hash of maps (BPF_F_NO_PREALLOC) keyed by the subject, u32,

@@ -15,6 +15,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/datapathcell"
 	"github.com/ipcache-agent/ipcache-agent/devicecell"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
+	"github.com/ipcache-agent/ipcache-agent/fqdncell"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
 	"github.com/ipcache-agent/ipcache-agent/metricscell"
@@ -58,6 +59,8 @@ var ControlPlane = cell.Group(
 	endpointcell.Cell,
 	cnicell.Cell,
 	policycell.Cell,
+	fqdncell.Cell,
+	fqdnDatapath,
 	metricscell.Cell,
 	devicecell.Cell,
 	nodecell.Cell,
@@ -84,3 +87,7 @@ func NewHive(cells ...cell.Cell) *hive.Hive {
 	}
 	return hive.NewWithOptions(opts, append([]cell.Cell{Infrastructure}, cells...)...)
 }
+
+// fqdnDatapath hands the DNS proxy the datapath: where to tell the
+// program the proxy's port, and how to wait for the ipcache map.
+var fqdnDatapath = cell.Provide(func(d *datapathcell.Datapath) fqdncell.Datapath { return d })

@@ -180,7 +180,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 		}
 		verdict := policy.Verdict(v.Verdict())
 		if p.guard.guarded[mk] == guardOverride {
-			verdict = policy.VerdictAllow // what the map has without the guard
+			verdict = policy.VerdictAllow // an allow (or dns-proxy) without the guard: as an allow here
 		}
 		if p.guard.guarded[mk] == guardShadow {
 			return
@@ -203,7 +203,7 @@ func (p *policyOps) reguardLocked(txn statedb.ReadTxn) {
 			if e.key.Matches(d) {
 				covered = true
 			}
-			if e.verdict != policy.VerdictAllow || !overlap(e.key, d) || (inside && !d.Matches(e.key)) {
+			if !e.verdict.Allows() || !overlap(e.key, d) || (inside && !d.Matches(e.key)) {
 				continue
 			}
 			override[bpfmaps.NewPolicyKey(e.key)] = struct{}{}
@@ -298,7 +298,7 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Numb
 	cover func(policy.Key)) {
 	var allows []policy.Key
 	for e := range policy.IdentityEntries(txn, p.order.entries, id) {
-		if e.Verdict == policy.VerdictAllow {
+		if e.Verdict.Allows() {
 			allows = append(allows, e.Key)
 			continue
 		}
@@ -325,7 +325,7 @@ func (p *policyOps) guardFallbackLocked(txn statedb.ReadTxn, id, f identity.Numb
 		allowsOver(f, d, true)
 	}
 	for _, fe := range inMap[f] {
-		if fe.verdict != policy.VerdictAllow {
+		if !fe.verdict.Allows() {
 			continue
 		}
 		covered := false

@@ -26,7 +26,7 @@ import (
 
 // verdictDNSProxy is the policy map's verdict 3: allow, with the DNS the
 // endpoint sends steered to the DNS proxy (bpfmaps/abi.go).
-const verdictDNSProxy = policy.Verdict(3)
+const verdictDNSProxy = policy.VerdictDNSProxy
 
 // The DNS test's topology, around the test process's own namespace (the
 // host, where the proxy runs): the client (an endpoint, behind the device
@@ -365,6 +365,26 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 				answered(t, network, f.server, 0, name)
 				require.True(t, direct(f.client, name), "%s: straight to the server, from %v", name, top.server.saw(name))
 			}
+		}
+	})
+
+	// An allow of the server's identity does not carry DNS past the
+	// proxy when a DNS rule covers the port for any peer (identity 0's
+	// entry): dns-proxy of either lookup wins over allow, as
+	// policy.Resolve decides.
+	t.Run("any-identity-dns-proxy-wins", func(t *testing.T) {
+		putVerdict(policy.VerdictAllow)
+		defer putVerdict(verdictDNSProxy)
+		for _, proto := range []uint8{testProtoUDP, testProtoTCP} {
+			key := policyMapKey(0, uint8(policy.Egress), proto, 53)
+			require.NoError(t, maps.Policy.Put(key, bpfmaps.NewPolicyValue(uint32(verdictDNSProxy))))
+			defer func() { require.NoError(t, maps.Policy.Delete(key)) }()
+		}
+		bumpRevision(t, maps)
+		for _, network := range []string{"udp", "tcp"} {
+			name := network + ".any.example."
+			answered(t, network, dnsServer, 0, name)
+			require.True(t, through(dnsClient, dnsHostServerSide, name), name)
 		}
 	})
 

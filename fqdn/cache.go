@@ -656,3 +656,9 @@ func (h *entryHeap) shrink() {
 		h.slots = append(make([]heapSlot, 0, len(h.slots)), h.slots...)
 	}
 }
+
+// Holds reports whether the cache holds a pair of the name (canonical).
+func (c *Cache) Holds(name string) bool {
+	_, ok := c.names[name]
+	return ok
+}

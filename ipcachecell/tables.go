@@ -37,7 +37,6 @@ type Metadata struct {
 	// ExplicitIdentity is an identity allocated elsewhere; if set, the
 	// prefix maps to it and the ipcache takes no reference. Zero: none.
 	ExplicitIdentity identity.Number `json:"explicitIdentity,omitempty" yaml:"explicitIdentity,omitempty"`
-
 }
 
 // PrefixMetadata is a row of the `ipcache-metadata` table: the metadata of

@@ -377,7 +377,7 @@ func (p monitorParams) decidingEntry(e events.Event) *policy.Entry {
 		pkt.Port, pkt.HasPort = uint16(e.ICMPType)<<8, true
 	}
 	entry := policy.Behind(p.DB.ReadTxn(), p.PolicyEntries, pkt)
-	if entry == nil || (entry.Verdict == policy.VerdictAllow) != e.Allowed {
+	if entry == nil || entry.Verdict.Allows() != e.Allowed {
 		return nil
 	}
 	return entry

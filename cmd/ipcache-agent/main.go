@@ -48,5 +48,6 @@ Exit codes: 0 clean stop, 1 runtime failure, 2 bad flags or configuration.`,
 	root.AddCommand(newCleanupCommand(stdout), newShellCommand(stdout, h), newPolicyCommand(stdout), newVersionCommand(stdout), newMonitorCommand(stdout))
 	root.AddCommand(newEndpointCommand(stdout))
 	root.AddCommand(newIdentityCommand(stdout))
+	root.AddCommand(newFQDNCommand(stdout))
 	return root
 }

@@ -66,6 +66,7 @@ var shellCases = map[string]shellCase{
 	"db/watch":                {badError: `table "--no-such-flag" not found`, noUsage: statedbTableArg},
 	"endpoint/get":            {args: []string{"shop/web-1"}},
 	"endpoint/list":           {array: true},
+	"fqdn/cache-list":         {array: true},
 	"health":                  {array: true}, // without a pattern: with one it waits for a row
 	"help":                    {noBad: "its argument is a regular expression: none is a bad one"},
 	"identity/get":            {args: []string{"2"}},

@@ -1423,8 +1423,10 @@ static __always_inline __u32 remote_identity(const struct ipcache_key *key)
 
 // policy_verdict looks the packet up in its subject's policy map for the
 // remote identity and for identity 0 (entries for any identity): VERDICT_DENY if either finds a
-// deny, else the allow (VERDICT_ALLOW or VERDICT_DNS_PROXY) the remote
-// identity's lookup finds, else identity 0's, else 0. Each lookup
+// deny, else VERDICT_DNS_PROXY if either finds one (a DNS rule on the
+// port applies whatever other rule allows the peer: an allow must not
+// carry the DNS past the proxy's name check), else VERDICT_ALLOW if
+// either finds one, else 0 (policy.Resolve decides the same). Each lookup
 // finds the longest matching prefix, so inside one identity an allow
 // narrower than a deny would win; the agent never writes such an allow
 // (docs/CONTRACT.md).
@@ -1456,10 +1458,10 @@ static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, cons
 	any = (!subject && (policy_flags & POLICY_NO_ANY_IDENTITY)) ? 0 : bpf_map_lookup_elem(entries, &keys[2]);
 	if (any && any->verdict == VERDICT_DENY)
 		return VERDICT_DENY;
-	if (remote && (remote->verdict == VERDICT_ALLOW || remote->verdict == VERDICT_DNS_PROXY))
-		return remote->verdict;
-	if (any && (any->verdict == VERDICT_ALLOW || any->verdict == VERDICT_DNS_PROXY))
-		return any->verdict;
+	if ((remote && remote->verdict == VERDICT_DNS_PROXY) || (any && any->verdict == VERDICT_DNS_PROXY))
+		return VERDICT_DNS_PROXY;
+	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
+		return VERDICT_ALLOW;
 	return 0;
 }
 

@@ -117,6 +117,7 @@ func layers() map[string]place {
 		"policycell":    {5, kindCell},
 		"datapathcell":  {5, kindCell},
 		"restorecell":   {5, kindCell},
+		"fqdncell":      {5, kindCell},
 		"endpointcell":  {5, kindCell},
 		"nodecell":      {5, kindCell},
 		"metricscell":   {5, kindCell},
@@ -186,6 +187,7 @@ func allowedCellImports() map[edge]string {
 		{"endpointcell", "identitycell"}: "takes and releases each endpoint's label identity reference through the allocator, in the `endpoints` table's transactions",
 		{"endpointcell", "ipcachecell"}:  "owns a resource handle per endpoint source",
 		{"nodecell", "ipcachecell"}:      "owns the host and remote-node resource handles",
+		{"fqdncell", "ipcachecell"}:      "owns the fqdn resource handle (shared identities); reads the `ipcache` and `ipcache-metadata` tables (identities, covering prefixes)",
 		{"endpointcell", "nodecell"}:     "hands the Node documents of the endpoint directory to the Nodes handle",
 		{"datapathcell", "devicecell"}:   "attaches the program to the `devices` table's devices (its row type)",
 	}
