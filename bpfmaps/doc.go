@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package bpfmaps is the agent's pinned BPF maps as an ABI: their key and
-// value layouts (abi.go, conntrack.go, counters.go, reason.go), names and
+// value layouts (abi.go, conntrack.go, counters.go, reason.go, the records
+// of the dns-answers ring in dnsanswers.go), names and
 // specs (mapspecs.go), and their handling on bpffs, for the datapath and
 // for the tools and tests that read what it enforces.
 //

@@ -10,3 +10,7 @@ import "errors"
 // that namespace only, and go, with the pins and the enforcement they
 // hold, when the process ends.
 var ErrPrivateMountNamespace = errors.New("the agent runs in a mount namespace of its own")
+
+// ErrBadDNSAnswer is the error of a dns-answers record that cannot be
+// decoded (DecodeDNSAnswer).
+var ErrBadDNSAnswer = errors.New("not a DNS answer record")

@@ -41,6 +41,9 @@ type Pinned struct {
 	Endpoints *ebpf.Map
 	// DNSProxy holds the DNS proxy's port (DNSProxySpec).
 	DNSProxy *ebpf.Map
+	// DNSAnswers is the ring buffer of DNS answers that bypassed the
+	// proxy (DNSAnswersSpec), DNSAnswersLost its lost records.
+	DNSAnswers, DNSAnswersLost *ebpf.Map
 }
 
 // Close closes the maps' descriptors; the maps stay pinned.
@@ -48,7 +51,7 @@ type Pinned struct {
 // Possible errors: a descriptor cannot be closed.
 func (m *Pinned) Close() error {
 	var errs []error
-	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints, m.DNSProxy} {
+	for _, mp := range []*ebpf.Map{m.IPCache, m.Policies, m.Policy, m.Enforcement, m.Counters, m.Conntrack, m.ConntrackOpening, m.Revision, m.Endpoints, m.DNSProxy, m.DNSAnswers, m.DNSAnswersLost} {
 		if mp != nil {
 			errs = append(errs, mp.Close())
 		}
@@ -150,6 +153,14 @@ func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log 
 		// own proxy's port.
 		maps.DNSProxy, err = openPinnedMap(dir, DNSProxySpec(), log)
 	}
+	if err == nil {
+		// Kept with its unread records and consumer position: what was
+		// answered while no agent ran is read by the next.
+		maps.DNSAnswers, err = openPinnedMap(dir, DNSAnswersSpec(), log)
+	}
+	if err == nil {
+		maps.DNSAnswersLost, err = openPinnedMap(dir, DNSAnswersLostSpec(), log)
+	}
 	if err != nil {
 		maps.Close()
 		return nil, err
@@ -202,6 +213,9 @@ func layoutDifference(spec *ebpf.MapSpec, m *ebpf.Map) string {
 		return fmt.Sprintf("value size %d, want %d", m.ValueSize(), spec.ValueSize)
 	case m.Flags() != spec.Flags:
 		return fmt.Sprintf("flags %#x, want %#x", m.Flags(), spec.Flags)
+	case m.Type() == ebpf.RingBuf && m.MaxEntries() != spec.MaxEntries:
+		// Records cannot be copied into another ring.
+		return fmt.Sprintf("ring buffer size %d, want %d", m.MaxEntries(), spec.MaxEntries)
 	}
 	return ""
 }

@@ -22,6 +22,12 @@ const (
 	// DNSProxyName is the pin of the DNS proxy's port (abi.go); the
 	// program declares the map as dns_proxy.
 	DNSProxyName = "dns-proxy"
+	// DNSAnswersName is the pin of the ring buffer of DNS answers that
+	// bypassed the proxy, DNSAnswersLostName of its lost records
+	// (dnsanswers.go); the program declares them as dns_answers and
+	// dns_answers_lost.
+	DNSAnswersName     = "dns-answers"
+	DNSAnswersLostName = "dns-answers-lost"
 )
 
 // bpfFNoPrealloc is BPF_F_NO_PREALLOC, required for LPM tries.

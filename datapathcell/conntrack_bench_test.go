@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
@@ -52,6 +53,9 @@ const (
 	benchIPCacheEntries = 100_000
 	benchRepeat         = 1_000_000
 	benchRounds         = 5
+	// benchAnswerRuns is how many DNS answers are measured recorded: fewer
+	// than the dns-answers ring holds.
+	benchAnswerRuns = 2000
 	// benchNewConnections is how many single runs measure a new
 	// connection: each needs its entry deleted first.
 	benchNewConnections = 20_000
@@ -275,6 +279,19 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	proxySocket, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4zero})
 	require.NoError(b, err)
 	b.Cleanup(func() { proxySocket.Close() })
+	dnsAnswer := frame4(benchPeer, benchEndpoint, testProtoUDP, udpHeader(53, benchEndpointPort, make([]byte, 100)))
+	answers, err := ringbuf.NewReader(maps.DNSAnswers)
+	require.NoError(b, err)
+	b.Cleanup(func() { answers.Close() })
+	drainAnswers := func() {
+		answers.SetDeadline(time.Now())
+		for {
+			if _, err := answers.Read(); err != nil {
+				require.ErrorIs(b, err, os.ErrDeadlineExceeded)
+				return
+			}
+		}
+	}
 	setDNSProxy := func(port int) {
 		require.NoError(b, maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(uint16(port))))
 	}
@@ -439,7 +456,17 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		add("dns: UDP query, verdict 3, no proxy (port 0)", enf.fromEndpoint, dnsQuery, tcxNextRet)
 		setDNSProxy(proxySocket.LocalAddr().(*net.UDPAddr).Port)
 		add("dns: UDP query, verdict 3, proxy socket looked up", enf.fromEndpoint, dnsQuery, tcxNextRet)
+		// Its answer, a reply from port 53 that bypassed the proxy: with
+		// the proxy's port set it is recorded in dns-answers (runs that
+		// the emptied ring has room for), or counted lost when the ring is
+		// full.
+		drainAnswers()
+		base := runPerPacket(b, passThrough, forwardACK, benchAnswerRuns, tcxNextRet)
+		d := runPerPacket(b, enf.toEndpoint, dnsAnswer, benchAnswerRuns, tcxNextRet)
+		rows = append(rows, row{"dns: UDP answer, recorded (100 bytes)", float64(d.Nanoseconds()), float64(base.Nanoseconds())})
+		add("dns: UDP answer, ring full (counted lost)", enf.toEndpoint, dnsAnswer, tcxNextRet)
 		setDNSProxy(0)
+		add("dns: UDP answer, no proxy (port 0): not recorded", enf.toEndpoint, dnsAnswer, tcxNextRet)
 
 		enforce(false, false)
 		add("tracking: not enforced, neither direction", enf.fromEndpoint, forwardACK, tcxNextRet)

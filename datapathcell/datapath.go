@@ -180,7 +180,7 @@ func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
 	}
 	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policies: m.Policies, Policy: m.Policy, Enforcement: m.Enforcement,
 		Counters: m.Counters, Endpoints: m.Endpoints, Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
-		DNSProxy: m.DNSProxy, ConntrackTimeouts: d.conntrack.Timeouts})
+		DNSProxy: m.DNSProxy, DNSAnswers: m.DNSAnswers, DNSAnswersLost: m.DNSAnswersLost, ConntrackTimeouts: d.conntrack.Timeouts})
 	if err != nil {
 		return err
 	}
@@ -312,6 +312,40 @@ func (d *Datapath) SetDNSProxyPort(port uint16) error {
 		return fmt.Errorf("set the DNS proxy's port in the %s map: %w", bpfmaps.DNSProxyName, err)
 	}
 	return nil
+}
+
+// DNSAnswers returns the pinned dns-answers ring buffer: the DNS answers
+// over UDP that reached a local endpoint without passing through the DNS
+// proxy while the dns-proxy map held a port (the agent down or
+// restarting), one bpfmaps.DNSAnswerRecord each (bpfmaps.DecodeDNSAnswer).
+// The ring keeps what nobody read, and its read position, across
+// restarts: a reader at start reads what was answered while no agent ran.
+// The map belongs to the datapath: read it (ringbuf.NewReader), do not
+// close it; it is closed at stop. With fake maps (tests) there is none.
+//
+// Possible errors: ErrMapsNotOpen before start, after stop or with fake
+// maps.
+func (d *Datapath) DNSAnswers() (*ebpf.Map, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil || d.maps.DNSAnswers == nil {
+		return nil, fmt.Errorf("the DNS answers ring: %w", ErrMapsNotOpen)
+	}
+	return d.maps.DNSAnswers, nil
+}
+
+// DNSAnswersLost returns how many DNS answers the program could not record
+// because the dns-answers ring was full, ever (the count is pinned).
+//
+// Possible errors: ErrMapsNotOpen before start, after stop or with fake
+// maps; the map cannot be read.
+func (d *Datapath) DNSAnswersLost() (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.maps == nil || d.maps.DNSAnswersLost == nil {
+		return 0, fmt.Errorf("the DNS answers lost: %w", ErrMapsNotOpen)
+	}
+	return bpfmaps.ReadDNSAnswersLost(d.maps.DNSAnswersLost)
 }
 
 // setAnyIdentityEntries tells the attached program whether the policy map

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
 
@@ -254,7 +255,10 @@ func (a *proxyAnswers) saw(client netip.Addr, name string) bool {
 // and IPv6, queries from one socket every time), from the server's address;
 // with verdict 1 they are not steered; a server the policy does not allow
 // stays dropped; without a proxy (port 0, or its sockets closed) the
-// queries reach their server (fail-open).
+// queries reach their server (fail-open). The answers that bypass the
+// proxy while its port is set (verdict 1, the proxy's sockets closed) are
+// recorded in the dns-answers ring, the proxy's own answers (its mark)
+// and those without a port are not.
 func TestPrivilegedDNSProxySteering(t *testing.T) {
 	privileged.Test(t)
 	if !netnstest.InFreshProcessNetns(t, "ipca-dns", true) {
@@ -293,6 +297,23 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 		require.NoError(t, maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(port)))
 	}
 	setPort(p.Port())
+	answers, err := ringbuf.NewReader(maps.DNSAnswers)
+	require.NoError(t, err)
+	defer answers.Close()
+	// recorded returns the names of the UDP answers in the ring, as the
+	// endpoint and the server each record says, with the address
+	// answered (miekg/dns decodes the payload).
+	recorded := func(t *testing.T) []string {
+		t.Helper()
+		var out []string
+		for _, a := range readDNSAnswers(t, answers) {
+			var m dns.Msg
+			require.NoError(t, m.Unpack(a.Payload))
+			require.Len(t, m.Answer, 1)
+			out = append(out, fmt.Sprintf("%s %s %s %s", a.Endpoint, a.Server, m.Question[0].Name, m.Answer[0].(*dns.A).A))
+		}
+		return out
+	}
 
 	// through says whether a query for name went through the proxy, and
 	// direct whether it went straight to the server, from client.
@@ -326,6 +347,7 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 				answered(t, network, f.server, 0, name)
 				require.True(t, through(f.client, f.hostSide, name),
 					"through the proxy: it saw %v, the server from %v", seen.seen, top.server.saw(name))
+				require.Empty(t, recorded(t), "the proxy's answers carry its mark")
 			})
 		}
 	}
@@ -339,6 +361,7 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 			answered(t, "udp", dnsServer, local, name)
 			require.True(t, through(dnsClient, dnsHostServerSide, name), name)
 		}
+		require.Empty(t, recorded(t))
 		key := bpfmaps.NewConntrackKey(uint32(mustIfindex(t, dnsClientDevice)),
 			netip.AddrPortFrom(dnsClient, local), netip.AddrPortFrom(dnsServer, 53), testProtoUDP)
 		var v bpfmaps.ConntrackValue
@@ -365,6 +388,9 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 				answered(t, network, f.server, 0, name)
 				require.True(t, direct(f.client, name), "%s: straight to the server, from %v", name, top.server.saw(name))
 			}
+			// Not through the proxy while one is configured: recorded
+			// (UDP only).
+			require.Equal(t, []string{fmt.Sprintf("%s %s udp.%s.allow.example. 192.0.2.53", f.client, f.server, f.name)}, recorded(t))
 		}
 	})
 
@@ -396,6 +422,7 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 			answered(t, network, dnsServer, 0, name)
 			require.True(t, direct(dnsClient, name), "%s: straight to the server, from %v", name, top.server.saw(name))
 		}
+		require.Empty(t, recorded(t), "no proxy configured")
 	})
 
 	// The agent down: its proxy's sockets are gone, the port stays in the
@@ -408,7 +435,13 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 				answered(t, network, f.server, 0, name)
 				require.True(t, direct(f.client, name), "%s: straight to the server, from %v", name, top.server.saw(name))
 			}
+			// The agent-down case: the answer is in the ring for the
+			// agent to learn once it is back.
+			require.Equal(t, []string{fmt.Sprintf("%s %s udp.%s.closed.example. 192.0.2.53", f.client, f.server, f.name)}, recorded(t))
 		}
+		lost, err := bpfmaps.ReadDNSAnswersLost(maps.DNSAnswersLost)
+		require.NoError(t, err)
+		require.Zero(t, lost)
 	})
 }
 

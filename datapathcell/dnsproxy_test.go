@@ -40,3 +40,28 @@ func TestPrivilegedDNSProxyPortAcrossRestart(t *testing.T) {
 	require.NoError(t, b.datapath.SetDNSProxyPort(0))
 	require.Zero(t, pinnedPort())
 }
+
+// DNSAnswers and DNSAnswersLost hand out the pinned ring and its lost
+// count while the maps are open; the ring stays pinned when the agent
+// stops.
+func TestPrivilegedDNSAnswersAPI(t *testing.T) {
+	e := newEnv(t)
+	a, _ := e.start(t, "")
+	ring, err := a.datapath.DNSAnswers()
+	require.NoError(t, err)
+	require.Equal(t, ebpf.RingBuf, ring.Type())
+	require.EqualValues(t, bpfmaps.DNSAnswersRingBytes, ring.MaxEntries())
+	lost, err := a.datapath.DNSAnswersLost()
+	require.NoError(t, err)
+	require.Zero(t, lost)
+	a.stop()
+	_, err = a.datapath.DNSAnswers()
+	require.ErrorIs(t, err, datapathcell.ErrMapsNotOpen)
+	_, err = a.datapath.DNSAnswersLost()
+	require.ErrorIs(t, err, datapathcell.ErrMapsNotOpen)
+	for _, name := range []string{bpfmaps.DNSAnswersName, bpfmaps.DNSAnswersLostName} {
+		m, err := ebpf.LoadPinnedMap(e.pinPath(name), nil)
+		require.NoError(t, err, "%s kept while the agent is stopped", name)
+		m.Close()
+	}
+}

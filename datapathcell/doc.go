@@ -4,7 +4,8 @@
 // and keeps enforcing while the agent is down.
 //
 // It owns the BPF maps pinned under <bpf-root>/ipcache-agent/ (ipcache,
-// policy, enforcement, counters, conntrack, revision, dns-proxy: their
+// policy, enforcement, counters, conntrack, revision, dns-proxy, dns-answers,
+// dns-answers-lost: their
 // layouts, specs and pins are package bpfmaps'), the writers that write them from the
 // desired tables (statedb's reconciler for the policy map, a writer of its
 // own for the ipcache map: ipcacheWriter), and the enforcement program

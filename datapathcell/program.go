@@ -36,6 +36,9 @@ type enforcerMaps struct {
 	IPCache, Enforcement, Counters, Conntrack, ConntrackOpening, Revision, Endpoints *ebpf.Map
 	// DNSProxy holds the DNS proxy's port (bpfmaps.DNSProxySpec).
 	DNSProxy *ebpf.Map
+	// DNSAnswers is the ring of DNS answers that bypassed the proxy
+	// (bpfmaps.DNSAnswersSpec), DNSAnswersLost its lost records.
+	DNSAnswers, DNSAnswersLost *ebpf.Map
 	// Policies is the outer policy map (bpfmaps.PoliciesSpec); Policy the
 	// default's map in it, which the program reaches through Policies.
 	Policies, Policy *ebpf.Map
@@ -80,15 +83,17 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		return nil, fmt.Errorf("load enforcement program spec: %w", err)
 	}
 	replacements := map[string]*ebpf.Map{
-		bpf.EnforceMapIpcache:     maps.IPCache,
-		bpf.EnforceMapPolicy:      maps.Policies,
-		bpf.EnforceMapEndpoints:   maps.Endpoints,
-		bpf.EnforceMapEnforcement: maps.Enforcement,
-		bpf.EnforceMapCounters:    maps.Counters,
-		bpf.EnforceMapConntrack:   maps.Conntrack,
-		bpf.EnforceMapCtOpening:   maps.ConntrackOpening,
-		bpf.EnforceMapRevision:    maps.Revision,
-		bpf.EnforceMapDnsProxy:    maps.DNSProxy,
+		bpf.EnforceMapIpcache:        maps.IPCache,
+		bpf.EnforceMapPolicy:         maps.Policies,
+		bpf.EnforceMapEndpoints:      maps.Endpoints,
+		bpf.EnforceMapEnforcement:    maps.Enforcement,
+		bpf.EnforceMapCounters:       maps.Counters,
+		bpf.EnforceMapConntrack:      maps.Conntrack,
+		bpf.EnforceMapCtOpening:      maps.ConntrackOpening,
+		bpf.EnforceMapRevision:       maps.Revision,
+		bpf.EnforceMapDnsProxy:       maps.DNSProxy,
+		bpf.EnforceMapDnsAnswers:     maps.DNSAnswers,
+		bpf.EnforceMapDnsAnswersLost: maps.DNSAnswersLost,
 	}
 	for name, m := range replacements {
 		if m == nil {

@@ -44,10 +44,16 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
-	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PoliciesSpec(1), bpfmaps.EnforcementSpec(), bpfmaps.EndpointsSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec(), bpfmaps.DNSProxySpec()} {
+	for _, want := range []*ebpf.MapSpec{bpfmaps.IPCacheSpec(1), bpfmaps.PoliciesSpec(1), bpfmaps.EnforcementSpec(), bpfmaps.EndpointsSpec(), bpfmaps.CountersSpec(), bpfmaps.ConntrackSpec(1), bpfmaps.RevisionSpec(), bpfmaps.DNSProxySpec(), bpfmaps.DNSAnswersSpec(), bpfmaps.DNSAnswersLostSpec()} {
 		name := want.Name
-		if name == bpfmaps.DNSProxyName {
-			name = bpf.EnforceMapDnsProxy // a C name has no '-'
+		// A C name has no '-'.
+		switch name {
+		case bpfmaps.DNSProxyName:
+			name = bpf.EnforceMapDnsProxy
+		case bpfmaps.DNSAnswersName:
+			name = bpf.EnforceMapDnsAnswers
+		case bpfmaps.DNSAnswersLostName:
+			name = bpf.EnforceMapDnsAnswersLost
 		}
 		got, ok := spec.Maps[name]
 		require.True(t, ok, "map %s not declared in enforce.c", want.Name)
@@ -68,6 +74,8 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 	require.Equal(t, bpfmaps.EnforcementSpec().MaxEntries, spec.Maps[bpfmaps.EnforcementName].MaxEntries)
 	require.Equal(t, bpfmaps.CountersSpec().MaxEntries, spec.Maps[bpfmaps.CountersName].MaxEntries)
 	require.Equal(t, bpfmaps.DNSProxySpec().MaxEntries, spec.Maps[bpf.EnforceMapDnsProxy].MaxEntries)
+	require.Equal(t, bpfmaps.DNSAnswersSpec().MaxEntries, spec.Maps[bpf.EnforceMapDnsAnswers].MaxEntries)
+	require.Equal(t, bpfmaps.DNSAnswersLostSpec().MaxEntries, spec.Maps[bpf.EnforceMapDnsAnswersLost].MaxEntries)
 	// The C defaults are the flags' defaults (docs/CONTRACT.md).
 	require.EqualValues(t, 512000, spec.Maps[bpfmaps.IPCacheName].MaxEntries)
 	require.EqualValues(t, 16384, spec.Maps[bpfmaps.PolicyName].InnerMap.MaxEntries)
@@ -143,6 +151,12 @@ func withSubjects(tb testing.TB, maps enforcerMaps) enforcerMaps {
 	maps.DNSProxy, err = ebpf.NewMap(bpfmaps.DNSProxySpec())
 	require.NoError(tb, err)
 	tb.Cleanup(func() { maps.DNSProxy.Close() })
+	maps.DNSAnswers, err = ebpf.NewMap(bpfmaps.DNSAnswersSpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { maps.DNSAnswers.Close() })
+	maps.DNSAnswersLost, err = ebpf.NewMap(bpfmaps.DNSAnswersLostSpec())
+	require.NoError(tb, err)
+	tb.Cleanup(func() { maps.DNSAnswersLost.Close() })
 	maps.Endpoints, err = ebpf.NewMap(bpfmaps.EndpointsSpec())
 	require.NoError(tb, err)
 	tb.Cleanup(func() { maps.Endpoints.Close() })

@@ -69,10 +69,18 @@ func listenOnce(port uint16, maxUDPSize int) (pcs []net.PacketConn, lns []net.Li
 	return pcs, lns, got, nil
 }
 
+// AnswerMark is the mark (SO_MARK) of the proxy's answers, within the
+// mask 0xf00 that the steering mark (0x200) uses too, so that the
+// policy route of the steering mark does not match it: the enforcement
+// program records the DNS answers that reach an endpoint without it,
+// which did not pass through the proxy (datapathcell/bpf/enforce.c).
+const AnswerMark = 0xa00
+
 // sockopts makes a listening socket transparent, so that it may accept
 // packets and connections addressed to other hosts and (TCP) answer from
 // their address; a UDP one also asks for each datagram's original
-// destination.
+// destination, a TCP one gets AnswerMark, which the connections it
+// accepts inherit (UDP answers go out through sendFrom's sockets).
 func sockopts(v6, udp bool) func(string, string, syscall.RawConn) error {
 	level, transparent, origDst := unix.SOL_IP, unix.IP_TRANSPARENT, unix.IP_RECVORIGDSTADDR
 	if v6 {
@@ -89,6 +97,8 @@ func sockopts(v6, udp bool) func(string, string, syscall.RawConn) error {
 				if serr = unix.SetsockoptInt(int(fd), level, origDst, 1); serr != nil {
 					serr = fmt.Errorf("original destination: %w", serr)
 				}
+			} else if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, AnswerMark); serr != nil {
+				serr = fmt.Errorf("mark: %w", serr)
 			}
 		})
 		return errors.Join(err, serr)
@@ -131,7 +141,8 @@ func (c *tproxyConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 // sendFrom sends one datagram from src to dst through a socket bound to
 // src, which no local address need be: IP_TRANSPARENT allows the bind,
 // SO_REUSEADDR lets answers from one server go out at once (and share the
-// address with whatever else is bound there).
+// address with whatever else is bound there). The datagram carries
+// AnswerMark.
 func sendFrom(src, dst netip.AddrPort, b []byte) error {
 	family, level, transparent, freebind := unix.AF_INET, unix.SOL_IP, unix.IP_TRANSPARENT, unix.IP_FREEBIND
 	var from, to unix.Sockaddr
@@ -151,8 +162,9 @@ func sendFrom(src, dst netip.AddrPort, b []byte) error {
 		return fmt.Errorf("%w: %v", ErrReply, err)
 	}
 	defer unix.Close(fd)
-	for _, o := range [][2]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR}, {level, transparent}, {level, freebind}} {
-		if err := unix.SetsockoptInt(fd, o[0], o[1], 1); err != nil {
+	for _, o := range [][3]int{{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1}, {level, transparent, 1}, {level, freebind, 1},
+		{unix.SOL_SOCKET, unix.SO_MARK, AnswerMark}} {
+		if err := unix.SetsockoptInt(fd, o[0], o[1], o[2]); err != nil {
 			return fmt.Errorf("%w: setsockopt: %v", ErrReply, err)
 		}
 	}

@@ -275,6 +275,26 @@
 //     from the server's address and port at TCX egress: a reply of the
 //     connection the query created.
 //
+// DNS answers that bypass the proxy (the agent down or restarting, its
+// proxy's sockets gone: the queries went to their servers):
+//   - Only at TCX egress (what the endpoint receives), for a UDP packet
+//     from port 53 that passes as a reply of a tracked connection (so a
+//     query the endpoint sent to that server and port, which policy
+//     allowed; a dropped packet, one passed by policy alone, a fragment,
+//     and TCP are never recorded), while `dns_proxy` holds a port (a proxy
+//     was configured: its answers are expected through it) and the packet
+//     is not the proxy's own answer (mark MARK_PROXY_ANSWER, 0xa00 in
+//     0xf00, which the proxy sets on its sockets).
+//   - Such an answer is copied into a struct dns_answer in the pinned ring
+//     buffer `dns_answers` (pin `dns-answers`, DNS_ANSWERS_RING_BYTES):
+//     the endpoint's and the server's address, the device, the UDP
+//     payload's length and its first DNS_ANSWER_PAYLOAD_MAX bytes. The
+//     agent reads the ring at start (what was answered while it was down)
+//     and while it runs, and allows the addresses answered. An answer the
+//     full ring cannot take is counted per CPU in the pinned
+//     `dns_answers_lost` (pin `dns-answers-lost`).
+//   - Every other reply pays a compare of its protocol and port.
+//
 // Events (docs/CONTRACT.md "Monitor events"; layout in events/events.go):
 //   - The program writes one struct event per verdict to the ring buffer
 //     `events` (EVENTS_RING_BYTES, not pinned: each loaded program has its
@@ -512,6 +532,9 @@ struct bpf_fib_lookup {
 // and its bits.
 #define MARK_TO_PROXY 0x200
 #define MARK_TO_PROXY_MASK 0xf00
+// The DNS proxy's mark on its answers (dnsproxy.AnswerMark), in the same
+// mask: such answers are not recorded in `dns_answers`.
+#define MARK_PROXY_ANSWER 0xa00
 
 // Prefix lengths of policy_key lookups: a packet with a port (or an ICMP
 // type and code) is looked up with all of it; one without, with identity,
@@ -803,6 +826,48 @@ struct {
 	__uint(max_entries, 1);
 } dns_proxy SEC(".maps");
 
+// An answer's bytes kept in a record: EDNS's safe UDP size, which few
+// answers exceed; a longer one keeps its length and first bytes.
+#define DNS_ANSWER_PAYLOAD_MAX 1232
+// Room for a few thousand records: what an agent restart may leave
+// unread.
+#define DNS_ANSWERS_RING_BYTES (4 * 1024 * 1024)
+
+// A record of `dns_answers` (1280 bytes; layout in bpfmaps/dnsanswers.go).
+// Addresses as in ct_key: IPv4 in the first 4 bytes.
+struct dns_answer {
+	__u8 family; // FAMILY_IPV4 or FAMILY_IPV6
+	__u8 pad[3];
+	__u32 length; // the UDP payload's, whose first bytes (at most DNS_ANSWER_PAYLOAD_MAX) are in payload
+	__u32 ifindex;
+	__u32 pad2;
+	__u8 endpoint_addr[16]; // the destination
+	__u8 server_addr[16];   // the source
+	__u8 payload[DNS_ANSWER_PAYLOAD_MAX];
+};
+
+// Puts struct dns_answer into the object's BTF, for bpf2go to generate its
+// Go type, whose layout the agent's decoder is tested against.
+const struct dns_answer *unused_dns_answer __attribute__((unused));
+
+// dns_answers (pinned as `dns-answers`): DNS answers that reached an
+// endpoint without passing the proxy (rules at the top of the file).
+// Pinned, so that what was answered while no agent read is there for the
+// next one.
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, DNS_ANSWERS_RING_BYTES);
+} dns_answers SEC(".maps");
+
+// dns_answers_lost (pinned as `dns-answers-lost`) counts, per CPU, the
+// answers the full `dns_answers` could not take.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} dns_answers_lost SEC(".maps");
+
 // clock holds, per CPU, the coarse clock as read at the first packet of
 // the current jiffy: see now_ns. Not pinned: a reload starts it empty.
 struct clock_cache {
@@ -943,6 +1008,7 @@ struct flow {
 	__u16 frag_len;    // bytes of the datagram in this fragment
 	__u32 frag_id;
 	__u32 subject;
+	__u32 l4_off; // where the L4 header starts (set by read_l4)
 };
 
 // Offsets in the IPv4 header.
@@ -1088,6 +1154,7 @@ static __always_inline void read_l4(struct __sk_buff *skb, __u8 direction, __u32
 	__u8 protocol = flow->protocol;
 
 	flow->ports = 0;
+	flow->l4_off = l4_off;
 	switch (protocol) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
@@ -1956,6 +2023,70 @@ static __always_inline void to_dns_proxy(struct __sk_buff *skb, const struct flo
 	bpf_sk_release(sk);
 }
 
+// record_dns_answer copies a DNS answer (a UDP reply from port 53 that
+// passes at TCX egress) into `dns_answers`, unless no proxy is configured
+// or it is the proxy's own (rules at the top of the file).
+static __always_inline void record_dns_answer(struct __sk_buff *skb, const struct flow *flow)
+{
+	__u8 buf[8] __attribute__((aligned(8)));
+	struct dns_answer *a;
+	const __u8 *udp;
+	__u32 zero = 0, *port, off, len, n;
+	__u64 *lost;
+
+	if ((skb->mark & MARK_TO_PROXY_MASK) == MARK_PROXY_ANSWER)
+		return;
+	port = bpf_map_lookup_elem(&dns_proxy, &zero);
+	if (!port || !*port || *port > 0xffff)
+		return;
+	off = flow->l4_off;
+	if (off > 0xffff)
+		return;
+	udp = header_copy(skb, off, 8, buf);
+	if (!udp)
+		return;
+	off += 8;
+	len = bpf_ntohs(LOAD16(udp, 4));
+	if (len < 8 || skb->len < off)
+		return;
+	len -= 8;
+	// No more than the packet holds.
+	if (len > skb->len - off)
+		len = skb->len - off;
+	a = bpf_ringbuf_reserve(&dns_answers, sizeof(*a), 0);
+	if (!a) {
+		lost = bpf_map_lookup_elem(&dns_answers_lost, &zero);
+		if (lost)
+			*lost += 1;
+		return;
+	}
+	a->family = flow->family;
+	a->pad[0] = 0;
+	a->pad[1] = 0;
+	a->pad[2] = 0;
+	a->length = len;
+	a->ifindex = skb->ifindex;
+	a->pad2 = 0;
+	__builtin_memcpy(a->endpoint_addr, flow->ct.endpoint_addr, 16);
+	__builtin_memcpy(a->server_addr, flow->ct.remote_addr, 16);
+	n = len < DNS_ANSWER_PAYLOAD_MAX ? len : DNS_ANSWER_PAYLOAD_MAX;
+	if (n > 0 && n <= DNS_ANSWER_PAYLOAD_MAX && bpf_skb_load_bytes(skb, off, a->payload, n) < 0) {
+		bpf_ringbuf_discard(a, 0);
+		return;
+	}
+	bpf_ringbuf_submit(a, 0);
+}
+
+// dns_answer records a reply that passes to the endpoint if it is a DNS
+// answer over UDP (record_dns_answer); any other costs a compare or two.
+static __always_inline void dns_answer(struct __sk_buff *skb, const struct flow *flow, __u8 direction)
+{
+	// flow->ports holds the remote's (the source) port in its high half.
+	if (direction == DIRECTION_INGRESS && flow->protocol == IPPROTO_UDP &&
+	    (flow->ports >> 16) == bpf_htons(DNS_PORT) && !flow->fragment)
+		record_dns_answer(skb, flow);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
@@ -2078,13 +2209,16 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		if (ct && ct->origin != direction && !flow.echo_request) {
 			ct_update(ct, &flow, 1, now_ns());
 			if (!enforced) {
+				dns_answer(skb, &flow, direction);
 				count(skb, direction, COUNT_ALLOWED);
 				return TCX_NEXT;
 			}
 			// A revoked connection's packets this way are no replies:
 			// policy decides on them (below).
-			if (!(ct->flags & CT_REVOKED))
+			if (!(ct->flags & CT_REVOKED)) {
+				dns_answer(skb, &flow, direction);
 				return allow(skb, &flow, direction, REASON_REPLY, 0);
+			}
 		}
 		// An echo request against an entry of the other direction is a
 		// connection of its own that cannot have an entry (same key):

@@ -16,6 +16,18 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type EnforceDnsAnswer struct {
+	_            structs.HostLayout
+	Family       uint8
+	Pad          [3]uint8
+	Length       uint32
+	Ifindex      uint32
+	Pad2         uint32
+	EndpointAddr [16]uint8
+	ServerAddr   [16]uint8
+	Payload      [1232]uint8
+}
+
 type EnforceEvent struct {
 	_            structs.HostLayout
 	TimeNs       uint64
@@ -43,6 +55,8 @@ const (
 	EnforceMapCounters                = "counters"
 	EnforceMapCtOpening               = "ct_opening"
 	EnforceMapCtStats                 = "ct_stats"
+	EnforceMapDnsAnswers              = "dns_answers"
+	EnforceMapDnsAnswersLost          = "dns_answers_lost"
 	EnforceMapDnsProxy                = "dns_proxy"
 	EnforceMapEndpoints               = "endpoints"
 	EnforceMapEnforcement             = "enforcement"
@@ -62,6 +76,7 @@ const (
 	EnforceVarEndpointAbsent          = "endpoint_absent"
 	EnforceVarEventsMask              = "events_mask"
 	EnforceVarPolicyFlags             = "policy_flags"
+	EnforceVarUnusedDnsAnswer         = "unused_dns_answer"
 	EnforceVarUnusedEvent             = "unused_event"
 )
 
@@ -115,21 +130,23 @@ type EnforceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EnforceMapSpecs struct {
-	Clock       *ebpf.MapSpec `ebpf:"clock"`
-	Conntrack   *ebpf.MapSpec `ebpf:"conntrack"`
-	Counters    *ebpf.MapSpec `ebpf:"counters"`
-	CtOpening   *ebpf.MapSpec `ebpf:"ct_opening"`
-	CtStats     *ebpf.MapSpec `ebpf:"ct_stats"`
-	DnsProxy    *ebpf.MapSpec `ebpf:"dns_proxy"`
-	Endpoints   *ebpf.MapSpec `ebpf:"endpoints"`
-	Enforcement *ebpf.MapSpec `ebpf:"enforcement"`
-	EventState  *ebpf.MapSpec `ebpf:"event_state"`
-	Events      *ebpf.MapSpec `ebpf:"events"`
-	Fragments   *ebpf.MapSpec `ebpf:"fragments"`
-	Ipcache     *ebpf.MapSpec `ebpf:"ipcache"`
-	Policy      *ebpf.MapSpec `ebpf:"policy"`
-	Revision    *ebpf.MapSpec `ebpf:"revision"`
-	SrcCheck    *ebpf.MapSpec `ebpf:"src_check"`
+	Clock          *ebpf.MapSpec `ebpf:"clock"`
+	Conntrack      *ebpf.MapSpec `ebpf:"conntrack"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	CtOpening      *ebpf.MapSpec `ebpf:"ct_opening"`
+	CtStats        *ebpf.MapSpec `ebpf:"ct_stats"`
+	DnsAnswers     *ebpf.MapSpec `ebpf:"dns_answers"`
+	DnsAnswersLost *ebpf.MapSpec `ebpf:"dns_answers_lost"`
+	DnsProxy       *ebpf.MapSpec `ebpf:"dns_proxy"`
+	Endpoints      *ebpf.MapSpec `ebpf:"endpoints"`
+	Enforcement    *ebpf.MapSpec `ebpf:"enforcement"`
+	EventState     *ebpf.MapSpec `ebpf:"event_state"`
+	Events         *ebpf.MapSpec `ebpf:"events"`
+	Fragments      *ebpf.MapSpec `ebpf:"fragments"`
+	Ipcache        *ebpf.MapSpec `ebpf:"ipcache"`
+	Policy         *ebpf.MapSpec `ebpf:"policy"`
+	Revision       *ebpf.MapSpec `ebpf:"revision"`
+	SrcCheck       *ebpf.MapSpec `ebpf:"src_check"`
 }
 
 // EnforceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -143,6 +160,7 @@ type EnforceVariableSpecs struct {
 	EndpointAbsent          *ebpf.VariableSpec `ebpf:"endpoint_absent"`
 	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.VariableSpec `ebpf:"policy_flags"`
+	UnusedDnsAnswer         *ebpf.VariableSpec `ebpf:"unused_dns_answer"`
 	UnusedEvent             *ebpf.VariableSpec `ebpf:"unused_event"`
 }
 
@@ -166,21 +184,23 @@ func (o *EnforceObjects) Close() error {
 //
 // It can be passed to LoadEnforceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EnforceMaps struct {
-	Clock       *ebpf.Map `ebpf:"clock"`
-	Conntrack   *ebpf.Map `ebpf:"conntrack"`
-	Counters    *ebpf.Map `ebpf:"counters"`
-	CtOpening   *ebpf.Map `ebpf:"ct_opening"`
-	CtStats     *ebpf.Map `ebpf:"ct_stats"`
-	DnsProxy    *ebpf.Map `ebpf:"dns_proxy"`
-	Endpoints   *ebpf.Map `ebpf:"endpoints"`
-	Enforcement *ebpf.Map `ebpf:"enforcement"`
-	EventState  *ebpf.Map `ebpf:"event_state"`
-	Events      *ebpf.Map `ebpf:"events"`
-	Fragments   *ebpf.Map `ebpf:"fragments"`
-	Ipcache     *ebpf.Map `ebpf:"ipcache"`
-	Policy      *ebpf.Map `ebpf:"policy"`
-	Revision    *ebpf.Map `ebpf:"revision"`
-	SrcCheck    *ebpf.Map `ebpf:"src_check"`
+	Clock          *ebpf.Map `ebpf:"clock"`
+	Conntrack      *ebpf.Map `ebpf:"conntrack"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	CtOpening      *ebpf.Map `ebpf:"ct_opening"`
+	CtStats        *ebpf.Map `ebpf:"ct_stats"`
+	DnsAnswers     *ebpf.Map `ebpf:"dns_answers"`
+	DnsAnswersLost *ebpf.Map `ebpf:"dns_answers_lost"`
+	DnsProxy       *ebpf.Map `ebpf:"dns_proxy"`
+	Endpoints      *ebpf.Map `ebpf:"endpoints"`
+	Enforcement    *ebpf.Map `ebpf:"enforcement"`
+	EventState     *ebpf.Map `ebpf:"event_state"`
+	Events         *ebpf.Map `ebpf:"events"`
+	Fragments      *ebpf.Map `ebpf:"fragments"`
+	Ipcache        *ebpf.Map `ebpf:"ipcache"`
+	Policy         *ebpf.Map `ebpf:"policy"`
+	Revision       *ebpf.Map `ebpf:"revision"`
+	SrcCheck       *ebpf.Map `ebpf:"src_check"`
 }
 
 func (m *EnforceMaps) Close() error {
@@ -190,6 +210,8 @@ func (m *EnforceMaps) Close() error {
 		m.Counters,
 		m.CtOpening,
 		m.CtStats,
+		m.DnsAnswers,
+		m.DnsAnswersLost,
 		m.DnsProxy,
 		m.Endpoints,
 		m.Enforcement,
@@ -214,6 +236,7 @@ type EnforceVariables struct {
 	EndpointAbsent          *ebpf.Variable `ebpf:"endpoint_absent"`
 	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.Variable `ebpf:"policy_flags"`
+	UnusedDnsAnswer         *ebpf.Variable `ebpf:"unused_dns_answer"`
 	UnusedEvent             *ebpf.Variable `ebpf:"unused_event"`
 }
 
