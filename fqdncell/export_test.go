@@ -36,3 +36,5 @@ func (n *Names) OnAnswer(ctx context.Context, client, server netip.AddrPort, msg
 func (n *Names) GC(ctx context.Context) error { return n.gc(ctx) }
 
 func (n *Names) MaxDelay() time.Duration { return n.cfg.ToFQDNsProxyResponseMaxDelay }
+
+func (n *Names) LearnRecorded(raw []byte) bool { return n.learnRecorded(raw) }

@@ -23,6 +23,10 @@ type proxyMetrics struct {
 	holdTimeouts prometheus.Counter
 	expired      prometheus.Counter
 	skipped      prometheus.Counter
+	// recorded* count the answers the program recorded because they did
+	// not pass through the proxy (the agent was down).
+	recordedLearned prometheus.Counter
+	recordedSkipped prometheus.Counter
 }
 
 // latencyBuckets span 50µs to about 1.6s.
@@ -52,6 +56,14 @@ func newMetrics() *proxyMetrics {
 			Name: metrics.Prefix + "fqdn_answer_records_skipped_total",
 			Help: "Answer records not learned: over the limits, unrelated to the question, loops",
 		}),
+		recordedLearned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metrics.Prefix + "fqdn_recorded_answers_learned_total",
+			Help: "DNS answers that reached an endpoint without the proxy (the agent down), recorded by the program and learned",
+		}),
+		recordedSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metrics.Prefix + "fqdn_recorded_answers_skipped_total",
+			Help: "Recorded DNS answers not learned: malformed, truncated, not a success, or a name the client's DNS rules do not allow",
+		}),
 	}
 }
 
@@ -70,7 +82,7 @@ func metricsOut(m *proxyMetrics, n *Names) metrics.Out {
 			func() float64 { return float64(f(n.ProxyStats())) })
 	}
 	return metrics.Out{Collectors: []prometheus.Collector{
-		m.latency, m.hold, m.holdTimeouts, m.expired, m.skipped,
+		m.latency, m.hold, m.holdTimeouts, m.expired, m.skipped, m.recordedLearned, m.recordedSkipped,
 		gauge("fqdn_names", "Names learned from DNS", func(s fqdn.Stats) int { return s.Names }),
 		gauge("fqdn_addresses", "Distinct addresses learned from DNS", func(s fqdn.Stats) int { return s.Addresses }),
 		gauge("fqdn_live_pairs", "Name-address pairs within their TTL", func(s fqdn.Stats) int { return s.Live }),

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/miekg/dns"
@@ -44,6 +45,9 @@ type Datapath interface {
 	// SetDNSProxyPort tells the program the port of the proxy's sockets
 	// (0: none, DNS goes to its servers).
 	SetDNSProxyPort(port uint16) error
+	// DNSAnswers returns the pinned ring of the answers that reached an
+	// endpoint without the proxy (not to be closed).
+	DNSAnswers() (*ebpf.Map, error)
 }
 
 type namesParams struct {
@@ -143,6 +147,38 @@ func newNames(p namesParams) *Names {
 type change struct {
 	upserts []ipcachecell.PrefixUpsert
 	removes []netip.Prefix
+	// selected is set when an address of the answer learned has labels:
+	// the handle holds it, now or before.
+	selected bool
+}
+
+// learn adds an answer a client got to the cache and returns what the
+// handle must be told.
+func (n *Names) learn(client netip.Addr, answer fqdn.Answer) change {
+	txn := n.db.ReadTxn()
+	_, ep := n.subjectOf(txn, client)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	update := n.cache.Add(answer)
+	if ep != "" {
+		n.clients[answer.Question] = ep
+	}
+	addrs := make([]netip.Addr, 0, len(answer.Addresses)+len(update.Removed))
+	for _, a := range answer.Addresses {
+		addrs = append(addrs, a.Addr)
+	}
+	for _, r := range update.Removed {
+		addrs = append(addrs, r.Addr)
+	}
+	c := n.relabelLocked(txn, addrs)
+	for _, a := range answer.Addresses {
+		if _, ok := n.written[a.Addr.Unmap()]; ok {
+			c.selected = true
+			break
+		}
+	}
+	n.dirty = n.dirty || len(update.Added) > 0 || len(update.Removed) > 0
+	return c
 }
 
 func (c *change) empty() bool { return len(c.upserts) == 0 && len(c.removes) == 0 }
@@ -257,18 +293,11 @@ func (n *Names) subjectOf(txn statedb.ReadTxn, client netip.Addr) (identity.Numb
 // allow is the proxy's Allow: whether the client's DNS rules allow qname.
 // A refused query is published as a monitor event.
 func (n *Names) allow(client, server netip.AddrPort, qname string) bool {
-	txn := n.db.ReadTxn()
-	subject, _ := n.subjectOf(txn, client.Addr())
-	if rules, _, found := n.dnsRules.Get(txn, policy.DNSRulesIndex.Query(subject)); found {
-		for _, sel := range rules.Names {
-			// Compiled per query: a matcher is a few label strings, and
-			// rows change with the policies.
-			if m, err := sel.Compile(); err == nil && m.Match(qname) {
-				return true
-			}
-		}
+	if n.rulesAllow(client.Addr(), qname) {
+		return true
 	}
 	if n.publisher != nil {
+		subject, _ := n.subjectOf(n.db.ReadTxn(), client.Addr())
 		rcode, _ := n.cfg.rejectRcode() // validated
 		n.publisher.PublishDNS(events.DNS{
 			Time: time.Now(), Client: client, Server: server, Endpoint: subject,
@@ -308,32 +337,8 @@ func (n *Names) onAnswer(ctx context.Context, client, server netip.AddrPort, msg
 	if len(answer.Addresses) == 0 {
 		return
 	}
-	txn := n.db.ReadTxn()
-	_, ep := n.subjectOf(txn, client.Addr())
-
-	n.mu.Lock()
-	update := n.cache.Add(answer)
-	if ep != "" {
-		n.clients[answer.Question] = ep
-	}
-	addrs := make([]netip.Addr, 0, len(answer.Addresses)+len(update.Removed))
-	for _, a := range answer.Addresses {
-		addrs = append(addrs, a.Addr)
-	}
-	for _, r := range update.Removed {
-		addrs = append(addrs, r.Addr)
-	}
-	c := n.relabelLocked(txn, addrs)
-	selected := false
-	for _, a := range answer.Addresses {
-		if _, ok := n.written[a.Addr.Unmap()]; ok {
-			selected = true
-			break
-		}
-	}
-	n.dirty = n.dirty || len(update.Added) > 0 || len(update.Removed) > 0
-	n.mu.Unlock()
-
+	c := n.learn(client.Addr(), answer)
+	selected := c.selected
 	if err := n.write(c); err != nil {
 		n.log.Error("Cannot write the addresses of a DNS answer into the ipcache", "name", answer.Question, "error", err)
 		return

@@ -10,10 +10,13 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
@@ -69,17 +72,8 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 
 	// The selectors are needed to label the restored addresses: wait for
 	// the policies of the policy directory.
-	for {
-		ok, watch := n.policies.Initialized(n.db.ReadTxn())
-		if ok {
-			break
-		}
-		health.OK("Waiting for the policies in force")
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-watch:
-		}
+	if !n.waitInitialized(ctx, health, n.policies) {
+		return nil
 	}
 	txn := n.db.ReadTxn()
 	n.mu.Lock()
@@ -95,6 +89,27 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 	}
 	restored()
 	done = true
+
+	// The answers recorded while no proxy ran: checked against the DNS
+	// rules, which the policy cell computes once the ipcache is
+	// initialized. Their addresses were not allowed while the agent was
+	// down (the maps did not have them); they are as soon as it is back.
+	if !n.waitInitialized(ctx, health, n.dnsRules) {
+		return nil
+	}
+	if recorded := n.recordedReader(); recorded != nil {
+		defer recorded.Close()
+		if learned := n.drainRecorded(recorded); learned > 0 {
+			n.log.Info("Learned the DNS answers recorded while no proxy ran", "answers", learned)
+		}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.followRecorded(ctx, recorded)
+		}()
+		defer wg.Wait()
+	}
 
 	for {
 		txn := n.db.ReadTxn()
@@ -117,6 +132,42 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 		case <-watch:
 		}
 	}
+}
+
+// waitInitialized waits until table is initialized, and reports false if
+// ctx ended first.
+func (n *Names) waitInitialized(ctx context.Context, health cell.Health, table statedb.TableMeta) bool {
+	for {
+		ok, watch := table.Initialized(n.db.ReadTxn())
+		if ok {
+			return true
+		}
+		health.OK("Waiting for the table " + table.Name())
+		select {
+		case <-ctx.Done():
+			return false
+		case <-watch:
+		}
+	}
+}
+
+// recordedReader returns a reader of the program's recorded answers, nil
+// without a datapath or its maps.
+func (n *Names) recordedReader() *ringbuf.Reader {
+	if n.datapath == nil {
+		return nil
+	}
+	ring, err := n.datapath.DNSAnswers()
+	if err != nil {
+		n.log.Info("No ring of recorded DNS answers: answers that bypass the proxy are not learned", "reason", err)
+		return nil
+	}
+	r, err := ringbuf.NewReader(ring)
+	if err != nil {
+		n.log.Error("Cannot read the ring of recorded DNS answers", "error", err)
+		return nil
+	}
+	return r
 }
 
 // gc removes the expired pairs no tracked connection uses, and writes the

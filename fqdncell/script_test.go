@@ -4,6 +4,8 @@ package fqdncell_test
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
@@ -25,6 +28,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
@@ -73,6 +77,12 @@ func (d *fakeDatapath) WaitIPCacheWritten(ctx context.Context, _ statedb.Revisio
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// DNSAnswers: the scripts hand recorded answers to the cell themselves
+// (fqdn/recorded).
+func (d *fakeDatapath) DNSAnswers() (*ebpf.Map, error) {
+	return nil, errors.New("no ring in the scripts")
 }
 
 func (d *fakeDatapath) SetDNSProxyPort(port uint16) error {
@@ -186,6 +196,18 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			data, err := os.ReadFile(filepath.Join(stateDir, args[0]))
 			return scriptcmd.Result(string(data), err)
 		})
+	cmds["test/state-write"] = script.Command(
+		script.CmdUsage{Summary: "Write a script file into the state directory", Args: "name file"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			data, err := os.ReadFile(s.Path(args[1]))
+			if err != nil {
+				return nil, err
+			}
+			return nil, os.WriteFile(filepath.Join(stateDir, args[0]), data, 0o600)
+		})
 	cmds["test/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the hive and start a new one over the same directories"},
 		func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -245,6 +267,43 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			}
 			return scriptcmd.Result(verdict+"\n", nil)
 		})
+	cmds["fqdn/recorded"] = script.Command(
+		script.CmdUsage{
+			Summary: "Hand the cell an answer the program recorded (it bypassed the proxy)",
+			Args:    "client name addr[,addr...]",
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 3 {
+				return nil, script.ErrUsage
+			}
+			msg, err := answerMsg(args[1], args[2], 60, "")
+			if err != nil {
+				return nil, err
+			}
+			payload, err := msg.Pack()
+			if err != nil {
+				return nil, err
+			}
+			client, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return nil, err
+			}
+			// The record's layout (bpfmaps.DecodeDNSAnswer): family, pad,
+			// length, ifindex, pad, endpoint, server, payload.
+			raw := make([]byte, bpfmaps.DNSAnswerRecordSize)
+			raw[0] = 1
+			binary.NativeEndian.PutUint32(raw[4:], uint32(len(payload)))
+			a4 := client.As4()
+			copy(raw[16:], a4[:])
+			s4 := testServer.Addr().As4()
+			copy(raw[32:], s4[:])
+			copy(raw[48:], payload)
+			learned := "skipped"
+			if names.LearnRecorded(raw) {
+				learned = "learned"
+			}
+			return scriptcmd.Result(learned+"\n", nil)
+		})
 	cmds["fqdn/answer"] = script.Command(
 		script.CmdUsage{
 			Summary: "Hand the cell an answer as the proxy would, and wait for its release",
@@ -258,10 +317,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			if err != nil {
 				return nil, err
 			}
-			ttl, owner := uint32(60), dns.Fqdn(args[1])
-			msg := new(dns.Msg)
-			msg.SetQuestion(owner, dns.TypeA)
-			msg.Response = true
+			ttl, cname := uint32(60), ""
 			for _, arg := range args[3:] {
 				key, value, _ := strings.Cut(arg, "=")
 				switch key {
@@ -272,30 +328,14 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 					}
 					ttl = uint32(n)
 				case "cname":
-					rr, err := dns.NewRR(fmt.Sprintf("%s %d IN CNAME %s", owner, ttl, dns.Fqdn(value)))
-					if err != nil {
-						return nil, err
-					}
-					msg.Answer = append(msg.Answer, rr)
-					owner = dns.Fqdn(value)
+					cname = value
 				default:
 					return nil, fmt.Errorf("unknown argument %q", arg)
 				}
 			}
-			for a := range strings.SplitSeq(args[2], ",") {
-				addr, err := netip.ParseAddr(a)
-				if err != nil {
-					return nil, err
-				}
-				kind := "A"
-				if addr.Is6() {
-					kind = "AAAA"
-				}
-				rr, err := dns.NewRR(fmt.Sprintf("%s %d IN %s %s", owner, ttl, kind, addr))
-				if err != nil {
-					return nil, err
-				}
-				msg.Answer = append(msg.Answer, rr)
+			msg, err := answerMsg(args[1], args[2], ttl, cname)
+			if err != nil {
+				return nil, err
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), names.MaxDelay())
 			defer cancel()
@@ -325,3 +365,36 @@ func (c currentHiveCmd) Run(s *script.State, args ...string) (script.WaitFunc, e
 }
 
 func (c currentHiveCmd) Usage() *script.CmdUsage { return (*c.cmds)[c.name].Usage() }
+
+// answerMsg is the answer to an A query of name: the addresses (A or
+// AAAA), under cname if set (name a CNAME of it), each with ttl.
+func answerMsg(name, addrs string, ttl uint32, cname string) (*dns.Msg, error) {
+	owner := dns.Fqdn(name)
+	msg := new(dns.Msg)
+	msg.SetQuestion(owner, dns.TypeA)
+	msg.Response = true
+	if cname != "" {
+		rr, err := dns.NewRR(fmt.Sprintf("%s %d IN CNAME %s", owner, ttl, dns.Fqdn(cname)))
+		if err != nil {
+			return nil, err
+		}
+		msg.Answer = append(msg.Answer, rr)
+		owner = dns.Fqdn(cname)
+	}
+	for a := range strings.SplitSeq(addrs, ",") {
+		addr, err := netip.ParseAddr(a)
+		if err != nil {
+			return nil, err
+		}
+		kind := "A"
+		if addr.Is6() {
+			kind = "AAAA"
+		}
+		rr, err := dns.NewRR(fmt.Sprintf("%s %d IN %s %s", owner, ttl, kind, addr))
+		if err != nil {
+			return nil, err
+		}
+		msg.Answer = append(msg.Answer, rr)
+	}
+	return msg, nil
+}
