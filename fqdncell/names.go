@@ -95,8 +95,11 @@ type Names struct {
 	mu        sync.Mutex
 	cache     *fqdn.Cache
 	selectors map[string]fqdn.Matcher // by label
-	// written is the labels the handle holds for each address.
-	written map[netip.Addr]labels.Labels
+	// written is the labels the handle holds for each address;
+	// peakWritten its largest size since it was last copied (a Go map
+	// keeps the room of its largest size).
+	written     map[netip.Addr]labels.Labels
+	peakWritten int
 	// clients is the endpoint that last resolved each name.
 	clients map[string]string
 	dirty   bool
@@ -200,6 +203,17 @@ func (n *Names) relabelLocked(txn statedb.ReadTxn, addrs []netip.Addr) change {
 			c.upserts = append(c.upserts, ipcachecell.PrefixUpsert{
 				Prefix: netip.PrefixFrom(addr, addr.BitLen()), Metadata: ipcachecell.Metadata{Labels: want}})
 		}
+	}
+	n.peakWritten = max(n.peakWritten, len(n.written))
+	if n.peakWritten > 1024 && len(n.written) < n.peakWritten/4 {
+		// Names learned in a burst and expired leave no room behind
+		// (maps.Clone would copy the room too).
+		written := make(map[netip.Addr]labels.Labels, len(n.written))
+		for addr, l := range n.written {
+			written[addr] = l
+		}
+		n.written = written
+		n.peakWritten = len(n.written)
 	}
 	return c
 }
