@@ -135,9 +135,6 @@ func (c Config) cacheConfig() fqdn.Config {
 	return cfg
 }
 
-// CheckpointFileName is the learned names' checkpoint in --state-dir.
-const CheckpointFileName = "fqdn-names.json"
-
 func stateFile() statedir.FileOut {
-	return statedir.FileOut{File: statedir.File{Name: CheckpointFileName, Description: "names learned from DNS"}}
+	return statedir.FileOut{File: statedir.File{Name: fqdn.CheckpointFileName, Description: "names learned from DNS"}}
 }

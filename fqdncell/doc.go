@@ -22,7 +22,7 @@
 // table (a client's subject), the `ipcache-metadata` table (covering
 // prefixes), the `ipcache` table (identities, and the revision to wait
 // for), the conntrack maps (addresses still in use once expired), the
-// checkpoint <state-dir>/fqdn-names.json at start.
+// checkpoint <state-dir>/fqdn-cache.json at start.
 //
 // Writes: the ipcache resource `fqdn` (source generated) through its
 // handle; the checkpoint, when the names change (at most once per

@@ -140,7 +140,7 @@ func newNames(p namesParams) *Names {
 		installRoutes: installProxyRoutes,
 	}
 	if p.StateDir.StateDir != "" {
-		n.path = filepath.Join(p.StateDir.StateDir, CheckpointFileName)
+		n.path = filepath.Join(p.StateDir.StateDir, fqdn.CheckpointFileName)
 	}
 	return n
 }
