@@ -95,6 +95,8 @@ type Names struct {
 	mu        sync.Mutex
 	cache     *fqdn.Cache
 	selectors map[string]fqdn.Matcher // by label
+	// selectorsRev is the `policies` table's revision selectors are of.
+	selectorsRev statedb.Revision
 	// written is the labels the handle holds for each address;
 	// peakWritten its largest size since it was last copied (a Go map
 	// keeps the room of its largest size).
@@ -162,6 +164,11 @@ func (n *Names) learn(client netip.Addr, answer fqdn.Answer) change {
 	_, ep := n.subjectOf(txn, client)
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	// The selectors as the policies in force have them now: an answer
+	// that comes right after a new toFQDNs policy (its DNS rule already
+	// steers the query) is labelled for it. The learned addresses are
+	// relabelled by the run loop.
+	n.refreshSelectorsLocked(txn)
 	update := n.cache.Add(answer)
 	if ep != "" {
 		n.clients[answer.Question] = ep
@@ -373,14 +380,14 @@ func (n *Names) onAnswer(ctx context.Context, client, server netip.AddrPort, msg
 	}
 }
 
-// setSelectors replaces the selectors in force (from the toFQDNs rules of
-// the policies in force) and returns whether they changed.
-func (n *Names) setSelectorsLocked(selectors map[string]fqdn.Matcher) bool {
-	if maps.EqualFunc(n.selectors, selectors, func(a, b fqdn.Matcher) bool { return a.String() == b.String() }) {
-		return false
+// refreshSelectorsLocked makes the selectors those of the policies in
+// force in txn, if the `policies` table changed since they were read.
+func (n *Names) refreshSelectorsLocked(txn statedb.ReadTxn) {
+	rev := n.policies.Revision(txn)
+	if rev == n.selectorsRev && n.selectorsRev != 0 {
+		return
 	}
-	n.selectors = selectors
-	return true
+	n.selectors, n.selectorsRev = selectorsIn(txn, n.policies, n.log), rev
 }
 
 // selectorsIn returns the toFQDNs selectors of the policies in force, by

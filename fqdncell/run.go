@@ -11,12 +11,14 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
+	"golang.org/x/time/rate"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
@@ -77,7 +79,7 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 	}
 	txn := n.db.ReadTxn()
 	n.mu.Lock()
-	n.setSelectorsLocked(selectorsIn(txn, n.policies, n.log))
+	n.refreshSelectorsLocked(txn)
 	update := n.cache.Restore(previous)
 	c := n.relabelLocked(txn, n.allAddrsLocked())
 	n.mu.Unlock()
@@ -111,14 +113,24 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 		defer wg.Wait()
 	}
 
+	// Every change of the policies in force relabels the learned
+	// addresses: a new selector selects the names learned before it, and
+	// a new CIDR or except prefix covering an address must give it its
+	// cidr label (an except learned under its CIDR's label would let its
+	// addresses through). The policy directory resolves a policy's
+	// prefixes before the policy is in force, so the covering prefixes
+	// are in the metadata table by then. At most once per relabelInterval:
+	// each relabel reads every learned address.
+	limiter := rate.NewLimiter(rate.Every(relabelInterval), 1)
 	for {
+		if err := limiter.Wait(ctx); err != nil {
+			return nil
+		}
 		txn := n.db.ReadTxn()
 		_, watch := n.policies.AllWatch(txn)
 		n.mu.Lock()
-		var c change
-		if n.setSelectorsLocked(selectorsIn(txn, n.policies, n.log)) {
-			c = n.relabelLocked(txn, n.allAddrsLocked())
-		}
+		n.refreshSelectorsLocked(txn)
+		c := n.relabelLocked(txn, n.allAddrsLocked())
 		stats := n.cache.Stats()
 		n.mu.Unlock()
 		if err := n.write(c); err != nil {
@@ -133,6 +145,10 @@ func (n *Names) run(ctx context.Context, health cell.Health, restored func()) er
 		}
 	}
 }
+
+// relabelInterval bounds how often a change of the policies relabels the
+// learned addresses.
+const relabelInterval = 200 * time.Millisecond
 
 // waitInitialized waits until table is initialized, and reports false if
 // ctx ended first.

@@ -123,6 +123,8 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 		hiveCmds map[string]script.Cmd
 		names    *fqdncell.Names
 		ipc      *ipcachecell.IPCache
+		alloc    *identitycell.Allocator
+		sdb      *statedb.DB
 	)
 	build := func() {
 		h = cells.NewHive(
@@ -136,8 +138,9 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				func() fqdncell.Datapath { return dp },
 				endpoint.NewTable, statedb.RWTable[*endpoint.State].ToTable,
 			),
-			cell.Invoke(func(n *fqdncell.Names, c *ipcachecell.IPCache, db *statedb.DB, progress policy.Progress) {
-				names, ipc = n, c
+			cell.Invoke(func(n *fqdncell.Names, c *ipcachecell.IPCache, db *statedb.DB, progress policy.Progress,
+				a *identitycell.Allocator) {
+				names, ipc, alloc, sdb = n, c, a, db
 				dp.mu.Lock()
 				dp.db, dp.progress = db, progress
 				dp.mu.Unlock()
@@ -250,6 +253,30 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 				dp.blocked = nil
 			}
 			return nil, nil
+		})
+	cmds["test/wait-labels"] = script.Command(
+		script.CmdUsage{Summary: "Wait (up to 10s) until a learned address's identity has these labels", Args: "addr labels"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			addr, err := netip.ParseAddr(args[0])
+			if err != nil {
+				return nil, err
+			}
+			var got string
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				for _, e := range names.Entries() {
+					if e.Address == addr {
+						l, _ := alloc.LabelsTxn(sdb.ReadTxn(), e.Identity)
+						got = l.String()
+					}
+				}
+				if got == args[1] {
+					return nil, nil
+				}
+			}
+			return nil, fmt.Errorf("labels of %s: %q, want %q", addr, got, args[1])
 		})
 	cmds["fqdn/allow"] = script.Command(
 		script.CmdUsage{Summary: "Ask the proxy's Allow whether a client may resolve a name", Args: "client name"},
