@@ -60,3 +60,40 @@ func installProxyRoutes() error {
 	}
 	return nil
 }
+
+// RemoveProxyRoutes removes, from the caller's network namespace, the
+// policy rule and local routes installProxyRoutes adds (`cleanup`), and
+// reports whether there were any.
+//
+// Possible errors: netlink's (not CAP_NET_ADMIN).
+func RemoveProxyRoutes() (removed bool, err error) {
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := netlink.RuleList(family)
+		if err != nil {
+			return removed, fmt.Errorf("list the policy rules: %w", err)
+		}
+		for _, rule := range rules {
+			if rule.Table != proxyTable || rule.Mark != proxyMark || rule.Priority != proxyRulePriority {
+				continue
+			}
+			if err := netlink.RuleDel(&rule); err != nil && !errors.Is(err, syscall.ENOENT) {
+				return removed, fmt.Errorf("remove the rule fwmark %#x lookup %d: %w", proxyMark, proxyTable, err)
+			}
+			removed = true
+		}
+		routes, err := netlink.RouteListFiltered(family, &netlink.Route{Table: proxyTable}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return removed, fmt.Errorf("list the routes of table %d: %w", proxyTable, err)
+		}
+		for _, route := range routes {
+			if route.Type != unix.RTN_LOCAL {
+				continue
+			}
+			if err := netlink.RouteDel(&route); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return removed, fmt.Errorf("remove the local route %s of table %d: %w", route.Dst, proxyTable, err)
+			}
+			removed = true
+		}
+	}
+	return removed, nil
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/fqdncell"
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
@@ -40,7 +41,8 @@ func newCleanupCommand(stdout io.Writer) *cobra.Command {
 enforcement program from every device, removes <bpf-root>/ipcache-agent/ (maps
 and links), the files the agent made in the state directory (identity
 checkpoint, saved policies in force, the record of the bpffs mount it made,
-owner lock) and the shell socket an agent that did not stop cleanly leaves
+owner lock, the names learned from DNS), the DNS proxy's policy rule and
+routes in this network namespace, and the shell socket an agent that did not stop cleanly leaves
 behind (--shell-sock-path; by default <state-dir>/shell.sock, which with the
 default --state-dir is the agent's default socket). After it, the next agent
 starts from nothing: identity numbers are not restored.
@@ -111,6 +113,9 @@ type cleanupReport struct {
 	// RemovedShellSockets are the paths of the shell socket and its lock
 	// file, those that were there.
 	RemovedShellSockets []string `json:"removedShellSockets"`
+	// RemovedProxyRoutes is whether the DNS proxy's policy rule and local
+	// routes (fwmark 0x200/0xf00, table 2004) were there and removed.
+	RemovedProxyRoutes bool `json:"removedProxyRoutes"`
 	// Left is what cleanup found and left, and why.
 	Left []leftBehind `json:"left"`
 }
@@ -155,6 +160,9 @@ func (r cleanupReport) writeText(w io.Writer) {
 	}
 	for _, path := range r.RemovedShellSockets {
 		fmt.Fprintf(w, "Removed %s\n", path)
+	}
+	if r.RemovedProxyRoutes {
+		fmt.Fprintf(w, "Removed the DNS proxy's policy rule and routes (fwmark 0x200/0xf00, table 2004)\n")
 	}
 	for _, left := range r.Left {
 		if left.What == leftMount {
@@ -250,6 +258,13 @@ func cleanup(bpfRoot, stateDir, sockPath string) (cleanupReport, error) {
 		}
 	}
 	var errs []error
+	// The DNS proxy's policy rule and routes, in this network namespace
+	// (the agent's, when cleanup runs where the agent ran).
+	if removed, err := fqdncell.RemoveProxyRoutes(); err != nil {
+		errs = append(errs, err)
+	} else {
+		report.RemovedProxyRoutes = removed
+	}
 	for _, path := range []string{sockPath, sockPath + cells.ShellLockSuffix} {
 		if removed, err := remove(path); err != nil {
 			errs = append(errs, err)

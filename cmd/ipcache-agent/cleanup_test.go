@@ -25,6 +25,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/cnicell"
 	"github.com/ipcache-agent/ipcache-agent/endpointcell"
+	"github.com/ipcache-agent/ipcache-agent/fqdn"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
@@ -100,7 +101,7 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	stdout, errOut, code := runAgentCommand(t, "cleanup", "--bpf-root="+bpfRoot, "--state-dir="+stateDir)
 	require.Equal(t, agentcmd.ExitOK, code, errOut)
 	require.Contains(t, stdout, "Removed")
-	require.Contains(t, stdout, "Removed pins: "+pins+" (maps: conntrack, counters, ct_opening, endpoints, enforcement, "+
+	require.Contains(t, stdout, "Removed pins: "+pins+" (maps: conntrack, counters, ct_opening, dns-answers, dns-answers-lost, dns-proxy, endpoints, enforcement, "+
 		"ipcache, policy, revision; links: "+device+"-egress, "+device+"-ingress)\n")
 	require.Contains(t, stdout, "Detached enforcement from: "+device+"\n")
 	require.Contains(t, stdout, "Unmounted bpffs at "+bpfRoot+" (mounted by the agent)\n")
@@ -221,6 +222,7 @@ func TestCleanupStateFilesAreDeclared(t *testing.T) {
 	require.Equal(t, []string{
 		cnicell.StateFileName, cnicell.StateFileName + ".corrupt", cnicell.DefaultSockName, cnicell.DefaultSockName + ".corrupt",
 		endpointcell.InForceFileName, endpointcell.InForceFileName + ".corrupt",
+		fqdn.CheckpointFileName, fqdn.CheckpointFileName + ".corrupt",
 		identitycell.CheckpointFileName, identitycell.CheckpointFileName + ".corrupt",
 		policycell.InForceFileName, policycell.InForceFileName + ".corrupt",
 	}, files)
