@@ -414,6 +414,25 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 		}
 	})
 
+	// A socket of another process on the pinned port (a crashed agent's
+	// port, taken since) carries no proxy mark: the program does not
+	// give it the endpoints' DNS, which goes to its server.
+	t.Run("foreign-socket-on-port", func(t *testing.T) {
+		foreign, err := net.ListenUDP("udp4", &net.UDPAddr{})
+		require.NoError(t, err)
+		defer foreign.Close()
+		setPort(uint16(foreign.LocalAddr().(*net.UDPAddr).Port))
+		defer setPort(p.Port())
+		name := "udp.foreign.example."
+		answered(t, "udp", dnsServer, 0, name)
+		require.True(t, direct(dnsClient, name), "%s: straight to the server, from %v", name, top.server.saw(name))
+		require.NoError(t, foreign.SetReadDeadline(time.Now().Add(100*time.Millisecond)))
+		_, _, err = foreign.ReadFrom(make([]byte, 512))
+		require.Error(t, err, "the foreign socket got nothing")
+		// Its answer bypassed the proxy while a port is pinned: recorded.
+		require.Equal(t, []string{dnsClient.String() + " " + dnsServer.String() + " " + name + " 192.0.2.53"}, recorded(t))
+	})
+
 	t.Run("port-0-fail-open", func(t *testing.T) {
 		setPort(0)
 		defer setPort(p.Port())

@@ -79,8 +79,9 @@ const AnswerMark = 0xa00
 // sockopts makes a listening socket transparent, so that it may accept
 // packets and connections addressed to other hosts and (TCP) answer from
 // their address; a UDP one also asks for each datagram's original
-// destination, a TCP one gets AnswerMark, which the connections it
-// accepts inherit (UDP answers go out through sendFrom's sockets).
+// destination. Both get AnswerMark, which the connections a TCP one
+// accepts inherit (UDP answers go out through sendFrom's sockets), and by
+// which the program knows the proxy's sockets from others on its port.
 func sockopts(v6, udp bool) func(string, string, syscall.RawConn) error {
 	level, transparent, origDst := unix.SOL_IP, unix.IP_TRANSPARENT, unix.IP_RECVORIGDSTADDR
 	if v6 {
@@ -96,8 +97,12 @@ func sockopts(v6, udp bool) func(string, string, syscall.RawConn) error {
 			if udp {
 				if serr = unix.SetsockoptInt(int(fd), level, origDst, 1); serr != nil {
 					serr = fmt.Errorf("original destination: %w", serr)
+					return
 				}
-			} else if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, AnswerMark); serr != nil {
+			}
+			// Every socket of the proxy carries its mark: the program
+			// assigns the steered queries only to a socket with it.
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, AnswerMark); serr != nil {
 				serr = fmt.Errorf("mark: %w", serr)
 			}
 		})

@@ -261,7 +261,9 @@
 //     looked up on the port in the pinned `dns_proxy` (pin `dns-proxy`;
 //     0 no proxy) with the packet's addresses and source port
 //     (bpf_sk_lookup_udp/tcp: a listener or an unconnected socket, on the
-//     wildcard address), assigned with bpf_sk_assign and the packet marked
+//     wildcard address) and, if it carries the proxy's mark
+//     (MARK_PROXY_ANSWER: not another process's socket on a port a crashed
+//     agent left pinned), assigned with bpf_sk_assign and the packet marked
 //     MARK_TO_PROXY. Another TCP segment without a local socket belongs to
 //     a connection opened to the server while no proxy listened: it keeps
 //     going there.
@@ -2018,7 +2020,10 @@ static __always_inline void to_dns_proxy(struct __sk_buff *skb, const struct flo
 		sk = bpf_sk_lookup_udp(skb, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return;
-	if (bpf_sk_assign(skb, sk, 0) == 0)
+	// Only the proxy's own sockets (they carry its mark): the port stays
+	// pinned while the agent is down, and another process's socket bound
+	// to it then must not get the endpoints' DNS.
+	if (sk->mark == MARK_PROXY_ANSWER && bpf_sk_assign(skb, sk, 0) == 0)
 		mark_to_proxy(skb);
 	bpf_sk_release(sk);
 }
