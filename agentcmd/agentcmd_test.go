@@ -35,6 +35,7 @@ var envValues = map[string]struct{ set, want string }{
 	"stringSlice": {"a,b", "[a,b]"},
 	"duration":    {"17s", "17s"},
 	"uint32":      {"17", "17"},
+	"uint16":      {"17", "17"},
 	"uint":        {"17", "17"},
 	"int":         {"17", "17"},
 	"level":       {"debug", "debug"},

@@ -228,6 +228,10 @@ func TestSteeredProxy(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Go closes a socket's descriptor once its last reader has returned,
+	// which may be just after Close: wait until the port is free, as it
+	// is once an agent has exited.
+	waitPortFree(t, p.Port())
 	for _, network := range []string{"udp", "tcp"} {
 		t.Run(network+"/proxy-gone", func(t *testing.T) {
 			name := network + ".down.refused.example."
@@ -313,6 +317,21 @@ func TestStartConfig(t *testing.T) {
 				p.Close()
 			}
 			t.Errorf("%s: Start: %v, want ErrConfig", name, err)
+		}
+	}
+}
+
+// waitPortFree waits (up to 2s) until a UDP socket can be bound to port.
+func waitPortFree(t *testing.T, port uint16) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{Port: int(port)})
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("port %d still taken after the proxy closed: %v", port, err)
 		}
 	}
 }
