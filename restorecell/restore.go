@@ -135,8 +135,10 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 				continue
 			}
 			lbls, checkpointed := saved.Labels(id)
-			// Nearly always the cidr label alone: told without building it.
-			if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) {
+			// Nearly always the cidr label alone: told without building
+			// it. A shared identity's labels (the addresses learned from
+			// DNS: ipcachecell.SharedIdentity) name a prefix covering it.
+			if checkpointed && !lbls.IsForPrefix(prefix) && !lbls.Has(labels.CIDRLabel(prefix)) && !covers(lbls, prefix) {
 				r.log.Warn("Checkpointed labels of a restored identity do not name its prefix; using the cidr label",
 					"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
 				checkpointed = false
@@ -367,4 +369,15 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// covers reports whether one of the cidr labels of lbls names a prefix
+// that holds prefix.
+func covers(lbls labels.Labels, prefix netip.Prefix) bool {
+	for p := range lbls.Prefixes() {
+		if p.Bits() <= prefix.Bits() && p.Contains(prefix.Addr()) {
+			return true
+		}
+	}
+	return false
 }
