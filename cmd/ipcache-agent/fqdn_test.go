@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -169,7 +170,19 @@ func dnsNetwork(t *testing.T, host, ns string) {
 }
 
 func newFQDNRig(t *testing.T, extraArgs ...string) *fqdnRig {
+	return newFQDNRigEndpoint(t, "", extraArgs...)
+}
+
+// newFQDNRigEndpoint is newFQDNRig where the endpoint namespace is the
+// endpoint of the Endpoint document endpointDoc (none if "") of the agent's
+// endpoint directory.
+func newFQDNRigEndpoint(t *testing.T, endpointDoc string, extraArgs ...string) *fqdnRig {
 	e := newE2E(t)
+	if endpointDoc != "" {
+		dir := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(endpointDoc), 0o600))
+		extraArgs = append(extraArgs, "--endpoint-dir="+dir, "--node-name=node-a")
+	}
 	for _, ip := range []string{edgeIP, shortIP, lateIP, keepIP, late2IP} {
 		mustRun(t, "ip", "-n", e.hostNS, "addr", "add", ip+"/32", "dev", "lo")
 	}
@@ -382,7 +395,22 @@ var fqdnMetricLine = regexp.MustCompile(`^\w*fqdn_(proxy_(hold_seconds_(sum|coun
 // port; the cache list and the monitor's DNS events.
 func TestPrivilegedFQDNResolveConnect(t *testing.T) {
 	t.Parallel()
-	r := newFQDNRig(t)
+	resolveConnect(t, newFQDNRig(t), "")
+}
+
+// TestPrivilegedFQDNResolveConnectEndpoint is TestPrivilegedFQDNResolveConnect
+// with the client an endpoint of the agent's: its DNS rules are looked up
+// by its identity, and the cache and the events name it.
+func TestPrivilegedFQDNResolveConnectEndpoint(t *testing.T) {
+	t.Parallel()
+	doc := fmt.Sprintf("apiVersion: ipcache-agent.io/v1\nkind: Endpoint\nmetadata: {name: web, namespace: shop, labels: {app: web}}\nspec: {addresses: [%s], interface: %s}\n",
+		epAddr, e2eDevice)
+	resolveConnect(t, newFQDNRigEndpoint(t, doc), "shop/web")
+}
+
+// resolveConnect runs the checks of TestPrivilegedFQDNResolveConnect; the
+// client is the endpoint named endpoint ("" none: the host-wide default).
+func resolveConnect(t *testing.T, r *fqdnRig, endpoint string) {
 
 	monitor := agentCommand("monitor", "--type", "dns", "-o", "json", "--shell-sock-path="+filepath.Join(r.stateDir, "shell.sock"))
 	monitor.Env = append(monitor.Env, "GORACE=atexit_sleep_ms=0")
@@ -464,9 +492,7 @@ func TestPrivilegedFQDNResolveConnect(t *testing.T) {
 	require.Equal(t, pinned, app.Identity, "the listed identity is the pinned ipcache's")
 	require.WithinDuration(t, time.Now().Add(60*time.Second), app.Expires, 10*time.Second)
 	require.False(t, app.Deferred)
-	// The client is no endpoint of the agent's (the host-wide default
-	// applies): no endpoint to name.
-	require.Empty(t, app.Endpoint)
+	require.Equal(t, endpoint, app.Endpoint, "the endpoint that resolved the name")
 	www, ok := r.cached("www.example.com", edgeIP)
 	require.True(t, ok, "the chain's address is held by the name asked: %+v", r.cacheList())
 	edgeID, _ := r.pinnedID(edgeIP)
@@ -501,6 +527,12 @@ func TestPrivilegedFQDNResolveConnect(t *testing.T) {
 	require.Equal(t, []any{allowedIP}, forwarded["addresses"])
 	require.Equal(t, dnsServerAddr, forwarded["server"])
 	require.Equal(t, "REFUSED", refused["rcode"])
+	if endpoint != "" {
+		require.Equal(t, endpoint, forwarded["endpointName"], "%v", forwarded)
+		require.Equal(t, endpoint, refused["endpointName"], "%v", refused)
+		require.Equal(t, forwarded["endpoint"], refused["endpoint"], "the endpoint's identity")
+		require.NotZero(t, forwarded["endpoint"])
+	}
 	t.Logf("monitor: %s", strings.TrimSpace(monitorOut.String()))
 	t.Logf("metrics:\n%s", r.metrics())
 }
