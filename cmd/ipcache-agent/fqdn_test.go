@@ -542,7 +542,7 @@ func resolveConnect(t *testing.T, r *fqdnRig, endpoint string) {
 // open uses stays (deferred) and the connection keeps working.
 func TestPrivilegedFQDNTTLExpiry(t *testing.T) {
 	t.Parallel()
-	r := newFQDNRig(t, "--tofqdns-min-ttl=0", "--tofqdns-gc-interval=200ms")
+	r := newFQDNRig(t, "--tofqdns-min-ttl=0", "--tofqdns-gc-interval=200ms", "--conntrack-gc-interval=200ms")
 
 	r.resolve("short.example.com.", "udp", shortIP)
 	r.resolve("keep.example.com.", "udp", keepIP)
@@ -573,6 +573,19 @@ func TestPrivilegedFQDNTTLExpiry(t *testing.T) {
 	require.Equal(t, keep.Identity, keepID, "and keeps its identity in the ipcache map")
 	time.Sleep(time.Second)
 	require.NoError(t, echoes(kept, "and still"), "a second later")
+
+	// Once the connection is reset (the echo server would keep a
+	// half-closed one open) and its conntrack entry gone (the closing
+	// timeout), the address goes, and its identity.
+	require.NoError(t, kept.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, kept.Close())
+	closed := time.Now()
+	require.Eventually(t, func() bool { _, ok := r.cached("keep.example.com", keepIP); return !ok }, 20*time.Second, 100*time.Millisecond,
+		"the deferred address goes once its connection is gone: %+v", r.cacheList())
+	t.Logf("the deferred address went %s after its connection was closed", time.Since(closed).Round(time.Millisecond))
+	require.Eventually(t, func() bool { id, _ := r.pinnedID(keepIP); return id != keepID }, 5*time.Second, 50*time.Millisecond,
+		"and its identity in the ipcache map")
+	require.False(t, r.reaches(keepIP), "a new connection to it is dropped")
 	t.Logf("metrics:\n%s", r.metrics())
 }
 
@@ -660,6 +673,7 @@ func (l *restartLoad) finish(t *testing.T, what string) {
 // nothing, the learned address keeps its identity, and an address
 // answered while the agent was down is allowed once it is back.
 func TestPrivilegedFQDNRestart(t *testing.T) {
+	t.Parallel()
 	r := newFQDNRig(t)
 	r.resolve("app.example.com.", "udp", allowedIP)
 	require.True(t, r.reaches(allowedIP))
