@@ -41,7 +41,11 @@ const (
 	lateIP        = "10.201.1.5" // late.example.com, first resolved while the agent is down
 	keepIP        = "10.201.1.6" // keep.example.com, TTL 2, a connection kept open
 	late2IP       = "10.201.1.7" // late2.example.com, as late.example.com
-	fqdnPort      = "8080"
+	// far.example.com and far2.example.com: addresses of the DNS server's
+	// namespace, which no owner but the DNS proxy puts in the ipcache.
+	farIP    = "10.201.2.1"
+	far2IP   = "10.201.2.2"
+	fqdnPort = "8080"
 	// connectTimeout is below the first SYN retransmit (1 s): a
 	// connection made within it went through on its first SYN.
 	connectTimeout = 800 * time.Millisecond
@@ -74,6 +78,8 @@ var dnsTable = map[string]dnsRecord{
 	"keep.example.com.":  {addr: keepIP, ttl: 2},
 	"late.example.com.":  {addr: lateIP, ttl: 60},
 	"late2.example.com.": {addr: late2IP, ttl: 60},
+	"far.example.com.":   {addr: farIP, ttl: 60},
+	"far2.example.com.":  {addr: far2IP, ttl: 60},
 	"evil.org.":          {addr: otherIP, ttl: 60},
 }
 
@@ -164,6 +170,11 @@ func dnsNetwork(t *testing.T, host, ns string) {
 	mustRun(t, "ip", "-n", ns, "link", "set", "eth0", "up")
 	mustRun(t, "ip", "-n", ns, "route", "add", "default", "via", dnsHostSide)
 	mustRun(t, "ip", "-n", host, "route", "add", dnsServerIP+"/32", "via", dnsLinkAddr)
+	for _, ip := range []string{farIP, far2IP} {
+		mustRun(t, "ip", "-n", ns, "addr", "add", ip+"/32", "dev", "lo")
+		mustRun(t, "ip", "-n", host, "route", "add", ip+"/32", "via", dnsLinkAddr)
+		netnstest.EchoTCP(t, ns, net.JoinHostPort(ip, fqdnPort))
+	}
 	mustRun(t, "ip", "netns", "exec", host, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	require.Eventually(t, func() bool { return pingsFrom(host, dnsServerIP) }, 10*time.Second, 50*time.Millisecond,
 		"the agent's namespace reaches the DNS server")
@@ -432,6 +443,23 @@ func resolveConnect(t *testing.T, r *fqdnRig, endpoint string) {
 	c.Close()
 	require.False(t, r.reaches(otherIP), "an address of the same host no answer named stays dropped")
 
+	// Addresses only the answers put in the ipcache: the first SYN too,
+	// and the addresses of one selector share one identity.
+	require.False(t, r.reaches(farIP), "not allowed before it is resolved")
+	for _, far := range []struct{ name, ip string }{{"far.example.com.", farIP}, {"far2.example.com.", far2IP}} {
+		_, ok := r.pinnedID(far.ip)
+		require.False(t, ok, "%s: in the ipcache map before it is resolved", far.ip)
+		r.resolve(far.name, "udp", far.ip)
+		c, err := r.connect(far.ip)
+		require.NoError(t, err, "first SYN to %s; agent log:\n%s", far.ip, r.agentLog)
+		c.Close()
+	}
+	farID, _ := r.pinnedID(farIP)
+	far2ID, _ := r.pinnedID(far2IP)
+	require.NotZero(t, farID)
+	require.Equal(t, farID, far2ID, "one identity for the selector's addresses")
+	require.Regexp(t, `Labels: +cidr:0\.0\.0\.0/0,fqdn:\*\.example\.com\n`, r.shell("ipcache/lookup", farIP))
+
 	// 2. Refused, and never forwarded.
 	in, err := r.query("evil.org.", "udp", 2*time.Second)
 	require.NoError(t, err)
@@ -679,6 +707,10 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 	require.True(t, r.reaches(allowedIP))
 	before, ok := r.pinnedID(allowedIP)
 	require.True(t, ok)
+	r.resolve("far.example.com.", "udp", farIP)
+	require.True(t, r.reaches(farIP))
+	farBefore, ok := r.pinnedID(farIP)
+	require.True(t, ok)
 
 	for _, round := range []struct {
 		signal   syscall.Signal
@@ -690,7 +722,7 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 	} {
 		what := round.signal.String()
 		require.False(t, r.reaches(round.lateIP), "%s: not allowed before it is resolved", what)
-		load := r.startLoad(allowedIP, "app.example.com.")
+		load := r.startLoad(farIP, "far.example.com.")
 		time.Sleep(time.Second)
 		t.Logf("%s: signal at %s", what, time.Now().UTC().Format("15:04:05.000"))
 		require.NoError(t, r.agent.Process.Signal(round.signal))
@@ -724,6 +756,21 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 		app, ok := r.cached("app.example.com", allowedIP)
 		require.True(t, ok, "%s: %+v", what, r.cacheList())
 		require.Equal(t, before, app.Identity, what)
+		farAfter, ok := r.pinnedID(farIP)
+		require.True(t, ok)
+		far, ok := r.cached("far.example.com", farIP)
+		require.True(t, ok, "%s: %+v", what, r.cacheList())
+		require.Equal(t, farAfter, far.Identity, what)
+		require.Regexp(t, `Labels: +cidr:0\.0\.0\.0/0,fqdn:\*\.example\.com\n`, r.shell("ipcache/lookup", farIP), what)
+		// The shared identity's number is not kept yet: restore takes the
+		// checkpointed labels of a restored number only when they name the
+		// prefix itself, and gives it its cidr label instead of the shared
+		// set's (cidr:0.0.0.0/0, covering it), so the shared set gets a new
+		// number (restorecell/restore.go). No connection is lost (above).
+		if farAfter != farBefore {
+			t.Logf("%s: KNOWN GAP: %s got identity %d, had %d (restore's cidr label for a shared identity's prefix)", what, farIP, farAfter, farBefore)
+		}
+		farBefore = farAfter
 		late, ok := r.cached(round.lateName, round.lateIP)
 		require.True(t, ok, "%s: %+v", what, r.cacheList())
 		lateID, _ := r.pinnedID(round.lateIP)
