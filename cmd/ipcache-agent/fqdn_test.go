@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,12 +39,13 @@ const (
 	shortIP       = "10.201.1.4" // short.example.com, TTL 2
 	lateIP        = "10.201.1.5" // late.example.com, first resolved while the agent is down
 	keepIP        = "10.201.1.6" // keep.example.com, TTL 2, a connection kept open
-	late2IP       = "10.201.1.7" // late2.example.com, as late.example.com
 	// far.example.com and far2.example.com: addresses of the DNS server's
 	// namespace, which no owner but the DNS proxy puts in the ipcache.
-	farIP    = "10.201.2.1"
-	far2IP   = "10.201.2.2"
-	fqdnPort = "8080"
+	farIP  = "10.201.2.1"
+	far2IP = "10.201.2.2"
+	// lateFarIP is late2.example.com's: as late.example.com, one of those.
+	lateFarIP = "10.201.2.3"
+	fqdnPort  = "8080"
 	// connectTimeout is below the first SYN retransmit (1 s): a
 	// connection made within it went through on its first SYN.
 	connectTimeout = 800 * time.Millisecond
@@ -77,7 +77,7 @@ var dnsTable = map[string]dnsRecord{
 	"short.example.com.": {addr: shortIP, ttl: 2},
 	"keep.example.com.":  {addr: keepIP, ttl: 2},
 	"late.example.com.":  {addr: lateIP, ttl: 60},
-	"late2.example.com.": {addr: late2IP, ttl: 60},
+	"late2.example.com.": {addr: lateFarIP, ttl: 60},
 	"far.example.com.":   {addr: farIP, ttl: 60},
 	"far2.example.com.":  {addr: far2IP, ttl: 60},
 	"evil.org.":          {addr: otherIP, ttl: 60},
@@ -170,7 +170,7 @@ func dnsNetwork(t *testing.T, host, ns string) {
 	mustRun(t, "ip", "-n", ns, "link", "set", "eth0", "up")
 	mustRun(t, "ip", "-n", ns, "route", "add", "default", "via", dnsHostSide)
 	mustRun(t, "ip", "-n", host, "route", "add", dnsServerIP+"/32", "via", dnsLinkAddr)
-	for _, ip := range []string{farIP, far2IP} {
+	for _, ip := range []string{farIP, far2IP, lateFarIP} {
 		mustRun(t, "ip", "-n", ns, "addr", "add", ip+"/32", "dev", "lo")
 		mustRun(t, "ip", "-n", host, "route", "add", ip+"/32", "via", dnsLinkAddr)
 		netnstest.EchoTCP(t, ns, net.JoinHostPort(ip, fqdnPort))
@@ -194,12 +194,12 @@ func newFQDNRigEndpoint(t *testing.T, endpointDoc string, extraArgs ...string) *
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(endpointDoc), 0o600))
 		extraArgs = append(extraArgs, "--endpoint-dir="+dir, "--node-name=node-a")
 	}
-	for _, ip := range []string{edgeIP, shortIP, lateIP, keepIP, late2IP} {
+	for _, ip := range []string{edgeIP, shortIP, lateIP, keepIP} {
 		mustRun(t, "ip", "-n", e.hostNS, "addr", "add", ip+"/32", "dev", "lo")
 	}
 	dnsNS := strings.Replace(e.hostNS, "ipca-host-", "ipca-dns-", 1)
 	dnsNetwork(t, e.hostNS, dnsNS)
-	for _, ip := range []string{allowedIP, otherIP, edgeIP, shortIP, lateIP, keepIP, late2IP} {
+	for _, ip := range []string{allowedIP, otherIP, edgeIP, shortIP, lateIP, keepIP} {
 		netnstest.EchoTCP(t, e.hostNS, net.JoinHostPort(ip, fqdnPort))
 	}
 	r := &fqdnRig{e2e: e, dns: &dnsServer{}, dnsNS: dnsNS}
@@ -396,8 +396,6 @@ func (r *fqdnRig) metrics() string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-var fqdnMetricLine = regexp.MustCompile(`^\w*fqdn_(proxy_(hold_seconds_(sum|count)|added_latency_seconds_(sum|count)|hold_timeouts_total|forwarded_total|refused_total)|names|addresses|expired_total)\b`)
 
 // TestPrivilegedFQDNResolveConnect: a resolved address is allowed on the
 // first SYN and an address no answer named stays dropped; a name the
@@ -718,7 +716,7 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 		lateIP   string
 	}{
 		{syscall.SIGTERM, "late.example.com", lateIP},
-		{syscall.SIGKILL, "late2.example.com", late2IP},
+		{syscall.SIGKILL, "late2.example.com", lateFarIP},
 	} {
 		what := round.signal.String()
 		require.False(t, r.reaches(round.lateIP), "%s: not allowed before it is resolved", what)
