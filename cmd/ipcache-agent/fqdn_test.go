@@ -138,8 +138,9 @@ func (s *dnsServer) seenList() []string {
 	return append([]string(nil), s.seen...)
 }
 
-// fqdnRig is the e2e topology with the DNS server and echo servers on
-// every address the table names, in the agent's namespace.
+// fqdnRig is the e2e topology with the DNS server in a namespace of its
+// own, and echo servers on port 8080 of every address the table names: in
+// the agent's namespace (its own addresses) and in the server's (farIP...).
 type fqdnRig struct {
 	*e2e
 	dns   *dnsServer
@@ -157,7 +158,7 @@ const (
 // dnsNetwork makes the namespace ns of the DNS server, routed by the
 // agent's namespace host. The server is not in the agent's namespace: the
 // proxy answers from the server's address and port, which a socket there
-// (bound without SO_REUSEADDR) would hold.
+// bound without SO_REUSEADDR would hold (its answers could not be sent).
 func dnsNetwork(t *testing.T, host, ns string) {
 	mustRun(t, "ip", "netns", "add", ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
@@ -180,6 +181,8 @@ func dnsNetwork(t *testing.T, host, ns string) {
 		"the agent's namespace reaches the DNS server")
 }
 
+// newFQDNRig builds the rig, writes fqdnPolicy and starts the agent (with
+// extraArgs) once its DNS goes through the proxy.
 func newFQDNRig(t *testing.T, extraArgs ...string) *fqdnRig {
 	return newFQDNRigEndpoint(t, "", extraArgs...)
 }
