@@ -763,15 +763,10 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 		require.True(t, ok, "%s: %+v", what, r.cacheList())
 		require.Equal(t, farAfter, far.Identity, what)
 		require.Regexp(t, `Labels: +cidr:0\.0\.0\.0/0,fqdn:\*\.example\.com\n`, r.shell("ipcache/lookup", farIP), what)
-		// The shared identity's number is not kept yet: restore takes the
-		// checkpointed labels of a restored number only when they name the
-		// prefix itself, and gives it its cidr label instead of the shared
-		// set's (cidr:0.0.0.0/0, covering it), so the shared set gets a new
-		// number (restorecell/restore.go). No connection is lost (above).
-		if farAfter != farBefore {
-			t.Logf("%s: KNOWN GAP: %s got identity %d, had %d (restore's cidr label for a shared identity's prefix)", what, farIP, farAfter, farBefore)
-		}
-		farBefore = farAfter
+		// The shared identity keeps its number: restore takes the
+		// checkpointed labels of a restored number when they name a prefix
+		// covering the entry (cidr:0.0.0.0/0), as the shared set's do.
+		require.Equal(t, farBefore, farAfter, "%s: %s keeps its shared identity", what, farIP)
 		late, ok := r.cached(round.lateName, round.lateIP)
 		require.True(t, ok, "%s: %+v", what, r.cacheList())
 		lateID, _ := r.pinnedID(round.lateIP)
