@@ -287,7 +287,7 @@ func TestPrivilegedDNSProxySteering(t *testing.T) {
 
 	var seen proxyAnswers
 	p, err := dnsproxy.Start(dnsproxy.Config{
-		Allow:    func(netip.AddrPort, netip.AddrPort, string) bool { return true },
+		Allow:    func(netip.AddrPort, netip.AddrPort, dns.Question) bool { return true },
 		OnAnswer: seen.hook,
 	})
 	require.NoError(t, err)

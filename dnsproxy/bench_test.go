@@ -67,7 +67,7 @@ func BenchmarkExchange(b *testing.B) {
 	}
 	top, port := newTopology(b)
 	p, err := dnsproxy.Start(dnsproxy.Config{
-		Allow:    func(netip.AddrPort, netip.AddrPort, string) bool { return true },
+		Allow:    func(netip.AddrPort, netip.AddrPort, dns.Question) bool { return true },
 		OnAnswer: func(context.Context, netip.AddrPort, netip.AddrPort, *dns.Msg) {},
 	})
 	if err != nil {

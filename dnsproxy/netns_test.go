@@ -283,8 +283,8 @@ func (a *answers) saw(s string) bool {
 	return false
 }
 
-func allowExample(_, _ netip.AddrPort, qname string) bool {
-	return strings.HasSuffix(qname, ".allowed.example.")
+func allowExample(_, _ netip.AddrPort, q dns.Question) bool {
+	return strings.HasSuffix(q.Name, ".allowed.example.")
 }
 
 // setForwarding sets IPv4 forwarding in the calling thread's namespace.

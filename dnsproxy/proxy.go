@@ -20,10 +20,10 @@ type Config struct {
 	// Port is the port of both the UDP and the TCP socket; 0 picks a free
 	// one (the same for both).
 	Port uint16
-	// Allow says whether client may resolve qname (as in the question,
-	// with its final dot) at server, the address it sent the query to.
-	// False answers RejectRcode without forwarding.
-	Allow func(client, server netip.AddrPort, qname string) bool
+	// Allow says whether client may ask question q (its name as in the
+	// query, with its final dot) of server, the address it sent the query
+	// to. False answers RejectRcode without forwarding.
+	Allow func(client, server netip.AddrPort, q dns.Question) bool
 	// OnAnswer is given each answer before it is sent; the answer waits
 	// until it returns or MaxHold passes, whichever is first (ctx is done
 	// then, and OnAnswer should return soon after: the proxy does not wait
@@ -60,6 +60,11 @@ type Stats struct {
 	Dropped      uint64 // queries over MaxConcurrent, without their original destination, or sent to the proxy's own port
 	ForwardFails uint64 // queries the server did not answer in time (SERVFAIL sent)
 	HoldTimeouts uint64 // answers released because MaxHold passed
+	// SendFails counts answers that could not be sent to their client:
+	// the socket sending from the server's address and port could not be
+	// bound (a DNS server in the proxy's own namespace whose socket lacks
+	// SO_REUSEADDR holds them).
+	SendFails uint64
 }
 
 // Proxy is a running transparent DNS proxy.
@@ -74,7 +79,7 @@ type Proxy struct {
 	closed  bool
 	served  sync.WaitGroup
 
-	forwarded, refused, dropped, forwardFails, holdTimeouts atomic.Uint64
+	forwarded, refused, dropped, forwardFails, holdTimeouts, sendFails atomic.Uint64
 }
 
 // Start opens the proxy's transparent UDP and TCP sockets and serves
@@ -161,6 +166,7 @@ func (p *Proxy) Stats() Stats {
 		Dropped:      p.dropped.Load(),
 		ForwardFails: p.forwardFails.Load(),
 		HoldTimeouts: p.holdTimeouts.Load(),
+		SendFails:    p.sendFails.Load(),
 	}
 }
 
@@ -231,7 +237,7 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeFormatError))
 		return
 	}
-	if !p.cfg.Allow(client, server, q.Question[0].Name) {
+	if !p.cfg.Allow(client, server, q.Question[0]) {
 		p.refused.Add(1)
 		p.reply(w, new(dns.Msg).SetRcode(q, p.cfg.RejectRcode))
 		return
@@ -254,7 +260,9 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 		return
 	}
 	p.hold(client, server, resp)
-	if _, err := w.Write(b); err == nil {
+	if _, err := w.Write(b); err != nil {
+		p.sendFails.Add(1)
+	} else {
 		p.forwarded.Add(1)
 		if p.cfg.Observe != nil {
 			p.cfg.Observe(time.Since(arrived), rtt)
@@ -279,7 +287,9 @@ func (p *Proxy) hold(client, server netip.AddrPort, resp *dns.Msg) {
 }
 
 func (p *Proxy) reply(w dns.ResponseWriter, m *dns.Msg) {
-	_ = w.WriteMsg(m)
+	if err := w.WriteMsg(m); err != nil {
+		p.sendFails.Add(1)
+	}
 }
 
 func addrPort(a net.Addr) netip.AddrPort {

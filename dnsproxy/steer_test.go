@@ -303,7 +303,7 @@ func TestSteeredProxy(t *testing.T) {
 }
 
 func TestStartConfig(t *testing.T) {
-	allow := func(netip.AddrPort, netip.AddrPort, string) bool { return true }
+	allow := func(netip.AddrPort, netip.AddrPort, dns.Question) bool { return true }
 	hook := func(context.Context, netip.AddrPort, netip.AddrPort, *dns.Msg) {}
 	for name, cfg := range map[string]dnsproxy.Config{
 		"no Allow":           {OnAnswer: hook},

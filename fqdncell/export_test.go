@@ -26,7 +26,7 @@ func (n *Names) StubHost(start func(dnsproxy.Config) (ProxyServer, error)) {
 }
 
 func (n *Names) Allow(client, server netip.AddrPort, qname string) bool {
-	return n.allow(client, server, qname)
+	return n.allow(client, server, dns.Question{Name: qname, Qtype: dns.TypeA, Qclass: dns.ClassINET})
 }
 
 func (n *Names) OnAnswer(ctx context.Context, client, server netip.AddrPort, msg *dns.Msg) {

@@ -91,5 +91,6 @@ func metricsOut(m *proxyMetrics, n *Names) metrics.Out {
 		counter("fqdn_proxy_refused_total", "DNS queries refused: a name the DNS rules do not allow", func(s dnsproxy.Stats) uint64 { return s.Refused }),
 		counter("fqdn_proxy_dropped_total", "DNS queries dropped: over the concurrency bound or not steered", func(s dnsproxy.Stats) uint64 { return s.Dropped }),
 		counter("fqdn_proxy_forward_failures_total", "DNS queries whose server did not answer in time", func(s dnsproxy.Stats) uint64 { return s.ForwardFails }),
+		counter("fqdn_proxy_send_failures_total", "DNS answers that could not be sent from their server's address (a DNS server in the agent's namespace without SO_REUSEADDR)", func(s dnsproxy.Stats) uint64 { return s.SendFails }),
 	}}
 }

@@ -313,8 +313,8 @@ func (n *Names) subjectOf(txn statedb.ReadTxn, client netip.Addr) (identity.Numb
 
 // allow is the proxy's Allow: whether the client's DNS rules allow qname.
 // A refused query is published as a monitor event.
-func (n *Names) allow(client, server netip.AddrPort, qname string) bool {
-	if n.rulesAllow(client.Addr(), qname) {
+func (n *Names) allow(client, server netip.AddrPort, q dns.Question) bool {
+	if n.rulesAllow(client.Addr(), q.Name) {
 		return true
 	}
 	if n.publisher != nil {
@@ -322,7 +322,7 @@ func (n *Names) allow(client, server netip.AddrPort, qname string) bool {
 		rcode, _ := n.cfg.rejectRcode() // validated
 		n.publisher.PublishDNS(events.DNS{
 			Time: time.Now(), Client: client, Server: server, Endpoint: subject,
-			Name: fqdn.CanonicalName(qname), Rcode: rcode, Verdict: events.DNSRefused,
+			Name: fqdn.CanonicalName(q.Name), Type: q.Qtype, Rcode: rcode, Verdict: events.DNSRefused,
 		})
 	}
 	return false

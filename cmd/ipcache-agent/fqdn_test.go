@@ -556,6 +556,7 @@ func resolveConnect(t *testing.T, r *fqdnRig, endpoint string) {
 	require.Equal(t, []any{allowedIP}, forwarded["addresses"])
 	require.Equal(t, dnsServerAddr, forwarded["server"])
 	require.Equal(t, "REFUSED", refused["rcode"])
+	require.Equal(t, "A", refused["qtype"], "the refused question's type")
 	if endpoint != "" {
 		require.Equal(t, endpoint, forwarded["endpointName"], "%v", forwarded)
 		require.Equal(t, endpoint, refused["endpointName"], "%v", refused)
