@@ -60,7 +60,6 @@ var ControlPlane = cell.Group(
 	cnicell.Cell,
 	policycell.Cell,
 	fqdncell.Cell,
-	fqdnDatapath,
 	metricscell.Cell,
 	devicecell.Cell,
 	nodecell.Cell,
@@ -87,7 +86,3 @@ func NewHive(cells ...cell.Cell) *hive.Hive {
 	}
 	return hive.NewWithOptions(opts, append([]cell.Cell{Infrastructure}, cells...)...)
 }
-
-// fqdnDatapath hands the DNS proxy the datapath: where to tell the
-// program the proxy's port, and how to wait for the ipcache map.
-var fqdnDatapath = cell.Provide(func(d *datapathcell.Datapath) fqdncell.Datapath { return d })

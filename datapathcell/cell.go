@@ -17,6 +17,7 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/datapathcell/internal/mapwrite"
 	"github.com/ipcache-agent/ipcache-agent/devicecell"
+	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
 	"github.com/ipcache-agent/ipcache-agent/endpoint"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/ipcachecell"
@@ -43,7 +44,10 @@ var Cell = cell.Module(
 			return policy.MapCapacity(c.PolicyMapMaxEntries)
 		},
 		// The endpoint cell's WaitEnforced waits on it.
-		func(d *Datapath) endpoint.Enforcement { return d }),
+		func(d *Datapath) endpoint.Enforcement { return d },
+		// The DNS proxy's cell tells it its port, waits on its ipcache
+		// writes and reads the answers it recorded.
+		func(d *Datapath) dnsproxy.Datapath { return d }),
 	cell.Invoke(registerWriters),
 	cell.Invoke(registerDeviceAttacher),
 )

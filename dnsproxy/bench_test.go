@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,5 +116,88 @@ func BenchmarkExchange(b *testing.B) {
 	}
 	if st := p.Stats(); st.Forwarded == 0 {
 		b.Errorf("proxy forwarded nothing: %+v", st)
+	}
+}
+
+// BenchmarkExchangeRate is BenchmarkExchange at a steady rate, 100 and
+// 1,000 queries a second for three seconds, each query from its own
+// goroutine on a socket of a pool, directly and through the proxy: what
+// forwarding adds under load (the fqdn cell's hold, which comes on top
+// for an answer with addresses to allow, is its BenchmarkHold).
+func BenchmarkExchangeRate(b *testing.B) {
+	if !inFreshNetnsBench(b) {
+		return
+	}
+	top, port := newTopology(b)
+	p, err := dnsproxy.Start(dnsproxy.Config{
+		Allow:    func(netip.AddrPort, netip.AddrPort, dns.Question) bool { return true },
+		OnAnswer: func(context.Context, netip.AddrPort, netip.AddrPort, *dns.Msg) {},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	const poolSize = 64
+	pool := make(chan *net.UDPConn, poolSize)
+	for range poolSize {
+		var c *net.UDPConn
+		if err := netnstest.InNetns(b, top.client, func() (err error) {
+			c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(serverAP))
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		pool <- c
+	}
+	q, err := new(dns.Msg).SetQuestion("bench.allowed.example.", dns.TypeA).Pack()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rate := range []int{100, 1000} {
+		for _, mode := range []struct {
+			name string
+			port uint16
+		}{{"direct", 0}, {"proxied", p.Port()}} {
+			b.Run(fmt.Sprintf("rate=%d/%s", rate, mode.name), func(b *testing.B) {
+				if err := port.Set(mode.port); err != nil {
+					b.Fatal(err)
+				}
+				queries := 3 * rate
+				lat := make([]time.Duration, queries)
+				var failed atomic.Int64
+				var wg sync.WaitGroup
+				tick := time.NewTicker(time.Second / time.Duration(rate))
+				defer tick.Stop()
+				for i := range queries {
+					<-tick.C
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						c := <-pool
+						defer func() { pool <- c }()
+						buf := make([]byte, 4096)
+						start := time.Now()
+						c.SetDeadline(start.Add(2 * time.Second))
+						if _, err := c.Write(q); err != nil {
+							failed.Add(1)
+							return
+						}
+						if _, err := c.Read(buf); err != nil {
+							failed.Add(1)
+							return
+						}
+						lat[i] = time.Since(start)
+					}()
+				}
+				wg.Wait()
+				if n := failed.Load(); n > 0 {
+					b.Fatalf("%d of %d queries unanswered", n, queries)
+				}
+				slices.Sort(lat)
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
 	}
 }

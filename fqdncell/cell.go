@@ -19,7 +19,8 @@ import (
 // Cell provides the DNS proxy of toFQDNs policies and the names it
 // learns: the `fqdn` ipcache resource (one shared identity per set of name
 // selectors), the checkpoint of the learned names, and the fqdn/cache-list
-// shell command. It needs a [Datapath] from the hive.
+// shell command. It takes a dnsproxy.Datapath from the hive (the datapath
+// cell provides one).
 var Cell = cell.Module(
 	"fqdn",
 	"DNS proxy and the names learned from DNS for toFQDNs",

@@ -27,7 +27,7 @@
 // Writes: the ipcache resource `fqdn` (source generated) through its
 // handle; the checkpoint, when the names change (at most once per
 // collection interval) and at stop; the proxy's port through the
-// [Datapath]; in the agent's network namespace, the policy rule and local
+// datapath (dnsproxy.Datapath); in the agent's network namespace, the policy rule and local
 // routes that deliver the steered packets to the proxy (fwmark
 // 0x200/0xf00, table 2004).
 //

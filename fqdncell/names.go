@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/miekg/dns"
@@ -34,22 +33,6 @@ import (
 // Resource is the ipcache resource of the addresses learned from DNS.
 const Resource = "fqdn"
 
-// Datapath is what the cell needs of the datapath: where to tell the
-// program the proxy's port, and how to know that the ipcache map holds a
-// change of the `ipcache` table.
-type Datapath interface {
-	// WaitIPCacheWritten blocks until the writer of the ipcache map has
-	// written (or failed to write) every change of the `ipcache` table up
-	// to revision rev.
-	WaitIPCacheWritten(ctx context.Context, rev statedb.Revision) error
-	// SetDNSProxyPort tells the program the port of the proxy's sockets
-	// (0: none, DNS goes to its servers).
-	SetDNSProxyPort(port uint16) error
-	// DNSAnswers returns the pinned ring of the answers that reached an
-	// endpoint without the proxy (not to be closed).
-	DNSAnswers() (*ebpf.Map, error)
-}
-
 type namesParams struct {
 	cell.In
 
@@ -63,7 +46,7 @@ type namesParams struct {
 	Policies  statedb.Table[*policy.Policy]
 	DNSRules  statedb.Table[*policy.DNSRules]
 	Endpoints statedb.Table[*endpoint.State] `optional:"true"`
-	Datapath  Datapath                       `optional:"true"`
+	Datapath  dnsproxy.Datapath              `optional:"true"`
 	Conntrack bpfmaps.ConntrackMaps          `optional:"true"`
 	Publisher events.DNSPublisher            `optional:"true"`
 	Metrics   *proxyMetrics
@@ -84,7 +67,7 @@ type Names struct {
 	policies  statedb.Table[*policy.Policy]
 	dnsRules  statedb.Table[*policy.DNSRules]
 	endpoints statedb.Table[*endpoint.State]
-	datapath  Datapath
+	datapath  dnsproxy.Datapath
 	conntrack bpfmaps.ConntrackMaps
 	publisher events.DNSPublisher // nil without a monitor
 	metrics   *proxyMetrics

@@ -135,7 +135,7 @@ func newScriptEngine(t testing.TB, args []string) *script.Engine {
 			cell.Config(policyMapConfig{PolicyMapMaxEntries: policycell.DefaultPolicyMapMaxEntries}),
 			cell.Provide(
 				func(c policyMapConfig) policy.MapCapacity { return policy.MapCapacity(c.PolicyMapMaxEntries) },
-				func() fqdncell.Datapath { return dp },
+				func() dnsproxy.Datapath { return dp },
 				endpoint.NewTable, statedb.RWTable[*endpoint.State].ToTable,
 			),
 			cell.Invoke(func(n *fqdncell.Names, c *ipcachecell.IPCache, db *statedb.DB, progress policy.Progress,
