@@ -464,16 +464,6 @@ func (n *Names) ProxyStats() dnsproxy.Stats {
 	return p.Stats()
 }
 
-// ProxyPort returns the proxy's port, 0 while it does not run.
-func (n *Names) ProxyPort() uint16 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.proxy == nil {
-		return 0
-	}
-	return n.proxy.Port()
-}
-
 // enforcer tells the policy cell that toFQDNs and DNS rules are enforced
 // in this hive.
 func enforcer() *policy.FQDNEnforcer { return &policy.FQDNEnforcer{Name: "DNS proxy (fqdn)"} }

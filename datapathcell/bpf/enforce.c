@@ -241,8 +241,9 @@
 //   - A policy entry's verdict VERDICT_DNS_PROXY (3) is an allow, in
 //     everything above (conntrack, counters, events, REASON_POLICY), whose
 //     DNS the proxy is to see. Of the two lookups, a deny from either wins;
-//     else the remote identity's allow (1 or 3) decides before identity
-//     0's, as policy/explain resolves them.
+//     else a dns-proxy from either (a DNS rule on the port applies whatever
+//     other rule allows the peer); else an allow from either, as
+//     policy.Resolve (and policy/explain) resolves them.
 //   - Only at TCX ingress (what the endpoint sends, where bpf_sk_assign
 //     works), and only for a TCP or UDP packet to port 53 that passes a
 //     full check (not a fragment; IPv4 or IPv6, extension headers walked
