@@ -44,6 +44,20 @@ bench-scale:
 	$(GO) build -o bin/bench-scale ./cmd/bench-scale
 	./bin/bench-scale $(BENCH_SCALE_FLAGS)
 
+# The agent against nftables (as root; needs nft): no filter, the agent
+# binary and an nft inet table of interval sets, on the same namespaces and
+# policy, for each size and family: traffic, load, change under load,
+# memory (see cmd/bench-peer/doc.go). BENCH_PEER_FLAGS adds flags, e.g.
+# BENCH_PEER_FLAGS="-o json" or "-lengths mixed". Run time: see the
+# "Against nftables" section of docs/SCALE.md.
+BENCH_PEER_SIZES ?= 1000 100000 1000000
+BENCH_PEER_FAMILIES ?= ipv4 mixed
+BENCH_PEER_FLAGS ?=
+.PHONY: bench-peer
+bench-peer: build
+	$(GO) build -o bin/bench-peer ./cmd/bench-peer
+	./bin/bench-peer -agent bin/ipcache-agent -sizes "$(BENCH_PEER_SIZES)" -families "$(BENCH_PEER_FAMILIES)" $(BENCH_PEER_FLAGS)
+
 # The endpoints benchmark (as root; about 6 minutes): 1,000 endpoint files
 # to their policy in the kernel, p50/p99 against a baseline, and memory per
 # endpoint (see cells/endpoints_bench_test.go).

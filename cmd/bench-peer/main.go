@@ -24,6 +24,7 @@ func main() {
 		rounds   = flag.Int("rounds", 3, "rounds of traffic per mode (medians are reported)")
 		duration = flag.Duration("duration", time.Second, "length of each request/response and each bulk test")
 		output   = flag.String("o", "text", "text or json")
+		perf     = flag.String("agent-perf", "", "profile the first agent's load with `perf record -g` into this file (its load time is then not comparable)")
 	)
 	flag.Parse()
 	cfg, scenarios, err := parseFlags(*sizes, *families, *lengths, *modes, *agent, *rounds, *duration, *output)
@@ -31,6 +32,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-peer:", err)
 		os.Exit(2)
 	}
+	cfg.agentPerf, cfg.agentPerfDone = *perf, new(bool)
 	if err := runAll(cfg, scenarios, *output, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-peer:", err)
 		os.Exit(1)

@@ -31,8 +31,12 @@ type config struct {
 	rounds      int
 	duration    time.Duration // of each request/response and bulk test
 	mixedLength bool
-	work        string    // scratch directory: policy files, the agent's dirs
-	progress    io.Writer // a line per step
+	work        string // scratch directory: policy files, the agent's dirs
+	// agentPerf is where `perf record` writes a profile of the first
+	// agent's load (empty: none); done once written.
+	agentPerf     string
+	agentPerfDone *bool
+	progress      io.Writer // a line per step
 }
 
 type scenario struct {
@@ -197,10 +201,19 @@ func runAgent(cfg config, sc scenario, topo *topology, srv *server, prefixes []n
 	if err := a.start(sc.n); err != nil {
 		return m, err
 	}
-	if err := a.waitEnforced(sc.n, 20*time.Millisecond, 15*time.Minute); err != nil {
+	stopPerf := func() {}
+	if cfg.agentPerf != "" && !*cfg.agentPerfDone {
+		*cfg.agentPerfDone = true
+		if stopPerf, err = startPerf(cfg.agentPerf, a.pid()); err != nil {
+			return m, err
+		}
+	}
+	err = a.waitEnforced(sc.n, 20*time.Millisecond, 15*time.Minute)
+	m.LoadSeconds = time.Since(start).Seconds()
+	stopPerf()
+	if err != nil {
 		return m, err
 	}
-	m.LoadSeconds = time.Since(start).Seconds()
 	m.LoadCPUSeconds = processCPU(a.pid())
 	after, err := kernelMemory()
 	if err != nil {
@@ -281,6 +294,23 @@ func runNft(cfg config, sc scenario, topo *topology, srv *server, prefixes []net
 		return nil
 	})
 	return m, err
+}
+
+// startPerf samples the process pid's stacks with `perf record` (a Go
+// binary: symbols and frame pointers) until the returned function is
+// called.
+//
+// Possible errors: perf cannot be started.
+func startPerf(path string, pid int) (func(), error) {
+	cmd := exec.Command("perf", "record", "-F", "999", "-g", "-o", path, "-p", strconv.Itoa(pid))
+	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("perf record: %w", err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		_ = cmd.Wait()
+	}, nil
 }
 
 // settledKernelMemory waits for what earlier steps freed to be returned

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The harness end to end at 200 prefixes, IPv4 and IPv6: under the agent
+// and under nft the server's allowed addresses connect and its others do
+// not, until the change allows one; with no filter every address
+// connects. A filter that let everything through (or blocked everything)
+// fails the run, so no figure of the benchmark is a non-filter's. The
+// namespaces and the agent's bpffs are gone afterwards.
+func TestPrivilegedHarnessEnforces(t *testing.T) {
+	privileged.Test(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nft is missing (Debian's nftables; .ci/run installs it)")
+		}
+		t.Skip("nft is missing: apt-get install nftables")
+	}
+	agent := filepath.Join(t.TempDir(), "ipcache-agent")
+	build := exec.Command("go", "build", "-o", agent, "github.com/ipcache-agent/ipcache-agent/cmd/ipcache-agent")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build the agent: %s", out)
+
+	cfg, scenarios, err := parseFlags("200", "mixed", "host", "none,agent,nft", agent, 1, 200*time.Millisecond, "json")
+	require.NoError(t, err)
+	cfg.work, cfg.progress = t.TempDir(), io.Discard
+	r, err := runScenario(cfg, scenarios[0])
+	require.NoError(t, err)
+
+	require.Len(t, r.Modes, 3)
+	for _, m := range r.Modes {
+		require.True(t, m.AllowedConnects, "%s: the allowed addresses connect", m.Mode)
+		require.Positive(t, m.RRPerSecond, m.Mode)
+		require.Positive(t, m.RRP50Micros, m.Mode)
+		require.Positive(t, m.BulkGbitPerSec, m.Mode)
+		if m.Mode == modeNone {
+			require.True(t, m.OutsideConnects, "without a filter the outside address connects")
+			require.True(t, m.ChangeConnects, "without a filter the change's address connects")
+			continue
+		}
+		require.False(t, m.OutsideConnects, "%s: the outside address is dropped", m.Mode)
+		require.False(t, m.ChangeConnects, "%s: the change's address is dropped before the change", m.Mode)
+		require.Positive(t, m.LoadSeconds, m.Mode)
+		require.Positive(t, m.ChangeMillis, "%s: the change's address connects after it", m.Mode)
+	}
+	require.Positive(t, r.Modes[1].BPFMapBytes, "the agent's maps")
+	require.Positive(t, r.Modes[1].UserRSSBytes, "the agent's RSS")
+
+	var table bytes.Buffer
+	printTable(&table, []Result{r})
+	require.Len(t, strings.Split(strings.TrimSpace(table.String()), "\n"), 4, table.String())
+
+	netns, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	require.NotContains(t, string(netns), "bpeer-", "the namespaces are removed")
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	require.NotContains(t, string(mounts), cfg.work, "the agent's bpffs is unmounted")
+}
+
+func TestPolicyPrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		family string
+		mixed  bool
+	}{{"ipv4", false}, {"ipv6", false}, {"mixed", false}, {"ipv4", true}, {"mixed", true}} {
+		p := policyPrefixes(5000, tc.family, tc.mixed)
+		require.Len(t, p, 5000, tc)
+		lengths := map[int]bool{}
+		v4, v6 := 0, 0
+		for i, a := range p {
+			require.Equal(t, a.Masked(), a, "%v: %s has host bits", tc, a)
+			lengths[a.Bits()] = true
+			if a.Addr().Is4() {
+				v4++
+			} else {
+				v6++
+			}
+			for _, s := range []serverAddrs{serverV4, serverV6} {
+				require.False(t, a.Contains(netip.MustParseAddr(s.outside)), "%v: %s holds the outside address", tc, a)
+				require.False(t, a.Contains(netip.MustParseAddr(s.change)), "%v: %s holds the change's address", tc, a)
+			}
+			// Sorted by construction per family: a prefix neither
+			// overlaps nor touches the one before it of its family.
+			for j := i - 1; j >= 0 && j >= i-2; j-- {
+				if p[j].Addr().Is4() == a.Addr().Is4() && i < len(p)-2 {
+					require.False(t, p[j].Overlaps(a), "%v: %s overlaps %s", tc, p[j], a)
+				}
+			}
+		}
+		switch tc.family {
+		case "ipv4":
+			require.Zero(t, v6)
+			require.Contains(t, p, netip.MustParsePrefix(serverV4.allowed+"/32"))
+		case "ipv6":
+			require.Zero(t, v4)
+			require.Contains(t, p, netip.MustParsePrefix(serverV6.allowed+"/128"))
+		case "mixed":
+			require.InDelta(t, v4, v6, 2)
+			require.Contains(t, p, netip.MustParsePrefix(serverV4.allowed+"/32"))
+			require.Contains(t, p, netip.MustParsePrefix(serverV6.allowed+"/128"))
+		}
+		if tc.mixed {
+			require.Greater(t, len(lengths), 4, "%v: mixed lengths", tc)
+		} else {
+			require.LessOrEqual(t, len(lengths), 2, tc)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	_, s, err := parseFlags("1000 100000", "ipv4,mixed", "host", "none,agent,nft", "a", 3, time.Second, "text")
+	require.NoError(t, err)
+	require.Equal(t, []scenario{{"ipv4", 1000}, {"ipv4", 100000}, {"mixed", 1000}, {"mixed", 100000}}, s)
+	for _, bad := range [][]string{
+		{"1", "ipv4", "host", "none", "text"},
+		{"10", "ipv5", "host", "none", "text"},
+		{"10", "ipv4", "some", "none", "text"},
+		{"10", "ipv4", "host", "iptables", "text"},
+		{"10", "ipv4", "host", "none", "yaml"},
+	} {
+		_, _, err := parseFlags(bad[0], bad[1], bad[2], bad[3], "a", 1, time.Second, bad[4])
+		require.Error(t, err, bad)
+	}
+}
