@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -71,7 +72,7 @@ func TestPrivilegedHarnessEnforces(t *testing.T) {
 
 	netns, err := exec.Command("ip", "netns", "list").Output()
 	require.NoError(t, err)
-	require.NotContains(t, string(netns), "bpeer-", "the namespaces are removed")
+	require.NotContains(t, string(netns), fmt.Sprintf("bpeer-%d-", os.Getpid()), "the namespaces are removed")
 	mounts, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)
 	require.NotContains(t, string(mounts), cfg.work, "the agent's bpffs is unmounted")
