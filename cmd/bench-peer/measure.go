@@ -281,17 +281,17 @@ func runNft(cfg config, sc scenario, topo *topology, srv *server, prefixes []net
 	if err := measureTraffic(cfg, &m, sc, topo, srv); err != nil {
 		return m, err
 	}
-	m.ChangeMillis, err = changeUnderLoad(sc, topo, func() error {
-		for _, s := range sc.servers() {
-			set := "allow4"
-			if strings.Contains(s.change, ":") {
-				set = "allow6"
-			}
-			if err := run("ip", "netns", "exec", topo.router, "nft", "add", "element", "inet", nftTable, set, "{ "+s.change+" }"); err != nil {
-				return err
-			}
+	// One nft command for both families, as an administrator adds them.
+	var adds []string
+	for _, s := range sc.servers() {
+		set := "allow4"
+		if strings.Contains(s.change, ":") {
+			set = "allow6"
 		}
-		return nil
+		adds = append(adds, fmt.Sprintf("add element inet %s %s { %s }", nftTable, set, s.change))
+	}
+	m.ChangeMillis, err = changeUnderLoad(sc, topo, func() error {
+		return run("ip", "netns", "exec", topo.router, "nft", strings.Join(adds, "; "))
 	})
 	return m, err
 }
