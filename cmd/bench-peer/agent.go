@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -105,9 +106,16 @@ func (a *agentRun) waitEnforced(n int, poll, timeout time.Duration) error {
 		if ready {
 			ipc, pol, err := a.mapWrites()
 			if err == nil && ipc >= uint64(n) && pol >= uint64(n) {
-				return nil
+				// The ipcache map's writer has the router's own
+				// addresses too: its status says when none is left.
+				status, err := a.ipcacheStatus()
+				if err == nil && status.Pending == 0 && status.Error == 0 && status.Done >= n {
+					return nil
+				}
+				last = fmt.Sprintf("ipcache-status %+v (%v)", status, err)
+			} else {
+				last = fmt.Sprintf("ready; map writes: ipcache %d, policy %d of %d (%v)", ipc, pol, n, err)
 			}
-			last = fmt.Sprintf("ready; map writes: ipcache %d, policy %d of %d (%v)", ipc, pol, n, err)
 		} else {
 			last = status
 		}
@@ -126,6 +134,24 @@ func (a *agentRun) ready() (bool, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode == http.StatusOK, strings.TrimSpace(string(body))
+}
+
+type ipcacheCounts struct{ Done, Pending, Error int }
+
+// ipcacheStatus is the shell's `datapath/ipcache-status`: the ipcache
+// map writer's entries done, pending and failing.
+//
+// Possible errors: the shell's.
+func (a *agentRun) ipcacheStatus() (ipcacheCounts, error) {
+	out, err := exec.Command(a.binary, "shell", "--shell-sock-path="+a.sock, "datapath/ipcache-status", "-o", "json").Output()
+	if err != nil {
+		return ipcacheCounts{}, err
+	}
+	var status struct {
+		Counts ipcacheCounts `json:"counts"`
+	}
+	err = json.Unmarshal(out, &status)
+	return status.Counts, err
 }
 
 // mapWrites reads the keys written and skipped as unchanged of the
