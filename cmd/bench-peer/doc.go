@@ -24,6 +24,8 @@
 // # The three modes
 //
 //   - none: no filter, the baseline every traffic figure is divided by;
+//     run first and again last (none-after), the ratios are to the mean
+//     of both;
 //   - agent: bin/ipcache-agent itself, in the router namespace, with
 //     --devices on the client's veth (its program on the veth's TCX
 //     ingress enforces the client's egress), a private bpffs, state
@@ -72,8 +74,8 @@
 //     maps (/proc/<pid>/fdinfo); the user space's: the agent's RSS after
 //     the load (and its peak), nft's peak while loading (none after).
 //
-// The modes run in the order none, agent, nft in fresh namespaces per
-// scenario; the machine's speed varies between runs, so compare the
+// The modes run in the order none, agent, nft, none-after in fresh
+// namespaces per scenario; the machine's speed varies between runs, so compare the
 // ratios of one run. It needs root, nft (Debian's nftables) and the agent
 // binary (-agent, default bin/ipcache-agent). -o json prints the figures
 // as JSON. docs/SCALE.md has the figures and the run times.

@@ -9,19 +9,14 @@ import (
 )
 
 // printTable prints a row per scenario and mode, with the traffic's
-// ratios to the scenario's run without a filter.
+// ratios to the scenario's runs without a filter.
 func printTable(out io.Writer, results []Result) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "scenario\tmode\tload\tload CPU\tchange\t"+
 		"RR p50\t/none\tRR p99\t/none\tRR/s\t/none\tbulk Gbit/s\t/none\t"+
 		"kernel MB\tBPF maps MB\tRSS MB\tloader peak MB\t")
 	for _, r := range results {
-		var none ModeResult
-		for _, m := range r.Modes {
-			if m.Mode == modeNone {
-				none = m
-			}
-		}
+		none := r.baseline()
 		for _, m := range r.Modes {
 			fmt.Fprintf(w, "%s %s %s\t%s\t%s\t%s\t%s\t%.1fµs\t%s\t%.1fµs\t%s\t%.0f\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n",
 				r.Family, r.Lengths, humanCount(r.Prefixes), m.Mode,
@@ -30,12 +25,35 @@ func printTable(out io.Writer, results []Result) {
 				m.RRP99Micros, ratio(m.RRP99Micros, none.RRP99Micros),
 				m.RRPerSecond, ratio(m.RRPerSecond, none.RRPerSecond),
 				m.BulkGbitPerSec, ratio(m.BulkGbitPerSec, none.BulkGbitPerSec),
-				mb(m.KernelBytes, m.Mode != modeNone), mb(m.BPFMapBytes, m.Mode == modeAgent),
-				mb(m.UserRSSBytes, m.Mode == modeAgent), mb(m.LoaderPeakRSSBytes, m.Mode != modeNone))
+				mb(m.KernelBytes, m.filter()), mb(m.BPFMapBytes, m.Mode == modeAgent),
+				mb(m.UserRSSBytes, m.Mode == modeAgent), mb(m.LoaderPeakRSSBytes, m.filter()))
 		}
 	}
 	w.Flush()
 }
+
+// baseline is the traffic without a filter: the mean of the runs before
+// and after the filters.
+func (r Result) baseline() ModeResult {
+	var b ModeResult
+	n := 0.0
+	for _, m := range r.Modes {
+		if m.filter() {
+			continue
+		}
+		b.RRP50Micros += m.RRP50Micros
+		b.RRP99Micros += m.RRP99Micros
+		b.RRPerSecond += m.RRPerSecond
+		b.BulkGbitPerSec += m.BulkGbitPerSec
+		n++
+	}
+	if n > 0 {
+		b.RRP50Micros, b.RRP99Micros, b.RRPerSecond, b.BulkGbitPerSec = b.RRP50Micros/n, b.RRP99Micros/n, b.RRPerSecond/n, b.BulkGbitPerSec/n
+	}
+	return b
+}
+
+func (m ModeResult) filter() bool { return m.Mode == modeAgent || m.Mode == modeNft }
 
 func ratio(v, base float64) string {
 	if base == 0 {
