@@ -76,7 +76,9 @@
 //
 // The modes run in the order none, agent, nft, none-after in fresh
 // namespaces per scenario; the machine's speed varies between runs, so compare the
-// ratios of one run. It needs root, nft (Debian's nftables) and the agent
+// ratios of one run. -agent-perf and -agent-perf-change record the first
+// agent's load or change under load with `perf record -g` (Debian's
+// linux-perf), the agent having no profiling flag of its own. It needs root, nft (Debian's nftables) and the agent
 // binary (-agent, default bin/ipcache-agent). -o json prints the figures
 // as JSON. docs/SCALE.md has the figures and the run times.
 package main

@@ -25,6 +25,7 @@ func main() {
 		duration = flag.Duration("duration", time.Second, "length of each request/response and each bulk test")
 		output   = flag.String("o", "text", "text or json")
 		perf     = flag.String("agent-perf", "", "profile the first agent's load with `perf record -g` into this file (its load time is then not comparable)")
+		perfChg  = flag.String("agent-perf-change", "", "profile the first agent's change under load with `perf record -g` into this file")
 	)
 	flag.Parse()
 	cfg, scenarios, err := parseFlags(*sizes, *families, *lengths, *modes, *agent, *rounds, *duration, *output)
@@ -33,6 +34,7 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.agentPerf, cfg.agentPerfDone = *perf, new(bool)
+	cfg.agentPerfChange, cfg.agentPerfChangeDone = *perfChg, new(bool)
 	if err := runAll(cfg, scenarios, *output, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-peer:", err)
 		os.Exit(1)

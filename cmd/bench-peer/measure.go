@@ -38,7 +38,11 @@ type config struct {
 	// agent's load (empty: none); done once written.
 	agentPerf     string
 	agentPerfDone *bool
-	progress      io.Writer // a line per step
+	// agentPerfChange is the same for the first agent's change under
+	// load.
+	agentPerfChange     string
+	agentPerfChangeDone *bool
+	progress            io.Writer // a line per step
 }
 
 type scenario struct {
@@ -246,9 +250,17 @@ func runAgent(cfg config, sc scenario, topo *topology, srv *server, prefixes []n
 	for _, s := range sc.servers() {
 		change = append(change, netip.PrefixFrom(netip.MustParseAddr(s.change), netip.MustParseAddr(s.change).BitLen()))
 	}
+	stopPerf = func() {}
+	if cfg.agentPerfChange != "" && !*cfg.agentPerfChangeDone {
+		*cfg.agentPerfChangeDone = true
+		if stopPerf, err = startPerf(cfg.agentPerfChange, a.pid()); err != nil {
+			return m, err
+		}
+	}
 	m.ChangeMillis, err = changeUnderLoad(sc, topo, func() error {
 		return writeAgentPolicy(a.policyDir, "bpeer-change", change)
 	})
+	stopPerf()
 	return m, err
 }
 
