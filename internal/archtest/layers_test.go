@@ -135,6 +135,7 @@ func layers() map[string]place {
 		// 8: commands, examples, tools and tests.
 		"cmd/ipcache-agent":       {8, kindCommand},
 		"cmd/bench-scale":         {8, kindCommand},
+		"cmd/bench-peer":          {8, kindCommand},
 		"cmd/ipcache-agent-cni":   {8, kindCommand},
 		"examples/embed":          {8, kindExample},
 		"internal/tools/exported": {8, kindCommand},
