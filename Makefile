@@ -48,8 +48,8 @@ bench-scale:
 # binary and an nft inet table of interval sets, on the same namespaces and
 # policy, for each size and family: traffic, load, change under load,
 # memory (see cmd/bench-peer/doc.go). BENCH_PEER_FLAGS adds flags, e.g.
-# BENCH_PEER_FLAGS="-o json" or "-lengths mixed". Run time: see the
-# "Against nftables" section of docs/SCALE.md.
+# BENCH_PEER_FLAGS="-o json" or "-lengths mixed". About 10 minutes, most
+# of it at 1M ("Against nftables" in docs/SCALE.md).
 BENCH_PEER_SIZES ?= 1000 100000 1000000
 BENCH_PEER_FAMILIES ?= ipv4 mixed
 BENCH_PEER_FLAGS ?=
