@@ -67,7 +67,8 @@ func newAgentRun(binary, router, work string) (*agentRun, error) {
 //
 // Possible errors: the agent cannot be started.
 func (a *agentRun) start(n int) error {
-	maxEntries := strconv.Itoa(max(n+4096, 16384))
+	// The agent's defaults (512000, 16384) unless N needs more.
+	ipcacheMax, policyMax := strconv.Itoa(max(n+4096, 512000)), strconv.Itoa(max(n+4096, 16384))
 	var err error
 	if a.log, err = os.Create(filepath.Join(filepath.Dir(a.bpfRoot), "agent.log")); err != nil {
 		return err
@@ -76,7 +77,7 @@ func (a *agentRun) start(n int) error {
 		"--bpf-root="+a.bpfRoot, "--state-dir="+a.stateDir, "--policy-dir="+a.policyDir,
 		"--shell-sock-path="+a.sock, "--devices="+routerClientDev,
 		"--prometheus-serve-addr="+metricsAddr,
-		"--ipcache-map-max-entries="+maxEntries, "--policy-map-max-entries="+maxEntries)
+		"--ipcache-map-max-entries="+ipcacheMax, "--policy-map-max-entries="+policyMax)
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
 	if err := a.cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", a.binary, err)
