@@ -79,13 +79,13 @@ func TestResolveQueueDeduplicates(t *testing.T) {
 	require.Equal(t, []queuedPrefix{{compact(p), 5}}, q.next(10))
 }
 
-// sortByPrefix orders rows as prefixkey.Compare does (IPv4 before IPv6,
-// then address, then length) and keeps the batch's order among rows of
-// one prefix, as a stable sort would.
-func TestSortByPrefix(t *testing.T) {
+// orderByPrefix orders a batch's positions as prefixkey.Compare orders
+// their prefixes (IPv4 before IPv6, then address, then length) and keeps
+// the batch's order among positions of one prefix, as a stable sort would.
+func TestOrderByPrefix(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var rows []*PrefixMetadata
-	for i := range 5000 {
+	var prefixes []netip.Prefix
+	for range 5000 {
 		var addr netip.Addr
 		if rng.IntN(2) == 0 {
 			addr = netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), byte(rng.IntN(256))})
@@ -95,13 +95,25 @@ func TestSortByPrefix(t *testing.T) {
 				addr = netip.AddrFrom16([16]byte{10: 0xff, 11: 0xff, 12: 10, 15: byte(rng.IntN(256))}) // IPv4-mapped: IPv6
 			}
 		}
-		prefix := netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked()
-		rows = append(rows, &PrefixMetadata{Prefix: prefix, owner: &owner{resource: fmt.Sprint(i)}})
+		prefixes = append(prefixes, netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked())
 	}
-	want := slices.Clone(rows)
-	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
-	sortByPrefix(rows)
-	require.Equal(t, want, rows)
+	want := make([]int, len(prefixes))
+	for i := range want {
+		want[i] = i
+	}
+	slices.SortStableFunc(want, func(a, b int) int { return prefixkey.Compare(prefixes[a], prefixes[b]) })
+	require.Equal(t, want, orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i] }))
+
+	// A sorted batch keeps its order.
+	sorted := make([]netip.Prefix, len(prefixes))
+	for k, i := range want {
+		sorted[k] = prefixes[i]
+	}
+	identityOrder := make([]int, len(sorted))
+	for i := range identityOrder {
+		identityOrder[i] = i
+	}
+	require.Equal(t, identityOrder, orderByPrefix(len(sorted), func(i int) netip.Prefix { return sorted[i] }))
 }
 
 // A prefix that two owners queued, taken in two chunks (a restart:
