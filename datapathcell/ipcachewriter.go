@@ -68,6 +68,10 @@ type ipcacheWriter struct {
 	// change was attempted (the round's changes ran out before its
 	// limit), oldest first, at most maxDrained (see wroteRevision).
 	drained []statedb.Revision
+	// updates and deletes are the last round's batches, emptied, for the
+	// next round to fill: grown anew each round, they were much of the
+	// garbage of a million prefixes' first write (docs/SCALE.md, issue 38).
+	updates, deletes []reconciler.BatchEntry[*ipcachecell.Entry]
 
 	// attempted is the revision up to which every change was attempted;
 	// numFailing counts the failed keys. Both let status answer without
@@ -267,10 +271,16 @@ func joinSome(errs []error, n int) error {
 // progress. It returns how many writes failed.
 func (w *ipcacheWriter) round(ctx context.Context, txn statedb.ReadTxn, seq iter.Seq2[statedb.Change[*ipcachecell.Entry], statedb.Revision]) (newErrors int) {
 	var (
-		updates, deletes []reconciler.BatchEntry[*ipcachecell.Entry]
+		updates, deletes = w.updates[:0], w.deletes[:0]
 		lastRev          statedb.Revision
 		n                int
 	)
+	defer func() {
+		// Emptied so that the kept arrays hold no entry alive.
+		clear(updates)
+		clear(deletes)
+		w.updates, w.deletes = updates[:0], deletes[:0]
+	}()
 	// drained: the loop ran out of changes, not into the round's limit.
 	// (The iterator moves past a change as it yields it: the loop stops
 	// after a change, never on one.)

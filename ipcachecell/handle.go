@@ -270,18 +270,26 @@ func (h *Handle) Upsert(prefix netip.Prefix, md Metadata) error {
 //   - ErrHandleReleased: the handle is released; nothing is written
 //   - statedb's write errors (a bug): the chunks before are written
 func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
-	rows := make([]*PrefixMetadata, len(batch))
-	for i, u := range batch {
-		prefix, err := canonicalPrefix(u.Prefix)
+	for _, u := range batch {
+		_, err := canonicalPrefix(u.Prefix)
 		if err == nil {
 			err = validateMetadata(u.Metadata, h.owner.shared)
 		}
 		if err != nil {
 			return fmt.Errorf("upsert metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner, Metadata: u.Metadata}
 	}
-	sortByPrefix(rows)
+	// The rows are allocated in the order they are written: neighbours in
+	// the table's tree are then neighbours in memory, which the index
+	// writes, the resolver's read of each prefix's rows and the collector
+	// all walk in that order. Allocated in the batch's order, each of
+	// those reads was a cache miss on a random row (docs/SCALE.md, issue
+	// 38).
+	order := orderByPrefix(len(batch), func(i int) netip.Prefix { return batch[i].Prefix.Masked() })
+	rows := make([]*PrefixMetadata, len(batch))
+	for k, i := range order {
+		rows[k] = &PrefixMetadata{Prefix: batch[i].Prefix.Masked(), owner: h.owner, Metadata: batch[i].Metadata}
+	}
 	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[i]); err != nil || hadOld {
 			return 0, err
@@ -292,43 +300,39 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	})
 }
 
-// sortByPrefix orders rows by prefix, keeping the batch's order among rows
-// of the same prefix (the last one is what the resource says). Written in
+// orderByPrefix returns the positions 0 to n-1 of a batch ordered by the
+// prefix at each position, keeping the batch's order among positions of
+// the same prefix (the last one is what the resource says). Written in
 // address order, the rows of a large batch share most of the table's tree
 // nodes with their neighbours, which makes the writes and their resolution
 // faster, and the entries reach the datapath in the order the kernel's LPM
 // trie inserts fastest. The batch position breaks ties, so that an
 // unstable sort (faster than a stable one) keeps the batch's order.
-func sortByPrefix(rows []*PrefixMetadata) {
-	byPrefix := func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) }
-	if slices.IsSortedFunc(rows, byPrefix) {
-		return
-	}
-	// Sorted by a copy of each row's prefix as integers: comparing the
-	// rows themselves reads each from memory in the batch's (random)
-	// order, and compares addresses through netip (docs/SCALE.md).
+func orderByPrefix(n int, prefixAt func(int) netip.Prefix) []int {
+	// Sorted by a copy of each prefix as integers, with no pointer: the
+	// comparisons read no row and go through no netip, and the sort's
+	// swaps need no write barriers (docs/SCALE.md).
 	type positioned struct {
 		hi, lo uint64 // the address, big-endian; IPv4 as IPv4-mapped IPv6
 		// tail is the family (IPv6 after IPv4), then the length, then
 		// the batch position.
 		tail uint64
-		row  *PrefixMetadata
 	}
-	sorted := make([]positioned, len(rows))
-	for i, row := range rows {
-		a := row.Prefix.Addr().As16()
+	sorted := make([]positioned, n)
+	for i := range sorted {
+		prefix := prefixAt(i)
+		a := prefix.Addr().As16()
 		family := uint64(0)
-		if row.Prefix.Addr().Is6() {
+		if prefix.Addr().Is6() {
 			family = 1
 		}
 		sorted[i] = positioned{
 			hi:   binary.BigEndian.Uint64(a[:8]),
 			lo:   binary.BigEndian.Uint64(a[8:]),
-			tail: family<<63 | uint64(row.Prefix.Bits())<<48 | uint64(i),
-			row:  row,
+			tail: family<<63 | uint64(prefix.Bits())<<48 | uint64(i),
 		}
 	}
-	slices.SortFunc(sorted, func(a, b positioned) int {
+	compare := func(a, b positioned) int {
 		if a.tail>>63 != b.tail>>63 {
 			return cmp.Compare(a.tail>>63, b.tail>>63)
 		}
@@ -339,10 +343,15 @@ func sortByPrefix(rows []*PrefixMetadata) {
 			return cmp.Compare(a.lo, b.lo)
 		}
 		return cmp.Compare(a.tail, b.tail)
-	})
-	for i := range sorted {
-		rows[i] = sorted[i].row
 	}
+	if !slices.IsSortedFunc(sorted, compare) {
+		slices.SortFunc(sorted, compare)
+	}
+	order := make([]int, n)
+	for k := range sorted {
+		order[k] = int(sorted[k].tail & (1<<48 - 1))
+	}
+	return order
 }
 
 func validateMetadata(md Metadata, shared bool) error {
@@ -374,15 +383,16 @@ func (h *Handle) Remove(prefix netip.Prefix) error {
 //   - ErrHandleReleased: the handle is released
 //   - statedb's write errors (a bug): the chunks before are removed
 func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
-	rows := make([]*PrefixMetadata, len(prefixes))
-	for i, p := range prefixes {
-		prefix, err := canonicalPrefix(p)
-		if err != nil {
+	for _, p := range prefixes {
+		if _, err := canonicalPrefix(p); err != nil {
 			return fmt.Errorf("remove metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
-		rows[i] = &PrefixMetadata{Prefix: prefix, owner: h.owner}
 	}
-	sortByPrefix(rows)
+	order := orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i].Masked() })
+	rows := make([]*PrefixMetadata, len(prefixes))
+	for k, i := range order {
+		rows[k] = &PrefixMetadata{Prefix: prefixes[i].Masked(), owner: h.owner}
+	}
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Delete(txn, rows[i]); err != nil || !hadOld {
 			return 0, err
@@ -427,7 +437,7 @@ func (h *Handle) ReleaseGradually(ctx context.Context, rowsPerSecond int) error 
 
 // release removes the resource's rows, a chunk per transaction, each chunk
 // first waiting for the limiter (if any). The rows go in address order,
-// as batches are written (see sortByPrefix).
+// as batches are written (see orderByPrefix).
 func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

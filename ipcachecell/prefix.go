@@ -3,6 +3,8 @@
 package ipcachecell
 
 import (
+	"bytes"
+	"cmp"
 	"fmt"
 	"iter"
 	"net/netip"
@@ -31,6 +33,21 @@ type compactPrefix struct {
 
 func compact(prefix netip.Prefix) compactPrefix {
 	return compactPrefix{addr: prefix.Addr().As16(), bits: uint8(prefix.Bits()), is4: prefix.Addr().Is4()}
+}
+
+// compare orders as prefixkey.Compare does: IPv4 first, then by address,
+// then by length.
+func (k compactPrefix) compare(other compactPrefix) int {
+	if k.is4 != other.is4 {
+		if k.is4 {
+			return -1
+		}
+		return 1
+	}
+	if c := bytes.Compare(k.addr[:], other.addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.bits, other.bits)
 }
 
 func (k compactPrefix) prefix() netip.Prefix {

@@ -19,7 +19,6 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
-	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -334,9 +333,11 @@ func (l *lane) take(k int, out []queuedPrefix) []queuedPrefix {
 }
 
 // queuedPrefix is a prefix whose metadata changed, and the revision of
-// the change.
+// the change. The prefix is compact: without netip.Addr's zone pointer, a
+// lane's blocks are memory the collector does not scan, and copying them
+// into a chunk needs no write barriers (a restart queues two million).
 type queuedPrefix struct {
-	prefix  netip.Prefix
+	key     compactPrefix
 	changed statedb.Revision
 }
 
@@ -352,7 +353,7 @@ func (q *resolveQueue) add(resource string, prefix netip.Prefix, changed statedb
 		q.lanes[resource] = l
 		q.order = append(q.order, resource)
 	}
-	l.push(queuedPrefix{prefix, changed})
+	l.push(queuedPrefix{compact(prefix), changed})
 }
 
 // next takes up to n prefixes, an equal share from each lane (what a lane
@@ -392,12 +393,12 @@ func (q *resolveQueue) next(n int) []queuedPrefix {
 	}
 	// Of a prefix queued twice, the last change (first in the order): the
 	// other is superseded by it.
-	return slices.CompactFunc(chunk, func(a, b queuedPrefix) bool { return a.prefix == b.prefix })
+	return slices.CompactFunc(chunk, func(a, b queuedPrefix) bool { return a.key == b.key })
 }
 
 // compareQueued orders by prefix, then the latest change first.
 func compareQueued(a, b queuedPrefix) int {
-	if c := prefixkey.Compare(a.prefix, b.prefix); c != 0 {
+	if c := a.key.compare(b.key); c != 0 {
 		return c
 	}
 	return cmp.Compare(b.changed, a.changed)
@@ -461,7 +462,8 @@ func (o *owner) precedes(other *owner) bool {
 // prefetched is a queued prefix with the merge of its rows, read from a
 // snapshot ahead of its write.
 type prefetched struct {
-	queuedPrefix
+	prefix  netip.Prefix
+	changed statedb.Revision
 	// superseded is set when one of the prefix's rows is newer than the
 	// change that queued it: that row's change is queued too, or was
 	// resolved already in a transaction that saw this one (its revision
@@ -487,9 +489,9 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 	go func() {
 		txn := r.db.ReadTxn()
 		for _, queued := range chunk {
-			out = append(out, prefetched{queuedPrefix: queued})
+			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed})
 			p := &out[len(out)-1]
-			for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(queued.prefix)) {
+			for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix)) {
 				if revision > queued.changed {
 					p.superseded = true
 					break
@@ -497,7 +499,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 				p.res.merge(row)
 			}
 			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identity.Unknown {
-				p.res.want = wantedLabels(p.res.labels, queued.prefix, p.res.shared)
+				p.res.want = wantedLabels(p.res.labels, p.prefix, p.res.shared)
 			}
 		}
 		done <- out

@@ -36,7 +36,7 @@ func addAll(q *resolveQueue, resource string, prefixes []netip.Prefix) {
 func nextPrefixes(q *resolveQueue, n int) []netip.Prefix {
 	var out []netip.Prefix
 	for _, queued := range q.next(n) {
-		out = append(out, queued.prefix)
+		out = append(out, queued.key.prefix())
 	}
 	return out
 }
@@ -73,19 +73,19 @@ func TestResolveQueueDeduplicates(t *testing.T) {
 	q.add("a", other, 2)
 	q.add("a", p, 3)
 	q.add("b", p, 4)
-	require.Equal(t, []queuedPrefix{{other, 2}, {p, 4}}, q.next(10))
+	require.Equal(t, []queuedPrefix{{compact(other), 2}, {compact(p), 4}}, q.next(10))
 	require.Empty(t, q.next(10))
 	q.add("b", p, 5)
-	require.Equal(t, []queuedPrefix{{p, 5}}, q.next(10))
+	require.Equal(t, []queuedPrefix{{compact(p), 5}}, q.next(10))
 }
 
-// sortByPrefix orders rows as prefixkey.Compare does (IPv4 before IPv6,
-// then address, then length) and keeps the batch's order among rows of
-// one prefix, as a stable sort would.
-func TestSortByPrefix(t *testing.T) {
+// orderByPrefix orders a batch's positions as prefixkey.Compare orders
+// their prefixes (IPv4 before IPv6, then address, then length) and keeps
+// the batch's order among positions of one prefix, as a stable sort would.
+func TestOrderByPrefix(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var rows []*PrefixMetadata
-	for i := range 5000 {
+	var prefixes []netip.Prefix
+	for range 5000 {
 		var addr netip.Addr
 		if rng.IntN(2) == 0 {
 			addr = netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), byte(rng.IntN(256))})
@@ -95,13 +95,25 @@ func TestSortByPrefix(t *testing.T) {
 				addr = netip.AddrFrom16([16]byte{10: 0xff, 11: 0xff, 12: 10, 15: byte(rng.IntN(256))}) // IPv4-mapped: IPv6
 			}
 		}
-		prefix := netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked()
-		rows = append(rows, &PrefixMetadata{Prefix: prefix, owner: &owner{resource: fmt.Sprint(i)}})
+		prefixes = append(prefixes, netip.PrefixFrom(addr, rng.IntN(addr.BitLen()+1)).Masked())
 	}
-	want := slices.Clone(rows)
-	slices.SortStableFunc(want, func(a, b *PrefixMetadata) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
-	sortByPrefix(rows)
-	require.Equal(t, want, rows)
+	want := make([]int, len(prefixes))
+	for i := range want {
+		want[i] = i
+	}
+	slices.SortStableFunc(want, func(a, b int) int { return prefixkey.Compare(prefixes[a], prefixes[b]) })
+	require.Equal(t, want, orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i] }))
+
+	// A sorted batch keeps its order.
+	sorted := make([]netip.Prefix, len(prefixes))
+	for k, i := range want {
+		sorted[k] = prefixes[i]
+	}
+	identityOrder := make([]int, len(sorted))
+	for i := range identityOrder {
+		identityOrder[i] = i
+	}
+	require.Equal(t, identityOrder, orderByPrefix(len(sorted), func(i int) netip.Prefix { return sorted[i] }))
 }
 
 // A prefix that two owners queued, taken in two chunks (a restart:
@@ -161,7 +173,7 @@ func TestResolveLaneIsFIFO(t *testing.T) {
 	for range 200 {
 		for range rng.IntN(3 * maxLaneBlock) {
 			addr := netip.AddrFrom4([4]byte{10, byte(pushed >> 16), byte(pushed >> 8), byte(pushed)})
-			p := queuedPrefix{netip.PrefixFrom(addr, 32), uint64(pushed)}
+			p := queuedPrefix{compact(netip.PrefixFrom(addr, 32)), uint64(pushed)}
 			l.push(p)
 			want = append(want, p)
 			pushed++
@@ -201,7 +213,7 @@ func TestResolverResolvesChangeBetweenReadAndWrite(t *testing.T) {
 
 	require.NoError(t, owner.Upsert(p, Metadata{Labels: labelsOf("app:b")}))
 	// Queued as the round would: with the revision of app:b's change.
-	read := <-f.resolver.prefetch([]queuedPrefix{{p, f.metadata.Revision(f.db.ReadTxn())}})
+	read := <-f.resolver.prefetch([]queuedPrefix{{compact(p), f.metadata.Revision(f.db.ReadTxn())}})
 	require.NoError(t, owner.Upsert(p, Metadata{Labels: labelsOf("app:c")}))
 	f.resolver.write(read, time.Now(), nil)
 	require.Equal(t, labelsOf("app:b").Union(labels.ForPrefix(p)), entryLabels(), "written as read")
@@ -254,4 +266,26 @@ func TestMergeTieGoesToResourceFirstByName(t *testing.T) {
 	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(third))
 	require.True(t, found)
 	require.Equal(t, identity.MinLocal+3, entry.Identity, "c's request")
+}
+
+// The queue orders compact prefixes as prefixkey orders prefixes (the
+// order the datapath writes fastest in), for both families and every
+// length, and a compact prefix gives back the prefix it was made of.
+func TestCompactPrefixOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	random := func() netip.Prefix {
+		if rng.IntN(2) == 0 {
+			addr := netip.AddrFrom4([4]byte{byte(rng.IntN(3)), 0, byte(rng.IntN(2)), byte(rng.IntN(256))})
+			return netip.PrefixFrom(addr, rng.IntN(33)).Masked()
+		}
+		var a [16]byte
+		a[0], a[15] = byte(rng.IntN(3)), byte(rng.IntN(256))
+		return netip.PrefixFrom(netip.AddrFrom16(a), rng.IntN(129)).Masked()
+	}
+	sign := func(c int) int { return min(max(c, -1), 1) }
+	for range 10_000 {
+		a, b := random(), random()
+		require.Equal(t, a, compact(a).prefix())
+		require.Equal(t, sign(prefixkey.Compare(a, b)), sign(compact(a).compare(compact(b))), "%s, %s", a, b)
+	}
 }

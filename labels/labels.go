@@ -71,7 +71,15 @@ func ForPrefix(prefix netip.Prefix) Labels {
 
 // CIDRLabel returns the cidr label of the prefix, with host bits cleared.
 func CIDRLabel(prefix netip.Prefix) string {
-	return SourceCIDR + ":" + prefix.Masked().String()
+	// Built on the stack and copied once: there is one per prefix in the
+	// ipcache, and the prefix's String and the concatenation were two
+	// allocations.
+	prefix = prefix.Masked()
+	if !prefix.IsValid() {
+		return SourceCIDR + ":" + prefix.String() // as it always read
+	}
+	var buf [maxCIDRLabelLen]byte
+	return string(prefix.AppendTo(append(buf[:0], SourceCIDR+":"...)))
 }
 
 // IsForPrefix reports whether the set is exactly ForPrefix(prefix), without

@@ -124,3 +124,19 @@ func mustNew(t *testing.T, lbls ...string) Labels {
 	require.NoError(t, err)
 	return l
 }
+
+// CIDRLabel reads as the source, a colon and the masked prefix's text,
+// for both families and for the zero prefix.
+func TestCIDRLabelText(t *testing.T) {
+	for in, want := range map[netip.Prefix]string{
+		netip.MustParsePrefix("10.1.2.3/8"):                                  "cidr:10.0.0.0/8",
+		netip.MustParsePrefix("255.255.255.255/32"):                          "cidr:255.255.255.255/32",
+		netip.MustParsePrefix("2001:db8::1/32"):                              "cidr:2001:db8::/32",
+		netip.MustParsePrefix("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"): "cidr:ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128",
+		{}: "cidr:invalid Prefix",
+	} {
+		if got := CIDRLabel(in); got != want {
+			t.Errorf("CIDRLabel(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
