@@ -150,6 +150,10 @@ func benchMaps(tb testing.TB) enforcerMaps {
 // benchEndpoints is how many local endpoints the endpoints map holds.
 const benchEndpoints = 1000
 
+// benchSubject is benchEndpoint's identity when it is in the endpoints
+// map (withEndpoint in BenchmarkEnforcementPerPacket).
+const benchSubject = identity.MinCluster + 7
+
 // benchPolicyRule is an egress allow of the benchmark's policy map.
 type benchPolicyRule struct {
 	identity uint32
@@ -202,6 +206,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
 	replyACK := tcpPacket(peer, out, ack)
 	key := bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	// The same connection as benchEndpoint's own (endpointScenario): the
+	// key holds its subject.
+	subjectKey := key
+	binary.NativeEndian.PutUint16(subjectKey[38:40], uint16(benchSubject))
 
 	passThrough := passThroughProgram(b)
 	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))
@@ -294,6 +302,28 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	setDNSProxy := func(port int) {
 		require.NoError(b, maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(uint16(port))))
+	}
+	// withEndpoint puts benchEndpoint in the endpoints map, bound to the
+	// device (with the device's key, as the endpoints writer writes it),
+	// as benchSubject, whose direction both are enforced by the rules
+	// of the default's map, and tells the program its slots are not
+	// absent; or takes it out again.
+	epKey, devKey := bpfmaps.NewEndpointKey(benchEndpoint), bpfmaps.NewEndpointDeviceKey(progRunIfindex)
+	withEndpoint := func(on bool) {
+		if on {
+			require.NoError(b, maps.Policies.Put(uint32(benchSubject), maps.Policy))
+			for _, d := range policy.Directions() {
+				require.NoError(b, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(benchSubject, d), uint32(1)))
+			}
+			require.NoError(b, maps.Endpoints.Put(epKey, bpfmaps.NewEndpointValue(benchSubject, progRunIfindex)))
+			require.NoError(b, maps.Endpoints.Put(devKey, bpfmaps.NewEndpointValue(identity.Unknown, progRunIfindex)))
+			require.NoError(b, enf.endpointAbsent.Set(absentExcept(slices.Values(inMap), slices.Values([]bpfmaps.EndpointKey{epKey, devKey}))))
+		} else {
+			require.NoError(b, enf.endpointAbsent.Set(filter))
+			require.NoError(b, maps.Endpoints.Delete(devKey))
+			require.NoError(b, maps.Endpoints.Delete(epKey))
+		}
+		bumpRevision(b, maps)
 	}
 	var before *enforcer
 	// beforeCT is the earlier program's conntrack map when its key is of
@@ -474,6 +504,31 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		ctPut(bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
+
+		// With endpoints and DNS interception in place (issue 38): the
+		// packet's own endpoint is in the map, bound to the device, with
+		// a subject of its own (enforced both ways, its policy map the
+		// rules above, the dns-proxy verdict among them), and the proxy's
+		// port is set. Its lookup is done (its slot is not absent).
+		enforce(true, true)
+		setDNSProxy(proxySocket.LocalAddr().(*net.UDPAddr).Port)
+		withEndpoint(true)
+		key, subjectKey = subjectKey, key
+		if before != nil {
+			newConnection("before: endpoint+dns: new connection (SYN; single runs)", before.fromEndpoint)
+		}
+		newConnection("endpoint+dns: new connection (SYN; single runs)", enf.fromEndpoint)
+		runPerPacket(b, enf.toEndpoint, replyACK, 1, tcxNextRet)
+		runPerPacket(b, enf.fromEndpoint, forwardACK, 1, tcxNextRet)
+		require.NoError(b, maps.Conntrack.Lookup(key, &v), "established, the subject's")
+		add("endpoint+dns: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "endpoint+dns: established, forward", from, forwardACK)
+		add("endpoint+dns: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
+		addBefore(add, "endpoint+dns: established, reply", to, replyACK)
+		ctDelete()
+		key, subjectKey = subjectKey, key
+		withEndpoint(false)
+		setDNSProxy(0)
 		rounds = append(rounds, rows)
 	}
 	// The forward target is a ratio to the stateless program's allowed
