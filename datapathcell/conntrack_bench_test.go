@@ -150,6 +150,10 @@ func benchMaps(tb testing.TB) enforcerMaps {
 // benchEndpoints is how many local endpoints the endpoints map holds.
 const benchEndpoints = 1000
 
+// benchSubject is benchEndpoint's identity when it is in the endpoints
+// map (withEndpoint in BenchmarkEnforcementPerPacket).
+const benchSubject = identity.MinCluster + 7
+
 // benchPolicyRule is an egress allow of the benchmark's policy map.
 type benchPolicyRule struct {
 	identity uint32
@@ -202,6 +206,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	forwardSYN, forwardACK := tcpPacket(out, peer, syn), tcpPacket(out, peer, ack)
 	replyACK := tcpPacket(peer, out, ack)
 	key := bpfmaps.NewConntrackKey(progRunIfindex, out, peer, testProtoTCP)
+	// The same connection as benchEndpoint's own (endpointScenario): the
+	// key holds its subject.
+	subjectKey := key
+	binary.NativeEndian.PutUint16(subjectKey[38:40], uint16(benchSubject))
 
 	passThrough := passThroughProgram(b)
 	stateless, err := ebpf.LoadCollectionSpec(filepath.Join("testdata", "enforce_stateless_bpfel.o"))
@@ -269,6 +277,17 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	require.NoError(b, bpfmaps.ReadEntries(maps.Endpoints, func(k bpfmaps.EndpointKey, _ bpfmaps.EndpointValue) { inMap = append(inMap, k) }))
 	filter := absentExcept(slices.Values(inMap))
 	require.NoError(b, enf.endpointAbsent.Set(filter))
+	// And the words of their IPv4 addresses (endpoint_words), to the
+	// earlier program as well if it has them.
+	withWords := []*enforcer{enf}
+	setWords := func() {
+		entries := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{}
+		require.NoError(b, bpfmaps.ReadEntries(maps.Endpoints, func(k bpfmaps.EndpointKey, v bpfmaps.EndpointValue) { entries[k] = v }))
+		for _, e := range withWords {
+			require.NoError(b, e.setEndpointWords(endpointWordsOf(entries)))
+		}
+	}
+	setWords()
 	// A DNS query the peer's rule of verdict 3 allows, and a socket for
 	// the program to find on the proxy's port (no packet reaches it:
 	// BPF_PROG_RUN delivers nothing).
@@ -295,6 +314,38 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	setDNSProxy := func(port int) {
 		require.NoError(b, maps.DNSProxy.Put(uint32(0), bpfmaps.NewDNSProxyValue(uint16(port))))
 	}
+	// withEndpoint puts benchEndpoint in the endpoints map, bound to the
+	// device (with the device's key, as the endpoints writer writes it),
+	// as benchSubject, whose direction both are enforced by the rules
+	// of the default's map, and tells the program its slots are not
+	// absent; or takes it out again.
+	epKey, devKey := bpfmaps.NewEndpointKey(benchEndpoint), bpfmaps.NewEndpointDeviceKey(progRunIfindex)
+	withEndpoint := func(on bool) {
+		if on {
+			require.NoError(b, maps.Policies.Put(uint32(benchSubject), maps.Policy))
+			for _, d := range policy.Directions() {
+				require.NoError(b, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(benchSubject, d), uint32(1)))
+			}
+			require.NoError(b, maps.Endpoints.Put(epKey, bpfmaps.NewEndpointValue(benchSubject, progRunIfindex)))
+			require.NoError(b, maps.Endpoints.Put(devKey, bpfmaps.NewEndpointValue(identity.Unknown, progRunIfindex)))
+			require.NoError(b, enf.endpointAbsent.Set(absentExcept(slices.Values(inMap), slices.Values([]bpfmaps.EndpointKey{epKey, devKey}))))
+			setWords()
+			require.NotZero(b, enf.wordsSet[endpointSlot(epKey)], "benchEndpoint's word")
+		} else {
+			for _, e := range withWords {
+				require.NoError(b, e.setEndpointWords(endpointWords{}))
+			}
+			require.NoError(b, enf.endpointAbsent.Set(filter))
+			require.NoError(b, maps.Endpoints.Delete(devKey))
+			require.NoError(b, maps.Endpoints.Delete(epKey))
+			setWords()
+		}
+		bumpRevision(b, maps)
+	}
+	// IPCACHE_AGENT_BENCH_ONLY, if set, measures only the cases whose name
+	// holds it (and pass-through), to measure a change quickly.
+	only := os.Getenv("IPCACHE_AGENT_BENCH_ONLY")
+	skip := func(name string) bool { return only != "" && !strings.Contains(name, only) }
 	var before *enforcer
 	// beforeCT is the earlier program's conntrack map when its key is of
 	// the previous layout (without the device): the same connection's
@@ -305,10 +356,6 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		require.NoError(b, err)
 		spec.Maps[bpfmaps.IPCacheName].MaxEntries = maps.IPCache.MaxEntries()
 		spec.Maps[bpfmaps.ConntrackName].MaxEntries = maps.Conntrack.MaxEntries()
-		var p struct {
-			FromEndpoint *ebpf.Program `ebpf:"enforce_from_endpoint"`
-			ToEndpoint   *ebpf.Program `ebpf:"enforce_to_endpoint"`
-		}
 		replacements := map[string]*ebpf.Map{
 			bpfmaps.IPCacheName: maps.IPCache, bpfmaps.PolicyName: policyFor(spec), bpfmaps.EnforcementName: enforcementFor(spec),
 			bpfmaps.ConntrackName: maps.Conntrack,
@@ -334,9 +381,20 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		if _, ok := spec.Maps[bpfmaps.RevisionName]; ok {
 			replacements[bpfmaps.RevisionName] = maps.Revision
 		}
-		require.NoError(b, spec.LoadAndAssign(&p, &ebpf.CollectionOptions{MapReplacements: replacements}))
-		before = &enforcer{fromEndpoint: p.FromEndpoint, toEndpoint: p.ToEndpoint}
-		b.Cleanup(func() { before.Close() })
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements})
+		require.NoError(b, err)
+		b.Cleanup(coll.Close)
+		before = &enforcer{fromEndpoint: coll.Programs["enforce_from_endpoint"], toEndpoint: coll.Programs["enforce_to_endpoint"]}
+		if offset, err := variableOffset(spec, ".bss", "endpoint_words"); err == nil {
+			// An object with endpoint_words gets them as the current
+			// program does (its endpoint_absent stays clear: every slot
+			// looked up).
+			before.endpointWords, err = coll.Maps[".bss"].Memory()
+			require.NoError(b, err)
+			before.endpointWordsOffset, before.wordsSet = int64(offset), endpointWords{}
+			withWords = append(withWords, before)
+			setWords()
+		}
 	}
 	ctPut := func(v bpfmaps.ConntrackValue) {
 		require.NoError(b, maps.Conntrack.Put(key, v))
@@ -384,6 +442,11 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	for range b.N * benchRounds {
 		var rows []row
 		add := func(name string, prog *ebpf.Program, pkt []byte, want uint32) {
+			if skip(name) && len(rows) > 0 {
+				// Once, for what the cases after it need (an entry).
+				runPerPacket(b, prog, pkt, 1, want)
+				return
+			}
 			base := runPerPacket(b, passThrough, forwardACK, benchRepeat, tcxNextRet)
 			d := runPerPacket(b, prog, pkt, benchRepeat, want)
 			rows = append(rows, row{name, float64(d.Nanoseconds()), float64(base.Nanoseconds())})
@@ -402,6 +465,12 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		enforce(true, true)
 		var v bpfmaps.ConntrackValue
 		newConnection := func(name string, prog *ebpf.Program) {
+			if skip(name) {
+				// Its entry only, which the cases after it need.
+				ctDelete()
+				runPerPacket(b, prog, forwardSYN, 1, tcxNextRet)
+				return
+			}
 			var single, newConn time.Duration
 			for range benchNewConnections {
 				single += runPerPacket(b, passThrough, forwardSYN, 1, tcxNextRet)
@@ -474,6 +543,31 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		ctPut(bpfmaps.NewConntrackValue(bpfmaps.MonotonicNow()+time.Hour, uint8(policy.Egress), bpfmaps.ConntrackEstablished))
 		add("tracking: not enforced, other direction enforced (established)", enf.fromEndpoint, forwardACK, tcxNextRet)
 		addBefore(add, "not enforced, other direction enforced (established)", from, forwardACK)
+
+		// With endpoints and DNS interception in place (issue 38): the
+		// packet's own endpoint is in the map, bound to the device, with
+		// a subject of its own (enforced both ways, its policy map the
+		// rules above, the dns-proxy verdict among them), and the proxy's
+		// port is set. Its lookup is done (its slot is not absent).
+		enforce(true, true)
+		setDNSProxy(proxySocket.LocalAddr().(*net.UDPAddr).Port)
+		withEndpoint(true)
+		key, subjectKey = subjectKey, key
+		if before != nil {
+			newConnection("before: endpoint+dns: new connection (SYN; single runs)", before.fromEndpoint)
+		}
+		newConnection("endpoint+dns: new connection (SYN; single runs)", enf.fromEndpoint)
+		runPerPacket(b, enf.toEndpoint, replyACK, 1, tcxNextRet)
+		runPerPacket(b, enf.fromEndpoint, forwardACK, 1, tcxNextRet)
+		require.NoError(b, maps.Conntrack.Lookup(key, &v), "established, the subject's")
+		add("endpoint+dns: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
+		addBefore(add, "endpoint+dns: established, forward", from, forwardACK)
+		add("endpoint+dns: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
+		addBefore(add, "endpoint+dns: established, reply", to, replyACK)
+		ctDelete()
+		key, subjectKey = subjectKey, key
+		withEndpoint(false)
+		setDNSProxy(0)
 		rounds = append(rounds, rows)
 	}
 	// The forward target is a ratio to the stateless program's allowed
@@ -510,6 +604,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 	}
 	w.Flush()
 	fmt.Printf("%d ipcache entries, BPF_PROG_RUN, median of %d rounds:\n%s", benchIPCacheEntries, len(rounds), sb.String())
+	if only != "" {
+		return
+	}
 	fmt.Printf("established forward / stateless allowed: %.2f\n", vsStateless(index("tracking: established, forward")))
 	if before != nil {
 		fmt.Printf("before: established forward / stateless allowed: %.2f\n", vsStateless(index("before: established, forward")))

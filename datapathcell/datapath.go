@@ -40,8 +40,10 @@ type Datapath struct {
 	snapshotErr error
 	enforcer    *enforcer
 	// endpointFilter is the program's endpoint_absent as the endpoints
-	// writer last set it (nil: not yet, every bit clear).
+	// writer last set it (nil: not yet, every bit clear), endpointWords
+	// its endpoint_words (nil: not yet, none).
 	endpointFilter *endpointFilter
+	endpointWords  endpointWords
 	// snapshotTaken is closed once the pinned ipcache map is read (or
 	// its read failed): the map's writer waits for it.
 	snapshotTaken chan struct{}
@@ -370,20 +372,21 @@ func (d *Datapath) setAnyIdentityEntries(present bool) error {
 	return nil
 }
 
-// setEndpointFilter gives the program its endpoint_absent (f), and keeps
-// it for a program loaded later. The endpoints writer calls it before
-// each round's writes and after its deletes (endpointWriter.round).
+// setEndpointFilter gives the program its endpoint_absent (f) and its
+// endpoint_words (words), and keeps them for a program loaded later. The
+// endpoints writer calls it before each round's writes and after its
+// deletes (endpointWriter.round).
 //
-// Possible errors: the program's variable cannot be written.
-func (d *Datapath) setEndpointFilter(f *endpointFilter) error {
+// Possible errors: the program's variables cannot be written.
+func (d *Datapath) setEndpointFilter(f *endpointFilter, words endpointWords) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.endpointFilter = f
+	d.endpointFilter, d.endpointWords = f, words
 	return d.tellEndpointFilterLocked()
 }
 
-// tellEndpointFilterLocked writes the kept endpoint filter to the
-// program, if there are both.
+// tellEndpointFilterLocked writes the kept endpoint filter and words to
+// the program, if there are both.
 func (d *Datapath) tellEndpointFilterLocked() error {
 	if d.enforcer == nil || d.enforcer.endpointAbsent == nil || d.endpointFilter == nil {
 		return nil
@@ -391,7 +394,7 @@ func (d *Datapath) tellEndpointFilterLocked() error {
 	if err := d.enforcer.endpointAbsent.Set(d.endpointFilter); err != nil {
 		return fmt.Errorf("set the program's endpoint_absent: %w", err)
 	}
-	return nil
+	return d.enforcer.setEndpointWords(d.endpointWords)
 }
 
 // written returns the maps the writers write, which run only between start

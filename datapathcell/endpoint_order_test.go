@@ -4,6 +4,7 @@ package datapathcell
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -60,6 +61,10 @@ type subjectMaps struct {
 	// last set it: no address in the endpoints map may be in a slot it
 	// skips.
 	filter func() *endpointFilter
+	// words, if set, are the program's endpoint_words as the datapath
+	// last set them: each must say what the endpoints map holds for its
+	// address.
+	words func() endpointWords
 }
 
 type expectedSubject struct {
@@ -130,6 +135,17 @@ func (s *subjectMaps) check() []string {
 					addr, _ := k.Addr()
 					violations = append(violations, fmt.Sprintf("%s is in a slot the program skips", addr))
 				}
+			}
+		}
+	}
+	if s.words != nil {
+		for slot, word := range s.words() {
+			var a [4]byte
+			binary.LittleEndian.PutUint32(a[:], uint32(word))
+			k := bpfmaps.NewEndpointKey(netip.AddrFrom4(a))
+			v, ok := s.endpoints[k]
+			if want, fits := endpointWord(k, v); !ok || !fits || want != word || endpointSlot(k) != slot {
+				violations = append(violations, fmt.Sprintf("the word of %s (slot %d) says %#x, the map %v (in it: %t)", netip.AddrFrom4(a), slot, word, v, ok))
 			}
 		}
 	}
@@ -328,6 +344,11 @@ func newEndpointFixtureOn(t *testing.T, maps *subjectMaps, bpfRoot string) *endp
 					d.mu.Lock()
 					defer d.mu.Unlock()
 					return d.endpointFilter
+				}
+				maps.words = func() endpointWords {
+					d.mu.Lock()
+					defer d.mu.Unlock()
+					return d.endpointWords
 				}
 			}
 			f.datapath, f.db, f.endpoints, f.entries, f.enforcement = d, db, e, p, en

@@ -71,3 +71,57 @@ func deviceKeys(devices map[uint32]struct{}, bound ...map[bpfmaps.EndpointKey]bp
 		}
 	}
 }
+
+// endpointWords are the program's endpoint_words (bpf/enforce.c) by
+// slot, those not 0: a slot's one IPv4 address of the endpoints map and
+// its entry in one word, which the program reads instead of looking the
+// address up.
+type endpointWords map[uint32]uint64
+
+// endpointWord is the word of an IPv4 address's entry (bits 0-31 the
+// address as the program loads it, 32-47 the identity, 48-63 the device),
+// and whether the entry fits in one: an identity and a device below
+// 65536, an identity not 0 (the program takes a word of identity 0 for
+// none).
+func endpointWord(k bpfmaps.EndpointKey, v bpfmaps.EndpointValue) (uint64, bool) {
+	id, ifindex := uint32(v.Identity()), v.Ifindex()
+	if id == 0 || id > 0xffff || ifindex > 0xffff {
+		return 0, false
+	}
+	return uint64(binary.LittleEndian.Uint32(k[4:8])) | uint64(id)<<32 | uint64(ifindex)<<48, true
+}
+
+// endpointWordsOf are the words of entries, of the slots where keys (the
+// keys of entries, and any other the map may hold meanwhile) have one
+// IPv4 address: a slot of two is looked up in the map, which tells them
+// apart.
+func endpointWordsOf(entries map[bpfmaps.EndpointKey]bpfmaps.EndpointValue, keys ...iter.Seq[bpfmaps.EndpointKey]) endpointWords {
+	addrs := map[uint32]int{}
+	seen := map[bpfmaps.EndpointKey]bool{}
+	countKey := func(k bpfmaps.EndpointKey) {
+		if a, err := k.Addr(); seen[k] || err != nil || !a.Is4() {
+			return
+		}
+		seen[k] = true
+		addrs[endpointSlot(k)]++
+	}
+	for k := range entries {
+		countKey(k)
+	}
+	for _, seq := range keys {
+		for k := range seq {
+			countKey(k)
+		}
+	}
+	words := endpointWords{}
+	for k, v := range entries {
+		s := endpointSlot(k)
+		if addrs[s] != 1 || !seen[k] {
+			continue
+		}
+		if w, ok := endpointWord(k, v); ok {
+			words[s] = w
+		}
+	}
+	return words
+}

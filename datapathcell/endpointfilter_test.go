@@ -86,3 +86,89 @@ func TestEndpointSlotOfBenchmark(t *testing.T) {
 		require.NotEqual(t, own, endpointSlot(bpfmaps.NewEndpointKey(addr)), addr)
 	}
 }
+
+// TestPrivilegedEndpointWordsAsTheProgram: the program takes an IPv4
+// packet's endpoint from its slot's word (endpoint_words) when the word
+// is its address's, as endpointWord encodes it, with no entry in the map
+// (which a real word never lacks: here it tells the two apart): the
+// word's identity is the subject, and its device binds the address. A
+// word of another address in the slot is not the packet's.
+func TestPrivilegedEndpointWordsAsTheProgram(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	enf := loadTestEnforcer(t, maps)
+	// The endpoint's subject drops what it sends; the default passes it.
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceDefaultDeny)))
+	bumpRevision(t, maps)
+	addr, peer := netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("192.0.2.1")
+	k := bpfmaps.NewEndpointKey(addr)
+	frame := frame4(addr, peer, testProtoTCP, tcpHeader(40000, 80, 0x02))
+	slot := endpointSlot(k)
+	// Every slot absent: only a word finds the endpoint.
+	require.NoError(t, enf.endpointAbsent.Set(absentExcept()))
+	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "no word: the default's")
+
+	word, ok := endpointWord(k, bpfmaps.NewEndpointValue(testEndpointIdentity, 0))
+	require.True(t, ok)
+	require.NoError(t, enf.setEndpointWords(endpointWords{slot: word}))
+	require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "its word: its subject's")
+
+	// Bound to the device the packet is on, and to another one.
+	word, _ = endpointWord(k, bpfmaps.NewEndpointValue(testEndpointIdentity, progRunIfindex))
+	require.NoError(t, enf.setEndpointWords(endpointWords{slot: word}))
+	require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "bound here: its subject's")
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceNone)))
+	bumpRevision(t, maps)
+	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "bound here, its subject not enforced")
+	word, _ = endpointWord(k, bpfmaps.NewEndpointValue(testEndpointIdentity, progRunIfindex+100))
+	require.NoError(t, enf.setEndpointWords(endpointWords{slot: word}))
+	require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, frame), "bound to another device: spoofed")
+
+	// Another address's word in the same slot.
+	var other netip.Addr
+	for i := 0; ; i++ {
+		other = netip.AddrFrom4([4]byte{10, 8, byte(i >> 8), byte(i)})
+		if endpointSlot(bpfmaps.NewEndpointKey(other)) == slot {
+			break
+		}
+	}
+	word, _ = endpointWord(bpfmaps.NewEndpointKey(other), bpfmaps.NewEndpointValue(testEndpointIdentity, progRunIfindex+100))
+	require.NoError(t, enf.setEndpointWords(endpointWords{slot: word}))
+	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "%s's word: not the packet's", other)
+	require.NoError(t, enf.setEndpointWords(endpointWords{}))
+	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "the word gone")
+}
+
+// TestEndpointWordsOf: a word for each slot of one IPv4 address whose
+// identity and device fit in 16 bits (identity not 0); none for a slot of
+// two addresses, counting the other keys given (an address the map may
+// hold meanwhile), nor for IPv6 addresses and devices.
+func TestEndpointWordsOf(t *testing.T) {
+	a, b := netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("10.7.0.2")
+	ka, kb := bpfmaps.NewEndpointKey(a), bpfmaps.NewEndpointKey(b)
+	require.NotEqual(t, endpointSlot(ka), endpointSlot(kb))
+	var same netip.Addr
+	for i := 0; ; i++ {
+		same = netip.AddrFrom4([4]byte{10, 8, byte(i >> 8), byte(i)})
+		if endpointSlot(bpfmaps.NewEndpointKey(same)) == endpointSlot(ka) {
+			break
+		}
+	}
+	v := bpfmaps.NewEndpointValue(testEndpointIdentity, 7)
+	entries := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{
+		ka: v, kb: v,
+		bpfmaps.NewEndpointKey(netip.MustParseAddr("fd00::1")): v,
+		bpfmaps.NewEndpointDeviceKey(7):                        bpfmaps.NewEndpointValue(0, 7),
+	}
+	words := endpointWordsOf(entries)
+	require.Len(t, words, 2)
+	require.Equal(t, uint64(0x0100070a)|uint64(testEndpointIdentity)<<32|uint64(7)<<48, words[endpointSlot(ka)], "10.7.0.1's word")
+
+	words = endpointWordsOf(entries, slices.Values([]bpfmaps.EndpointKey{bpfmaps.NewEndpointKey(same)}))
+	require.Len(t, words, 1, "a slot of two addresses has no word")
+	require.Contains(t, words, endpointSlot(kb))
+
+	for _, v := range []bpfmaps.EndpointValue{bpfmaps.NewEndpointValue(0, 7), bpfmaps.NewEndpointValue(65536, 7), bpfmaps.NewEndpointValue(testEndpointIdentity, 65536)} {
+		require.Empty(t, endpointWordsOf(map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{ka: v}), "does not fit: %v", v)
+	}
+}

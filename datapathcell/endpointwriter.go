@@ -170,8 +170,9 @@ type endpointWriter struct {
 	stats       *mapwrite.Stats
 	log         *slog.Logger
 	// filter, if set, gives the program the slots that hold no address
-	// (endpointFilter): before a round writes, and after it deleted.
-	filter func(*endpointFilter) error
+	// (endpointFilter) and the words of the IPv4 addresses
+	// (endpointWords): before a round writes, and after it deleted.
+	filter func(*endpointFilter, endpointWords) error
 
 	// inMap is what the map holds of addresses; the run goroutine's.
 	inMap map[bpfmaps.EndpointKey]bpfmaps.EndpointValue
@@ -437,9 +438,17 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 	}
 	// The program looks up every slot of an address or device written
 	// below before it is: one it skipped would make the address the
-	// default's, or the device one without endpoints.
+	// default's, or the device one without endpoints. It reads no word
+	// of an address whose entry changes or goes: only those that stay.
 	if w.filter != nil {
-		if err := w.filter(absentExcept(maps.Keys(w.inMap), maps.Keys(desired), deviceKeys(w.devicesInMap, w.inMap, desired))); err != nil {
+		unchanged := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{}
+		for k, v := range desired {
+			if old, ok := w.inMap[k]; ok && old == v {
+				unchanged[k] = v
+			}
+		}
+		if err := w.filter(absentExcept(maps.Keys(w.inMap), maps.Keys(desired), deviceKeys(w.devicesInMap, w.inMap, desired)),
+			endpointWordsOf(unchanged, maps.Keys(w.inMap), maps.Keys(desired))); err != nil {
 			// Nothing is written: every row waits for the next round.
 			for id, r := range written {
 				if r.err == nil && !r.pending {
@@ -525,9 +534,10 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 		}
 	}
 	// The slots whose last address or device went are skipped from now
-	// on.
+	// on, and the addresses written are read from their words. Before
+	// the subjects go: a word points at its subject as the entry does.
 	if w.filter != nil {
-		if err := w.filter(absentExcept(maps.Keys(w.inMap), deviceKeys(w.devicesInMap))); err != nil {
+		if err := w.filter(absentExcept(maps.Keys(w.inMap), deviceKeys(w.devicesInMap)), endpointWordsOf(w.inMap)); err != nil {
 			errs = append(errs, err)
 			held++
 		}

@@ -3,6 +3,7 @@
 package datapathcell
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -64,6 +66,12 @@ type enforcer struct {
 	policyFlags *ebpf.Variable
 	// endpointAbsent is the program's endpoint_absent (endpointFilter).
 	endpointAbsent *ebpf.Variable
+	// endpointWords is the program's .bss, endpointWordsOffset where
+	// endpoint_words starts in it, wordsSet what it holds there
+	// (setEndpointWords).
+	endpointWords       *ebpf.Memory
+	endpointWordsOffset int64
+	wordsSet            endpointWords
 }
 
 // policyNoAnyIdentity is POLICY_NO_ANY_IDENTITY of policy_flags: the
@@ -120,9 +128,22 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		EventsMask     *ebpf.Variable `ebpf:"events_mask"`
 		PolicyFlags    *ebpf.Variable `ebpf:"policy_flags"`
 		EndpointAbsent *ebpf.Variable `ebpf:"endpoint_absent"`
+		Bss            *ebpf.Map      `ebpf:".bss"`
+	}
+	wordsOffset, err := variableOffset(spec, ".bss", bpf.EnforceVarEndpointWords)
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
+	}
+	// The variables keep the .bss mapped; the map itself is not needed.
+	words, err := objs.Bss.Memory()
+	objs.Bss.Close()
+	if err != nil {
+		objs.EnforceFromEndpoint.Close()
+		objs.EnforceToEndpoint.Close()
+		return nil, fmt.Errorf("load enforcement program: map %s: %w", bpf.EnforceVarEndpointWords, err)
 	}
 	return &enforcer{
 		fromEndpoint: objs.EnforceFromEndpoint,
@@ -134,7 +155,74 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 		policyFlags:  objs.PolicyFlags,
 
 		endpointAbsent: objs.EndpointAbsent,
+
+		endpointWords:       words,
+		endpointWordsOffset: int64(wordsOffset),
+		wordsSet:            endpointWords{},
 	}, nil
+}
+
+// variableOffset is where the global variable name starts in the data
+// section of the map section.
+//
+// Possible errors: no such section or variable in the spec.
+func variableOffset(spec *ebpf.CollectionSpec, section, name string) (uint32, error) {
+	m := spec.Maps[section]
+	if m == nil {
+		return 0, fmt.Errorf("no section %s", section)
+	}
+	if ds, ok := m.Value.(*btf.Datasec); ok {
+		for _, v := range ds.Vars {
+			if v.Type.TypeName() == name {
+				return v.Offset, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no variable %s in section %s", name, section)
+}
+
+// setEndpointWords makes the program's endpoint_words hold words, each
+// word that changes written with one aligned 8-byte store (the program
+// reads each with one load): those that go first, then those that come.
+// The endpoints writer changes a word only between 0 and a value
+// (endpointWordsOf), so that no packet reads half of one value and half
+// of another.
+//
+// Possible errors: the program's memory is no longer mapped.
+func (e *enforcer) setEndpointWords(words endpointWords) error {
+	var buf [8]byte
+	write := func(slot uint32, word uint64) error {
+		binary.NativeEndian.PutUint64(buf[:], word)
+		if _, err := e.endpointWords.WriteAt(buf[:], e.endpointWordsOffset+8*int64(slot)); err != nil {
+			return fmt.Errorf("write the program's %s: %w", bpf.EnforceVarEndpointWords, err)
+		}
+		return nil
+	}
+	for slot, old := range e.wordsSet {
+		if words[slot] != old && words[slot] != 0 {
+			// Never from one value to another: through 0.
+			if err := write(slot, 0); err != nil {
+				return err
+			}
+			delete(e.wordsSet, slot)
+		}
+		if words[slot] == 0 {
+			if err := write(slot, 0); err != nil {
+				return err
+			}
+			delete(e.wordsSet, slot)
+		}
+	}
+	for slot, word := range words {
+		if word == 0 || e.wordsSet[slot] == word {
+			continue
+		}
+		if err := write(slot, word); err != nil {
+			return err
+		}
+		e.wordsSet[slot] = word
+	}
+	return nil
 }
 
 // Close releases the agent's references to the programs. Attached programs

@@ -20,7 +20,9 @@
 // looked up in `endpoints` (local_endpoint; a frame that is not IPv4 or
 // IPv6, a VLAN-tagged one, or one too short for the address, has none);
 // no entry is the default, as is an address of a slot that the agent
-// says, in endpoint_absent, holds none, whose lookup is skipped. An
+// says, in endpoint_absent, holds none, whose lookup is skipped (and an
+// IPv4 address whose entry the agent copied into its slot's word,
+// endpoint_words, is read from there instead of looked up). An
 // endpoint bound to a device (`ifindex` set) is only itself on that
 // device: a packet another device sends with its address as the source
 // is dropped (REASON_SPOOFED_SOURCE, whatever is enforced), and one sent
@@ -625,6 +627,21 @@ struct bpf_fib_lookup {
 #define ENDPOINT_SLOT_BITS 16
 #define ENDPOINT_SLOT_MUL 0x9e3779b1U
 volatile __u64 endpoint_absent[(1 << ENDPOINT_SLOT_BITS) / 64];
+
+// endpoint_words is set by the agent at run time, in .bss: per slot, the
+// one IPv4 address of `endpoints` in that slot and its entry, in one word
+// (bits 0-31 the address as loaded, 32-47 the identity, 48-63 the device
+// it is bound to, 0 any), so that an IPv4 endpoint's packet reads its
+// entry with a load instead of the map's lookup. 0 is no word: the map is
+// looked up (unless the slot is absent). The agent writes a word only for
+// a slot that holds one IPv4 address, of an identity (never 0 for an
+// endpoint) and a device that fit in 16 bits; it clears the word before
+// the address's entry changes or goes, and sets it after the entry is
+// written, each time with one aligned 8-byte store, so that a packet
+// reads the entry as the map holds it (or held it a moment before,
+// which a lookup in flight may as well) or 0.
+#define ENDPOINT_WORD_ADDR 0xffffffffULL
+volatile __u64 endpoint_words[1 << ENDPOINT_SLOT_BITS];
 
 // policy_flags is set by the agent at run time (POLICY_*), in .bss: a
 // new program starts at 0, which skips nothing, until the agent knows
@@ -1899,27 +1916,44 @@ static __always_inline __u32 endpoint_slot(__u32 folded)
 	return (folded * ENDPOINT_SLOT_MUL) >> (32 - ENDPOINT_SLOT_BITS);
 }
 
+// local is what `endpoints` says of a packet's endpoint address.
+struct local {
+	__u32 identity;
+	__u32 ifindex; // the device it is bound to, 0 any
+};
+
 // local_endpoint finds the local endpoint of a packet in `endpoints`: the
 // source address of what the device sends (direction egress), the
-// destination of what it receives. Read from the IP header before it is
-// parsed, for the subject decides whether it is; a packet too short for
-// the address has none (the parse then finds it malformed), nor one
-// whose slot the agent says holds no address (endpoint_absent).
-static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *skb, __be16 ethertype,
-							      __u8 direction)
+// destination of what it receives, and says whether there is one. Read
+// from the IP header before it is parsed, for the subject decides whether
+// it is; a packet too short for the address has none (the parse then
+// finds it malformed), nor one whose slot the agent says holds no address
+// (endpoint_absent). An IPv4 address's entry is read from its slot's word
+// when that word is the address's (endpoint_words).
+static __always_inline int local_endpoint(struct __sk_buff *skb, __be16 ethertype, __u8 direction,
+					  struct local *local)
 {
 	// Written in whole words, as the other keys (see set_remote_key).
 	__u64 key[3] __attribute__((aligned(8)));
 	__u8 buf[16] __attribute__((aligned(8)));
 	const __u8 *addr;
+	struct endpoint_info *info;
 	__u32 slot;
 
 	if (ethertype == bpf_htons(ETH_P_IP)) {
+		__u64 word;
+
 		addr = header(skb, ETH_HLEN + (direction == DIRECTION_EGRESS ? IPV4_OFF_SADDR : IPV4_OFF_DADDR), 4,
 			      buf);
 		if (!addr)
 			return 0;
 		slot = endpoint_slot(LOAD32(addr, 0));
+		word = endpoint_words[slot];
+		if ((word & ENDPOINT_WORD_ADDR) == LOAD32(addr, 0) && ((word >> 32) & 0xffff)) {
+			local->identity = (word >> 32) & 0xffff;
+			local->ifindex = word >> 48;
+			return 1;
+		}
 		key[0] = FAMILY_IPV4 | (__u64)LOAD32(addr, 0) << 32;
 		key[1] = 0;
 		key[2] = 0;
@@ -1937,7 +1971,12 @@ static __always_inline struct endpoint_info *local_endpoint(struct __sk_buff *sk
 	}
 	if ((endpoint_absent[slot / 64] >> (slot % 64)) & 1)
 		return 0;
-	return bpf_map_lookup_elem(&endpoints, key);
+	info = bpf_map_lookup_elem(&endpoints, key);
+	if (!info)
+		return 0;
+	local->identity = info->identity;
+	local->ifindex = info->ifindex;
+	return 1;
 }
 
 // device_has_endpoints reports whether `endpoints` says endpoints are
@@ -2100,7 +2139,8 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	enum parse_result parsed;
 	struct ct_value *ct = 0;
 	__u32 index, other;
-	struct endpoint_info *endpoint = 0;
+	struct local endpoint = {};
+	int local = 0;
 	int spoofed = 0;
 	__u32 quoted = 0;
 	__u64 checked;
@@ -2121,29 +2161,29 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return TCX_NEXT;
 
 	if (!vlan)
-		endpoint = local_endpoint(skb, ethertype, direction);
-	if (endpoint && endpoint->ifindex && endpoint->ifindex != skb->ifindex) {
+		local = local_endpoint(skb, ethertype, direction, &endpoint);
+	if (local && endpoint.ifindex && endpoint.ifindex != skb->ifindex) {
 		// Bound to another device: a packet sent from here with its
 		// address is spoofed; one sent to it here is not for it.
 		spoofed = direction == DIRECTION_EGRESS;
 		if (!spoofed)
-			endpoint = 0;
+			local = 0;
 	}
-	if (!endpoint && !vlan && direction == DIRECTION_EGRESS && device_has_endpoints(skb->ifindex)) {
+	if (!local && !vlan && direction == DIRECTION_EGRESS && device_has_endpoints(skb->ifindex)) {
 		// Sent by a device of endpoints from an address that is none
 		// of theirs: its endpoint's policy would not apply to it.
 		// Neighbour discovery (from link-local or unspecified
 		// addresses) is how the endpoint gets on the link at all.
 		spoofed = 1;
 	}
-	flow.subject = endpoint ? endpoint->identity : 0;
+	flow.subject = local ? endpoint.identity : 0;
 	if (spoofed) {
 		flow.ct.ifindex = skb->ifindex;
 		if (ethertype == bpf_htons(ETH_P_IP))
 			parsed = parse_ipv4(skb, direction, &flow, &quoted);
 		else
 			parsed = parse_ipv6(skb, direction, &flow, &quoted);
-		if (parsed == PARSE_NDP && !endpoint) {
+		if (parsed == PARSE_NDP && !local) {
 			count(skb, direction, COUNT_ALLOWED);
 			return TCX_NEXT;
 		}
@@ -2207,9 +2247,6 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	if (mode == ENFORCE_DROP_ALL)
 		return drop(skb, &flow, direction, REASON_POLICY_DENY, 0);
 
-	if (enforced)
-		set_remote_key(&remote, &flow);
-
 	if (flow.tracked) {
 		ct = ct_lookup(&flow.ct, &opening);
 		if (ct && ct->origin != direction && !flow.echo_request) {
@@ -2249,6 +2286,8 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		ct_refresh(ct, &flow, opening, now_ns());
 		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
 	}
+	// Only here, off the path of established connections and replies.
+	set_remote_key(&remote, &flow);
 	if (flow.icmp_error && quoted) {
 		// Decided by the connection it is about, if that is tracked and
 		// the error is consistent with it; deny rules for its own

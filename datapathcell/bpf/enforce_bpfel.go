@@ -74,6 +74,7 @@ const (
 	EnforceVarCtTimeoutTcpEstablished = "ct_timeout_tcp_established"
 	EnforceVarCtTimeoutTcpOpening     = "ct_timeout_tcp_opening"
 	EnforceVarEndpointAbsent          = "endpoint_absent"
+	EnforceVarEndpointWords           = "endpoint_words"
 	EnforceVarEventsMask              = "events_mask"
 	EnforceVarPolicyFlags             = "policy_flags"
 	EnforceVarUnusedDnsAnswer         = "unused_dns_answer"
@@ -158,6 +159,7 @@ type EnforceVariableSpecs struct {
 	CtTimeoutTcpEstablished *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_opening"`
 	EndpointAbsent          *ebpf.VariableSpec `ebpf:"endpoint_absent"`
+	EndpointWords           *ebpf.VariableSpec `ebpf:"endpoint_words"`
 	EventsMask              *ebpf.VariableSpec `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.VariableSpec `ebpf:"policy_flags"`
 	UnusedDnsAnswer         *ebpf.VariableSpec `ebpf:"unused_dns_answer"`
@@ -234,6 +236,7 @@ type EnforceVariables struct {
 	CtTimeoutTcpEstablished *ebpf.Variable `ebpf:"ct_timeout_tcp_established"`
 	CtTimeoutTcpOpening     *ebpf.Variable `ebpf:"ct_timeout_tcp_opening"`
 	EndpointAbsent          *ebpf.Variable `ebpf:"endpoint_absent"`
+	EndpointWords           *ebpf.Variable `ebpf:"endpoint_words"`
 	EventsMask              *ebpf.Variable `ebpf:"events_mask"`
 	PolicyFlags             *ebpf.Variable `ebpf:"policy_flags"`
 	UnusedDnsAnswer         *ebpf.Variable `ebpf:"unused_dns_answer"`
