@@ -41,7 +41,7 @@ func TestPrivilegedHarnessEnforces(t *testing.T) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "build the agent: %s", out)
 
-	cfg, scenarios, err := parseFlags("200", "mixed", "host", "none,agent,nft", agent, 1, 200*time.Millisecond, "json")
+	cfg, scenarios, err := parseFlags("200", "mixed", "host", "none,agent,nft", agent, 1, 200*time.Millisecond, "json", 0)
 	require.NoError(t, err)
 	cfg.work, cfg.progress = t.TempDir(), io.Discard
 	r, err := runScenario(cfg, scenarios[0])
@@ -128,7 +128,7 @@ func TestPolicyPrefixes(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	_, s, err := parseFlags("1000 100000", "ipv4,mixed", "host", "none,agent,nft", "a", 3, time.Second, "text")
+	_, s, err := parseFlags("1000 100000", "ipv4,mixed", "host", "none,agent,nft", "a", 3, time.Second, "text", 0)
 	require.NoError(t, err)
 	require.Equal(t, []scenario{{"ipv4", 1000}, {"ipv4", 100000}, {"mixed", 1000}, {"mixed", 100000}}, s)
 	for _, bad := range [][]string{
@@ -138,7 +138,7 @@ func TestParseFlags(t *testing.T) {
 		{"10", "ipv4", "host", "iptables", "text"},
 		{"10", "ipv4", "host", "none", "yaml"},
 	} {
-		_, _, err := parseFlags(bad[0], bad[1], bad[2], bad[3], "a", 1, time.Second, bad[4])
+		_, _, err := parseFlags(bad[0], bad[1], bad[2], bad[3], "a", 1, time.Second, bad[4], 0)
 		require.Error(t, err, bad)
 	}
 }
