@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -304,16 +305,37 @@ func waitNamesEnforced(a *agentRun, client string, warm int, timeout time.Durati
 		}
 		addr, err := query(client, namesDNSServer, nameOf(warm), time.Second)
 		if err == nil && addr == nameAddr(warm) {
-			if ok, err := connects(client, addr, 300*time.Millisecond); err == nil && ok {
+			// Learned by the proxy, not answered before the policy was in
+			// force: the name is in the agent's cache.
+			learned, err := a.learned(nameOf(warm))
+			if ok, cerr := connects(client, addr, 300*time.Millisecond); learned && cerr == nil && ok {
 				return nil
 			}
-			last = "the warm-up name's address does not connect"
+			last = fmt.Sprintf("the warm-up name learned: %t (%v)", learned, err)
 		} else {
 			last = fmt.Sprintf("the warm-up query: %q, %v", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("the DNS policy not enforced within %s: %s (log: %s)", timeout, last, a.log.Name())
+}
+
+// learned reports whether the agent's DNS proxy learned name (the
+// shell's fqdn/cache-list).
+//
+// Possible errors: the shell's.
+func (a *agentRun) learned(name string) (bool, error) {
+	out, err := exec.Command(a.binary, "fqdn", "cache", "list", "-o", "json", "--shell-sock-path="+a.sock).Output()
+	if err != nil {
+		return false, err
+	}
+	var entries []struct{ Name string }
+	if err := json.Unmarshal(out, &entries); err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(entries, func(e struct{ Name string }) bool {
+		return strings.TrimSuffix(e.Name, ".") == name
+	}), nil
 }
 
 // waitResolves waits until the resolver answers the warm-up name.
