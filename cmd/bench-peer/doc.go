@@ -74,6 +74,24 @@
 //     maps (/proc/<pid>/fdinfo); the user space's: the agent's RSS after
 //     the load (and its peak), nft's peak while loading (none after).
 //
+// # By DNS name
+//
+// -names N (at most 1000; -sizes "" for it alone) compares egress by DNS
+// name, in fresh namespaces per mode: N names, each answered by a dnsmasq
+// in the server namespace with an address of its own bound on the server;
+// the client asks each once over UDP and connects to the answer. Modes:
+// direct (the client asks the server's dnsmasq, no filter), forward (a
+// dnsmasq in the router that only forwards, no filter: the baseline),
+// agent (a toFQDNs rule plus a DNS rule on port 53: the agent's DNS proxy
+// intercepts the query; ready once its cache has a warm-up name) and nft
+// (the router's dnsmasq with --nftset filling a set the forward-hook rules
+// accept). Each filter must drop an address whose name was never asked,
+// and with no filter it must connect. The figures: the query's p50 and p99,
+// from the query's start to the first established connection, and the
+// first connections not established within 300 ms. It needs dnsmasq
+// (Debian's dnsmasq-base) and says so when missing. With -o json it is a
+// second JSON value after the array of scenarios.
+//
 // The modes run in the order none, agent, nft, none-after in fresh
 // namespaces per scenario; the machine's speed varies between runs, so compare the
 // ratios of one run. -agent-perf and -agent-perf-change record the first

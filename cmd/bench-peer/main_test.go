@@ -41,7 +41,7 @@ func TestPrivilegedHarnessEnforces(t *testing.T) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "build the agent: %s", out)
 
-	cfg, scenarios, err := parseFlags("200", "mixed", "host", "none,agent,nft", agent, 1, 200*time.Millisecond, "json")
+	cfg, scenarios, err := parseFlags("200", "mixed", "host", "none,agent,nft", agent, 1, 200*time.Millisecond, "json", 0)
 	require.NoError(t, err)
 	cfg.work, cfg.progress = t.TempDir(), io.Discard
 	r, err := runScenario(cfg, scenarios[0])
@@ -128,7 +128,7 @@ func TestPolicyPrefixes(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
-	_, s, err := parseFlags("1000 100000", "ipv4,mixed", "host", "none,agent,nft", "a", 3, time.Second, "text")
+	_, s, err := parseFlags("1000 100000", "ipv4,mixed", "host", "none,agent,nft", "a", 3, time.Second, "text", 0)
 	require.NoError(t, err)
 	require.Equal(t, []scenario{{"ipv4", 1000}, {"ipv4", 100000}, {"mixed", 1000}, {"mixed", 100000}}, s)
 	for _, bad := range [][]string{
@@ -138,7 +138,46 @@ func TestParseFlags(t *testing.T) {
 		{"10", "ipv4", "host", "iptables", "text"},
 		{"10", "ipv4", "host", "none", "yaml"},
 	} {
-		_, _, err := parseFlags(bad[0], bad[1], bad[2], bad[3], "a", 1, time.Second, bad[4])
+		_, _, err := parseFlags(bad[0], bad[1], bad[2], bad[3], "a", 1, time.Second, bad[4], 0)
 		require.Error(t, err, bad)
 	}
+}
+
+// The names comparison end to end at 20 names: with no filter an unasked
+// name's address connects; under the agent's toFQDNs and under dnsmasq's
+// --nftset it does not, and every asked name's address connects. The
+// agent holds each answer until its address is allowed: no first
+// connection is dropped.
+func TestPrivilegedNamesEnforce(t *testing.T) {
+	privileged.Test(t)
+	for _, tool := range []string{"nft", "dnsmasq"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing (.ci/run installs it)", tool)
+			}
+			t.Skipf("%s is missing: apt-get install nftables dnsmasq-base", tool)
+		}
+	}
+	agent := filepath.Join(t.TempDir(), "ipcache-agent")
+	out, err := exec.Command("go", "build", "-o", agent, "github.com/ipcache-agent/ipcache-agent/cmd/ipcache-agent").CombinedOutput()
+	require.NoError(t, err, "build the agent: %s", out)
+
+	cfg, scenarios, err := parseFlags("", "ipv4", "host", "none,agent,nft", agent, 1, time.Second, "json", 20)
+	require.NoError(t, err)
+	require.Empty(t, scenarios)
+	cfg.work, cfg.progress = t.TempDir(), io.Discard
+	r, err := runNames(cfg, 20)
+	require.NoError(t, err)
+	require.Len(t, r.Modes, 4, "direct, forward, agent, nft")
+	for _, m := range r.Modes {
+		require.Positive(t, m.QueryP50Micros, m.Mode)
+		require.GreaterOrEqual(t, m.ConnectP50Micro, m.QueryP50Micros, m.Mode)
+		filtered := m.Mode == modeAgent || m.Mode == modeNft
+		require.Equal(t, !filtered, m.UnaskedConnects, "%s: an unasked name's address", m.Mode)
+	}
+	require.Zero(t, r.Modes[2].FirstDropped, "the agent holds the answer until its address is allowed")
+
+	netns, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	require.NotContains(t, string(netns), fmt.Sprintf("bpeer-%d-", os.Getpid()), "the namespaces are removed")
 }

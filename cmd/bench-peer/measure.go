@@ -34,6 +34,7 @@ type config struct {
 	duration    time.Duration // of each request/response and bulk test
 	mixedLength bool
 	work        string // scratch directory: policy files, the agent's dirs
+	names       int    // names of the names comparison (0: none)
 	// agentPerf is where `perf record` writes a profile of the first
 	// agent's load (empty: none); done once written.
 	agentPerf     string

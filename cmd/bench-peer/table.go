@@ -92,3 +92,25 @@ func humanCount(n int) string {
 	}
 	return fmt.Sprint(n)
 }
+
+// printNamesTable prints a row per mode of the names comparison, with the
+// query's ratios to the forwarding resolver's (no filter).
+func printNamesTable(out io.Writer, r NamesResult) {
+	var fwd NamesModeResult
+	for _, m := range r.Modes {
+		if m.Mode == modeForward {
+			fwd = m
+		}
+	}
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "names\tmode\tquery p50\t/forward\tquery p99\t/forward\t"+
+		"query to connect p50\tp99\tfirst dropped\tunasked connects\t")
+	for _, m := range r.Modes {
+		fmt.Fprintf(w, "%d\t%s\t%.0fµs\t%s\t%.0fµs\t%s\t%.0fµs\t%.0fµs\t%d\t%t\t\n",
+			r.Names, m.Mode,
+			m.QueryP50Micros, ratio(m.QueryP50Micros, fwd.QueryP50Micros),
+			m.QueryP99Micros, ratio(m.QueryP99Micros, fwd.QueryP99Micros),
+			m.ConnectP50Micro, m.ConnectP99Micro, m.FirstDropped, m.UnaskedConnects)
+	}
+	w.Flush()
+}
