@@ -182,7 +182,6 @@ func (e *e2e) pinnedIPCache() map[netip.Prefix]identity.Number {
 	return m
 }
 
-// shell runs `ipcache-agent shell <command>` against the running agent.
 // health is the agent's `health` (with args, e.g. -o json), which exits
 // 1 while a scope is degraded or stopped: its rows either way.
 func (e *e2e) health(args ...string) string {
@@ -198,8 +197,21 @@ func (e *e2e) health(args ...string) string {
 	return stdout.String()
 }
 
+// shell runs `ipcache-agent shell <command>` against the running agent
+// and returns its output; a failed command fails the test.
 func (e *e2e) shell(command ...string) string {
 	e.t.Helper()
+	out, err := e.tryShell(command...)
+	require.NoError(e.t, err, "shell %v: %s", command, out)
+	return out
+}
+
+// tryShell is shell for a command whose failure is an answer, not a
+// defect: a poll of bpf/policy --diff, which fails while the map differs,
+// or of ipcache/lookup, which fails while no entry holds the address. It
+// returns the command's output and its error, with what it wrote to
+// stderr.
+func (e *e2e) tryShell(command ...string) (string, error) {
 	args := append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, command...)
 	cmd := agentCommand(args...)
 	if os.Getenv("GORACE") == "" {
@@ -211,9 +223,10 @@ func (e *e2e) shell(command ...string) string {
 	}
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	require.NoError(e.t, err, "shell %v: %s%s", command, &stdout, &stderr)
-	return stdout.String()
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("%w: %s", err, &stderr)
+	}
+	return stdout.String(), nil
 }
 
 // requireJSONOutputs checks -o json of every project command against the
