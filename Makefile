@@ -28,8 +28,12 @@ corpus: build
 # The timeout is go test's per package: cmd/ipcache-agent's binary tests,
 # which wait on agents and traffic, come near its default of 10 minutes on
 # a busy 2-core machine; a hung test still ends the run.
+# cmd/ipcache-agent is named first: go test builds and runs the packages
+# in the order given (./... adds the others once), and that package's
+# tests are the longest by far, so they start as soon as it is built and
+# the other packages are tested beside them rather than before them.
 test:
-	$(GO) test -race -count=1 -timeout 25m ./...
+	$(GO) test -race -count=1 -timeout 25m ./cmd/ipcache-agent/ ./...
 
 # Benchmarks only; compare runs with benchstat.
 bench:
@@ -83,6 +87,10 @@ bench-peers:
 # "context deadline exceeded" and writes no input hit the race of Go's fuzz
 # coordinator at the end of -fuzztime (golang/go#75804, fixed in Go 1.27),
 # which is reported and not counted.
+# Each package's instrumented test binary is built once (`go test -c
+# -fuzz`) and run for each of its targets from the package's directory,
+# with the fuzz cache `go test -fuzz` would give it: `go test -fuzz` per
+# target linked the same binary again for every target of a package.
 FUZZTIME ?= 30s
 FUZZ_TARGETS = \
 	labels:FuzzParse labels:FuzzCIDRLabel \
@@ -102,12 +110,17 @@ fuzz:
 	if [ "$$found" != "$$listed" ]; then \
 		echo "FUZZ_TARGETS lists:"; echo "$$listed"; \
 		echo "but the fuzz targets in the tree are:"; echo "$$found"; exit 1; fi
-	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; failed=""; \
+	@work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; log=$$work/log; failed=""; \
+	cache=$$($(GO) env GOCACHE)/fuzz/$$($(GO) list -m); \
 	for target in $(FUZZ_TARGETS); do \
 		pkg=$${target%%:*}; name=$${target#*:}; inputs=$$pkg/testdata/fuzz/$$name; \
+		bin=$$work/$$(echo "$$pkg" | tr / _).test; \
+		if [ ! -e "$$bin" ] && ! $(GO) test -c -fuzz . -o "$$bin" ./$$pkg >"$$log" 2>&1; then \
+			cat "$$log"; echo "fuzz $$name: ./$$pkg does not build"; failed="$$failed $$target"; continue; fi; \
 		before=$$(ls "$$inputs" 2>/dev/null | wc -l); \
 		echo "fuzz $$name in ./$$pkg for $(FUZZTIME)"; \
-		status=0; $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) ./$$pkg >"$$log" 2>&1 || status=$$?; \
+		status=0; (cd "$$pkg" && "$$bin" -test.run '^$$' -test.fuzz "^$$name\$$" -test.fuzztime $(FUZZTIME) \
+			-test.fuzzcachedir "$$cache/$$pkg") >"$$log" 2>&1 || status=$$?; \
 		grep -v '^fuzz: elapsed' "$$log"; \
 		if [ $$status -ne 0 ]; then \
 			after=$$(ls "$$inputs" 2>/dev/null | wc -l); \

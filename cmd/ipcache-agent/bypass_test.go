@@ -460,6 +460,12 @@ func (b *bypassRig) vlanTagsOfEndpoint(t *testing.T) {
 	b.agentArgs = append(slices.Clone(defaultArgs), "--endpoint-dir="+dir, "--node-name=node-a")
 	t.Cleanup(func() { b.agentArgs = defaultArgs })
 	b.on(t)
+	// The endpoint's own policy is in the tables only once the agent has
+	// read its file: usePolicies waits for the tables, not for it.
+	require.Eventually(t, func() bool {
+		_, err := b.tryShell("endpoint/get", "default/web")
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "endpoint default/web registered; agent log:\n%s", b.agentLog)
 	b.usePolicies(map[string]string{"bypass-web.yaml": endpointBypassPolicy})
 
 	q0 := craft.Tag{TPID: craft.TPID8021Q}

@@ -19,8 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/cells"
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
@@ -182,38 +182,41 @@ func (e *e2e) pinnedIPCache() map[netip.Prefix]identity.Number {
 	return m
 }
 
-// shell runs `ipcache-agent shell <command>` against the running agent.
-// health is the agent's `health` (with args, e.g. -o json), which exits
-// 1 while a scope is degraded or stopped: its rows either way.
+// health is the agent's `health` (with args, e.g. -o json), which fails
+// while a scope is degraded or stopped: its rows either way. As shell, it
+// is made in this process.
 func (e *e2e) health(args ...string) string {
 	e.t.Helper()
-	cmd := agentCommand(append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock"), "health"}, args...)...)
-	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if exitErr, ok := err.(*exec.ExitError); !ok || exitErr.ExitCode() != agentcmd.ExitFailure {
-		require.NoError(e.t, err, "shell health: %s%s", &stdout, &stderr)
-	}
-	return stdout.String()
+	out, err := e.tryShell(append([]string{"health"}, args...)...)
+	require.NotErrorIs(e.t, err, cells.ErrNoAgent, "shell health: %s", out)
+	return out
 }
 
+// shell runs a command of the agent's shell against the running agent
+// and returns its output; a failed command fails the test.
 func (e *e2e) shell(command ...string) string {
 	e.t.Helper()
-	args := append([]string{"shell", "--shell-sock-path=" + filepath.Join(e.stateDir, "shell.sock")}, command...)
-	cmd := agentCommand(args...)
-	if os.Getenv("GORACE") == "" {
-		// A binary built with -race sleeps 1 s at exit (atexit_sleep_ms)
-		// so that racing goroutines can still report; a shell client has
-		// none worth the wait, and tests that poll the shell would spend
-		// most of their time in it.
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	}
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	require.NoError(e.t, err, "shell %v: %s%s", command, &stdout, &stderr)
-	return stdout.String()
+	out, err := e.tryShell(command...)
+	require.NoError(e.t, err, "shell %v: %s", command, out)
+	return out
+}
+
+// tryShell is shell for a command whose failure is an answer, not a
+// defect: a poll of bpf/policy --diff, which fails while the map differs,
+// or of ipcache/lookup, which fails while no entry holds the address. It
+// returns the command's output and its error (with what it wrote to
+// stderr).
+//
+// It makes the exchange `ipcache-agent shell <command>` makes
+// (cells.ShellExchange) in this process: the tests poll the shell often,
+// and a client process of this race-built binary costs its start-up on
+// the cores the agents share. The shell command as a process (its exit
+// codes, its output streams) is tested on its own, with the binary
+// (shellcommands_test.go, main_test.go).
+func (e *e2e) tryShell(command ...string) (string, error) {
+	var out strings.Builder
+	err := cells.ShellExchange(filepath.Join(e.stateDir, "shell.sock"), strings.Join(command, " "), &out)
+	return out.String(), err
 }
 
 // requireJSONOutputs checks -o json of every project command against the

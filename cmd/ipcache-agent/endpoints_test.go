@@ -72,11 +72,9 @@ type endpointJSON struct {
 // endpoint returns what the agent says of endpoint id, or false while it
 // has none.
 func (e *endpointsE2E) endpoint(id string) (endpointJSON, bool) {
-	cmd := agentCommand("shell", "--shell-sock-path="+filepath.Join(e.stateDir, "shell.sock"), "endpoint/get", "-o", "json", id)
-	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	out, err := cmd.Output()
+	out, err := e.tryShell("endpoint/get", "-o", "json", id)
 	var ep endpointJSON
-	if err != nil || json.Unmarshal(out, &ep) != nil {
+	if err != nil || json.Unmarshal([]byte(out), &ep) != nil {
 		return ep, false
 	}
 	return ep, true

@@ -129,8 +129,9 @@ type faultAgent struct {
 	log *syncbuf.Buffer
 }
 
-// startAgent runs the agent until it has started, with umask 0 inherited:
-// what it creates must not depend on the umask it is started with.
+// startAgent runs the agent until it has started, with umask 0
+// (agentUmaskEnv): what it creates must not depend on the umask it is
+// started with.
 func startAgent(t *testing.T, args ...string) *faultAgent {
 	t.Helper()
 	cmd := agentCommand(args...)
@@ -140,10 +141,8 @@ func startAgent(t *testing.T, args ...string) *faultAgent {
 	}
 	a := &faultAgent{t: t, cmd: cmd, log: &syncbuf.Buffer{}}
 	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
-	old := syscall.Umask(0)
-	err := a.cmd.Start()
-	syscall.Umask(old)
-	require.NoError(t, err)
+	a.cmd.Env = append(a.cmd.Env, agentUmaskEnv+"=0")
+	require.NoError(t, a.cmd.Start())
 	t.Cleanup(func() {
 		if a.cmd.ProcessState == nil {
 			a.cmd.Process.Kill()
@@ -192,6 +191,7 @@ func requireFailure(t *testing.T, out string, code int, want ...string) {
 // TestPrivilegedFaultBPFRootMissing: a --bpf-root that does not exist is
 // created and bpffs is mounted there; the agent runs and says so.
 func TestPrivilegedFaultBPFRootMissing(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	r.bpfRoot = filepath.Join(r.bpfRoot, "not", "yet")
 	t.Cleanup(func() { unix.Unmount(r.bpfRoot, unix.MNT_DETACH) })
@@ -210,6 +210,7 @@ func TestPrivilegedFaultBPFRootMissing(t *testing.T) {
 // message naming the path and the problem. Pins a previous run left on a
 // bpffs that is now read-only are left as they are.
 func TestPrivilegedFaultBPFRootNotUsable(t *testing.T) {
+	t.Parallel()
 	t.Run("regular file", func(t *testing.T) {
 		r := newFaultRig(t)
 		require.NoError(t, os.WriteFile(r.bpfRoot, nil, 0o600))
@@ -254,6 +255,7 @@ func TestPrivilegedFaultBPFRootNotUsable(t *testing.T) {
 // fails the start with exit 1 and a message naming the path and the
 // problem.
 func TestPrivilegedFaultStateDirUnwritable(t *testing.T) {
+	t.Parallel()
 	// readOnly returns a directory that is a read-only bind mount of
 	// itself, holding a valid checkpoint.
 	readOnly := func(t *testing.T) string {
@@ -305,6 +307,7 @@ func TestPrivilegedFaultStateDirUnwritable(t *testing.T) {
 // same numbers from the pinned map (with cidr labels), and writes a good
 // checkpoint again.
 func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	r.writePolicy("10.8.0.0/24", "10.8.1.0/24")
 	a := startAgent(t, r.args()...)
@@ -341,6 +344,7 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 // a pin that is not a map at all, are each reported (naming the pin and the
 // difference) and replaced; the agent starts and its maps work.
 func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	r.mountBPFFS(0)
 	require.NoError(t, os.MkdirAll(filepath.Dir(r.pin("x")), 0o700))
@@ -385,6 +389,7 @@ func TestPrivilegedFaultIncompatiblePins(t *testing.T) {
 // the map without dropping entries: the start fails (exit 1) naming the
 // pin and the flag, and the pinned map is untouched (still enforced).
 func TestPrivilegedFaultMaxEntriesBelowContent(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	r.writePolicy("10.6.0.0/24", "10.6.1.0/24", "10.6.2.0/24")
 	a := startAgent(t, r.args()...)
@@ -415,6 +420,7 @@ func TestPrivilegedFaultMaxEntriesBelowContent(t *testing.T) {
 // group or others, the state directory is created 0700 and the checkpoint
 // is 0600.
 func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	device := addRootVeth(t, "ipcaf")
 	_, err := net.InterfaceByName(device)
@@ -471,6 +477,7 @@ func waitPinned(t *testing.T, bpfRoot string, n int) map[netip.Prefix]identity.N
 // datapath is unaffected, and once the directory is writable again the
 // checkpoint catches up.
 func TestPrivilegedFaultStateDirBecomesReadOnly(t *testing.T) {
+	t.Parallel()
 	r := newFaultRig(t)
 	require.NoError(t, os.MkdirAll(r.stateDir, 0o700))
 	require.NoError(t, unix.Mount(r.stateDir, r.stateDir, "", unix.MS_BIND, ""))

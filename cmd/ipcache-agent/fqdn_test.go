@@ -743,7 +743,14 @@ func TestPrivilegedFQDNRestart(t *testing.T) {
 		// pinned numbers again, and the labels the host's identity had are
 		// no more in use.)
 		learned := assertEventually(5*time.Second, 5*time.Millisecond, func() bool {
-			return strings.Contains(r.shell("ipcache/lookup", round.lateIP), "fqdn:*.example.com")
+			// Until the address is learned, no entry (or the world's)
+			// holds it and the lookup fails: not yet.
+			out, err := r.tryShell("ipcache/lookup", round.lateIP)
+			if err != nil {
+				require.ErrorContains(t, err, "no ipcache entry contains", "%s: ipcache/lookup %s: %s", what, round.lateIP, out)
+				return false
+			}
+			return strings.Contains(out, "fqdn:*.example.com")
 		})
 		require.True(t, learned, "%s: the address answered while the agent was down is learned once it is back; cache %+v; agent log:\n%s",
 			what, r.cacheList(), r.agentLog)

@@ -218,7 +218,14 @@ func TestPrivilegedEditorSave(t *testing.T) {
 		emptyRead := time.Now()
 		// On a busy machine the shell may stretch the 300 ms: the file
 		// then stays empty longer, which proves no less.
+		// The read is logged before policy/list shows its status: poll
+		// until then, while the file is still empty.
+		rejectedWhileEmpty := regexp.MustCompile(`allow.yaml +rejected +e2e \(allow.yaml:1\)\n +allow.yaml: no policies in the file`)
 		whileEmpty := e.shell("policy/list")
+		for !rejectedWhileEmpty.MatchString(whileEmpty) && time.Now().Before(truncated.Add(250*time.Millisecond)) {
+			time.Sleep(5 * time.Millisecond)
+			whileEmpty = e.shell("policy/list")
+		}
 		time.Sleep(time.Until(truncated.Add(300 * time.Millisecond)))
 		// Written in place: the same inode, as an editor that does not
 		// write a temporary file and rename it.
@@ -239,7 +246,7 @@ func TestPrivilegedEditorSave(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		e.requireNoLoss(fmt.Sprintf("round %d: truncated, then written", round), pinger, 300)
 		require.Equal(t, before, e.pinned(), "round %d: same pinned maps, same identity numbers", round)
-		require.Regexp(t, `allow.yaml +rejected +e2e \(allow.yaml:1\)\n +allow.yaml: no policies in the file`, whileEmpty,
+		require.Regexp(t, rejectedWhileEmpty, whileEmpty,
 			"round %d: while empty, rejected and still in force", round)
 		require.Equal(t, round+1, e.logLines(`msg="Policy file rejected, its previous version stays in force"`,
 			"file="+policyFile, "no policies in the file"), "round %d: the rejection of the empty file is logged", round)

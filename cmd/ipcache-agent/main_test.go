@@ -32,6 +32,12 @@ import (
 // and output.
 const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
 
+// agentUmaskEnv, with beAgentEnv, is the umask (octal) the agent starts
+// with. It is set in the agent's process, before main: the test process's
+// umask is shared by the tests running in parallel, and by the files they
+// create and the other agents they start.
+const agentUmaskEnv = "IPCACHE_AGENT_TEST_UMASK"
+
 // TestMain runs the agent (see beAgentEnv), or the tests, failing them if
 // any goroutine outlives them (a child process not waited for leaves the
 // goroutines that copy its output). The tests get the default signal
@@ -40,6 +46,13 @@ const beAgentEnv = "IPCACHE_AGENT_TEST_BE_AGENT"
 // which would hide whether the agent ignores it itself.
 func TestMain(m *testing.M) {
 	if os.Getenv(beAgentEnv) != "" {
+		if umask := os.Getenv(agentUmaskEnv); umask != "" {
+			mask, err := strconv.ParseUint(umask, 8, 32)
+			if err != nil {
+				panic(fmt.Sprintf("%s=%q: %v", agentUmaskEnv, umask, err))
+			}
+			syscall.Umask(int(mask))
+		}
 		main()
 	}
 	stopsignal.Release()

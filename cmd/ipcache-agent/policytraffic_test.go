@@ -243,12 +243,18 @@ func (e *e2e) usePolicies(files map[string]string) {
 }
 
 // policyMapIsTable reports whether the pinned policy map holds exactly
-// the `policy` table's entries.
+// the `policy` table's entries. bpf/policy --diff fails while they
+// differ, with the differences on stdout: a poll's "not yet".
 func (e *e2e) policyMapIsTable() bool {
 	var diff struct{ Total int }
-	out := e.shell("bpf/policy", "--diff", "-o", "json")
-	require.NoError(e.t, json.Unmarshal([]byte(out), &diff), "bpf/policy --diff: %s", out)
-	return diff.Total == 0
+	out, err := e.tryShell("bpf/policy", "--diff", "-o", "json")
+	require.NoError(e.t, json.Unmarshal([]byte(out), &diff), "bpf/policy --diff: %s (%v)", out, err)
+	if diff.Total == 0 {
+		require.NoError(e.t, err, "bpf/policy --diff with no difference")
+		return true
+	}
+	require.ErrorContains(e.t, err, "differences from the desired table", "bpf/policy --diff with %d differences", diff.Total)
+	return false
 }
 
 // runAgentWith makes the running agent one started with args: restarted
