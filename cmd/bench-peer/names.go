@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/netnsrun"
 )
 
 // The names comparison's modes: the client's resolver forwards with no
@@ -362,7 +364,7 @@ func waitResolves(client, resolver string, warm int, timeout time.Duration) erro
 // timeout; an answer other than NOERROR with an A record.
 func query(ns, server, name string, timeout time.Duration) (string, error) {
 	var c net.Conn
-	if err := inNetns(ns, func() (err error) {
+	if err := netnsrun.Do(ns, func() (err error) {
 		c, err = net.Dial("udp", net.JoinHostPort(server, "53"))
 		return err
 	}); err != nil {

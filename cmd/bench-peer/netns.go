@@ -4,12 +4,8 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // The devices and addresses of the three namespaces. The client reaches the
@@ -107,36 +103,4 @@ func run(args ...string) error {
 		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// inNetns runs fn on a thread in the named network namespace, then moves
-// the thread back. Sockets fn creates stay in that namespace.
-//
-// Possible errors: the namespace cannot be entered; fn's.
-func inNetns(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter netns %s: %w", ns, err)
-	}
-	fnErr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// Left locked, the thread ends with the goroutine instead of
-		// serving others in the wrong namespace.
-		return fmt.Errorf("return from netns %s: %w", ns, err)
-	}
-	runtime.UnlockOSThread()
-	return fnErr
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/netnsrun"
 )
 
 // The server's ports: echo answers each request byte with one byte (the
@@ -38,7 +40,7 @@ type server struct {
 // Possible errors: the namespace cannot be entered; listen's.
 func startServer(ns string) (*server, error) {
 	s := &server{}
-	err := inNetns(ns, func() (err error) {
+	err := netnsrun.Do(ns, func() (err error) {
 		if s.echo, err = net.Listen("tcp", net.JoinHostPort("::", strconv.Itoa(echoPort))); err != nil {
 			return err
 		}
@@ -96,7 +98,7 @@ func (s *server) close() {
 // Possible errors: the namespace cannot be entered; the connection's.
 func dial(ns, addr string, port int, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := inNetns(ns, func() (err error) {
+	err := netnsrun.Do(ns, func() (err error) {
 		c, err = net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(port)), timeout)
 		return err
 	})
@@ -213,7 +215,7 @@ func startConnect(ns, addr string, port int) (connectAttempt, error) {
 		sa = &unix.SockaddrInet6{Addr: a.As16(), Port: port}
 	}
 	at := connectAttempt{fd: -1}
-	err := inNetns(ns, func() (err error) {
+	err := netnsrun.Do(ns, func() (err error) {
 		at.fd, err = unix.Socket(domain, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 		return err
 	})

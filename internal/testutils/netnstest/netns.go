@@ -7,48 +7,23 @@
 package netnstest
 
 import (
-	"fmt"
-	"os"
-	"runtime"
+	"errors"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/ipcache-agent/ipcache-agent/internal/netnsrun"
 )
 
 // InNetns runs fn with the calling goroutine's thread in the named network
-// namespace (one made by `ip netns add`), then moves the thread back.
-// Sockets and netlink queries made by fn (including net.InterfaceByName
-// and TCX attach by ifindex) see that namespace; a socket made there stays
-// in it.
+// namespace (one made by `ip netns add`), then moves the thread back (see
+// netnsrun.Do); a thread that cannot be moved back fails the test.
 //
 // Possible errors: the namespace cannot be entered (it does not exist, or
 // not as root); fn's error.
 func InNetns(t testing.TB, ns string, fn func() error) error {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
+	err := netnsrun.Do(ns, fn)
+	if errors.Is(err, netnsrun.ErrNotReturned) {
+		t.Errorf("%v", err)
 	}
-	defer orig.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter netns %s: %w", ns, err)
-	}
-	fnErr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays locked, so the runtime ends it with the goroutine
-		// rather than reusing a thread in the wrong namespace.
-		t.Errorf("return from netns %s: %v", ns, err)
-		return fnErr
-	}
-	runtime.UnlockOSThread()
-	return fnErr
+	return err
 }
