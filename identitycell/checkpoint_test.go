@@ -305,6 +305,42 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{id: cidr(7), id2: cidr(8)}), got)
 }
 
+// A shared identity's holders may come in the transaction that creates
+// it: its row is first seen with two references, and is still new.
+func TestCheckpointerWritesANewRowOfSeveralReferences(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	dir := t.TempDir()
+	path := filepath.Join(dir, CheckpointFileName)
+	done := a.RegisterProducer("producer")
+	c := newCheckpointer(db, table, hivetest.Logger(t), dir)
+	c.interval = time.Hour
+	require.NoError(t, c.Start(nil))
+	txn := a.WriteTxn()
+	done(txn)
+	txn.Commit()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	_, health := cell.NewSimpleHealth()
+	go func() { stopped <- c.run(ctx, health) }()
+	require.Eventually(t, func() bool {
+		got, err := ReadCheckpoint(path)
+		return err == nil && got.Len() == 0
+	}, 5*time.Second, 5*time.Millisecond, "the first, empty checkpoint")
+
+	txn = a.WriteTxn()
+	id, err := a.AllocateTxn(txn, cidr(9), 0)
+	require.NoError(t, err)
+	_, err = a.AllocateTxn(txn, cidr(9), 0)
+	require.NoError(t, err)
+	txn.Commit()
+	cancel()
+	require.NoError(t, <-stopped)
+	got, err := ReadCheckpoint(path)
+	require.NoError(t, err)
+	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{id: cidr(9)}), got)
+}
+
 // A number withheld and not allocated has no labels to keep: the
 // checkpoint lists only the allocated identities.
 func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
