@@ -939,7 +939,7 @@ struct decision_cache {
 	__u64 revision; // 0: nothing kept
 	__u64 remote[2];
 	__u64 what; // subject << 32 | port << 16 | direction << 8 | protocol
-	__u32 how;  // family << 8 | has_port
+	__u32 how;  // policy_flags' POLICY_NO_ANY_IDENTITY << 16 | family << 8 | has_port
 	__u32 identity;
 	__u32 verdict;
 	__u32 pad;
@@ -1589,7 +1589,9 @@ static __always_inline void decide(const struct flow *flow, const struct ipcache
 	const __u64 *addr = (const __u64 *)flow->ct.remote_addr;
 	__u64 what = (__u64)flow->subject << 32 | (__u64)(flow->has_port ? flow->dport : 0) << 16 |
 		     (__u64)direction << 8 | flow->protocol;
-	__u32 how = (__u32)flow->family << 8 | flow->has_port;
+	// policy_flags decide whether identity 0 is looked up: the agent
+	// moves no revision when it sets them.
+	__u32 how = (__u32)(policy_flags & POLICY_NO_ANY_IDENTITY) << 16 | (__u32)flow->family << 8 | flow->has_port;
 	__u32 zero = 0;
 	struct decision_cache *last = checked ? bpf_map_lookup_elem(&decision, &zero) : 0;
 
