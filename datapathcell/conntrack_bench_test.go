@@ -406,6 +406,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			setWords()
 		}
 	}
+	revision, err := newRevisionCounter(maps.Revision)
+	require.NoError(b, err)
+	b.Cleanup(func() { revision.Close() })
 	// The distinct new connections' SYNs (newConnection), from ports of
 	// benchEndpoint other than benchEndpointPort.
 	synPackets := make([][]byte, benchSYNBatch)
@@ -515,7 +518,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		// packets the same way for the ratio.
 		enforce(true, true)
 		var v bpfmaps.ConntrackValue
-		newConnection := func(name string, prog *ebpf.Program) {
+		// With uncached, the revision moves before each SYN (outside
+		// the timed run), so that none takes the decision kept on its
+		// CPU (`decision`) and each looks its peer and policy up.
+		newConnection := func(name string, prog *ebpf.Program, uncached bool) {
 			if skip(name) {
 				// Its entry only, which the cases after it need.
 				ctDelete()
@@ -526,6 +532,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			for range benchNewConnections / benchSYNBatch {
 				synDelete()
 				for _, pkt := range synPackets {
+					if uncached {
+						revision.bump()
+					}
 					single += runPerPacket(b, passThrough, pkt, 1, tcxNextRet)
 					newConn += runPerPacket(b, prog, pkt, 1, tcxNextRet)
 				}
@@ -544,9 +553,9 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 				float64(newConn.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
 		}
 		if before != nil {
-			newConnection("before: new connection (SYN, distinct connections)", before.fromEndpoint)
+			newConnection("before: new connection (SYN, distinct connections)", before.fromEndpoint, false)
 		}
-		newConnection("tracking: new connection (SYN, distinct connections)", enf.fromEndpoint)
+		newConnection("tracking: new connection (SYN, distinct connections)", enf.fromEndpoint, false)
 
 		// The connection becomes established as a real one does: a reply,
 		// then its origin speaks again (the entry moves to conntrack).
@@ -614,13 +623,26 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		withEndpoint(true)
 		key, subjectKey = subjectKey, key
 		if before != nil {
-			newConnection("before: endpoint+dns: new connection (SYN, distinct connections)", before.fromEndpoint)
+			newConnection("before: endpoint+dns: new connection (SYN, distinct connections)", before.fromEndpoint, false)
 		}
-		newConnection("endpoint+dns: new connection (SYN, distinct connections)", enf.fromEndpoint)
+		newConnection("endpoint+dns: new connection (SYN, distinct connections)", enf.fromEndpoint, false)
+		newConnection("endpoint+dns: new connection (SYN, distinct connections, revision moved before each)", enf.fromEndpoint, true)
 		runPerPacket(b, enf.toEndpoint, replyACK, 1, tcxNextRet)
 		runPerPacket(b, enf.fromEndpoint, forwardACK, 1, tcxNextRet)
 		require.NoError(b, maps.Conntrack.Lookup(key, &v), "established, the subject's")
 		add("endpoint+dns: established, forward", enf.fromEndpoint, forwardACK, tcxNextRet)
+		// The same packet in single runs, as the SYNs are run: what a
+		// single run costs whatever its path (the program and its maps
+		// cold after the syscall), to weigh the SYN's own work against.
+		if name := "endpoint+dns: established, forward (single runs)"; !skip(name) {
+			var single, established time.Duration
+			for range benchNewConnections {
+				single += runPerPacket(b, passThrough, forwardACK, 1, tcxNextRet)
+				established += runPerPacket(b, enf.fromEndpoint, forwardACK, 1, tcxNextRet)
+			}
+			rows = append(rows, row{name,
+				float64(established.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+		}
 		addBefore(add, "endpoint+dns: established, forward", from, forwardACK)
 		add("endpoint+dns: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
 		addBefore(add, "endpoint+dns: established, reply", to, replyACK)

@@ -4,10 +4,12 @@ package datapathcell
 
 import (
 	"net/netip"
+	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -200,4 +202,64 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 		c.bump()
 		require.NoError(t, c.Close())
 	})
+}
+
+// A new connection's remote identity and verdict are kept per CPU for the
+// next one to the same peer and port (`decision`) only while the revision
+// stays: raw writes, which do not bump it, show the kept decision is
+// taken; the writers' writes, which do, are seen by the next SYN.
+func TestPrivilegedDecisionKeptUntilAWrite(t *testing.T) {
+	privileged.Test(t)
+	maps := newTestEnforcerMaps(t)
+	counter, err := newRevisionCounter(maps.Revision)
+	require.NoError(t, err)
+	t.Cleanup(func() { counter.Close() })
+	d := &Datapath{
+		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
+		revision: counter,
+	}
+	enf := loadTestEnforcer(t, maps)
+	// The decision is kept per CPU: every run on the same one.
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	var was, one unix.CPUSet
+	require.NoError(t, unix.SchedGetaffinity(0, &was))
+	one.Set(0)
+	require.NoError(t, unix.SchedSetaffinity(0, &one))
+	t.Cleanup(func() { require.NoError(t, unix.SchedSetaffinity(0, &was)) })
+	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
+	peerKey := bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32))
+	allowKey := policyMapKey(testIdentityAllowed, uint8(policy.Egress), testProtoTCP, benchPeerPort)
+	allow := bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))
+	port := uint16(20000)
+	// syn opens a connection from a port not used before.
+	syn := func(want uint32, msg string) {
+		t.Helper()
+		port++
+		require.EqualValues(t, want, runVerdict(t, enf.fromEndpoint, tcpPacket(netip.AddrPortFrom(benchEndpoint, port), peer, 0x02)), msg)
+	}
+	w := d.written()
+	require.NoError(t, w.ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityAllowed)))
+	require.NoError(t, w.policy.Put(allowKey, allow))
+	require.NoError(t, w.enforcement.Put(bpfmaps.NewEnforcementKey(0, policy.Egress), uint32(1)))
+	syn(tcxNextRet, "allowed")
+
+	require.NoError(t, maps.Policy.Delete(allowKey))
+	syn(tcxNextRet, "kept decision after a write that did not bump")
+	require.NoError(t, maps.Policy.Put(allowKey, allow))
+	require.NoError(t, d.written().policy.Delete(allowKey))
+	syn(tcxDropRet, "policy entry deleted")
+	require.NoError(t, d.written().policy.Put(allowKey, allow))
+	syn(tcxNextRet, "policy entry back")
+
+	require.NoError(t, maps.IPCache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityDenied)))
+	syn(tcxNextRet, "kept identity after a write that did not bump")
+	require.NoError(t, d.written().ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityDenied)))
+	syn(tcxDropRet, "peer's identity changed")
+
+	// Another port of the same peer is not the kept decision's.
+	require.NoError(t, d.written().ipcache.Put(peerKey, bpfmaps.NewIPCacheValue(testIdentityAllowed)))
+	syn(tcxNextRet, "allowed again")
+	other := netip.AddrPortFrom(benchPeer, benchPeerPort+1)
+	require.EqualValues(t, tcxDropRet, runVerdict(t, enf.fromEndpoint, tcpPacket(netip.AddrPortFrom(benchEndpoint, 30000), other, 0x02)), "another port")
 }

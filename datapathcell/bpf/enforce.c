@@ -50,7 +50,10 @@
 // and code) at prefix length 64, or with the protocol only (48) when it
 // has no port. A deny from either lookup drops it (REASON_POLICY_DENY);
 // else an allow from either passes it; else 1 drops it (REASON_NO_POLICY)
-// and 2 passes it (REASON_NOT_DENIED). Every verdict on IP traffic is
+// and 2 passes it (REASON_NOT_DENIED). A tracked packet may take the
+// remote identity and verdict of the last packet checked on its CPU to the
+// same subject, direction, remote address, protocol and port, if no write
+// that could change them came between (`decision`, by the revision below). Every verdict on IP traffic is
 // counted in `counters`, in packets and bytes (skb->len): index
 // direction * COUNTERS_SLOTS (8) + slot, slot 0 allowed, slots 1-7 a drop
 // of that reason (REASON_NO_POLICY .. REASON_SPOOFED_SOURCE) (layout in
@@ -924,6 +927,31 @@ struct {
 	__uint(max_entries, 1);
 } src_check SEC(".maps");
 
+// decision is, per CPU, the last remote identity and policy verdict that
+// a tracked packet was checked to (remote_identity, policy_verdict), with
+// what they depend on: the subject, direction, family, remote address,
+// protocol and port, and the revision read before the lookups. A workload
+// opens its connections to the same peers, and the lookups (two tries)
+// are most of a new connection's cost (docs/SCALE.md). It answers only
+// at the same revision, which every write that could change either adds
+// to, as a connection's stored verdict does (allowed_at). Not pinned.
+struct decision_cache {
+	__u64 revision; // 0: nothing kept
+	__u64 remote[2];
+	__u64 what; // subject << 32 | port << 16 | direction << 8 | protocol
+	__u32 how;  // policy_flags' POLICY_NO_ANY_IDENTITY << 16 | family << 8 | has_port
+	__u32 identity;
+	__u32 verdict;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct decision_cache);
+	__uint(max_entries, 1);
+} decision SEC(".maps");
+
 // A fragmented datagram whose first fragment passed, keyed as the
 // connection is (its addresses, the device) with the datagram's
 // identification and the direction instead of the ports, which only the
@@ -1550,6 +1578,41 @@ static __always_inline __u32 policy_verdict(__u32 identity, __u8 direction, cons
 	if ((remote && remote->verdict == VERDICT_ALLOW) || (any && any->verdict == VERDICT_ALLOW))
 		return VERDICT_ALLOW;
 	return 0;
+}
+
+// decide sets *identity and *verdict to the flow's remote identity and
+// policy verdict, from `decision` when it holds them at revision checked
+// (not 0), else from the lookups, which it then keeps there.
+static __always_inline void decide(const struct flow *flow, const struct ipcache_key *remote, __u8 direction,
+				   __u64 checked, __u32 *identity, __u32 *verdict)
+{
+	const __u64 *addr = (const __u64 *)flow->ct.remote_addr;
+	__u64 what = (__u64)flow->subject << 32 | (__u64)(flow->has_port ? flow->dport : 0) << 16 |
+		     (__u64)direction << 8 | flow->protocol;
+	// policy_flags decide whether identity 0 is looked up: the agent
+	// moves no revision when it sets them.
+	__u32 how = (__u32)(policy_flags & POLICY_NO_ANY_IDENTITY) << 16 | (__u32)flow->family << 8 | flow->has_port;
+	__u32 zero = 0;
+	struct decision_cache *last = checked ? bpf_map_lookup_elem(&decision, &zero) : 0;
+
+	if (last && last->revision == checked && last->what == what && last->how == how &&
+	    last->remote[0] == addr[0] && last->remote[1] == addr[1]) {
+		*identity = last->identity;
+		*verdict = last->verdict;
+		return;
+	}
+	*identity = remote_identity(remote);
+	*verdict = policy_verdict(*identity, direction, flow);
+	if (last) {
+		// Per CPU: nobody else writes it while the program runs here.
+		last->revision = checked;
+		last->remote[0] = addr[0];
+		last->remote[1] = addr[1];
+		last->what = what;
+		last->how = how;
+		last->identity = *identity;
+		last->verdict = *verdict;
+	}
 }
 
 // now_ns is bpf_ktime_get_coarse_ns, read once per jiffy and CPU. The
@@ -2318,8 +2381,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// Read only for an entry to store it in: the atomic read writes a
 	// cache line that every CPU shares.
 	checked = flow.tracked ? current_revision() : 0;
-	identity = remote_identity(&remote);
-	verdict = policy_verdict(identity, direction, &flow);
+	decide(&flow, &remote, direction, checked, &identity, &verdict);
 	if (verdict == VERDICT_ALLOW || verdict == VERDICT_DNS_PROXY || (!verdict && mode == ENFORCE_DENY_ONLY)) {
 		if (flow.tracked)
 			ct_forward(ct, &flow, direction, checked, opening);

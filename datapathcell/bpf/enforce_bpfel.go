@@ -55,6 +55,7 @@ const (
 	EnforceMapCounters                = "counters"
 	EnforceMapCtOpening               = "ct_opening"
 	EnforceMapCtStats                 = "ct_stats"
+	EnforceMapDecision                = "decision"
 	EnforceMapDnsAnswers              = "dns_answers"
 	EnforceMapDnsAnswersLost          = "dns_answers_lost"
 	EnforceMapDnsProxy                = "dns_proxy"
@@ -136,6 +137,7 @@ type EnforceMapSpecs struct {
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	CtOpening      *ebpf.MapSpec `ebpf:"ct_opening"`
 	CtStats        *ebpf.MapSpec `ebpf:"ct_stats"`
+	Decision       *ebpf.MapSpec `ebpf:"decision"`
 	DnsAnswers     *ebpf.MapSpec `ebpf:"dns_answers"`
 	DnsAnswersLost *ebpf.MapSpec `ebpf:"dns_answers_lost"`
 	DnsProxy       *ebpf.MapSpec `ebpf:"dns_proxy"`
@@ -191,6 +193,7 @@ type EnforceMaps struct {
 	Counters       *ebpf.Map `ebpf:"counters"`
 	CtOpening      *ebpf.Map `ebpf:"ct_opening"`
 	CtStats        *ebpf.Map `ebpf:"ct_stats"`
+	Decision       *ebpf.Map `ebpf:"decision"`
 	DnsAnswers     *ebpf.Map `ebpf:"dns_answers"`
 	DnsAnswersLost *ebpf.Map `ebpf:"dns_answers_lost"`
 	DnsProxy       *ebpf.Map `ebpf:"dns_proxy"`
@@ -212,6 +215,7 @@ func (m *EnforceMaps) Close() error {
 		m.Counters,
 		m.CtOpening,
 		m.CtStats,
+		m.Decision,
 		m.DnsAnswers,
 		m.DnsAnswersLost,
 		m.DnsProxy,
