@@ -43,9 +43,7 @@ const agentUmaskEnv = "IPCACHE_AGENT_TEST_UMASK"
 // goroutines that copy its output). The tests get the default signal
 // behaviour back (package stopsignal set it up in this process too): Ctrl-C
 // stops them, and the agents they start do not inherit SIGHUP ignored,
-// which would hide whether the agent ignores it itself, nor SIGINT ignored
-// (a shell starts a background job so), which would keep a client the
-// tests stop with SIGINT (monitorClient.stop) running for ever.
+// which would hide whether the agent ignores it itself.
 func TestMain(m *testing.M) {
 	if os.Getenv(beAgentEnv) != "" {
 		if umask := os.Getenv(agentUmaskEnv); umask != "" {
@@ -58,7 +56,7 @@ func TestMain(m *testing.M) {
 		main()
 	}
 	stopsignal.Release()
-	defaultSignals()
+	defaultSIGHUP()
 	moreParallel()
 	goleak.VerifyTestMain(m)
 }
@@ -81,24 +79,15 @@ func moreParallel() {
 	}
 }
 
-// defaultSignals sets SIGHUP's disposition to SIG_DFL, and SIGINT's when
-// the process started with it ignored, which os/signal cannot do
-// (signal.Reset gives an ignored signal back SIG_IGN). Nothing in the test
-// process handles either once stopsignal.Release ran, so the runtime has
-// nothing to lose. An all-zero sigaction is SIG_DFL whatever the
-// architecture's layout, and the handler is its first word (SIG_IGN is 1).
-func defaultSignals() {
-	sigaction := func(sig unix.Signal, action, old *[64]byte) {
-		if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig),
-			uintptr(unsafe.Pointer(action)), uintptr(unsafe.Pointer(old)), 8, 0, 0); errno != 0 {
-			panic(fmt.Sprintf("rt_sigaction(%v): %v", sig, errno))
-		}
-	}
-	var dfl, old [64]byte
-	sigaction(unix.SIGHUP, &dfl, nil)
-	sigaction(unix.SIGINT, nil, &old)
-	if *(*uintptr)(unsafe.Pointer(&old)) == 1 {
-		sigaction(unix.SIGINT, &dfl, nil)
+// defaultSIGHUP sets SIGHUP's disposition to SIG_DFL, which os/signal
+// cannot do once it has ignored it. Nothing in the test process handles
+// SIGHUP, so the runtime has nothing to lose; an all-zero sigaction is
+// SIG_DFL whatever the architecture's layout.
+func defaultSIGHUP() {
+	var action [64]byte
+	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(unix.SIGHUP),
+		uintptr(unsafe.Pointer(&action)), 0, 8, 0, 0); errno != 0 {
+		panic(fmt.Sprintf("rt_sigaction(SIGHUP, SIG_DFL): %v", errno))
 	}
 }
 
