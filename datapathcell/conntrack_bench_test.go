@@ -399,9 +399,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 			// An object with endpoint_words gets them as the current
 			// program does (its endpoint_absent stays clear: every slot
 			// looked up).
-			before.endpointWords, err = coll.Maps[".bss"].Memory()
+			before.endpointWords, err = mapWords(coll.Maps[".bss"], offset)
 			require.NoError(b, err)
-			before.endpointWordsOffset, before.wordsSet = int64(offset), endpointWords{}
+			b.Cleanup(func() { before.endpointWords.close() })
+			before.wordsSet = endpointWords{}
 			withWords = append(withWords, before)
 			setWords()
 		}

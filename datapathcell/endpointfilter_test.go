@@ -3,14 +3,18 @@
 package datapathcell
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
+	"github.com/ipcache-agent/ipcache-agent/datapathcell/bpf"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -137,6 +141,44 @@ func TestPrivilegedEndpointWordsAsTheProgram(t *testing.T) {
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "%s's word: not the packet's", other)
 	require.NoError(t, enf.setEndpointWords(endpointWords{}))
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "the word gone")
+}
+
+// TestPrivilegedEndpointWordsMapped: the words are mapped only whole and
+// 8-byte aligned (each is written with one atomic store), a word the
+// agent stores is the one the program's .bss holds, and a closed
+// enforcer's words are not written.
+func TestPrivilegedEndpointWordsMapped(t *testing.T) {
+	privileged.Test(t)
+	spec, err := bpf.LoadEnforce()
+	require.NoError(t, err)
+	offset, err := variableOffset(spec, ".bss", bpf.EnforceVarEndpointWords)
+	require.NoError(t, err)
+	// As the loader creates it: mmapable, which its variables need.
+	bssSpec := spec.Maps[".bss"].Copy()
+	bssSpec.Flags |= unix.BPF_F_MMAPABLE
+	bss, err := ebpf.NewMap(bssSpec)
+	require.NoError(t, err)
+	t.Cleanup(func() { bss.Close() })
+	for _, off := range []uint32{offset + 4, bss.ValueSize() - 8} {
+		_, err := mapWords(bss, off)
+		require.ErrorIs(t, err, errWordsNotMapped, "offset %d", off)
+	}
+
+	words, err := mapWords(bss, offset)
+	require.NoError(t, err)
+	words.store(endpointSlots-1, 0x0102030405060708)
+	mem, err := bss.Memory()
+	require.NoError(t, err)
+	var buf [8]byte
+	_, err = mem.ReadAt(buf[:], int64(offset)+8*(endpointSlots-1))
+	require.NoError(t, err)
+	require.Equal(t, uint64(0x0102030405060708), binary.NativeEndian.Uint64(buf[:]), "the last word, in the map")
+	require.NoError(t, words.close())
+
+	enf, err := loadEnforcer(newTestEnforcerMaps(t))
+	require.NoError(t, err)
+	require.NoError(t, enf.Close())
+	require.ErrorIs(t, enf.setEndpointWords(endpointWords{1: 1}), errWordsNotMapped)
 }
 
 // TestEndpointWordsOf: a word for each slot of one IPv4 address whose

@@ -43,4 +43,9 @@ var (
 	// ErrNotEthernet is the error of attaching the program to a device
 	// whose framing is not Ethernet, which the program cannot read.
 	ErrNotEthernet = errors.New("not an Ethernet device")
+
+	// errWordsNotMapped is the error of writing the program's
+	// endpoint_words when they are not mapped: the enforcer was closed,
+	// or its .bss does not hold them whole and aligned.
+	errWordsNotMapped = errors.New("endpoint words not mapped")
 )

@@ -3,13 +3,14 @@
 package datapathcell
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -66,12 +67,10 @@ type enforcer struct {
 	policyFlags *ebpf.Variable
 	// endpointAbsent is the program's endpoint_absent (endpointFilter).
 	endpointAbsent *ebpf.Variable
-	// endpointWords is the program's .bss, endpointWordsOffset where
-	// endpoint_words starts in it, wordsSet what it holds there
-	// (setEndpointWords).
-	endpointWords       *ebpf.Memory
-	endpointWordsOffset int64
-	wordsSet            endpointWords
+	// endpointWords is the program's endpoint_words mapped, wordsSet
+	// what it holds (setEndpointWords).
+	endpointWords *mappedWords
+	wordsSet      endpointWords
 }
 
 // policyNoAnyIdentity is POLICY_NO_ANY_IDENTITY of policy_flags: the
@@ -137,13 +136,14 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
-	// The variables keep the .bss mapped; the map itself is not needed.
-	words, err := objs.Bss.Memory()
+	// The variables and the words' mapping keep the .bss mapped; the map
+	// itself is not needed.
+	words, err := mapWords(objs.Bss, wordsOffset)
 	objs.Bss.Close()
 	if err != nil {
 		objs.EnforceFromEndpoint.Close()
 		objs.EnforceToEndpoint.Close()
-		return nil, fmt.Errorf("load enforcement program: map %s: %w", bpf.EnforceVarEndpointWords, err)
+		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
 	return &enforcer{
 		fromEndpoint: objs.EnforceFromEndpoint,
@@ -156,9 +156,8 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 
 		endpointAbsent: objs.EndpointAbsent,
 
-		endpointWords:       words,
-		endpointWordsOffset: int64(wordsOffset),
-		wordsSet:            endpointWords{},
+		endpointWords: words,
+		wordsSet:      endpointWords{},
 	}, nil
 }
 
@@ -182,34 +181,21 @@ func variableOffset(spec *ebpf.CollectionSpec, section, name string) (uint32, er
 }
 
 // setEndpointWords makes the program's endpoint_words hold words, each
-// word that changes written with one aligned 8-byte store (the program
-// reads each with one load): those that go first, then those that come.
-// The endpoints writer changes a word only between 0 and a value
-// (endpointWordsOf), so that no packet reads half of one value and half
-// of another.
+// word that changes written with one atomic 8-byte store (mappedWords;
+// the program reads each with one load): those that go first, then those
+// that come. A word never goes from one value to another but through 0,
+// so that no packet reads the entry of another address, nor half of one
+// value and half of another.
 //
-// Possible errors: the program's memory is no longer mapped.
+// Possible errors: the program's memory is no longer mapped (the
+// enforcer was closed).
 func (e *enforcer) setEndpointWords(words endpointWords) error {
-	var buf [8]byte
-	write := func(slot uint32, word uint64) error {
-		binary.NativeEndian.PutUint64(buf[:], word)
-		if _, err := e.endpointWords.WriteAt(buf[:], e.endpointWordsOffset+8*int64(slot)); err != nil {
-			return fmt.Errorf("write the program's %s: %w", bpf.EnforceVarEndpointWords, err)
-		}
-		return nil
+	if e.endpointWords == nil {
+		return fmt.Errorf("write the program's %s: %w", bpf.EnforceVarEndpointWords, errWordsNotMapped)
 	}
 	for slot, old := range e.wordsSet {
-		if words[slot] != old && words[slot] != 0 {
-			// Never from one value to another: through 0.
-			if err := write(slot, 0); err != nil {
-				return err
-			}
-			delete(e.wordsSet, slot)
-		}
-		if words[slot] == 0 {
-			if err := write(slot, 0); err != nil {
-				return err
-			}
+		if words[slot] != old {
+			e.endpointWords.store(slot, 0)
 			delete(e.wordsSet, slot)
 		}
 	}
@@ -217,10 +203,65 @@ func (e *enforcer) setEndpointWords(words endpointWords) error {
 		if word == 0 || e.wordsSet[slot] == word {
 			continue
 		}
-		if err := write(slot, word); err != nil {
-			return err
-		}
+		e.endpointWords.store(slot, word)
 		e.wordsSet[slot] = word
+	}
+	return nil
+}
+
+// endpointSlots is the number of words in the program's endpoint_words
+// (ENDPOINT_SLOT_BITS in bpf/enforce.c).
+const endpointSlots = 1 << endpointSlotBits
+
+// mappedWords is a program's endpoint_words mapped into the agent, so
+// that each word is written with one atomic 64-bit store: the program
+// reads a word with one load, and a copy of bytes (ebpf.Memory.WriteAt)
+// promises nothing of the store it makes. The enforcer's users write and
+// close it under one lock (Datapath.mu).
+type mappedWords struct {
+	mem   []byte   // the mapping of the program's .bss
+	words []uint64 // endpoint_words in mem
+}
+
+// mapWords maps bss, the program's .bss, whose endpoint_words start at
+// offset.
+//
+// Possible errors: bss is not mmapable or cannot be mapped, or the words
+// at offset are not 8-byte aligned or not all in it.
+func mapWords(bss *ebpf.Map, offset uint32) (*mappedWords, error) {
+	page := uint32(unix.Getpagesize())
+	size := (bss.ValueSize() + page - 1) / page * page
+	if offset%8 != 0 || uint64(offset)+8*endpointSlots > uint64(bss.ValueSize()) {
+		return nil, fmt.Errorf("map %s: offset %d of %d words in %d bytes: %w",
+			bpf.EnforceVarEndpointWords, offset, endpointSlots, bss.ValueSize(), errWordsNotMapped)
+	}
+	mem, err := unix.Mmap(bss.FD(), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", bpf.EnforceVarEndpointWords, err)
+	}
+	// The mapping is page-aligned and outside the Go heap, and offset is
+	// a multiple of 8: every word is 8-byte aligned, as 64-bit atomics
+	// need.
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[offset])), endpointSlots)
+	return &mappedWords{mem: mem, words: words}, nil
+}
+
+// store writes word to slot with one atomic store.
+func (w *mappedWords) store(slot uint32, word uint64) {
+	atomic.StoreUint64(&w.words[slot], word)
+}
+
+// close unmaps the words.
+//
+// Possible errors: the unmap fails.
+func (w *mappedWords) close() error {
+	if w == nil || w.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(w.mem)
+	w.mem, w.words = nil, nil
+	if err != nil {
+		return fmt.Errorf("unmap %s: %w", bpf.EnforceVarEndpointWords, err)
 	}
 	return nil
 }
@@ -228,8 +269,10 @@ func (e *enforcer) setEndpointWords(words endpointWords) error {
 // Close releases the agent's references to the programs. Attached programs
 // stay attached: their pinned links hold them.
 func (e *enforcer) Close() error {
+	words := e.endpointWords.close()
+	e.endpointWords = nil
 	return errors.Join(e.fromEndpoint.Close(), e.toEndpoint.Close(), e.events.Close(), e.eventState.Close(),
-		e.ctStats.Close())
+		e.ctStats.Close(), words)
 }
 
 // tcxHook is one of the two attachment points of the program on a device.

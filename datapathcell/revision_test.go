@@ -16,6 +16,22 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
+// newRevisedTest loads the program over test maps and returns them, their
+// revision counter, a Datapath whose writers (Datapath.written) write
+// those maps and bump the counter, and the program.
+func newRevisedTest(t *testing.T) (enforcerMaps, *revisionCounter, *Datapath, *enforcer) {
+	t.Helper()
+	maps := newTestEnforcerMaps(t)
+	counter, err := newRevisionCounter(maps.Revision)
+	require.NoError(t, err)
+	t.Cleanup(func() { counter.Close() })
+	d := &Datapath{
+		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
+		revision: counter,
+	}
+	return maps, counter, d, loadTestEnforcer(t, maps)
+}
+
 // A forward packet of an established connection skips the policy lookups
 // while nothing that could change its verdict was written; each write the
 // writers make through the datapath's maps (Datapath.written, the maps
@@ -25,15 +41,7 @@ import (
 // pass.
 func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
-	maps := newTestEnforcerMaps(t)
-	counter, err := newRevisionCounter(maps.Revision)
-	require.NoError(t, err)
-	t.Cleanup(func() { counter.Close() })
-	d := &Datapath{
-		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
-		revision: counter,
-	}
-	enf := loadTestEnforcer(t, maps)
+	maps, counter, d, enf := newRevisedTest(t)
 
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
@@ -84,7 +92,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	dropped("remote's identity changed")
 
 	establish()
-	_, err = d.written().ipcache.BatchUpdate([]bpfmaps.IPCacheKey{peerKey}, []bpfmaps.IPCacheValue{bpfmaps.NewIPCacheValue(testIdentityDenied)}, nil)
+	_, err := d.written().ipcache.BatchUpdate([]bpfmaps.IPCacheKey{peerKey}, []bpfmaps.IPCacheValue{bpfmaps.NewIPCacheValue(testIdentityDenied)}, nil)
 	require.NoError(t, err)
 	dropped("remote's identity changed in a batch")
 
@@ -210,15 +218,7 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 // taken; the writers' writes, which do, are seen by the next SYN.
 func TestPrivilegedDecisionKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
-	maps := newTestEnforcerMaps(t)
-	counter, err := newRevisionCounter(maps.Revision)
-	require.NoError(t, err)
-	t.Cleanup(func() { counter.Close() })
-	d := &Datapath{
-		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
-		revision: counter,
-	}
-	enf := loadTestEnforcer(t, maps)
+	maps, _, d, enf := newRevisedTest(t)
 	// The decision is kept per CPU: every run on the same one.
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
