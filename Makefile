@@ -28,12 +28,14 @@ corpus: build
 # The timeout is go test's per package: cmd/ipcache-agent's binary tests,
 # which wait on agents and traffic, come near its default of 10 minutes on
 # a busy 2-core machine; a hung test still ends the run.
-# cmd/ipcache-agent is named first: go test builds and runs the packages
-# in the order given (./... adds the others once), and that package's
-# tests are the longest by far, so they start as soon as it is built and
-# the other packages are tested beside them rather than before them.
+# The packages whose tests take longest are named first, longest first:
+# go test builds and runs the packages in the order given (./... adds the
+# others once), so each starts as soon as it is built and the short ones
+# fill the slots beside them, rather than one long package (test/soak,
+# last in ./...) running alone at the end.
 test:
-	$(GO) test -race -count=1 -timeout 25m ./cmd/ipcache-agent/ ./...
+	$(GO) test -race -count=1 -timeout 25m ./cmd/ipcache-agent/ ./datapathcell/ ./test/soak/ \
+		./cmd/bench-peer/ ./policyfile/ ./policycell/ ./ipcachecell/ ./...
 
 # Benchmarks only; compare runs with benchstat.
 bench:

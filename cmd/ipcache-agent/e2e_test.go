@@ -111,7 +111,7 @@ func (e *e2e) writePolicy(allow string) {
 
 func (e *e2e) startAgent() {
 	e.t.Helper()
-	binary := os.Args[0]
+	binary := agentBinary()
 	if e.agentBinary != "" {
 		binary = e.agentBinary
 	}

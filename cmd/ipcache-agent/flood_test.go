@@ -273,7 +273,7 @@ func TestPrivilegedSynFlood(t *testing.T) {
 	entries := b.ctEntries()
 	for _, c := range []*peerConn{busy, idle} {
 		e := ctEntryOf(entries, c, peerAllowed4, epAddr)
-		require.NotNil(t, e, "connection from port %d not tracked: %v", c.peerPort, entries)
+		require.NotNil(t, e, "connection from port %d not tracked: %v\nagent log:\n%s", c.peerPort, entries, b.agentLog)
 		require.Equal(t, "conntrack", e.Map, "an established connection is in the conntrack map")
 		require.Equal(t, "ingress", e.Origin)
 	}

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,7 +59,60 @@ func TestMain(m *testing.M) {
 	stopsignal.Release()
 	defaultSIGHUP()
 	moreParallel()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		agentBuild.remove()
+		os.Exit(code)
+	}))
+}
+
+// agentRaceEnv, set to 1, has the agents the tests start run as the test
+// binary itself even when it has the race detector (see agentBinary).
+const agentRaceEnv = "IPCACHE_AGENT_TEST_AGENT_RACE"
+
+// agentBuild is the agent binary the tests start, built once (agentBinary).
+var agentBuild builtAgent
+
+type builtAgent struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// agentBinary is the binary the tests start as the agent (with beAgentEnv)
+// and as its client commands. It is this test binary, unless this one has
+// the race detector: then it is the same package's test binary built
+// without it, once per run. The agents are the shipped build's code, as
+// the tests that measure memory and upgrades build it (buildAgent); the
+// race detector made every agent several times slower and most of the
+// package's CPU, and what the agents run is raced in-process by the cells'
+// own tests and test/soak's whole control plane. agentRaceEnv=1 runs them
+// raced too.
+func agentBinary() string {
+	if !raceEnabled || os.Getenv(agentRaceEnv) == "1" {
+		return os.Args[0]
+	}
+	b := &agentBuild
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "ipcache-agent-test-agent-"); b.err != nil {
+			return
+		}
+		b.path = filepath.Join(b.dir, "ipcache-agent.test")
+		out, err := exec.Command("go", "test", "-c", "-o", b.path, ".").CombinedOutput()
+		if err != nil {
+			b.err = fmt.Errorf("go test -c (the agent without the race detector): %w: %s", err, out)
+		}
+	})
+	if b.err != nil {
+		panic(b.err)
+	}
+	return b.path
+}
+
+func (b *builtAgent) remove() {
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
 }
 
 // minParallel is how many tests of this package run at once unless
@@ -92,7 +146,7 @@ func defaultSIGHUP() {
 }
 
 func agentCommand(args ...string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], args...)
+	cmd := exec.Command(agentBinary(), args...)
 	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
 	return cmd
 }

@@ -43,12 +43,26 @@ func (e *e2e) startMonitor(typ string, filters ...string) *monitorClient {
 	return m
 }
 
+// stop stops the client with SIGTERM, its default effect, which SIGINT
+// would not have if the tests were started with it ignored (as a shell
+// starts a background job: the client inherits it, and an in-process hive
+// gives the test process back that disposition when it stops). One still
+// running 10 s later fails the test and is killed, rather than hold the
+// package's tests until their timeout.
 func (m *monitorClient) stop() {
 	if m.cmd.Process == nil || m.cmd.ProcessState != nil {
 		return
 	}
-	m.cmd.Process.Signal(syscall.SIGINT)
-	_ = m.cmd.Wait()
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	exited := make(chan struct{})
+	go func() { _ = m.cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		m.t.Errorf("monitor client still running 10 s after SIGTERM: %s", m.out)
+		m.cmd.Process.Kill()
+		<-exited
+	}
 }
 
 // events parses every line so far; a line that is not a JSON object fails.

@@ -21,7 +21,7 @@ import (
 // own, private, as `ip netns exec` makes (which also makes it a slave of
 // the host's: no difference to what the agent mounts there).
 func agentInMountNamespace(args ...string) *exec.Cmd {
-	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", os.Args[0]}, args...)...)
+	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", agentBinary()}, args...)...)
 	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
 	return cmd
 }
@@ -72,7 +72,7 @@ func TestPrivilegedNetnsBPFFSDefaultRefused(t *testing.T) {
 	require.NoError(t, err, string(out))
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	d := newAgentDirs(t)
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "--state-dir="+d.stateDir, "--shell-sock-path="+d.sockPath())
+	cmd := exec.Command("ip", "netns", "exec", ns, agentBinary(), "--state-dir="+d.stateDir, "--shell-sock-path="+d.sockPath())
 	cmd.Env = append(os.Environ(), beAgentEnv+"=1")
 	a := startAgentProcess(t, cmd)
 	a.requireExit(t, agentcmd.ExitFailure)
