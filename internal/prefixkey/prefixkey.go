@@ -42,6 +42,24 @@ func Append(dst []byte, prefix netip.Prefix) []byte {
 	return append(dst, byte(prefix.Bits()))
 }
 
+// Parse returns the prefix of a key Append wrote, and false for anything
+// else.
+func Parse[Key ~string | ~[]byte](key Key) (netip.Prefix, bool) {
+	var addr netip.Addr
+	switch {
+	case len(key) == 1+4+1 && key[0] == familyIPv4:
+		addr = netip.AddrFrom4([4]byte{key[1], key[2], key[3], key[4]})
+	case len(key) == 1+16+1 && key[0] == familyIPv6:
+		var a [16]byte
+		copy(a[:], key[1:17])
+		addr = netip.AddrFrom16(a)
+	default:
+		return netip.Prefix{}, false
+	}
+	prefix := netip.PrefixFrom(addr, int(key[len(key)-1]))
+	return prefix, prefix.IsValid() && prefix == prefix.Masked()
+}
+
 // RangeStart returns the first key of the range of prefixes inside cidr:
 // the key of cidr's address with length 0. The caller stops at the first
 // prefix whose address cidr does not contain (see InRange).
