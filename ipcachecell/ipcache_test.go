@@ -38,7 +38,7 @@ func upsertAll(t *testing.T, h *Handle, prefixes []netip.Prefix) {
 func entryPrefixes(entries iter.Seq[*Entry]) []netip.Prefix {
 	var out []netip.Prefix
 	for e := range entries {
-		out = append(out, e.Prefix)
+		out = append(out, e.Prefix())
 	}
 	return out
 }
@@ -79,7 +79,7 @@ func TestLookupAddressLongestMatch(t *testing.T) {
 	} {
 		entry, found := LookupAddress(txn, f.entries, netip.MustParseAddr(addr))
 		require.True(t, found, addr)
-		require.Equal(t, want, entry.Prefix.String(), addr)
+		require.Equal(t, want, entry.Prefix().String(), addr)
 	}
 	_, found := LookupAddress(txn, f.entries, netip.MustParseAddr("192.0.2.1"))
 	require.False(t, found)

@@ -241,7 +241,7 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 	entries := 0
 	for entry := range f.entries.All(txn) {
 		entries++
-		w, ok := wants[entry.Prefix]
+		w, ok := wants[entry.Prefix()]
 		require.True(t, ok, "step %d: entry %s that nobody owns", step, entry.Prefix)
 		require.Equal(t, w.source, entry.Source, "step %d: source of %s", step, entry.Prefix)
 		if w.explicit != 0 {

@@ -592,7 +592,7 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 	if res.labels.IsEmpty() || res.labels != currentLabels {
 		wantLabels = res.want
 	}
-	desired := &Entry{Prefix: prefix, Source: res.source}
+	desired := &Entry{prefix: pack(prefix), Source: res.source}
 	switch {
 	case res.explicit != identity.Unknown:
 		desired.Identity, desired.Explicit = res.explicit, true

@@ -126,21 +126,85 @@ func optionalIdentity(id identity.Number) string {
 // it): no copy of the identity's labels, and no reconciliation status.
 // The datapath's writer keeps whether an entry is in the BPF map by the
 // entry's table revision (datapathcell's Datapath.IPCacheStatus), so that
-// writing an entry to the map does not rewrite its row.
+// writing an entry to the map does not rewrite its row. Its prefix is
+// held packed (Prefix returns it): a netip.Prefix alone takes 32 bytes,
+// the whole row's size class.
+//
+// Its JSON and YAML are {prefix, identity, source, explicit (when set)}.
 type Entry struct {
-	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
+	prefix packedPrefix
+
+	Source source.Source
+
+	// Explicit is set when the identity was allocated elsewhere and the
+	// ipcache holds no reference to it.
+	Explicit bool
+
+	Identity identity.Number
 
 	// unchangedSince is, when this entry replaced one with the same
 	// identity (only the source changed), that entry's revision; zero
 	// otherwise. See IdentityUnchangedSince.
 	unchangedSince statedb.Revision
+}
 
+// NewEntry returns the entry mapping prefix to id, from src. The prefix
+// must be masked, as the table's keys are (a write with another is
+// refused by nothing, but no query finds it).
+func NewEntry(prefix netip.Prefix, id identity.Number, src source.Source) *Entry {
+	return &Entry{prefix: pack(prefix), Identity: id, Source: src}
+}
+
+// Prefix returns the entry's prefix; the zero Entry's is invalid.
+func (e *Entry) Prefix() netip.Prefix { return e.prefix.unpack() }
+
+// entryEncoding is the JSON and YAML form of an entry, as it was when the
+// prefix was a field: `db/show` and anything that decodes its output see
+// the same rows.
+type entryEncoding struct {
+	Prefix   netip.Prefix    `json:"prefix" yaml:"prefix"`
 	Identity identity.Number `json:"identity" yaml:"identity"`
 	Source   source.Source   `json:"source" yaml:"source"`
+	Explicit bool            `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+}
 
-	// Explicit is set when the identity was allocated elsewhere and the
-	// ipcache holds no reference to it.
-	Explicit bool `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+func (e Entry) encoding() entryEncoding {
+	return entryEncoding{Prefix: e.prefix.unpack(), Identity: e.Identity, Source: e.Source, Explicit: e.Explicit}
+}
+
+func (e *Entry) decode(enc entryEncoding) {
+	*e = Entry{prefix: pack(enc.Prefix), Identity: enc.Identity, Source: enc.Source, Explicit: enc.Explicit}
+}
+
+// MarshalJSON implements json.Marshaler.
+func (e Entry) MarshalJSON() ([]byte, error) { return json.Marshal(e.encoding()) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+//
+// Possible errors: those of encoding/json.
+func (e *Entry) UnmarshalJSON(data []byte) error {
+	var enc entryEncoding
+	if err := json.Unmarshal(data, &enc); err != nil {
+		return err
+	}
+	e.decode(enc)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler (go.yaml.in/yaml/v3).
+func (e Entry) MarshalYAML() (any, error) { return e.encoding(), nil }
+
+// UnmarshalYAML implements yaml.v3's obsolete, still supported
+// Unmarshaler, which needs no import of the YAML package here.
+//
+// Possible errors: those of the YAML decoder.
+func (e *Entry) UnmarshalYAML(unmarshal func(any) error) error {
+	var enc entryEncoding
+	if err := unmarshal(&enc); err != nil {
+		return err
+	}
+	e.decode(enc)
+	return nil
 }
 
 // TableHeader implements statedb.TableWritable.
@@ -150,7 +214,7 @@ func (*Entry) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (e *Entry) TableRow() []string {
-	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
+	return []string{e.Prefix().String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
 }
 
 // IdentityUnchangedSince returns, if this entry replaced one with the
@@ -163,7 +227,7 @@ func (e *Entry) IdentityUnchangedSince() statedb.Revision { return e.unchangedSi
 // sameMapping reports whether two entries say the same thing of their
 // prefix.
 func (e *Entry) sameMapping(other *Entry) bool {
-	return e.Prefix == other.Prefix && e.Identity == other.Identity && e.Source == other.Source &&
+	return e.prefix == other.prefix && e.Identity == other.Identity && e.Source == other.Source &&
 		e.Explicit == other.Explicit
 }
 
@@ -212,7 +276,9 @@ var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 	Name: "prefix",
 	FromObject: func(e *Entry) index.KeySet {
-		return index.NewKeySet(prefixKey(e.Prefix))
+		// The entry's own bytes (packedPrefix): the table keeps the key as
+		// long as the row, which never changes once inserted.
+		return index.NewKeySet(e.prefix.key())
 	},
 	FromKey:    prefixKey,
 	FromString: prefixKeyFromString,
@@ -238,7 +304,7 @@ func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 // EntriesWithin returns the entries whose prefix lies inside cidr, in
 // address order.
 func EntriesWithin(txn statedb.ReadTxn, entries statedb.Table[*Entry], cidr netip.Prefix) iter.Seq[*Entry] {
-	return within(txn, entries, EntryIndex.QueryFromKey, func(e *Entry) netip.Prefix { return e.Prefix }, cidr)
+	return within(txn, entries, EntryIndex.QueryFromKey, (*Entry).Prefix, cidr)
 }
 
 // LookupAddress returns the entry of the longest prefix that contains addr.

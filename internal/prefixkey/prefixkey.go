@@ -20,6 +20,22 @@ const (
 	familyIPv6 = 6
 )
 
+// MaxLen is the length of the longest key, an IPv6 prefix's.
+const MaxLen = 1 + 16 + 1
+
+// LenOf returns the length of a key that starts with family, its first
+// byte, and 0 if family is not one Append writes.
+func LenOf(family byte) int {
+	switch family {
+	case familyIPv4:
+		return 1 + 4 + 1
+	case familyIPv6:
+		return MaxLen
+	default:
+		return 0
+	}
+}
+
 // Len returns the length of the key of a prefix.
 func Len(prefix netip.Prefix) int {
 	if prefix.Addr().Is4() {

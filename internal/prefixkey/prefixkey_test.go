@@ -72,3 +72,12 @@ func TestParseInvertsAppend(t *testing.T) {
 		require.False(t, ok, "%x", bad)
 	}
 }
+
+func TestLenOf(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/8", "2001:db8::/32"} {
+		p := netip.MustParsePrefix(s)
+		require.Equal(t, Len(p), LenOf(Append(nil, p)[0]), s)
+		require.LessOrEqual(t, Len(p), MaxLen, s)
+	}
+	require.Zero(t, LenOf(0))
+}
