@@ -90,8 +90,8 @@ func (x *exhaustion) waiting() map[netip.Prefix]struct{} {
 	txn := x.db.ReadTxn()
 	out := map[netip.Prefix]struct{}{}
 	for row := range x.metadata.All(txn) {
-		if _, _, found := x.entries.Get(txn, ipcachecell.EntryIndex.Query(row.Prefix)); !found {
-			out[row.Prefix] = struct{}{}
+		if _, _, found := x.entries.Get(txn, ipcachecell.EntryIndex.Query(row.Prefix())); !found {
+			out[row.Prefix()] = struct{}{}
 		}
 	}
 	return out

@@ -55,15 +55,15 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 		json, yaml string
 		table      []string
 	}{{
-		row: &PrefixMetadata{Prefix: netip.MustParsePrefix("10.0.0.0/8"),
-			owner:    &owner{resource: "policy/a", source: source.Directory, id: 3},
-			Metadata: Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}},
+		row: newPrefixMetadata(netip.MustParsePrefix("10.0.0.0/8"),
+			&owner{resource: "policy/a", source: source.Directory, id: 3},
+			Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}),
 		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
 			`"requestedIdentity":16777217,"explicitIdentity":5}`,
 		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nlabels: app:x\nrequestedIdentity: 16777217\nexplicitIdentity: 5\n",
 		table: []string{"10.0.0.0/8", "policy/a", "directory", "app:x", "16777217", "5"},
 	}, {
-		row:   &PrefixMetadata{Prefix: netip.MustParsePrefix("2001:db8::/32"), owner: &owner{resource: "r", source: source.Local}},
+		row:   newPrefixMetadata(netip.MustParsePrefix("2001:db8::/32"), &owner{resource: "r", source: source.Local}, Metadata{}),
 		json:  `{"prefix":"2001:db8::/32","resource":"r","source":"local","labels":""}`,
 		yaml:  "prefix: 2001:db8::/32\nresource: r\nsource: local\n",
 		table: []string{"2001:db8::/32", "r", "local", "", "", ""},

@@ -44,11 +44,39 @@ type Metadata struct {
 //
 // There is a row per prefix and owner, so its size counts (TestRowSizes
 // keeps it): what all rows of one handle share (the resource, its source)
-// is one pointer to the handle's owner, not a copy in every row.
+// is one pointer to the handle's owner, not a copy in every row. The row
+// holds its prefix as its key in the table (metadataKey), which the
+// table's index shares instead of a copy per row; Prefix returns it.
 type PrefixMetadata struct {
-	Prefix netip.Prefix
-	owner  *owner
 	Metadata
+	owner *owner
+	key   [maxMetadataKeyLen]byte
+}
+
+// maxMetadataKeyLen is the length of the longest metadataKey.
+const maxMetadataKeyLen = prefixkey.MaxLen + binary.MaxVarintLen64
+
+// newPrefixMetadata returns the row of owner's metadata for prefix, which
+// must be valid and masked.
+func newPrefixMetadata(prefix netip.Prefix, owner *owner, md Metadata) *PrefixMetadata {
+	m := &PrefixMetadata{Metadata: md, owner: owner}
+	metadataKey(m.key[:0], prefix, owner.id)
+	return m
+}
+
+// Prefix returns the prefix the metadata is for.
+func (m *PrefixMetadata) Prefix() netip.Prefix {
+	prefix, _ := prefixkey.Parse(m.key[:prefixkey.LenOf(m.key[0])])
+	return prefix
+}
+
+// rowKey returns the row's key in the table: its own bytes, which the
+// table keeps as long as the row, and the row never changes once
+// inserted.
+func (m *PrefixMetadata) rowKey() index.Key {
+	n := prefixkey.LenOf(m.key[0])
+	_, idLen := binary.Uvarint(m.key[n:])
+	return m.key[:n+idLen]
 }
 
 // owner is what every row of one handle shares. It does not change: a
@@ -79,7 +107,7 @@ type prefixMetadataEncoding struct {
 }
 
 func (m PrefixMetadata) encoding() prefixMetadataEncoding {
-	return prefixMetadataEncoding{Prefix: m.Prefix, Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
+	return prefixMetadataEncoding{Prefix: m.Prefix(), Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
 }
 
 // MarshalJSON implements json.Marshaler (the shell's db/show -format json).
@@ -108,7 +136,7 @@ func (*PrefixMetadata) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (m *PrefixMetadata) TableRow() []string {
-	return []string{m.Prefix.String(), m.Resource(), m.Source().String(), m.Labels.String(),
+	return []string{m.Prefix().String(), m.Resource(), m.Source().String(), m.Labels.String(),
 		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
 }
 
@@ -244,19 +272,16 @@ var (
 	_ statedb.TableWritable = &Entry{}
 )
 
-// metadataKey is the prefix key followed by the resource's id (a uvarint;
+// metadataKey appends the key of a row: the prefix key followed by the
+// resource's id (a uvarint;
 // an IPv4 row's key fits in 8 bytes while fewer than 16384 resources have
 // handles at once: ids are reused, see IPCache.freeIDs): the rows of one
 // prefix are adjacent, and a prefix query on the prefix key finds them.
 // Within a prefix, rows are in the order of their keys, not of resource
 // names: what depends on an order among a prefix's rows (the merge's
 // ties, the shell's owners) orders by name itself.
-func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
-	var id [binary.MaxVarintLen64]byte
-	n := binary.PutUvarint(id[:], resourceID)
-	// Of the exact length: the table keeps the key, a row's for its life.
-	key := make(index.Key, 0, prefixkey.Len(prefix)+n)
-	return append(prefixkey.Append(key, prefix), id[:n]...)
+func metadataKey(dst []byte, prefix netip.Prefix, resourceID uint64) []byte {
+	return binary.AppendUvarint(prefixkey.Append(dst, prefix), resourceID)
 }
 
 // MetadataIndex is the primary index of `ipcache-metadata`: (prefix,
@@ -264,7 +289,7 @@ func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
 var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 	Name: "prefix-resource",
 	FromObject: func(m *PrefixMetadata) index.KeySet {
-		return index.NewKeySet(metadataKey(m.Prefix, m.owner.id))
+		return index.NewKeySet(m.rowKey())
 	},
 	// Querying by a prefix alone is a prefix search: every resource's row.
 	FromKey:    prefixKey,

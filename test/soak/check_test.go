@@ -153,12 +153,12 @@ func (a *agent) checkConverged(m *model) string {
 	n = 0
 	for row := range a.metadata.All(txn) {
 		n++
-		md, ok := m.metadata[row.Resource()][row.Prefix]
+		md, ok := m.metadata[row.Resource()][row.Prefix()]
 		switch {
 		case !ok:
-			return fmt.Sprintf("metadata %s of %s that the resource does not have", row.Prefix, row.Resource())
+			return fmt.Sprintf("metadata %s of %s that the resource does not have", row.Prefix(), row.Resource())
 		case md != row.Metadata || m.sources[row.Resource()] != row.Source():
-			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix, row.Resource(), row.Metadata, row.Source(), md)
+			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix(), row.Resource(), row.Metadata, row.Source(), md)
 		}
 	}
 	want := 0
