@@ -101,7 +101,9 @@ func BenchmarkReconcilerThroughput(b *testing.B) {
 		for start := 0; start < len(prefixes); start += 4096 {
 			txn := db.WriteTxn(entries)
 			for _, p := range prefixes[start:min(start+4096, len(prefixes))] {
-				_, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: 16777217, Source: source.Local, Explicit: true})
+				entry := ipcachecell.NewEntry(p, 16777217, source.Local)
+				entry.Explicit = true
+				_, _, err := entries.Insert(txn, entry)
 				require.NoError(b, err)
 			}
 			txn.Commit()

@@ -287,7 +287,7 @@ func bpfIPCacheCommand(db *statedb.DB, d *Datapath, table statedb.Table[*ipcache
 					},
 					func(yield func(bpfmaps.IPCacheKey, bpfmaps.IPCacheValue) bool) {
 						for e := range table.All(txn) {
-							if !yield(bpfmaps.NewIPCacheKey(e.Prefix), bpfmaps.NewIPCacheValue(e.Identity)) {
+							if !yield(bpfmaps.NewIPCacheKey(e.Prefix()), bpfmaps.NewIPCacheValue(e.Identity)) {
 								return
 							}
 						}

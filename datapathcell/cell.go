@@ -193,7 +193,7 @@ func registerWriters(p writersParams) error {
 		Target:     d.ipcacheMap,
 		Stats:      d.statsOf(bpfmaps.IPCacheName),
 		Log:        p.Log,
-		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix()) },
 		Value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
 		WriteOrder: bpfmaps.IPCacheKey.Compare,
 		// The map as the datapath read it at start, before anything
@@ -209,16 +209,16 @@ func registerWriters(p writersParams) error {
 			}
 			entry := func(e *ipcachecell.Entry) {
 				// The entry's revision says whether it is written (status).
-				_, rev, _ := p.IPCache.Get(txn, ipcachecell.EntryIndex.Query(e.Prefix))
+				_, rev, _ := p.IPCache.Get(txn, ipcachecell.EntryIndex.Query(e.Prefix()))
 				kind, _ := writer.status(rev)
-				yield(bpfmaps.NewIPCacheKey(e.Prefix), bpfmaps.NewIPCacheValue(e.Identity), kind != reconciler.StatusKindDone)
+				yield(bpfmaps.NewIPCacheKey(e.Prefix()), bpfmaps.NewIPCacheValue(e.Identity), kind != reconciler.StatusKindDone)
 			}
 			if e, found := ipcachecell.LookupCovering(txn, p.IPCache.RWTable, prefix); found {
 				entry(e)
 			}
 			if prefix.Bits() < prefix.Addr().BitLen() {
 				for e := range ipcachecell.EntriesWithin(txn, p.IPCache.RWTable, prefix) {
-					if e.Prefix != prefix {
+					if e.Prefix() != prefix {
 						entry(e)
 					}
 				}

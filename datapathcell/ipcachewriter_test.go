@@ -132,7 +132,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 		Name:       bpfmaps.IPCacheName,
 		Target:     func() mapwrite.Map { return f.m },
 		Stats:      f.stats,
-		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix) },
+		Key:        func(e *ipcachecell.Entry) bpfmaps.IPCacheKey { return bpfmaps.NewIPCacheKey(e.Prefix()) },
 		Value:      func(e *ipcachecell.Entry) bpfmaps.IPCacheValue { return bpfmaps.NewIPCacheValue(e.Identity) },
 		WriteOrder: bpfmaps.IPCacheKey.Compare,
 		ReadPinned: func() mapwrite.KnownValues[bpfmaps.IPCacheKey, bpfmaps.IPCacheValue] {
@@ -156,7 +156,7 @@ func newWriterFixture(t *testing.T, pinned map[netip.Prefix]uint32) *writerFixtu
 // upsert writes an entry and returns its revision.
 func (f *writerFixture) upsert(prefix string, id uint32, src source.Source) statedb.Revision {
 	txn := f.db.WriteTxn(f.table)
-	_, _, err := f.table.Insert(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix), Identity: identity.Number(id), Source: src})
+	_, _, err := f.table.Insert(txn, ipcachecell.NewEntry(netip.MustParsePrefix(prefix), identity.Number(id), src))
 	require.NoError(f.t, err)
 	rev := f.table.Revision(txn)
 	txn.Commit()
@@ -165,7 +165,7 @@ func (f *writerFixture) upsert(prefix string, id uint32, src source.Source) stat
 
 func (f *writerFixture) remove(prefix string) statedb.Revision {
 	txn := f.db.WriteTxn(f.table)
-	_, _, err := f.table.Delete(txn, &ipcachecell.Entry{Prefix: netip.MustParsePrefix(prefix)})
+	_, _, err := f.table.Delete(txn, ipcachecell.NewEntry(netip.MustParsePrefix(prefix), 0, 0))
 	require.NoError(f.t, err)
 	rev := f.table.Revision(txn)
 	txn.Commit()

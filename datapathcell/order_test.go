@@ -428,9 +428,9 @@ func (f *orderFixture) unconverged() string {
 	wantIPCache := map[bpfmaps.IPCacheKey]bpfmaps.IPCacheValue{}
 	for e, rev := range f.entries.All(txn) {
 		if kind, err := f.datapath.IPCacheStatus(rev); kind != reconciler.StatusKindDone {
-			return fmt.Sprintf("ipcache %s is %s (%v)", e.Prefix, kind, err)
+			return fmt.Sprintf("ipcache %s is %s (%v)", e.Prefix(), kind, err)
 		}
-		wantIPCache[bpfmaps.NewIPCacheKey(e.Prefix)] = bpfmaps.NewIPCacheValue(e.Identity)
+		wantIPCache[bpfmaps.NewIPCacheKey(e.Prefix())] = bpfmaps.NewIPCacheValue(e.Identity)
 	}
 	if len(wantIPCache) != len(f.maps.ipcache) {
 		return fmt.Sprintf("ipcache map has %d entries, the table %d", len(f.maps.ipcache), len(wantIPCache))

@@ -45,7 +45,7 @@ func ipcacheStatusOf(d *Datapath, txn statedb.ReadTxn, entries statedb.Table[*ip
 	status := ipcacheStatus{Entries: []ipcacheStatusEntry{}}
 	for e, rev := range entries.All(txn) {
 		kind, err := d.IPCacheStatus(rev)
-		row := ipcacheStatusEntry{Prefix: e.Prefix.String(), Identity: uint32(e.Identity)}
+		row := ipcacheStatusEntry{Prefix: e.Prefix().String(), Identity: uint32(e.Identity)}
 		switch kind {
 		case reconciler.StatusKindDone:
 			status.Counts.Done++

@@ -235,7 +235,7 @@ func mapCheckCmd(db *statedb.DB, bpfRoot string, d *datapathcell.Datapath, entri
 						if err != nil {
 							errText = err.Error()
 						}
-						rows = append(rows, desiredRow{e.Prefix.String(), strconv.FormatUint(uint64(e.Identity), 10), kind, errText})
+						rows = append(rows, desiredRow{e.Prefix().String(), strconv.FormatUint(uint64(e.Identity), 10), kind, errText})
 					}
 					m, err := bpfmaps.ReadIPCache(bpfRoot)
 					pinned := map[string]string{}

@@ -242,7 +242,7 @@ func (n *Names) covering(txn statedb.ReadTxn, addr netip.Addr) netip.Prefix {
 	for bits := addr.BitLen(); bits > 0; bits-- {
 		prefix := netip.PrefixFrom(addr, bits).Masked()
 		for row := range n.metadata.Prefix(txn, ipcachecell.MetadataIndex.Query(prefix)) {
-			if row.Prefix == prefix && row.Resource() != Resource && row.Source() != source.Restored {
+			if row.Prefix() == prefix && row.Resource() != Resource && row.Source() != source.Restored {
 				return prefix
 			}
 		}

@@ -107,6 +107,9 @@ func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Lo
 // prefix's cidr label to the labels its owners give a prefix, and those
 // identities are local, as they always were.
 func IsLabelIdentity(lbls labels.Labels) bool {
+	if _, ok := lbls.OnlyPrefix(); ok {
+		return false
+	}
 	s := lbls.String()
 	// The canonical form is sorted: a CIDR identity's one label is told
 	// by its start, without splitting the set.

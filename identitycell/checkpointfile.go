@@ -298,7 +298,15 @@ func encodeCheckpoint(w io.Writer, identities iter.Seq2[identity.Number, labels.
 		buf = append(buf, "\n{\"id\":"...)
 		buf = strconv.AppendUint(buf, uint64(id), 10)
 		buf = append(buf, ",\"labels\":"...)
-		buf = appendJSONString(buf, lbls.String())
+		if _, ok := lbls.OnlyPrefix(); ok {
+			// A cidr label is plain ASCII, and its set holds no text to
+			// quote (labels.Labels): it is written without one.
+			buf = append(buf, '"')
+			buf, _ = lbls.AppendText(buf) // no error
+			buf = append(buf, '"')
+		} else {
+			buf = appendJSONString(buf, lbls.String())
+		}
 		buf = append(buf, '}')
 		if len(buf) > 1<<15 {
 			if _, err := out.Write(buf); err != nil {

@@ -8,6 +8,7 @@ import (
 	"iter"
 	"net/netip"
 	"strconv"
+	"unsafe"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -213,8 +214,11 @@ func labelsKey(prefix netip.Prefix, l labels.Labels) index.Key {
 	if !prefix.IsValid() {
 		return append(append(make(index.Key, 0, 1+len(l.String())), noPrefixKey), l.String()...)
 	}
-	if l.Len() == 1 {
-		return prefixkey.Append(make(index.Key, 0, prefixkey.Len(prefix)), prefix)
+	if key := l.PrefixKey(); key != "" {
+		// The set holds its prefix's key already: the table keeps the key
+		// as long as the row, which keeps the set, and never writes to it,
+		// so the two share the bytes instead of an allocation per prefix.
+		return unsafe.Slice(unsafe.StringData(key), len(key))
 	}
 	key := make(index.Key, 0, prefixkey.Len(prefix)+len(l.String()))
 	return append(prefixkey.Append(key, prefix), l.String()...)

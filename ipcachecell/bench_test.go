@@ -68,7 +68,7 @@ func BenchmarkBaselineEntriesInsert(b *testing.B) {
 				for start := 0; start < n; start += 4096 {
 					txn := db.WriteTxn(entries)
 					for _, p := range prefixes[start:min(start+4096, n)] {
-						if _, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: 1 << 24, Source: source.Local}); err != nil {
+						if _, _, err := entries.Insert(txn, ipcachecell.NewEntry(p, 1<<24, source.Local)); err != nil {
 							b.Fatal(err)
 						}
 					}

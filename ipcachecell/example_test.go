@@ -82,7 +82,7 @@ func Example_ownAHandle() {
 	txn := x.db.ReadTxn()
 	entry, _, _ := x.entries.Get(txn, ipcachecell.EntryIndex.Query(prefix))
 	identity, _, _ := x.identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity))
-	fmt.Printf("%s -> local identity: %t, labels %s\n", entry.Prefix, entry.Identity.IsLocal(), identity.Labels)
+	fmt.Printf("%s -> local identity: %t, labels %s\n", entry.Prefix(), entry.Identity.IsLocal(), identity.Labels)
 	// Output:
 	// 10.0.0.0/8 -> local identity: true, labels app:web,cidr:10.0.0.0/8
 }

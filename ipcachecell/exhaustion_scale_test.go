@@ -80,7 +80,7 @@ func startExhaustion(t *testing.T, spaceSize int) *exhaustion {
 func (x *exhaustion) resolved() map[netip.Prefix]identity.Number {
 	out := map[netip.Prefix]identity.Number{}
 	for e := range x.entries.All(x.db.ReadTxn()) {
-		out[e.Prefix] = e.Identity
+		out[e.Prefix()] = e.Identity
 	}
 	return out
 }
@@ -90,8 +90,8 @@ func (x *exhaustion) waiting() map[netip.Prefix]struct{} {
 	txn := x.db.ReadTxn()
 	out := map[netip.Prefix]struct{}{}
 	for row := range x.metadata.All(txn) {
-		if _, _, found := x.entries.Get(txn, ipcachecell.EntryIndex.Query(row.Prefix)); !found {
-			out[row.Prefix] = struct{}{}
+		if _, _, found := x.entries.Get(txn, ipcachecell.EntryIndex.Query(row.Prefix())); !found {
+			out[row.Prefix()] = struct{}{}
 		}
 	}
 	return out
@@ -107,15 +107,15 @@ func (x *exhaustion) checkResolved(spaceSize int) {
 	last := identity.MinLocal + identity.Number(spaceSize) - 1
 	for e := range x.entries.All(txn) {
 		if e.Explicit || e.Identity < identity.MinLocal || e.Identity > last {
-			x.t.Fatalf("%s maps to %d (explicit %t), outside the local space", e.Prefix, e.Identity, e.Explicit)
+			x.t.Fatalf("%s maps to %d (explicit %t), outside the local space", e.Prefix(), e.Identity, e.Explicit)
 		}
 		if other, dup := seen[e.Identity]; dup {
-			x.t.Fatalf("%s and %s share identity %d", e.Prefix, other, e.Identity)
+			x.t.Fatalf("%s and %s share identity %d", e.Prefix(), other, e.Identity)
 		}
-		seen[e.Identity] = e.Prefix
+		seen[e.Identity] = e.Prefix()
 		id, _, found := x.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity))
-		if !found || id.References() != 1 || id.Labels.String() != "cidr:"+e.Prefix.String() {
-			x.t.Fatalf("%s maps to %d: allocated %t, identity %+v", e.Prefix, e.Identity, found, id)
+		if !found || id.References() != 1 || id.Labels.String() != "cidr:"+e.Prefix().String() {
+			x.t.Fatalf("%s maps to %d: allocated %t, identity %+v", e.Prefix(), e.Identity, found, id)
 		}
 	}
 	require.Equal(x.t, len(seen), x.identities.NumObjects(txn), "identities that no entry holds")

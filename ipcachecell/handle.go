@@ -288,7 +288,7 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	order := orderByPrefix(len(batch), func(i int) netip.Prefix { return batch[i].Prefix.Masked() })
 	rows := make([]*PrefixMetadata, len(batch))
 	for k, i := range order {
-		rows[k] = &PrefixMetadata{Prefix: batch[i].Prefix.Masked(), owner: h.owner, Metadata: batch[i].Metadata}
+		rows[k] = newPrefixMetadata(batch[i].Prefix.Masked(), h.owner, batch[i].Metadata)
 	}
 	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[i]); err != nil || hadOld {
@@ -296,7 +296,7 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 		}
 		return 1, nil
 	}, func(i int) {
-		h.prefixes[compact(rows[i].Prefix)] = struct{}{}
+		h.prefixes[compact(rows[i].Prefix())] = struct{}{}
 	})
 }
 
@@ -391,7 +391,7 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	order := orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i].Masked() })
 	rows := make([]*PrefixMetadata, len(prefixes))
 	for k, i := range order {
-		rows[k] = &PrefixMetadata{Prefix: prefixes[i].Masked(), owner: h.owner}
+		rows[k] = newPrefixMetadata(prefixes[i].Masked(), h.owner, Metadata{})
 	}
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Delete(txn, rows[i]); err != nil || !hadOld {
@@ -399,7 +399,7 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 		}
 		return -1, nil
 	}, func(i int) {
-		delete(h.prefixes, compact(rows[i].Prefix))
+		delete(h.prefixes, compact(rows[i].Prefix()))
 	})
 }
 
@@ -454,7 +454,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		}
 		txn := c.db.WriteTxn(c.metadata)
 		for _, prefix := range chunk {
-			if _, _, err := c.metadata.Delete(txn, &PrefixMetadata{Prefix: prefix, owner: h.owner}); err != nil {
+			if _, _, err := c.metadata.Delete(txn, newPrefixMetadata(prefix, h.owner, Metadata{})); err != nil {
 				txn.Abort()
 				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}
@@ -526,7 +526,7 @@ func (h *Handle) releaseChunks() func() []netip.Prefix {
 				done = false
 				break
 			}
-			chunk = append(chunk, row.Prefix)
+			chunk = append(chunk, row.Prefix())
 		}
 		if len(chunk) > 0 {
 			from = chunk[len(chunk)-1]

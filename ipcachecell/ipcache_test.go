@@ -38,7 +38,7 @@ func upsertAll(t *testing.T, h *Handle, prefixes []netip.Prefix) {
 func entryPrefixes(entries iter.Seq[*Entry]) []netip.Prefix {
 	var out []netip.Prefix
 	for e := range entries {
-		out = append(out, e.Prefix)
+		out = append(out, e.Prefix())
 	}
 	return out
 }
@@ -79,7 +79,7 @@ func TestLookupAddressLongestMatch(t *testing.T) {
 	} {
 		entry, found := LookupAddress(txn, f.entries, netip.MustParseAddr(addr))
 		require.True(t, found, addr)
-		require.Equal(t, want, entry.Prefix.String(), addr)
+		require.Equal(t, want, entry.Prefix().String(), addr)
 	}
 	_, found := LookupAddress(txn, f.entries, netip.MustParseAddr("192.0.2.1"))
 	require.False(t, found)
@@ -207,9 +207,9 @@ func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
 	txn := f.db.ReadTxn()
 	require.Equal(t, 256, f.metadata.NumObjects(txn))
 	for row := range f.metadata.All(txn) {
-		i := int(row.Prefix.Addr().As4()[2])
+		i := int(row.Prefix().Addr().As4()[2])
 		require.Equal(t, identity.MinLocal+identity.Number(2*256+i), row.RequestedIdentity,
-			"prefix %s", row.Prefix)
+			"prefix %s", row.Prefix())
 	}
 }
 
@@ -275,7 +275,7 @@ func TestHandleKnowsItsRows(t *testing.T) {
 			require.Zero(t, a.NumPrefixes())
 			var left []string
 			for row := range f.metadata.All(f.db.ReadTxn()) {
-				left = append(left, row.Resource()+" "+row.Prefix.String())
+				left = append(left, row.Resource()+" "+row.Prefix().String())
 			}
 			require.Equal(t, []string{"b 10.0.0.1/32", "b ::ffff:10.0.0.0/104", "b 2001:db8::/32"}, left,
 				"the IPv4 prefix and its IPv4-mapped IPv6 look-alike are different prefixes")
@@ -358,14 +358,14 @@ func TestMetadataKeysByResourceID(t *testing.T) {
 		upsertAll(t, h, []netip.Prefix{p1, p2})
 		handles[i] = h
 	}
-	require.Len(t, metadataKey(p1, 127), 7)
-	require.Len(t, metadataKey(p1, 16383), 8)
-	require.Len(t, metadataKey(netip.MustParsePrefix("2001:db8::/32"), 200), 20)
+	require.Len(t, metadataKey(nil, p1, 127), 7)
+	require.Len(t, metadataKey(nil, p1, 16383), 8)
+	require.Len(t, metadataKey(nil, netip.MustParsePrefix("2001:db8::/32"), 200), 20)
 
 	resourcesOf := func(prefix netip.Prefix) []string {
 		var out []string
 		for row := range f.metadata.Prefix(f.db.ReadTxn(), MetadataIndex.Query(prefix)) {
-			require.Equal(t, prefix, row.Prefix)
+			require.Equal(t, prefix, row.Prefix())
 			out = append(out, row.Resource())
 		}
 		slices.Sort(out)
@@ -385,7 +385,7 @@ func TestMetadataKeysByResourceID(t *testing.T) {
 	require.EqualValues(t, 200, again.owner.id)
 	upsertAll(t, again, []netip.Prefix{p2})
 	require.Contains(t, resourcesOf(p2), "r200")
-	row, _, found := f.metadata.Get(f.db.ReadTxn(), MetadataIndex.QueryFromKey(metadataKey(p2, 200)))
+	row, _, found := f.metadata.Get(f.db.ReadTxn(), MetadataIndex.QueryFromKey(metadataKey(nil, p2, 200)))
 	require.True(t, found)
 	require.Equal(t, source.Directory, row.Source())
 	require.NoError(t, again.Remove(p2))

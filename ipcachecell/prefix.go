@@ -58,6 +58,32 @@ func (k compactPrefix) prefix() netip.Prefix {
 	return netip.PrefixFrom(addr, int(k.bits))
 }
 
+// packedPrefix is a prefix as its key (package prefixkey), in 18 bytes
+// and no pointer, where a netip.Prefix takes 32 (its address's zone
+// pointer and padding). An entry holds it (Entry), and the `ipcache`
+// table's index keys the entry by these very bytes (key), not by a copy
+// of them. Its zero value is the invalid prefix (no family).
+type packedPrefix [prefixkey.MaxLen]byte
+
+func pack(prefix netip.Prefix) packedPrefix {
+	var p packedPrefix
+	if prefix.IsValid() {
+		prefixkey.Append(p[:0], prefix)
+	}
+	return p
+}
+
+// key returns the prefix's key, which is p's own bytes: what holds the
+// key holds p.
+func (p *packedPrefix) key() []byte {
+	return p[:prefixkey.LenOf(p[0])]
+}
+
+func (p *packedPrefix) unpack() netip.Prefix {
+	prefix, _ := prefixkey.Parse(p.key()) // invalid if p is zero
+	return prefix
+}
+
 // canonicalPrefix validates the prefix and clears its host bits.
 func canonicalPrefix(prefix netip.Prefix) (netip.Prefix, error) {
 	if !prefix.IsValid() {

@@ -241,18 +241,18 @@ func (f *fixture) checkAgainst(t *testing.T, step int, said map[string]map[netip
 	entries := 0
 	for entry := range f.entries.All(txn) {
 		entries++
-		w, ok := wants[entry.Prefix]
-		require.True(t, ok, "step %d: entry %s that nobody owns", step, entry.Prefix)
-		require.Equal(t, w.source, entry.Source, "step %d: source of %s", step, entry.Prefix)
+		w, ok := wants[entry.Prefix()]
+		require.True(t, ok, "step %d: entry %s that nobody owns", step, entry.Prefix())
+		require.Equal(t, w.source, entry.Source, "step %d: source of %s", step, entry.Prefix())
 		if w.explicit != 0 {
-			require.True(t, entry.Explicit, "step %d: %s", step, entry.Prefix)
-			require.Equal(t, w.explicit, entry.Identity, "step %d: %s", step, entry.Prefix)
+			require.True(t, entry.Explicit, "step %d: %s", step, entry.Prefix())
+			require.Equal(t, w.explicit, entry.Identity, "step %d: %s", step, entry.Prefix())
 			continue
 		}
-		require.False(t, entry.Explicit, "step %d: %s", step, entry.Prefix)
+		require.False(t, entry.Explicit, "step %d: %s", step, entry.Prefix())
 		ident, _, found := f.identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity))
-		require.True(t, found, "step %d: %s maps to unallocated identity %d", step, entry.Prefix, entry.Identity)
-		require.Equal(t, w.labels, ident.Labels, "step %d: labels of %s's identity", step, entry.Prefix)
+		require.True(t, found, "step %d: %s maps to unallocated identity %d", step, entry.Prefix(), entry.Identity)
+		require.Equal(t, w.labels, ident.Labels, "step %d: labels of %s's identity", step, entry.Prefix())
 		references[entry.Identity]++
 	}
 	require.Equal(t, len(wants), entries, "step %d: every owned prefix has an entry", step)

@@ -212,7 +212,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		var changed iter.Seq2[statedb.Change[*PrefixMetadata], statedb.Revision]
 		changed, watch = r.changes.Next(snapshot)
 		for change, revision := range changed {
-			queue.add(change.Object.Resource(), change.Object.Prefix, revision)
+			queue.add(change.Object.Resource(), change.Object.Prefix(), revision)
 		}
 		// The next chunk's metadata is read on another goroutine while
 		// this one's is written: the read (the rows, their merge, the
@@ -592,7 +592,7 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 	if res.labels.IsEmpty() || res.labels != currentLabels {
 		wantLabels = res.want
 	}
-	desired := &Entry{Prefix: prefix, Source: res.source}
+	desired := &Entry{prefix: pack(prefix), Source: res.source}
 	switch {
 	case res.explicit != identity.Unknown:
 		desired.Identity, desired.Explicit = res.explicit, true
@@ -666,7 +666,7 @@ func (r *resolver) releaseHeld(txn statedb.WriteTxn, entry *Entry) {
 	if _, err := r.allocator.ReleaseTxn(txn, entry.Identity); err != nil {
 		// The ipcache released only what it took: this is a bug.
 		r.log.Error("BUG: ipcache released an identity reference it did not hold",
-			"prefix", entry.Prefix, "identity", entry.Identity, "error", err)
+			"prefix", entry.Prefix(), "identity", entry.Identity, "error", err)
 	}
 }
 

@@ -102,8 +102,8 @@ func (o identityOwners) identityJSON(txn statedb.ReadTxn, ident *identitycell.Id
 	}
 	seen := map[string]bool{}
 	for entry := range o.entriesOf(txn, ident) {
-		owners := ownersJSON(txn, o.metadata, entry.Prefix)
-		out.Prefixes = append(out.Prefixes, identityPrefixJSON{Prefix: entry.Prefix.String(), Source: entry.Source.String(), Owners: owners})
+		owners := ownersJSON(txn, o.metadata, entry.Prefix())
+		out.Prefixes = append(out.Prefixes, identityPrefixJSON{Prefix: entry.Prefix().String(), Source: entry.Source.String(), Owners: owners})
 		for _, owner := range owners {
 			if !seen[owner.Resource] {
 				seen[owner.Resource] = true
@@ -198,8 +198,8 @@ func (o identityOwners) showCommand() script.Cmd {
 			fmt.Fprintf(w, "Identity:\t%s\nKind:\t%s\nLabels:\t%s\nReferences:\t%s\nPrefixes:\n",
 				ident.ID, identitycell.Kind(ident.ID), ident.Labels, references)
 			for entry := range o.entriesOf(txn, ident) {
-				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix, entry.Source)
-				for _, row := range appendPrefixRows(nil, txn, o.metadata, entry.Prefix) {
+				fmt.Fprintf(w, "  %s\t%s\n", entry.Prefix(), entry.Source)
+				for _, row := range appendPrefixRows(nil, txn, o.metadata, entry.Prefix()) {
 					fmt.Fprintf(w, "    owner %s\t%s\n", row.Resource(), row.Source())
 				}
 			}
@@ -249,8 +249,8 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 				lbls = ident.Labels.String()
 			}
 			if asJSON {
-				out := lookupJSON{Prefix: entry.Prefix.String(), Identity: entry.Identity, Source: entry.Source.String(),
-					Labels: []string{}, Explicit: entry.Explicit, Owners: ownersJSON(txn, metadata, entry.Prefix)}
+				out := lookupJSON{Prefix: entry.Prefix().String(), Identity: entry.Identity, Source: entry.Source.String(),
+					Labels: []string{}, Explicit: entry.Explicit, Owners: ownersJSON(txn, metadata, entry.Prefix())}
 				if ident, _, found := identities.Get(txn, identitycell.IdentityIndex.Query(entry.Identity)); found && !entry.Explicit {
 					out.Labels = labelList(ident.Labels)
 				}
@@ -259,8 +259,8 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			var out strings.Builder
 			w := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "Prefix:\t%s\nIdentity:\t%s\nSource:\t%s\nLabels:\t%s\nExplicit:\t%t\nOwners:\n",
-				entry.Prefix, entry.Identity, entry.Source, lbls, entry.Explicit)
-			for _, row := range appendPrefixRows(nil, txn, metadata, entry.Prefix) {
+				entry.Prefix(), entry.Identity, entry.Source, lbls, entry.Explicit)
+			for _, row := range appendPrefixRows(nil, txn, metadata, entry.Prefix()) {
 				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource(), row.Source(), row.Labels,
 					optionalIdentity(row.RequestedIdentity), optionalIdentity(row.ExplicitIdentity))
 			}

@@ -44,11 +44,39 @@ type Metadata struct {
 //
 // There is a row per prefix and owner, so its size counts (TestRowSizes
 // keeps it): what all rows of one handle share (the resource, its source)
-// is one pointer to the handle's owner, not a copy in every row.
+// is one pointer to the handle's owner, not a copy in every row. The row
+// holds its prefix as its key in the table (metadataKey), which the
+// table's index shares instead of a copy per row; Prefix returns it.
 type PrefixMetadata struct {
-	Prefix netip.Prefix
-	owner  *owner
 	Metadata
+	owner *owner
+	key   [maxMetadataKeyLen]byte
+}
+
+// maxMetadataKeyLen is the length of the longest metadataKey.
+const maxMetadataKeyLen = prefixkey.MaxLen + binary.MaxVarintLen64
+
+// newPrefixMetadata returns the row of owner's metadata for prefix, which
+// must be valid and masked.
+func newPrefixMetadata(prefix netip.Prefix, owner *owner, md Metadata) *PrefixMetadata {
+	m := &PrefixMetadata{Metadata: md, owner: owner}
+	metadataKey(m.key[:0], prefix, owner.id)
+	return m
+}
+
+// Prefix returns the prefix the metadata is for.
+func (m *PrefixMetadata) Prefix() netip.Prefix {
+	prefix, _ := prefixkey.Parse(m.key[:prefixkey.LenOf(m.key[0])])
+	return prefix
+}
+
+// rowKey returns the row's key in the table: its own bytes, which the
+// table keeps as long as the row, and the row never changes once
+// inserted.
+func (m *PrefixMetadata) rowKey() index.Key {
+	n := prefixkey.LenOf(m.key[0])
+	_, idLen := binary.Uvarint(m.key[n:])
+	return m.key[:n+idLen]
 }
 
 // owner is what every row of one handle shares. It does not change: a
@@ -79,7 +107,7 @@ type prefixMetadataEncoding struct {
 }
 
 func (m PrefixMetadata) encoding() prefixMetadataEncoding {
-	return prefixMetadataEncoding{Prefix: m.Prefix, Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
+	return prefixMetadataEncoding{Prefix: m.Prefix(), Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
 }
 
 // MarshalJSON implements json.Marshaler (the shell's db/show -format json).
@@ -108,7 +136,7 @@ func (*PrefixMetadata) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (m *PrefixMetadata) TableRow() []string {
-	return []string{m.Prefix.String(), m.Resource(), m.Source().String(), m.Labels.String(),
+	return []string{m.Prefix().String(), m.Resource(), m.Source().String(), m.Labels.String(),
 		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
 }
 
@@ -126,21 +154,85 @@ func optionalIdentity(id identity.Number) string {
 // it): no copy of the identity's labels, and no reconciliation status.
 // The datapath's writer keeps whether an entry is in the BPF map by the
 // entry's table revision (datapathcell's Datapath.IPCacheStatus), so that
-// writing an entry to the map does not rewrite its row.
+// writing an entry to the map does not rewrite its row. Its prefix is
+// held packed (Prefix returns it): a netip.Prefix alone takes 32 bytes,
+// the whole row's size class.
+//
+// Its JSON and YAML are {prefix, identity, source, explicit (when set)}.
 type Entry struct {
-	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
+	prefix packedPrefix
+
+	Source source.Source
+
+	// Explicit is set when the identity was allocated elsewhere and the
+	// ipcache holds no reference to it.
+	Explicit bool
+
+	Identity identity.Number
 
 	// unchangedSince is, when this entry replaced one with the same
 	// identity (only the source changed), that entry's revision; zero
 	// otherwise. See IdentityUnchangedSince.
 	unchangedSince statedb.Revision
+}
 
+// NewEntry returns the entry mapping prefix to id, from src. The prefix
+// must be masked, as the table's keys are (a write with another is
+// refused by nothing, but no query finds it).
+func NewEntry(prefix netip.Prefix, id identity.Number, src source.Source) *Entry {
+	return &Entry{prefix: pack(prefix), Identity: id, Source: src}
+}
+
+// Prefix returns the entry's prefix; the zero Entry's is invalid.
+func (e *Entry) Prefix() netip.Prefix { return e.prefix.unpack() }
+
+// entryEncoding is the JSON and YAML form of an entry, as it was when the
+// prefix was a field: `db/show` and anything that decodes its output see
+// the same rows.
+type entryEncoding struct {
+	Prefix   netip.Prefix    `json:"prefix" yaml:"prefix"`
 	Identity identity.Number `json:"identity" yaml:"identity"`
 	Source   source.Source   `json:"source" yaml:"source"`
+	Explicit bool            `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+}
 
-	// Explicit is set when the identity was allocated elsewhere and the
-	// ipcache holds no reference to it.
-	Explicit bool `json:"explicit,omitempty" yaml:"explicit,omitempty"`
+func (e Entry) encoding() entryEncoding {
+	return entryEncoding{Prefix: e.prefix.unpack(), Identity: e.Identity, Source: e.Source, Explicit: e.Explicit}
+}
+
+func (e *Entry) decode(enc entryEncoding) {
+	*e = Entry{prefix: pack(enc.Prefix), Identity: enc.Identity, Source: enc.Source, Explicit: enc.Explicit}
+}
+
+// MarshalJSON implements json.Marshaler.
+func (e Entry) MarshalJSON() ([]byte, error) { return json.Marshal(e.encoding()) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+//
+// Possible errors: those of encoding/json.
+func (e *Entry) UnmarshalJSON(data []byte) error {
+	var enc entryEncoding
+	if err := json.Unmarshal(data, &enc); err != nil {
+		return err
+	}
+	e.decode(enc)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler (go.yaml.in/yaml/v3).
+func (e Entry) MarshalYAML() (any, error) { return e.encoding(), nil }
+
+// UnmarshalYAML implements yaml.v3's obsolete, still supported
+// Unmarshaler, which needs no import of the YAML package here.
+//
+// Possible errors: those of the YAML decoder.
+func (e *Entry) UnmarshalYAML(unmarshal func(any) error) error {
+	var enc entryEncoding
+	if err := unmarshal(&enc); err != nil {
+		return err
+	}
+	e.decode(enc)
+	return nil
 }
 
 // TableHeader implements statedb.TableWritable.
@@ -150,7 +242,7 @@ func (*Entry) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (e *Entry) TableRow() []string {
-	return []string{e.Prefix.String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
+	return []string{e.Prefix().String(), e.Identity.String(), e.Source.String(), strconv.FormatBool(e.Explicit)}
 }
 
 // IdentityUnchangedSince returns, if this entry replaced one with the
@@ -163,7 +255,7 @@ func (e *Entry) IdentityUnchangedSince() statedb.Revision { return e.unchangedSi
 // sameMapping reports whether two entries say the same thing of their
 // prefix.
 func (e *Entry) sameMapping(other *Entry) bool {
-	return e.Prefix == other.Prefix && e.Identity == other.Identity && e.Source == other.Source &&
+	return e.prefix == other.prefix && e.Identity == other.Identity && e.Source == other.Source &&
 		e.Explicit == other.Explicit
 }
 
@@ -180,19 +272,16 @@ var (
 	_ statedb.TableWritable = &Entry{}
 )
 
-// metadataKey is the prefix key followed by the resource's id (a uvarint;
+// metadataKey appends the key of a row: the prefix key followed by the
+// resource's id (a uvarint;
 // an IPv4 row's key fits in 8 bytes while fewer than 16384 resources have
 // handles at once: ids are reused, see IPCache.freeIDs): the rows of one
 // prefix are adjacent, and a prefix query on the prefix key finds them.
 // Within a prefix, rows are in the order of their keys, not of resource
 // names: what depends on an order among a prefix's rows (the merge's
 // ties, the shell's owners) orders by name itself.
-func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
-	var id [binary.MaxVarintLen64]byte
-	n := binary.PutUvarint(id[:], resourceID)
-	// Of the exact length: the table keeps the key, a row's for its life.
-	key := make(index.Key, 0, prefixkey.Len(prefix)+n)
-	return append(prefixkey.Append(key, prefix), id[:n]...)
+func metadataKey(dst []byte, prefix netip.Prefix, resourceID uint64) []byte {
+	return binary.AppendUvarint(prefixkey.Append(dst, prefix), resourceID)
 }
 
 // MetadataIndex is the primary index of `ipcache-metadata`: (prefix,
@@ -200,7 +289,7 @@ func metadataKey(prefix netip.Prefix, resourceID uint64) index.Key {
 var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 	Name: "prefix-resource",
 	FromObject: func(m *PrefixMetadata) index.KeySet {
-		return index.NewKeySet(metadataKey(m.Prefix, m.owner.id))
+		return index.NewKeySet(m.rowKey())
 	},
 	// Querying by a prefix alone is a prefix search: every resource's row.
 	FromKey:    prefixKey,
@@ -212,7 +301,9 @@ var MetadataIndex = statedb.Index[*PrefixMetadata, netip.Prefix]{
 var EntryIndex = statedb.Index[*Entry, netip.Prefix]{
 	Name: "prefix",
 	FromObject: func(e *Entry) index.KeySet {
-		return index.NewKeySet(prefixKey(e.Prefix))
+		// The entry's own bytes (packedPrefix): the table keeps the key as
+		// long as the row, which never changes once inserted.
+		return index.NewKeySet(e.prefix.key())
 	},
 	FromKey:    prefixKey,
 	FromString: prefixKeyFromString,
@@ -238,7 +329,7 @@ func NewEntriesTable(db *statedb.DB) (statedb.RWTable[*Entry], error) {
 // EntriesWithin returns the entries whose prefix lies inside cidr, in
 // address order.
 func EntriesWithin(txn statedb.ReadTxn, entries statedb.Table[*Entry], cidr netip.Prefix) iter.Seq[*Entry] {
-	return within(txn, entries, EntryIndex.QueryFromKey, func(e *Entry) netip.Prefix { return e.Prefix }, cidr)
+	return within(txn, entries, EntryIndex.QueryFromKey, (*Entry).Prefix, cidr)
 }
 
 // LookupAddress returns the entry of the longest prefix that contains addr.

@@ -71,7 +71,7 @@ func newPrefixesOf(txn statedb.ReadTxn, entries statedb.Table[*Entry]) func(*ide
 			byIdentity = map[identity.Number][]netip.Prefix{}
 			for entry := range entries.All(txn) {
 				if !entry.Explicit && entry.Identity.IsCluster() {
-					byIdentity[entry.Identity] = append(byIdentity[entry.Identity], entry.Prefix)
+					byIdentity[entry.Identity] = append(byIdentity[entry.Identity], entry.Prefix())
 				}
 			}
 		}

@@ -27,10 +27,14 @@ func TestIdentityUsers(t *testing.T) {
 	require.NoError(t, err)
 	txn := db.WriteTxn(entries)
 	for _, e := range []*Entry{
-		{Prefix: netip.MustParsePrefix("10.0.0.1/32"), Identity: 256},
-		{Prefix: netip.MustParsePrefix("10.0.0.2/32"), Identity: 256},
-		{Prefix: netip.MustParsePrefix("10.0.0.3/32"), Identity: 300, Explicit: true},
-		{Prefix: netip.MustParsePrefix("10.1.0.0/16"), Identity: identity.MinLocal},
+		NewEntry(netip.MustParsePrefix("10.0.0.1/32"), 256, 0),
+		NewEntry(netip.MustParsePrefix("10.0.0.2/32"), 256, 0),
+		func() *Entry {
+			e := NewEntry(netip.MustParsePrefix("10.0.0.3/32"), 300, 0)
+			e.Explicit = true
+			return e
+		}(),
+		NewEntry(netip.MustParsePrefix("10.1.0.0/16"), identity.MinLocal, 0),
 	} {
 		_, _, err := entries.Insert(txn, e)
 		require.NoError(t, err)

@@ -6,7 +6,8 @@ import "errors"
 
 // ErrInvalidLabel is returned (wrapped, naming the label) by New, Parse
 // and Labels.UnmarshalText for a label that is not
-// "source:value", contains a comma or white space, or whose value is not
+// "source:value", contains a comma, white space or a control character,
+// or whose value is not
 // valid for its source (a CIDR label that does not parse or is not in
 // canonical form).
 var ErrInvalidLabel = errors.New("invalid label")

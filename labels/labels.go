@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 const (
@@ -26,8 +28,48 @@ const (
 //
 // Labels is comparable: two sets with the same members are ==.
 type Labels struct {
-	// canonical is the sorted, de-duplicated labels joined by separator.
+	// canonical is the sorted, de-duplicated labels joined by separator;
+	// or, for a set that is one prefix's cidr label alone, the prefix's
+	// key (package prefixkey), which starts with a byte no label text can
+	// (validate refuses control characters). There is such a set per CIDR
+	// identity, one per prefix in the ipcache: its text cost an allocation
+	// three times the key's per prefix, and the identities' labels index
+	// keys the set by these very bytes (PrefixKey). Every constructor packs
+	// such a set, so that == still compares members.
 	canonical string
+}
+
+// fromSorted returns the set of sorted, de-duplicated labels, packed when
+// it is one cidr label.
+func fromSorted(labels []string) Labels {
+	if len(labels) == 1 {
+		if packed, ok := packCIDR(labels[0]); ok {
+			return packed
+		}
+	}
+	return Labels{canonical: strings.Join(labels, separator)}
+}
+
+// packCIDR returns the packed set of a valid cidr label, or false for any
+// other label.
+func packCIDR(label string) (Labels, bool) {
+	value, ok := strings.CutPrefix(label, SourceCIDR+":")
+	if !ok {
+		return Labels{}, false
+	}
+	prefix, err := netip.ParsePrefix(value)
+	if err != nil {
+		return Labels{}, false
+	}
+	return ForPrefix(prefix), true
+}
+
+// packed returns the prefix of a packed set.
+func (l Labels) packed() (netip.Prefix, bool) {
+	if l.canonical == "" || l.canonical[0] >= ' ' {
+		return netip.Prefix{}, false
+	}
+	return prefixkey.Parse(l.canonical)
 }
 
 // New returns the set of the given labels.
@@ -41,7 +83,7 @@ func New(labels ...string) (Labels, error) {
 	}
 	sorted := slices.Clone(labels)
 	slices.Sort(sorted)
-	return Labels{canonical: strings.Join(slices.Compact(sorted), separator)}, nil
+	return fromSorted(slices.Compact(sorted)), nil
 }
 
 // Parse parses the comma-separated form produced by [Labels.String]. The
@@ -58,7 +100,7 @@ func Parse(s string) (Labels, error) {
 		if err := validate(s); err != nil {
 			return Labels{}, err
 		}
-		return Labels{canonical: s}, nil
+		return fromSorted([]string{s}), nil
 	}
 	return New(strings.Split(s, separator)...)
 }
@@ -66,8 +108,31 @@ func Parse(s string) (Labels, error) {
 // ForPrefix returns the set holding the cidr label of the given prefix, in
 // canonical form (host bits cleared).
 func ForPrefix(prefix netip.Prefix) Labels {
-	return Labels{canonical: CIDRLabel(prefix)}
+	prefix = prefix.Masked()
+	if !prefix.IsValid() {
+		return Labels{canonical: CIDRLabel(prefix)} // as it always read
+	}
+	var buf [maxPrefixKeyLen]byte
+	return Labels{canonical: string(prefixkey.Append(buf[:0], prefix))}
 }
+
+// maxPrefixKeyLen is the longest prefix key, an IPv6 prefix's.
+const maxPrefixKeyLen = 1 + 16 + 1
+
+// PrefixKey returns, for a set that is one prefix's cidr label alone, the
+// prefix's key (package prefixkey), and "" for any other set. The set
+// holds these bytes instead of the label's text: the identities' labels
+// index keys such a set by its prefix key, and shares them.
+func (l Labels) PrefixKey() string {
+	if _, ok := l.packed(); ok {
+		return l.canonical
+	}
+	return ""
+}
+
+// OnlyPrefix returns the prefix of a set that is one cidr label alone, and
+// false for any other set.
+func (l Labels) OnlyPrefix() (netip.Prefix, bool) { return l.packed() }
 
 // CIDRLabel returns the cidr label of the prefix, with host bits cleared.
 func CIDRLabel(prefix netip.Prefix) string {
@@ -85,9 +150,12 @@ func CIDRLabel(prefix netip.Prefix) string {
 // IsForPrefix reports whether the set is exactly ForPrefix(prefix), without
 // building its label.
 func (l Labels) IsForPrefix(prefix netip.Prefix) bool {
-	var buf [maxCIDRLabelLen]byte
-	label := prefix.Masked().AppendTo(append(buf[:0], SourceCIDR+":"...))
-	return l.canonical == string(label) // compared without a copy
+	prefix = prefix.Masked()
+	if !prefix.IsValid() {
+		return l.canonical == CIDRLabel(prefix)
+	}
+	var buf [maxPrefixKeyLen]byte
+	return l.canonical == string(prefixkey.Append(buf[:0], prefix)) // compared without a copy
 }
 
 // maxCIDRLabelLen is the longest cidr label, IPv6 text being longer than
@@ -101,6 +169,9 @@ func validate(label string) error {
 		return fmt.Errorf("%w %q: want source:value", ErrInvalidLabel, label)
 	case strings.ContainsAny(label, separator+" \t\n"):
 		return fmt.Errorf("%w %q: contains a comma or white space", ErrInvalidLabel, label)
+	case strings.ContainsFunc(label, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		// A set's packed form starts with a control character (Labels).
+		return fmt.Errorf("%w %q: contains a control character", ErrInvalidLabel, label)
 	case source == SourceCIDR:
 		prefix, err := netip.ParsePrefix(value)
 		if err != nil {
@@ -120,7 +191,23 @@ func validate(label string) error {
 }
 
 // String returns the canonical form: the sorted labels joined by commas.
-func (l Labels) String() string { return l.canonical }
+func (l Labels) String() string {
+	if prefix, ok := l.packed(); ok {
+		return CIDRLabel(prefix)
+	}
+	return l.canonical
+}
+
+// AppendText implements encoding.TextAppender: it appends String's form
+// to b, without building it first.
+//
+// Possible errors: none (the error is the interface's).
+func (l Labels) AppendText(b []byte) ([]byte, error) {
+	if prefix, ok := l.packed(); ok {
+		return prefix.AppendTo(append(b, SourceCIDR+":"...)), nil
+	}
+	return append(b, l.canonical...), nil
+}
 
 // IsEmpty reports whether the set has no labels.
 func (l Labels) IsEmpty() bool { return l.canonical == "" }
@@ -135,6 +222,9 @@ func (l Labels) Len() int {
 	if l.canonical == "" {
 		return 0
 	}
+	if _, ok := l.packed(); ok {
+		return 1
+	}
 	return strings.Count(l.canonical, separator) + 1
 }
 
@@ -142,6 +232,10 @@ func (l Labels) Len() int {
 func (l Labels) All() iter.Seq[string] {
 	return func(yield func(string) bool) {
 		if l.canonical == "" {
+			return
+		}
+		if prefix, ok := l.packed(); ok {
+			yield(CIDRLabel(prefix))
 			return
 		}
 		for label := range strings.SplitSeq(l.canonical, separator) {
@@ -172,12 +266,16 @@ func (l Labels) Union(other Labels) Labels {
 	}
 	merged := slices.AppendSeq(slices.Collect(l.All()), other.All())
 	slices.Sort(merged)
-	return Labels{canonical: strings.Join(slices.Compact(merged), separator)}
+	return fromSorted(slices.Compact(merged))
 }
 
 // Prefixes returns the prefixes named by the set's cidr labels.
 func (l Labels) Prefixes() iter.Seq[netip.Prefix] {
 	return func(yield func(netip.Prefix) bool) {
+		if prefix, ok := l.packed(); ok {
+			yield(prefix)
+			return
+		}
 		for label := range l.All() {
 			value, ok := strings.CutPrefix(label, SourceCIDR+":")
 			if !ok {
@@ -195,7 +293,7 @@ func (l Labels) Prefixes() iter.Seq[netip.Prefix] {
 // script commands use it).
 //
 // Possible errors: none (the error is the interface's).
-func (l Labels) MarshalText() ([]byte, error) { return []byte(l.canonical), nil }
+func (l Labels) MarshalText() ([]byte, error) { return l.AppendText(nil) }
 
 // UnmarshalText implements encoding.TextUnmarshaler, as Parse.
 //

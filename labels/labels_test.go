@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 func TestNewIsCanonical(t *testing.T) {
@@ -138,5 +140,71 @@ func TestCIDRLabelText(t *testing.T) {
 		if got := CIDRLabel(in); got != want {
 			t.Errorf("CIDRLabel(%v) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A set that is one cidr label alone is held as its prefix's key, whatever
+// built it: every constructor gives the same value, which reads as the
+// label's text everywhere.
+func TestOnePrefixSetsAreOneValue(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/8", "192.0.2.1/32", "0.0.0.0/0", "2001:db8::/32", "::/0", "::ffff:10.0.0.0/104"} {
+		prefix := netip.MustParsePrefix(s)
+		label := "cidr:" + s
+		byPrefix := ForPrefix(prefix)
+		parsed, err := Parse(label)
+		require.NoError(t, err)
+		built, err := New(label, label)
+		require.NoError(t, err)
+		world, _ := New("reserved:world")
+		withWorld := byPrefix.Union(world)
+		var unmarshalled Labels
+		require.NoError(t, unmarshalled.UnmarshalText([]byte(label)))
+		for _, same := range []Labels{parsed, built, unmarshalled, Labels{}.Union(byPrefix)} {
+			require.Equal(t, byPrefix, same, s)
+			require.True(t, byPrefix == same, s)
+		}
+		require.NotEqual(t, byPrefix, withWorld)
+
+		require.Equal(t, label, byPrefix.String())
+		text, err := byPrefix.MarshalText()
+		require.NoError(t, err)
+		require.Equal(t, label, string(text))
+		appended, err := byPrefix.AppendText([]byte("x="))
+		require.NoError(t, err)
+		require.Equal(t, "x="+label, string(appended))
+		require.Equal(t, 1, byPrefix.Len())
+		require.Equal(t, []string{label}, slices.Collect(byPrefix.All()))
+		require.True(t, byPrefix.Has(label))
+		require.Equal(t, []netip.Prefix{prefix}, slices.Collect(byPrefix.Prefixes()))
+		require.True(t, byPrefix.IsForPrefix(prefix))
+		require.False(t, withWorld.IsForPrefix(prefix))
+		only, ok := byPrefix.OnlyPrefix()
+		require.True(t, ok)
+		require.Equal(t, prefix, only)
+		require.Equal(t, string(prefixkey.Append(nil, prefix)), byPrefix.PrefixKey())
+		require.Empty(t, withWorld.PrefixKey())
+		_, ok = withWorld.OnlyPrefix()
+		require.False(t, ok)
+		require.Equal(t, "cidr:"+s+",reserved:world", withWorld.String())
+		require.Equal(t, []netip.Prefix{prefix}, slices.Collect(withWorld.Prefixes()))
+
+		data, err := json.Marshal(byPrefix)
+		require.NoError(t, err)
+		require.JSONEq(t, `"`+label+`"`, string(data))
+	}
+	other, _ := New("reserved:world")
+	require.Empty(t, other.PrefixKey())
+	require.Empty(t, Labels{}.PrefixKey())
+	require.Equal(t, 1, other.Len())
+}
+
+// No label text may start as a packed set does, or two sets would share a
+// value.
+func TestControlCharactersRejected(t *testing.T) {
+	for _, bad := range []string{"\x04a:b", "a:\x06", "a:b\x7f", "k8s:a\x00"} {
+		_, err := New(bad)
+		require.ErrorIs(t, err, ErrInvalidLabel, "label %q", bad)
+		_, err = Parse(bad)
+		require.ErrorIs(t, err, ErrInvalidLabel, "label %q", bad)
 	}
 }

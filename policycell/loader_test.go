@@ -90,7 +90,7 @@ func (f *loaderFixture) owned(resource string) []string {
 	var out []string
 	for m := range f.metadata.All(f.db.ReadTxn()) {
 		if m.Resource() == resource {
-			out = append(out, m.Prefix.String())
+			out = append(out, m.Prefix().String())
 		}
 	}
 	slices.Sort(out)

@@ -389,7 +389,7 @@ func explainCommand(db *statedb.DB, src explainSources) script.Cmd {
 				out.Port = args[2]
 			}
 			if entry, found := ipcachecell.LookupPrefix(txn, src.ipcache, peer); found {
-				out.Identity, out.Prefix = entry.Identity, entry.Prefix.String()
+				out.Identity, out.Prefix = entry.Identity, entry.Prefix().String()
 			}
 			if row, _, found := src.enforcement.Get(txn, policy.EnforcementIndex.Query(policy.EnforcementKey{Subject: pkt.Subject, Direction: dir})); found {
 				out.Enforced, out.HasDeny = row.Enforced, row.HasDeny
@@ -525,12 +525,12 @@ func (src explainSources) explainDecision(out *strings.Builder, txn statedb.Read
 				peer = fmt.Sprintf("endpoint %s (%s), ", ep.ID(), where)
 			}
 		}
-		fmt.Fprintf(out, "Identity: %s (%sipcache prefix %s, labels %s)\n", id, peer, entry.Prefix, lbls)
+		fmt.Fprintf(out, "Identity: %s (%sipcache prefix %s, labels %s)\n", id, peer, entry.Prefix(), lbls)
 		var kind reconciler.StatusKind
 		var writeErr error
 		if src.datapath != nil {
 			// The entry's status is the datapath writer's, by revision.
-			_, rev, _ := src.ipcache.Get(txn, ipcachecell.EntryIndex.Query(entry.Prefix))
+			_, rev, _ := src.ipcache.Get(txn, ipcachecell.EntryIndex.Query(entry.Prefix()))
 			kind, writeErr = src.datapath.IPCacheStatus(rev)
 		}
 		if kind == reconciler.StatusKindError {
@@ -610,11 +610,11 @@ func (src explainSources) narrower(out *strings.Builder, txn statedb.ReadTxn, ci
 	var inside []string
 	n := 0
 	for entry := range ipcachecell.EntriesWithin(txn, src.ipcache, cidr) {
-		if entry.Prefix == cidr {
+		if entry.Prefix() == cidr {
 			continue
 		}
 		if n++; len(inside) < narrowerShown {
-			inside = append(inside, fmt.Sprintf("%s (identity %s)", entry.Prefix, entry.Identity))
+			inside = append(inside, fmt.Sprintf("%s (identity %s)", entry.Prefix(), entry.Identity))
 		}
 	}
 	if n == 0 {

@@ -226,9 +226,9 @@ func TestExplainEntryNotWritten(t *testing.T) {
 	full := reconciler.StatusError(errors.New("policy map is full"))
 	txn := db.WriteTxn(ipcache, entries, enforcement, policies)
 	for _, e := range []*ipcachecell.Entry{
-		{Prefix: netip.MustParsePrefix("10.0.0.0/24"), Identity: 16777217},
-		{Prefix: netip.MustParsePrefix("10.0.1.0/24"), Identity: 16777218},
-		{Prefix: netip.MustParsePrefix("10.0.2.0/24"), Identity: 16777217},
+		ipcachecell.NewEntry(netip.MustParsePrefix("10.0.0.0/24"), 16777217, 0),
+		ipcachecell.NewEntry(netip.MustParsePrefix("10.0.1.0/24"), 16777218, 0),
+		ipcachecell.NewEntry(netip.MustParsePrefix("10.0.2.0/24"), 16777217, 0),
 	} {
 		_, _, err := ipcache.Insert(txn, e)
 		require.NoError(t, err)

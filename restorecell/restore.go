@@ -351,9 +351,9 @@ func (r *Restorer) heldOnlyByRestore() int {
 		}
 	}
 	for row := range r.metadata.All(r.db.ReadTxn()) {
-		if row.Prefix != current || rows == 0 {
+		if row.Prefix() != current || rows == 0 {
 			count()
-			current, rows, hasRestore = row.Prefix, 0, false
+			current, rows, hasRestore = row.Prefix(), 0, false
 		}
 		rows++
 		hasRestore = hasRestore || row.Resource() == Resource

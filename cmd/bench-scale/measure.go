@@ -141,7 +141,7 @@ func tableInsertFloor(prefixes []netip.Prefix) (time.Duration, error) {
 	for first := 0; first < len(prefixes); first += 4096 {
 		txn := db.WriteTxn(entries)
 		for _, p := range prefixes[first:min(first+4096, len(prefixes))] {
-			if _, _, err := entries.Insert(txn, &ipcachecell.Entry{Prefix: p, Identity: identity.MinLocal, Source: source.Local}); err != nil {
+			if _, _, err := entries.Insert(txn, ipcachecell.NewEntry(p, identity.MinLocal, source.Local)); err != nil {
 				txn.Abort()
 				return 0, fmt.Errorf("insert into the table for the floor: %w", err)
 			}

@@ -20,6 +20,22 @@ const (
 	familyIPv6 = 6
 )
 
+// MaxLen is the length of the longest key, an IPv6 prefix's.
+const MaxLen = 1 + 16 + 1
+
+// LenOf returns the length of a key that starts with family, its first
+// byte, and 0 if family is not one Append writes.
+func LenOf(family byte) int {
+	switch family {
+	case familyIPv4:
+		return 1 + 4 + 1
+	case familyIPv6:
+		return MaxLen
+	default:
+		return 0
+	}
+}
+
 // Len returns the length of the key of a prefix.
 func Len(prefix netip.Prefix) int {
 	if prefix.Addr().Is4() {
@@ -40,6 +56,24 @@ func Append(dst []byte, prefix netip.Prefix) []byte {
 		dst = append(append(dst, familyIPv6), a[:]...)
 	}
 	return append(dst, byte(prefix.Bits()))
+}
+
+// Parse returns the prefix of a key Append wrote, and false for anything
+// else.
+func Parse[Key ~string | ~[]byte](key Key) (netip.Prefix, bool) {
+	var addr netip.Addr
+	switch {
+	case len(key) == 1+4+1 && key[0] == familyIPv4:
+		addr = netip.AddrFrom4([4]byte{key[1], key[2], key[3], key[4]})
+	case len(key) == 1+16+1 && key[0] == familyIPv6:
+		var a [16]byte
+		copy(a[:], key[1:17])
+		addr = netip.AddrFrom16(a)
+	default:
+		return netip.Prefix{}, false
+	}
+	prefix := netip.PrefixFrom(addr, int(key[len(key)-1]))
+	return prefix, prefix.IsValid() && prefix == prefix.Masked()
 }
 
 // RangeStart returns the first key of the range of prefixes inside cidr:

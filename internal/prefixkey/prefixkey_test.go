@@ -56,3 +56,28 @@ func TestCompareIsKeyOrder(t *testing.T) {
 		}
 	}
 }
+
+func TestParseInvertsAppend(t *testing.T) {
+	for _, s := range []string{"0.0.0.0/0", "10.0.0.0/8", "192.0.2.1/32", "::/0", "2001:db8::/32", "::ffff:10.0.0.0/104", "ff::1/128"} {
+		p := netip.MustParsePrefix(s)
+		got, ok := Parse(Append(nil, p))
+		require.True(t, ok, s)
+		require.Equal(t, p, got, s)
+		got, ok = Parse(string(Append(nil, p)))
+		require.True(t, ok, s)
+		require.Equal(t, p, got, s)
+	}
+	for _, bad := range [][]byte{nil, {4, 10, 0, 0, 0}, {4, 10, 0, 0, 1, 8}, {4, 10, 0, 0, 0, 33}, {5, 10, 0, 0, 0, 8}, {6, 1}} {
+		_, ok := Parse(bad)
+		require.False(t, ok, "%x", bad)
+	}
+}
+
+func TestLenOf(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/8", "2001:db8::/32"} {
+		p := netip.MustParsePrefix(s)
+		require.Equal(t, Len(p), LenOf(Append(nil, p)[0]), s)
+		require.LessOrEqual(t, Len(p), MaxLen, s)
+	}
+	require.Zero(t, LenOf(0))
+}

@@ -38,7 +38,7 @@ func (a *agent) checkReferences() string {
 			continue
 		}
 		if ident, _, found := a.identities.Get(txn, identitycell.IdentityIndex.Query(e.Identity)); !found || !ident.Allocated() {
-			return fmt.Sprintf("entry %s maps to identity %d, which is not allocated", e.Prefix, e.Identity)
+			return fmt.Sprintf("entry %s maps to identity %d, which is not allocated", e.Prefix(), e.Identity)
 		}
 		refs[e.Identity]++
 	}
@@ -153,12 +153,12 @@ func (a *agent) checkConverged(m *model) string {
 	n = 0
 	for row := range a.metadata.All(txn) {
 		n++
-		md, ok := m.metadata[row.Resource()][row.Prefix]
+		md, ok := m.metadata[row.Resource()][row.Prefix()]
 		switch {
 		case !ok:
-			return fmt.Sprintf("metadata %s of %s that the resource does not have", row.Prefix, row.Resource())
+			return fmt.Sprintf("metadata %s of %s that the resource does not have", row.Prefix(), row.Resource())
 		case md != row.Metadata || m.sources[row.Resource()] != row.Source():
-			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix, row.Resource(), row.Metadata, row.Source(), md)
+			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix(), row.Resource(), row.Metadata, row.Source(), md)
 		}
 	}
 	want := 0
@@ -180,19 +180,19 @@ func (a *agent) checkConverged(m *model) string {
 	n = 0
 	for e, rev := range a.entries.All(txn) {
 		n++
-		w := m.entries[e.Prefix]
+		w := m.entries[e.Prefix()]
 		kind, writeErr := a.datapath.IPCacheStatus(rev)
 		switch {
 		case w == nil:
-			return fmt.Sprintf("ipcache entry %s that nobody owns", e.Prefix)
+			return fmt.Sprintf("ipcache entry %s that nobody owns", e.Prefix())
 		case e.Source != w.source:
-			return fmt.Sprintf("ipcache entry %s has source %s, want %s", e.Prefix, e.Source, w.source)
+			return fmt.Sprintf("ipcache entry %s has source %s, want %s", e.Prefix(), e.Source, w.source)
 		case w.explicit != 0 && (!e.Explicit || e.Identity != w.explicit):
-			return fmt.Sprintf("ipcache entry %s is %d (explicit %t), want explicit %d", e.Prefix, e.Identity, e.Explicit, w.explicit)
+			return fmt.Sprintf("ipcache entry %s is %d (explicit %t), want explicit %d", e.Prefix(), e.Identity, e.Explicit, w.explicit)
 		case w.explicit == 0 && (e.Explicit || labelsOf(e.Identity) != w.labels):
-			return fmt.Sprintf("ipcache entry %s has identity %d with labels %s (explicit %t), want %s", e.Prefix, e.Identity, labelsOf(e.Identity), e.Explicit, w.labels)
+			return fmt.Sprintf("ipcache entry %s has identity %d with labels %s (explicit %t), want %s", e.Prefix(), e.Identity, labelsOf(e.Identity), e.Explicit, w.labels)
 		case kind != reconciler.StatusKindDone:
-			return fmt.Sprintf("ipcache entry %s not reconciled: %s %v", e.Prefix, kind, writeErr)
+			return fmt.Sprintf("ipcache entry %s not reconciled: %s %v", e.Prefix(), kind, writeErr)
 		}
 	}
 	if n != len(m.entries) {
@@ -206,8 +206,8 @@ func (a *agent) checkConverged(m *model) string {
 		return err.Error()
 	}
 	for e := range a.entries.All(txn) {
-		if id, ok := pinned[e.Prefix]; !ok || id != e.Identity {
-			return fmt.Sprintf("pinned ipcache map has %s -> %d (present %t), the table %d", e.Prefix, id, ok, e.Identity)
+		if id, ok := pinned[e.Prefix()]; !ok || id != e.Identity {
+			return fmt.Sprintf("pinned ipcache map has %s -> %d (present %t), the table %d", e.Prefix(), id, ok, e.Identity)
 		}
 	}
 	if len(pinned) != n {
