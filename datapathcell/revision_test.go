@@ -25,6 +25,7 @@ import (
 // pass.
 func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	counter, err := newRevisionCounter(maps.Revision)
 	require.NoError(t, err)
@@ -110,6 +111,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 // is never trusted once the direction is enforced.
 func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
@@ -132,6 +134,7 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 // its replies.
 func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
@@ -160,6 +163,7 @@ func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 
 func TestPrivilegedRevisionCounter(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
 		m, err := ebpf.NewMap(spec)
 		require.NoError(t, err)
@@ -210,6 +214,7 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 // taken; the writers' writes, which do, are seen by the next SYN.
 func TestPrivilegedDecisionKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	counter, err := newRevisionCounter(maps.Revision)
 	require.NoError(t, err)
