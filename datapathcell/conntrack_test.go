@@ -135,6 +135,7 @@ func lookupConntrack(maps enforcerMaps, key bpfmaps.ConntrackKey, v *bpfmaps.Con
 // the egress rule stops an established connection.
 func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, ctPeer4, ctPeer6, ctOther4)
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
@@ -211,6 +212,7 @@ func TestPrivilegedConntrackRepliesOfAllowedConnections(t *testing.T) {
 // through an egress that allows nothing.
 func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
 	putIdentity(t, maps, ctPeer4+"/32", testIdentityAllowed)
@@ -235,6 +237,7 @@ func TestPrivilegedConntrackIngressConnectionReplies(t *testing.T) {
 // speak after the reply.)
 func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
 	small, err := ebpf.NewMap(bpfmaps.ConntrackOpeningSpec(64))
@@ -261,6 +264,7 @@ func TestPrivilegedConntrackFullMapEvicts(t *testing.T) {
 // conntrack cell's collector deletes them once expired: conntrackcell).
 func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, ctPeer4)
 	maps := newTestEnforcerMaps(t)
 	const timeout = 2 * time.Second
@@ -291,6 +295,7 @@ func TestPrivilegedConntrackExpiredEntriesAreCollected(t *testing.T) {
 // differs, like the other maps.
 func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	dir := filepath.Join(newTestLinksDir(t), "..")
 	require.NoError(t, os.MkdirAll(dir, 0o700)) // bpfmaps.Open makes it before
 	log := hivetest.Logger(t)
@@ -353,7 +358,9 @@ func TestPrivilegedConntrackMapPinReuseMigrateReplace(t *testing.T) {
 // was kept takes its expiry from the kept value. The test plants a false
 // time in every CPU's slot, keeping the jiffy, and looks for a new
 // connection's expiry computed from it; a tick between the two runs makes
-// the program read the clock again, so it tries a few times.
+// the program read the clock again, so it tries a few times. Not
+// parallel: each try must run both packets in one jiffy on one CPU, which
+// the package's other tests, taking the CPUs, make rarer.
 func TestPrivilegedConntrackClockReadOncePerJiffy(t *testing.T) {
 	privileged.Test(t)
 	maps := newTestEnforcerMaps(t)

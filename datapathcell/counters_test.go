@@ -18,6 +18,7 @@ import (
 // different slots.
 func TestPrivilegedCountersBytesAndDropReasons(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := benchMaps(t)
 	setEnforced(t, maps, true, true)
 	enf, err := loadEnforcer(maps)

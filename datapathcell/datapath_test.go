@@ -145,6 +145,7 @@ func upsertHosts(t *testing.T, h *ipcachecell.Handle, a, b byte, n int, ident ui
 }
 
 func TestPrivilegedRowsAndDeletionsReachTheMap(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a, _ := e.start(t, "")
 	h, err := a.ipcache.NewHandle("test", source.Local)
@@ -164,6 +165,7 @@ func TestPrivilegedRowsAndDeletionsReachTheMap(t *testing.T) {
 // TestPrivilegedPruneOnlyAfterInitialization: entries of the pinned map that
 // nobody wants survive until every producer is done, then go.
 func TestPrivilegedPruneOnlyAfterInitialization(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	h, err := first.ipcache.NewHandle("test", source.Local)
@@ -193,6 +195,7 @@ func TestPrivilegedPruneOnlyAfterInitialization(t *testing.T) {
 }
 
 func TestPrivilegedIncompatibleMapIsReplaced(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	// A first run creates the pin directory on the bpffs mount.
 	first, _ := e.start(t, "")
@@ -218,6 +221,7 @@ func TestPrivilegedIncompatibleMapIsReplaced(t *testing.T) {
 }
 
 func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "", "--ipcache-map-max-entries=1000")
 	h, err := first.ipcache.NewHandle("test", source.Local)
@@ -240,6 +244,7 @@ func TestPrivilegedMaxEntriesChangeKeepsEveryEntry(t *testing.T) {
 // TestPrivilegedRestartWritesOnlyChanges: after a restart, entries the
 // pinned map already holds with the same value are not written again.
 func TestPrivilegedRestartWritesOnlyChanges(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	h, err := first.ipcache.NewHandle("test", source.Local)
@@ -288,6 +293,7 @@ func rawIPCacheKey(prefixLen uint32, clusterID uint16, family byte, ip ...byte) 
 // go at the first prune; a key with host bits set is its masked prefix's
 // entry: kept, not renumbered, not rewritten.
 func TestPrivilegedUnreadablePinnedKeysGoAtTheFirstPrune(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	first.stop()
@@ -345,6 +351,7 @@ func countPinned(t *testing.T, m *ebpf.Map) int {
 // u64 packets) is replaced by one of 16 entries of packets and bytes,
 // which Counters reads.
 func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	first.stop()
@@ -370,6 +377,7 @@ func TestPrivilegedOldCountersLayoutIsReplaced(t *testing.T) {
 // keeps its counts, each in its direction's slot of the current layout
 // (direction*8 + slot), not copied index for index.
 func TestPrivilegedPreviousCountersLayoutIsMigrated(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	first.stop()

@@ -77,6 +77,7 @@ func egressDrops(t *testing.T, maps enforcerMaps, reason bpfmaps.Reason) uint64 
 // with deny rules only.
 func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const peerA, peerB = "10.200.0.2", "10.200.0.3"
 	const idA, idB = testIdentityAllowed, testIdentityDenied
 	nw := newEndpointNetwork(t, peerA, peerB)
@@ -196,6 +197,7 @@ func TestPrivilegedDenyPortRangesICMPAndDenyOnly(t *testing.T) {
 // run's identity-0 key counts from the first call.
 func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	m, err := ebpf.NewMap(bpfmaps.PolicySpec(16))
 	require.NoError(t, err)
 	t.Cleanup(func() { m.Close() })
@@ -243,6 +245,7 @@ func TestPrivilegedPolicyWriterTellsAnyIdentity(t *testing.T) {
 
 // TestEnforcementOf: a row's enforcement map value.
 func TestEnforcementOf(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		enforced, hasDeny bool
 		want              bpfmaps.EnforcementValue

@@ -58,6 +58,7 @@ func newTestNetns(t *testing.T, what string) string {
 // each has devices of its own names.
 func TestPrivilegedDevicesScript(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	ns := newTestNetns(t, "devices")
 	if !netnstest.InProcessNetns(t, ns, testNetnsEnv+"_DEVICES="+ns) {
 		return

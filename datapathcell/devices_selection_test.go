@@ -9,6 +9,7 @@ import (
 )
 
 func TestDeviceSelection(t *testing.T) {
+	t.Parallel()
 	s := newDeviceSelection([]string{"eth0", "lxc+", "veth-a+"})
 	for name, want := range map[string]bool{
 		"eth0": true, "eth01": false, "eth": false,
@@ -21,6 +22,7 @@ func TestDeviceSelection(t *testing.T) {
 }
 
 func TestConfigValidateDevices(t *testing.T) {
+	t.Parallel()
 	valid := func(devices ...string) error {
 		c := DefaultConfig
 		c.Devices = devices

@@ -49,7 +49,9 @@ const (
 // once the device is up the allowed address answers, so the device
 // carries traffic with the program on it. It logs how long after the
 // device's creation the program was attached, and how long before the
-// device was up.
+// device was up. Not parallel: the agent must attach within the few tens
+// of milliseconds between the device's creation and its being up, a race
+// that CPU taken by the package's other tests would tilt.
 func TestPrivilegedDeviceRecreatedIsEnforced(t *testing.T) {
 	privileged.Test(t)
 	ep := newTestNetns(t, "rcep")

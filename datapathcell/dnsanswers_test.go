@@ -143,6 +143,7 @@ func (r *dnsRecRig) query(endpoint, server netip.Addr, local uint16) {
 }
 
 func TestPrivilegedDNSAnswersRecorded(t *testing.T) {
+	t.Parallel()
 	r := newDNSRecRig(t)
 	for _, f := range []struct {
 		name             string
@@ -177,6 +178,7 @@ func TestPrivilegedDNSAnswersRecorded(t *testing.T) {
 }
 
 func TestPrivilegedDNSAnswersTruncated(t *testing.T) {
+	t.Parallel()
 	r := newDNSRecRig(t)
 	r.query(benchEndpoint, benchPeer, dnsRecEndpointPort)
 	payload := make([]byte, 1500)
@@ -195,6 +197,7 @@ func TestPrivilegedDNSAnswersTruncated(t *testing.T) {
 // What is not recorded: no proxy configured, the proxy's own answer, a
 // dropped packet, one policy passes that is no reply, TCP, a fragment.
 func TestPrivilegedDNSAnswersNotRecorded(t *testing.T) {
+	t.Parallel()
 	r := newDNSRecRig(t)
 	server := netip.AddrPortFrom(benchPeer, 53)
 	answerTo := func(port uint16) []byte {
@@ -256,6 +259,7 @@ func TestPrivilegedDNSAnswersNotRecorded(t *testing.T) {
 // A full ring: the answers it cannot take are counted, per CPU, in the
 // pinned lost counter, and none is both recorded and counted.
 func TestPrivilegedDNSAnswersLost(t *testing.T) {
+	t.Parallel()
 	r := newDNSRecRig(t)
 	r.query(benchEndpoint, benchPeer, dnsRecEndpointPort)
 	answer := udpFrame(netip.AddrPortFrom(benchPeer, 53), netip.AddrPortFrom(benchEndpoint, dnsRecEndpointPort), make([]byte, 100))
@@ -277,6 +281,7 @@ func TestPrivilegedDNSAnswersLost(t *testing.T) {
 // the reader before it read.
 func TestPrivilegedDNSAnswersPinnedAcrossReaders(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	dir := bpfmaps.PinDir(bpfRootOf(newTestLinksDir(t)))
 	log := slog.New(slog.DiscardHandler)
 	sizes := bpfmaps.Sizes{IPCache: 1024, Policy: 512, Conntrack: 4096, ConntrackOpening: 1024}
@@ -328,6 +333,7 @@ func TestPrivilegedDNSAnswersPinnedAcrossReaders(t *testing.T) {
 // bpfmaps.DecodeDNSAnswer reads the program's struct dns_answer (its Go
 // type generated from the object's BTF) field by field.
 func TestDNSAnswerLayout(t *testing.T) {
+	t.Parallel()
 	in := bpf.EnforceDnsAnswer{Family: 2, Length: 1500, Ifindex: 7}
 	endpoint, server := netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::35")
 	in.EndpointAddr, in.ServerAddr = endpoint.As16(), server.As16()

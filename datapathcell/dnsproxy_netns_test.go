@@ -261,6 +261,7 @@ func (a *proxyAnswers) saw(client netip.Addr, name string) bool {
 // and those without a port are not.
 func TestPrivilegedDNSProxySteering(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	if !netnstest.InFreshProcessNetns(t, "ipca-dns", true) {
 		return
 	}

@@ -16,6 +16,7 @@ import (
 // while the agent is stopped and after a restart, until an agent writes
 // its own; the maps are not open after stop.
 func TestPrivilegedDNSProxyPortAcrossRestart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	pinnedPort := func() uint16 {
 		t.Helper()
@@ -45,6 +46,7 @@ func TestPrivilegedDNSProxyPortAcrossRestart(t *testing.T) {
 // count while the maps are open; the ring stays pinned when the agent
 // stops.
 func TestPrivilegedDNSAnswersAPI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a, _ := e.start(t, "")
 	ring, err := a.datapath.DNSAnswers()

@@ -28,6 +28,7 @@ import (
 // to be absent. A device key's slot is looked up and skipped alike.
 func TestPrivilegedEndpointSlotsAsTheProgram(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	// The endpoint's subject drops what it sends; the default passes it.
@@ -84,6 +85,7 @@ func TestPrivilegedEndpointSlotsAsTheProgram(t *testing.T) {
 // measure the skipped lookup (and its case with every slot looked up,
 // the lookup).
 func TestEndpointSlotOfBenchmark(t *testing.T) {
+	t.Parallel()
 	own := endpointSlot(bpfmaps.NewEndpointKey(benchEndpoint))
 	for i := range benchEndpoints {
 		addr := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
@@ -99,6 +101,7 @@ func TestEndpointSlotOfBenchmark(t *testing.T) {
 // word of another address in the slot is not the packet's.
 func TestPrivilegedEndpointWordsAsTheProgram(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	// The endpoint's subject drops what it sends; the default passes it.
@@ -186,6 +189,7 @@ func TestPrivilegedEndpointWordsMapped(t *testing.T) {
 // two addresses, counting the other keys given (an address the map may
 // hold meanwhile), nor for IPv6 addresses and devices.
 func TestEndpointWordsOf(t *testing.T) {
+	t.Parallel()
 	a, b := netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("10.7.0.2")
 	ka, kb := bpfmaps.NewEndpointKey(a), bpfmaps.NewEndpointKey(b)
 	require.NotEqual(t, endpointSlot(ka), endpointSlot(kb))

@@ -45,6 +45,7 @@ func spoofedDrops(t *testing.T, maps enforcerMaps) uint64 {
 // whose address it carried. The endpoint itself still speaks on host0.
 func TestPrivilegedSpoofedSourceDropped(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, "10.200.0.2")
 	spoofer := fmt.Sprintf("ipca-sp-%d-%d", os.Getpid(), netnsSeq.Add(1))
 	ipCmd(t, "netns", "add", spoofer)
@@ -114,6 +115,7 @@ func TestPrivilegedSpoofedSourceDropped(t *testing.T) {
 // an allow there does not help the endpoint).
 func TestPrivilegedEndpointPolicy(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, "10.200.0.2")
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)

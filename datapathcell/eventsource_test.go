@@ -20,6 +20,7 @@ import (
 
 // Without a loaded program there is nothing to read.
 func TestProgramEventsWithoutProgram(t *testing.T) {
+	t.Parallel()
 	source := newProgramEvents(&Datapath{})
 	_, err := source.Ring()
 	require.ErrorIs(t, err, events.ErrNoProgram)
@@ -33,6 +34,7 @@ func TestProgramEventsWithoutProgram(t *testing.T) {
 // record decodes to the packet.
 func TestPrivilegedProgramWritesEvents(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := benchMaps(t)
 	setEnforced(t, maps, true, true)
 	enf, err := loadEnforcer(maps)

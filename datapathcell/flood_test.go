@@ -39,6 +39,7 @@ func handshake(t *testing.T, enf *enforcer, peer, endpoint netip.AddrPort) {
 // passing both ways.
 func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	allowInboundPort80(t, maps)
@@ -72,6 +73,7 @@ func TestPrivilegedEstablishedConnectionSurvivesSYNFlood(t *testing.T) {
 // counts it.
 func TestPrivilegedConntrackFullIsCounted(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	small, err := ebpf.NewMap(bpfmaps.ConntrackSpec(4))
 	require.NoError(t, err)

@@ -238,6 +238,7 @@ func verdicts(n int, v bool) []bool {
 }
 
 func TestPrivilegedFragments(t *testing.T) {
+	t.Parallel()
 	r := newFragRig(t)
 	for _, p := range fragPaths() {
 		d := p.direction
@@ -400,6 +401,7 @@ func TestPrivilegedFragments(t *testing.T) {
 // chain the program drops (ext-headers) in a first fragment or an
 // unfragmented packet.
 func TestPrivilegedIPv6LaterFragmentNotParsedAsHeaders(t *testing.T) {
+	t.Parallel()
 	r := newFragRig(t)
 	p := fragPaths()[2] // IPv6 egress
 	require.Equal(t, "IPv6 egress", p.name)

@@ -209,6 +209,7 @@ func (f *writerFixture) waitStatus(rev statedb.Revision, kind reconciler.StatusK
 // retried until the write succeeds, then Done, and the watermark clears.
 // The other keys of its batch are written meanwhile.
 func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
+	t.Parallel()
 	f := newWriterFixture(t, nil)
 	failure := errors.New("injected failure")
 	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), failure)
@@ -254,6 +255,7 @@ func TestIPCacheWriterRetriesFailedKey(t *testing.T) {
 // revision is no longer Error, the watermark moves, and the new value is
 // written when it can be.
 func TestIPCacheWriterNewChangeSupersedesFailure(t *testing.T) {
+	t.Parallel()
 	f := newWriterFixture(t, nil)
 	failure := errors.New("injected failure")
 	f.m.setFail(netip.MustParsePrefix("10.0.0.2/32"), failure)
@@ -280,6 +282,7 @@ func TestIPCacheWriterNewChangeSupersedesFailure(t *testing.T) {
 // re-asserted by its owner (only its source changes), costs no map write;
 // both revisions are Done.
 func TestIPCacheWriterSourceOnlyChangeWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := newWriterFixture(t, map[netip.Prefix]uint32{netip.MustParsePrefix("10.0.0.1/32"): 100})
 	restored := f.upsert("10.0.0.1/32", 100, source.Restored)
 	require.NoError(t, f.waitStatus(restored, reconciler.StatusKindDone))
@@ -297,6 +300,7 @@ func TestIPCacheWriterSourceOnlyChangeWritesNothing(t *testing.T) {
 // The writer prunes once the table is initialized (not before), then when
 // asked: keys no entry has are deleted.
 func TestIPCacheWriterPrunesAfterInitialization(t *testing.T) {
+	t.Parallel()
 	f := newWriterFixture(t, map[netip.Prefix]uint32{
 		netip.MustParsePrefix("10.0.0.1/32"): 100,
 		netip.MustParsePrefix("10.9.9.9/32"): 999, // stale: no entry
@@ -325,6 +329,7 @@ func TestIPCacheWriterPrunesAfterInitialization(t *testing.T) {
 // only the entry's source: a new revision whose identity the map already
 // has, which the writer does not write again.
 func TestIPCacheWriterSourceOnlyChangeAfterPrune(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 16384)
 	require.Eventually(t, func() bool { return f.datapath.Prunes(bpfmaps.IPCacheName) >= 1 }, 10*time.Second, time.Millisecond)
 	prefix := netip.MustParsePrefix("10.7.0.1/32")

@@ -482,6 +482,7 @@ const pinged = "10.1.2.3"
 // the address dropped: enforcement switches on after the entries are in
 // both maps, and off before they go.
 func TestOrderFirstAndLastPolicy(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 16384)
 	f.converged("start", f.has())
 	f.maps.watch(pinged, uint8(policy.Egress))
@@ -500,8 +501,10 @@ func TestOrderFirstAndLastPolicy(t *testing.T) {
 // address with 2,000 other /32s gets identities of its own (a second
 // policy names them), and goes again.
 func TestOrderNarrowerPrefixComesAndGoes(t *testing.T) {
+	t.Parallel()
 	for _, dir := range []policy.Direction{policy.Egress, policy.Ingress} {
 		t.Run(dir.String(), func(t *testing.T) {
+			t.Parallel()
 			rule := func(cidrs ...string) string {
 				if dir == policy.Egress {
 					return "egress:\n  - toCIDR: [" + strings.Join(cidrs, ", ") + "]\n"
@@ -528,6 +531,7 @@ func TestOrderNarrowerPrefixComesAndGoes(t *testing.T) {
 // TestOrderPolicyEditSwapsTheCIDR: an edit swaps the allowing CIDR for
 // another that covers the address, narrower and then wider.
 func TestOrderPolicyEditSwapsTheCIDR(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("p.yaml", egressPolicy("p", `"10.1.0.0/16"`))
 	f.converged("/16", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))
@@ -543,6 +547,7 @@ func TestOrderPolicyEditSwapsTheCIDR(t *testing.T) {
 // covers the address, and removes it: the prefix moves to a new identity
 // and back.
 func TestOrderLabelsChange(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("p.yaml", egressPolicy("p", `"10.1.0.0/16"`))
 	f.converged("policy", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))
@@ -567,6 +572,7 @@ func TestOrderLabelsChange(t *testing.T) {
 // identity, the address keeps its old, allowed identity; the ipcache entry
 // says why; once room appears, the address moves to its own identity.
 func TestOrderFullPolicyMap(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 3)
 	f.writePolicy("wide.yaml", egressPolicy("wide", `"10.1.0.0/16"`))
 	f.writePolicy("other.yaml", egressPolicy("other", `"10.9.0.0/16"`, `"10.8.0.0/16"`))
@@ -592,6 +598,7 @@ func TestOrderFullPolicyMap(t *testing.T) {
 // TestRecordingMapsSeeADrop makes sure the check can fail: a policy entry
 // deleted under an ipcache entry that points at it is a violation.
 func TestRecordingMapsSeeADrop(t *testing.T) {
+	t.Parallel()
 	r := newRecordingMaps(t, 10)
 	m := r.maps()
 	k, v := bpfmaps.NewIPCacheKey(netip.MustParsePrefix("10.1.0.0/16")), bpfmaps.NewIPCacheValue(16777217)
@@ -611,6 +618,7 @@ func TestRecordingMapsSeeADrop(t *testing.T) {
 // allowed /16, then releases its handle at once, as restore does after the
 // grace period: the address falls back to the /16 without a drop.
 func TestOrderReleasedHandle(t *testing.T) {
+	t.Parallel()
 	f := newOrderFixture(t, 16384)
 	f.writePolicy("wide.yaml", egressPolicy("wide", `"10.1.0.0/16"`))
 	f.converged("wide policy", all(f.has("10.1.0.0/16"), f.enforced(policy.Egress, true)))

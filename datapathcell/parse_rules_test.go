@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"testing"
 
@@ -120,6 +121,7 @@ const (
 // outer one to metadata) is dropped in an enforced direction, whatever it
 // holds, and passes in one that is not.
 func TestPrivilegedParseRuleInBandVLANTagDroppedWhenEnforced(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	h.allow(testIdentityAllowed, dirIn, testProtoTCP, 0)
@@ -140,6 +142,7 @@ func TestPrivilegedParseRuleInBandVLANTagDroppedWhenEnforced(t *testing.T) {
 // Non-IP traffic (ARP) passes in an enforced direction and is not
 // counted.
 func TestPrivilegedParseRuleNonIPPassesUncounted(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	arp := ethFrame(etherTypeARP, make([]byte, 28))
 	h.expect(dirOut, arp, tcxNextRet, uncounted, "ARP from the endpoint")
@@ -151,6 +154,7 @@ func TestPrivilegedParseRuleNonIPPassesUncounted(t *testing.T) {
 // version, or IPv4 with a header length under 20, is dropped as malformed
 // in an enforced direction and passes in one that is not.
 func TestPrivilegedParseRuleShortOrWrongVersionIPHeaderMalformed(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(0, dirOut, 0, 0) // any identity, any protocol: policy would pass all
 	good4 := frame4(ruleEP4, ruleA4, testProtoUDP, udpHeader(1, 2, nil))
@@ -194,6 +198,7 @@ func TestPrivilegedParseRuleShortOrWrongVersionIPHeaderMalformed(t *testing.T) {
 // IPv4 options (header length over 20) are skipped: the ports are read
 // after them.
 func TestPrivilegedParseRuleIPv4OptionsPortsReadAfterThem(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	// Two NOPs and the end of the option list, then padding: bytes 2-3
@@ -216,6 +221,7 @@ func TestPrivilegedParseRuleIPv4OptionsPortsReadAfterThem(t *testing.T) {
 // fragment) are walked, up to 8: the protocol and port after them are
 // matched.
 func TestPrivilegedParseRuleIPv6UpToEightExtensionHeadersWalked(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	kinds := []ext6{padExt(protoHopOpts), padExt(protoRouting), padExt(protoDstOpts), ahExt(), fragExt(0, false, 9)}
@@ -241,6 +247,7 @@ func TestPrivilegedParseRuleIPv6UpToEightExtensionHeadersWalked(t *testing.T) {
 // A ninth extension header drops the packet (ext-headers), whatever the
 // policy: even an any-protocol allow of its remote.
 func TestPrivilegedParseRuleIPv6NineExtensionHeadersDropped(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, 0, 0)
 	h.allow(0, dirOut, 0, 0)
@@ -261,6 +268,7 @@ func TestPrivilegedParseRuleIPv6NineExtensionHeadersDropped(t *testing.T) {
 // matched as that protocol without a port: a rule for the whole protocol
 // passes them, one with a port does not.
 func TestPrivilegedParseRuleESPAndNoNextHeaderMatchedWithoutPort(t *testing.T) {
+	t.Parallel()
 	for _, protocol := range []uint8{protoESP, protoNoNext} {
 		t.Run(fmt.Sprintf("protocol %d", protocol), func(t *testing.T) {
 			h := newRuleHarness(t)
@@ -291,6 +299,7 @@ func TestPrivilegedParseRuleESPAndNoNextHeaderMatchedWithoutPort(t *testing.T) {
 // and not tracked. A TCP header with the ports but too short for the
 // flags (4 to 13 bytes) is matched with its port, and not tracked.
 func TestPrivilegedParseRuleShortTransportHeaderMatchedWithoutPort(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	h.allow(testIdentityAllowed, dirOut, testProtoUDP, 80)
@@ -316,6 +325,7 @@ func TestPrivilegedParseRuleShortTransportHeaderMatchedWithoutPort(t *testing.T)
 // identifier passes as a reply, another identifier does not. An echo too
 // short for its identifier is matched without a type and not tracked.
 func TestPrivilegedParseRuleICMPEchoTrackedByIdentifier(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoICMP, 8<<8)
 	h.allow(testIdentityAllowed, dirOut, protoICMPv6, 128<<8)
@@ -342,6 +352,7 @@ func TestPrivilegedParseRuleICMPEchoTrackedByIdentifier(t *testing.T) {
 // source, and one the endpoint sends comes from the quoted packet's
 // destination. Deny rules of its own remote still drop it.
 func TestPrivilegedParseRuleICMPErrorRelatedOnlyWhenConsistent(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	h.allow(testIdentityAllowed, dirIn, testProtoTCP, 22)
@@ -387,6 +398,7 @@ func TestPrivilegedParseRuleICMPErrorRelatedOnlyWhenConsistent(t *testing.T) {
 // A connection whose forward packet policy drops is revoked: its packets
 // the other way are no longer replies, and policy decides on them.
 func TestPrivilegedParseRuleRevokedEntryReversePacketsAreNoReplies(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	h.allow(testIdentityAllowed, dirOut, testProtoTCP, 80)
 	epOut, peer := netip.AddrPortFrom(ruleEP4, 40000), netip.AddrPortFrom(ruleA4, 80)
@@ -412,6 +424,7 @@ func TestPrivilegedParseRuleRevokedEntryReversePacketsAreNoReplies(t *testing.T)
 // is on the link is the FIB's answer for the device: on the loopback of
 // BPF_PROG_RUN, with forwarding off (the default), every remote is.
 func TestPrivilegedParseRuleNeighbourDiscoveryOnLinkPasses(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
 	ns := make([]byte, 16)
 	for typ := uint8(133); typ <= 137; typ++ {
@@ -433,8 +446,9 @@ func TestPrivilegedParseRuleNeighbourDiscoveryOnLinkPasses(t *testing.T) {
 // thread's namespace, so the test runs it in a namespace of its own with
 // forwarding on and a route to the remote.
 func TestPrivilegedParseRuleNeighbourDiscoveryForwardedDecidedByPolicy(t *testing.T) {
+	t.Parallel()
 	h := newRuleHarness(t)
-	ns := fmt.Sprintf("ipca-ndp-%d", netnsSeq.Add(1))
+	ns := fmt.Sprintf("ipca-ndp-%d-%d", os.Getpid(), netnsSeq.Add(1))
 	ipCmd(t, "netns", "add", ns)
 	t.Cleanup(func() {
 		if dirOut, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {

@@ -26,6 +26,7 @@ func blockPrefix(i int) netip.Prefix {
 // particular order, into one sorted slice: every entry once, the
 // unreadable keys apart, a key with host bits set as its masked prefix.
 func TestDumpIPCacheAcrossBlocks(t *testing.T) {
+	t.Parallel()
 	const n = 2*readBatchSize + 17
 	r := newRecordingMaps(t, 0)
 	var want []bpfmaps.IPCacheEntry

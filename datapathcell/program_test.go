@@ -41,6 +41,7 @@ const (
 // The C declarations of the maps must match bpfmaps/mapspecs.go: the loader swaps
 // them for the agent's pinned maps, which are made from those specs.
 func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
+	t.Parallel()
 	spec, err := bpf.LoadEnforce()
 	require.NoError(t, err)
 
@@ -107,6 +108,7 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 }
 
 func TestCounterIndex(t *testing.T) {
+	t.Parallel()
 	// bpfmaps/abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
 	require.Equal(t, uint32(0), counterIndex(policy.Ingress, countAllowed))
 	require.Equal(t, uint32(1), counterIndex(policy.Ingress, uint32(bpfmaps.ReasonNoPolicy)))
@@ -270,6 +272,7 @@ func (nw *endpointNetwork) reachable(t *testing.T, addrs ...string) map[string]b
 // program is attached to; which answer depends only on the maps.
 func TestPrivilegedEnforcementByIdentity(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const (
 		allowed4, denied4, world4 = "10.200.0.2", "10.200.0.3", "10.200.0.4"
 		allowed6, denied6         = "fd00:200::2", "fd00:200::3"
@@ -444,6 +447,7 @@ func programID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 // without enforcement. The links keep enforcing after the agent lets go.
 func TestPrivilegedAttachUpdatesPinnedLinksInPlace(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const allowed4, denied4 = "10.200.0.2", "10.200.0.3"
 	nw := newEndpointNetwork(t, allowed4, denied4)
 	maps := newTestEnforcerMaps(t)
@@ -500,6 +504,7 @@ func TestPrivilegedAttachUpdatesPinnedLinksInPlace(t *testing.T) {
 // A pinned link whose device went away is replaced when the device is back.
 func TestPrivilegedAttachReplacesStaleLink(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
@@ -542,6 +547,7 @@ func TestPrivilegedAttachReplacesStaleLink(t *testing.T) {
 
 func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const denied4 = "10.200.0.3"
 	nw := newEndpointNetwork(t, denied4)
 	maps := newTestEnforcerMaps(t)
@@ -568,6 +574,7 @@ func TestPrivilegedDetachAllLeavesNoPin(t *testing.T) {
 
 func TestPrivilegedAttachRefusesNonEthernet(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t)
 	e := loadTestEnforcer(t, newTestEnforcerMaps(t))
 	linksDir := newTestLinksDir(t)
@@ -580,6 +587,7 @@ func TestPrivilegedAttachRefusesNonEthernet(t *testing.T) {
 }
 
 func TestLinkPinName(t *testing.T) {
+	t.Parallel()
 	require.Equal(t, "host0-ingress", linkPinName("host0", "ingress"))
 	require.Equal(t, "eth0%100-egress", linkPinName("eth0.100", "egress"))
 }
@@ -587,6 +595,7 @@ func TestLinkPinName(t *testing.T) {
 // bpffs refuses '.' in names; a VLAN-style device name must still work.
 func TestPrivilegedAttachDeviceNameWithDot(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t)
 	ipCmd(t, "-n", nw.host, "link", "add", "vl.10", "type", "veth", "peer", "name", "vl.11")
 	ipCmd(t, "-n", nw.host, "link", "set", "vl.10", "up")
@@ -619,6 +628,7 @@ func fixedVerdictProgram(t *testing.T, verdict int32) *ebpf.Program {
 // programs after it.
 func TestPrivilegedProgramPlaceInTheTCXChain(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	const allowed4, denied4 = "10.200.0.2", "10.200.0.3"
 	const tcxPass, tcxDrop = 0, 2
 	nw := newEndpointNetwork(t, allowed4, denied4)

@@ -38,6 +38,7 @@ func batchOf(entries ...*testEntry) []reconciler.BatchEntry[*testEntry] {
 // of the policy map (order_test.go), which says E2BIG as a full hash map
 // does.
 func TestFullMapLogsOncePerTransition(t *testing.T) {
+	t.Parallel()
 	r := newRecordingMaps(t, 2)
 	policyMap := r.maps().policy
 	var logged bytes.Buffer

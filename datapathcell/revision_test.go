@@ -41,6 +41,7 @@ func newRevisedTest(t *testing.T) (enforcerMaps, *revisionCounter, *Datapath, *e
 // pass.
 func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps, counter, d, enf := newRevisedTest(t)
 
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
@@ -118,6 +119,7 @@ func TestPrivilegedVerdictKeptUntilAWrite(t *testing.T) {
 // is never trusted once the direction is enforced.
 func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
@@ -140,6 +142,7 @@ func TestPrivilegedEntryOfUnenforcedDirectionHasNoVerdict(t *testing.T) {
 // its replies.
 func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	out := netip.AddrPortFrom(benchEndpoint, benchEndpointPort)
@@ -168,6 +171,7 @@ func TestPrivilegedOnlyOpeningPacketsCreateEntriesUnenforced(t *testing.T) {
 
 func TestPrivilegedRevisionCounter(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	newMap := func(spec *ebpf.MapSpec) *ebpf.Map {
 		m, err := ebpf.NewMap(spec)
 		require.NoError(t, err)
@@ -218,6 +222,7 @@ func TestPrivilegedRevisionCounter(t *testing.T) {
 // taken; the writers' writes, which do, are seen by the next SYN.
 func TestPrivilegedDecisionKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps, _, d, enf := newRevisedTest(t)
 	// The decision is kept per CPU: every run on the same one.
 	runtime.LockOSThread()

@@ -43,6 +43,7 @@ import (
 // scripts compare, and take identity numbers.
 func TestPrivilegedScript(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	if !netnstest.InFreshProcessNetns(t, "ipca-dpscript", false) {
 		return
 	}

@@ -54,6 +54,7 @@ func sctpPacket(src, dst netip.AddrPort) []byte {
 // no port.
 func TestPrivilegedSCTPPortsAndTracking(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	maps := newTestEnforcerMaps(t)
 	enf := loadTestEnforcer(t, maps)
 	const allowedPort, otherPort = 9899, 9900

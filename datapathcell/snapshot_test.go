@@ -58,6 +58,7 @@ func writerSnapshot(tb testing.TB, d *datapathcell.Datapath) map[netip.Prefix]ui
 // every entry of the pinned map once, in blocks, as the snapshot has
 // them; a block is given once.
 func TestPrivilegedStreamGivesThePinnedMap(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	first, _ := e.start(t, "")
 	h, err := first.ipcache.NewHandle("test", source.Local)

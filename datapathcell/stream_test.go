@@ -28,6 +28,7 @@ func (m unreadableMap) BatchLookup(*ebpf.MapBatchCursor, any, any, *ebpf.BatchOp
 // A read that fails ends the stream with its error; the map's writer then
 // reads the map itself.
 func TestStreamEndsWithTheReadError(t *testing.T) {
+	t.Parallel()
 	d := newDatapath(Config{}, hivetest.Logger(t))
 	stream := pinnedIPCache(d)
 	broken := errors.New("broken")
@@ -47,6 +48,7 @@ func TestStreamEndsWithTheReadError(t *testing.T) {
 
 // A reader waiting for the read stops when its context ends.
 func TestStreamWaitEndsWithTheContext(t *testing.T) {
+	t.Parallel()
 	d := newDatapath(Config{}, hivetest.Logger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

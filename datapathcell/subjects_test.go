@@ -63,6 +63,7 @@ func (s *subjectMaps) inOuter(id identity.Number) (map[bpfmaps.PolicyKey]bpfmaps
 // endpoint is about to use it; it leaves only once no endpoint entry,
 // enforcement entry or row uses it, and is then closed.
 func TestSubjectMapLifetime(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	s, db := newSubjectsUnderTest(t, maps, 10)
 	ctx := context.Background()
@@ -113,6 +114,7 @@ func TestSubjectMapLifetime(t *testing.T) {
 // TestSubjectMapUnusedGoesAtOnce: the rows of a subject no endpoint ever
 // used go with its map at once.
 func TestSubjectMapUnusedGoesAtOnce(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	s, db := newSubjectsUnderTest(t, maps, 10)
 	batch := []reconciler.BatchEntry[*policy.Entry]{{Object: subjectEntry(subjectA, 16777217)}}
@@ -129,6 +131,7 @@ func TestSubjectMapUnusedGoesAtOnce(t *testing.T) {
 // error says so, nothing is made) until one goes; an entry that does not
 // fit in a subject's map keeps the subject out of the outer map.
 func TestSubjectMapBounds(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	s, db := newSubjectsUnderTest(t, maps, 1)
 	ctx := context.Background()
@@ -160,6 +163,7 @@ func TestSubjectMapBounds(t *testing.T) {
 // the same entries again writes nothing, and one whose subject no
 // endpoint uses any more goes at the prune.
 func TestSubjectMapRestart(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	s, db := newSubjectsUnderTest(t, maps, 10)
 	ctx := context.Background()

@@ -34,6 +34,7 @@ var hashPolicyObject = filepath.Join("testdata", "enforce_hashpolicy_bpfel.o")
 // is gone. Five rounds, each from a fresh old agent.
 func TestPrivilegedUpgradeFromHashPolicyMap(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, "10.200.0.2")
 	for round := range 5 {
 		linksDir := newTestLinksDir(t)
@@ -196,6 +197,7 @@ var flatPolicyObject = filepath.Join("testdata", "enforce_flatpolicy_bpfel.o")
 // from a fresh old agent.
 func TestPrivilegedUpgradeFromFlatPolicyMap(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	nw := newEndpointNetwork(t, "10.200.0.2")
 	for round := range 5 {
 		linksDir := newTestLinksDir(t)

@@ -4,12 +4,10 @@ package main
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/agentcmd"
 	"github.com/ipcache-agent/ipcache-agent/agentcmd/stopsignal"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/parallel"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
@@ -58,7 +57,7 @@ func TestMain(m *testing.M) {
 	}
 	stopsignal.Release()
 	defaultSIGHUP()
-	moreParallel()
+	parallel.AtLeast(minParallel)
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		agentBuild.remove()
 		os.Exit(code)
@@ -120,18 +119,6 @@ func (b *builtAgent) remove() {
 // agents, grace periods and probes rather than on the CPU, so the default
 // (GOMAXPROCS, two cores in CI) leaves the machine idle.
 const minParallel = 4
-
-// moreParallel raises -test.parallel to minParallel when it was not given.
-func moreParallel() {
-	flag.Parse()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given && runtime.GOMAXPROCS(0) < minParallel {
-		if err := flag.Set("test.parallel", strconv.Itoa(minParallel)); err != nil {
-			panic(fmt.Sprintf("set -test.parallel: %v", err))
-		}
-	}
-}
 
 // defaultSIGHUP sets SIGHUP's disposition to SIG_DFL, which os/signal
 // cannot do once it has ignored it. Nothing in the test process handles
