@@ -301,12 +301,7 @@ func newEndpointFixture(t *testing.T, maps *subjectMaps) *endpointFixture {
 }
 
 // newEndpointFixtureOn is newEndpointFixture over the real pinned maps in
-// bpfRoot if maps is nil. The tests that use it are not parallel: an
-// endpoint written while the writer's first round runs can be taken for
-// deleted (the round publishes as seen the revision of a later
-// transaction than the one it read its rows from), so WaitEnforced
-// returns before its entries are in; the CPU parallel tests take widens
-// that window (TestOrderEndpoint failed so when parallel).
+// bpfRoot if maps is nil.
 func newEndpointFixtureOn(t *testing.T, maps *subjectMaps, bpfRoot string) *endpointFixture {
 	f := &endpointFixture{t: t, maps: maps}
 	f.h = hive.New(
@@ -537,6 +532,29 @@ const (
 	subjectA   = identity.Number(300)
 	subjectB   = identity.Number(301)
 )
+
+// An endpoint written while the writer's round waits for the selectors,
+// after the round read its rows, is not in that round: WaitEnforced must
+// not take it for deleted, and returns only once its entries are in the
+// map. (The round published as seen the revision of the transaction
+// taken after the wait, and WaitEnforced returned at once.)
+func TestOrderEndpointWrittenDuringARound(t *testing.T) {
+	maps := newSubjectMaps(t)
+	f := newEndpointFixture(t, maps)
+	defer f.stop()
+	f.expect(subjectA)
+	f.upsertEndpoint(local("web-1", subjectA, web1))
+	// The writer reads its round's rows, web-1's, and waits for the
+	// selectors, which have computed nothing yet.
+	time.Sleep(100 * time.Millisecond)
+	second := local("web-2", subjectA, web2)
+	rev := f.upsertEndpoint(second)
+	f.compute([]identity.Number{subjectA}, nil)
+	require.NoError(t, f.waitWritten(second, rev))
+	_, inMap, _ := f.state()
+	require.Equal(t, subjectA, inMap[web2], "WaitEnforced returned before the endpoint's entry was in the map")
+	f.noViolations("an endpoint written during a round")
+}
 
 // TestOrderEndpoint: an endpoint is added, relabelled (a new identity)
 // and removed, and the agent restarts, under a check after every single

@@ -366,7 +366,10 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 			_, devicesChanged = w.devices.AllWatch(rowsTxn)
 		}
 		w.mu.Unlock()
-		errs, held := w.round(rowsTxn, rows, initialized)
+		// The rows are txn's: an endpoint written after it is not among
+		// them, so the round has seen the table as of txn, not rowsTxn
+		// (WaitEnforced would take it for deleted).
+		errs, held := w.round(rowsTxn, rows, w.table.Revision(txn), initialized)
 		w.report(health, errs, held)
 
 		var retry <-chan time.Time
@@ -388,9 +391,10 @@ func (w *endpointWriter) run(ctx context.Context, health cell.Health) error {
 	}
 }
 
-// round writes the map as rows say, and publishes each row's revision.
-// It returns the errors of the endpoints held back, and how many are.
-func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.State, statedb.Revision], initialized bool) (errs []error, held int) {
+// round writes the map as rows say, and publishes each row's revision and
+// seen, the table's revision the rows are of. It returns the errors of the
+// endpoints held back, and how many are.
+func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.State, statedb.Revision], seen statedb.Revision, initialized bool) (errs []error, held int) {
 	desired := map[bpfmaps.EndpointKey]bpfmaps.EndpointValue{}
 	owner := map[bpfmaps.EndpointKey]string{}
 	written := map[string]rowWritten{}
@@ -455,7 +459,7 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 					written[id] = rowWritten{rev: r.rev, err: err}
 				}
 			}
-			return w.publish(txn, written, nil, 0)
+			return w.publish(seen, written, nil, 0)
 		}
 	}
 	// Writes first, then deletes: an address that moves between two
@@ -544,12 +548,13 @@ func (w *endpointWriter) round(txn statedb.ReadTxn, rows iter.Seq2[*endpoint.Sta
 	}
 	// A subject no entry points at any more may go.
 	w.subjects.drainRound()
-	return w.publish(txn, written, errs, held)
+	return w.publish(seen, written, errs, held)
 }
 
 // publish counts the held rows' errors in errs and held, and publishes
-// each row's revision.
-func (w *endpointWriter) publish(txn statedb.ReadTxn, written map[string]rowWritten, errs []error, held int) ([]error, int) {
+// each row's revision and seen, the table's revision the rows are of: a
+// row not among them with a revision up to seen is deleted.
+func (w *endpointWriter) publish(seen statedb.Revision, written map[string]rowWritten, errs []error, held int) ([]error, int) {
 	for _, r := range written {
 		if r.err != nil || r.pending {
 			held++
@@ -559,7 +564,7 @@ func (w *endpointWriter) publish(txn statedb.ReadTxn, written map[string]rowWrit
 		}
 	}
 	w.mu.Lock()
-	w.rows, w.seen = written, w.table.Revision(txn)
+	w.rows, w.seen = written, seen
 	close(w.progressed)
 	w.progressed = make(chan struct{})
 	w.mu.Unlock()
