@@ -159,6 +159,7 @@ func layers() map[string]place {
 		// chain (cnitool, ptp, the plugin).
 		"internal/testutils/registrytest": {2, kindTest},
 		"internal/testutils/cnitest":      {0, kindTest},
+		"internal/testutils/parallel":     {0, kindTest},
 	}
 }
 
@@ -173,6 +174,7 @@ func allowedSameLayer() map[edge]string {
 	return map[edge]string{
 		{"endpointcell", "nodecell"}:                          "hands the Node documents of the endpoint directory to the node cell's Nodes",
 		{"internal/testutils/netnstest", "internal/netnsrun"}: "the tests' harness enters namespaces as cmd/bench-peer does, through the one function that does it",
+		{"labels", "internal/prefixkey"}:                      "a CIDR identity's label set holds its prefix's key, the bytes the identities' labels index keys it by",
 	}
 }
 
