@@ -90,8 +90,9 @@ bench-peers:
 # coordinator at the end of -fuzztime (golang/go#75804, fixed in Go 1.27),
 # which is reported and not counted.
 # Each package's instrumented test binary is built once (`go test -c
-# -fuzz`, the packages' builds at once: each is mostly one core's work)
-# and run for each of its targets from the package's directory,
+# -fuzz`), one package after another: builds at once would each compile
+# the shared dependencies on an empty build cache, and run for each of its
+# targets from the package's directory,
 # with the fuzz cache `go test -fuzz` would give it: `go test -fuzz` per
 # target linked the same binary again for every target of a package.
 FUZZTIME ?= 30s
@@ -115,15 +116,11 @@ fuzz:
 		echo "but the fuzz targets in the tree are:"; echo "$$found"; exit 1; fi
 	@work=$$(mktemp -d); trap 'rm -rf "$$work"' EXIT; log=$$work/log; failed=""; \
 	cache=$$($(GO) env GOCACHE)/fuzz/$$($(GO) list -m); \
-	for pkg in $$(printf '%s\n' $(FUZZ_TARGETS) | sed 's/:.*//' | sort -u); do \
-		bin=$$work/$$(echo "$$pkg" | tr / _).test; \
-		$(GO) test -c -fuzz . -o "$$bin" ./$$pkg >"$$bin.log" 2>&1 & \
-	done; wait; \
 	for target in $(FUZZ_TARGETS); do \
 		pkg=$${target%%:*}; name=$${target#*:}; inputs=$$pkg/testdata/fuzz/$$name; \
 		bin=$$work/$$(echo "$$pkg" | tr / _).test; \
-		if [ ! -e "$$bin" ]; then \
-			cat "$$bin.log"; echo "fuzz $$name: ./$$pkg does not build"; failed="$$failed $$target"; continue; fi; \
+		if [ ! -e "$$bin" ] && ! $(GO) test -c -fuzz . -o "$$bin" ./$$pkg >"$$log" 2>&1; then \
+			cat "$$log"; echo "fuzz $$name: ./$$pkg does not build"; failed="$$failed $$target"; continue; fi; \
 		before=$$(ls "$$inputs" 2>/dev/null | wc -l); \
 		echo "fuzz $$name in ./$$pkg for $(FUZZTIME)"; \
 		status=0; (cd "$$pkg" && "$$bin" -test.run '^$$' -test.fuzz "^$$name\$$" -test.fuzztime $(FUZZTIME) \
