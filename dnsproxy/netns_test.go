@@ -123,8 +123,8 @@ type query struct {
 	net  string
 }
 
-// dnsServer answers every A question with answerAddr and records the
-// queries it saw.
+// dnsServer answers every A question with answerAddr (a name starting
+// with "slow." after a second) and records the queries it saw.
 type dnsServer struct {
 	mu   sync.Mutex
 	seen []query
@@ -162,6 +162,10 @@ func startDNSServer(tb testing.TB, ns string) *dnsServer {
 		s.mu.Lock()
 		s.seen = append(s.seen, query{name: m.Question[0].Name, from: from.Addr().Unmap(), net: w.RemoteAddr().Network()})
 		s.mu.Unlock()
+		if strings.HasPrefix(m.Question[0].Name, "slow.") {
+			// A query in flight for a while (the proxy's Close meanwhile).
+			time.Sleep(time.Second)
+		}
 		r := new(dns.Msg).SetReply(m)
 		r.Answer = append(r.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},

@@ -246,6 +246,16 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.Timeout)
 	resp, rtt, err := c.ExchangeContext(ctx, q, server.String())
 	cancel()
+	if err != nil && p.ctx.Err() != nil {
+		// Close cut the forward short: no answer, so that the client asks
+		// again (and reaches the next proxy, an agent's restart), where a
+		// SERVFAIL would fail the name for it.
+		p.dropped.Add(1)
+		if network == "tcp" {
+			w.Close()
+		}
+		return
+	}
 	if err != nil {
 		p.forwardFails.Add(1)
 		p.reply(w, new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))

@@ -165,6 +165,37 @@ func TestSteeredProxy(t *testing.T) {
 		}
 	})
 
+	// A query in flight when the proxy closes gets its answer, not a
+	// SERVFAIL, which a client takes for the name's failure: Close waits
+	// for it. (A query that starts its forward once Close began gets no
+	// answer and asks again, reaching the next proxy: serve; that window,
+	// between Close's cancel and the servers' shutdown, is not made here.)
+	t.Run("udp/closed-while-forwarding", func(t *testing.T) {
+		closing, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closing.Close()
+		if err := port.Set(closing.Port()); err != nil {
+			t.Fatal(err)
+		}
+		defer port.Set(p.Port())
+		name := "slow.closing.allowed.example."
+		go func() {
+			for len(top.dns.sawName(name)) == 0 {
+				time.Sleep(5 * time.Millisecond)
+			}
+			closing.Close()
+		}()
+		resp, _, err := top.exchange(t, "udp", name)
+		if err != nil || resp.Rcode != dns.RcodeSuccess {
+			t.Errorf("query in flight when the proxy closed: %v %v, want its answer", resp, err)
+		}
+		if st := closing.Stats(); st.ForwardFails != 0 || st.Forwarded != 1 {
+			t.Errorf("stats %+v, want it forwarded, no forward failure", st)
+		}
+	})
+
 	// Beyond MaxConcurrent a query is dropped: with one query held in a
 	// proxy of one, the next gets no answer.
 	t.Run("udp/over-max-concurrent", func(t *testing.T) {
