@@ -181,7 +181,9 @@ func TestSteeredProxy(t *testing.T) {
 		}
 		defer port.Set(p.Port())
 		name := "slow.closing.allowed.example."
+		closed := make(chan struct{})
 		go func() {
+			defer close(closed)
 			for len(top.dns.sawName(name)) == 0 {
 				time.Sleep(5 * time.Millisecond)
 			}
@@ -191,6 +193,7 @@ func TestSteeredProxy(t *testing.T) {
 		if err != nil || resp.Rcode != dns.RcodeSuccess {
 			t.Errorf("query in flight when the proxy closed: %v %v, want its answer", resp, err)
 		}
+		<-closed // Close returns once the query's handler did, counted
 		if st := closing.Stats(); st.ForwardFails != 0 || st.Forwarded != 1 {
 			t.Errorf("stats %+v, want it forwarded, no forward failure", st)
 		}
