@@ -17,8 +17,14 @@ import (
 
 // prefixKey returns the key of a prefix (package prefixkey: prefixes inside
 // a CIDR are one range of keys). The prefix must be valid and masked.
+//
+// It builds queries' keys only (rows share their own bytes as keys). A
+// query's key is garbage at once, so it gets a block of at least 16 bytes:
+// a smaller one goes to the runtime's tiny allocator, packed into a
+// 16-byte block beside the small keys the tables keep, and a block is
+// freed only when all it holds is (docs/SCALE.md).
 func prefixKey(prefix netip.Prefix) index.Key {
-	return prefixkey.Append(make(index.Key, 0, prefixkey.Len(prefix)), prefix)
+	return prefixkey.Append(make(index.Key, 0, max(prefixkey.Len(prefix), 16)), prefix)
 }
 
 // compactPrefix is a prefix without netip.Addr's zone pointer: a Go map
