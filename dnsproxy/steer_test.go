@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/miekg/dns"
 
 	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
@@ -171,15 +172,7 @@ func TestSteeredProxy(t *testing.T) {
 	// SERVFAIL, which a client takes for the name's failure: Close waits
 	// for it.
 	t.Run("udp/closed-while-forwarding", func(t *testing.T) {
-		closing, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closing.Close()
-		if err := port.Set(closing.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
 		name := "slow.closing.allowed.example."
 		closed := make(chan struct{})
 		go func() {
@@ -215,16 +208,8 @@ func TestSteeredProxy(t *testing.T) {
 			}
 			return allowExample(client, server, q)
 		}
-		closing, err := dnsproxy.Start(dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closing.Close()
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold})
 		proxyPort.Store(uint32(closing.Port()))
-		if err := port.Set(closing.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
 		closed := make(chan error, 1)
 		go func() {
 			<-entered
@@ -257,16 +242,8 @@ func TestSteeredProxy(t *testing.T) {
 			time.Sleep(4 * (timeout + maxHold))
 			return allowExample(client, server, q)
 		}
-		closing, err := dnsproxy.Start(dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold, Timeout: timeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closing.Close()
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold, Timeout: timeout})
 		proxyPort.Store(uint32(closing.Port()))
-		if err := port.Set(closing.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
 		closed := make(chan error, 1)
 		go func() {
 			<-entered
@@ -287,7 +264,7 @@ func TestSteeredProxy(t *testing.T) {
 	// proxy of one, the next gets no answer.
 	t.Run("udp/over-max-concurrent", func(t *testing.T) {
 		entered := make(chan struct{}, 1)
-		one, err := dnsproxy.Start(dnsproxy.Config{
+		one := startSteered(t, port, p.Port(), dnsproxy.Config{
 			Allow: allowExample,
 			OnAnswer: func(ctx context.Context, _, _ netip.AddrPort, _ *dns.Msg) {
 				entered <- struct{}{}
@@ -296,14 +273,6 @@ func TestSteeredProxy(t *testing.T) {
 			MaxHold:       500 * time.Millisecond,
 			MaxConcurrent: 1,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer one.Close()
-		if err := port.Set(one.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
 		held := make(chan error, 1)
 		go func() {
 			_, _, err := top.exchange(t, "udp", "first.allowed.example.")
@@ -464,4 +433,25 @@ func waitRefused(ap netip.AddrPort, bound time.Duration) {
 		}
 		c.Close()
 	}
+}
+
+// startSteered starts a proxy with cfg and steers the client's queries to
+// it; when the subtest ends they go to the port back again, and the proxy
+// is closed (if the subtest did not).
+func startSteered(t *testing.T, port *ebpf.Variable, back uint16, cfg dnsproxy.Config) *dnsproxy.Proxy {
+	t.Helper()
+	p, err := dnsproxy.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := port.Set(p.Port()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := port.Set(back); err != nil {
+			t.Errorf("steer back to port %d: %v", back, err)
+		}
+	})
+	return p
 }
