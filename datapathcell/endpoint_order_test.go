@@ -539,6 +539,7 @@ const (
 // map. (The round published as seen the revision of the transaction
 // taken after the wait, and WaitEnforced returned at once.)
 func TestOrderEndpointWrittenDuringARound(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
@@ -565,6 +566,7 @@ func TestOrderEndpointWrittenDuringARound(t *testing.T) {
 // packet); WaitEnforced returns once the entries are in; a removal leaves
 // nothing; a restart writes nothing.
 func TestOrderEndpoint(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	maps.r.watch(web1, uint8(policy.Egress))
@@ -653,6 +655,7 @@ func TestOrderEndpointSeesAViolation(t *testing.T) {
 // rows say why, its endpoint is held back (WaitEnforced says why) and
 // nothing crashes; the first subject's endpoint is written.
 func TestTooManySubjects(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
@@ -686,6 +689,7 @@ func TestTooManySubjects(t *testing.T) {
 // exist is held back, and WaitEnforced says why; once the device resolves
 // its entry is written bound to the device's ifindex.
 func TestEndpointDeviceMissing(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
@@ -725,6 +729,7 @@ func TestEndpointDeviceMissing(t *testing.T) {
 // leaves no entry of the subject.
 func TestPrivilegedEndpointWriters(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	root := filepath.Join(t.TempDir(), "bpf")
 	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
 	pinned := func(name string) *ebpf.Map {
@@ -815,6 +820,7 @@ func TestPrivilegedEndpointWriters(t *testing.T) {
 // map has room the deny is written, and only then does the direction
 // enforce what its row says again.
 func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	maps.policyMax = 1 // the allow of subjectRows
 	f := newEndpointFixture(t, maps)
@@ -865,6 +871,7 @@ func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
 // device key is written after its addresses, moves with a device created
 // again under a new ifindex, and goes before the addresses.
 func TestEndpointDeviceKeys(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
