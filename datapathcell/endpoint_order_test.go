@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -266,10 +267,18 @@ type selectorsStandIn struct {
 	entries     statedb.Table[*policy.Entry]
 	enforcement statedb.Table[*policy.Enforcement]
 	computed    *progress.Tracker[statedb.Revision]
+	mu          sync.Mutex
+	// asked is the highest endpoints revision a WaitComputed asked for
+	// (the endpoints writer's: the ipcache writer, the other caller, has
+	// nothing to write in these tests).
+	asked statedb.Revision
 }
 
 func (p *selectorsStandIn) WaitComputed(ctx context.Context, txn statedb.ReadTxn) (policy.Computed, error) {
 	want := p.endpoints.Revision(txn)
+	p.mu.Lock()
+	p.asked = max(p.asked, want)
+	p.mu.Unlock()
 	if _, err := p.computed.Wait(ctx, func(rev statedb.Revision) bool { return rev >= want }); err != nil {
 		return policy.Computed{}, err
 	}
@@ -438,6 +447,20 @@ func (f *endpointFixture) expect(subject identity.Number) {
 // rows of the subjects add and deletes those of the subjects remove, and
 // says the tables are computed for the endpoints as they are.
 func (f *endpointFixture) compute(add, remove []identity.Number) {
+	f.writeRows(add, remove)
+	f.selectors.computed.Set(f.endpoints.Revision(f.db.ReadTxn()))
+}
+
+// computeUpTo is compute for the endpoints up to revision rev only, as
+// when the selectors computed before later endpoints were written.
+func (f *endpointFixture) computeUpTo(rev statedb.Revision, add []identity.Number) {
+	f.writeRows(add, nil)
+	f.selectors.computed.Set(rev)
+}
+
+// writeRows writes the rows of compute, and completes the tables'
+// initialization the first time.
+func (f *endpointFixture) writeRows(add, remove []identity.Number) {
 	txn := f.db.WriteTxn(f.entries, f.enforcement, f.endpoints)
 	for _, done := range f.initialize {
 		done(txn)
@@ -466,7 +489,6 @@ func (f *endpointFixture) compute(add, remove []identity.Number) {
 		}
 	}
 	txn.Commit()
-	f.selectors.computed.Set(f.endpoints.Revision(f.db.ReadTxn()))
 }
 
 func (f *endpointFixture) waitWritten(s *endpoint.State, rev statedb.Revision) error {
@@ -537,21 +559,43 @@ const (
 // after the round read its rows, is not in that round: WaitEnforced must
 // not take it for deleted, and returns only once its entries are in the
 // map. (The round published as seen the revision of the transaction
-// taken after the wait, and WaitEnforced returned at once.)
+// taken after the wait, and WaitEnforced returned at once.) The selectors
+// compute for the first endpoint only, so that the second's round waits
+// and WaitEnforced cannot be right by chance.
 func TestOrderEndpointWrittenDuringARound(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
 	f.expect(subjectA)
-	f.upsertEndpoint(local("web-1", subjectA, web1))
-	// The writer reads its round's rows, web-1's, and waits for the
-	// selectors, which have computed nothing yet.
-	time.Sleep(100 * time.Millisecond)
-	second := local("web-2", subjectA, web2)
-	rev := f.upsertEndpoint(second)
+	// The subject's rows first, and its enforcement in the map, so that
+	// the round below writes its endpoint at once.
 	f.compute([]identity.Number{subjectA}, nil)
-	require.NoError(t, f.waitWritten(second, rev))
+	f.eventually("the subject's enforcement is in", func() bool {
+		_, _, enforcement := f.state()
+		return enforcement == 2
+	})
+	first := local("web-1", subjectA, web1)
+	rev1 := f.upsertEndpoint(first)
+	f.eventually("the writer read web-1's row and waits for the selectors", func() bool {
+		f.selectors.mu.Lock()
+		defer f.selectors.mu.Unlock()
+		return f.selectors.asked >= rev1
+	})
+	second := local("web-2", subjectA, web2)
+	rev2 := f.upsertEndpoint(second)
+	f.computeUpTo(rev1, nil)
+	require.NoError(t, f.waitWritten(first, rev1))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, f.datapath.WaitEnforced(ctx, second.ID(), rev2), context.DeadlineExceeded,
+		"WaitEnforced returned before the endpoint's entry was in the map")
 	_, inMap, _ := f.state()
+	require.NotContains(t, inMap, web2, "written before the selectors computed for it")
+
+	f.compute(nil, nil)
+	require.NoError(t, f.waitWritten(second, rev2))
+	_, inMap, _ = f.state()
 	require.Equal(t, subjectA, inMap[web2], "WaitEnforced returned before the endpoint's entry was in the map")
 	f.noViolations("an endpoint written during a round")
 }
@@ -565,6 +609,7 @@ func TestOrderEndpointWrittenDuringARound(t *testing.T) {
 // packet); WaitEnforced returns once the entries are in; a removal leaves
 // nothing; a restart writes nothing.
 func TestOrderEndpoint(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	maps.r.watch(web1, uint8(policy.Egress))
@@ -653,6 +698,7 @@ func TestOrderEndpointSeesAViolation(t *testing.T) {
 // rows say why, its endpoint is held back (WaitEnforced says why) and
 // nothing crashes; the first subject's endpoint is written.
 func TestTooManySubjects(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
@@ -686,6 +732,7 @@ func TestTooManySubjects(t *testing.T) {
 // exist is held back, and WaitEnforced says why; once the device resolves
 // its entry is written bound to the device's ifindex.
 func TestEndpointDeviceMissing(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()
@@ -725,6 +772,7 @@ func TestEndpointDeviceMissing(t *testing.T) {
 // leaves no entry of the subject.
 func TestPrivilegedEndpointWriters(t *testing.T) {
 	privileged.Test(t)
+	t.Parallel()
 	root := filepath.Join(t.TempDir(), "bpf")
 	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
 	pinned := func(name string) *ebpf.Map {
@@ -815,6 +863,7 @@ func TestPrivilegedEndpointWriters(t *testing.T) {
 // map has room the deny is written, and only then does the direction
 // enforce what its row says again.
 func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	maps.policyMax = 1 // the allow of subjectRows
 	f := newEndpointFixture(t, maps)
@@ -865,6 +914,7 @@ func TestEndpointDenyWithoutRoomDropsAll(t *testing.T) {
 // device key is written after its addresses, moves with a device created
 // again under a new ifindex, and goes before the addresses.
 func TestEndpointDeviceKeys(t *testing.T) {
+	t.Parallel()
 	maps := newSubjectMaps(t)
 	f := newEndpointFixture(t, maps)
 	defer f.stop()

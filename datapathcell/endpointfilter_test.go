@@ -29,11 +29,7 @@ import (
 func TestPrivilegedEndpointSlotsAsTheProgram(t *testing.T) {
 	privileged.Test(t)
 	t.Parallel()
-	maps := newTestEnforcerMaps(t)
-	enf := loadTestEnforcer(t, maps)
-	// The endpoint's subject drops what it sends; the default passes it.
-	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceDefaultDeny)))
-	bumpRevision(t, maps)
+	maps, enf := loadEgressDenyEnforcer(t)
 	peer4, peer6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")
 	rng := rand.New(rand.NewPCG(7, 7))
 	for i := range 64 {
@@ -80,6 +76,19 @@ func TestPrivilegedEndpointSlotsAsTheProgram(t *testing.T) {
 	require.EqualValues(t, tcxNextRet, runVerdict(t, enf.fromEndpoint, frame), "the device's slot skipped")
 }
 
+// loadEgressDenyEnforcer loads an enforcer on new maps in which the
+// endpoint's subject (testEndpointIdentity) drops what it sends and the
+// default passes it, so that a verdict tells which of the two a packet
+// was taken for.
+func loadEgressDenyEnforcer(t *testing.T) (enforcerMaps, *enforcer) {
+	t.Helper()
+	maps := newTestEnforcerMaps(t)
+	enf := loadTestEnforcer(t, maps)
+	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceDefaultDeny)))
+	bumpRevision(t, maps)
+	return maps, enf
+}
+
 // TestEndpointSlotOfBenchmark: the benchmark's packets, not an endpoint's,
 // fall in a slot of none of the benchmark's endpoints, so that they
 // measure the skipped lookup (and its case with every slot looked up,
@@ -102,11 +111,7 @@ func TestEndpointSlotOfBenchmark(t *testing.T) {
 func TestPrivilegedEndpointWordsAsTheProgram(t *testing.T) {
 	privileged.Test(t)
 	t.Parallel()
-	maps := newTestEnforcerMaps(t)
-	enf := loadTestEnforcer(t, maps)
-	// The endpoint's subject drops what it sends; the default passes it.
-	require.NoError(t, maps.Enforcement.Put(bpfmaps.NewEnforcementKey(testEndpointIdentity, policy.Egress), uint32(bpfmaps.EnforceDefaultDeny)))
-	bumpRevision(t, maps)
+	maps, enf := loadEgressDenyEnforcer(t)
 	addr, peer := netip.MustParseAddr("10.7.0.1"), netip.MustParseAddr("192.0.2.1")
 	k := bpfmaps.NewEndpointKey(addr)
 	frame := frame4(addr, peer, testProtoTCP, tcpHeader(40000, 80, 0x02))

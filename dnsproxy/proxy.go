@@ -57,7 +57,7 @@ type Config struct {
 type Stats struct {
 	Forwarded    uint64 // answers from a server sent to their client
 	Refused      uint64 // queries Allow refused
-	Dropped      uint64 // queries over MaxConcurrent, without their original destination, or sent to the proxy's own port
+	Dropped      uint64 // queries over MaxConcurrent, without their original destination, sent to the proxy's own port, or cut short by Close
 	ForwardFails uint64 // queries the server did not answer in time (SERVFAIL sent)
 	HoldTimeouts uint64 // answers released because MaxHold passed
 	// SendFails counts answers that could not be sent to their client:
@@ -72,12 +72,14 @@ type Proxy struct {
 	cfg     Config
 	port    uint16
 	servers []*dns.Server // UDP and TCP, IPv4 and IPv6
+	// serving has a channel per server, closed when the server returned,
+	// which it does once the last of its queries' handlers did.
+	serving []chan struct{}
 	sem     chan struct{}
 	ctx     context.Context
 	cancel  context.CancelFunc
 	closeMu sync.Mutex
 	closed  bool
-	served  sync.WaitGroup
 
 	forwarded, refused, dropped, forwardFails, holdTimeouts, sendFails atomic.Uint64
 }
@@ -130,9 +132,14 @@ func Start(cfg Config) (*Proxy, error) {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
 		errc := make(chan error, 1)
-		go func() { errc <- srv.ActivateAndServe() }()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			errc <- srv.ActivateAndServe()
+		}()
 		select {
 		case <-started:
+			p.serving = append(p.serving, done)
 		case err := <-errc:
 			for _, pc := range pcs {
 				pc.Close()
@@ -170,8 +177,8 @@ func (p *Proxy) Stats() Stats {
 	}
 }
 
-// Close closes the proxy's sockets and waits for the queries in flight
-// (each bounded by Timeout and MaxHold).
+// Close stops the proxy's servers reading queries, waits for the queries
+// in flight (at most Timeout and MaxHold) and closes the sockets.
 //
 // Possible errors: none so far; the servers' shutdown errors are joined.
 func (p *Proxy) Close() error {
@@ -181,14 +188,37 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
+	// The servers stop reading before the forwards' context is cancelled:
+	// the other way round, a query read in between, or read before but
+	// not yet forwarded, found the context cancelled and got no answer.
+	// All servers at once, so that none reads on while another waits for
+	// its queries. The wait is bounded: a query has its Timeout for the
+	// forward and its MaxHold for the hold, as if the proxy went on; past
+	// them the cancel cuts short a forward that began late (after a slow
+	// Allow) and releases the holds, so that Close does not wait out a
+	// slow server once more (serve then answers nothing). Allow is its
+	// owner's to bound.
+	grace, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout+p.cfg.MaxHold)
+	defer cancel()
+	errs := make([]error, len(p.servers))
+	var stopped sync.WaitGroup
+	for i, srv := range p.servers {
+		stopped.Add(1)
+		go func() {
+			defer stopped.Done()
+			errs[i] = srv.ShutdownContext(grace)
+		}()
+	}
+	stopped.Wait()
 	p.cancel()
-	var errs []error
-	for _, srv := range p.servers {
-		if err := srv.Shutdown(); err != nil && !errors.Is(err, net.ErrClosed) && err.Error() != "dns: server not started" {
-			errs = append(errs, err)
+	for _, done := range p.serving {
+		<-done
+	}
+	for i, err := range errs {
+		if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed) || err.Error() == "dns: server not started" {
+			errs[i] = nil // the bound passed (the cancel saw to it) or the server had stopped
 		}
 	}
-	p.served.Wait()
 	return errors.Join(errs...)
 }
 
@@ -220,8 +250,7 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 		}
 		return
 	}
-	p.served.Add(1)
-	defer func() { <-p.sem; p.served.Done() }()
+	defer func() { <-p.sem }()
 
 	// A query sent to the proxy's own port rather than steered to it
 	// would be forwarded to the proxy itself, again and again.
@@ -247,9 +276,9 @@ func (p *Proxy) serve(w dns.ResponseWriter, q *dns.Msg, client, server netip.Add
 	resp, rtt, err := c.ExchangeContext(ctx, q, server.String())
 	cancel()
 	if err != nil && p.ctx.Err() != nil {
-		// Close cut the forward short: no answer, so that the client asks
-		// again (and reaches the next proxy, an agent's restart), where a
-		// SERVFAIL would fail the name for it.
+		// Close cut the forward short (its bound passed): no answer, so
+		// that the client asks again (and reaches the next proxy, an
+		// agent's restart), where a SERVFAIL would fail the name for it.
 		p.dropped.Add(1)
 		if network == "tcp" {
 			w.Close()

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/miekg/dns"
 
 	"github.com/ipcache-agent/ipcache-agent/dnsproxy"
@@ -167,19 +170,9 @@ func TestSteeredProxy(t *testing.T) {
 
 	// A query in flight when the proxy closes gets its answer, not a
 	// SERVFAIL, which a client takes for the name's failure: Close waits
-	// for it. (A query that starts its forward once Close began gets no
-	// answer and asks again, reaching the next proxy: serve; that window,
-	// between Close's cancel and the servers' shutdown, is not made here.)
+	// for it.
 	t.Run("udp/closed-while-forwarding", func(t *testing.T) {
-		closing, err := dnsproxy.Start(dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer closing.Close()
-		if err := port.Set(closing.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allowExample, OnAnswer: seen.hook, MaxHold: maxHold})
 		name := "slow.closing.allowed.example."
 		closed := make(chan struct{})
 		go func() {
@@ -199,11 +192,79 @@ func TestSteeredProxy(t *testing.T) {
 		}
 	})
 
+	// A query read before Close and forwarded once Close began gets its
+	// answer: Close stops the servers reading before it cancels the
+	// forwards. Its Allow hook returns only when the proxy's listeners
+	// refuse connections (Close began), or after a second: the other way
+	// round the forward found the context cancelled and the query got no
+	// answer.
+	t.Run("udp/forwarded-after-close-began", func(t *testing.T) {
+		var proxyPort atomic.Uint32
+		entered := make(chan struct{}, 1)
+		allow := func(client, server netip.AddrPort, q dns.Question) bool {
+			if strings.HasPrefix(q.Name, "late.") {
+				entered <- struct{}{}
+				waitRefused(netip.AddrPortFrom(hostClientSide, uint16(proxyPort.Load())), time.Second)
+			}
+			return allowExample(client, server, q)
+		}
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold})
+		proxyPort.Store(uint32(closing.Port()))
+		closed := make(chan error, 1)
+		go func() {
+			<-entered
+			closed <- closing.Close()
+		}()
+		name := "late.closing.allowed.example."
+		resp, _, err := top.exchange(t, "udp", name)
+		if err != nil || resp.Rcode != dns.RcodeSuccess {
+			t.Errorf("query forwarded after Close began: %v %v, want its answer", resp, err)
+		}
+		if err := <-closed; err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if st := closing.Stats(); st.Forwarded != 1 || st.Dropped != 0 || st.ForwardFails != 0 {
+			t.Errorf("stats %+v, want it forwarded, nothing dropped or failed", st)
+		}
+	})
+
+	// Close's wait is bounded by Timeout and MaxHold: a forward that
+	// begins past them (its Allow hook slower than that) is cut short,
+	// and the query gets no answer rather than a SERVFAIL once its slow
+	// server timed out.
+	t.Run("udp/cut-short-by-close", func(t *testing.T) {
+		var proxyPort atomic.Uint32
+		entered := make(chan struct{}, 1)
+		const timeout = 100 * time.Millisecond
+		allow := func(client, server netip.AddrPort, q dns.Question) bool {
+			entered <- struct{}{}
+			waitRefused(netip.AddrPortFrom(hostClientSide, uint16(proxyPort.Load())), time.Second)
+			time.Sleep(4 * (timeout + maxHold))
+			return allowExample(client, server, q)
+		}
+		closing := startSteered(t, port, p.Port(), dnsproxy.Config{Allow: allow, OnAnswer: seen.hook, MaxHold: maxHold, Timeout: timeout})
+		proxyPort.Store(uint32(closing.Port()))
+		closed := make(chan error, 1)
+		go func() {
+			<-entered
+			closed <- closing.Close()
+		}()
+		if resp, _, err := top.exchange(t, "udp", "slow.cut.allowed.example."); err == nil {
+			t.Errorf("answer %v to a query cut short by Close, want none", resp)
+		}
+		if err := <-closed; err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if st := closing.Stats(); st.Dropped != 1 || st.ForwardFails != 0 || st.Forwarded != 0 {
+			t.Errorf("stats %+v, want it dropped, no forward failure", st)
+		}
+	})
+
 	// Beyond MaxConcurrent a query is dropped: with one query held in a
 	// proxy of one, the next gets no answer.
 	t.Run("udp/over-max-concurrent", func(t *testing.T) {
 		entered := make(chan struct{}, 1)
-		one, err := dnsproxy.Start(dnsproxy.Config{
+		one := startSteered(t, port, p.Port(), dnsproxy.Config{
 			Allow: allowExample,
 			OnAnswer: func(ctx context.Context, _, _ netip.AddrPort, _ *dns.Msg) {
 				entered <- struct{}{}
@@ -212,14 +273,6 @@ func TestSteeredProxy(t *testing.T) {
 			MaxHold:       500 * time.Millisecond,
 			MaxConcurrent: 1,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer one.Close()
-		if err := port.Set(one.Port()); err != nil {
-			t.Fatal(err)
-		}
-		defer port.Set(p.Port())
 		held := make(chan error, 1)
 		go func() {
 			_, _, err := top.exchange(t, "udp", "first.allowed.example.")
@@ -368,4 +421,37 @@ func waitPortFree(t *testing.T, port uint16) {
 			t.Fatalf("port %d still taken after the proxy closed: %v", port, err)
 		}
 	}
+}
+
+// waitRefused waits (up to bound) until a TCP connection to ap is
+// refused: the listener there is closed.
+func waitRefused(ap netip.AddrPort, bound time.Duration) {
+	for deadline := time.Now().Add(bound); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", ap.String(), 100*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
+}
+
+// startSteered starts a proxy with cfg and steers the client's queries to
+// it; when the subtest ends they go to the port back again, and the proxy
+// is closed (if the subtest did not).
+func startSteered(t *testing.T, port *ebpf.Variable, back uint16, cfg dnsproxy.Config) *dnsproxy.Proxy {
+	t.Helper()
+	p, err := dnsproxy.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if err := port.Set(p.Port()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := port.Set(back); err != nil {
+			t.Errorf("steer back to port %d: %v", back, err)
+		}
+	})
+	return p
 }

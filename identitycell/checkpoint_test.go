@@ -275,10 +275,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	c.interval = time.Millisecond
 	require.NoError(t, c.Start(nil))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error)
-	_, health := cell.NewSimpleHealth()
-	go func() { stopped <- c.run(ctx, health) }()
+	stop := startCheckpointer(t, c)
 
 	id, err := a.allocate(cidr(7), 0)
 	require.NoError(t, err)
@@ -298,8 +295,7 @@ func TestCheckpointerWritesAfterInitialization(t *testing.T) {
 	// A change made just before stopping is in the final checkpoint.
 	id2, err := a.allocate(cidr(8), 0)
 	require.NoError(t, err)
-	cancel()
-	require.NoError(t, <-stopped)
+	require.NoError(t, stop())
 	got, err = ReadCheckpoint(path)
 	require.NoError(t, err)
 	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{id: cidr(7), id2: cidr(8)}), got)
@@ -319,10 +315,7 @@ func TestCheckpointerWritesANewRowOfSeveralReferences(t *testing.T) {
 	done(txn)
 	txn.Commit()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error)
-	_, health := cell.NewSimpleHealth()
-	go func() { stopped <- c.run(ctx, health) }()
+	stop := startCheckpointer(t, c)
 	require.Eventually(t, func() bool {
 		got, err := ReadCheckpoint(path)
 		return err == nil && got.Len() == 0
@@ -334,8 +327,7 @@ func TestCheckpointerWritesANewRowOfSeveralReferences(t *testing.T) {
 	_, err = a.AllocateTxn(txn, cidr(9), 0)
 	require.NoError(t, err)
 	txn.Commit()
-	cancel()
-	require.NoError(t, <-stopped)
+	require.NoError(t, stop())
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
 	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{id: cidr(9)}), got)
@@ -363,19 +355,30 @@ func TestCheckpointerSkipsNumbersOnlyWithheld(t *testing.T) {
 	require.Equal(t, 1, table.NumObjects(db.ReadTxn()), "one is allocated")
 	require.Equal(t, 2, a.NumWithheld())
 
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error)
-	_, health := cell.NewSimpleHealth()
-	go func() { stopped <- c.run(ctx, health) }()
+	stop := startCheckpointer(t, c)
 	require.Eventually(t, func() bool {
 		got, err := ReadCheckpoint(path)
 		return err == nil && got.Len() > 0
 	}, 5*time.Second, 5*time.Millisecond)
-	cancel()
-	require.NoError(t, <-stopped)
+	require.NoError(t, stop())
 	got, err := ReadCheckpoint(path)
 	require.NoError(t, err)
 	require.Equal(t, checkpointOf(map[identity.Number]labels.Labels{kept: cidr(8)}), got)
+}
+
+// startCheckpointer runs c's loop until the returned stop, which returns
+// the loop's error (or, the test ended before, until the test's end).
+func startCheckpointer(t *testing.T, c *Checkpointer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stopped := make(chan error, 1)
+	_, health := cell.NewSimpleHealth()
+	go func() { stopped <- c.run(ctx, health) }()
+	return func() error {
+		cancel()
+		return <-stopped
+	}
 }
 
 // labelsOf is the labels c saved for id, empty if none.
