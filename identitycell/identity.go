@@ -158,9 +158,7 @@ var IdentityIndex = statedb.Index[*Identity, identity.Number]{
 	FromObject: func(i *Identity) index.KeySet {
 		return index.NewKeySet(index.Uint32(uint32(i.ID)))
 	},
-	FromKey: func(id identity.Number) index.Key {
-		return binary.BigEndian.AppendUint32(make(index.Key, 0, 16), uint32(id))
-	},
+	FromKey: numberQueryKey,
 	FromString: func(s string) (index.Key, error) {
 		n, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
