@@ -758,7 +758,13 @@ func (e *selectorEngine) write(initializing bool) error {
 	if e.dnsRules != nil {
 		tables = append(tables, e.dnsRules)
 	}
-	var scratch []grant
+	var (
+		scratch []grant
+		// current are the entries in the table of the chunk's identities,
+		// those of chunk[i] up to ends[i].
+		current []*policy.Entry
+		ends    []int
+	)
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
 		txn := e.db.WriteTxn(tables...)
 		if start == 0 && writeEnforcement {
@@ -773,14 +779,29 @@ func (e *selectorEngine) write(initializing bool) error {
 				return err
 			}
 		}
-		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
+		chunk := dirty[start:min(start+writeChunkSize, len(dirty))]
+		// The chunk's entries are all read before any is written: a read
+		// of a table in a write transaction freezes the tree's nodes the
+		// transaction copied so far (statedb's part.Txn), so a read
+		// between writes makes the next write copy its whole path again.
+		current, ends = current[:0], ends[:0]
+		for _, id := range chunk {
+			for entry := range policy.IdentityEntries(txn, e.entries, id) {
+				current = append(current, entry)
+			}
+			ends = append(ends, len(current))
+		}
+		from := 0
+		for i, id := range chunk {
 			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
-			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
+			if err := e.writeIdentity(txn, id, current[from:ends[i]], resolve(scratch)); err != nil {
 				txn.Abort()
 				return err
 			}
+			from = ends[i]
 		}
+		clear(current) // not kept alive until the next chunk
 		if start+writeChunkSize >= len(dirty) {
 			if err := e.writeDNSRules(txn, true); err != nil {
 				txn.Abort()
@@ -1050,16 +1071,14 @@ func resolve(grants []grant) []*policy.Entry {
 
 // writeIdentity makes the identity's entries the desired ones: changed
 // and new entries are written (pending reconciliation), entries no longer
-// desired are deleted, and unchanged ones are left alone. New keys are
+// desired are deleted, and unchanged ones are left alone. current are
+// the identity's entries in the table, in key order. New keys are
 // added only while the table has fewer rows than maxEntries, denies
 // first (a missing allow drops traffic, a missing deny would let it
 // through); the identity is in notComputed while some are left out.
-func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number, desired []*policy.Entry) error {
+func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number, current, desired []*policy.Entry) error {
 	// Both are in key order: the index orders keys as policy.CompareKeys.
-	var current, added []*policy.Entry
-	for entry := range policy.IdentityEntries(txn, e.entries, id) {
-		current = append(current, entry)
-	}
+	var added []*policy.Entry
 	for _, want := range desired {
 		for len(current) > 0 && policy.CompareKeys(current[0].Key, want.Key) < 0 {
 			if err := e.deleteEntry(txn, current[0]); err != nil {
