@@ -80,6 +80,46 @@ func (x *selectorIndex) add(s *selector) {
 	x.byCIDR[cidr] = append(x.byCIDR[cidr], s)
 }
 
+// addPeers indexes the selectors of a rule's CIDR peers. They are made
+// in one allocation and share the rule's reference: a rule may have a
+// hundred thousand CIDRs.
+func (x *selectorIndex) addPeers(p *policy.Policy, dir policy.Direction, rule *policy.Rule) {
+	if len(rule.Peers) == 0 {
+		return
+	}
+	ref := policy.RuleRef(p.Name, rule.Name)
+	selectors := make([]selector, len(rule.Peers))
+	for j := range rule.Peers {
+		s := &selectors[j]
+		*s = selector{policy: p.Name, rule: ref, direction: dir, deny: rule.Deny, peer: &rule.Peers[j], ports: rule.Ports, source: rule}
+		x.add(s)
+	}
+}
+
+// reserve makes room for n more CIDRs when they are at least as many as
+// those indexed (a policy directory's first read, a large file): the map
+// is made at its size once, where growing it step by step moved what it
+// held at each step; copying what it holds costs no more than adding n.
+func (x *selectorIndex) reserve(n int) {
+	if n < len(x.byCIDR) || n < 64 {
+		return
+	}
+	grown := make(map[netip.Prefix][]*selector, len(x.byCIDR)+n)
+	maps.Copy(grown, x.byCIDR)
+	x.byCIDR = grown
+}
+
+// cidrPeers counts the CIDR peers of a policy's rules.
+func cidrPeers(p *policy.Policy) int {
+	n := 0
+	for _, dir := range policy.Directions() {
+		for _, rule := range p.Rules(dir) {
+			n += len(rule.Peers)
+		}
+	}
+	return n
+}
+
 // removeCIDR removes the policy's selectors on cidr (nothing if they are
 // already gone: a second selector of the policy on the same CIDR).
 func (x *selectorIndex) removeCIDR(pol string, cidr netip.Prefix) {
@@ -498,6 +538,8 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 	}
 	if by < 0 {
 		delete(e.selected, p.Name)
+	} else {
+		e.index.reserve(cidrPeers(p))
 	}
 	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)
@@ -514,11 +556,12 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 					e.markPeers(g)
 				}
 			}
+			if by > 0 {
+				e.index.addPeers(p, dir, rule)
+			}
 			for j := range rule.Peers {
 				peer := &rule.Peers[j]
-				if by > 0 {
-					e.index.add(newSelector(p, dir, rule, peer))
-				} else {
+				if by < 0 {
 					e.index.removeCIDR(p.Name, peer.CIDR)
 				}
 				e.markWithin(txn, peer.CIDR)
