@@ -761,6 +761,10 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 	if !found {
 		return nil
 	}
+	if prefix, only := ident.Labels.OnlyPrefix(); only {
+		// A prefix's own identity, most of them: no iterator to allocate.
+		return []netip.Prefix{prefix}
+	}
 	return slices.Collect(ident.Labels.Prefixes())
 }
 
