@@ -4,6 +4,7 @@ package yamldir
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,4 +98,77 @@ func TestSaveKey(t *testing.T) {
 	require.Equal(t, key, SaveKey(map[string][sha256.Size]byte{"b.yaml": b, "a.yaml": a}))
 	require.NotEqual(t, key, SaveKey(map[string][sha256.Size]byte{"a.yaml": b, "b.yaml": a}))
 	require.NotEqual(t, key, SaveKey(map[string][sha256.Size]byte{"a.yaml": a}))
+}
+
+// TestSavedCachedSameBytes: a write that takes entries from the cache
+// writes the bytes a fresh encode writes, through changes of content
+// under the same name (the cache must not give the old entry), files
+// added and removed, and a file left out for size and then fitting again.
+func TestSavedCachedSameBytes(t *testing.T) {
+	cached, fresh := savedEndpoints(t), savedEndpoints(t)
+	var cache SavedEntries
+	digestsOf := func(contents map[string][]byte) map[string][sha256.Size]byte {
+		digests := map[string][sha256.Size]byte{}
+		for name, content := range contents {
+			digests[name] = sha256.Sum256(content)
+		}
+		return digests
+	}
+	for i, contents := range []map[string][]byte{
+		{"a.yaml": []byte("a: 1\n"), "b.yaml": []byte("b: <&>\n")},
+		{"a.yaml": []byte("a: 1\n"), "b.yaml": []byte("b: \"2\"\n")},
+		{"a.yaml": []byte("a: 1\n"), "c.yaml": []byte("c\n"), "b.yaml": []byte("b: \"2\"\n")},
+		{"c.yaml": []byte("c\n"), "d.yaml": []byte(strings.Repeat("d", 2000))},
+		{"c.yaml": []byte("c\n"), "d.yaml": []byte("d\n")},
+		{"c.yaml": []byte("c: changed\n"), "d.yaml": []byte("d\n")},
+	} {
+		leftCached, err := cached.WriteCached("/e", contents, digestsOf(contents), &cache)
+		require.NoError(t, err)
+		leftFresh, err := fresh.Write("/e", contents)
+		require.NoError(t, err)
+		require.Equal(t, leftFresh, leftCached, "write %d", i)
+		got, err := os.ReadFile(cached.Path)
+		require.NoError(t, err)
+		want, err := os.ReadFile(fresh.Path)
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), "write %d", i)
+		require.Len(t, cache.entries, len(contents)-len(leftCached), "write %d: the entries written, no more", i)
+	}
+}
+
+// BenchmarkSavedWrite measures a save after one file of a directory
+// changed: 10 files of 100,000 CIDRs in all, as bench-peer writes them,
+// with every entry encoded (Write) or those of unchanged files taken from
+// the cache (WriteCached).
+func BenchmarkSavedWrite(b *testing.B) {
+	contents := map[string][]byte{}
+	for f := range 10 {
+		var content strings.Builder
+		content.WriteString("name: p\negress:\n  - toCIDR:\n")
+		for i := range 10_000 {
+			fmt.Fprintf(&content, "      - \"10.%d.%d.%d/32\"\n", f, i>>8, i&0xff)
+		}
+		contents[fmt.Sprintf("p%d.yaml", f)] = []byte(content.String())
+	}
+	digests := map[string][sha256.Size]byte{}
+	for name, content := range contents {
+		digests[name] = sha256.Sum256(content)
+	}
+	s := Saved{Path: filepath.Join(b.TempDir(), "in-force.json"), DirKey: "policyDir", Name: "policies in force", MaxSize: 32 << 20}
+	for _, cached := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cached=%v", cached), func(b *testing.B) {
+			var cache SavedEntries
+			for i := range b.N {
+				changed := fmt.Appendf(nil, "name: change\negress:\n  - toCIDR: [\"192.0.2.%d/32\"]\n", i%256)
+				contents["change.yaml"], digests["change.yaml"] = changed, sha256.Sum256(changed)
+				var err error
+				if cached {
+					_, err = s.WriteCached("/p", contents, digests, &cache)
+				} else {
+					_, err = s.Write("/p", contents)
+				}
+				require.NoError(b, err)
+			}
+		})
+	}
 }
