@@ -536,10 +536,20 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 			delete(e.dnsPolicies, p.Name)
 		}
 	}
+	cidrs := cidrPeers(p)
+	// With about as many CIDRs as identities, one pass over the
+	// identities, each looked up in the index, costs less than a search of
+	// the identities table per CIDR (markWithin). The pass finds the
+	// policy's CIDRs in the index: before they are removed, after they are
+	// added.
+	scan := cidrs >= scanMinCIDRs && cidrs*scanRatio >= e.identities.NumObjects(txn)
 	if by < 0 {
 		delete(e.selected, p.Name)
+		if scan {
+			e.markIndexedWithin(txn, p.Name)
+		}
 	} else {
-		e.index.reserve(cidrPeers(p))
+		e.index.reserve(cidrs)
 	}
 	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)
@@ -564,9 +574,17 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 				if by < 0 {
 					e.index.removeCIDR(p.Name, peer.CIDR)
 				}
-				e.markWithin(txn, peer.CIDR)
+				switch {
+				case !scan:
+					e.markWithin(txn, peer.CIDR)
+				case peer.CIDR.Bits() == 0:
+					e.dirty[identity.World] = struct{}{} // as markWithin does
+				}
 			}
 		}
+	}
+	if by > 0 && scan {
+		e.markIndexedWithin(txn, p.Name)
 	}
 	if by < 0 {
 		e.index.removeAnyPeer(p.Name)
@@ -766,6 +784,37 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 		return []netip.Prefix{prefix}
 	}
 	return slices.Collect(ident.Labels.Prefixes())
+}
+
+// A policy's identities are marked by a pass over all identities
+// (markIndexedWithin) when it has at least scanMinCIDRs CIDRs and one
+// scanRatio-th as many as there are identities.
+const (
+	scanMinCIDRs = 1024
+	scanRatio    = 4
+)
+
+// markIndexedWithin marks dirty the identities with a cidr prefix inside
+// one of the policy's CIDRs in the index: the selectors the index finds
+// for the identity's prefixes (those whose CIDR holds one) include one of
+// the policy's.
+func (e *selectorEngine) markIndexedWithin(txn statedb.ReadTxn, pol string) {
+	var one [1]netip.Prefix
+	for ident := range e.identities.All(txn) {
+		var prefixes []netip.Prefix
+		if prefix, only := ident.Labels.OnlyPrefix(); only {
+			one[0] = prefix
+			prefixes = one[:]
+		} else {
+			prefixes = slices.Collect(ident.Labels.Prefixes())
+		}
+		for s := range e.index.candidates(prefixes) {
+			if s.policy == pol {
+				e.dirty[ident.ID] = struct{}{}
+				break
+			}
+		}
+	}
 }
 
 // markWithin marks dirty the identities with a cidr prefix inside cidr.
