@@ -272,6 +272,10 @@ type selectorEngine struct {
 	maxEntries  int
 	notComputed map[identity.Number]int
 
+	// onePrefix holds the prefix prefixesOf returns for a prefix's own
+	// identity.
+	onePrefix [1]netip.Prefix
+
 	// visited counts the selectors examined, recomputed the identities
 	// whose entries were recomputed; tests use them to show what a change
 	// costs.
@@ -770,7 +774,8 @@ func family(p netip.Prefix) int {
 	return 1
 }
 
-// prefixesOf returns the cidr prefixes of an identity.
+// prefixesOf returns the cidr prefixes of an identity, valid until the
+// next call.
 func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []netip.Prefix {
 	if id == identity.World {
 		return policy.WorldPrefixes()
@@ -780,8 +785,11 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 		return nil
 	}
 	if prefix, only := ident.Labels.OnlyPrefix(); only {
-		// A prefix's own identity, most of them: no iterator to allocate.
-		return []netip.Prefix{prefix}
+		// A prefix's own identity, most of them: no iterator to allocate,
+		// and the engine's buffer (the caller keeps the slice no longer
+		// than its own use).
+		e.onePrefix[0] = prefix
+		return e.onePrefix[:]
 	}
 	return slices.Collect(ident.Labels.Prefixes())
 }
@@ -1140,6 +1148,10 @@ func resolve(grants []grant) []*policy.Entry {
 			j++
 		}
 		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
+		// The entry's policies and rules share one allocation, each
+		// capped to its half: most entries have one of each.
+		names := make([]string, 2*(j-i))
+		entry.Policies, entry.Rules = names[:0:j-i], names[j-i:j-i:2*(j-i)]
 		for _, g := range grants[i:j] {
 			if g.verdict != entry.Verdict {
 				break // the allows of a denied (or intercepted) key
