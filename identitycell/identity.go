@@ -266,10 +266,16 @@ func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], 
 		for ident := range identities.LowerBound(txn, LabelsIndex.QueryFromKey(prefixkey.RangeStart(cidr))) {
 			// The key that found the identity is one of its prefixes': if
 			// none is in the CIDR's range, that key is past the range.
-			inRange, inside := false, false
-			for prefix := range ident.Labels.Prefixes() {
-				inRange = inRange || prefixkey.InRange(cidr, prefix)
-				inside = inside || prefixkey.Inside(cidr, prefix)
+			var inRange, inside bool
+			if prefix, only := ident.Labels.OnlyPrefix(); only {
+				// A prefix's own identity, most of them: no iterator to
+				// allocate.
+				inRange, inside = prefixkey.InRange(cidr, prefix), prefixkey.Inside(cidr, prefix)
+			} else {
+				for prefix := range ident.Labels.Prefixes() {
+					inRange = inRange || prefixkey.InRange(cidr, prefix)
+					inside = inside || prefixkey.Inside(cidr, prefix)
+				}
 			}
 			if !inRange {
 				return

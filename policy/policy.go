@@ -300,7 +300,19 @@ const ResourcePrefix = "policy/"
 // Prefixes returns the distinct CIDRs and except prefixes of the policy,
 // sorted: what the policy puts into the ipcache.
 func (p *Policy) Prefixes() []netip.Prefix {
-	var prefixes []netip.Prefix
+	n := 0
+	for _, dir := range Directions() {
+		for _, rule := range p.Rules(dir) {
+			for _, peer := range rule.Peers {
+				n += 1 + len(peer.Except)
+			}
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	// Made at its size: a policy may have a hundred thousand CIDRs.
+	prefixes := make([]netip.Prefix, 0, n)
 	for _, dir := range Directions() {
 		for _, rule := range p.Rules(dir) {
 			for _, peer := range rule.Peers {

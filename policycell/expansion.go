@@ -94,7 +94,12 @@ type entryCounter struct {
 func newEntryCounter(policies []*policy.Policy, limit int) *entryCounter {
 	c := &entryCounter{limit: limit, index: newSelectorIndex(), exact: true,
 		denies: map[policy.Key]struct{}{}, allows: map[policy.Key]struct{}{}}
-	var prefixes []netip.Prefix
+	peers := 0
+	for _, p := range policies {
+		peers += cidrPeers(p)
+	}
+	c.index.reserve(peers)
+	prefixes := make([]netip.Prefix, 0, peers)
 	for _, p := range policies {
 		for _, dir := range policy.Directions() {
 			rules := p.Rules(dir)
@@ -103,9 +108,9 @@ func newEntryCounter(policies []*policy.Policy, limit int) *entryCounter {
 				if rule.AnyPeer {
 					c.index.add(newSelector(p, dir, rule, nil))
 				}
+				c.index.addPeers(p, dir, rule)
 				for j := range rule.Peers {
 					peer := &rule.Peers[j]
-					c.index.add(newSelector(p, dir, rule, peer))
 					prefixes = append(prefixes, peer.CIDR)
 					prefixes = append(prefixes, peer.Except...)
 					c.world = c.world || peer.CIDR.Bits() == 0
@@ -114,8 +119,12 @@ func newEntryCounter(policies []*policy.Policy, limit int) *entryCounter {
 		}
 	}
 	slices.SortFunc(prefixes, prefixkey.Compare)
-	for _, prefix := range slices.Compact(prefixes) {
-		c.identities = append(c.identities, []netip.Prefix{prefix})
+	// Each identity's prefixes are one element of the sorted prefixes: one
+	// slice for all of them.
+	prefixes = slices.Compact(prefixes)
+	c.identities = make([][]netip.Prefix, len(prefixes), len(prefixes)+1)
+	for i := range prefixes {
+		c.identities[i] = prefixes[i : i+1 : i+1]
 	}
 	if c.world {
 		c.identities = append(c.identities, policy.WorldPrefixes())

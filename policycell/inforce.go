@@ -54,6 +54,9 @@ type savedInForce struct {
 	err    error
 	failed bool
 	logged string
+	// entries are the saved file's entries, so that a save encodes only
+	// the files that changed.
+	entries yamldir.SavedEntries
 }
 
 // readInForce reads the saved versions in force for the policy directory
@@ -163,7 +166,7 @@ func (l *loader) saveInForce() {
 	if s.hasSaved && key == s.saved {
 		return
 	}
-	left, err := writeInForce(s.path, l.dir, contents)
+	left, err := savedPolicies(s.path).WriteCached(l.dir, contents, digests, &s.entries)
 	s.saved, s.hasSaved, s.failed = key, err == nil, err != nil
 	switch {
 	case err != nil:

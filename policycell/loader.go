@@ -304,8 +304,11 @@ func (l *loader) upsertPrefixes(old, p *policy.Policy) {
 	if old != nil {
 		had = old.Prefixes()
 	}
-	var batch []ipcachecell.PrefixUpsert
-	for _, prefix := range p.Prefixes() {
+	prefixes := p.Prefixes()
+	// Made at its size when all are new: a policy may have a hundred
+	// thousand prefixes.
+	batch := make([]ipcachecell.PrefixUpsert, 0, max(len(prefixes)-len(had), 0))
+	for _, prefix := range prefixes {
 		if _, found := slices.BinarySearchFunc(had, prefix, prefixkey.Compare); !found {
 			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix,
 				Metadata: ipcachecell.Metadata{Labels: labels.ForPrefix(prefix)}})

@@ -80,6 +80,46 @@ func (x *selectorIndex) add(s *selector) {
 	x.byCIDR[cidr] = append(x.byCIDR[cidr], s)
 }
 
+// addPeers indexes the selectors of a rule's CIDR peers. They are made
+// in one allocation and share the rule's reference: a rule may have a
+// hundred thousand CIDRs.
+func (x *selectorIndex) addPeers(p *policy.Policy, dir policy.Direction, rule *policy.Rule) {
+	if len(rule.Peers) == 0 {
+		return
+	}
+	ref := policy.RuleRef(p.Name, rule.Name)
+	selectors := make([]selector, len(rule.Peers))
+	for j := range rule.Peers {
+		s := &selectors[j]
+		*s = selector{policy: p.Name, rule: ref, direction: dir, deny: rule.Deny, peer: &rule.Peers[j], ports: rule.Ports, source: rule}
+		x.add(s)
+	}
+}
+
+// reserve makes room for n more CIDRs when they are at least as many as
+// those indexed (a policy directory's first read, a large file): the map
+// is made at its size once, where growing it step by step moved what it
+// held at each step; copying what it holds costs no more than adding n.
+func (x *selectorIndex) reserve(n int) {
+	if n < len(x.byCIDR) || n < 64 {
+		return
+	}
+	grown := make(map[netip.Prefix][]*selector, len(x.byCIDR)+n)
+	maps.Copy(grown, x.byCIDR)
+	x.byCIDR = grown
+}
+
+// cidrPeers counts the CIDR peers of a policy's rules.
+func cidrPeers(p *policy.Policy) int {
+	n := 0
+	for _, dir := range policy.Directions() {
+		for _, rule := range p.Rules(dir) {
+			n += len(rule.Peers)
+		}
+	}
+	return n
+}
+
 // removeCIDR removes the policy's selectors on cidr (nothing if they are
 // already gone: a second selector of the policy on the same CIDR).
 func (x *selectorIndex) removeCIDR(pol string, cidr netip.Prefix) {
@@ -231,6 +271,10 @@ type selectorEngine struct {
 	// when room appears.
 	maxEntries  int
 	notComputed map[identity.Number]int
+
+	// onePrefix holds the prefix prefixesOf returns for a prefix's own
+	// identity.
+	onePrefix [1]netip.Prefix
 
 	// visited counts the selectors examined, recomputed the identities
 	// whose entries were recomputed; tests use them to show what a change
@@ -496,8 +540,20 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 			delete(e.dnsPolicies, p.Name)
 		}
 	}
+	cidrs := cidrPeers(p)
+	// With about as many CIDRs as identities, one pass over the
+	// identities, each looked up in the index, costs less than a search of
+	// the identities table per CIDR (markWithin). The pass finds the
+	// policy's CIDRs in the index: before they are removed, after they are
+	// added.
+	scan := cidrs >= scanMinCIDRs && cidrs*scanRatio >= e.identities.NumObjects(txn)
 	if by < 0 {
 		delete(e.selected, p.Name)
+		if scan {
+			e.markIndexedWithin(txn, p.Name)
+		}
+	} else {
+		e.index.reserve(cidrs)
 	}
 	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)
@@ -514,16 +570,25 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 					e.markPeers(g)
 				}
 			}
+			if by > 0 {
+				e.index.addPeers(p, dir, rule)
+			}
 			for j := range rule.Peers {
 				peer := &rule.Peers[j]
-				if by > 0 {
-					e.index.add(newSelector(p, dir, rule, peer))
-				} else {
+				if by < 0 {
 					e.index.removeCIDR(p.Name, peer.CIDR)
 				}
-				e.markWithin(txn, peer.CIDR)
+				switch {
+				case !scan:
+					e.markWithin(txn, peer.CIDR)
+				case peer.CIDR.Bits() == 0:
+					e.dirty[identity.World] = struct{}{} // as markWithin does
+				}
 			}
 		}
+	}
+	if by > 0 && scan {
+		e.markIndexedWithin(txn, p.Name)
 	}
 	if by < 0 {
 		e.index.removeAnyPeer(p.Name)
@@ -709,7 +774,8 @@ func family(p netip.Prefix) int {
 	return 1
 }
 
-// prefixesOf returns the cidr prefixes of an identity.
+// prefixesOf returns the cidr prefixes of an identity, valid until the
+// next call.
 func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []netip.Prefix {
 	if id == identity.World {
 		return policy.WorldPrefixes()
@@ -718,7 +784,45 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 	if !found {
 		return nil
 	}
+	if prefix, only := ident.Labels.OnlyPrefix(); only {
+		// A prefix's own identity, most of them: no iterator to allocate,
+		// and the engine's buffer (the caller keeps the slice no longer
+		// than its own use).
+		e.onePrefix[0] = prefix
+		return e.onePrefix[:]
+	}
 	return slices.Collect(ident.Labels.Prefixes())
+}
+
+// A policy's identities are marked by a pass over all identities
+// (markIndexedWithin) when it has at least scanMinCIDRs CIDRs and one
+// scanRatio-th as many as there are identities.
+const (
+	scanMinCIDRs = 1024
+	scanRatio    = 4
+)
+
+// markIndexedWithin marks dirty the identities with a cidr prefix inside
+// one of the policy's CIDRs in the index: the selectors the index finds
+// for the identity's prefixes (those whose CIDR holds one) include one of
+// the policy's.
+func (e *selectorEngine) markIndexedWithin(txn statedb.ReadTxn, pol string) {
+	var one [1]netip.Prefix
+	for ident := range e.identities.All(txn) {
+		var prefixes []netip.Prefix
+		if prefix, only := ident.Labels.OnlyPrefix(); only {
+			one[0] = prefix
+			prefixes = one[:]
+		} else {
+			prefixes = slices.Collect(ident.Labels.Prefixes())
+		}
+		for s := range e.index.candidates(prefixes) {
+			if s.policy == pol {
+				e.dirty[ident.ID] = struct{}{}
+				break
+			}
+		}
+	}
 }
 
 // markWithin marks dirty the identities with a cidr prefix inside cidr.
@@ -758,7 +862,13 @@ func (e *selectorEngine) write(initializing bool) error {
 	if e.dnsRules != nil {
 		tables = append(tables, e.dnsRules)
 	}
-	var scratch []grant
+	var (
+		scratch []grant
+		// current are the entries in the table of the chunk's identities,
+		// those of chunk[i] up to ends[i].
+		current []*policy.Entry
+		ends    []int
+	)
 	for start := 0; start < len(dirty) || start == 0; start += writeChunkSize {
 		txn := e.db.WriteTxn(tables...)
 		if start == 0 && writeEnforcement {
@@ -773,14 +883,29 @@ func (e *selectorEngine) write(initializing bool) error {
 				return err
 			}
 		}
-		for _, id := range dirty[start:min(start+writeChunkSize, len(dirty))] {
+		chunk := dirty[start:min(start+writeChunkSize, len(dirty))]
+		// The chunk's entries are all read before any is written: a read
+		// of a table in a write transaction freezes the tree's nodes the
+		// transaction copied so far (statedb's part.Txn), so a read
+		// between writes makes the next write copy its whole path again.
+		current, ends = current[:0], ends[:0]
+		for _, id := range chunk {
+			for entry := range policy.IdentityEntries(txn, e.entries, id) {
+				current = append(current, entry)
+			}
+			ends = append(ends, len(current))
+		}
+		from := 0
+		for i, id := range chunk {
 			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
-			if err := e.writeIdentity(txn, id, resolve(scratch)); err != nil {
+			if err := e.writeIdentity(txn, id, current[from:ends[i]], resolve(scratch)); err != nil {
 				txn.Abort()
 				return err
 			}
+			from = ends[i]
 		}
+		clear(current) // not kept alive until the next chunk
 		if start+writeChunkSize >= len(dirty) {
 			if err := e.writeDNSRules(txn, true); err != nil {
 				txn.Abort()
@@ -1023,6 +1148,10 @@ func resolve(grants []grant) []*policy.Entry {
 			j++
 		}
 		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
+		// The entry's policies and rules share one allocation, each
+		// capped to its half: most entries have one of each.
+		names := make([]string, 2*(j-i))
+		entry.Policies, entry.Rules = names[:0:j-i], names[j-i:j-i:2*(j-i)]
 		for _, g := range grants[i:j] {
 			if g.verdict != entry.Verdict {
 				break // the allows of a denied (or intercepted) key
@@ -1050,16 +1179,14 @@ func resolve(grants []grant) []*policy.Entry {
 
 // writeIdentity makes the identity's entries the desired ones: changed
 // and new entries are written (pending reconciliation), entries no longer
-// desired are deleted, and unchanged ones are left alone. New keys are
+// desired are deleted, and unchanged ones are left alone. current are
+// the identity's entries in the table, in key order. New keys are
 // added only while the table has fewer rows than maxEntries, denies
 // first (a missing allow drops traffic, a missing deny would let it
 // through); the identity is in notComputed while some are left out.
-func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number, desired []*policy.Entry) error {
+func (e *selectorEngine) writeIdentity(txn statedb.WriteTxn, id identity.Number, current, desired []*policy.Entry) error {
 	// Both are in key order: the index orders keys as policy.CompareKeys.
-	var current, added []*policy.Entry
-	for entry := range policy.IdentityEntries(txn, e.entries, id) {
-		current = append(current, entry)
-	}
+	var added []*policy.Entry
 	for _, want := range desired {
 		for len(current) > 0 && policy.CompareKeys(current[0].Key, want.Key) < 0 {
 			if err := e.deleteEntry(txn, current[0]); err != nil {

@@ -630,3 +630,58 @@ type recordingHealth struct {
 
 func (h *recordingHealth) OK(string)                  { h.err = nil }
 func (h *recordingHealth) Degraded(_ string, e error) { h.err = e }
+
+// TestSelectorLargePolicy: a policy with about as many CIDRs as there are
+// identities marks its identities by one pass over them
+// (markIndexedWithin, not markWithin per CIDR); added, replaced and
+// deleted after its identities were processed, it gives the entries the
+// brute force gives, another policy's entries on the same identities
+// included, of identities with a narrower prefix or other labels too.
+func TestSelectorLargePolicy(t *testing.T) {
+	f := newEngineFixture(t)
+	f.policiesRead()
+	f.ipcacheResolved()
+	host := func(i int) string { return fmt.Sprintf("10.0.%d.%d/32", i>>8, i&0xff) }
+	var identities []*identitycell.Identity
+	for i := range 1500 {
+		identities = append(identities, identityRow(identity.Number(16777217+i), "cidr:"+host(i)))
+	}
+	identities = append(identities,
+		identityRow(16800000, "cidr:10.9.1.0/24"),
+		identityRow(16800001, "cidr:10.9.2.2/32", "app:x"),
+		identityRow(16800002, "cidr:2001:db8::1/128"),
+		identityRow(16800003, "app:no-cidr"))
+	f.upsertIdentities(t, identities...)
+	small := cidrPolicy("small", policy.Ingress, nil, host(3), "10.9.0.0/16")
+	f.upsertPolicies(t, small)
+	f.round(t)
+
+	var cidrs []string
+	for i := range 1200 {
+		cidrs = append(cidrs, host(i))
+	}
+	large := cidrPolicy("large", policy.Egress, []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}},
+		append(cidrs, "10.9.0.0/16", "2001:db8::/32")...)
+	require.True(t, cidrPeers(large) >= scanMinCIDRs && cidrPeers(large)*scanRatio >= len(identities),
+		"the policy is large enough to be marked by a pass over the identities")
+	f.upsertPolicies(t, large)
+	f.round(t)
+	require.Equal(t, bruteForce([]*policy.Policy{small, large}, identities), f.table())
+	require.Equal(t, 3+1200+3, len(f.table()), "small's three identities, large's")
+
+	// Replaced: the first 200 CIDRs go, 300 come, and 10.9.0.0/16 goes.
+	cidrs = nil
+	for i := 200; i < 1500; i++ {
+		cidrs = append(cidrs, host(i))
+	}
+	replaced := cidrPolicy("large", policy.Egress, []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}},
+		append(cidrs, "2001:db8::/32")...)
+	f.upsertPolicies(t, replaced)
+	f.round(t)
+	require.Equal(t, bruteForce([]*policy.Policy{small, replaced}, identities), f.table())
+
+	f.deletePolicy(t, replaced)
+	f.round(t)
+	require.Equal(t, bruteForce([]*policy.Policy{small}, identities), f.table())
+	require.Equal(t, 3, len(f.table()))
+}

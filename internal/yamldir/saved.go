@@ -145,8 +145,49 @@ func (s Saved) Read(d Dir) (files []SavedFile, otherDir string, err error) {
 //
 // Possible errors: those of atomicfile.Write.
 func (s Saved) Write(dir string, contents map[string][]byte) (left []string, err error) {
+	return s.WriteCached(dir, contents, nil, nil)
+}
+
+// SavedEntries keeps the entries of the saved file as the last
+// WriteCached encoded them, each with the digest of the content it was
+// encoded from: a write re-encodes only the files whose content changed,
+// where encoding every file again was most of what a change of one file
+// cost. It keeps only the entries written: no more than MaxSize bytes.
+// The zero value is ready; it is not safe for concurrent use.
+type SavedEntries struct {
+	entries map[string]savedEntry
+}
+
+type savedEntry struct {
+	digest  [sha256.Size]byte
+	encoded []byte
+}
+
+// WriteCached is Write, taking the entry of each file whose digest (the
+// sha256 of its content, as Versions.InForceContents gives it) is the
+// one cache holds from cache rather than encoding it again, and keeping
+// the entries it writes in cache for the next write. The saved file's
+// bytes are those Write writes. A nil cache or digests: every entry is
+// encoded.
+//
+// Possible errors: those of atomicfile.Write.
+func (s Saved) WriteCached(dir string, contents map[string][]byte, digests map[string][sha256.Size]byte, cache *SavedEntries) (left []string, err error) {
+	var written map[string]savedEntry
+	encode := func(name string) ([]byte, error) {
+		digest, known := digests[name]
+		if cached, ok := cache.lookup(name); ok && known && cached.digest == digest {
+			written[name] = cached
+			return cached.encoded, nil
+		}
+		encoded, err := encodeEntry(name, contents[name])
+		if err == nil && cache != nil && known {
+			written[name] = savedEntry{digest: digest, encoded: encoded}
+		}
+		return encoded, err
+	}
 	err = atomicfile.Write(s.Path, func(w io.Writer) error {
 		left = nil
+		written = map[string]savedEntry{}
 		out := bufio.NewWriter(w)
 		key, err := json.Marshal(s.DirKey)
 		if err != nil {
@@ -164,12 +205,13 @@ func (s Saved) Write(dir string, contents map[string][]byte) (left []string, err
 		out.Write(head)
 		first := true
 		for _, name := range slices.Sorted(maps.Keys(contents)) {
-			entry, err := marshalNoHTMLEscape(SavedFile{File: name, Content: string(contents[name])})
+			entry, err := encode(name)
 			if err != nil {
 				return err
 			}
 			if size+len(entry)+2 > s.MaxSize {
 				left = append(left, name)
+				delete(written, name)
 				continue
 			}
 			if !first {
@@ -183,7 +225,70 @@ func (s Saved) Write(dir string, contents map[string][]byte) (left []string, err
 		out.WriteString(tail)
 		return out.Flush()
 	})
+	if cache != nil && written != nil {
+		// Also after a failed write: the entries are right whatever
+		// became of the file.
+		cache.entries = written
+	}
 	return left, err
+}
+
+func (c *SavedEntries) lookup(name string) (savedEntry, bool) {
+	if c == nil {
+		return savedEntry{}, false
+	}
+	e, ok := c.entries[name]
+	return e, ok
+}
+
+// encodeEntry returns a file's entry: SavedFile encoded as
+// marshalNoHTMLEscape encodes it. Names and contents of printable ASCII,
+// tabs and line ends (YAML as written, mostly) are encoded here, to the
+// same bytes, in one buffer made at its size, where encoding/json grew
+// its buffers by copying them (docs/SCALE.md, "Agent load, session 35");
+// anything else is left to encoding/json.
+func encodeEntry(name string, content []byte) ([]byte, error) {
+	out := make([]byte, 0, len(name)+len(content)+len(content)/8+32)
+	out = append(out, `{"file":`...)
+	out, plain := appendPlainString(out, name)
+	if plain {
+		out = append(out, `,"content":`...)
+		out, plain = appendPlainString(out, content)
+	}
+	if !plain {
+		return marshalNoHTMLEscape(SavedFile{File: name, Content: string(content)})
+	}
+	return append(out, '}'), nil
+}
+
+// appendPlainString appends s as a JSON string, as encoding/json writes it
+// without HTML escapes, when s is printable ASCII, tabs and line ends;
+// else it returns false.
+func appendPlainString[S string | []byte](out []byte, s S) ([]byte, bool) {
+	out = append(out, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		var escaped byte
+		switch c := s[i]; {
+		case c == '\n':
+			escaped = 'n'
+		case c == '\t':
+			escaped = 't'
+		case c == '\r':
+			escaped = 'r'
+		case c == '"' || c == '\\':
+			escaped = c
+		case c < 0x20 || c >= 0x80:
+			return out, false
+		default:
+			continue
+		}
+		out = append(out, s[start:i]...)
+		out = append(out, '\\', escaped)
+		start = i + 1
+	}
+	out = append(out, s[start:]...)
+	return append(out, '"'), true
 }
 
 // marshalNoHTMLEscape encodes v as JSON without escaping <, > and & (a

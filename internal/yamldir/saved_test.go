@@ -4,6 +4,8 @@ package yamldir
 
 import (
 	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,4 +99,132 @@ func TestSaveKey(t *testing.T) {
 	require.Equal(t, key, SaveKey(map[string][sha256.Size]byte{"b.yaml": b, "a.yaml": a}))
 	require.NotEqual(t, key, SaveKey(map[string][sha256.Size]byte{"a.yaml": b, "b.yaml": a}))
 	require.NotEqual(t, key, SaveKey(map[string][sha256.Size]byte{"a.yaml": a}))
+}
+
+// TestSavedCachedSameBytes: a write that takes entries from the cache
+// writes the bytes a fresh encode writes, through changes of content
+// under the same name (the cache must not give the old entry), files
+// added and removed, and a file left out for size and then fitting again.
+func TestSavedCachedSameBytes(t *testing.T) {
+	cached, fresh := savedEndpoints(t), savedEndpoints(t)
+	var cache SavedEntries
+	digestsOf := func(contents map[string][]byte) map[string][sha256.Size]byte {
+		digests := map[string][sha256.Size]byte{}
+		for name, content := range contents {
+			digests[name] = sha256.Sum256(content)
+		}
+		return digests
+	}
+	for i, contents := range []map[string][]byte{
+		{"a.yaml": []byte("a: 1\n"), "b.yaml": []byte("b: <&>\n")},
+		{"a.yaml": []byte("a: 1\n"), "b.yaml": []byte("b: \"2\"\n")},
+		{"a.yaml": []byte("a: 1\n"), "c.yaml": []byte("c\n"), "b.yaml": []byte("b: \"2\"\n")},
+		{"c.yaml": []byte("c\n"), "d.yaml": []byte(strings.Repeat("d", 2000))},
+		{"c.yaml": []byte("c\n"), "d.yaml": []byte("d\n")},
+		{"c.yaml": []byte("c: changed\n"), "d.yaml": []byte("d\n")},
+	} {
+		leftCached, err := cached.WriteCached("/e", contents, digestsOf(contents), &cache)
+		require.NoError(t, err)
+		leftFresh, err := fresh.Write("/e", contents)
+		require.NoError(t, err)
+		require.Equal(t, leftFresh, leftCached, "write %d", i)
+		got, err := os.ReadFile(cached.Path)
+		require.NoError(t, err)
+		want, err := os.ReadFile(fresh.Path)
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got), "write %d", i)
+		require.Len(t, cache.entries, len(contents)-len(leftCached), "write %d: the entries written, no more", i)
+	}
+}
+
+// BenchmarkSavedWrite measures a save after one file of a directory
+// changed: 10 files of 100,000 CIDRs in all, as bench-peer writes them,
+// with every entry encoded (Write) or those of unchanged files taken from
+// the cache (WriteCached).
+func BenchmarkSavedWrite(b *testing.B) {
+	contents := map[string][]byte{}
+	for f := range 10 {
+		var content strings.Builder
+		content.WriteString("name: p\negress:\n  - toCIDR:\n")
+		for i := range 10_000 {
+			fmt.Fprintf(&content, "      - \"10.%d.%d.%d/32\"\n", f, i>>8, i&0xff)
+		}
+		contents[fmt.Sprintf("p%d.yaml", f)] = []byte(content.String())
+	}
+	digests := map[string][sha256.Size]byte{}
+	for name, content := range contents {
+		digests[name] = sha256.Sum256(content)
+	}
+	s := Saved{Path: filepath.Join(b.TempDir(), "in-force.json"), DirKey: "policyDir", Name: "policies in force", MaxSize: 32 << 20}
+	for _, cached := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cached=%v", cached), func(b *testing.B) {
+			var cache SavedEntries
+			for i := range b.N {
+				changed := fmt.Appendf(nil, "name: change\negress:\n  - toCIDR: [\"192.0.2.%d/32\"]\n", i%256)
+				contents["change.yaml"], digests["change.yaml"] = changed, sha256.Sum256(changed)
+				var err error
+				if cached {
+					_, err = s.WriteCached("/p", contents, digests, &cache)
+				} else {
+					_, err = s.Write("/p", contents)
+				}
+				require.NoError(b, err)
+			}
+		})
+	}
+}
+
+// TestEncodeEntry: an entry is the bytes encoding/json gives, whether the
+// name and content take the plain path (printable ASCII, tabs, line ends)
+// or not (other control characters, UTF-8, invalid UTF-8, U+2028).
+func TestEncodeEntry(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	contents := []string{"", "a: 1\n", "b: <&>\n\t\"q\" \\ \r\n", "\x7f~ ", "\x00\x01\x1f", "\b\f",
+		"é: ü\n", "\xff\xfe", "\u2028\u2029", "name: x\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n"}
+	for range 200 {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+			if rng.IntN(2) == 0 {
+				b[i] = byte(' ' + rng.IntN(95))
+			}
+		}
+		contents = append(contents, string(b))
+	}
+	for _, name := range []string{"a.yaml", "q\"\\.yaml", "é.yaml", "\x01.yaml"} {
+		for _, content := range contents {
+			want, err := marshalNoHTMLEscape(SavedFile{File: name, Content: content})
+			require.NoError(t, err)
+			got, err := encodeEntry(name, []byte(content))
+			require.NoError(t, err)
+			require.Equal(t, string(want), string(got), "%q %q", name, content)
+		}
+	}
+}
+
+// BenchmarkEncodeEntry encodes the entry of a file of 100,000 CIDRs as
+// bench-peer writes it: by encoding/json (marshalNoHTMLEscape) and by
+// encodeEntry.
+func BenchmarkEncodeEntry(b *testing.B) {
+	var content strings.Builder
+	content.WriteString("name: p\negress:\n  - toCIDR:\n")
+	for i := range 100_000 {
+		fmt.Fprintf(&content, "      - \"10.%d.%d.%d/32\"\n", i>>16, i>>8&0xff, i&0xff)
+	}
+	text := content.String()
+	b.Run("json", func(b *testing.B) {
+		b.SetBytes(int64(len(text)))
+		for range b.N {
+			_, err := marshalNoHTMLEscape(SavedFile{File: "p.yaml", Content: text})
+			require.NoError(b, err)
+		}
+	})
+	raw := []byte(text)
+	b.Run("encodeEntry", func(b *testing.B) {
+		b.SetBytes(int64(len(text)))
+		for range b.N {
+			_, err := encodeEntry("p.yaml", raw)
+			require.NoError(b, err)
+		}
+	})
 }
