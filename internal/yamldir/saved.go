@@ -179,7 +179,7 @@ func (s Saved) WriteCached(dir string, contents map[string][]byte, digests map[s
 			written[name] = cached
 			return cached.encoded, nil
 		}
-		encoded, err := encodeEntry(name, contents[name])
+		encoded, err := marshalNoHTMLEscape(SavedFile{File: name, Content: string(contents[name])})
 		if err == nil && cache != nil && known {
 			written[name] = savedEntry{digest: digest, encoded: encoded}
 		}
@@ -239,56 +239,6 @@ func (c *SavedEntries) lookup(name string) (savedEntry, bool) {
 	}
 	e, ok := c.entries[name]
 	return e, ok
-}
-
-// encodeEntry returns a file's entry: SavedFile encoded as
-// marshalNoHTMLEscape encodes it. Names and contents of printable ASCII,
-// tabs and line ends (YAML as written, mostly) are encoded here, to the
-// same bytes, in one buffer made at its size, where encoding/json grew
-// its buffers by copying them (docs/SCALE.md, "Agent load, session 35");
-// anything else is left to encoding/json.
-func encodeEntry(name string, content []byte) ([]byte, error) {
-	out := make([]byte, 0, len(name)+len(content)+len(content)/8+32)
-	out = append(out, `{"file":`...)
-	out, plain := appendPlainString(out, name)
-	if plain {
-		out = append(out, `,"content":`...)
-		out, plain = appendPlainString(out, content)
-	}
-	if !plain {
-		return marshalNoHTMLEscape(SavedFile{File: name, Content: string(content)})
-	}
-	return append(out, '}'), nil
-}
-
-// appendPlainString appends s as a JSON string, as encoding/json writes it
-// without HTML escapes, when s is printable ASCII, tabs and line ends;
-// else it returns false.
-func appendPlainString[S string | []byte](out []byte, s S) ([]byte, bool) {
-	out = append(out, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		var escaped byte
-		switch c := s[i]; {
-		case c == '\n':
-			escaped = 'n'
-		case c == '\t':
-			escaped = 't'
-		case c == '\r':
-			escaped = 'r'
-		case c == '"' || c == '\\':
-			escaped = c
-		case c < 0x20 || c >= 0x80:
-			return out, false
-		default:
-			continue
-		}
-		out = append(out, s[start:i]...)
-		out = append(out, '\\', escaped)
-		start = i + 1
-	}
-	out = append(out, s[start:]...)
-	return append(out, '"'), true
 }
 
 // marshalNoHTMLEscape encodes v as JSON without escaping <, > and & (a

@@ -5,7 +5,6 @@ package yamldir
 import (
 	"crypto/sha256"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,59 +171,4 @@ func BenchmarkSavedWrite(b *testing.B) {
 			}
 		})
 	}
-}
-
-// TestEncodeEntry: an entry is the bytes encoding/json gives, whether the
-// name and content take the plain path (printable ASCII, tabs, line ends)
-// or not (other control characters, UTF-8, invalid UTF-8, U+2028).
-func TestEncodeEntry(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	contents := []string{"", "a: 1\n", "b: <&>\n\t\"q\" \\ \r\n", "\x7f~ ", "\x00\x01\x1f", "\b\f",
-		"é: ü\n", "\xff\xfe", "\u2028\u2029", "name: x\negress:\n  - toCIDR: [\"10.0.0.0/8\"]\n"}
-	for range 200 {
-		b := make([]byte, rng.IntN(40))
-		for i := range b {
-			b[i] = byte(rng.IntN(256))
-			if rng.IntN(2) == 0 {
-				b[i] = byte(' ' + rng.IntN(95))
-			}
-		}
-		contents = append(contents, string(b))
-	}
-	for _, name := range []string{"a.yaml", "q\"\\.yaml", "é.yaml", "\x01.yaml"} {
-		for _, content := range contents {
-			want, err := marshalNoHTMLEscape(SavedFile{File: name, Content: content})
-			require.NoError(t, err)
-			got, err := encodeEntry(name, []byte(content))
-			require.NoError(t, err)
-			require.Equal(t, string(want), string(got), "%q %q", name, content)
-		}
-	}
-}
-
-// BenchmarkEncodeEntry encodes the entry of a file of 100,000 CIDRs as
-// bench-peer writes it: by encoding/json (marshalNoHTMLEscape) and by
-// encodeEntry.
-func BenchmarkEncodeEntry(b *testing.B) {
-	var content strings.Builder
-	content.WriteString("name: p\negress:\n  - toCIDR:\n")
-	for i := range 100_000 {
-		fmt.Fprintf(&content, "      - \"10.%d.%d.%d/32\"\n", i>>16, i>>8&0xff, i&0xff)
-	}
-	text := content.String()
-	b.Run("json", func(b *testing.B) {
-		b.SetBytes(int64(len(text)))
-		for range b.N {
-			_, err := marshalNoHTMLEscape(SavedFile{File: "p.yaml", Content: text})
-			require.NoError(b, err)
-		}
-	})
-	raw := []byte(text)
-	b.Run("encodeEntry", func(b *testing.B) {
-		b.SetBytes(int64(len(text)))
-		for range b.N {
-			_, err := encodeEntry("p.yaml", raw)
-			require.NoError(b, err)
-		}
-	})
 }
