@@ -263,19 +263,14 @@ func labelsKeys(l labels.Labels) index.KeySet {
 // prefix. cidr must be masked.
 func IdentitiesWithin(txn statedb.ReadTxn, identities statedb.Table[*Identity], cidr netip.Prefix) iter.Seq[*Identity] {
 	return func(yield func(*Identity) bool) {
+		var one [1]netip.Prefix // a prefix's own identity's, most of them
 		for ident := range identities.LowerBound(txn, LabelsIndex.QueryFromKey(prefixkey.RangeStart(cidr))) {
 			// The key that found the identity is one of its prefixes': if
 			// none is in the CIDR's range, that key is past the range.
-			var inRange, inside bool
-			if prefix, only := ident.Labels.OnlyPrefix(); only {
-				// A prefix's own identity, most of them: no iterator to
-				// allocate.
-				inRange, inside = prefixkey.InRange(cidr, prefix), prefixkey.Inside(cidr, prefix)
-			} else {
-				for prefix := range ident.Labels.Prefixes() {
-					inRange = inRange || prefixkey.InRange(cidr, prefix)
-					inside = inside || prefixkey.Inside(cidr, prefix)
-				}
+			inRange, inside := false, false
+			for _, prefix := range ident.Labels.AppendPrefixes(one[:0]) {
+				inRange = inRange || prefixkey.InRange(cidr, prefix)
+				inside = inside || prefixkey.Inside(cidr, prefix)
 			}
 			if !inRange {
 				return

@@ -289,6 +289,16 @@ func (l Labels) Prefixes() iter.Seq[netip.Prefix] {
 	}
 }
 
+// AppendPrefixes appends the prefixes named by the set's cidr labels to
+// dst. A prefix's own set (most identities' are) appends its prefix
+// without an iterator: with room for one in dst, nothing is allocated.
+func (l Labels) AppendPrefixes(dst []netip.Prefix) []netip.Prefix {
+	if prefix, ok := l.packed(); ok {
+		return append(dst, prefix)
+	}
+	return slices.AppendSeq(dst, l.Prefixes())
+}
+
 // MarshalText implements encoding.TextMarshaler (JSON, YAML and the statedb
 // script commands use it).
 //

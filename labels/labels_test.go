@@ -56,6 +56,12 @@ func TestUnionAndPrefixes(t *testing.T) {
 		netip.MustParsePrefix("10.1.0.0/16"),
 		netip.MustParsePrefix("2001:db8::/32"),
 	}, slices.Collect(all.Prefixes()))
+	require.Equal(t, slices.Collect(all.Prefixes()), all.AppendPrefixes(nil))
+	var one [1]netip.Prefix
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, v4.AppendPrefixes(one[:0]))
+	require.Equal(t, netip.MustParsePrefix("10.1.0.0/16"), one[0], "appended in place")
+	require.Zero(t, testing.AllocsPerRun(10, func() { v4.AppendPrefixes(one[:0]) }))
+	require.Empty(t, world.AppendPrefixes(nil))
 	require.Equal(t, v4, v4.Union(Labels{}))
 	require.Equal(t, v4, Labels{}.Union(v4))
 }

@@ -784,14 +784,9 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 	if !found {
 		return nil
 	}
-	if prefix, only := ident.Labels.OnlyPrefix(); only {
-		// A prefix's own identity, most of them: no iterator to allocate,
-		// and the engine's buffer (the caller keeps the slice no longer
-		// than its own use).
-		e.onePrefix[0] = prefix
-		return e.onePrefix[:]
-	}
-	return slices.Collect(ident.Labels.Prefixes())
+	// A prefix's own identity's (most of them) fills the engine's buffer;
+	// the caller keeps the slice no longer than its own use.
+	return ident.Labels.AppendPrefixes(e.onePrefix[:0])
 }
 
 // A policy's identities are marked by a pass over all identities
@@ -809,14 +804,7 @@ const (
 func (e *selectorEngine) markIndexedWithin(txn statedb.ReadTxn, pol string) {
 	var one [1]netip.Prefix
 	for ident := range e.identities.All(txn) {
-		var prefixes []netip.Prefix
-		if prefix, only := ident.Labels.OnlyPrefix(); only {
-			one[0] = prefix
-			prefixes = one[:]
-		} else {
-			prefixes = slices.Collect(ident.Labels.Prefixes())
-		}
-		for s := range e.index.candidates(prefixes) {
+		for s := range e.index.candidates(ident.Labels.AppendPrefixes(one[:0])) {
 			if s.policy == pol {
 				e.dirty[ident.ID] = struct{}{}
 				break
