@@ -98,14 +98,6 @@ func readInForce(path, dir string, fqdnEnforced bool) (saved map[string]savedFil
 	return saved, "", nil
 }
 
-// writeInForce replaces the saved file at path with the given contents of
-// the files in force (by file name), atomically (yamldir.Saved.Write).
-//
-// Possible errors: those of atomicfile.Write.
-func writeInForce(path, dir string, contents map[string][]byte) (left []string, err error) {
-	return savedPolicies(path).Write(dir, contents)
-}
-
 // restoreInForce puts the versions in force that the previous run saved
 // in place, before the directory is first read: a file that is invalid
 // now keeps its saved version, and a policy name stays with the file that

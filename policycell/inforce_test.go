@@ -22,7 +22,7 @@ func TestInForceRoundTrip(t *testing.T) {
 		"a.yaml": []byte("# <not> & \"escaped\"\nname: a\n---\nname: c\n"),
 		"e.yaml": nil, // in force with no policies
 	}
-	left, err := writeInForce(path, "/policies", contents)
+	left, err := savedPolicies(path).Write("/policies", contents)
 	require.NoError(t, err)
 	require.Empty(t, left)
 	data, err := os.ReadFile(path)
@@ -90,7 +90,7 @@ func TestInForceCapped(t *testing.T) {
 		contents[name] = big
 	}
 	contents["small.yaml"] = []byte("name: small\n")
-	left, err := writeInForce(path, "/p", contents)
+	left, err := savedPolicies(path).Write("/p", contents)
 	require.NoError(t, err)
 	require.Equal(t, []string{"i.yaml"}, left, "8 files of 4 MiB fit into 32 MiB with room for small.yaml")
 	info, err := os.Stat(path)
