@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -80,6 +81,12 @@ func NewEngine(t testing.TB, args []string, newHive func(extra ...cell.Cell) *hi
 	a.build()
 
 	cmds := script.DefaultCmds()
+	// exec's grace for a command's output pipes after it exits is 100 ms
+	// by default. The scripts of one test run in parallel in one process:
+	// another script's fork holds the pipes until its child execs, which
+	// on a loaded CI machine took longer (`ip link del` failed with
+	// "WaitDelay expired before I/O complete" after it had succeeded).
+	cmds["exec"] = script.Exec(func(cmd *exec.Cmd) error { return cmd.Process.Signal(os.Interrupt) }, 5*time.Second)
 	for name := range a.cmds {
 		if name == "hive/start" || name == "hive/stop" {
 			continue // agent/start and agent/stop, which know about restarts
