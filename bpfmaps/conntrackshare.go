@@ -32,6 +32,12 @@ type ConntrackMaps interface {
 	// after stop); the kernel's, when the program's ct_stats cannot be
 	// read.
 	ConntrackFull() (uint64, error)
+	// ConntrackDeleted tells the program that entries that had not
+	// expired were deleted: it keeps, per CPU, the last connection that
+	// passed without looking its entry up again (bpf/enforce.c, `flows`)
+	// until the next write that could change a verdict. Does nothing when
+	// no maps are open.
+	ConntrackDeleted()
 }
 
 // ConntrackTimeouts are how long an entry lives after its last packet.

@@ -111,12 +111,15 @@ func TestPrivilegedCollectionRoundsAreBounded(t *testing.T) {
 type testMaps struct {
 	established, opening *ebpf.Map
 	full                 uint64
+	// deleted counts ConntrackDeleted's calls.
+	deleted int
 }
 
 var _ bpfmaps.ConntrackMaps = (*testMaps)(nil)
 
 var errNoProgram = errors.New("no program")
 
+func (m *testMaps) ConntrackDeleted()           { m.deleted++ }
 func (m *testMaps) Conntrack() *ebpf.Map        { return m.established }
 func (m *testMaps) ConntrackOpening() *ebpf.Map { return m.opening }
 func (m *testMaps) ConntrackFull() (uint64, error) {
@@ -152,7 +155,8 @@ func TestPrivilegedTrackerListAndFlush(t *testing.T) {
 	putEntry(t, established, policy.ProtocolTCP, 40000, expires, bpfmaps.ConntrackEstablished|bpfmaps.ConntrackReplySeen)
 	putEntry(t, opening, policy.ProtocolUDP, 40001, expires, 0)
 
-	tr := newTracker(&testMaps{established: established, opening: opening, full: 3}, hivetest.Logger(t))
+	datapath := &testMaps{established: established, opening: opening, full: 3}
+	tr := newTracker(datapath, hivetest.Logger(t))
 	entries, now, err := tr.List()
 	require.NoError(t, err)
 	require.Len(t, entries, 2)
@@ -175,11 +179,13 @@ func TestPrivilegedTrackerListAndFlush(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 3, full)
 
+	require.Zero(t, datapath.deleted)
 	n, err := tr.Flush()
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.Empty(t, mapEntries(t, established))
 	require.Empty(t, mapEntries(t, opening))
+	require.Equal(t, 1, datapath.deleted, "the program told that live entries went")
 }
 
 func TestProtocolNames(t *testing.T) {

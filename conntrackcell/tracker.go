@@ -112,6 +112,8 @@ func (t *Tracker) Flush() (int, error) {
 	if established == nil || opening == nil {
 		return 0, fmt.Errorf("flush conntrack map: %w", ErrMapsNotOpen)
 	}
+	// Also after a failure: what was deleted is gone.
+	defer t.maps.ConntrackDeleted()
 	total := 0
 	for _, m := range []*ebpf.Map{established, opening} {
 		var keys []bpfmaps.ConntrackKey

@@ -83,6 +83,16 @@ func (c conntrackMaps) ConntrackFull() (uint64, error) {
 	return enf.conntrackFull()
 }
 
+// ConntrackDeleted implements bpfmaps.ConntrackMaps: a bump of the
+// revision, which every connection the program keeps is kept at.
+func (c conntrackMaps) ConntrackDeleted() {
+	d := c.d
+	d.mu.Lock()
+	revision := d.revision
+	d.mu.Unlock()
+	revision.bump()
+}
+
 // conntrackFull sums the program's per-CPU count of failed moves to a
 // full conntrack map.
 //

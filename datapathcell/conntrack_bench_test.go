@@ -463,6 +463,10 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 				require.ErrorIs(b, err, ebpf.ErrKeyNotExist)
 			}
 		}
+		// As the agent does after deleting entries that have not
+		// expired (conntrackcell's flush): the program keeps the last
+		// connection per CPU (`flows`) while the revision stays.
+		bumpRevision(b, maps)
 	}
 	// addBefore measures the earlier program, if one is given, on the case
 	// just measured.
@@ -647,6 +651,40 @@ func BenchmarkEnforcementPerPacket(b *testing.B) {
 		addBefore(add, "endpoint+dns: established, forward", from, forwardACK)
 		add("endpoint+dns: established, reply", enf.toEndpoint, replyACK, tcxNextRet)
 		addBefore(add, "endpoint+dns: established, reply", to, replyACK)
+		// Two established connections whose packets alternate on one CPU:
+		// each packet is of another connection than the one `flows`
+		// keeps, so it pays the lookup and keeps its own. In single runs,
+		// against the pass-through program's.
+		other := netip.AddrPortFrom(benchEndpoint, benchEndpointPort+1)
+		otherForward := tcpPacket(other, peer, ack)
+		otherKey := bpfmaps.NewConntrackKey(progRunIfindex, other, peer, testProtoTCP)
+		binary.NativeEndian.PutUint16(otherKey[38:40], uint16(benchSubject))
+		alternating := func(name string, prog func(*enforcer) *ebpf.Program, e *enforcer, ct *ebpf.Map) {
+			if skip(name) || e == nil {
+				return
+			}
+			runPerPacket(b, prog(e), otherForward, 1, tcxNextRet)
+			runPerPacket(b, e.toEndpoint, tcpPacket(peer, other, ack), 1, tcxNextRet)
+			runPerPacket(b, prog(e), otherForward, 1, tcxNextRet)
+			var o bpfmaps.ConntrackValue
+			require.NoError(b, ct.Lookup(otherKey[:ct.KeySize()], &o), "the second connection established")
+			var single, alternate time.Duration
+			for range benchNewConnections / 2 {
+				single += runPerPacket(b, passThrough, forwardACK, 1, tcxNextRet)
+				single += runPerPacket(b, passThrough, otherForward, 1, tcxNextRet)
+				alternate += runPerPacket(b, prog(e), forwardACK, 1, tcxNextRet)
+				alternate += runPerPacket(b, prog(e), otherForward, 1, tcxNextRet)
+			}
+			rows = append(rows, row{name,
+				float64(alternate.Nanoseconds()) / benchNewConnections, float64(single.Nanoseconds()) / benchNewConnections})
+			require.NoError(b, ct.Delete(otherKey[:ct.KeySize()]))
+		}
+		alternating("endpoint+dns: established, forward, two connections alternating (single runs)", from, enf, maps.Conntrack)
+		beforeConntrack := beforeCT
+		if beforeConntrack == nil {
+			beforeConntrack = maps.Conntrack // the same layout: shared
+		}
+		alternating("before: endpoint+dns: established, forward, two connections alternating (single runs)", from, before, beforeConntrack)
 		ctDelete()
 		key, subjectKey = subjectKey, key
 		withEndpoint(false)

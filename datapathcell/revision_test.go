@@ -4,12 +4,10 @@ package datapathcell
 
 import (
 	"net/netip"
-	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
@@ -224,14 +222,7 @@ func TestPrivilegedDecisionKeptUntilAWrite(t *testing.T) {
 	privileged.Test(t)
 	t.Parallel()
 	maps, _, d, enf := newRevisedTest(t)
-	// The decision is kept per CPU: every run on the same one.
-	runtime.LockOSThread()
-	t.Cleanup(runtime.UnlockOSThread)
-	var was, one unix.CPUSet
-	require.NoError(t, unix.SchedGetaffinity(0, &was))
-	one.Set(0)
-	require.NoError(t, unix.SchedSetaffinity(0, &one))
-	t.Cleanup(func() { require.NoError(t, unix.SchedSetaffinity(0, &was)) })
+	onOneCPU(t)
 	peer := netip.AddrPortFrom(benchPeer, benchPeerPort)
 	peerKey := bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32))
 	allowKey := policyMapKey(testIdentityAllowed, uint8(policy.Egress), testProtoTCP, benchPeerPort)

@@ -128,6 +128,20 @@
 //     write, as a packet in flight during a write always was. Revision 0
 //     (low 48 bits) is never trusted: entries created in a direction that
 //     is not enforced, revoked ones, and those of older programs hold it.
+//   - The last connection of `conntrack` that passed on a CPU, as a
+//     reply or as a forward packet allowed at the current revision, is
+//     kept there by direction (`flows`, per CPU, not pinned), with the
+//     revision read then: its next packets in a kept direction pass as
+//     their entry would let them, without its lookup or update, while
+//     the revision stays and for at most FLOW_KEEP_NS (a second), if they
+//     change nothing in the entry but its expiry: not a TCP SYN, FIN or
+//     RST, not an echo request, nothing from or to port 53. An entry is
+//     kept only while it is far from expiring, and a reply only when
+//     nothing can revoke its entry at the revision (policy allowed its
+//     forward direction at it, or does not enforce that direction). The
+//     agent bumps the revision after deleting entries that had not
+//     expired (a flush). An entry's expiry thus lags its last packet by
+//     at most two seconds.
 //   - In a direction that is not enforced, packets pass. They are tracked
 //     only while the other direction is enforced, since an entry matters
 //     only to replies in an enforced direction; with neither direction
@@ -583,6 +597,10 @@ struct bpf_fib_lookup {
 // An entry's expiry is rewritten only when it moves by more than this.
 #define CT_REFRESH_NS NSEC_PER_SEC
 
+// How long `flows` answers for a connection before its entry is looked up
+// (and its expiry refreshed) again.
+#define FLOW_KEEP_NS NSEC_PER_SEC
+
 #define REVISION_MASK 0xffffffffffffULL
 
 // Events: the bits of events_mask, the rate limit, the ring's size and the
@@ -951,6 +969,29 @@ struct {
 	__type(value, struct decision_cache);
 	__uint(max_entries, 1);
 } decision SEC(".maps");
+
+// flows is, per CPU, the last connection of `conntrack` whose packet
+// passed as established (a forward packet that policy allowed at the
+// current revision) or as a reply, by direction, with the revision read
+// then: a packet of the same connection and direction that changes
+// nothing in the entry passes as the lookup would let it, without the
+// lookup, whose key hash and compare are about half of an established
+// packet's cost (docs/SCALE.md). The rules are at flow_kept and
+// keep_flow. Not pinned.
+struct flow_cache {
+	struct ct_key key;
+	__u8 reason[2]; // by direction: REASON_ESTABLISHED, REASON_REPLY, 0 nothing kept
+	__u16 pad;
+	__u64 revision; // the revision, read as allowed_at does
+	__u64 until;    // now_ns() before which it answers
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct flow_cache);
+	__uint(max_entries, 1);
+} flows SEC(".maps");
 
 // A fragmented datagram whose first fragment passed, keyed as the
 // connection is (its addresses, the device) with the datagram's
@@ -1707,19 +1748,22 @@ static __always_inline __u64 current_revision(void)
 }
 
 // allowed_at says whether policy allowed this entry's direction at the
-// current revision, so that nothing that could change the verdict has
-// been written since: a plain load is enough here, as nothing read after
-// it depends on it.
-static __always_inline int allowed_at(struct ct_value *ct)
+// current revision (plain_revision), so that nothing that could change
+// the verdict has been written since.
+static __always_inline int allowed_at(struct ct_value *ct, __u64 current)
+{
+	return current != 0 && (*(volatile __u64 *)ct_word(ct) >> 16) == current;
+}
+
+// plain_revision reads `revision` with a plain load, for a comparison with
+// a revision stored before (allowed_at, flow_kept): nothing read after it
+// depends on it. 0 when the map cannot be read.
+static __always_inline __u64 plain_revision(void)
 {
 	__u32 zero = 0;
 	__u64 *rev = bpf_map_lookup_elem(&revision, &zero);
-	__u64 current;
 
-	if (!rev)
-		return 0;
-	current = *(volatile __u64 *)rev & REVISION_MASK;
-	return current != 0 && (*(volatile __u64 *)ct_word(ct) >> 16) == current;
+	return rev ? *(volatile __u64 *)rev & REVISION_MASK : 0;
 }
 
 // ct_promote moves an entry of `ct_opening` whose origin spoke after a
@@ -1800,6 +1844,119 @@ static __always_inline void ct_revoke(struct ct_value *ct)
 {
 	if (!(ct->flags & CT_REVOKED) || (*(volatile __u64 *)ct_word(ct) >> 16))
 		*(volatile __u64 *)ct_word(ct) = (__u64)ct->origin | (__u64)(ct->flags | CT_REVOKED) << 8;
+}
+
+// flow_keepable says whether a packet leaves its connection's entry as it
+// found it but for the expiry, once an earlier packet of the same kind
+// updated it: not a TCP SYN, FIN or RST (they move the TCP state), not an
+// echo request (never a reply), not DNS (a query must be steered, an
+// answer may be recorded: dns_answer).
+static __always_inline int flow_keepable(const struct flow *flow)
+{
+	if (flow->protocol == IPPROTO_TCP && (flow->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)))
+		return 0;
+	return !flow->echo_request && (flow->ports >> 16) != bpf_htons(DNS_PORT);
+}
+
+// flow_kept returns the reason a tracked packet passes with in direction
+// when its connection is the one `flows` keeps on this CPU for that
+// direction, at the current revision, before FLOW_KEEP_NS are up; else 0.
+// The packet then skips its entry's lookup and update: keep_flow kept
+// only an entry of `conntrack` that such packets change nothing of but
+// the expiry, which thus lags by at most FLOW_KEEP_NS more (expiries are
+// in seconds and more). The entry is still there: `conntrack` does not
+// evict, the agent deletes an expired entry (keep_flow keeps one only
+// while it is far from expiring) or bumps the revision after a flush, and
+// only a forward packet that policy drops revokes one (see keep_reply).
+static __always_inline __u8 flow_kept(const struct flow *flow, __u8 direction)
+{
+	__u32 zero = 0;
+	struct flow_cache *kept;
+	const __u64 *a, *b;
+	__u8 reason;
+
+	if (!flow_keepable(flow))
+		return 0;
+	kept = bpf_map_lookup_elem(&flows, &zero);
+	if (!kept)
+		return 0;
+	reason = kept->reason[direction & 1];
+	if (!reason)
+		return 0;
+	a = (const __u64 *)&flow->ct;
+	b = (const __u64 *)&kept->key;
+	if ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
+	    (__u64)(((const __u32 *)a)[10] ^ ((const __u32 *)b)[10]))
+		return 0;
+	if (kept->revision != plain_revision() || now_ns() >= kept->until)
+		return 0;
+	return reason;
+}
+
+// keep_flow keeps in `flows` that a packet of flow passed in direction with
+// reason at revision (not 0), its entry ct (of `conntrack`) updated with
+// it. The same connection at the same revision keeps what it kept for the
+// other direction; anything else starts over.
+static __always_inline void keep_flow(const struct flow *flow, __u8 direction, __u8 reason,
+				      const struct ct_value *ct, __u64 revision)
+{
+	__u32 zero = 0;
+	struct flow_cache *kept;
+	const __u64 *a;
+	__u64 *b, now;
+
+	if (!revision || !flow_keepable(flow))
+		return;
+	kept = bpf_map_lookup_elem(&flows, &zero);
+	if (!kept)
+		return;
+	now = now_ns();
+	// The agent deletes an entry once it expired: none kept that may
+	// expire while kept.
+	if (ct->expires <= now + FLOW_KEEP_NS)
+		return;
+	a = (const __u64 *)&flow->ct;
+	b = (__u64 *)&kept->key;
+	// Per CPU: nobody else writes it while the program runs here.
+	if ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
+	    (__u64)(((const __u32 *)a)[10] ^ ((const __u32 *)b)[10]) | (kept->revision ^ revision) ||
+	    now >= kept->until) {
+		b[0] = a[0];
+		b[1] = a[1];
+		b[2] = a[2];
+		b[3] = a[3];
+		b[4] = a[4];
+		((__u32 *)b)[10] = ((const __u32 *)a)[10];
+		kept->reason[0] = 0;
+		kept->reason[1] = 0;
+		kept->revision = revision;
+		kept->until = now + FLOW_KEEP_NS;
+	}
+	kept->reason[direction & 1] = reason;
+}
+
+// keep_reply keeps a reply that passed (its entry ct updated, not revoked,
+// of `conntrack` unless opening) when no packet can revoke its entry at
+// the current revision: revoking takes a forward packet that policy drops
+// in the connection's enforced direction, and a forward packet that reads
+// a revision at which policy allowed it (the entry's checked) takes
+// allowed_at's path instead. index is the reply's `enforcement` slot.
+static __always_inline void keep_reply(const struct flow *flow, __u8 direction, struct ct_value *ct, int opening,
+				       __u32 index)
+{
+	__u32 origin = index ^ 1;
+	__u64 current;
+	__u32 *mode;
+
+	if (opening || (ct->flags & CT_REVOKED) || !flow_keepable(flow))
+		return;
+	current = plain_revision();
+	if (!allowed_at(ct, current)) {
+		mode = bpf_map_lookup_elem(&enforcement, &origin);
+		if (mode && *mode != ENFORCE_NONE)
+			return;
+	}
+	keep_flow(flow, direction, REASON_REPLY, ct, current);
 }
 
 // ct_opens says whether a packet opens a connection, so that it may
@@ -2311,11 +2468,22 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 		return drop(skb, &flow, direction, REASON_POLICY_DENY, 0);
 
 	if (flow.tracked) {
+		__u8 kept = flow_kept(&flow, direction);
+
+		if (kept) {
+			// What the lookup below would decide (flow_kept).
+			if (!enforced) {
+				count(skb, direction, COUNT_ALLOWED);
+				return TCX_NEXT;
+			}
+			return allow(skb, &flow, direction, kept, 0);
+		}
 		ct = ct_lookup(&flow.ct, &opening);
 		if (ct && ct->origin != direction && !flow.echo_request) {
 			ct_update(ct, &flow, 1, now_ns());
 			if (!enforced) {
 				dns_answer(skb, &flow, direction);
+				keep_reply(&flow, direction, ct, opening, index);
 				count(skb, direction, COUNT_ALLOWED);
 				return TCX_NEXT;
 			}
@@ -2323,6 +2491,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 			// policy decides on them (below).
 			if (!(ct->flags & CT_REVOKED)) {
 				dns_answer(skb, &flow, direction);
+				keep_reply(&flow, direction, ct, opening, index);
 				return allow(skb, &flow, direction, REASON_REPLY, 0);
 			}
 		}
@@ -2345,9 +2514,15 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// revision: nothing that could change the verdict was written since.
 	// Not DNS the endpoint sends: its verdict says whether it goes to the
 	// DNS proxy (to_dns_proxy).
-	if (ct && allowed_at(ct) && !(direction == DIRECTION_EGRESS && flow.dport == bpf_htons(DNS_PORT))) {
-		ct_refresh(ct, &flow, opening, now_ns());
-		return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
+	if (ct && !(direction == DIRECTION_EGRESS && flow.dport == bpf_htons(DNS_PORT))) {
+		__u64 current = plain_revision();
+
+		if (allowed_at(ct, current)) {
+			ct_refresh(ct, &flow, opening, now_ns());
+			if (!opening)
+				keep_flow(&flow, direction, REASON_ESTABLISHED, ct, current);
+			return allow(skb, &flow, direction, REASON_ESTABLISHED, 0);
+		}
 	}
 	// Only here, off the path of established connections and replies.
 	set_remote_key(&remote, &flow);

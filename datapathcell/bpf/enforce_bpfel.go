@@ -63,6 +63,7 @@ const (
 	EnforceMapEnforcement             = "enforcement"
 	EnforceMapEventState              = "event_state"
 	EnforceMapEvents                  = "events"
+	EnforceMapFlows                   = "flows"
 	EnforceMapFragments               = "fragments"
 	EnforceMapIpcache                 = "ipcache"
 	EnforceMapPolicy                  = "policy"
@@ -145,6 +146,7 @@ type EnforceMapSpecs struct {
 	Enforcement    *ebpf.MapSpec `ebpf:"enforcement"`
 	EventState     *ebpf.MapSpec `ebpf:"event_state"`
 	Events         *ebpf.MapSpec `ebpf:"events"`
+	Flows          *ebpf.MapSpec `ebpf:"flows"`
 	Fragments      *ebpf.MapSpec `ebpf:"fragments"`
 	Ipcache        *ebpf.MapSpec `ebpf:"ipcache"`
 	Policy         *ebpf.MapSpec `ebpf:"policy"`
@@ -201,6 +203,7 @@ type EnforceMaps struct {
 	Enforcement    *ebpf.Map `ebpf:"enforcement"`
 	EventState     *ebpf.Map `ebpf:"event_state"`
 	Events         *ebpf.Map `ebpf:"events"`
+	Flows          *ebpf.Map `ebpf:"flows"`
 	Fragments      *ebpf.Map `ebpf:"fragments"`
 	Ipcache        *ebpf.Map `ebpf:"ipcache"`
 	Policy         *ebpf.Map `ebpf:"policy"`
@@ -223,6 +226,7 @@ func (m *EnforceMaps) Close() error {
 		m.Enforcement,
 		m.EventState,
 		m.Events,
+		m.Flows,
 		m.Fragments,
 		m.Ipcache,
 		m.Policy,
