@@ -147,6 +147,13 @@ func (p *Pinger) allAnswered() bool {
 	return len(p.answered) >= len(p.sentAt)
 }
 
+// Sent returns how many probes were sent so far.
+func (p *Pinger) Sent() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.sentAt)
+}
+
 // Stop stops sending, waits up to a second for the replies of what was
 // sent, and returns the probes sent, those answered, and the longest run
 // of consecutive probes lost.
