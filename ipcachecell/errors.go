@@ -10,6 +10,12 @@ var (
 	// resource has exactly one owner until its handle is released.
 	ErrResourceInUse = errors.New("resource already has a handle")
 
+	// ErrTooManyHandles is returned (wrapped, naming the resource) by
+	// [IPCache.NewHandle] when every resource id is held by a live handle
+	// (2^35 of them: far more than memory holds). A row's key holds its
+	// resource's id in a bounded number of bytes.
+	ErrTooManyHandles = errors.New("too many live handles")
+
 	// ErrHandleReleased is returned (wrapped, naming the resource) by a
 	// [Handle]'s Upsert, UpsertBatch, Remove, RemoveBatch, Release and
 	// ReleaseGradually once the handle is released.

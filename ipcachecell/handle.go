@@ -88,6 +88,7 @@ func (c *IPCache) WaitResolved(ctx context.Context) error {
 //
 // Possible errors:
 //   - ErrResourceInUse: the resource has a live handle
+//   - ErrTooManyHandles: every resource id is taken by a live handle
 //   - ErrInvalidMetadata: the resource name is empty
 //   - source.ErrUnknownSource: src is not a valid source
 func (c *IPCache) NewHandle(resource string, src source.Source, opts ...HandleOption) (*Handle, error) {
@@ -109,6 +110,9 @@ func (c *IPCache) NewHandle(resource string, src source.Source, opts ...HandleOp
 	if last := len(c.freeIDs) - 1; last >= 0 {
 		o.id, c.freeIDs = c.freeIDs[last], c.freeIDs[:last]
 	} else {
+		if c.nextID == maxResourceIDs {
+			return nil, fmt.Errorf("create handle for %s: %w", resource, ErrTooManyHandles)
+		}
 		o.id = c.nextID
 		c.nextID++
 	}
@@ -287,8 +291,11 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	// 38).
 	order := orderByPrefix(len(batch), func(i int) netip.Prefix { return batch[i].Prefix.Masked() })
 	rows := make([]*PrefixMetadata, len(batch))
+	var shared sharedLabels
 	for k, i := range order {
-		rows[k] = newPrefixMetadata(batch[i].Prefix.Masked(), h.owner, batch[i].Metadata)
+		md := &batch[i].Metadata
+		rows[k] = newPrefixMetadata(batch[i].Prefix.Masked(), h.owner, shared.of(md.Labels), md.RequestedIdentity,
+			md.ExplicitIdentity)
 	}
 	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[i]); err != nil || hadOld {
@@ -391,7 +398,7 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 	order := orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i].Masked() })
 	rows := make([]*PrefixMetadata, len(prefixes))
 	for k, i := range order {
-		rows[k] = newPrefixMetadata(prefixes[i].Masked(), h.owner, Metadata{})
+		rows[k] = newPrefixMetadata(prefixes[i].Masked(), h.owner, nil, 0, 0)
 	}
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Delete(txn, rows[i]); err != nil || !hadOld {
@@ -454,7 +461,7 @@ func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 		}
 		txn := c.db.WriteTxn(c.metadata)
 		for _, prefix := range chunk {
-			if _, _, err := c.metadata.Delete(txn, newPrefixMetadata(prefix, h.owner, Metadata{})); err != nil {
+			if _, _, err := c.metadata.Delete(txn, newPrefixMetadata(prefix, h.owner, nil, 0, 0)); err != nil {
 				txn.Abort()
 				return fmt.Errorf("release %s: %w", h.owner.resource, err)
 			}

@@ -208,7 +208,7 @@ func TestUpsertBatchLastRowOfAPrefixWins(t *testing.T) {
 	require.Equal(t, 256, f.metadata.NumObjects(txn))
 	for row := range f.metadata.All(txn) {
 		i := int(row.Prefix().Addr().As4()[2])
-		require.Equal(t, identity.MinLocal+identity.Number(2*256+i), row.RequestedIdentity,
+		require.Equal(t, identity.MinLocal+identity.Number(2*256+i), row.Metadata().RequestedIdentity,
 			"prefix %s", row.Prefix())
 	}
 }

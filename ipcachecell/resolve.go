@@ -434,19 +434,21 @@ type resolution struct {
 // identity: the rows do not come in name order (see metadataKey), and the
 // outcome must not depend on which resource got its handle first.
 func (res *resolution) merge(row *PrefixMetadata) {
-	res.labels = res.labels.Union(row.Labels)
+	if row.labels != nil {
+		res.labels = res.labels.Union(*row.labels)
+	}
 	if !res.hasAnyMetadataRow || row.Source().Overrides(res.source) {
 		res.source = row.Source()
 	}
 	res.hasAnyMetadataRow = true
 	res.shared = res.shared || row.owner.shared
-	if row.RequestedIdentity != identity.Unknown &&
+	if row.requested != identity.Unknown &&
 		(res.requested == identity.Unknown || row.owner.precedes(res.requestedBy)) {
-		res.requested, res.requestedBy = row.RequestedIdentity, row.owner
+		res.requested, res.requestedBy = row.requested, row.owner
 	}
-	if row.ExplicitIdentity != identity.Unknown &&
+	if row.explicit != identity.Unknown &&
 		(res.explicit == identity.Unknown || row.owner.precedes(res.explicitBy)) {
-		res.explicit, res.explicitBy = row.ExplicitIdentity, row.owner
+		res.explicit, res.explicitBy = row.explicit, row.owner
 	}
 }
 

@@ -72,8 +72,8 @@ func ownersJSON(txn statedb.ReadTxn, metadata statedb.Table[*PrefixMetadata], pr
 	out := []ownerJSON{}
 	for _, row := range appendPrefixRows(nil, txn, metadata, prefix) {
 		out = append(out, ownerJSON{
-			Resource: row.Resource(), Source: row.Source().String(), Labels: labelList(row.Labels),
-			RequestedIdentity: row.RequestedIdentity, ExplicitIdentity: row.ExplicitIdentity,
+			Resource: row.Resource(), Source: row.Source().String(), Labels: labelList(row.rowLabels()),
+			RequestedIdentity: row.requested, ExplicitIdentity: row.explicit,
 		})
 	}
 	return out
@@ -261,8 +261,8 @@ func lookupCommand(db *statedb.DB, metadata statedb.Table[*PrefixMetadata], entr
 			fmt.Fprintf(w, "Prefix:\t%s\nIdentity:\t%s\nSource:\t%s\nLabels:\t%s\nExplicit:\t%t\nOwners:\n",
 				entry.Prefix(), entry.Identity, entry.Source, lbls, entry.Explicit)
 			for _, row := range appendPrefixRows(nil, txn, metadata, entry.Prefix()) {
-				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource(), row.Source(), row.Labels,
-					optionalIdentity(row.RequestedIdentity), optionalIdentity(row.ExplicitIdentity))
+				fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", row.Resource(), row.Source(), row.rowLabels(),
+					optionalIdentity(row.requested), optionalIdentity(row.explicit))
 			}
 			w.Flush()
 			return scriptcmd.Result(out.String(), nil)

@@ -4,6 +4,7 @@ package ipcachecell
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
 )
@@ -21,7 +23,7 @@ import (
 // A field added in the wrong place grows them by a whole size class.
 func TestRowSizes(t *testing.T) {
 	require.EqualValues(t, 32, unsafe.Sizeof(Entry{}), "Entry")
-	require.EqualValues(t, 64, unsafe.Sizeof(PrefixMetadata{}), "PrefixMetadata")
+	require.EqualValues(t, 48, unsafe.Sizeof(PrefixMetadata{}), "PrefixMetadata")
 }
 
 // The entry reads in JSON and YAML (the shell's db/show -format) with its
@@ -56,14 +58,13 @@ func TestPrefixMetadataEncodings(t *testing.T) {
 		table      []string
 	}{{
 		row: newPrefixMetadata(netip.MustParsePrefix("10.0.0.0/8"),
-			&owner{resource: "policy/a", source: source.Directory, id: 3},
-			Metadata{Labels: appLabels, RequestedIdentity: 16777217, ExplicitIdentity: 5}),
+			&owner{resource: "policy/a", source: source.Directory, id: 3}, &appLabels, 16777217, 5),
 		json: `{"prefix":"10.0.0.0/8","resource":"policy/a","source":"directory","labels":"app:x",` +
 			`"requestedIdentity":16777217,"explicitIdentity":5}`,
 		yaml:  "prefix: 10.0.0.0/8\nresource: policy/a\nsource: directory\nlabels: app:x\nrequestedIdentity: 16777217\nexplicitIdentity: 5\n",
 		table: []string{"10.0.0.0/8", "policy/a", "directory", "app:x", "16777217", "5"},
 	}, {
-		row:   newPrefixMetadata(netip.MustParsePrefix("2001:db8::/32"), &owner{resource: "r", source: source.Local}, Metadata{}),
+		row:   newPrefixMetadata(netip.MustParsePrefix("2001:db8::/32"), &owner{resource: "r", source: source.Local}, nil, 0, 0),
 		json:  `{"prefix":"2001:db8::/32","resource":"r","source":"local","labels":""}`,
 		yaml:  "prefix: 2001:db8::/32\nresource: r\nsource: local\n",
 		table: []string{"2001:db8::/32", "r", "local", "", "", ""},
@@ -133,4 +134,77 @@ func TestEntryEncodingsRoundTrip(t *testing.T) {
 	}
 	require.False(t, (&Entry{}).Prefix().IsValid())
 	require.Equal(t, netip.MustParsePrefix("192.0.2.1/32"), NewEntry(netip.MustParsePrefix("192.0.2.1/32"), 1, 0).Prefix())
+}
+
+// The rows of a batch with equal labels share one label set, and rows
+// without labels hold none, which is what keeps the row in its size
+// class; what each row says is still its own.
+func TestBatchRowsShareLabels(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	app, err := labels.New("app:x")
+	require.NoError(t, err)
+	var batch []PrefixUpsert
+	want := map[netip.Prefix]Metadata{}
+	// More distinct label sets than are shared: those past the bound get
+	// a label set of their own per row, which must read the same.
+	for i := range 4 * maxSharedLabels {
+		md := Metadata{RequestedIdentity: identity.MinLocal + identity.Number(i)}
+		switch i % 3 {
+		case 1:
+			md.Labels = app
+		case 2:
+			md.Labels, err = labels.New(fmt.Sprintf("n:%d", i))
+			require.NoError(t, err)
+		}
+		prefix := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(i), 0}), 24)
+		batch = append(batch, PrefixUpsert{Prefix: prefix, Metadata: md})
+		want[prefix] = md
+	}
+	require.NoError(t, h.UpsertBatch(batch))
+
+	var appRow *labels.Labels
+	txn := f.db.ReadTxn()
+	require.Equal(t, len(want), f.metadata.NumObjects(txn))
+	for row := range f.metadata.All(txn) {
+		require.Equal(t, want[row.Prefix()], row.Metadata(), "prefix %s", row.Prefix())
+		md := row.Metadata()
+		switch {
+		case md.Labels.IsEmpty():
+			require.Nil(t, row.labels, "prefix %s", row.Prefix())
+		case md.Labels == app:
+			if appRow == nil {
+				appRow = row.labels
+			}
+			require.Same(t, appRow, row.labels, "prefix %s", row.Prefix())
+		}
+	}
+	require.NotNil(t, appRow)
+}
+
+// A resource's id takes at most maxResourceIDLen bytes of a row's key:
+// the last id there is still makes rows that are found by their prefix,
+// and once every id is live, a new handle is refused until one is
+// released.
+func TestResourceIDsBounded(t *testing.T) {
+	f := newFixture(t)
+	f.ipcache.nextID = maxResourceIDs - 1
+	last, err := f.ipcache.NewHandle("last", source.Local)
+	require.NoError(t, err)
+	require.EqualValues(t, maxResourceIDs-1, last.owner.id)
+	prefix := netip.MustParsePrefix("2001:db8::/128")
+	require.NoError(t, last.Upsert(prefix, Metadata{ExplicitIdentity: 300}))
+	rows := appendPrefixRows(nil, f.db.ReadTxn(), f.metadata, prefix)
+	require.Len(t, rows, 1)
+	require.Equal(t, prefix, rows[0].Prefix())
+	require.Len(t, rows[0].rowKey(), maxMetadataKeyLen)
+	require.Equal(t, Metadata{ExplicitIdentity: 300}, rows[0].Metadata())
+
+	_, err = f.ipcache.NewHandle("one-too-many", source.Local)
+	require.ErrorIs(t, err, ErrTooManyHandles)
+	require.NoError(t, last.Release())
+	again, err := f.ipcache.NewHandle("one-too-many", source.Local)
+	require.NoError(t, err)
+	require.EqualValues(t, maxResourceIDs-1, again.owner.id)
 }

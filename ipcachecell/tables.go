@@ -46,20 +46,37 @@ type Metadata struct {
 // keeps it): what all rows of one handle share (the resource, its source)
 // is one pointer to the handle's owner, not a copy in every row. The row
 // holds its prefix as its key in the table (metadataKey), which the
-// table's index shares instead of a copy per row; Prefix returns it.
+// table's index shares instead of a copy per row; Prefix returns it. Its
+// labels are a pointer that the rows of one batch with equal labels share
+// (nil for none): most owners give all their prefixes the same labels,
+// often none, and a label set held in every row would take the row to the
+// next size class. The identity numbers are held in the row: restore's
+// rows each request their own.
 type PrefixMetadata struct {
-	Metadata
-	owner *owner
-	key   [maxMetadataKeyLen]byte
+	owner     *owner
+	labels    *labels.Labels
+	requested identity.Number
+	explicit  identity.Number
+	key       [maxMetadataKeyLen]byte
 }
 
+// maxResourceIDLen is the length of the longest resource id in a row's key
+// (a uvarint of at most 35 bits): what bounds the live handles of an
+// IPCache (see maxResourceIDs), and keeps the row in its size class.
+const maxResourceIDLen = 5
+
+// maxResourceIDs is the number of resource ids there are. Ids are reused
+// (IPCache.freeIDs), so running out of them means that many live handles.
+const maxResourceIDs = 1 << (7 * maxResourceIDLen)
+
 // maxMetadataKeyLen is the length of the longest metadataKey.
-const maxMetadataKeyLen = prefixkey.MaxLen + binary.MaxVarintLen64
+const maxMetadataKeyLen = prefixkey.MaxLen + maxResourceIDLen
 
 // newPrefixMetadata returns the row of owner's metadata for prefix, which
-// must be valid and masked.
-func newPrefixMetadata(prefix netip.Prefix, owner *owner, md Metadata) *PrefixMetadata {
-	m := &PrefixMetadata{Metadata: md, owner: owner}
+// must be valid and masked; lbls is nil for no labels, and must not change
+// once the row is written.
+func newPrefixMetadata(prefix netip.Prefix, owner *owner, lbls *labels.Labels, requested, explicit identity.Number) *PrefixMetadata {
+	m := &PrefixMetadata{owner: owner, labels: lbls, requested: requested, explicit: explicit}
 	metadataKey(m.key[:0], prefix, owner.id)
 	return m
 }
@@ -70,6 +87,19 @@ func (m *PrefixMetadata) Prefix() netip.Prefix {
 	return prefix
 }
 
+// Metadata returns what the resource says of the prefix.
+func (m *PrefixMetadata) Metadata() Metadata {
+	return Metadata{Labels: m.rowLabels(), RequestedIdentity: m.requested, ExplicitIdentity: m.explicit}
+}
+
+// rowLabels returns the row's labels.
+func (m *PrefixMetadata) rowLabels() labels.Labels {
+	if m.labels == nil {
+		return labels.Labels{}
+	}
+	return *m.labels
+}
+
 // rowKey returns the row's key in the table: its own bytes, which the
 // table keeps as long as the row, and the row never changes once
 // inserted.
@@ -77,6 +107,33 @@ func (m *PrefixMetadata) rowKey() index.Key {
 	n := prefixkey.LenOf(m.key[0])
 	_, idLen := binary.Uvarint(m.key[n:])
 	return m.key[:n+idLen]
+}
+
+// sharedLabels hands out the label pointers of a batch's rows: one per
+// distinct label set, up to maxSharedLabels of them (a batch of as many
+// label sets as prefixes gets a pointer per row, as it would without),
+// and nil for the empty set. It lives as long as the batch: nothing is
+// kept between batches.
+type sharedLabels map[labels.Labels]*labels.Labels
+
+// maxSharedLabels bounds the label sets a sharedLabels keeps.
+const maxSharedLabels = 64
+
+func (s *sharedLabels) of(l labels.Labels) *labels.Labels {
+	if l.IsEmpty() {
+		return nil
+	}
+	if p, ok := (*s)[l]; ok {
+		return p
+	}
+	p := &l
+	if *s == nil {
+		*s = sharedLabels{}
+	}
+	if len(*s) < maxSharedLabels {
+		(*s)[l] = p
+	}
+	return p
 }
 
 // owner is what every row of one handle shares. It does not change: a
@@ -107,7 +164,7 @@ type prefixMetadataEncoding struct {
 }
 
 func (m PrefixMetadata) encoding() prefixMetadataEncoding {
-	return prefixMetadataEncoding{Prefix: m.Prefix(), Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata}
+	return prefixMetadataEncoding{Prefix: m.Prefix(), Resource: m.Resource(), Source: m.Source(), Metadata: m.Metadata()}
 }
 
 // MarshalJSON implements json.Marshaler (the shell's db/show -format json).
@@ -136,8 +193,8 @@ func (*PrefixMetadata) TableHeader() []string {
 
 // TableRow implements statedb.TableWritable.
 func (m *PrefixMetadata) TableRow() []string {
-	return []string{m.Prefix().String(), m.Resource(), m.Source().String(), m.Labels.String(),
-		optionalIdentity(m.RequestedIdentity), optionalIdentity(m.ExplicitIdentity)}
+	return []string{m.Prefix().String(), m.Resource(), m.Source().String(), m.rowLabels().String(),
+		optionalIdentity(m.requested), optionalIdentity(m.explicit)}
 }
 
 func optionalIdentity(id identity.Number) string {
@@ -273,7 +330,7 @@ var (
 )
 
 // metadataKey appends the key of a row: the prefix key followed by the
-// resource's id (a uvarint;
+// resource's id (a uvarint of at most maxResourceIDLen bytes;
 // an IPv4 row's key fits in 8 bytes while fewer than 16384 resources have
 // handles at once: ids are reused, see IPCache.freeIDs): the rows of one
 // prefix are adjacent, and a prefix query on the prefix key finds them.

@@ -157,8 +157,8 @@ func (a *agent) checkConverged(m *model) string {
 		switch {
 		case !ok:
 			return fmt.Sprintf("metadata %s of %s that the resource does not have", row.Prefix(), row.Resource())
-		case md != row.Metadata || m.sources[row.Resource()] != row.Source():
-			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix(), row.Resource(), row.Metadata, row.Source(), md)
+		case md != row.Metadata() || m.sources[row.Resource()] != row.Source():
+			return fmt.Sprintf("metadata %s of %s is %+v (%s), want %+v", row.Prefix(), row.Resource(), row.Metadata(), row.Source(), md)
 		}
 	}
 	want := 0
