@@ -490,16 +490,25 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 	done := make(chan []prefetched, 1)
 	go func() {
 		txn := r.db.ReadTxn()
+		// The rows are read by calling the iterator with one function for
+		// the whole chunk, not by a range loop: a range over a function
+		// that does not inline moves its state to the heap, an 8-byte
+		// object per prefix that the tiny allocator packs with the small
+		// objects allocated next, the prefix's cidr label among them, and
+		// keeps for as long as they live (docs/SCALE.md, session 36).
+		var p *prefetched
+		mergeRow := func(row *PrefixMetadata, revision statedb.Revision) bool {
+			if revision > p.changed {
+				p.superseded = true
+				return false
+			}
+			p.res.merge(row)
+			return true
+		}
 		for _, queued := range chunk {
 			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed})
-			p := &out[len(out)-1]
-			for row, revision := range r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix)) {
-				if revision > queued.changed {
-					p.superseded = true
-					break
-				}
-				p.res.merge(row)
-			}
+			p = &out[len(out)-1]
+			r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix))(mergeRow)
 			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identity.Unknown {
 				p.res.want = wantedLabels(p.res.labels, p.prefix, p.res.shared)
 			}
