@@ -41,16 +41,8 @@ type keptFlowTest struct {
 
 func newKeptFlowTest(t *testing.T, timeouts bpfmaps.ConntrackTimeouts) *keptFlowTest {
 	t.Helper()
-	maps := newTestEnforcerMaps(t)
-	maps.ConntrackTimeouts = timeouts
-	counter, err := newRevisionCounter(maps.Revision)
-	require.NoError(t, err)
-	t.Cleanup(func() { counter.Close() })
-	d := &Datapath{
-		maps:     &bpfmaps.Pinned{IPCache: maps.IPCache, Policy: maps.Policy, Enforcement: maps.Enforcement},
-		revision: counter,
-	}
-	k := &keptFlowTest{maps: maps, d: d, enf: loadTestEnforcer(t, maps)}
+	maps, _, d, enf := newRevisedTestTimeouts(t, timeouts)
+	k := &keptFlowTest{maps: maps, d: d, enf: enf}
 	w := d.written()
 	require.NoError(t, w.ipcache.Put(bpfmaps.NewIPCacheKey(netip.PrefixFrom(benchPeer, 32)), bpfmaps.NewIPCacheValue(testIdentityAllowed)))
 	require.NoError(t, w.policy.Put(k.allowKey(testProtoTCP, benchPeerPort), bpfmaps.NewPolicyValue(uint32(policy.VerdictAllow))))

@@ -19,7 +19,15 @@ import (
 // those maps and bump the counter, and the program.
 func newRevisedTest(t *testing.T) (enforcerMaps, *revisionCounter, *Datapath, *enforcer) {
 	t.Helper()
+	return newRevisedTestTimeouts(t, bpfmaps.ConntrackTimeouts{})
+}
+
+// newRevisedTestTimeouts is newRevisedTest with the program's conntrack
+// timeouts set (zero: its defaults).
+func newRevisedTestTimeouts(t *testing.T, timeouts bpfmaps.ConntrackTimeouts) (enforcerMaps, *revisionCounter, *Datapath, *enforcer) {
+	t.Helper()
 	maps := newTestEnforcerMaps(t)
+	maps.ConntrackTimeouts = timeouts
 	counter, err := newRevisionCounter(maps.Revision)
 	require.NoError(t, err)
 	t.Cleanup(func() { counter.Close() })
