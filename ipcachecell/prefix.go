@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"iter"
 	"net/netip"
+	"unsafe"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
@@ -83,6 +84,13 @@ func pack(prefix netip.Prefix) packedPrefix {
 // key holds p.
 func (p *packedPrefix) key() []byte {
 	return p[:prefixkey.LenOf(p[0])]
+}
+
+// keyString returns key's bytes as a string that shares them: p must not
+// change while the string lives (a written Entry never does).
+func (p *packedPrefix) keyString() string {
+	k := p.key()
+	return unsafe.String(&k[0], len(k))
 }
 
 func (p *packedPrefix) unpack() netip.Prefix {

@@ -425,8 +425,13 @@ type resolution struct {
 	hasAnyMetadataRow bool
 	// shared is set when a row's handle has the SharedIdentity option.
 	shared bool
-	// want is labels with the prefix's cidr label (see wantedLabels).
+	// want is labels with the prefix's cidr label (see wantedLabels),
+	// unless cidrOnly.
 	want labels.Labels
+	// cidrOnly is set when the rows have no labels and ask for no shared
+	// or explicit identity: the prefix's identity is its cidr label alone,
+	// which resolveRows builds (cidrLabels).
+	cidrOnly bool
 }
 
 // merge folds one resource's row into the resolution. Among rows of equal
@@ -509,7 +514,11 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed})
 			p = &out[len(out)-1]
 			r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix))(mergeRow)
-			if !p.superseded && p.res.hasAnyMetadataRow && p.res.explicit == identity.Unknown {
+			switch {
+			case p.superseded || !p.res.hasAnyMetadataRow || p.res.explicit != identity.Unknown:
+			case p.res.labels.IsEmpty() && !p.res.shared:
+				p.res.cidrOnly = true
+			default:
 				p.res.want = wantedLabels(p.res.labels, p.prefix, p.res.shared)
 			}
 		}
@@ -518,22 +527,42 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 	return done
 }
 
-// wantedLabels is the rows' labels with the prefix's cidr label: a
-// prefix's identity carries its own cidr label, so that CIDR selectors
-// find it and two prefixes never share a local identity, unless a row asks
-// for a shared identity, whose labels hold the cidr label its owner chose.
+// wantedLabels is the rows' labels with the prefix's cidr label (rows
+// without labels are cidrOnly): a prefix's identity carries its own cidr
+// label, so that CIDR selectors find it and two prefixes never share a
+// local identity, unless a row asks for a shared identity, whose labels
+// hold the cidr label its owner chose.
 func wantedLabels(rows labels.Labels, prefix netip.Prefix, shared bool) labels.Labels {
 	switch {
 	case shared:
 		return rows
-	case rows.IsEmpty():
-		return labels.ForPrefix(prefix)
 	case rows.IsForPrefix(prefix):
 		// An owner re-asserting what restore holds, a million times at a
 		// restart: no label string built.
 		return rows
 	}
 	return rows.Union(labels.ForPrefix(prefix))
+}
+
+// cidrLabels returns the label set of the prefix's cidr label alone, for
+// its entry desired (not yet written). A prefix new to the table gets a
+// set holding desired's key bytes: the table keeps its first entry for as
+// long as the prefix is in it (statedb keeps an index leaf's first key, and
+// the entry is its own key), so a new identity's label costs no allocation
+// of its own (docs/SCALE.md, "Heap, session 36"). A prefix the table holds
+// gets its current labels when they are that set, else a set of its own:
+// desired will not be what the table keeps.
+func cidrLabels(prefix netip.Prefix, desired *Entry, current labels.Labels, hasCurrent bool) labels.Labels {
+	if hasCurrent {
+		if current.IsForPrefix(prefix) {
+			return current
+		}
+		return labels.ForPrefix(prefix)
+	}
+	if l, ok := labels.ForPrefixKey(desired.prefix.keyString()); ok {
+		return l
+	}
+	return labels.ForPrefix(prefix) // not a prefix key (an invalid prefix)
 }
 
 // write resolves a prefetched chunk in one write transaction, records
@@ -604,6 +633,9 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 		wantLabels = res.want
 	}
 	desired := &Entry{prefix: pack(prefix), Source: res.source}
+	if res.cidrOnly {
+		wantLabels = cidrLabels(prefix, desired, currentLabels, hasCurrent)
+	}
 	switch {
 	case res.explicit != identity.Unknown:
 		desired.Identity, desired.Explicit = res.explicit, true

@@ -208,3 +208,42 @@ func TestResourceIDsBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, maxResourceIDs-1, again.owner.id)
 }
+
+// A prefix new to the table gets an identity whose cidr label holds the
+// entry's own key bytes (cidrLabels): no allocation of its own, and
+// nothing kept that the table does not keep anyway. A prefix whose entry
+// is replaced gets a label of its own: the replacement is not what the
+// table keeps.
+func TestNewPrefixLabelSharesItsEntry(t *testing.T) {
+	f := newFixture(t)
+	h, err := f.ipcache.NewHandle("test", source.Local)
+	require.NoError(t, err)
+	prefix := netip.MustParsePrefix("10.1.0.0/16")
+	require.NoError(t, h.Upsert(prefix, Metadata{}))
+	f.round(t)
+	entry, _, ok := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
+	require.True(t, ok)
+	l, ok := f.allocator.LabelsTxn(f.db.ReadTxn(), entry.Identity)
+	require.True(t, ok)
+	require.Equal(t, labels.ForPrefix(prefix), l)
+	require.Same(t, &entry.prefix[0], unsafe.StringData(l.PrefixKey()), "the label is the entry's bytes")
+
+	// Labels from another owner change the identity: its labels are not
+	// the cidr label alone. Then they go, and the cidr label alone is
+	// allocated again, for an entry that replaces one.
+	other, err := f.ipcache.NewHandle("other", source.Local)
+	require.NoError(t, err)
+	app, err := labels.New("app:x")
+	require.NoError(t, err)
+	require.NoError(t, other.Upsert(prefix, Metadata{Labels: app}))
+	f.round(t)
+	require.NoError(t, other.Remove(prefix))
+	f.round(t)
+	replaced, _, ok := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
+	require.True(t, ok)
+	require.NotEqual(t, entry.Identity, replaced.Identity)
+	l, ok = f.allocator.LabelsTxn(f.db.ReadTxn(), replaced.Identity)
+	require.True(t, ok)
+	require.Equal(t, labels.ForPrefix(prefix), l)
+	require.NotSame(t, &replaced.prefix[0], unsafe.StringData(l.PrefixKey()), "a replacement's label is its own")
+}

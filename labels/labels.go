@@ -116,6 +116,20 @@ func ForPrefix(prefix netip.Prefix) Labels {
 	return Labels{canonical: string(prefixkey.Append(buf[:0], prefix))}
 }
 
+// ForPrefixKey returns the set holding the cidr label of the prefix whose
+// key (package prefixkey) is key, as ForPrefix does, but holding key
+// itself rather than a copy: the caller must never change key's bytes. A
+// table row that is keyed by a prefix's key can so give its prefix's
+// identity its label without an allocation of its own (ipcachecell).
+// False when key is not the key of a masked prefix.
+func ForPrefixKey(key string) (Labels, bool) {
+	prefix, ok := prefixkey.Parse(key)
+	if !ok || prefix != prefix.Masked() {
+		return Labels{}, false
+	}
+	return Labels{canonical: key}, true
+}
+
 // maxPrefixKeyLen is the longest prefix key, an IPv6 prefix's.
 const maxPrefixKeyLen = 1 + 16 + 1
 

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -212,5 +213,25 @@ func TestControlCharactersRejected(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidLabel, "label %q", bad)
 		_, err = Parse(bad)
 		require.ErrorIs(t, err, ErrInvalidLabel, "label %q", bad)
+	}
+}
+
+// ForPrefixKey is ForPrefix over the caller's bytes: the same set, and
+// nothing but a masked prefix's key is taken.
+func TestForPrefixKey(t *testing.T) {
+	for _, s := range []string{"10.0.0.0/8", "192.0.2.1/32", "0.0.0.0/0", "2001:db8::/32", "::/0"} {
+		prefix := netip.MustParsePrefix(s)
+		key := string(prefixkey.Append(nil, prefix))
+		l, ok := ForPrefixKey(key)
+		require.True(t, ok, s)
+		require.Equal(t, ForPrefix(prefix), l, s)
+		require.Same(t, unsafe.StringData(key), unsafe.StringData(l.PrefixKey()), "%s: the caller's bytes", s)
+	}
+	masked := prefixkey.Append(nil, netip.MustParsePrefix("10.0.0.0/8"))
+	masked[4] = 1 // 10.0.0.1/8
+	unmasked := string(masked)
+	for _, key := range []string{"", "cidr:10.0.0.0/8", unmasked} {
+		_, ok := ForPrefixKey(key)
+		require.False(t, ok, "%q", key)
 	}
 }
