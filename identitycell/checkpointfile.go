@@ -303,7 +303,7 @@ func decodeCheckpointInParts(path string, data []byte, parts int) (checkpoint Ch
 		for _, n := range counts[:k] {
 			offset += n
 		}
-		b := &checkpointBuilder{path: path, entries: all[offset:offset:offset+counts[k]], sorted: true}
+		b := &checkpointBuilder{path: path, entries: all[offset : offset : offset+counts[k]], sorted: true}
 		ok, err := decodeEntriesAsWritten(bodies[k], k == 0, k == len(bodies)-1, b)
 		outcomes[k] = outcome{b, ok, err}
 	})
