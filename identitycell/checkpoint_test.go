@@ -128,6 +128,39 @@ func TestCheckpointAsWrittenTakesTheFastPath(t *testing.T) {
 	require.Equal(t, want, got)
 }
 
+// A checkpoint decoded in parts is the one decoded in one pass, and a
+// number listed twice, or out of order, across the border between two
+// parts is found as it is within one.
+func TestCheckpointDecodedInParts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), CheckpointFileName)
+	want := testCheckpoint(1000)
+	require.NoError(t, writeCheckpoint(path, want.All()))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, parts := range []int{1, 2, 7, 2000} {
+		got, ok, err := decodeCheckpointInParts(path, data, parts)
+		require.True(t, ok, "%d parts", parts)
+		require.NoError(t, err, "%d parts", parts)
+		require.Equal(t, want, got, "%d parts", parts)
+	}
+
+	// The middle entry's number made its predecessor's: within a part, or
+	// across a border (in 2000 parts, every separator is one).
+	lines := bytes.Split(data, []byte("\n"))
+	i := len(lines) / 2
+	id, _, _ := bytes.Cut(bytes.TrimPrefix(lines[i-1], []byte(`{"id":`)), []byte(","))
+	_, rest, _ := bytes.Cut(lines[i], []byte(","))
+	lines[i] = fmt.Appendf(nil, `{"id":%s,%s`, id, rest)
+	repeated := bytes.Join(lines, []byte("\n"))
+	_, _, oneErr := decodeCheckpointInParts(path, repeated, 1)
+	require.ErrorIs(t, oneErr, ErrCorruptCheckpoint)
+	for _, parts := range []int{2, 7, 2000} {
+		_, ok, err := decodeCheckpointInParts(path, repeated, parts)
+		require.True(t, ok)
+		require.Equal(t, oneErr.Error(), fmt.Sprint(err), "%d parts", parts)
+	}
+}
+
 func TestCheckpointMissingIsEmpty(t *testing.T) {
 	got, err := ReadCheckpoint(filepath.Join(t.TempDir(), CheckpointFileName))
 	require.NoError(t, err)

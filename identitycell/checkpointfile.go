@@ -15,8 +15,10 @@ import (
 	"io/fs"
 	"iter"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/internal/atomicfile"
@@ -225,47 +227,175 @@ func decodeCheckpointJSON(path string, data []byte) (Checkpoint, error) {
 // version other than this one's, a syntax error): encoding/json then
 // decodes it, or says what is wrong. For any input it accepts, it gives
 // what encoding/json gives (FuzzDecodeCheckpoint checks that).
+//
+// A large checkpoint is decoded in parts, one per processor: restore
+// waits for it before it takes the pinned map's first entry, while the
+// map is read beside it (docs/SCALE.md, "Restart, session 36").
 func decodeCheckpointAsWritten(path string, data []byte) (checkpoint Checkpoint, ok bool, err error) {
-	rest, found := bytes.CutPrefix(data, fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion))
+	parts := 1
+	if len(data) >= minPartBytes {
+		parts = runtime.GOMAXPROCS(0)
+	}
+	return decodeCheckpointInParts(path, data, parts)
+}
+
+// minPartBytes is the least checkpoint decoded in parts (about 25,000
+// identities): below it, the goroutines cost more than they save.
+const minPartBytes = 1 << 20
+
+// entryStart opens every entry as encodeCheckpoint writes it; entrySep
+// separates two. Neither can occur inside an entry that decodes: a
+// label holds no quote.
+var (
+	entryStart = []byte("\n{\"id\":")
+	entrySep   = []byte(",\n{\"id\":")
+)
+
+// decodeCheckpointInParts is decodeCheckpointAsWritten in at most parts
+// parts, split before an entry separator, decoded each on its own
+// goroutine into its share of one array. It gives what decoding in one
+// part gives, the same error for the same input: the parts' outcomes are
+// taken in the file's order, and at each border the entry after it is
+// checked against the one before it as it would have been in one pass.
+func decodeCheckpointInParts(path string, data []byte, parts int) (checkpoint Checkpoint, ok bool, err error) {
+	body, found := bytes.CutPrefix(data, fmt.Appendf(nil, "{\"version\":%d,\"identities\":[", checkpointVersion))
 	if !found {
 		return Checkpoint{}, false, nil
 	}
-	// Sized up front (an entry per line).
-	b := newCheckpointBuilder(path, bytes.Count(rest, []byte("\n{\"id\":")))
-	for first := true; ; first = false {
-		if tail, found := bytes.CutPrefix(rest, []byte("\n]}\n")); found && len(tail) == 0 {
-			checkpoint, err = b.checkpoint()
-			return checkpoint, true, err
+	// The parts start at separators, the first at the body's start.
+	starts := []int{0}
+	for k := 1; k < parts; k++ {
+		from := max(k*len(body)/parts, starts[len(starts)-1]+1)
+		if from >= len(body) {
+			break
+		}
+		i := bytes.Index(body[from:], entrySep)
+		if i < 0 {
+			break
+		}
+		starts = append(starts, from+i)
+	}
+	bodies := make([][]byte, len(starts))
+	for k, start := range starts {
+		end := len(body)
+		if k+1 < len(starts) {
+			end = starts[k+1]
+		}
+		bodies[k] = body[start:end]
+	}
+
+	// Sized up front (an entry per line), each part's share first.
+	counts := make([]int, len(bodies))
+	each(len(bodies), func(k int) { counts[k] = bytes.Count(bodies[k], entryStart) })
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	all := make([]checkpointEntry, total)
+	type outcome struct {
+		b   *checkpointBuilder
+		ok  bool
+		err error
+	}
+	outcomes := make([]outcome, len(bodies))
+	each(len(bodies), func(k int) {
+		offset := 0
+		for _, n := range counts[:k] {
+			offset += n
+		}
+		b := &checkpointBuilder{path: path, entries: all[offset : offset : offset+counts[k]], sorted: true}
+		ok, err := decodeEntriesAsWritten(bodies[k], k == 0, k == len(bodies)-1, b)
+		outcomes[k] = outcome{b, ok, err}
+	})
+
+	sorted := true
+	for k, o := range outcomes {
+		if k > 0 && len(o.b.entries) > 0 {
+			// The first entry after the border, as one pass adds it after
+			// the last one before it (which the part before left whole).
+			prev, first := outcomes[k-1].b.entries, o.b.entries[0]
+			switch last := prev[len(prev)-1]; {
+			case first.id == last.id:
+				return Checkpoint{}, true, listedTwice(path, first.id)
+			case first.id < last.id:
+				sorted = false
+			}
+		}
+		if !o.ok || o.err != nil {
+			return Checkpoint{}, o.ok, o.err
+		}
+		sorted = sorted && o.b.sorted
+		if len(o.b.entries) != counts[k] {
+			// An entry opening that was not an entry: never in a file that
+			// decodes, but one pass is the reference.
+			return decodeCheckpointInParts(path, data, 1)
+		}
+	}
+	b := checkpointBuilder{path: path, entries: all, sorted: sorted}
+	checkpoint, err = b.checkpoint()
+	return checkpoint, true, err
+}
+
+// each calls f(0) to f(n-1), each on a goroutine of its own but the
+// last, and returns once all have returned.
+func each(n int, f func(int)) {
+	var wg sync.WaitGroup
+	for k := range n - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(k)
+		}()
+	}
+	f(n - 1)
+	wg.Wait()
+}
+
+// decodeEntriesAsWritten adds to b the entries of one part of a
+// checkpoint's body, as encodeCheckpoint writes them: the first part
+// starts with an entry, the others with the separator before one; the
+// last ends with the closing of the list, the others right after an
+// entry. ok is false, as for decodeCheckpointAsWritten, for anything
+// else.
+func decodeEntriesAsWritten(rest []byte, first, last bool, b *checkpointBuilder) (ok bool, err error) {
+	for ; ; first = false {
+		var found bool
+		if last {
+			if tail, found := bytes.CutPrefix(rest, []byte("\n]}\n")); found && len(tail) == 0 {
+				return true, nil
+			}
+		} else if len(rest) == 0 {
+			return true, nil
 		}
 		if !first {
 			if rest, found = bytes.CutPrefix(rest, []byte(",")); !found {
-				return Checkpoint{}, false, nil
+				return false, nil
 			}
 		}
-		if rest, found = bytes.CutPrefix(rest, []byte("\n{\"id\":")); !found {
-			return Checkpoint{}, false, nil
+		if rest, found = bytes.CutPrefix(rest, entryStart); !found {
+			return false, nil
 		}
 		digits, after, found := bytes.Cut(rest, []byte(",\"labels\":\""))
 		// A JSON number has no leading zero (nor sign, fraction, exponent).
 		if !found || len(digits) == 0 || (digits[0] == '0' && len(digits) > 1) {
-			return Checkpoint{}, false, nil
+			return false, nil
 		}
 		id, err := strconv.ParseUint(string(digits), 10, 32)
 		if err != nil {
-			return Checkpoint{}, false, nil
+			return false, nil
 		}
 		text, after, found := bytes.Cut(after, []byte("\"}"))
 		// Printable ASCII but the quote and the backslash: the string
 		// holds no escape, and decodes to itself.
 		if !found || bytes.ContainsFunc(text, func(r rune) bool { return r < 0x20 || r > 0x7e || r == '\\' || r == '"' }) {
-			return Checkpoint{}, false, nil
+			return false, nil
 		}
 		lbls, err := labels.Parse(string(text))
 		if err != nil {
-			return Checkpoint{}, false, nil // encoding/json reports it, in its words
+			return false, nil // encoding/json reports it, in its words
 		}
 		if err := b.add(identity.Number(id), lbls); err != nil {
-			return Checkpoint{}, true, err
+			return true, err
 		}
 		rest = after
 	}

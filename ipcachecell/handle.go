@@ -288,22 +288,28 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	// writes, the resolver's read of each prefix's rows and the collector
 	// all walk in that order. Allocated in the batch's order, each of
 	// those reads was a cache miss on a random row (docs/SCALE.md, issue
-	// 38).
+	// 38). They are allocated a chunk at a time, as it is written: the
+	// first chunk is then committed, and resolved, without waiting for a
+	// million rows to be allocated first (at a restart, the resolver
+	// meanwhile resolves restore's rows that this batch then replaces:
+	// docs/SCALE.md, "Restart, session 36").
 	order := orderByPrefix(len(batch), func(i int) netip.Prefix { return batch[i].Prefix.Masked() })
-	rows := make([]*PrefixMetadata, len(batch))
+	rows := make([]*PrefixMetadata, min(len(batch), writeChunkSize))
 	var shared sharedLabels
-	for k, i := range order {
-		md := &batch[i].Metadata
-		rows[k] = newPrefixMetadata(batch[i].Prefix.Masked(), h.owner, shared.of(md.Labels), md.RequestedIdentity,
-			md.ExplicitIdentity)
-	}
-	return h.writeChunked("upsert", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
-		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[i]); err != nil || hadOld {
+	return h.writeChunked("upsert", len(order), func(txn statedb.WriteTxn, k int) (int, error) {
+		if k%writeChunkSize == 0 {
+			for j := range rows[:min(len(rows), len(order)-k)] {
+				md := &batch[order[k+j]].Metadata
+				rows[j] = newPrefixMetadata(batch[order[k+j]].Prefix.Masked(), h.owner, shared.of(md.Labels),
+					md.RequestedIdentity, md.ExplicitIdentity)
+			}
+		}
+		if _, hadOld, err := h.ipcache.metadata.Insert(txn, rows[k%writeChunkSize]); err != nil || hadOld {
 			return 0, err
 		}
 		return 1, nil
-	}, func(i int) {
-		h.prefixes[compact(rows[i].Prefix())] = struct{}{}
+	}, func(k int) {
+		h.prefixes[compact(rows[k%writeChunkSize].Prefix())] = struct{}{}
 	})
 }
 
