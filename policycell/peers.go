@@ -33,6 +33,11 @@ type peerLabels struct {
 // only cidr labels (nearly every identity at scale, at the cost of one
 // prefix test per label).
 func peerLabelsOf(l labels.Labels) *peerLabels {
+	if l.PrefixKey() != "" {
+		// A CIDR identity's set, one cidr label alone (nearly every
+		// identity at scale): nothing to select by, no text to render.
+		return nil
+	}
 	var pl *peerLabels
 	for lbl := range l.All() {
 		if strings.HasPrefix(lbl, labels.SourceCIDR+":") {
