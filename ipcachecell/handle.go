@@ -293,14 +293,22 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	// million rows to be allocated first (at a restart, the resolver
 	// meanwhile resolves restore's rows that this batch then replaces:
 	// docs/SCALE.md, "Restart, session 36").
-	order := orderByPrefix(len(batch), func(i int) netip.Prefix { return batch[i].Prefix.Masked() })
+	// A position whose metadata is not the zero value is marked, so that
+	// only those are read again from the batch: in the batch's order, a
+	// random read each (most owners give none).
+	order := sortByPrefix(len(batch), func(i int) (netip.Prefix, bool) {
+		return batch[i].Prefix.Masked(), batch[i].Metadata != Metadata{}
+	})
 	rows := make([]*PrefixMetadata, min(len(batch), writeChunkSize))
 	var shared sharedLabels
 	return h.writeChunked("upsert", len(order), func(txn statedb.WriteTxn, k int) (int, error) {
 		if k%writeChunkSize == 0 {
 			for j := range rows[:min(len(rows), len(order)-k)] {
-				md := &batch[order[k+j]].Metadata
-				rows[j] = newPrefixMetadata(batch[order[k+j]].Prefix.Masked(), h.owner, shared.of(md.Labels),
+				var md Metadata
+				if o := order[k+j]; o.marked() {
+					md = batch[o.position()].Metadata
+				}
+				rows[j] = newPrefixMetadata(order[k+j].prefix(), h.owner, shared.of(md.Labels),
 					md.RequestedIdentity, md.ExplicitIdentity)
 			}
 		}
@@ -322,28 +330,60 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 // trie inserts fastest. The batch position breaks ties, so that an
 // unstable sort (faster than a stable one) keeps the batch's order.
 func orderByPrefix(n int, prefixAt func(int) netip.Prefix) []int {
+	sorted := sortByPrefix(n, func(i int) (netip.Prefix, bool) { return prefixAt(i), false })
+	order := make([]int, n)
+	for k := range sorted {
+		order[k] = sorted[k].position()
+	}
+	return order
+}
+
+// positioned is a batch position's prefix as integers, with no pointer,
+// and a mark its caller may set: what sortByPrefix sorts.
+type positioned struct {
+	hi, lo uint64 // the address, big-endian; IPv4 as IPv4-mapped IPv6
+	// tail is the family (IPv6 after IPv4) at bit 63, the mark at bit 62,
+	// the length at bits 48-55, then the batch position.
+	tail uint64
+}
+
+const positionedMark = 1 << 62
+
+func (p positioned) position() int { return int(p.tail & (1<<48 - 1)) }
+
+func (p positioned) marked() bool { return p.tail&positionedMark != 0 }
+
+// prefix returns the prefix, rebuilt from the integers: reading it back
+// from a large batch at its position would be a cache miss per prefix.
+func (p positioned) prefix() netip.Prefix {
+	bits := int(p.tail >> 48 & 0xff)
+	if p.tail>>63 == 0 {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(p.lo >> 24), byte(p.lo >> 16), byte(p.lo >> 8), byte(p.lo)}), bits)
+	}
+	var a [16]byte
+	binary.BigEndian.PutUint64(a[:8], p.hi)
+	binary.BigEndian.PutUint64(a[8:], p.lo)
+	return netip.PrefixFrom(netip.AddrFrom16(a), bits)
+}
+
+// sortByPrefix is orderByPrefix that returns the sorted prefixes with
+// their positions and the marks prefixAt gave them.
+func sortByPrefix(n int, prefixAt func(int) (netip.Prefix, bool)) []positioned {
 	// Sorted by a copy of each prefix as integers, with no pointer: the
 	// comparisons read no row and go through no netip, and the sort's
 	// swaps need no write barriers (docs/SCALE.md).
-	type positioned struct {
-		hi, lo uint64 // the address, big-endian; IPv4 as IPv4-mapped IPv6
-		// tail is the family (IPv6 after IPv4), then the length, then
-		// the batch position.
-		tail uint64
-	}
 	sorted := make([]positioned, n)
 	for i := range sorted {
-		prefix := prefixAt(i)
+		prefix, mark := prefixAt(i)
 		a := prefix.Addr().As16()
-		family := uint64(0)
+		tail := uint64(prefix.Bits())<<48 | uint64(i)
 		if prefix.Addr().Is6() {
-			family = 1
+			tail |= 1 << 63
 		}
-		sorted[i] = positioned{
-			hi:   binary.BigEndian.Uint64(a[:8]),
-			lo:   binary.BigEndian.Uint64(a[8:]),
-			tail: family<<63 | uint64(prefix.Bits())<<48 | uint64(i),
+		if mark {
+			tail |= positionedMark
 		}
+		sorted[i] = positioned{hi: binary.BigEndian.Uint64(a[:8]), lo: binary.BigEndian.Uint64(a[8:]), tail: tail}
 	}
 	compare := func(a, b positioned) int {
 		if a.tail>>63 != b.tail>>63 {
@@ -355,16 +395,12 @@ func orderByPrefix(n int, prefixAt func(int) netip.Prefix) []int {
 		if a.lo != b.lo {
 			return cmp.Compare(a.lo, b.lo)
 		}
-		return cmp.Compare(a.tail, b.tail)
+		return cmp.Compare(a.tail&^positionedMark, b.tail&^positionedMark)
 	}
 	if !slices.IsSortedFunc(sorted, compare) {
 		slices.SortFunc(sorted, compare)
 	}
-	order := make([]int, n)
-	for k := range sorted {
-		order[k] = int(sorted[k].tail & (1<<48 - 1))
-	}
-	return order
+	return sorted
 }
 
 func validateMetadata(md Metadata, shared bool) error {

@@ -103,6 +103,15 @@ func TestOrderByPrefix(t *testing.T) {
 	}
 	slices.SortStableFunc(want, func(a, b int) int { return prefixkey.Compare(prefixes[a], prefixes[b]) })
 	require.Equal(t, want, orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i] }))
+	// sortByPrefix gives each position's prefix back as it was (IPv4,
+	// IPv6, IPv4-mapped IPv6), and its mark, whatever the mark does to
+	// nothing of the order.
+	sorted3 := sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i], i%3 == 0 })
+	for k, o := range sorted3 {
+		require.Equal(t, want[k], o.position())
+		require.Equal(t, prefixes[o.position()], o.prefix(), "position %d", o.position())
+		require.Equal(t, o.position()%3 == 0, o.marked(), "position %d", o.position())
+	}
 
 	// A sorted batch keeps its order.
 	sorted := make([]netip.Prefix, len(prefixes))
