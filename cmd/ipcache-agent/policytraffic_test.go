@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // Deny, port ranges, ICMP types, enableDefaultDeny and --enable-policy
@@ -198,8 +200,8 @@ func (e *e2e) expect(probes ...probe) {
 
 // usePolicies makes files (name -> content) the policy directory's whole
 // content and waits until the agent lists exactly them, all in force and
-// all written to the policy map. A rejected file fails at once with the
-// agent's reason.
+// all written to the policy map, and the enforcement map switched as they
+// say. A rejected file fails at once with the agent's reason.
 func (e *e2e) usePolicies(files map[string]string) {
 	e.t.Helper()
 	dir, err := os.ReadDir(e.policyDir)
@@ -232,13 +234,36 @@ func (e *e2e) usePolicies(files map[string]string) {
 			}
 		}
 		slices.Sort(inForce)
-		if slices.Equal(want, inForce) && len(list) == len(want) && e.policyMapIsTable() {
+		if slices.Equal(want, inForce) && len(list) == len(want) && e.policyMapIsTable() && e.enforcementWritten() {
 			return
 		}
 		if time.Now().After(deadline) {
 			require.FailNow(e.t, "policy files not in force", "want %v; policy/list: %s\nagent log:\n%s", want, out, e.agentLog)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// enforcementWritten reports whether the enforcement map is switched as
+// every `policy-enforcement` row says: the writer switches a direction on
+// only after the policy map has its entries, so a connection opened once
+// the policy map is written may still find its direction off, pass
+// untracked, and have its replies dropped once the direction is on.
+func (e *e2e) enforcementWritten() bool {
+	out := e.shell("db/show", "--format=json", policy.EnforcementTableName)
+	// One JSON object per row.
+	dec := json.NewDecoder(strings.NewReader(out))
+	rows := 0
+	for ; ; rows++ {
+		var row struct{ Status reconciler.Status }
+		err := dec.Decode(&row)
+		if errors.Is(err, io.EOF) {
+			return rows > 0
+		}
+		require.NoError(e.t, err, "db/show %s: %s", policy.EnforcementTableName, out)
+		if row.Status.Kind != reconciler.StatusKindDone {
+			return false
+		}
 	}
 }
 
