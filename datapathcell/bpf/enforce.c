@@ -1858,6 +1858,16 @@ static __always_inline int flow_keepable(const struct flow *flow)
 	return !flow->echo_request && (flow->ports >> 16) != bpf_htons(DNS_PORT);
 }
 
+// ct_key_equal compares two connection keys (44 bytes) as five 64-bit
+// words and a 32-bit one, without a branch per word.
+static __always_inline int ct_key_equal(const struct ct_key *x, const struct ct_key *y)
+{
+	const __u64 *a = (const __u64 *)x, *b = (const __u64 *)y;
+
+	return !((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
+		 (__u64)(((const __u32 *)a)[10] ^ ((const __u32 *)b)[10]));
+}
+
 // flow_kept returns the reason a tracked packet passes with in direction
 // when its connection is the one `flows` keeps on this CPU for that
 // direction, at the current revision, before FLOW_KEEP_NS are up; else 0.
@@ -1872,7 +1882,6 @@ static __always_inline __u8 flow_kept(const struct flow *flow, __u8 direction)
 {
 	__u32 zero = 0;
 	struct flow_cache *kept;
-	const __u64 *a, *b;
 	__u8 reason;
 
 	if (!flow_keepable(flow))
@@ -1881,12 +1890,7 @@ static __always_inline __u8 flow_kept(const struct flow *flow, __u8 direction)
 	if (!kept)
 		return 0;
 	reason = kept->reason[direction & 1];
-	if (!reason)
-		return 0;
-	a = (const __u64 *)&flow->ct;
-	b = (const __u64 *)&kept->key;
-	if ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
-	    (__u64)(((const __u32 *)a)[10] ^ ((const __u32 *)b)[10]))
+	if (!reason || !ct_key_equal(&flow->ct, &kept->key))
 		return 0;
 	if (kept->revision != plain_revision() || now_ns() >= kept->until)
 		return 0;
@@ -1902,8 +1906,7 @@ static __always_inline void keep_flow(const struct flow *flow, __u8 direction, _
 {
 	__u32 zero = 0;
 	struct flow_cache *kept;
-	const __u64 *a;
-	__u64 *b, now;
+	__u64 now;
 
 	if (!revision || !flow_keepable(flow))
 		return;
@@ -1915,18 +1918,9 @@ static __always_inline void keep_flow(const struct flow *flow, __u8 direction, _
 	// expire while kept.
 	if (ct->expires <= now + FLOW_KEEP_NS)
 		return;
-	a = (const __u64 *)&flow->ct;
-	b = (__u64 *)&kept->key;
 	// Per CPU: nobody else writes it while the program runs here.
-	if ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
-	    (__u64)(((const __u32 *)a)[10] ^ ((const __u32 *)b)[10]) | (kept->revision ^ revision) ||
-	    now >= kept->until) {
-		b[0] = a[0];
-		b[1] = a[1];
-		b[2] = a[2];
-		b[3] = a[3];
-		b[4] = a[4];
-		((__u32 *)b)[10] = ((const __u32 *)a)[10];
+	if (!ct_key_equal(&flow->ct, &kept->key) || kept->revision != revision || now >= kept->until) {
+		kept->key = flow->ct;
 		kept->reason[0] = 0;
 		kept->reason[1] = 0;
 		kept->revision = revision;
