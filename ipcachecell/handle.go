@@ -321,23 +321,6 @@ func (h *Handle) UpsertBatch(batch []PrefixUpsert) error {
 	})
 }
 
-// orderByPrefix returns the positions 0 to n-1 of a batch ordered by the
-// prefix at each position, keeping the batch's order among positions of
-// the same prefix (the last one is what the resource says). Written in
-// address order, the rows of a large batch share most of the table's tree
-// nodes with their neighbours, which makes the writes and their resolution
-// faster, and the entries reach the datapath in the order the kernel's LPM
-// trie inserts fastest. The batch position breaks ties, so that an
-// unstable sort (faster than a stable one) keeps the batch's order.
-func orderByPrefix(n int, prefixAt func(int) netip.Prefix) []int {
-	sorted := sortByPrefix(n, func(i int) (netip.Prefix, bool) { return prefixAt(i), false })
-	order := make([]int, n)
-	for k := range sorted {
-		order[k] = sorted[k].position()
-	}
-	return order
-}
-
 // positioned is a batch position's prefix as integers, with no pointer,
 // and a mark its caller may set: what sortByPrefix sorts.
 type positioned struct {
@@ -366,8 +349,15 @@ func (p positioned) prefix() netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom16(a), bits)
 }
 
-// sortByPrefix is orderByPrefix that returns the sorted prefixes with
-// their positions and the marks prefixAt gave them.
+// sortByPrefix returns the prefixes at the positions 0 to n-1 of a batch
+// ordered by prefix, each with its position and the mark prefixAt gave
+// it, keeping the batch's order among positions of the same prefix (the
+// last one is what the resource says). Written in address order, the
+// rows of a large batch share most of the table's tree nodes with their
+// neighbours, which makes the writes and their resolution faster, and the
+// entries reach the datapath in the order the kernel's LPM trie inserts
+// fastest. The batch position breaks ties, so that an unstable sort
+// (faster than a stable one) keeps the batch's order.
 func sortByPrefix(n int, prefixAt func(int) (netip.Prefix, bool)) []positioned {
 	// Sorted by a copy of each prefix as integers, with no pointer: the
 	// comparisons read no row and go through no netip, and the sort's
@@ -437,10 +427,10 @@ func (h *Handle) RemoveBatch(prefixes []netip.Prefix) error {
 			return fmt.Errorf("remove metadata of %s: %w: %w", h.owner.resource, ErrInvalidMetadata, err)
 		}
 	}
-	order := orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i].Masked() })
+	order := sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i].Masked(), false })
 	rows := make([]*PrefixMetadata, len(prefixes))
-	for k, i := range order {
-		rows[k] = newPrefixMetadata(prefixes[i].Masked(), h.owner, nil, 0, 0)
+	for k, o := range order {
+		rows[k] = newPrefixMetadata(o.prefix(), h.owner, nil, 0, 0)
 	}
 	return h.writeChunked("remove", len(rows), func(txn statedb.WriteTxn, i int) (int, error) {
 		if _, hadOld, err := h.ipcache.metadata.Delete(txn, rows[i]); err != nil || !hadOld {
@@ -486,7 +476,7 @@ func (h *Handle) ReleaseGradually(ctx context.Context, rowsPerSecond int) error 
 
 // release removes the resource's rows, a chunk per transaction, each chunk
 // first waiting for the limiter (if any). The rows go in address order,
-// as batches are written (see orderByPrefix).
+// as batches are written (see sortByPrefix).
 func (h *Handle) release(ctx context.Context, limiter *rate.Limiter) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

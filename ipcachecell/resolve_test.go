@@ -79,7 +79,7 @@ func TestResolveQueueDeduplicates(t *testing.T) {
 	require.Equal(t, []queuedPrefix{{compact(p), 5}}, q.next(10))
 }
 
-// orderByPrefix orders a batch's positions as prefixkey.Compare orders
+// sortByPrefix orders a batch's positions as prefixkey.Compare orders
 // their prefixes (IPv4 before IPv6, then address, then length) and keeps
 // the batch's order among positions of one prefix, as a stable sort would.
 func TestOrderByPrefix(t *testing.T) {
@@ -102,7 +102,7 @@ func TestOrderByPrefix(t *testing.T) {
 		want[i] = i
 	}
 	slices.SortStableFunc(want, func(a, b int) int { return prefixkey.Compare(prefixes[a], prefixes[b]) })
-	require.Equal(t, want, orderByPrefix(len(prefixes), func(i int) netip.Prefix { return prefixes[i] }))
+	require.Equal(t, want, positionsByPrefix(prefixes))
 	// sortByPrefix gives each position's prefix back as it was (IPv4,
 	// IPv6, IPv4-mapped IPv6), and its mark, whatever the mark does to
 	// nothing of the order.
@@ -122,7 +122,16 @@ func TestOrderByPrefix(t *testing.T) {
 	for i := range identityOrder {
 		identityOrder[i] = i
 	}
-	require.Equal(t, identityOrder, orderByPrefix(len(sorted), func(i int) netip.Prefix { return sorted[i] }))
+	require.Equal(t, identityOrder, positionsByPrefix(sorted))
+}
+
+// positionsByPrefix returns the batch's positions in sortByPrefix's order.
+func positionsByPrefix(prefixes []netip.Prefix) []int {
+	var order []int
+	for _, o := range sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i], false }) {
+		order = append(order, o.position())
+	}
+	return order
 }
 
 // A prefix that two owners queued, taken in two chunks (a restart:
