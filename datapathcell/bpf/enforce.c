@@ -135,7 +135,8 @@
 //     their entry would let them, without its lookup or update, while
 //     the revision stays and for at most FLOW_KEEP_NS (a second), if they
 //     change nothing in the entry but its expiry: not a TCP SYN, FIN or
-//     RST, not an echo request, nothing from or to port 53. An entry is
+//     RST, not an echo request, nothing to or from a remote port 53 (the
+//     endpoint's DNS queries and their answers). An entry is
 //     kept only while it is far from expiring, and a reply only when
 //     nothing can revoke its entry at the revision (policy allowed its
 //     forward direction at it, or does not enforce that direction). The
@@ -1849,8 +1850,9 @@ static __always_inline void ct_revoke(struct ct_value *ct)
 // flow_keepable says whether a packet leaves its connection's entry as it
 // found it but for the expiry, once an earlier packet of the same kind
 // updated it: not a TCP SYN, FIN or RST (they move the TCP state), not an
-// echo request (never a reply), not DNS (a query must be steered, an
-// answer may be recorded: dns_answer).
+// echo request (never a reply), not to or from a remote port 53 (the
+// endpoint's query must be steered, an answer may be recorded:
+// dns_answer); the high half of flow->ports is the remote's port.
 static __always_inline int flow_keepable(const struct flow *flow)
 {
 	if (flow->protocol == IPPROTO_TCP && (flow->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)))
