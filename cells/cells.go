@@ -47,7 +47,8 @@ var Infrastructure = cell.Group(
 // (the endpoint cell's directory, the CNI server) come after restore:
 // their jobs start after restore's start hook has withheld the previous
 // run's label identities for their label sets, so that an endpoint gets
-// its number back.
+// its number back (restore's pinned map, the CIDR identities, is read by
+// a job meanwhile: the allocator's local space is held until it is done).
 var ControlPlane = cell.Group(
 	ownerCell,
 	identitycell.Cell,

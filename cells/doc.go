@@ -21,7 +21,8 @@
 // anything built over its value.
 //
 //  1. Construction and Invokes (before start): producers register. Restore
-//     registers an ipcache producer with ipcachecell.HoldsResolution; the
+//     registers an ipcache producer and holds the allocator's local space
+//     (identitycell.Allocator.HoldLocal) until its job (step 5) is done; the
 //     policy directory and any embedding agent's cells register plain
 //     producers (IPCache.RegisterProducer). The resolver registers as the
 //     initializer of the `ipcache` table and, being the allocator's client,
@@ -46,22 +47,28 @@
 //     The ipcache map's writer waits for the read's end, when the entries
 //     are one snapshot in address order.
 //     Steps 3 and 4 need no order between them.
-//  5. Start hook, Restorer: it waits for step 3 (Checkpointer.Previous),
-//     then takes the pinned map's entries a block at a time as step 4
-//     reads them: for each block, the previous run's local-scope numbers
-//     are withheld (the allocator's bitmap) and their entries upserted
-//     through the restore handle with the old numbers requested. A read
-//     that fails fails this hook. Then the restore producer is done: the
-//     resolver's gate opens. Its hook runs after theirs by dependency,
-//     not by the order of the cells: the Checkpointer and the Datapath
-//     append their hooks when constructed, and the Restorer is built over
-//     them. It is a start hook, not a job, because a started agent is a
-//     restored one ("Started hive" follows "Restored prefixes"). A failure
-//     fails the start.
-//  6. Resolver job: it waits for every HoldsResolution producer (the
-//     gate), then resolves continuously. Once every producer is done and
-//     resolution has caught up with what they wrote, it marks the
-//     `ipcache` and `identities` tables initialized, in one transaction.
+//  5. Start hook, Restorer: it waits for step 3 (Checkpointer.Previous)
+//     and withholds the checkpoint's label identities for their label
+//     sets, before any endpoint source starts. Its hook runs after the
+//     Checkpointer's by dependency, not by the order of the cells: the
+//     Checkpointer appends its hook when constructed, and the Restorer is
+//     built over it. A failure fails the start. Then restore's job
+//     (started right after the hook, so "Started hive" no longer means
+//     restored) takes the pinned map's entries as step 4
+//     reads them; for every 64k entries, the previous run's local-scope
+//     numbers are withheld (the allocator's bitmap) and their entries
+//     upserted through the restore handle with the old numbers requested.
+//     Then it releases the local space and the restore producer is done
+//     ("Restored prefixes from the pinned ipcache map"). A read that fails
+//     stops the agent.
+//  6. Resolver job: it resolves continuously from the start, the owners'
+//     re-asserted prefixes while restore's job runs: a prefix restore has
+//     spoken for gets its old number; one that needs a new local number
+//     waits until that job is done (identitycell.ErrLocalHeld), so it
+//     cannot take a number restore has yet to withhold. Once every
+//     producer is done and resolution has caught up with what they wrote,
+//     it marks the `ipcache` and `identities` tables initialized, in one
+//     transaction.
 //  7. The checkpoint job, which waited for `identities` initialized, writes
 //     its first checkpoint (the previous one is kept until then, for a
 //     crash).
@@ -75,9 +82,9 @@
 //     the Datapath appends its start hook when it is constructed, before
 //     the Invoke that registers them can run, so they start after step 4
 //     whatever the order of the cells. Nothing reaches the ipcache map
-//     before step 5: the resolver writes no entry until then.
+//     before step 4's read is over: its writer waits for it.
 //  10. Restore's grace period (--identity-restore-grace-period, counted
-//     from step 5) ends; restore then also waits for `ipcache` initialized
+//     from the end of restore's job) ends; restore then also waits for `ipcache` initialized
 //     (step 6), releases its handle gradually, then un-withholds the
 //     numbers at the same pace: prefixes no other owner re-asserted leave
 //     the map.

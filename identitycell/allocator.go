@@ -54,6 +54,11 @@ type Allocator struct {
 	previous       map[identity.Number]labels.Labels
 	previousNumber map[labels.Labels]identity.Number
 
+	// localHolds counts the holders of the local space (HoldLocal);
+	// localReleased is closed while it is 0. Under mu.
+	localHolds    int
+	localReleased chan struct{}
+
 	// explicit counts, per number of the cluster range, the users of the
 	// number as an explicit identity (ipcache entries): it is never
 	// allocated to a label set while counted. Under mu.
@@ -91,12 +96,15 @@ func newSpace(name string, first, last identity.Number) space {
 // clusterFirst..clusterLast, which must lie in the cluster range.
 func newAllocator(db *statedb.DB, table statedb.RWTable[*Identity], log *slog.Logger,
 	first, last, clusterFirst, clusterLast identity.Number) *Allocator {
+	released := make(chan struct{})
+	close(released)
 	return &Allocator{
-		db:      db,
-		table:   table,
-		log:     log,
-		local:   newSpace("local", first, last),
-		cluster: newSpace("label", clusterFirst, clusterLast),
+		db:            db,
+		table:         table,
+		log:           log,
+		local:         newSpace("local", first, last),
+		cluster:       newSpace("label", clusterFirst, clusterLast),
+		localReleased: released,
 	}
 }
 
@@ -194,8 +202,12 @@ func (a *Allocator) release(id identity.Number) (freed bool, err error) {
 // Numbers in use as explicit identities ([Allocator.UseExplicitTxn]) go to
 // no label set.
 //
+// While the local space is held ([Allocator.HoldLocal]), a set that needs
+// a new local identity gets one only if it requests a withheld number
+// that is free.
+//
 // Possible errors: ErrNoLabels, ErrExhausted (wrapped, naming the space),
-// ErrTooManyReferences (wrapped).
+// ErrTooManyReferences (wrapped), ErrLocalHeld.
 func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, requested identity.Number) (identity.Number, error) {
 	if lbls.IsEmpty() {
 		return identity.Unknown, ErrNoLabels
@@ -217,6 +229,11 @@ func (a *Allocator) AllocateTxn(txn statedb.WriteTxn, lbls labels.Labels, reques
 	}
 
 	id, withheld, err := a.pickNumber(txn, a.spaceFor(lbls), lbls, requested)
+	if err == ErrLocalHeld {
+		// As is: the caller asks again, and a restart may see it for
+		// each of a million prefixes.
+		return identity.Unknown, err
+	}
 	if err != nil {
 		return identity.Unknown, fmt.Errorf("allocate identity for %s: %w", lbls, err)
 	}
@@ -502,8 +519,14 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, s *space, lbls labels.Label
 	}
 	if s.inRange(requested) && (!isCluster || a.mayTake(requested, lbls)) {
 		if _, _, found := a.table.Get(txn, IdentityIndex.Query(requested)); !found {
-			return requested, s.isWithheld(requested), nil
+			withheld := s.isWithheld(requested)
+			if withheld || isCluster || a.localHolds == 0 {
+				return requested, withheld, nil
+			}
 		}
+	}
+	if !isCluster && a.localHolds > 0 {
+		return identity.Unknown, false, ErrLocalHeld
 	}
 
 	size := int(s.last-s.first) + 1
@@ -528,6 +551,49 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, s *space, lbls labels.Label
 		id++
 	}
 	return identity.Unknown, false, s.exhausted()
+}
+
+// HoldLocal holds the local space until the returned release is called:
+// meanwhile a label set that needs a new local identity gets only a
+// withheld number it requests (ErrLocalHeld otherwise). Restore holds it
+// while it withholds the previous run's numbers a block at a time, as the
+// pinned map is read: a number handed out before restore has seen it
+// would renumber the prefix that had it. Label identities are not held:
+// theirs are withheld at once, from the checkpoint.
+//
+// Release may be called more than once; only its first call counts.
+func (a *Allocator) HoldLocal() (release func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.localHolds == 0 {
+		a.localReleased = make(chan struct{})
+	}
+	a.localHolds++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			// Under a write transaction of the table, as an allocation
+			// is: a caller that sees the space held in its transaction
+			// sees it held until it commits.
+			txn := a.WriteTxn()
+			defer txn.Abort()
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if a.localHolds--; a.localHolds == 0 {
+				close(a.localReleased)
+			}
+		})
+	}
+}
+
+// LocalReleased returns a channel that is closed once no one holds the
+// local space ([Allocator.HoldLocal]); it is closed already if no one
+// does. Inside a write transaction of the table ([Allocator.WriteTxn]),
+// what it says holds until the transaction ends.
+func (a *Allocator) LocalReleased() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.localReleased
 }
 
 // mayTake reports whether the label set may take the cluster number id:

@@ -421,3 +421,54 @@ func TestReferenceLimit(t *testing.T) {
 
 	require.Panics(t, func() { NewIdentity(id, cidr(1), maxReferences+1, false) })
 }
+
+// While the local space is held, a label set without an identity gets
+// only a withheld number it requests; everything else that needs a new
+// local number fails with ErrLocalHeld and allocates nothing. Existing
+// identities and label identities are not held. Released, allocation is
+// as before.
+func TestHoldLocal(t *testing.T) {
+	a, db, table := newTestAllocator(t, 100)
+	existing, err := a.allocate(cidr(1), 0)
+	require.NoError(t, err)
+	withheld, free := identity.MinLocal+10, identity.MinLocal+11
+	require.NoError(t, a.Withhold(withheld))
+
+	release := a.HoldLocal()
+	select {
+	case <-a.LocalReleased():
+		t.Fatal("LocalReleased closed while held")
+	default:
+	}
+	_, err = a.allocate(cidr(2), 0)
+	require.ErrorIs(t, err, ErrLocalHeld, "a new number")
+	_, err = a.allocate(cidr(2), free)
+	require.ErrorIs(t, err, ErrLocalHeld, "a requested number restore may yet withhold")
+	require.Len(t, tableState(db, table), 1, "nothing allocated by a held request")
+
+	id, err := a.allocate(cidr(3), withheld)
+	require.NoError(t, err)
+	require.Equal(t, withheld, id, "the withheld number goes to the request naming it")
+	id, err = a.allocate(cidr(1), 0)
+	require.NoError(t, err)
+	require.Equal(t, existing, id, "an existing identity is referenced")
+	app, err := labels.New("k8s:app=x")
+	require.NoError(t, err)
+	id, err = a.allocate(app, 0)
+	require.NoError(t, err)
+	require.False(t, id.IsLocal(), "label identities are not held")
+
+	second := a.HoldLocal()
+	release()
+	release() // only the first call counts
+	_, err = a.allocate(cidr(2), 0)
+	require.ErrorIs(t, err, ErrLocalHeld, "still held by the second holder")
+	second()
+	<-a.LocalReleased()
+	id, err = a.allocate(cidr(2), free)
+	require.NoError(t, err)
+	require.Equal(t, free, id)
+	id, err = a.allocate(cidr(4), 0)
+	require.NoError(t, err)
+	require.True(t, id.IsLocal())
+}

@@ -21,6 +21,14 @@ var (
 	// reference it did not hold.
 	ErrNotAllocated = errors.New("identity not allocated")
 
+	// ErrLocalHeld is returned by [Allocator.AllocateTxn] when
+	// a label set without an identity would take a local number that is
+	// not withheld for its request while the local space is held
+	// ([Allocator.HoldLocal]): restore may yet withhold that number.
+	// Nothing was allocated; the caller asks again once
+	// [Allocator.LocalReleased] is closed.
+	ErrLocalHeld = errors.New("local identity numbers held until restore has withheld the previous run's")
+
 	// ErrNoLabels is returned by [Allocator.AllocateTxn] when allocating an
 	// identity for the empty label set.
 	ErrNoLabels = errors.New("identity needs at least one label")

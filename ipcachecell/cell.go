@@ -45,16 +45,16 @@ type resolverParams struct {
 }
 
 // newModuleResolver returns the module's resolver, not yet running, with
-// the gate it waits on and the tracker of its progress.
+// the tracker of its progress.
 func newModuleResolver(p resolverParams) *resolver {
 	return newResolver(p.DB, p.Metadata, p.Entries, p.Allocator, p.Log,
-		newResolutionGate(), progress.New[statedb.Revision](0))
+		progress.New[statedb.Revision](0))
 }
 
 // newModuleIPCache returns the IPCache whose handles write the metadata
 // that r resolves.
 func newModuleIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], r *resolver) *IPCache {
-	return newIPCache(db, metadata, r.gate, r.resolved)
+	return newIPCache(db, metadata, r.resolved)
 }
 
 // newReconcilerTable returns the `ipcache` table for the datapath's

@@ -19,8 +19,10 @@
 // goes. Nobody else releases these references.
 //
 // Producers register with [IPCache.RegisterProducer]; the `ipcache` table is
-// initialized once all are done and resolved. A producer registered with
-// [HoldsResolution] holds the resolver back until it is done. The resolver,
+// initialized once all are done and resolved. While the allocator's local
+// space is held (restore, until it has withheld the previous run's
+// numbers: identitycell.Allocator.HoldLocal), a prefix that needs a new
+// local number waits, and the others are resolved. The resolver,
 // the allocator's client, is the producer of the `identities` table: it
 // marks it initialized with the `ipcache` table.
 //

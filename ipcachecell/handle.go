@@ -44,7 +44,6 @@ const maxKnownPrefixes = 1 << 16
 type IPCache struct {
 	db       *statedb.DB
 	metadata statedb.RWTable[*PrefixMetadata]
-	gate     *resolutionGate
 	// resolved is the `ipcache-metadata` revision up to which the resolver
 	// has resolved every change.
 	resolved *progress.Tracker[statedb.Revision]
@@ -62,9 +61,9 @@ type IPCache struct {
 	nextID  uint64
 }
 
-func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate *resolutionGate,
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata],
 	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, gate: gate, resolved: resolved, live: map[string]*owner{}}
+	return &IPCache{db: db, metadata: metadata, resolved: resolved, live: map[string]*owner{}}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -72,7 +71,9 @@ func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], gate 
 // resolve one) for every prefix upserted before, and none for a prefix
 // removed before. An owner that wants its prefixes to have identities
 // before it acts on them (the policy directory, before a policy is in
-// force) waits on it.
+// force) waits on it. While a prefix waits for the allocator's local
+// space (restore after a restart: see RegisterProducer), nothing written
+// since is reported resolved.
 //
 // Possible errors: ctx.Err() when ctx ends first.
 func (c *IPCache) WaitResolved(ctx context.Context) error {
@@ -133,87 +134,28 @@ type HandleOption func(*owner)
 // handle gets the shared identity.
 func SharedIdentity() HandleOption { return func(o *owner) { o.shared = true } }
 
-// ProducerOption changes how a registered producer takes part in start-up.
-type ProducerOption func(*producerOptions)
-
-type producerOptions struct {
-	holdsResolution bool
-}
-
-// HoldsResolution makes the producer block resolution: the resolver
-// resolves nothing until every such producer is done. A producer that
-// asks for identity numbers by name (RequestedIdentity) for prefixes that
-// other owners also assert uses it, so that its request is seen before an
-// owner's row would take a fresh number.
-func HoldsResolution() ProducerOption {
-	return func(o *producerOptions) { o.holdsResolution = true }
-}
-
 // RegisterProducer registers a producer of metadata (the policy directory,
 // an embedding agent's sources, ...): the `ipcache` table is initialized,
 // and reconcilers may prune, only once every registered producer has called
 // done and resolution has caught up with what they wrote. Register before
 // the hive starts.
-func (c *IPCache) RegisterProducer(name string, opts ...ProducerOption) (done func()) {
-	var o producerOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
+//
+// A producer that asks for identity numbers by name (RequestedIdentity)
+// for prefixes that other owners also assert, as restore does, holds the
+// allocator's local space while it speaks (identitycell.Allocator.HoldLocal):
+// an owner's row then takes no new number that the request names.
+func (c *IPCache) RegisterProducer(name string) (done func()) {
 	txn := c.db.WriteTxn(c.metadata)
 	markDone := c.metadata.RegisterInitializer(txn, name)
 	txn.Commit()
-	gateDone := func() {}
-	if o.holdsResolution {
-		gateDone = c.gate.register()
-	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			gateDone()
 			txn := c.db.WriteTxn(c.metadata)
 			markDone(txn)
 			txn.Commit()
 		})
 	}
-}
-
-// resolutionGate holds resolution back until every producer registered
-// with HoldsResolution is done.
-type resolutionGate struct {
-	mu      sync.Mutex
-	pending int
-	open    chan struct{} // closed when pending drops to zero
-}
-
-func newResolutionGate() *resolutionGate { return &resolutionGate{open: make(chan struct{})} }
-
-func (g *resolutionGate) register() (done func()) {
-	g.mu.Lock()
-	g.pending++
-	g.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			if g.pending--; g.pending == 0 {
-				close(g.open)
-			}
-		})
-	}
-}
-
-// wait returns a channel that is closed once no holding producer is
-// pending.
-func (g *resolutionGate) wait() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.pending == 0 {
-		closed := make(chan struct{})
-		close(closed)
-		return closed
-	}
-	return g.open
 }
 
 // Handle is one resource's ownership of prefix metadata. Its methods are

@@ -58,10 +58,9 @@ func newFixture(tb testing.TB) *fixture {
 	log := hivetest.Logger(tb)
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })
-	gate := newResolutionGate()
 	resolved := progress.New[statedb.Revision](0)
-	f.ipcache = newIPCache(f.db, f.metadata, gate, resolved)
-	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, gate, resolved)
+	f.ipcache = newIPCache(f.db, f.metadata, resolved)
+	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, resolved)
 	return &f
 }
 

@@ -56,7 +56,6 @@ type resolver struct {
 	entries   statedb.RWTable[*Entry]
 	allocator *identitycell.Allocator
 	log       *slog.Logger
-	gate      *resolutionGate
 	// resolved publishes the metadata revision resolved up to.
 	resolved *progress.Tracker[statedb.Revision]
 
@@ -67,7 +66,14 @@ type resolver struct {
 	changes statedb.ChangeIterator[*PrefixMetadata]
 	// failed holds the prefixes whose resolution failed, with the error.
 	// They keep their previous entry (if any) and are retried.
-	failed     map[netip.Prefix]error
+	failed map[netip.Prefix]error
+	// held holds the prefixes that need a new local number while the
+	// allocator's local space is held (identitycell.ErrLocalHeld: restore
+	// has not withheld every number it restores yet). They are queued
+	// again once it is released (Allocator.LocalReleased); until then
+	// nothing is reported resolved and the tables are not initialized.
+	held       map[netip.Prefix]struct{}
+	heldTimes  int // resolutions that ended in held, for the log
 	retryDue   bool
 	retryAfter time.Duration
 
@@ -84,7 +90,7 @@ type resolver struct {
 }
 
 func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entries statedb.RWTable[*Entry],
-	allocator *identitycell.Allocator, log *slog.Logger, gate *resolutionGate,
+	allocator *identitycell.Allocator, log *slog.Logger,
 	resolved *progress.Tracker[statedb.Revision]) *resolver {
 	txn := db.WriteTxn(entries)
 	markEntries := entries.RegisterInitializer(txn, resolverName)
@@ -106,10 +112,10 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		entries:         entries,
 		allocator:       allocator,
 		log:             log,
-		gate:            gate,
 		resolved:        resolved,
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
+		held:            map[netip.Prefix]struct{}{},
 		retryAfter:      minRetryBackoff,
 		chunkSize:       minResolveChunkSize,
 		maxChunkSize:    maxResolveChunkSize,
@@ -118,18 +124,6 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 
 // run resolves changes as they come, and retries failures with backoff.
 func (r *resolver) run(ctx context.Context, health cell.Health) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-r.gate.wait():
-	default:
-		health.OK("Waiting for the producers that hold resolution")
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.gate.wait():
-		}
-	}
 	// Closed when the job ends, not left to a runtime cleanup (which
 	// fires outside a synctest bubble that ran the hive).
 	defer func() {
@@ -148,9 +142,12 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 		r.reportHealth(health)
 		// Until initialized, the producers finishing is a reason for a
 		// round too, even when they wrote nothing more.
-		var producersDone <-chan struct{}
+		var producersDone, localReleased <-chan struct{}
 		if r.markInitialized != nil {
 			_, producersDone = r.metadata.Initialized(r.db.ReadTxn())
+		}
+		if len(r.held) > 0 {
+			localReleased = r.allocator.LocalReleased()
 		}
 
 		switch {
@@ -164,6 +161,7 @@ func (r *resolver) run(ctx context.Context, health cell.Health) error {
 			return nil
 		case <-watch:
 		case <-producersDone:
+		case <-localReleased:
 		case <-retry:
 			retry = nil
 			r.retryDue = true
@@ -198,9 +196,18 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		newFailures []netip.Prefix
 		// reading is the chunk whose metadata is being read while the
 		// one before it is written.
-		reading <-chan []prefetched
+		reading <-chan prefetchedChunk
 	)
 	hadFailures := len(r.failed) > 0
+	if r.heldTimes > 0 && isClosed(r.allocator.LocalReleased()) {
+		r.log.Info("Resolving the prefixes that waited for restore to withhold the previous run's numbers",
+			"prefixes", len(r.held), "waits", r.heldTimes)
+		r.heldTimes = 0
+		for prefix := range r.held {
+			queue.add("", prefix, math.MaxUint64) // as a retry: never superseded
+		}
+		clear(r.held)
+	}
 	if r.retryDue {
 		r.retryDue = false
 		for prefix := range r.failed {
@@ -230,7 +237,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		// prefix again from the rows as they are then. This is what
 		// reading in the write transaction relied on too: that also is a
 		// snapshot of the metadata, which its writers do not lock.
-		var next <-chan []prefetched
+		var next <-chan prefetchedChunk
 		if chunk := queue.next(r.chunkSize); len(chunk) > 0 {
 			next = r.prefetch(chunk)
 		}
@@ -243,7 +250,11 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		}
 		reading = next
 	}
-	// Everything up to the snapshot is resolved (or failed, and is retried).
+	// Everything up to the snapshot is resolved (or failed, and is
+	// retried), unless prefixes wait for the local space.
+	if len(r.held) > 0 {
+		return watch, nil
+	}
 	r.resolved.Set(r.metadata.Revision(snapshot))
 	r.logFailures(newFailures)
 	if hadFailures && len(r.failed) == 0 {
@@ -481,19 +492,29 @@ type prefetched struct {
 	res        resolution
 }
 
+// prefetchedChunk is a chunk read ahead of its write.
+type prefetchedChunk struct {
+	rows []prefetched
+	// whileHeld is set when the allocator's local space was held when
+	// the chunk was read: restore had not written all its rows yet.
+	whileHeld bool
+}
+
 // prefetch reads the metadata of the chunk's prefixes from a new snapshot
 // on a goroutine of its own, and sends the chunk with their merge on the
 // returned channel. It only reads: it ends without waiting for anyone, so
 // a round that receives every chunk it started leaves no goroutine
 // behind.
-func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
+func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 	out := r.spare[:0]
 	if cap(out) < len(chunk) {
 		out = make([]prefetched, 0, len(chunk))
 	}
 	r.spare = nil
-	done := make(chan []prefetched, 1)
+	done := make(chan prefetchedChunk, 1)
 	go func() {
+		// Before the snapshot: released, restore's rows are all in it.
+		whileHeld := !isClosed(r.allocator.LocalReleased())
 		txn := r.db.ReadTxn()
 		// The rows are read by calling the iterator with one function for
 		// the whole chunk, not by a range loop: a range over a function
@@ -522,7 +543,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan []prefetched {
 				p.res.want = wantedLabels(p.res.labels, p.prefix, p.res.shared)
 			}
 		}
-		done <- out
+		done <- prefetchedChunk{rows: out, whileHeld: whileHeld}
 	}()
 	return done
 }
@@ -573,8 +594,22 @@ func cidrLabels(prefix netip.Prefix, desired *Entry, current labels.Labels, hasC
 // slower half (timed from the write alone, chunks grew, and a change
 // waited for a larger one: docs/SCALE.md, "The resolver reads a chunk
 // while the one before it is written").
-func (r *resolver) write(chunk []prefetched, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
+func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
 	txn := r.allocator.WriteTxn(r.entries)
+	if read.whileHeld && isClosed(r.allocator.LocalReleased()) {
+		// Read while restore was still writing its rows, written after it
+		// finished: a prefix whose restore row the read missed would take
+		// a new number, and keep it. Read again: the space is released
+		// under this table's lock, so it stays released.
+		txn.Abort()
+		again := make([]queuedPrefix, len(read.rows))
+		for i, p := range read.rows {
+			again[i] = queuedPrefix{compact(p.prefix), p.changed}
+		}
+		read = <-r.prefetch(again)
+		txn = r.allocator.WriteTxn(r.entries)
+	}
+	chunk := read.rows
 	resolved := 0
 	for i := range chunk {
 		p := &chunk[i]
@@ -585,6 +620,12 @@ func (r *resolver) write(chunk []prefetched, start time.Time, newFailures []neti
 		}
 		resolved++
 		switch err := r.resolveRows(txn, p.prefix, &p.res); {
+		case errors.Is(err, identitycell.ErrLocalHeld):
+			// Not a failure: resolved again once the space is released,
+			// or when restore's row for it comes, whichever is first.
+			r.held[p.prefix] = struct{}{}
+			r.heldTimes++
+			delete(r.failed, p.prefix)
 		case err != nil:
 			if _, known := r.failed[p.prefix]; !known {
 				newFailures = append(newFailures, p.prefix)
@@ -592,6 +633,9 @@ func (r *resolver) write(chunk []prefetched, start time.Time, newFailures []neti
 			r.failed[p.prefix] = err
 		default:
 			delete(r.failed, p.prefix)
+			if len(r.held) > 0 {
+				delete(r.held, p.prefix)
+			}
 		}
 	}
 	txn.Commit()
@@ -655,6 +699,9 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *r
 			r.releaseHeld(txn, current)
 		}
 		id, err := r.allocator.AllocateTxn(txn, wantLabels, res.requested)
+		if err == identitycell.ErrLocalHeld && !releasedFirst {
+			return err // nothing changed: resolved again later (see write)
+		}
 		if err != nil {
 			if releasedFirst {
 				// Take the reference back: the number was freed in this
@@ -735,4 +782,13 @@ func (r *resolver) reportHealth(health cell.Health) {
 		}
 	}
 	health.Degraded(fmt.Sprintf("%d prefixes cannot be resolved, retrying", len(r.failed)), errors.Join(errs...))
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

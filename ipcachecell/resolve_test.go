@@ -307,3 +307,74 @@ func TestCompactPrefixOrder(t *testing.T) {
 		require.Equal(t, sign(prefixkey.Compare(a, b)), sign(compact(a).compare(compact(b))), "%s, %s", a, b)
 	}
 }
+
+// While the allocator's local space is held (restore still withholding
+// the previous run's numbers), a prefix restore gave its number is
+// resolved, and one that needs a new number waits: no entry, no
+// resolution reported, the tables not initialized. Once the space is
+// released, the next round resolves it.
+func TestResolverHoldsPrefixesNeedingANewNumber(t *testing.T) {
+	f := newFixture(t)
+	restored, fresh := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
+	number := identity.MinLocal + 7
+	require.NoError(t, f.allocator.Withhold(number))
+	release := f.allocator.HoldLocal()
+	restore, err := f.ipcache.NewHandle("restore", source.Restored)
+	require.NoError(t, err)
+	owner, err := f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, restore.Upsert(restored, Metadata{Labels: labels.ForPrefix(restored), RequestedIdentity: number}))
+	require.NoError(t, owner.Upsert(restored, Metadata{}))
+	require.NoError(t, owner.Upsert(fresh, Metadata{}))
+	revision := f.metadata.Revision(f.db.ReadTxn())
+
+	f.round(t)
+	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(restored))
+	require.True(t, found, "the restored prefix is resolved while the space is held")
+	require.Equal(t, number, entry.Identity)
+	_, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(fresh))
+	require.False(t, found, "a new number waits for the release")
+	require.Contains(t, f.resolver.held, fresh)
+	require.Empty(t, f.resolver.failed, "waiting is no failure")
+	reported, _ := f.resolver.resolved.Get()
+	require.Less(t, reported, revision, "not reported resolved")
+
+	release()
+	f.round(t)
+	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(fresh))
+	require.True(t, found, "resolved once the space is released")
+	require.True(t, entry.Identity.IsLocal())
+	require.NotEqual(t, number, entry.Identity)
+	require.Empty(t, f.resolver.held)
+	reported, _ = f.resolver.resolved.Get()
+	require.GreaterOrEqual(t, reported, revision)
+}
+
+// A chunk read while restore still writes its rows, and written after
+// restore has released the local space, is read again: from the first
+// read, the prefix would take a new number (restore's row was missing)
+// and keep it.
+func TestResolverReadsAgainAChunkReadWhileHeld(t *testing.T) {
+	f := newFixture(t)
+	p := netip.MustParsePrefix("10.0.0.1/32")
+	number := identity.MinLocal + 7
+	require.NoError(t, f.allocator.Withhold(number))
+	release := f.allocator.HoldLocal()
+	restore, err := f.ipcache.NewHandle("restore", source.Restored)
+	require.NoError(t, err)
+	owner, err := f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	require.NoError(t, owner.Upsert(p, Metadata{}))
+	read := <-f.resolver.prefetch([]queuedPrefix{{compact(p), f.metadata.Revision(f.db.ReadTxn())}})
+	require.True(t, read.whileHeld)
+
+	require.NoError(t, restore.Upsert(p, Metadata{Labels: labels.ForPrefix(p), RequestedIdentity: number}))
+	release()
+	f.resolver.write(read, time.Now(), nil)
+	// Read again, the owner's change is superseded by restore's, which
+	// the round resolves.
+	f.round(t)
+	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+	require.True(t, found)
+	require.Equal(t, number, entry.Identity, "the restored number, not one taken from the first read")
+}

@@ -86,25 +86,28 @@ func newRestorer(p restorerParams) *Restorer {
 }
 
 // registerRestorer registers what the module runs: restore as a producer
-// that holds the ipcache's resolution, as the reader of the pinned ipcache
-// map's read, its start hook, and its job in the module's one job group.
+// that holds the allocator's local space until it has withheld every
+// number it restores, as the reader of the pinned ipcache map's read, its
+// start hook, and its jobs in the module's one job group.
 //
-// The start hook runs after the Checkpointer's and the Datapath's, whose
-// outputs it waits for, by their dependency, not by the order of the
-// cells: both append their start hooks when they are constructed, and the
-// hive constructs them before this Invoke, which takes the Restorer built
-// over the Checkpointer and the read the Datapath provides, can run. The
-// Datapath's start returns before it has read the pinned map, and restore
-// writes its rows as the blocks come (it takes the read's error: a map
-// that cannot be read fails restore's start). Restore is a start hook, not
-// a job, because a started agent is a restored one ("Started hive" comes
-// after "Restored prefixes").
+// The start hook runs after the Checkpointer's, whose output it waits
+// for, by their dependency, not by the order of the cells: the
+// Checkpointer appends its start hook when it is constructed, and the hive
+// constructs it before this Invoke, which takes the Restorer built over
+// it, can run. The jobs start after the start hook (the group appends
+// them after it). restorePinned is a job, not part of the start hook, so
+// that the owners' upserts and their resolution overlap the kernel's read
+// of the pinned map (docs/SCALE.md, "The restart overlaps restore"); a
+// map that cannot be read stops the agent (job.WithShutdown).
 func registerRestorer(r *Restorer, pinned bpfmaps.PinnedIPCache, lc cell.Lifecycle, jobs job.Registry, health cell.Health) {
 	r.pinned = pinned
-	r.restorerDone = r.ipcache.RegisterProducer(Resource, ipcachecell.HoldsResolution())
+	r.restorerDone = r.ipcache.RegisterProducer(Resource)
+	r.releaseLocal = r.allocator.HoldLocal()
 	lc.Append(r)
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
-	group.Add(job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
+	group.Add(
+		job.OneShot("restore-pinned-prefixes", r.restorePinned, job.WithShutdown()),
+		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
 }
 
 func statusCommand(r *Restorer) hive.ScriptCmdOut {
@@ -112,27 +115,30 @@ func statusCommand(r *Restorer) hive.ScriptCmdOut {
 		script.CmdUsage{
 			Summary: "Show the restore: prefixes restored, still held only by restore, time left",
 			Detail: []string{
-				"-o json: one object (restored, heldOnlyByRestore, withheld,",
-				"timeLeftSeconds, releasing, released).",
+				"Restoring is true from the start until the pinned map's prefixes",
+				"are restored; the grace period starts then.",
+				"-o json: one object (restoring, restored, heldOnlyByRestore,",
+				"withheld, timeLeftSeconds, releasing, released).",
 			},
 		},
 		func(s *script.State, asJSON bool) (script.WaitFunc, error) {
 			st := r.Status()
 			if asJSON {
 				return scriptcmd.JSON(statusJSON{
-					Restored: st.Restored, HeldOnlyByRestore: st.HeldOnlyByRestore, Withheld: st.Withheld,
+					Restoring: st.Restoring, Restored: st.Restored, HeldOnlyByRestore: st.HeldOnlyByRestore, Withheld: st.Withheld,
 					TimeLeftSeconds: st.TimeLeft.Round(time.Millisecond).Seconds(),
 					Releasing:       st.Releasing, Released: st.Released,
 				}, nil)
 			}
-			out := fmt.Sprintf("Restored: %d\nHeld only by restore: %d\nWithheld numbers: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
-				st.Restored, st.HeldOnlyByRestore, st.Withheld, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
+			out := fmt.Sprintf("Restoring: %t\nRestored: %d\nHeld only by restore: %d\nWithheld numbers: %d\nTime left: %s\nReleasing: %t\nReleased: %t\n",
+				st.Restoring, st.Restored, st.HeldOnlyByRestore, st.Withheld, st.TimeLeft.Round(time.Millisecond), st.Releasing, st.Released)
 			return scriptcmd.Result(out, nil)
 		}))
 }
 
 // statusJSON is restore/status -o json.
 type statusJSON struct {
+	Restoring         bool    `json:"restoring"`
 	Restored          int     `json:"restored"`
 	HeldOnlyByRestore int     `json:"heldOnlyByRestore"`
 	Withheld          int     `json:"withheld"`

@@ -2,21 +2,24 @@
 
 // Package restorecell keeps identity numbers stable across restarts.
 //
-// Its start hook reads what the previous run left, waiting until the
-// datapath and identity cells' start hooks have read it (they run first,
-// by dependency): the pinned ipcache map (bpfmaps.PinnedIPCache: the
-// datapath cell's read, before anything wrote to the map, taken a block at
-// a time) and the identity checkpoint. Every entry with a
-// local-scope identity is restored:
-// its number is withheld, and the prefix is upserted through the restore
-// resource handle (source `restored`) with its labels (from the checkpoint,
-// else its cidr label) and its old number as the requested identity. The
-// checkpoint's label identities are withheld for the label sets that had
-// them (identitycell.Allocator.WithholdForLabels), which get them back
-// when they ask for an identity; the pinned map's entries of label
-// identities are not restored (their endpoints' sources re-create them). The
-// ipcache resolves nothing until restore has spoken, so a prefix that
-// another owner re-asserts first still gets its old number.
+// Its start hook waits for the identity checkpoint (the identity cell's
+// start hook reads it) and withholds its label identities for the label
+// sets that had them (identitycell.Allocator.WithholdForLabels), which get
+// them back when they ask for an identity. A job started right after it
+// restores the pinned ipcache map (bpfmaps.PinnedIPCache: the datapath
+// cell's read, before anything wrote to the map, taken a block at a time),
+// while the other owners re-assert their prefixes. Every entry with a
+// local-scope identity is restored: its number is withheld, and the
+// prefix is upserted through the restore resource handle (source
+// `restored`) with its labels (from the checkpoint, else its cidr label)
+// and its old number as the requested identity. The pinned map's entries
+// of label identities are not restored (their endpoints' sources
+// re-create them). Until the job is done, it holds the allocator's local
+// space (identitycell.Allocator.HoldLocal): the ipcache resolves the
+// prefixes restore has spoken for with their old numbers, and a prefix
+// that would need a new number waits, so a prefix that another owner
+// re-asserts first still gets its old number. A pinned map that cannot be
+// read stops the agent.
 //
 // A job then waits --identity-restore-grace-period and releases the handle
 // (gradually) and un-withholds the numbers (at the same pace: each that is

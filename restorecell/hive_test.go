@@ -28,10 +28,10 @@ import (
 	"github.com/ipcache-agent/ipcache-agent/statedir"
 )
 
-// Restore's start hook runs after the Checkpointer's and the Datapath's by
-// dependency, not by the order of the cells: with the restore cell listed
-// first, a restart still restores the pinned prefix with its number, and
-// the hive's start means restored.
+// Restore's start hook runs after the Checkpointer's, and its job after
+// the Datapath's start hook, by dependency, not by the order of the cells:
+// with the restore cell listed first, a restart still restores the pinned
+// prefix with its number.
 func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	privileged.Test(t)
 	bpfRoot := filepath.Join(t.TempDir(), "bpf")
@@ -71,7 +71,12 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 
 	second, _, r := start(restorecell.Cell, datapathcell.Cell, policycell.Cell, ipcachecell.Cell, identitycell.Cell)
 	defer second.Stop(hivetest.Logger(t), context.Background())
-	require.Equal(t, 1, r.Status().Restored, "restored when the start returned")
+	select {
+	case <-r.Restored():
+	case <-time.After(30 * time.Second):
+		t.Fatal("not restored 30 s after the start")
+	}
+	require.Equal(t, 1, r.Status().Restored)
 	after, err := bpfmaps.ReadIPCache(bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "same number")

@@ -39,6 +39,12 @@ const healthInterval = 5 * time.Second
 // use at the same rate.
 const releaseRate = 20_000
 
+// restoreBatchSize is how many restored prefixes are withheld and
+// upserted at a time, at least: the pinned map is read a few thousand
+// entries at a time, and a withhold per block waited for the resolver's
+// chunk as many times (docs/SCALE.md, "The restart overlaps restore").
+const restoreBatchSize = 1 << 16
+
 // unwithholdChunkSize is how many numbers are returned to use in one
 // transaction of the identities table, once the release is done: small
 // enough that the resolver, which writes the same table, never waits long.
@@ -65,6 +71,14 @@ type Restorer struct {
 	ipcache    *ipcachecell.IPCache
 
 	restorerDone func()
+	// releaseLocal releases the allocator's local space, held until every
+	// restored number is withheld.
+	releaseLocal func()
+
+	// Set by the start hook for restorePinned, which runs after it.
+	saved           identitycell.Checkpoint
+	pending         *ipcachecell.Handle
+	labelIdentities int
 	// restoredCh is closed once the prefixes are restored: the grace
 	// period has started, and the release job may wait for its end.
 	restoredCh chan struct{}
@@ -79,20 +93,18 @@ type Restorer struct {
 	releaseAt time.Time
 }
 
-// Start implements cell.HookInterface: it restores, before any other
-// producer's metadata is resolved. It waits, with the hook's context, for
-// the two things it reads: the previous checkpoint, decoded by the time
-// it runs or soon after, and the pinned map's entries, which it takes as
-// the datapath reads them (see registerRestorer). The waits make the
-// dependencies explicit, and a wrong order fail the start with an error
-// naming what was missing, not hang.
+// Start implements cell.HookInterface. It waits, with the hook's
+// context, for the previous checkpoint (decoded by the time it runs or
+// soon after) and withholds its label identities for the label sets that
+// had them: the endpoint cell allocates those directly, from its own
+// start on, so they must be withheld before any start hook after this
+// one. The pinned map's prefixes are restored by the job that follows
+// (restorePinned): until it is done, the allocator hands out no local
+// number that restore has not withheld (registerRestorer).
 //
-// Possible errors: ctx's, wrapped by Checkpointer.Previous or yielded by
-// bpfmaps.PinnedIPCache.Blocks; the pinned map cannot be read
-// (the datapath's start leaves that error to restore); those of
-// identitycell.Allocator.Withhold and WithholdForLabels,
-// ipcachecell.IPCache.NewHandle and
-// ipcachecell.Handle.UpsertBatch (wrapped). Each fails the start.
+// Possible errors: ctx's, wrapped by Checkpointer.Previous; those of
+// identitycell.Allocator.WithholdForLabels and
+// ipcachecell.IPCache.NewHandle (wrapped). Each fails the start.
 func (r *Restorer) Start(ctx cell.HookContext) error {
 	saved, err := r.checkpoint.Previous(ctx)
 	if err != nil {
@@ -102,7 +114,6 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("create restore handle: %w", err)
 	}
-
 	// Label identities are not in the pinned map as such (their prefixes
 	// are endpoints', which the endpoint sources re-create): their numbers
 	// are withheld for the label sets that had them, which get them back
@@ -111,26 +122,64 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("withhold restored label identities: %w", err)
 	}
-	labelIdentities := len(withheld)
+	r.saved, r.pending, r.labelIdentities = saved, handle, len(withheld)
+	r.mu.Lock()
+	r.withheld = withheld
+	r.mu.Unlock()
+	return nil
+}
 
-	// A block at a time as the datapath reads the map: each block's rows
-	// are written while the kernel reads the next ones, which took as
-	// long as all of this after the read (docs/SCALE.md).
+// restorePinned restores the pinned map's prefixes, several blocks at a time as
+// the datapath reads the map (what is read is written while the kernel
+// reads the next blocks), then releases the allocator's local space and
+// marks the restore producer done: the grace period starts. It is a job,
+// not part of the start hook, so that owners re-assert their prefixes,
+// and the resolver resolves those restore has spoken for, while the
+// kernel reads the map (docs/SCALE.md, "The restart overlaps restore").
+//
+// Possible errors: the pinned map cannot be read (the datapath's start
+// leaves that error to restore); those of identitycell.Allocator.Withhold
+// and ipcachecell.Handle.UpsertBatch (wrapped). Each shuts the agent
+// down (job.WithShutdown): an agent that cannot restore must not resolve.
+func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
+	handle, saved := r.pending, r.saved
+	if handle == nil {
+		return nil // the start hook failed
+	}
+	r.mu.Lock()
+	withheld := r.withheld
+	r.mu.Unlock()
 	var (
-		batch   []ipcachecell.PrefixUpsert // one block's, reused
+		batch   []ipcachecell.PrefixUpsert // reused
+		first   = len(withheld)            // of withheld, the batch's first number
 		skipped int
 	)
+	// flush withholds the batch's numbers, then upserts its prefixes.
+	flush := func() error {
+		// Withheld before the upsert: a prefix is resolved with its old
+		// number only once that is withheld for it (the allocator's local
+		// space is held until all are: registerRestorer).
+		if err := r.allocator.Withhold(withheld[first:]...); err != nil {
+			return fmt.Errorf("withhold %d restored numbers: %w", len(withheld)-first, err)
+		}
+		if err := handle.UpsertBatch(batch); err != nil {
+			return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
+		}
+		batch, first = batch[:0], len(withheld)
+		return nil
+	}
 	for block, err := range r.pinned.Blocks(ctx) {
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil // stopping: the next run restores again
+			}
 			return fmt.Errorf("restore: %w", err)
 		}
-		batch = batch[:0]
-		first := len(withheld)
 		for _, entry := range block {
 			prefix, id := entry.Prefix, entry.Identity
 			if !id.IsLocal() {
 				// Reserved, explicit, or a label identity's (withheld
-				// above): its owner re-asserts it, or it goes.
+				// at start): its owner re-asserts it, or it goes.
 				skipped++
 				continue
 			}
@@ -152,14 +201,17 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 			})
 			withheld = append(withheld, id)
 		}
-		// Withheld before any number is allocated: resolution waits for
-		// restore (registerRestorer).
-		if err := r.allocator.Withhold(withheld[first:]...); err != nil {
-			return fmt.Errorf("withhold %d restored numbers: %w", len(withheld)-first, err)
+		// Several blocks at a time: a Withhold takes the identities
+		// table's lock, which the resolver holds for one chunk after
+		// another while it resolves what owners re-asserted meanwhile.
+		if len(batch) >= restoreBatchSize {
+			if err := flush(); err != nil {
+				return err
+			}
 		}
-		if err := handle.UpsertBatch(batch); err != nil {
-			return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
-		}
+	}
+	if err := flush(); err != nil {
+		return err
 	}
 
 	r.mu.Lock()
@@ -167,11 +219,12 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
+	r.releaseLocal()
 	close(r.restoredCh)
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", handle.NumPrefixes(), "not-restored-non-local", skipped,
-		"checkpointed-identities", saved.Len(), "withheld-label-identities", labelIdentities,
+		"checkpointed-identities", saved.Len(), "withheld-label-identities", r.labelIdentities,
 		"grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
 }
@@ -283,8 +336,15 @@ func (r *Restorer) unwithholdGradually(ctx context.Context) error {
 	return nil
 }
 
+// Restored returns a channel closed once the pinned map's prefixes are
+// restored (restorePinned): the grace period has started.
+func (r *Restorer) Restored() <-chan struct{} { return r.restoredCh }
+
 // Status is the restore's progress.
 type Status struct {
+	// Restoring is set from the start until the pinned map's prefixes
+	// are restored; Restored and TimeLeft are 0 until then.
+	Restoring         bool
 	Restored          int           // prefixes restored at start
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
@@ -300,6 +360,9 @@ type Status struct {
 
 // String summarizes the status in one line (as health shows it).
 func (s Status) String() string {
+	if s.Restoring {
+		return "restoring the pinned ipcache map's prefixes"
+	}
 	if s.Released {
 		return fmt.Sprintf("released %d restored prefixes", s.Restored)
 	}
@@ -315,8 +378,8 @@ func (r *Restorer) Status() Status { return r.status(true) }
 
 func (r *Restorer) status(countHeld bool) Status {
 	r.mu.Lock()
-	status := Status{Restored: r.restored, Releasing: r.releasing, Released: r.released,
-		Withheld: r.allocator.NumWithheld()}
+	status := Status{Restoring: !isClosed(r.restoredCh), Restored: r.restored,
+		Releasing: r.releasing, Released: r.released, Withheld: r.allocator.NumWithheld()}
 	if !r.released && !r.releaseAt.IsZero() {
 		status.TimeLeft = max(time.Until(r.releaseAt), 0)
 	}

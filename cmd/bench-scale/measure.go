@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -304,6 +305,11 @@ func graceExpiry(r *result, cfg agentConfig, log *slog.Logger) error {
 		return err
 	}
 	defer third.stop()
+	select { // the grace period starts once the pinned map is restored
+	case <-third.restorer.Restored():
+	case <-time.After(convergeTimeout):
+		return errors.New("timed out waiting for restore")
+	}
 	releaseAt := time.Now().Add(third.restorer.Status().TimeLeft)
 	if err := third.waitInitialized(convergeTimeout); err != nil {
 		return err
