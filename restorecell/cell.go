@@ -34,7 +34,7 @@ var Cell = cell.Module(
 type Config struct {
 	// IdentityRestoreGracePeriod is how long restored prefixes keep their
 	// identities while their real owners re-assert them, counted from the
-	// moment restore has spoken (right after start).
+	// moment restore has spoken (the pinned map restored, soon after start).
 	IdentityRestoreGracePeriod time.Duration
 }
 

@@ -25,7 +25,7 @@ func newRestoreCollector(r *Restorer) *restoreCollector {
 	return &restoreCollector{
 		restorer: r,
 		restored: prometheus.NewDesc(metrics.Prefix+"restore_restored_prefixes",
-			"Prefixes restored from the pinned ipcache map and checkpoint at start", nil, nil),
+			"Prefixes restored from the pinned ipcache map and checkpoint after the start", nil, nil),
 		heldOnly: prometheus.NewDesc(metrics.Prefix+"restore_held_only_by_restore_prefixes",
 			"Restored prefixes that no other owner has re-asserted yet (0 once released)", nil, nil),
 		timeLeft: prometheus.NewDesc(metrics.Prefix+"restore_grace_period_remaining_seconds",

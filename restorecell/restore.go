@@ -345,7 +345,7 @@ type Status struct {
 	// Restoring is set from the start until the pinned map's prefixes
 	// are restored; Restored and TimeLeft are 0 until then.
 	Restoring         bool
-	Restored          int           // prefixes restored at start
+	Restored          int           // prefixes restored from the pinned map
 	HeldOnlyByRestore int           // restored prefixes no other owner has re-asserted
 	TimeLeft          time.Duration // until release; 0 once released
 	// Withheld is how many numbers the allocator withholds: the restored

@@ -323,7 +323,8 @@ func TestPrivilegedFaultCorruptCheckpoint(t *testing.T) {
 	a = startAgent(t, r.args()...)
 	require.Regexp(t, `level=ERROR msg="Identity checkpoint is corrupt; moved aside, restoring without its labels" `+
 		`module=identity path=`+regexp.QuoteMeta(checkpoint)+` moved-to=`+regexp.QuoteMeta(checkpoint+".corrupt")+` error=`, a.log.String())
-	require.Contains(t, a.log.String(), "Restored prefixes from the pinned ipcache map")
+	require.Eventually(t, func() bool { return strings.Contains(a.log.String(), "Restored prefixes from the pinned ipcache map") },
+		30*time.Second, 10*time.Millisecond, "restored after the start")
 	aside, err := os.ReadFile(checkpoint + ".corrupt")
 	require.NoError(t, err)
 	require.Equal(t, garbage, aside, "the corrupt file is kept aside")
