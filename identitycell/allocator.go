@@ -586,10 +586,18 @@ func (a *Allocator) HoldLocal() (release func()) {
 	}
 }
 
+// LocalHeld reports whether someone holds the local space
+// ([Allocator.HoldLocal]). Inside a write transaction of the table
+// ([Allocator.WriteTxn]), the answer holds until the transaction ends.
+func (a *Allocator) LocalHeld() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.localHolds > 0
+}
+
 // LocalReleased returns a channel that is closed once no one holds the
 // local space ([Allocator.HoldLocal]); it is closed already if no one
-// does. Inside a write transaction of the table ([Allocator.WriteTxn]),
-// what it says holds until the transaction ends.
+// does.
 func (a *Allocator) LocalReleased() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()

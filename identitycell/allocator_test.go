@@ -434,7 +434,9 @@ func TestHoldLocal(t *testing.T) {
 	withheld, free := identity.MinLocal+10, identity.MinLocal+11
 	require.NoError(t, a.Withhold(withheld))
 
+	require.False(t, a.LocalHeld())
 	release := a.HoldLocal()
+	require.True(t, a.LocalHeld())
 	select {
 	case <-a.LocalReleased():
 		t.Fatal("LocalReleased closed while held")
@@ -465,6 +467,7 @@ func TestHoldLocal(t *testing.T) {
 	require.ErrorIs(t, err, ErrLocalHeld, "still held by the second holder")
 	second()
 	<-a.LocalReleased()
+	require.False(t, a.LocalHeld())
 	id, err = a.allocate(cidr(2), free)
 	require.NoError(t, err)
 	require.Equal(t, free, id)

@@ -199,7 +199,7 @@ func (r *resolver) round() (<-chan struct{}, error) {
 		reading <-chan prefetchedChunk
 	)
 	hadFailures := len(r.failed) > 0
-	if r.heldTimes > 0 && isClosed(r.allocator.LocalReleased()) {
+	if r.heldTimes > 0 && !r.allocator.LocalHeld() {
 		r.log.Info("Resolving the prefixes that waited for restore to withhold the previous run's numbers",
 			"prefixes", len(r.held), "waits", r.heldTimes)
 		r.heldTimes = 0
@@ -514,7 +514,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 	done := make(chan prefetchedChunk, 1)
 	go func() {
 		// Before the snapshot: released, restore's rows are all in it.
-		whileHeld := !isClosed(r.allocator.LocalReleased())
+		whileHeld := r.allocator.LocalHeld()
 		txn := r.db.ReadTxn()
 		// The rows are read by calling the iterator with one function for
 		// the whole chunk, not by a range loop: a range over a function
@@ -596,7 +596,7 @@ func cidrLabels(prefix netip.Prefix, desired *Entry, current labels.Labels, hasC
 // while the one before it is written").
 func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
 	txn := r.allocator.WriteTxn(r.entries)
-	if read.whileHeld && isClosed(r.allocator.LocalReleased()) {
+	if read.whileHeld && !r.allocator.LocalHeld() {
 		// Read while restore was still writing its rows, written after it
 		// finished: a prefix whose restore row the read missed would take
 		// a new number, and keep it. Read again: the space is released
@@ -782,13 +782,4 @@ func (r *resolver) reportHealth(health cell.Health) {
 		}
 	}
 	health.Degraded(fmt.Sprintf("%d prefixes cannot be resolved, retrying", len(r.failed)), errors.Join(errs...))
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

@@ -314,15 +314,8 @@ func TestCompactPrefixOrder(t *testing.T) {
 // resolution reported, the tables not initialized. Once the space is
 // released, the next round resolves it.
 func TestResolverHoldsPrefixesNeedingANewNumber(t *testing.T) {
-	f := newFixture(t)
+	f, restore, owner, number, release := newHeldFixture(t)
 	restored, fresh := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
-	number := identity.MinLocal + 7
-	require.NoError(t, f.allocator.Withhold(number))
-	release := f.allocator.HoldLocal()
-	restore, err := f.ipcache.NewHandle("restore", source.Restored)
-	require.NoError(t, err)
-	owner, err := f.ipcache.NewHandle("owner", source.Local)
-	require.NoError(t, err)
 	require.NoError(t, restore.Upsert(restored, Metadata{Labels: labels.ForPrefix(restored), RequestedIdentity: number}))
 	require.NoError(t, owner.Upsert(restored, Metadata{}))
 	require.NoError(t, owner.Upsert(fresh, Metadata{}))
@@ -355,15 +348,8 @@ func TestResolverHoldsPrefixesNeedingANewNumber(t *testing.T) {
 // read, the prefix would take a new number (restore's row was missing)
 // and keep it.
 func TestResolverReadsAgainAChunkReadWhileHeld(t *testing.T) {
-	f := newFixture(t)
+	f, restore, owner, number, release := newHeldFixture(t)
 	p := netip.MustParsePrefix("10.0.0.1/32")
-	number := identity.MinLocal + 7
-	require.NoError(t, f.allocator.Withhold(number))
-	release := f.allocator.HoldLocal()
-	restore, err := f.ipcache.NewHandle("restore", source.Restored)
-	require.NoError(t, err)
-	owner, err := f.ipcache.NewHandle("owner", source.Local)
-	require.NoError(t, err)
 	require.NoError(t, owner.Upsert(p, Metadata{}))
 	read := <-f.resolver.prefetch([]queuedPrefix{{compact(p), f.metadata.Revision(f.db.ReadTxn())}})
 	require.True(t, read.whileHeld)
@@ -377,4 +363,18 @@ func TestResolverReadsAgainAChunkReadWhileHeld(t *testing.T) {
 	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
 	require.True(t, found)
 	require.Equal(t, number, entry.Identity, "the restored number, not one taken from the first read")
+}
+
+// newHeldFixture is a fixture whose allocator's local space is held, as
+// restore holds it: one number withheld, restore's and an owner's handle.
+func newHeldFixture(t *testing.T) (f *fixture, restore, owner *Handle, number identity.Number, release func()) {
+	f = newFixture(t)
+	number = identity.MinLocal + 7
+	require.NoError(t, f.allocator.Withhold(number))
+	release = f.allocator.HoldLocal()
+	restore, err := f.ipcache.NewHandle("restore", source.Restored)
+	require.NoError(t, err)
+	owner, err = f.ipcache.NewHandle("owner", source.Local)
+	require.NoError(t, err)
+	return f, restore, owner, number, release
 }
