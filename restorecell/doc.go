@@ -11,10 +11,11 @@
 // while the other owners re-assert their prefixes. Every entry with a
 // local-scope identity is restored: its number is withheld, and the
 // prefix is upserted through the restore resource handle (source
-// `restored`) with its labels (from the checkpoint, else its cidr label)
-// and its old number as the requested identity. The pinned map's entries
-// of label identities are not restored (their endpoints' sources
-// re-create them). Until the job is done, it holds the allocator's local
+// `restored`) with its old number as the requested identity and, when the
+// checkpoint's labels for it hold more than its cidr label, those labels
+// (a row without labels resolves to the cidr label alone). The pinned
+// map's entries of label identities are not restored (their endpoints'
+// sources re-create them). Until the job is done, it holds the allocator's local
 // space (identitycell.Allocator.HoldLocal): the ipcache resolves the
 // prefixes restore has spoken for with their old numbers, and a prefix
 // that would need a new number waits, so a prefix that another owner

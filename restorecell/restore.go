@@ -192,13 +192,16 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 					"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
 				checkpointed = false
 			}
-			if !checkpointed {
-				lbls = labels.ForPrefix(prefix)
+			// A row without labels resolves to the prefix's cidr label
+			// alone: restore's rows carry the checkpoint's labels only
+			// when they hold more, so that the resolver merges a million
+			// rows as it does an owner's (docs/SCALE.md, "The restart
+			// overlaps restore").
+			md := ipcachecell.Metadata{RequestedIdentity: id}
+			if checkpointed && !lbls.IsForPrefix(prefix) {
+				md.Labels = lbls
 			}
-			batch = append(batch, ipcachecell.PrefixUpsert{
-				Prefix:   prefix,
-				Metadata: ipcachecell.Metadata{Labels: lbls, RequestedIdentity: id},
-			})
+			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix, Metadata: md})
 			withheld = append(withheld, id)
 		}
 		// Several blocks at a time: a Withhold takes the identities
