@@ -134,7 +134,8 @@ start_agent() {
 	local i
 	for i in $(seq 100); do
 		kill -0 "$AGENT_PID" 2>/dev/null || fail "the agent exited at start (see $log)"
-		if grep -q 'Started hive' "$log" && shell restore/status >/dev/null 2>&1; then
+		# Restore reads the pinned map after the start: wait for it too.
+		if grep -q 'Started hive' "$log" && shell restore/status -o json 2>/dev/null | grep -q '"restoring": *false'; then
 			echo "    agent pid $AGENT_PID, log $log:"
 			grep -E 'Started hive|Restored prefixes|Policy directory read' "$log" | show
 			return 0
