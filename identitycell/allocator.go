@@ -556,9 +556,9 @@ func (a *Allocator) pickNumber(txn statedb.WriteTxn, s *space, lbls labels.Label
 // HoldLocal holds the local space until the returned release is called:
 // meanwhile a label set that needs a new local identity gets only a
 // withheld number it requests (ErrLocalHeld otherwise). Restore holds it
-// while it withholds the previous run's numbers a block at a time, as the
-// pinned map is read: a number handed out before restore has seen it
-// would renumber the prefix that had it. Label identities are not held:
+// while it withholds the previous run's numbers as it reads the pinned
+// map: a number handed out before restore has seen it would renumber the
+// prefix that had it. Label identities are not held:
 // theirs are withheld at once, from the checkpoint.
 //
 // Release may be called more than once; only its first call counts.
