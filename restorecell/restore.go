@@ -75,10 +75,9 @@ type Restorer struct {
 	// restored number is withheld.
 	releaseLocal func()
 
-	// Set by the start hook for restorePinned, which runs after it.
-	saved           identitycell.Checkpoint
-	pending         *ipcachecell.Handle
-	labelIdentities int
+	// saved is the previous checkpoint, which the start hook read for
+	// restorePinned, which runs after it.
+	saved identitycell.Checkpoint
 	// restoredCh is closed once the prefixes are restored: the grace
 	// period has started, and the release job may wait for its end.
 	restoredCh chan struct{}
@@ -122,9 +121,9 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("withhold restored label identities: %w", err)
 	}
-	r.saved, r.pending, r.labelIdentities = saved, handle, len(withheld)
+	r.saved = saved
 	r.mu.Lock()
-	r.withheld = withheld
+	r.handle, r.withheld = handle, withheld
 	r.mu.Unlock()
 	return nil
 }
@@ -142,13 +141,11 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 // and ipcachecell.Handle.UpsertBatch (wrapped). Each shuts the agent
 // down (job.WithShutdown): an agent that cannot restore must not resolve.
 func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
-	handle, saved := r.pending, r.saved
-	if handle == nil {
-		return nil // the start hook failed
-	}
+	saved := r.saved
 	r.mu.Lock()
-	withheld := r.withheld
+	handle, withheld := r.handle, r.withheld
 	r.mu.Unlock()
+	labelIdentities := len(withheld) // withheld by the start hook
 	var (
 		batch   []ipcachecell.PrefixUpsert // reused
 		first   = len(withheld)            // of withheld, the batch's first number
@@ -218,7 +215,7 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	}
 
 	r.mu.Lock()
-	r.handle, r.withheld, r.restored = handle, withheld, handle.NumPrefixes()
+	r.withheld, r.restored = withheld, handle.NumPrefixes()
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
@@ -227,7 +224,7 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
 		"restored", handle.NumPrefixes(), "not-restored-non-local", skipped,
-		"checkpointed-identities", saved.Len(), "withheld-label-identities", r.labelIdentities,
+		"checkpointed-identities", saved.Len(), "withheld-label-identities", labelIdentities,
 		"grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
 }
