@@ -216,6 +216,23 @@ func TestCheckpointStartIgnoresHalfWrittenTemp(t *testing.T) {
 	require.Empty(t, tempFiles(t, dir))
 }
 
+// What the previous run saved is kept until restore has used it, and not
+// after: the file stays until the next checkpoint replaces it.
+func TestCheckpointerForgetsPrevious(t *testing.T) {
+	dir := t.TempDir()
+	want := testCheckpoint(3)
+	require.NoError(t, writeCheckpoint(filepath.Join(dir, CheckpointFileName), want.All()))
+	c := newCheckpointer(nil, nil, hivetest.Logger(t), dir)
+	require.NoError(t, c.Start(nil))
+	require.Equal(t, want, previous(t, c))
+	require.Equal(t, want, previous(t, c), "read twice, the same")
+
+	c.ForgetPrevious()
+	require.Zero(t, previous(t, c).Len())
+	_, err := os.Stat(filepath.Join(dir, CheckpointFileName))
+	require.NoError(t, err, "the file stays")
+}
+
 func TestCheckpointStartMovesCorruptAside(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, CheckpointFileName)

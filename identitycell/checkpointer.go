@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -55,6 +56,8 @@ type Checkpointer struct {
 
 	// previous is what the previous run saved, once previousDecoded is
 	// closed: Start reads the file and decodes it in the background.
+	// ForgetPrevious empties it, under previousMu.
+	previousMu      sync.Mutex
 	previous        Checkpoint
 	previousDecoded chan struct{}
 }
@@ -93,17 +96,29 @@ func (c *Checkpointer) identities(txn statedb.ReadTxn, n *int) iter.Seq2[identit
 // Checkpointer, whose hook is appended when it is constructed, so the hive
 // runs that hook first; the wait states the dependency, and would end with
 // ctx rather than hang were the order broken. The checkpoint is shared: do
-// not modify it.
+// not modify it. After ForgetPrevious, it is empty.
 //
 // Possible errors: ctx's, when it ends first (the hive stopping, or its
 // start failing, before the checkpoint was read).
 func (c *Checkpointer) Previous(ctx context.Context) (Checkpoint, error) {
 	select {
 	case <-c.previousDecoded:
+		c.previousMu.Lock()
+		defer c.previousMu.Unlock()
 		return c.previous, nil
 	case <-ctx.Done():
 		return Checkpoint{}, fmt.Errorf("wait for the previous identity checkpoint: %w", ctx.Err())
 	}
+}
+
+// ForgetPrevious drops what the previous run checkpointed, once restore
+// has used it: a million identities' labels that the agent would
+// otherwise keep for as long as it runs (docs/SCALE.md, "What a restart
+// keeps"). The file itself is replaced by the next checkpoint.
+func (c *Checkpointer) ForgetPrevious() {
+	c.previousMu.Lock()
+	defer c.previousMu.Unlock()
+	c.previous = Checkpoint{}
 }
 
 // Start implements cell.HookInterface: it prepares the state directory and
@@ -154,7 +169,9 @@ func (c *Checkpointer) Start(cell.HookContext) error {
 			return
 		}
 		c.log.Info("Read identity checkpoint", "path", c.path, "identities", previous.Len())
+		c.previousMu.Lock()
 		c.previous = previous
+		c.previousMu.Unlock()
 	}()
 	return nil
 }

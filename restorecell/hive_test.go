@@ -39,13 +39,14 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	t.Cleanup(func() { unix.Unmount(bpfRoot, unix.MNT_DETACH) })
 	prefix := netip.MustParsePrefix("10.0.0.1/32")
 
+	var checkpointer *identitycell.Checkpointer
 	start := func(order ...cell.Cell) (*hive.Hive, *ipcachecell.IPCache, *restorecell.Restorer) {
 		var (
 			c *ipcachecell.IPCache
 			r *restorecell.Restorer
 		)
-		h := cells.NewHive(append(order, cell.Invoke(func(ipc *ipcachecell.IPCache, rr *restorecell.Restorer) {
-			c, r = ipc, rr
+		h := cells.NewHive(append(order, cell.Invoke(func(ipc *ipcachecell.IPCache, rr *restorecell.Restorer, cp *identitycell.Checkpointer) {
+			c, r, checkpointer = ipc, rr, cp
 		}))...)
 		hive.AddConfigOverride(h, func(c *statedir.Config) { c.StateDir = stateDir })
 		hive.AddConfigOverride(h, func(c *datapathcell.Config) { c.BPFRoot = bpfRoot })
@@ -80,6 +81,9 @@ func TestPrivilegedRestoreWhateverTheOrderOfTheCells(t *testing.T) {
 	after, err := bpfmaps.ReadIPCache(bpfRoot)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "same number")
+	saved, err := checkpointer.Previous(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, saved.Len(), "restored, the previous checkpoint is not kept")
 }
 
 // The grace period ends before an owner has re-asserted its prefixes (its

@@ -55,6 +55,7 @@ const unwithholdChunkSize = 1024
 // hook; the checkpoint waits until its cell's start hook has read it.
 type checkpoint interface {
 	Previous(context.Context) (identitycell.Checkpoint, error)
+	ForgetPrevious()
 }
 
 // Restorer restores the previous run's prefixes and releases them after the
@@ -76,7 +77,7 @@ type Restorer struct {
 	releaseLocal func()
 
 	// saved is the previous checkpoint, which the start hook read for
-	// restorePinned, which runs after it.
+	// restorePinned, which runs after it and then drops it.
 	saved identitycell.Checkpoint
 	// restoredCh is closed once the prefixes are restored: the grace
 	// period has started, and the release job may wait for its end.
@@ -219,6 +220,11 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
+	// The labels of the previous run's identities are in the restored
+	// rows now; kept, they would be heap the agent holds for as long as
+	// it runs (docs/SCALE.md, "What a restart keeps").
+	r.saved = identitycell.Checkpoint{}
+	r.checkpoint.ForgetPrevious()
 	r.releaseLocal()
 	close(r.restoredCh)
 	r.restorerDone()

@@ -113,3 +113,17 @@ func (a *agent) waitInitialized(timeout time.Duration) error {
 		return errors.New("timed out waiting for the ipcache table to be initialized")
 	}
 }
+
+// heapPerPrefix returns the heap in use beyond heapBefore, per prefix of
+// n, once the ipcache map's first prune is over: the heap the agent keeps,
+// not what it holds until then (right after the table is initialized,
+// the reconciler's copy of the map's content, which the prune uses and
+// drops).
+func (a *agent) heapPerPrefix(heapBefore int64, n int) (float64, error) {
+	if err := waitFor("the first prune of the ipcache map", convergeTimeout, func() bool {
+		return a.datapath.Prunes(bpfmaps.IPCacheName) > 0
+	}); err != nil {
+		return 0, err
+	}
+	return float64(heapInUse()-heapBefore) / float64(n), nil
+}

@@ -25,7 +25,9 @@
 //  5. heap in use per prefix after step 2, after GC (all tables, the
 //     reconcilers' state, everything the agent holds), once the first
 //     prune of the map is over (until then the reconciler keeps a copy of
-//     what the map holds; the prune starts as the table is initialized).
+//     what the map holds; the prune starts as the table is initialized);
+//     and the same of step 3's agent, measured after its time is taken:
+//     what an agent holds during the grace period after a restart.
 //
 // Steps 2, 3 and 4 each start their agent from a collected heap, holding
 // nothing of what ran before, as a new process would: a restart is a new

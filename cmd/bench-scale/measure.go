@@ -48,6 +48,10 @@ type result struct {
 	tableInsert   time.Duration
 	endToEnd      time.Duration // step 2
 	heapPerPrefix float64       // step 5, bytes
+	// restartHeapPerPrefix is the heap of step 3's agent, measured as
+	// step 5's is: what an agent holds during the grace period after a
+	// restart (restore's rows beside the owner's), per prefix.
+	restartHeapPerPrefix float64
 
 	restart                time.Duration // step 3
 	restartWrites          uint64        // map writes during step 3
@@ -210,15 +214,9 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	if err != nil {
 		return r, err
 	}
-	// The heap the agent keeps, not what it holds until its first prune
-	// (right after the table is initialized): the reconciler's copy of the
-	// map's content, which the prune uses and drops.
-	if err := waitFor("the first prune of the ipcache map", convergeTimeout, func() bool {
-		return first.datapath.Prunes(bpfmaps.IPCacheName) > 0
-	}); err != nil {
+	if r.heapPerPrefix, err = first.heapPerPrefix(heapBefore, s.n); err != nil {
 		return r, err
 	}
-	r.heapPerPrefix = float64(heapInUse()-heapBefore) / float64(s.n)
 	// The owner's handle is part of what an agent holds for its prefixes;
 	// unused after the upsert, it would be collected before the heap is
 	// measured.
@@ -241,7 +239,7 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 
 	// 3. Restart, the owner re-asserting the same prefixes.
-	freshStart()
+	heapBefore = heapInUse()
 	stopProfile, err = startStepProfile(&restartProfile)
 	if err != nil {
 		return r, err
@@ -268,6 +266,10 @@ func measure(s scenario, bpfRoot, stateDir string, log *slog.Logger) (result, er
 	}
 	r.restart, r.restartCPU = time.Since(start), cpuTime()-cpuStart
 	stopProfile()
+	if r.restartHeapPerPrefix, err = second.heapPerPrefix(heapBefore, s.n); err != nil {
+		return r, err
+	}
+	runtime.KeepAlive(owner)
 	written, skipped := second.datapath.MapWrites(bpfmaps.IPCacheName)
 	r.restartWrites, r.restartSkipped = written, skipped
 	if err := second.stop(); err != nil {
