@@ -58,9 +58,10 @@
 //     reads them; for every 64k entries, the previous run's local-scope
 //     numbers are withheld (the allocator's bitmap) and their entries
 //     upserted through the restore handle with the old numbers requested.
-//     Then it releases the local space and the restore producer is done
-//     ("Restored prefixes from the pinned ipcache map"). A read that fails
-//     stops the agent.
+//     Then it drops the decoded checkpoint (Checkpointer.ForgetPrevious:
+//     its labels are in the rows), releases the local space, and the
+//     restore producer is done ("Restored prefixes from the pinned ipcache
+//     map"). A read that fails stops the agent.
 //  6. Resolver job: it resolves continuously from the start, the owners'
 //     re-asserted prefixes while restore's job runs: a prefix restore has
 //     spoken for gets its old number; one that needs a new local number
