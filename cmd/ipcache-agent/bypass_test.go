@@ -857,10 +857,9 @@ func (b *bypassRig) deviceBinding(t *testing.T) {
 		port := uint16(41000 + 10*i)
 		// The reply of a connection the endpoint opened passes.
 		b.requireDelivered(t, f.name+" reply of the endpoint's own connection", f.tcpAtEP, func(m []byte) error {
-			if err := b.fromEP.SendIP(syn(f.ep, f.denied, 22, port, nil)); err != nil {
+			if err := b.synReachedPeer(f, b.fromEP, port); err != nil {
 				return err
 			}
-			time.Sleep(50 * time.Millisecond)
 			return b.fromPeer.SendIP(pshAck(f.denied, f.ep, port, 22, m))
 		})
 		b.requireDropped(t, attack{name: f.name + " denied peer to port 22, no connection", direction: "ingress",
@@ -869,13 +868,32 @@ func (b *bypassRig) deviceBinding(t *testing.T) {
 		b.requireDropped(t, attack{name: f.name + " denied peer to port 22 after the second endpoint's SYN",
 			direction: "ingress", reason: "policy-deny", at: f.tcpAtEP,
 			send: func(m []byte) error {
-				if err := b.fromSecond.SendIP(syn(f.ep, f.denied, 22, port+2, nil)); err != nil {
+				if err := b.synReachedPeer(f, b.fromSecond, port+2); err != nil {
 					return err
 				}
-				time.Sleep(50 * time.Millisecond)
 				return b.fromPeer.SendIP(pshAck(f.denied, f.ep, port+2, 22, m))
 			}})
 	}
+}
+
+// synReachedPeer sends, through from, a SYN from the endpoint's port 22 to
+// the denied peer's port, and waits until the peer's kernel has it: the
+// program created the connection's entry before it passed the SYN on, so
+// the reply sent next meets it. A fixed pause instead let a busy machine
+// deliver the reply first (the SYN carries a marker of its own, which the
+// peer's raw socket reads).
+//
+// Possible errors: the send's; the SYN not at the peer within
+// deliveredWithin.
+func (b *bypassRig) synReachedPeer(f family, from *craft.Sender, port uint16) error {
+	marker := craft.Marker(fmt.Sprintf("%s SYN to port %d", f.name, port))
+	if err := from.SendIP(syn(f.ep, f.denied, 22, port, marker)); err != nil {
+		return err
+	}
+	if !f.tcpAtPeer.WaitFor(marker, deliveredWithin) {
+		return fmt.Errorf("the SYN to port %d did not reach the peer within %s", port, deliveredWithin)
+	}
+	return nil
 }
 
 // spoofedSource: with egress enforced, what the second endpoint sends with
