@@ -265,8 +265,24 @@ func lock(f *os.File, what string) error {
 
 // lockHolder returns the pid of the process holding the flock on f's
 // file, from /proc/locks, where a lock reads
-// "1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF".
+// "1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF". The
+// kernel lists the locks a page at a time, each read starting again at
+// the line number the last one ended at: when other processes take or
+// drop locks in between, a line can be missed. It reads the list again
+// (a few times) before it gives up on naming the holder.
 func lockHolder(f *os.File) (int, bool) {
+	for range lockHolderReads {
+		if pid, ok := lockHolderOnce(f); ok {
+			return pid, true
+		}
+	}
+	return 0, false
+}
+
+// lockHolderReads bounds the reads of /proc/locks that lockHolder makes.
+const lockHolderReads = 5
+
+func lockHolderOnce(f *os.File) (int, bool) {
 	info, err := f.Stat()
 	if err != nil {
 		return 0, false
