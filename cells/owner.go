@@ -282,6 +282,7 @@ func lockHolder(f *os.File) (int, bool) {
 // lockHolderReads bounds the reads of /proc/locks that lockHolder makes.
 const lockHolderReads = 5
 
+// lockHolderOnce is one read of /proc/locks for lockHolder.
 func lockHolderOnce(f *os.File) (int, bool) {
 	info, err := f.Stat()
 	if err != nil {

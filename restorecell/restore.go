@@ -76,9 +76,6 @@ type Restorer struct {
 	// restored number is withheld.
 	releaseLocal func()
 
-	// saved is the previous checkpoint, which the start hook read for
-	// restorePinned, which runs after it and then drops it.
-	saved identitycell.Checkpoint
 	// restoredCh is closed once the prefixes are restored: the grace
 	// period has started, and the release job may wait for its end.
 	restoredCh chan struct{}
@@ -122,7 +119,6 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	if err != nil {
 		return fmt.Errorf("withhold restored label identities: %w", err)
 	}
-	r.saved = saved
 	r.mu.Lock()
 	r.handle, r.withheld = handle, withheld
 	r.mu.Unlock()
@@ -142,7 +138,12 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 // and ipcachecell.Handle.UpsertBatch (wrapped). Each shuts the agent
 // down (job.WithShutdown): an agent that cannot restore must not resolve.
 func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
-	saved := r.saved
+	// Decoded by the time the start hook returned: the Checkpointer keeps
+	// it for this job, which then drops it.
+	saved, err := r.checkpoint.Previous(ctx)
+	if err != nil {
+		return nil // stopping: the next run restores again
+	}
 	r.mu.Lock()
 	handle, withheld := r.handle, r.withheld
 	r.mu.Unlock()
@@ -223,7 +224,6 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	// The labels of the previous run's identities are in the restored
 	// rows now; kept, they would be heap the agent holds for as long as
 	// it runs (docs/SCALE.md, "What a restart keeps").
-	r.saved = identitycell.Checkpoint{}
 	r.checkpoint.ForgetPrevious()
 	r.releaseLocal()
 	close(r.restoredCh)
