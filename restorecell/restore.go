@@ -150,7 +150,7 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 // leaves that error to restore); those of identitycell.Allocator.Withhold
 // and ipcachecell.Handle.UpsertBatch (wrapped). Each shuts the agent
 // down (job.WithShutdown): an agent that cannot restore must not resolve.
-func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
+func (r *Restorer) restorePinned(ctx context.Context, health cell.Health) error {
 	// Decoded by the time the start hook returned: the Checkpointer keeps
 	// it for this job, which then drops it.
 	saved, err := r.checkpoint.Previous(ctx)
@@ -244,6 +244,7 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	// Restore speaks last, for what nobody else re-asserted: the other
 	// producers do not wait for restore (the local space is released), so
 	// this waits for nothing that waits for it.
+	health.OK(fmt.Sprintf("Pinned map read (%d prefixes restored): waiting for the other producers", restored))
 	if err := r.ipcache.WaitOtherProducers(ctx, Resource); err != nil {
 		return nil // stopping: the next run restores again
 	}
