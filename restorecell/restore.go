@@ -233,11 +233,11 @@ func (r *Restorer) restorePinned(ctx context.Context, health cell.Health) error 
 		return err
 	}
 	r.mu.Lock()
-	r.withheld, r.restored = withheld, restored
+	r.withheld = withheld
 	r.mu.Unlock()
-	// The labels of the previous run's identities are in the restored
-	// rows now; kept, they would be heap the agent holds for as long as
-	// it runs (docs/SCALE.md, "What a restart keeps").
+	// Restore needs no more of the previous run's labels: those it uses
+	// are in its rows. Kept, they would be heap the agent holds for as
+	// long as it runs (docs/SCALE.md, "What a restart keeps").
 	r.checkpoint.ForgetPrevious()
 	r.releaseLocal()
 
@@ -257,6 +257,7 @@ func (r *Restorer) restorePinned(ctx context.Context, health cell.Health) error 
 	}
 
 	r.mu.Lock()
+	r.restored = restored
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
@@ -283,6 +284,7 @@ func (r *Restorer) writeRows(prefixes []ipcachecell.PreviousNumber) error {
 	return r.writeRowsLocked(prefixes)
 }
 
+// writeRowsLocked is writeRows with rowsMu held, whatever forgotten says.
 func (r *Restorer) writeRowsLocked(prefixes []ipcachecell.PreviousNumber) error {
 	if len(prefixes) == 0 {
 		return nil
