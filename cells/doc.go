@@ -56,17 +56,21 @@
 //     (started right after the hook, so "Started hive" no longer means
 //     restored) takes the pinned map's entries as step 4
 //     reads them; for every 64k entries, the previous run's local-scope
-//     numbers are withheld (the allocator's bitmap) and their entries
-//     upserted through the restore handle with the old numbers requested.
-//     Then it drops the decoded checkpoint (Checkpointer.ForgetPrevious:
-//     its labels are in the rows), releases the local space, and the
-//     restore producer is done ("Restored prefixes from the pinned ipcache
-//     map"). A read that fails stops the agent.
+//     numbers are withheld (the allocator's bitmap) and told to the
+//     ipcache (IPCache.AddPrevious: the resolver requests a prefix's old
+//     number when its rows request none). Then it drops the decoded
+//     checkpoint (Checkpointer.ForgetPrevious) and releases the local
+//     space. A read that fails stops the agent. Restore speaks last: once
+//     every other producer is done and resolved, it writes a row for each
+//     told prefix nobody re-asserted, and is done ("Restored prefixes
+//     from the pinned ipcache map").
 //  6. Resolver job: it resolves continuously from the start, the owners'
 //     re-asserted prefixes while restore's job runs: a prefix restore has
-//     spoken for gets its old number; one that needs a new local number
+//     told gets its old number; one that needs a new local number
 //     waits until that job is done (identitycell.ErrLocalHeld), so it
-//     cannot take a number restore has yet to withhold. Once every
+//     cannot take a number restore has yet to withhold. A told prefix
+//     whose last row goes keeps its entry until restore gives it a row.
+//     Once every
 //     producer is done and resolution has caught up with what they wrote,
 //     it marks the `ipcache` and `identities` tables initialized, in one
 //     transaction.
@@ -85,8 +89,9 @@
 //     whatever the order of the cells. Nothing reaches the ipcache map
 //     before step 4's read is over: its writer waits for it.
 //  10. Restore's grace period (--identity-restore-grace-period, counted
-//     from the end of restore's job) ends; restore then also waits for `ipcache` initialized
-//     (step 6), releases its handle gradually, then un-withholds the
+//     from the moment restore is done) ends; restore then also waits for
+//     `ipcache` initialized (step 6), stops the ipcache keeping entries
+//     for it (IPCache.ForgetPrevious), releases its handle gradually, then un-withholds the
 //     numbers at the same pace: prefixes no other owner re-asserted leave
 //     the map.
 package cells

@@ -54,7 +54,7 @@ func newModuleResolver(p resolverParams) *resolver {
 // newModuleIPCache returns the IPCache whose handles write the metadata
 // that r resolves.
 func newModuleIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], r *resolver) *IPCache {
-	return newIPCache(db, metadata, r.resolved)
+	return newIPCache(db, metadata, r)
 }
 
 // newReconcilerTable returns the `ipcache` table for the datapath's

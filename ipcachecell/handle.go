@@ -47,6 +47,10 @@ type IPCache struct {
 	// resolved is the `ipcache-metadata` revision up to which the resolver
 	// has resolved every change.
 	resolved *progress.Tracker[statedb.Revision]
+	// entries and previous are the resolver's: the entries it wrote, and
+	// what restore told it of the previous run (AddPrevious).
+	entries  statedb.Table[*Entry]
+	previous *previousNumbers
 
 	mu sync.Mutex
 	// live holds the owner of each resource with a live handle. Its id
@@ -59,11 +63,17 @@ type IPCache struct {
 	// embedder naming a resource per workload).
 	freeIDs []uint64
 	nextID  uint64
+
+	// pending is the producers that have not called done yet;
+	// producersChanged is closed, and replaced, when one does.
+	pending          map[string]struct{}
+	producersChanged chan struct{}
 }
 
-func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata],
-	resolved *progress.Tracker[statedb.Revision]) *IPCache {
-	return &IPCache{db: db, metadata: metadata, resolved: resolved, live: map[string]*owner{}}
+func newIPCache(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], r *resolver) *IPCache {
+	return &IPCache{db: db, metadata: metadata, resolved: r.resolved, entries: r.entries,
+		previous: r.previous, live: map[string]*owner{},
+		pending: map[string]struct{}{}, producersChanged: make(chan struct{})}
 }
 
 // WaitResolved blocks until the resolver has resolved all metadata written
@@ -148,13 +158,47 @@ func (c *IPCache) RegisterProducer(name string) (done func()) {
 	txn := c.db.WriteTxn(c.metadata)
 	markDone := c.metadata.RegisterInitializer(txn, name)
 	txn.Commit()
+	c.mu.Lock()
+	c.pending[name] = struct{}{}
+	c.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			txn := c.db.WriteTxn(c.metadata)
 			markDone(txn)
 			txn.Commit()
+			c.mu.Lock()
+			delete(c.pending, name)
+			close(c.producersChanged)
+			c.producersChanged = make(chan struct{})
+			c.mu.Unlock()
 		})
+	}
+}
+
+// WaitOtherProducers blocks until every producer registered but name has
+// called its done ([IPCache.RegisterProducer]): restore, which speaks
+// last for the prefixes no other producer re-asserted, waits for them.
+//
+// Possible errors: ctx.Err() when ctx ends first.
+func (c *IPCache) WaitOtherProducers(ctx context.Context, name string) error {
+	for {
+		c.mu.Lock()
+		_, self := c.pending[name]
+		others := len(c.pending)
+		if self {
+			others--
+		}
+		changed := c.producersChanged
+		c.mu.Unlock()
+		if others == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
 	}
 }
 

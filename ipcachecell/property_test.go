@@ -59,8 +59,8 @@ func newFixture(tb testing.TB) *fixture {
 	require.NoError(tb, h.Start(log, context.Background()))
 	tb.Cleanup(func() { require.NoError(tb, h.Stop(log, context.Background())) })
 	resolved := progress.New[statedb.Revision](0)
-	f.ipcache = newIPCache(f.db, f.metadata, resolved)
 	f.resolver = newResolver(f.db, f.metadata, f.entries, f.allocator, log, resolved)
+	f.ipcache = newIPCache(f.db, f.metadata, f.resolver)
 	return &f
 }
 

@@ -59,6 +59,9 @@ type resolver struct {
 	// resolved publishes the metadata revision resolved up to.
 	resolved *progress.Tracker[statedb.Revision]
 
+	// previous is what restore told of the previous run (AddPrevious).
+	previous *previousNumbers
+
 	// markInitialized marks the `ipcache` and `identities` tables
 	// initialized, in a transaction that locks both; nil once done.
 	markInitialized func(statedb.WriteTxn)
@@ -113,6 +116,7 @@ func newResolver(db *statedb.DB, metadata statedb.RWTable[*PrefixMetadata], entr
 		allocator:       allocator,
 		log:             log,
 		resolved:        resolved,
+		previous:        newPreviousNumbers(),
 		markInitialized: markInitialized,
 		failed:          map[netip.Prefix]error{},
 		held:            map[netip.Prefix]struct{}{},
@@ -489,7 +493,10 @@ type prefetched struct {
 	// A deleted row leaves nothing to compare with: a deletion's prefix is
 	// resolved as queued.
 	superseded bool
-	res        resolution
+	// told is the prefix's place among the previous numbers restore told
+	// (previousNumbers), or -1.
+	told int32
+	res  resolution
 }
 
 // prefetchedChunk is a chunk read ahead of its write.
@@ -531,10 +538,22 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 			p.res.merge(row)
 			return true
 		}
+		// Read-locked for the chunk: restore adds numbers a block at a
+		// time, and holds them until the grace period is over.
+		r.previous.mu.RLock()
 		for _, queued := range chunk {
 			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed})
 			p = &out[len(out)-1]
 			r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix))(mergeRow)
+			p.told = -1
+			if p.res.hasAnyMetadataRow && !p.superseded {
+				p.told = r.previous.lookupLocked(p.prefix)
+				// What restore's row requested, when it had one: the
+				// number withheld for the prefix (see previousNumbers).
+				if p.told >= 0 && p.res.requested == identity.Unknown {
+					p.res.requested = r.previous.told[p.told].number
+				}
+			}
 			switch {
 			case p.superseded || !p.res.hasAnyMetadataRow || p.res.explicit != identity.Unknown:
 			case p.res.labels.IsEmpty() && !p.res.shared:
@@ -543,6 +562,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 				p.res.want = wantedLabels(p.res.labels, p.prefix, p.res.shared)
 			}
 		}
+		r.previous.mu.RUnlock()
 		done <- prefetchedChunk{rows: out, whileHeld: whileHeld}
 	}()
 	return done
@@ -610,7 +630,7 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 		txn = r.allocator.WriteTxn(r.entries)
 	}
 	chunk := read.rows
-	resolved := 0
+	resolved, told := 0, 0
 	for i := range chunk {
 		p := &chunk[i]
 		if p.superseded {
@@ -636,9 +656,15 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 			if len(r.held) > 0 {
 				delete(r.held, p.prefix)
 			}
+			if p.told >= 0 {
+				told++
+			}
 		}
 	}
 	txn.Commit()
+	if told > 0 {
+		r.markTold(chunk)
+	}
 	r.resolutions += resolved
 	r.adaptChunkSize(len(chunk), time.Since(start))
 	// The next chunk's read reuses the slice; the labels it holds are
@@ -648,13 +674,37 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 	return newFailures
 }
 
+// markTold marks the told prefixes of a written chunk as having an entry
+// (previousNumbers): those resolved from rows, neither superseded nor
+// failed nor held.
+func (r *resolver) markTold(chunk []prefetched) {
+	r.previous.mu.RLock()
+	defer r.previous.mu.RUnlock()
+	for i := range chunk {
+		p := &chunk[i]
+		if p.told < 0 || p.superseded || int(p.told) >= len(r.previous.told) {
+			continue
+		}
+		if _, failed := r.failed[p.prefix]; failed {
+			continue
+		}
+		if _, held := r.held[p.prefix]; held {
+			continue
+		}
+		r.previous.told[p.told].resolved.Store(true)
+	}
+}
+
 // resolveRows brings the prefix's entry in line with the merge of its
 // rows.
 func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *resolution) error {
 	current, currentRev, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
 
 	if !res.hasAnyMetadataRow {
-		if hasCurrent {
+		// A restored prefix keeps its entry until restore writes a row
+		// for it (previousNumbers): a restored entry goes only at the
+		// end of the grace period.
+		if hasCurrent && !r.previous.keep(prefix) {
 			if _, _, err := r.entries.Delete(txn, current); err != nil {
 				return fmt.Errorf("delete ipcache entry %s: %w", prefix, err)
 			}

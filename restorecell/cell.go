@@ -107,6 +107,7 @@ func registerRestorer(r *Restorer, pinned bpfmaps.PinnedIPCache, lc cell.Lifecyc
 	group := jobs.NewGroup(health, job.WithLogger(r.log))
 	group.Add(
 		job.OneShot("restore-pinned-prefixes", r.restorePinned, job.WithShutdown()),
+		job.OneShot("write-orphaned-prefixes", r.writeOrphans, job.WithShutdown()),
 		job.OneShot("release-after-grace-period", r.releaseAfterGracePeriod))
 }
 

@@ -72,6 +72,11 @@ type Restorer struct {
 	ipcache    *ipcachecell.IPCache
 
 	restorerDone func()
+	// rowsMu orders the rows restore writes after its start (writeRows)
+	// with the release: forgotten is set, under it, once the ipcache no
+	// longer keeps restored entries (IPCache.ForgetPrevious).
+	rowsMu    sync.Mutex
+	forgotten bool
 	// releaseLocal releases the allocator's local space, held until every
 	// restored number is withheld.
 	releaseLocal func()
@@ -125,19 +130,27 @@ func (r *Restorer) Start(ctx cell.HookContext) error {
 	return nil
 }
 
-// restorePinned restores the pinned map's prefixes, several blocks at a time as
-// the datapath reads the map (what is read is written while the kernel
-// reads the next blocks), then releases the allocator's local space and
-// marks the restore producer done: the grace period starts. It is a job,
-// not part of the start hook, so that owners re-assert their prefixes,
-// and the resolver resolves those restore has spoken for, while the
+// restorePinned restores the pinned map's prefixes, several blocks at a
+// time as the datapath reads the map (what is read is told while the
+// kernel reads the next blocks), then releases the allocator's local
+// space. It is a job, not part of the start hook, so that owners
+// re-assert their prefixes, and the resolver resolves them, while the
 // kernel reads the map (docs/SCALE.md, "The restart overlaps restore").
+//
+// A prefix whose identity was its cidr label alone, nearly all of them,
+// gets no row: its number is withheld and told to the ipcache
+// (IPCache.AddPrevious), which requests it for the prefix's rows as a
+// row of restore's did (docs/SCALE.md, "What restore's rows cost the
+// restart"). Restore speaks for such a prefix only once every other
+// producer has spoken and been resolved, and only if none re-asserted it
+// (IPCache.PreviousWithoutEntry); then it marks itself done: the grace
+// period starts.
 //
 // Possible errors: the pinned map cannot be read (the datapath's start
 // leaves that error to restore); those of identitycell.Allocator.Withhold
 // and ipcachecell.Handle.UpsertBatch (wrapped). Each shuts the agent
 // down (job.WithShutdown): an agent that cannot restore must not resolve.
-func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
+func (r *Restorer) restorePinned(ctx context.Context, health cell.Health) error {
 	// Decoded by the time the start hook returned: the Checkpointer keeps
 	// it for this job, which then drops it.
 	saved, err := r.checkpoint.Previous(ctx)
@@ -149,22 +162,29 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	r.mu.Unlock()
 	labelIdentities := len(withheld) // withheld by the start hook
 	var (
-		batch   []ipcachecell.PrefixUpsert // reused
-		first   = len(withheld)            // of withheld, the batch's first number
-		skipped int
+		// rows are the prefixes whose identity had more labels than the
+		// prefix's cidr label; numbers the others. Both reused.
+		rows     []ipcachecell.PrefixUpsert
+		numbers  []ipcachecell.PreviousNumber
+		first    = len(withheld) // of withheld, the batch's first number
+		skipped  int
+		restored int
 	)
-	// flush withholds the batch's numbers, then upserts its prefixes.
+	// flush withholds the batch's numbers, then tells them.
 	flush := func() error {
-		// Withheld before the upsert: a prefix is resolved with its old
-		// number only once that is withheld for it (the allocator's local
-		// space is held until all are: registerRestorer).
+		// Withheld before they are told: a prefix is resolved with its
+		// old number only once that is withheld for it (the allocator's
+		// local space is held until all are: registerRestorer).
 		if err := r.allocator.Withhold(withheld[first:]...); err != nil {
 			return fmt.Errorf("withhold %d restored numbers: %w", len(withheld)-first, err)
 		}
-		if err := handle.UpsertBatch(batch); err != nil {
-			return fmt.Errorf("restore %d prefixes: %w", len(batch), err)
+		if len(rows) > 0 {
+			if err := handle.UpsertBatch(rows); err != nil {
+				return fmt.Errorf("restore %d prefixes: %w", len(rows), err)
+			}
 		}
-		batch, first = batch[:0], len(withheld)
+		r.ipcache.AddPrevious(numbers)
+		rows, numbers, first = rows[:0], numbers[:0], len(withheld)
 		return nil
 	}
 	for block, err := range r.pinned.Blocks(ctx) {
@@ -191,22 +211,19 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 					"prefix", prefix, "identity", id, "checkpoint-labels", lbls)
 				checkpointed = false
 			}
-			// A row without labels resolves to the prefix's cidr label
-			// alone: restore's rows carry the checkpoint's labels only
-			// when they hold more, so that the resolver merges a million
-			// rows as it does an owner's (docs/SCALE.md, "The restart
-			// overlaps restore").
-			md := ipcachecell.Metadata{RequestedIdentity: id}
 			if checkpointed && !lbls.IsForPrefix(prefix) {
-				md.Labels = lbls
+				md := ipcachecell.Metadata{RequestedIdentity: id, Labels: lbls}
+				rows = append(rows, ipcachecell.PrefixUpsert{Prefix: prefix, Metadata: md})
+			} else {
+				numbers = append(numbers, ipcachecell.PreviousNumber{Prefix: prefix, Number: id})
 			}
-			batch = append(batch, ipcachecell.PrefixUpsert{Prefix: prefix, Metadata: md})
 			withheld = append(withheld, id)
+			restored++
 		}
 		// Several blocks at a time: a Withhold takes the identities
 		// table's lock, which the resolver holds for one chunk after
 		// another while it resolves what owners re-asserted meanwhile.
-		if len(batch) >= restoreBatchSize {
+		if len(rows)+len(numbers) >= restoreBatchSize {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -215,24 +232,97 @@ func (r *Restorer) restorePinned(ctx context.Context, _ cell.Health) error {
 	if err := flush(); err != nil {
 		return err
 	}
+	r.mu.Lock()
+	r.withheld = withheld
+	r.mu.Unlock()
+	// Restore needs no more of the previous run's labels: those it uses
+	// are in its rows. Kept, they would be heap the agent holds for as
+	// long as it runs (docs/SCALE.md, "What a restart keeps").
+	r.checkpoint.ForgetPrevious()
+	r.releaseLocal()
+
+	// Restore speaks last, for what nobody else re-asserted: the other
+	// producers do not wait for restore (the local space is released), so
+	// this waits for nothing that waits for it.
+	health.OK(fmt.Sprintf("Pinned map read (%d prefixes restored): waiting for the other producers", restored))
+	if err := r.ipcache.WaitOtherProducers(ctx, Resource); err != nil {
+		return nil // stopping: the next run restores again
+	}
+	if err := r.ipcache.WaitResolved(ctx); err != nil {
+		return nil
+	}
+	missing := r.ipcache.PreviousWithoutEntry()
+	if err := r.writeRows(missing); err != nil {
+		return err
+	}
 
 	r.mu.Lock()
-	r.withheld, r.restored = withheld, handle.NumPrefixes()
+	r.restored = restored
 	r.startedAt = time.Now()
 	r.releaseAt = r.startedAt.Add(r.cfg.IdentityRestoreGracePeriod)
 	r.mu.Unlock()
-	// The labels of the previous run's identities are in the restored
-	// rows now; kept, they would be heap the agent holds for as long as
-	// it runs (docs/SCALE.md, "What a restart keeps").
-	r.checkpoint.ForgetPrevious()
-	r.releaseLocal()
 	close(r.restoredCh)
 	r.restorerDone()
 	r.log.Info("Restored prefixes from the pinned ipcache map",
-		"restored", handle.NumPrefixes(), "not-restored-non-local", skipped,
+		"restored", restored, "not-re-asserted", len(missing), "not-restored-non-local", skipped,
 		"checkpointed-identities", saved.Len(), "withheld-label-identities", labelIdentities,
 		"grace-period", r.cfg.IdentityRestoreGracePeriod)
 	return nil
+}
+
+// writeRows writes a row of restore's for each prefix, with its previous
+// number: the prefixes nobody re-asserted, or whose rows went. Under
+// rowsMu: once the release has started (forgotten), it writes nothing.
+//
+// Possible errors: those of ipcachecell.Handle.UpsertBatch (wrapped).
+func (r *Restorer) writeRows(prefixes []ipcachecell.PreviousNumber) error {
+	r.rowsMu.Lock()
+	defer r.rowsMu.Unlock()
+	if r.forgotten {
+		return nil
+	}
+	return r.writeRowsLocked(prefixes)
+}
+
+// writeRowsLocked is writeRows with rowsMu held, whatever forgotten says.
+func (r *Restorer) writeRowsLocked(prefixes []ipcachecell.PreviousNumber) error {
+	if len(prefixes) == 0 {
+		return nil
+	}
+	rows := make([]ipcachecell.PrefixUpsert, len(prefixes))
+	for i, p := range prefixes {
+		rows[i] = ipcachecell.PrefixUpsert{Prefix: p.Prefix, Metadata: ipcachecell.Metadata{RequestedIdentity: p.Number}}
+	}
+	if err := r.handle.UpsertBatch(rows); err != nil {
+		return fmt.Errorf("restore %d prefixes: %w", len(rows), err)
+	}
+	return nil
+}
+
+// writeOrphans writes a row of restore's for each restored prefix whose
+// last row went during the grace period (ipcachecell.IPCache.Orphans):
+// the resolver kept its entry until then.
+//
+// Possible errors: those of writeRows. It shuts the agent down: an entry
+// kept without a row would otherwise stay after the grace period.
+func (r *Restorer) writeOrphans(ctx context.Context, _ cell.Health) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.ipcache.Orphans():
+		}
+		r.rowsMu.Lock()
+		if r.forgotten {
+			r.rowsMu.Unlock()
+			return nil
+		}
+		err := r.writeRowsLocked(r.ipcache.TakeOrphans())
+		r.rowsMu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // Stop implements cell.HookInterface: nothing is released, the next run
@@ -295,6 +385,17 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 	r.mu.Unlock()
 	if handle == nil {
 		return nil // restore never ran (start failed)
+	}
+	// From here on the ipcache keeps no entry for restore: the prefixes
+	// whose rows went and that it kept get theirs now, and go with the
+	// rest.
+	r.rowsMu.Lock()
+	r.forgotten = true
+	err := r.writeRowsLocked(r.ipcache.ForgetPrevious())
+	r.rowsMu.Unlock()
+	if err != nil {
+		health.Degraded("Cannot write the rows of restored prefixes", err)
+		return fmt.Errorf("release restored prefixes: %w", err)
 	}
 	r.log.Info("Restore grace period over: releasing restored prefixes",
 		"restored", status.Restored, "held-only-by-restore", status.HeldOnlyByRestore, "prefixes-per-second", releaseRate)

@@ -50,7 +50,8 @@ type result struct {
 	heapPerPrefix float64       // step 5, bytes
 	// restartHeapPerPrefix is the heap of step 3's agent, measured as
 	// step 5's is: what an agent holds during the grace period after a
-	// restart (restore's rows beside the owner's), per prefix.
+	// restart (the owner's rows, and restore's previous numbers), per
+	// prefix.
 	restartHeapPerPrefix float64
 
 	restart                time.Duration // step 3
