@@ -361,22 +361,112 @@ func sortByPrefix(n int, prefixAt func(int) (netip.Prefix, bool)) []positioned {
 		}
 		sorted[i] = positioned{hi: binary.BigEndian.Uint64(a[:8]), lo: binary.BigEndian.Uint64(a[8:]), tail: tail}
 	}
-	compare := func(a, b positioned) int {
-		if a.tail>>63 != b.tail>>63 {
-			return cmp.Compare(a.tail>>63, b.tail>>63)
-		}
-		if a.hi != b.hi {
-			return cmp.Compare(a.hi, b.hi)
-		}
-		if a.lo != b.lo {
-			return cmp.Compare(a.lo, b.lo)
-		}
-		return cmp.Compare(a.tail&^positionedMark, b.tail&^positionedMark)
-	}
-	if !slices.IsSortedFunc(sorted, compare) {
-		slices.SortFunc(sorted, compare)
+	switch {
+	case slices.IsSortedFunc(sorted, comparePositioned):
+	case n < minRadixSort:
+		slices.SortFunc(sorted, comparePositioned)
+	default:
+		sorted = radixSort(sorted)
 	}
 	return sorted
+}
+
+// comparePositioned orders by family, address, length, then position.
+func comparePositioned(a, b positioned) int {
+	if a.tail>>63 != b.tail>>63 {
+		return cmp.Compare(a.tail>>63, b.tail>>63)
+	}
+	if a.hi != b.hi {
+		return cmp.Compare(a.hi, b.hi)
+	}
+	if a.lo != b.lo {
+		return cmp.Compare(a.lo, b.lo)
+	}
+	return cmp.Compare(a.tail&^positionedMark, b.tail&^positionedMark)
+}
+
+// minRadixSort is the smallest batch sortByPrefix sorts by radix: below
+// it, the comparison sort is as fast, and needs no second slice.
+const minRadixSort = 1024
+
+// radixSort sorts as comparePositioned does (family, address, length,
+// then position), a byte of the key at a time from the least
+// significant, each pass stable (so the positions, in order to begin with,
+// keep their order). The bytes all keys share are skipped: a batch of
+// IPv4 /32s sorts in four passes. A million prefixes sort in a fraction of
+// a comparison sort's time, during which nothing else of a large upsert
+// can start (docs/SCALE.md, "The owner's sort").
+func radixSort(s []positioned) []positioned {
+	// The bytes that differ between keys: only those need a pass.
+	var diffHi, diffLo, diffTail uint64
+	for _, p := range s {
+		diffHi |= p.hi ^ s[0].hi
+		diffLo |= p.lo ^ s[0].lo
+		diffTail |= p.tail ^ s[0].tail
+	}
+	const (
+		lengthShift = 48
+		familyShift = 63
+	)
+	type digit struct {
+		word  int // 0: tail, 1: lo, 2: hi
+		shift uint
+	}
+	// From the least significant: the length, the address's low then
+	// high word, the family.
+	digits := []digit{{0, lengthShift}}
+	for shift := uint(0); shift < 64; shift += 8 {
+		digits = append(digits, digit{1, shift})
+	}
+	for shift := uint(0); shift < 64; shift += 8 {
+		digits = append(digits, digit{2, shift})
+	}
+	digits = append(digits, digit{0, familyShift})
+	key := func(p *positioned, d digit) uint8 {
+		switch d.word {
+		case 1:
+			return uint8(p.lo >> d.shift)
+		case 2:
+			return uint8(p.hi >> d.shift)
+		}
+		if d.shift == familyShift {
+			return uint8(p.tail >> familyShift)
+		}
+		return uint8(p.tail >> d.shift)
+	}
+	differs := func(d digit) bool {
+		switch d.word {
+		case 1:
+			return uint8(diffLo>>d.shift) != 0
+		case 2:
+			return uint8(diffHi>>d.shift) != 0
+		}
+		if d.shift == familyShift {
+			return diffTail>>familyShift != 0
+		}
+		return uint8(diffTail>>d.shift) != 0
+	}
+	src, dst := s, make([]positioned, len(s))
+	for _, d := range digits {
+		if !differs(d) {
+			continue
+		}
+		var offsets [256]int
+		for i := range src {
+			offsets[key(&src[i], d)]++
+		}
+		sum := 0
+		for b, count := range offsets {
+			offsets[b], sum = sum, sum+count
+		}
+		for i := range src {
+			b := key(&src[i], d)
+			dst[offsets[b]] = src[i]
+			offsets[b]++
+		}
+		src, dst = dst, src
+	}
+	return src
 }
 
 func validateMetadata(md Metadata, shared bool) error {

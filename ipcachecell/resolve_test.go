@@ -103,6 +103,11 @@ func TestOrderByPrefix(t *testing.T) {
 	}
 	slices.SortStableFunc(want, func(a, b int) int { return prefixkey.Compare(prefixes[a], prefixes[b]) })
 	require.Equal(t, want, positionsByPrefix(prefixes))
+	// A small batch is sorted by comparison, a large one by radix
+	// (minRadixSort): both in the same order.
+	small := prefixes[:minRadixSort/2]
+	wantSmall := slices.DeleteFunc(slices.Clone(want), func(i int) bool { return i >= len(small) })
+	require.Equal(t, wantSmall, positionsByPrefix(small))
 	// sortByPrefix gives each position's prefix back as it was (IPv4,
 	// IPv6, IPv4-mapped IPv6), and its mark, whatever the mark does to
 	// nothing of the order.
@@ -377,4 +382,42 @@ func newHeldFixture(t *testing.T) (f *fixture, restore, owner *Handle, number id
 	owner, err = f.ipcache.NewHandle("owner", source.Local)
 	require.NoError(t, err)
 	return f, restore, owner, number, release
+}
+
+// BenchmarkSortByPrefix sorts a million random prefixes' positions (a
+// large owner's batch: IPv4 /32s, or half of them IPv6 /128s) by
+// comparison and by radix (radixSort), each from the same unsorted copy.
+func BenchmarkSortByPrefix(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, family := range []string{"ipv4", "mixed"} {
+		prefixes := make([]netip.Prefix, 1_000_000)
+		for i := range prefixes {
+			var a [16]byte
+			for j := range a {
+				a[j] = byte(rng.Uint32())
+			}
+			prefixes[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte(a[:4])), 32)
+			if family == "mixed" && i%2 == 1 {
+				prefixes[i] = netip.PrefixFrom(netip.AddrFrom16(a), 128)
+			}
+		}
+		unsorted := make([]positioned, len(prefixes))
+		for i, o := range sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i], false }) {
+			unsorted[i] = o
+		}
+		rng.Shuffle(len(unsorted), func(i, j int) { unsorted[i], unsorted[j] = unsorted[j], unsorted[i] })
+		work := make([]positioned, len(unsorted))
+		b.Run(family+"/comparison", func(b *testing.B) {
+			for b.Loop() {
+				copy(work, unsorted)
+				slices.SortFunc(work, comparePositioned)
+			}
+		})
+		b.Run(family+"/radix", func(b *testing.B) {
+			for b.Loop() {
+				copy(work, unsorted)
+				radixSort(work)
+			}
+		})
+	}
 }
