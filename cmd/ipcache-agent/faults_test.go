@@ -432,6 +432,12 @@ func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 	r.stateDir = filepath.Join(t.TempDir(), "run", "ipcache-agent")
 
 	a := startAgent(t, r.args("--devices="+device)...)
+	// The checkpoint is written once the tables are initialized, which
+	// "Started hive" does not mean (restore speaks after the other
+	// producers): stopped before, a first run leaves none (CI, once).
+	checkpoint := filepath.Join(r.stateDir, identitycell.CheckpointFileName)
+	require.Eventually(t, func() bool { _, err := os.Stat(checkpoint); return err == nil },
+		faultAgentTimeout, 10*time.Millisecond, "checkpoint written: %s", a.log)
 	a.stop()
 	t.Cleanup(func() { agentCommand("cleanup", "--bpf-root="+r.bpfRoot, "--state-dir="+r.stateDir).Run() })
 
@@ -455,7 +461,7 @@ func TestPrivilegedPinsAndStateArePrivate(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, os.FileMode(0o700), info.Mode().Perm(), "state directory %s created 0700", dir)
 	}
-	info, err = os.Stat(filepath.Join(r.stateDir, identitycell.CheckpointFileName))
+	info, err = os.Stat(checkpoint)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), info.Mode().Perm(), "checkpoint file")
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/netnstest"
 	"github.com/ipcache-agent/ipcache-agent/policy"
 )
@@ -484,6 +486,17 @@ func TestPrivilegedDenyFullPolicyMap(t *testing.T) {
 	x, other := allowedIP, otherIP
 	hostPort := func(addr string, port int) string { return net.JoinHostPort(addr, fmt.Sprint(port)) }
 	e.scenario(t, "--policy-map-max-entries=2")
+	// x and other are addresses of the agent's namespace: the node cell
+	// gives them identities of their own. A policy in force before the
+	// node cell has spoken has its entries for their cidr identities
+	// first, then for those: a change of identity, made before broken,
+	// needs room for both in a map of two, and never gets it (CI, once).
+	require.Eventually(t, func() bool {
+		pinned, err := bpfmaps.ReadIPCache(e.bpfRoot)
+		_, hasX := pinned[netip.MustParsePrefix(x+"/32")]
+		_, hasOther := pinned[netip.MustParsePrefix(other+"/32")]
+		return err == nil && hasX && hasOther
+	}, 10*time.Second, 20*time.Millisecond, "the agent's own addresses in the ipcache map")
 	e.echoTCP(x, 7022, 7080)
 	e.echoTCP(other, 7022)
 	allow := `name: allow
