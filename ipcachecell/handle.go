@@ -397,70 +397,52 @@ const minRadixSort = 1024
 // a comparison sort's time, during which nothing else of a large upsert
 // can start (docs/SCALE.md, "The owner's sort").
 func radixSort(s []positioned) []positioned {
-	// The bytes that differ between keys: only those need a pass.
-	var diffHi, diffLo, diffTail uint64
-	for _, p := range s {
-		diffHi |= p.hi ^ s[0].hi
-		diffLo |= p.lo ^ s[0].lo
-		diffTail |= p.tail ^ s[0].tail
-	}
-	const (
-		lengthShift = 48
-		familyShift = 63
-	)
+	// A digit is a byte of one of the key's words, at shift: the length
+	// (tail's bits 48-55), the address's low then high word, the family
+	// (tail's bit 63), from the least significant.
 	type digit struct {
-		word  int // 0: tail, 1: lo, 2: hi
+		word  int // of words: 0 tail, 1 lo, 2 hi
 		shift uint
 	}
-	// From the least significant: the length, the address's low then
-	// high word, the family.
-	digits := []digit{{0, lengthShift}}
-	for shift := uint(0); shift < 64; shift += 8 {
-		digits = append(digits, digit{1, shift})
+	digits := []digit{{0, 48}}
+	for word := 1; word <= 2; word++ {
+		for shift := uint(0); shift < 64; shift += 8 {
+			digits = append(digits, digit{word, shift})
+		}
 	}
-	for shift := uint(0); shift < 64; shift += 8 {
-		digits = append(digits, digit{2, shift})
-	}
-	digits = append(digits, digit{0, familyShift})
-	key := func(p *positioned, d digit) uint8 {
-		switch d.word {
-		case 1:
-			return uint8(p.lo >> d.shift)
-		case 2:
-			return uint8(p.hi >> d.shift)
-		}
-		if d.shift == familyShift {
-			return uint8(p.tail >> familyShift)
-		}
-		return uint8(p.tail >> d.shift)
-	}
-	differs := func(d digit) bool {
-		switch d.word {
-		case 1:
-			return uint8(diffLo>>d.shift) != 0
-		case 2:
-			return uint8(diffHi>>d.shift) != 0
-		}
-		if d.shift == familyShift {
-			return diffTail>>familyShift != 0
-		}
-		return uint8(diffTail>>d.shift) != 0
+	digits = append(digits, digit{0, 63})
+	// The bits that differ between keys: only the digits with one need a
+	// pass.
+	var diff [3]uint64
+	for i := range s {
+		diff[0] |= s[i].tail ^ s[0].tail
+		diff[1] |= s[i].lo ^ s[0].lo
+		diff[2] |= s[i].hi ^ s[0].hi
 	}
 	src, dst := s, make([]positioned, len(s))
 	for _, d := range digits {
-		if !differs(d) {
+		if uint8(diff[d.word]>>d.shift) == 0 {
 			continue
+		}
+		key := func(p *positioned) uint8 {
+			switch d.word {
+			case 1:
+				return uint8(p.lo >> d.shift)
+			case 2:
+				return uint8(p.hi >> d.shift)
+			}
+			return uint8(p.tail >> d.shift)
 		}
 		var offsets [256]int
 		for i := range src {
-			offsets[key(&src[i], d)]++
+			offsets[key(&src[i])]++
 		}
 		sum := 0
 		for b, count := range offsets {
 			offsets[b], sum = sum, sum+count
 		}
 		for i := range src {
-			b := key(&src[i], d)
+			b := key(&src[i])
 			dst[offsets[b]] = src[i]
 			offsets[b]++
 		}

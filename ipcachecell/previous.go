@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 )
 
 // PreviousNumber is a prefix and the number its identity had in the
@@ -122,8 +121,9 @@ func (c *IPCache) ForgetPrevious() []PreviousNumber {
 
 // PreviousWithoutEntry returns the prefixes told by [IPCache.AddPrevious]
 // that have no entry: no row ever asked for them, or their rows went
-// before they were resolved. Restore writes a row for each once every
-// other producer has spoken and been resolved.
+// before they were resolved; in no order (UpsertBatch sorts). Restore
+// writes a row for each once every other producer has spoken and been
+// resolved.
 func (c *IPCache) PreviousWithoutEntry() []PreviousNumber {
 	p := c.previous
 	p.mu.RLock()
@@ -134,17 +134,7 @@ func (c *IPCache) PreviousWithoutEntry() []PreviousNumber {
 			missing = append(missing, PreviousNumber{Prefix: key.prefix(), Number: t.number})
 		}
 	}
-	slices.SortFunc(missing, func(a, b PreviousNumber) int { return prefixkey.Compare(a.Prefix, b.Prefix) })
 	return missing
-}
-
-// NumPrevious returns how many prefixes [IPCache.AddPrevious] told, until
-// forgotten.
-func (c *IPCache) NumPrevious() int {
-	p := c.previous
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return len(p.index)
 }
 
 // lookupLocked returns the place of the prefix among the told ones, or

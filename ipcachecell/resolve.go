@@ -643,10 +643,12 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 		case errors.Is(err, identitycell.ErrLocalHeld):
 			// Not a failure: resolved again once the space is released,
 			// or when restore's row for it comes, whichever is first.
+			p.told = -1 // no entry written
 			r.held[p.prefix] = struct{}{}
 			r.heldTimes++
 			delete(r.failed, p.prefix)
 		case err != nil:
+			p.told = -1 // no entry written
 			if _, known := r.failed[p.prefix]; !known {
 				newFailures = append(newFailures, p.prefix)
 			}
@@ -675,23 +677,15 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 }
 
 // markTold marks the told prefixes of a written chunk as having an entry
-// (previousNumbers): those resolved from rows, neither superseded nor
-// failed nor held.
+// (previousNumbers): those with a place left by write, which clears it
+// for the prefixes that failed or wait for the local space.
 func (r *resolver) markTold(chunk []prefetched) {
 	r.previous.mu.RLock()
 	defer r.previous.mu.RUnlock()
 	for i := range chunk {
-		p := &chunk[i]
-		if p.told < 0 || p.superseded || int(p.told) >= len(r.previous.told) {
-			continue
+		if t := chunk[i].told; t >= 0 && int(t) < len(r.previous.told) {
+			r.previous.told[t].resolved.Store(true)
 		}
-		if _, failed := r.failed[p.prefix]; failed {
-			continue
-		}
-		if _, held := r.held[p.prefix]; held {
-			continue
-		}
-		r.previous.told[p.told].resolved.Store(true)
 	}
 }
 
