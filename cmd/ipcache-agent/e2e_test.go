@@ -126,9 +126,7 @@ func (e *e2e) startAgent() {
 	cmd.Stdout, cmd.Stderr = e.agentLog, e.agentLog
 	require.NoError(e.t, cmd.Start())
 	e.agent = cmd
-	require.Eventually(e.t, func() bool {
-		return strings.Contains(e.agentLog.String(), "Started hive") || exited(cmd.Process.Pid)
-	}, 15*time.Second, 10*time.Millisecond, "agent did not start: %s", e.agentLog)
+	waitAgentStarted(e.t, e.agentLog, cmd.Process.Pid)
 	if !strings.Contains(e.agentLog.String(), "Started hive") {
 		// An agent that refuses its flags or configuration exits at
 		// once: say so now rather than after the whole wait.

@@ -149,10 +149,8 @@ func startAgent(t *testing.T, args ...string) *faultAgent {
 			a.cmd.Wait()
 		}
 	})
-	require.Eventually(t, func() bool {
-		return strings.Contains(a.log.String(), "Started hive") || strings.Contains(a.log.String(), "Failed to start hive")
-	}, faultAgentTimeout, 10*time.Millisecond, "agent did not start: %s", a.log)
-	require.NotContains(t, a.log.String(), "Failed to start hive", a.log.String())
+	waitAgentStarted(t, a.log, a.cmd.Process.Pid)
+	require.Contains(t, a.log.String(), "Started hive", "agent exited at start")
 	return a
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,8 +50,8 @@ func TestIdentityCommands(t *testing.T) {
 		cmd.Process.Signal(unix.SIGTERM)
 		_ = cmd.Wait()
 	})
-	require.Eventually(t, func() bool { return strings.Contains(agentErr.String(), "Started hive") },
-		30*time.Second, 10*time.Millisecond, "agent did not start: %s", &agentErr)
+	waitAgentStarted(t, &agentErr, cmd.Process.Pid)
+	require.Contains(t, agentErr.String(), "Started hive", "agent exited at start")
 
 	// The reserved identities come first (1 to 8), then the allocated one.
 	var rows []map[string]any

@@ -76,9 +76,34 @@ func startAgentProcess(t *testing.T, cmd *exec.Cmd) *agentProcess {
 // waitStarted waits for the agent to log that the hive started.
 func (p *agentProcess) waitStarted(t *testing.T) {
 	t.Helper()
-	require.Eventually(t, func() bool { return strings.Contains(p.log.String(), "Started hive") || p.hasExited() },
-		15*time.Second, 10*time.Millisecond, "agent did not start: %s", p.log)
+	waitAgentStarted(t, p.log, p.cmd.Process.Pid)
 	require.False(t, p.hasExited(), "agent exited: %v\n%s", p.err, p.log)
+}
+
+// agentStartTimeout bounds the wait for an agent's "Started hive". Idle,
+// an agent built with -race starts in under a second; in CI, beside the
+// other packages' tests and lint on two cores, one once took more than
+// 15 s to load its program.
+const agentStartTimeout = 60 * time.Second
+
+// waitAgentStarted waits until log, the output of the agent process pid,
+// says the hive started, or the process exits (the caller tells the two
+// apart). An agent that does neither in time is sent SIGQUIT, so that the
+// log the test fails with holds every goroutine's stack: a hung start
+// says where it hangs.
+func waitAgentStarted(t *testing.T, log fmt.Stringer, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(agentStartTimeout)
+	for !strings.Contains(log.String(), "Started hive") && !exited(pid) {
+		if time.Now().After(deadline) {
+			_ = unix.Kill(pid, unix.SIGQUIT)
+			for end := time.Now().Add(5 * time.Second); !exited(pid) && time.Now().Before(end); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Fatalf("agent did not start in %s (sent SIGQUIT for its stacks): %s", agentStartTimeout, log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (p *agentProcess) hasExited() bool {

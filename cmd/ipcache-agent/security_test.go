@@ -122,8 +122,8 @@ func startPrivateAgent(t *testing.T, extra ...string) (*syncbuf.Buffer, int) {
 		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, cmd.Wait(), "agent exit: %s", &log)
 	})
-	require.Eventually(t, func() bool { return strings.Contains(log.String(), `"msg":"Started hive"`) },
-		15*time.Second, 10*time.Millisecond, "agent did not start: %s", &log)
+	waitAgentStarted(t, &log, cmd.Process.Pid)
+	require.Contains(t, log.String(), `"msg":"Started hive"`, "agent exited at start")
 	return &log, cmd.Process.Pid
 }
 
