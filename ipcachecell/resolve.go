@@ -572,9 +572,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 			}
 		}
 		r.previous.mu.RUnlock()
-		if !whileHeld {
-			r.reserve(out)
-		}
+		r.reserve(out)
 		done <- prefetchedChunk{rows: out, whileHeld: whileHeld}
 	}()
 	return done
@@ -594,6 +592,10 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 // chunk written after this read's snapshot) makes the write release it,
 // and the identity goes with its last reference as any does. An identity
 // appears in the table before its entry, as with make before break.
+// While restore holds the local space the allocator gives only the
+// numbers restore withheld, so only a prefix whose number was told has
+// one; a chunk read then and written after the space is released is read
+// again (write), its reservations given back first.
 func (r *resolver) reserve(chunk []prefetched) {
 	var txn statedb.WriteTxn
 	for i := range chunk {
@@ -675,8 +677,13 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 		// Read while restore was still writing its rows, written after it
 		// finished: a prefix whose restore row the read missed would take
 		// a new number, and keep it. Read again: the space is released
-		// under this table's lock, so it stays released.
-		txn.Abort()
+		// under this table's lock, so it stays released. The first read's
+		// reservations (numbers restore had told it) go back: the second
+		// read takes its own.
+		for i := range chunk {
+			r.releaseReserved(txn, &chunk[i])
+		}
+		txn.Commit()
 		again := make([]queuedPrefix, len(read.rows))
 		for i, p := range read.rows {
 			again[i] = queuedPrefix{compact(p.prefix), p.changed}
@@ -695,14 +702,8 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 		}
 		resolved++
 		err := r.resolveRows(txn, p)
-		if p.reserved != identity.Unknown {
-			// Not given to an entry: the prefix had one by now.
-			if _, err := r.allocator.ReleaseTxn(txn, p.reserved); err != nil {
-				r.log.Error("BUG: cannot release an identity reserved for a prefix",
-					"prefix", p.prefix, "identity", p.reserved, "error", err)
-			}
-			p.reserved = identity.Unknown
-		}
+		// Not given to an entry: the prefix had one by now.
+		r.releaseReserved(txn, p)
 		switch {
 		case errors.Is(err, identitycell.ErrLocalHeld):
 			// Not a failure: resolved again once the space is released,
@@ -729,6 +730,18 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 	}
 	txn.Commit()
 	return r.written(chunk, resolved, told, start, newFailures)
+}
+
+// releaseReserved gives back the identity reserved for p, if any.
+func (r *resolver) releaseReserved(txn statedb.WriteTxn, p *prefetched) {
+	if p.reserved == identity.Unknown {
+		return
+	}
+	if _, err := r.allocator.ReleaseTxn(txn, p.reserved); err != nil {
+		r.log.Error("BUG: cannot release an identity reserved for a prefix",
+			"prefix", p.prefix, "identity", p.reserved, "error", err)
+	}
+	p.reserved = identity.Unknown
 }
 
 // writeReserved writes a chunk whose every prefix to resolve has its

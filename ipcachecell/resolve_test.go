@@ -371,6 +371,30 @@ func TestResolverReadsAgainAChunkReadWhileHeld(t *testing.T) {
 	require.Equal(t, number, entry.Identity, "the restored number, not one taken from the first read")
 }
 
+// A chunk read while the local space is held reserves the numbers the
+// read could request (here, an owner's request for the withheld number),
+// and gives them back when it is read again: one reference per entry.
+func TestResolverReadAgainGivesItsReservationsBack(t *testing.T) {
+	f, _, owner, number, release := newHeldFixture(t)
+	p, other := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
+	require.NoError(t, owner.Upsert(p, Metadata{RequestedIdentity: number}))
+	require.NoError(t, owner.Upsert(other, Metadata{}))
+	read := f.readChunk(p, other)
+	require.True(t, read.whileHeld)
+	require.Equal(t, number, read.rows[0].reserved, "the withheld number, while held")
+	require.Equal(t, identity.Unknown, read.rows[1].reserved, "no other number while held")
+
+	release()
+	f.resolver.write(read, time.Now(), nil)
+	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
+	require.True(t, found)
+	require.Equal(t, number, entry.Identity)
+	require.EqualValues(t, 1, f.references(number), "the first read's reservation given back")
+	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(other))
+	require.True(t, found, "resolved once the space is released")
+	require.EqualValues(t, 1, f.references(entry.Identity))
+}
+
 // newHeldFixture is a fixture whose allocator's local space is held, as
 // restore holds it: one number withheld, restore's and an owner's handle.
 func newHeldFixture(t *testing.T) (f *fixture, restore, owner *Handle, number identity.Number, release func()) {
