@@ -572,7 +572,7 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 			}
 		}
 		r.previous.mu.RUnlock()
-		r.reserve(out)
+		r.reserve(txn, out)
 		done <- prefetchedChunk{rows: out, whileHeld: whileHeld}
 	}()
 	return done
@@ -596,19 +596,23 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 // numbers restore withheld, so only a prefix whose number was told has
 // one; a chunk read then and written after the space is released is read
 // again (write), its reservations given back first.
-func (r *resolver) reserve(chunk []prefetched) {
+//
+// Whether the table has an entry is read from the chunk's snapshot, so that
+// a chunk of prefixes the table has (most rounds) takes no lock: either
+// way the write checks again.
+func (r *resolver) reserve(snapshot statedb.ReadTxn, chunk []prefetched) {
 	var txn statedb.WriteTxn
 	for i := range chunk {
 		p := &chunk[i]
 		if p.superseded || !p.res.cidrOnly {
 			continue
 		}
+		entry := &Entry{prefix: pack(p.prefix), Source: p.res.source}
+		if _, _, found := r.entries.Get(snapshot, EntryIndex.QueryFromKey(entry.prefix.key())); found {
+			continue
+		}
 		if txn == nil {
 			txn = r.allocator.WriteTxn()
-		}
-		entry := &Entry{prefix: pack(p.prefix), Source: p.res.source}
-		if _, _, found := r.entries.Get(txn, EntryIndex.QueryFromKey(entry.prefix.key())); found {
-			continue
 		}
 		id, err := r.allocator.AllocateTxn(txn, cidrLabels(p.prefix, entry, labels.Labels{}, false), p.res.requested)
 		if err != nil {
