@@ -16,9 +16,7 @@
 // ipcache holds exactly one identity reference per entry whose identity is
 // not explicit; it changes it by allocating the new identity before
 // releasing the old one, and releases it when the prefix's last metadata
-// goes. Nobody else releases these references. A new prefix whose identity
-// is its cidr label alone has it reserved while its chunk is read, so that
-// its entry is written in a transaction of the `ipcache` table alone.
+// goes. Nobody else releases these references.
 //
 // Producers register with [IPCache.RegisterProducer]; the `ipcache` table is
 // initialized once all are done and resolved. While the allocator's local

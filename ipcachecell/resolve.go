@@ -500,12 +500,6 @@ type prefetched struct {
 	// (previousNumbers), or -1.
 	told int32
 	res  resolution
-	// reserved is the identity reference the read took for a prefix new
-	// to the table whose identity is its cidr label alone, and entry the
-	// entry it is for (see reserve): the write gives the reference to the
-	// entry, or releases it.
-	reserved identity.Number
-	entry    *Entry
 }
 
 // prefetchedChunk is a chunk read ahead of its write.
@@ -572,57 +566,9 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 			}
 		}
 		r.previous.mu.RUnlock()
-		r.reserve(txn, out)
 		done <- prefetchedChunk{rows: out, whileHeld: whileHeld}
 	}()
 	return done
-}
-
-// reserve takes, in a transaction of the identities table alone, the
-// identity reference of each prefix of the read chunk that the table has
-// no entry for and whose identity is its cidr label alone: the bulk of a
-// large upsert. The write is the resolver's one goroutine, and the
-// identities' inserts were most of its time (docs/SCALE.md, "The read
-// reserves the new prefixes' identities"); taken here, they are taken
-// while the chunk before is written. A chunk whose prefixes all have a
-// reference is then written in a transaction of the ipcache table alone
-// (writeReserved), which the next read's reserve does not wait for.
-//
-// A reference is only ever one more: a prefix given an entry meanwhile (a
-// chunk written after this read's snapshot) makes the write release it,
-// and the identity goes with its last reference as any does. An identity
-// appears in the table before its entry, as with make before break.
-// While restore holds the local space the allocator gives only the
-// numbers restore withheld, so only a prefix whose number was told has
-// one; a chunk read then and written after the space is released is read
-// again (write), its reservations given back first.
-//
-// Whether the table has an entry is read from the chunk's snapshot, so that
-// a chunk of prefixes the table has (most rounds) takes no lock: either
-// way the write checks again.
-func (r *resolver) reserve(snapshot statedb.ReadTxn, chunk []prefetched) {
-	var txn statedb.WriteTxn
-	for i := range chunk {
-		p := &chunk[i]
-		if p.superseded || !p.res.cidrOnly {
-			continue
-		}
-		entry := &Entry{prefix: pack(p.prefix), Source: p.res.source}
-		if _, _, found := r.entries.Get(snapshot, EntryIndex.QueryFromKey(entry.prefix.key())); found {
-			continue
-		}
-		if txn == nil {
-			txn = r.allocator.WriteTxn()
-		}
-		id, err := r.allocator.AllocateTxn(txn, cidrLabels(p.prefix, entry, labels.Labels{}, false), p.res.requested)
-		if err != nil {
-			continue // the write allocates again, and keeps the failure
-		}
-		p.reserved, p.entry = id, entry
-	}
-	if txn != nil {
-		txn.Commit()
-	}
 }
 
 // wantedLabels is the rows' labels with the prefix's cidr label (rows
@@ -672,30 +618,21 @@ func cidrLabels(prefix netip.Prefix, desired *Entry, current labels.Labels, hasC
 // waited for a larger one: docs/SCALE.md, "The resolver reads a chunk
 // while the one before it is written").
 func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
-	chunk := read.rows
-	if resolved, told, ok := r.writeReserved(chunk); ok {
-		return r.written(chunk, resolved, told, start, newFailures)
-	}
 	txn := r.allocator.WriteTxn(r.entries)
 	if read.whileHeld && !r.allocator.LocalHeld() {
 		// Read while restore was still writing its rows, written after it
 		// finished: a prefix whose restore row the read missed would take
 		// a new number, and keep it. Read again: the space is released
-		// under this table's lock, so it stays released. The first read's
-		// reservations (numbers restore had told it) go back: the second
-		// read takes its own.
-		for i := range chunk {
-			r.releaseReserved(txn, &chunk[i])
-		}
-		txn.Commit()
+		// under this table's lock, so it stays released.
+		txn.Abort()
 		again := make([]queuedPrefix, len(read.rows))
 		for i, p := range read.rows {
 			again[i] = queuedPrefix{compact(p.prefix), p.changed}
 		}
 		read = <-r.prefetch(again)
-		chunk = read.rows
 		txn = r.allocator.WriteTxn(r.entries)
 	}
+	chunk := read.rows
 	resolved, told := 0, 0
 	for i := range chunk {
 		p := &chunk[i]
@@ -705,10 +642,7 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 			continue
 		}
 		resolved++
-		err := r.resolveRows(txn, p)
-		// Not given to an entry: the prefix had one by now.
-		r.releaseReserved(txn, p)
-		switch {
+		switch err := r.resolveRows(txn, p.prefix, &p.res); {
 		case errors.Is(err, identitycell.ErrLocalHeld):
 			// Not a failure: resolved again once the space is released,
 			// or when restore's row for it comes, whichever is first.
@@ -733,79 +667,6 @@ func (r *resolver) write(read prefetchedChunk, start time.Time, newFailures []ne
 		}
 	}
 	txn.Commit()
-	return r.written(chunk, resolved, told, start, newFailures)
-}
-
-// releaseReserved gives back the identity reserved for p, if any.
-func (r *resolver) releaseReserved(txn statedb.WriteTxn, p *prefetched) {
-	if p.reserved == identity.Unknown {
-		return
-	}
-	if _, err := r.allocator.ReleaseTxn(txn, p.reserved); err != nil {
-		r.log.Error("BUG: cannot release an identity reserved for a prefix",
-			"prefix", p.prefix, "identity", p.reserved, "error", err)
-	}
-	p.reserved = identity.Unknown
-}
-
-// writeReserved writes a chunk whose every prefix to resolve has its
-// identity reserved (reserve) in a transaction of the ipcache table alone,
-// and reports the prefixes resolved and told. It writes nothing, and
-// reports false, when a prefix has none, or has an entry by now: the
-// chunk is then written with the identities table too.
-func (r *resolver) writeReserved(chunk []prefetched) (resolved, told int, ok bool) {
-	reserved := 0
-	for i := range chunk {
-		switch p := &chunk[i]; {
-		case p.superseded:
-		case p.reserved == identity.Unknown:
-			return 0, 0, false
-		default:
-			reserved++
-		}
-	}
-	if reserved == 0 {
-		return 0, 0, false
-	}
-	txn := r.db.WriteTxn(r.entries)
-	for i := range chunk {
-		p := &chunk[i]
-		if p.superseded {
-			continue
-		}
-		if _, _, found := r.entries.Get(txn, EntryIndex.QueryFromKey(p.entry.prefix.key())); found {
-			txn.Abort()
-			return 0, 0, false
-		}
-		p.entry.Identity = p.reserved
-		if _, _, err := r.entries.Insert(txn, p.entry); err != nil {
-			txn.Abort()
-			return 0, 0, false
-		}
-		resolved++
-		if p.told >= 0 {
-			told++
-		}
-	}
-	txn.Commit()
-	for i := range chunk {
-		// The entries hold the references now.
-		p := &chunk[i]
-		p.reserved = identity.Unknown
-		if !p.superseded {
-			delete(r.failed, p.prefix)
-			if len(r.held) > 0 {
-				delete(r.held, p.prefix)
-			}
-		}
-	}
-	return resolved, told, true
-}
-
-// written ends the write of a chunk: marks its told prefixes, counts its
-// resolutions, adapts the chunk size and keeps the chunk's slice for the
-// next read.
-func (r *resolver) written(chunk []prefetched, resolved, told int, start time.Time, newFailures []netip.Prefix) []netip.Prefix {
 	if told > 0 {
 		r.markTold(chunk)
 	}
@@ -833,8 +694,7 @@ func (r *resolver) markTold(chunk []prefetched) {
 
 // resolveRows brings the prefix's entry in line with the merge of its
 // rows.
-func (r *resolver) resolveRows(txn statedb.WriteTxn, p *prefetched) error {
-	prefix, res := p.prefix, &p.res
+func (r *resolver) resolveRows(txn statedb.WriteTxn, prefix netip.Prefix, res *resolution) error {
 	current, currentRev, hasCurrent := r.entries.Get(txn, EntryIndex.Query(prefix))
 
 	if !res.hasAnyMetadataRow {
@@ -863,10 +723,7 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, p *prefetched) error {
 	if res.labels.IsEmpty() || res.labels != currentLabels {
 		wantLabels = res.want
 	}
-	desired := p.entry
-	if desired == nil {
-		desired = &Entry{prefix: pack(prefix), Source: res.source}
-	}
+	desired := &Entry{prefix: pack(prefix), Source: res.source}
 	if res.cidrOnly {
 		wantLabels = cidrLabels(prefix, desired, currentLabels, hasCurrent)
 	}
@@ -876,9 +733,6 @@ func (r *resolver) resolveRows(txn statedb.WriteTxn, p *prefetched) error {
 	case hasCurrent && !current.Explicit && currentLabels == wantLabels:
 		// Same labels, same identity: keep the reference we hold.
 		desired.Identity = current.Identity
-	case !hasCurrent && p.reserved != identity.Unknown:
-		// The reference the read took for these labels (reserve).
-		desired.Identity, p.reserved = p.reserved, identity.Unknown
 	default:
 		// Allocate the new identity before releasing the old one, so that
 		// an identity both map to never drops to zero references. Except

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
-	"github.com/ipcache-agent/ipcache-agent/identitycell"
 	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -371,30 +370,6 @@ func TestResolverReadsAgainAChunkReadWhileHeld(t *testing.T) {
 	require.Equal(t, number, entry.Identity, "the restored number, not one taken from the first read")
 }
 
-// A chunk read while the local space is held reserves the numbers the
-// read could request (here, an owner's request for the withheld number),
-// and gives them back when it is read again: one reference per entry.
-func TestResolverReadAgainGivesItsReservationsBack(t *testing.T) {
-	f, _, owner, number, release := newHeldFixture(t)
-	p, other := netip.MustParsePrefix("10.0.0.1/32"), netip.MustParsePrefix("10.0.0.2/32")
-	require.NoError(t, owner.Upsert(p, Metadata{RequestedIdentity: number}))
-	require.NoError(t, owner.Upsert(other, Metadata{}))
-	read := f.readChunk(p, other)
-	require.True(t, read.whileHeld)
-	require.Equal(t, number, read.rows[0].reserved, "the withheld number, while held")
-	require.Equal(t, identity.Unknown, read.rows[1].reserved, "no other number while held")
-
-	release()
-	f.resolver.write(read, time.Now(), nil)
-	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
-	require.True(t, found)
-	require.Equal(t, number, entry.Identity)
-	require.EqualValues(t, 1, f.references(number), "the first read's reservation given back")
-	entry, _, found = f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(other))
-	require.True(t, found, "resolved once the space is released")
-	require.EqualValues(t, 1, f.references(entry.Identity))
-}
-
 // newHeldFixture is a fixture whose allocator's local space is held, as
 // restore holds it: one number withheld, restore's and an owner's handle.
 func newHeldFixture(t *testing.T) (f *fixture, restore, owner *Handle, number identity.Number, release func()) {
@@ -444,109 +419,5 @@ func BenchmarkSortByPrefix(b *testing.B) {
 				radixSort(work)
 			}
 		})
-	}
-}
-
-// readChunk reads the chunk of prefixes as the round would: each queued
-// with the metadata's current revision.
-func (f *fixture) readChunk(prefixes ...netip.Prefix) prefetchedChunk {
-	revision := f.metadata.Revision(f.db.ReadTxn())
-	chunk := make([]queuedPrefix, len(prefixes))
-	for i, p := range prefixes {
-		chunk[i] = queuedPrefix{compact(p), revision}
-	}
-	return <-f.resolver.prefetch(chunk)
-}
-
-// references is the reference count of id's row, 0 without one.
-func (f *fixture) references(id identity.Number) uint32 {
-	ident, _, found := f.identities.Get(f.db.ReadTxn(), identitycell.IdentityIndex.Query(id))
-	if !found {
-		return 0
-	}
-	return ident.References()
-}
-
-// The read takes the identity reference of each new cidr-only prefix, and
-// a chunk of such prefixes is written without the identities table: the
-// entries take the references over.
-func TestResolverReservesNewPrefixesIdentities(t *testing.T) {
-	f := newFixture(t)
-	owner, err := f.ipcache.NewHandle("owner", source.Local)
-	require.NoError(t, err)
-	prefixes := hostPrefixes(0, 3)
-	for _, p := range prefixes {
-		require.NoError(t, owner.Upsert(p, Metadata{}))
-	}
-	read := f.readChunk(prefixes...)
-	for _, p := range read.rows {
-		require.NotEqual(t, identity.Unknown, p.reserved, "%s reserved by the read", p.prefix)
-		require.EqualValues(t, 1, f.references(p.reserved))
-	}
-	// The next read's reservations do not wait for this write, nor it for
-	// them: with the identities table held, the write goes through.
-	held := f.allocator.WriteTxn()
-	written := make(chan struct{})
-	go func() {
-		f.resolver.write(read, time.Now(), nil)
-		close(written)
-	}()
-	select {
-	case <-written:
-		held.Abort()
-	case <-time.After(5 * time.Second):
-		held.Abort()
-		<-written
-		t.Fatal("the write waited for the identities table")
-	}
-	for _, p := range prefixes {
-		entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
-		require.True(t, found, "%s", p)
-		require.EqualValues(t, 1, f.references(entry.Identity), "%s: its entry's reference alone", p)
-	}
-}
-
-// A prefix given an entry after the read reserved its identity (by the
-// chunk before, read before it was written) gives the reservation back:
-// one reference per entry, however the reads and writes interleave.
-func TestResolverReleasesAReservationOvertaken(t *testing.T) {
-	f := newFixture(t)
-	owner, err := f.ipcache.NewHandle("owner", source.Local)
-	require.NoError(t, err)
-	p := netip.MustParsePrefix("10.0.0.1/32")
-	require.NoError(t, owner.Upsert(p, Metadata{}))
-	first, second := f.readChunk(p), f.readChunk(p)
-	id := first.rows[0].reserved
-	require.Equal(t, id, second.rows[0].reserved, "the same labels, the same identity")
-	require.EqualValues(t, 2, f.references(id))
-
-	f.resolver.write(first, time.Now(), nil)
-	f.resolver.write(second, time.Now(), nil)
-	entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(p))
-	require.True(t, found)
-	require.Equal(t, id, entry.Identity)
-	require.EqualValues(t, 1, f.references(id), "the second read's reservation released")
-
-	// In a chunk that needs the identities table (a prefix whose labels
-	// go beyond its cidr label has no reservation), a prefix given an
-	// entry after the read gives its reservation back too, and a new
-	// one's entry takes its over.
-	q, other, labelled := netip.MustParsePrefix("10.0.0.2/32"), netip.MustParsePrefix("10.0.0.3/32"), netip.MustParsePrefix("10.0.0.4/32")
-	app, err := labels.Parse("app:a")
-	require.NoError(t, err)
-	require.NoError(t, owner.Upsert(q, Metadata{}))
-	require.NoError(t, owner.Upsert(other, Metadata{}))
-	require.NoError(t, owner.Upsert(labelled, Metadata{Labels: app}))
-	ahead := f.readChunk(q)
-	mixed := f.readChunk(q, other, labelled)
-	require.NotEqual(t, identity.Unknown, mixed.rows[0].reserved)
-	require.NotEqual(t, identity.Unknown, mixed.rows[1].reserved)
-	require.Equal(t, identity.Unknown, mixed.rows[2].reserved, "labels beyond the cidr label: no reservation")
-	f.resolver.write(ahead, time.Now(), nil)
-	f.resolver.write(mixed, time.Now(), nil)
-	for _, prefix := range []netip.Prefix{q, other, labelled} {
-		entry, _, found := f.entries.Get(f.db.ReadTxn(), EntryIndex.Query(prefix))
-		require.True(t, found, "%s", prefix)
-		require.EqualValues(t, 1, f.references(entry.Identity), "%s: one reference", prefix)
 	}
 }
