@@ -401,10 +401,7 @@ func BenchmarkSortByPrefix(b *testing.B) {
 				prefixes[i] = netip.PrefixFrom(netip.AddrFrom16(a), 128)
 			}
 		}
-		unsorted := make([]positioned, len(prefixes))
-		for i, o := range sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i], false }) {
-			unsorted[i] = o
-		}
+		unsorted := sortByPrefix(len(prefixes), func(i int) (netip.Prefix, bool) { return prefixes[i], false })
 		rng.Shuffle(len(unsorted), func(i, j int) { unsorted[i], unsorted[j] = unsorted[j], unsorted[i] })
 		work := make([]positioned, len(unsorted))
 		b.Run(family+"/comparison", func(b *testing.B) {

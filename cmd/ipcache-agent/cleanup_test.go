@@ -74,7 +74,6 @@ func TestCleanupLeavesNothingBehind(t *testing.T) {
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	waitAgentStarted(t, &stderr, cmd.Process.Pid)
-	require.Contains(t, stderr.String(), "Started hive", "agent exited at start")
 	// The policies in force are saved after the policy goes in force, a
 	// moment after the start: under load a stop right after "Started
 	// hive" came before the save (CI, once), and cleanup must be shown

@@ -150,7 +150,6 @@ func startAgent(t *testing.T, args ...string) *faultAgent {
 		}
 	})
 	waitAgentStarted(t, a.log, a.cmd.Process.Pid)
-	require.Contains(t, a.log.String(), "Started hive", "agent exited at start")
 	return a
 }
 

@@ -123,7 +123,6 @@ func startPrivateAgent(t *testing.T, extra ...string) (*syncbuf.Buffer, int) {
 		require.NoError(t, cmd.Wait(), "agent exit: %s", &log)
 	})
 	waitAgentStarted(t, &log, cmd.Process.Pid)
-	require.Contains(t, log.String(), `"msg":"Started hive"`, "agent exited at start")
 	return &log, cmd.Process.Pid
 }
 
