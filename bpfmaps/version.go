@@ -3,6 +3,7 @@
 package bpfmaps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -96,10 +98,37 @@ func attachedProgram(pin string, spec *ebpf.CollectionSpec) (AttachedProgram, er
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
-		if spec.Programs[name].Compatible(pinfo) == nil {
+		if hasTag(spec.Programs[name].Instructions, pinfo.Tag) {
 			out.BuildProgram = name
 			break
 		}
 	}
 	return out, nil
+}
+
+// hasTag reports whether insns, as the loader hands them to the kernel,
+// have the kernel's tag. A spec's calls of its functions (the program
+// calls global functions, which the verifier checks once each) are
+// symbolic until the loader resolves them to offsets, and the kernel's
+// tag hashes the offsets: ProgramSpec.Compatible, which hashes the spec's
+// instructions as they are, matches only a program without calls.
+func hasTag(insns asm.Instructions, tag string) bool {
+	insns = slices.Clone(insns)
+	symbols := map[string]asm.RawInstructionOffset{}
+	for iter := insns.Iterate(); iter.Next(); {
+		if sym := iter.Ins.Symbol(); sym != "" {
+			symbols[sym] = iter.Offset
+		}
+	}
+	for iter := insns.Iterate(); iter.Next(); {
+		ins := iter.Ins
+		if target, ok := symbols[ins.Reference()]; ok && ins.IsFunctionReference() && ins.Constant == -1 {
+			ins.Constant = int64(target - iter.Offset - 1)
+		}
+	}
+	// The object is built for little-endian BPF only (bpf2go -target
+	// bpfel), which is also what the library's own hash needs spelled
+	// out: it does not take binary.NativeEndian.
+	ok, err := insns.HasTag(tag, binary.LittleEndian)
+	return err == nil && ok
 }
