@@ -85,6 +85,12 @@ const policyNoAnyIdentity = 1
 // (ebpf.ErrMapIncompatible), the kernel rejects the program (the error
 // carries the verifier log), or no permission to load BPF.
 func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
+	return loadEnforcerWith(maps, ebpf.ProgramOptions{})
+}
+
+// loadEnforcerWith is loadEnforcer with the programs' load options (tests
+// ask for the verifier's statistics).
+func loadEnforcerWith(maps enforcerMaps, programs ebpf.ProgramOptions) (*enforcer, error) {
 	spec, err := bpf.LoadEnforce()
 	if err != nil {
 		return nil, fmt.Errorf("load enforcement program spec: %w", err)
@@ -133,7 +139,7 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements}); err != nil {
+	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements, Programs: programs}); err != nil {
 		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
 	// The variables and the words' mapping keep the .bss mapped; the map

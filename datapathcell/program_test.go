@@ -8,6 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +108,36 @@ func TestEnforceObjectMatchesMapSpecs(t *testing.T) {
 
 	require.Equal(t, ebpf.AttachTCXIngress, spec.Programs[bpf.EnforceProgEnforceFromEndpoint].AttachType)
 	require.Equal(t, ebpf.AttachTCXEgress, spec.Programs[bpf.EnforceProgEnforceToEndpoint].AttachType)
+}
+
+// maxVerifiedInstructions bounds the instructions the verifier processes
+// for each entry point, the kernel's own statistic of what a load costs.
+// parse and icmp_error_verdict are global functions, which it checks once
+// each; inlined, everything after them was checked again for each way a
+// packet could have been parsed, and every agent start paid for it in
+// kernel time (docs/SCALE.md, "The verifier's share"). The bound catches a
+// change that brings that back long before the kernel's limit does.
+const maxVerifiedInstructions = 100_000
+
+var verifiedInstructions = regexp.MustCompile(`processed (\d+) insns`)
+
+func TestPrivilegedEnforceVerifierCost(t *testing.T) {
+	privileged.Test(t)
+	t.Parallel()
+	e, err := loadEnforcerWith(newTestEnforcerMaps(t), ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	for name, prog := range map[string]*ebpf.Program{
+		bpf.EnforceProgEnforceFromEndpoint: e.fromEndpoint,
+		bpf.EnforceProgEnforceToEndpoint:   e.toEndpoint,
+	} {
+		m := verifiedInstructions.FindStringSubmatch(prog.VerifierLog)
+		require.NotNil(t, m, "%s: no statistics in the verifier's log:\n%s", name, prog.VerifierLog)
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		t.Logf("%s: %s", name, strings.ReplaceAll(strings.TrimSpace(prog.VerifierLog), "\n", "; "))
+		require.LessOrEqual(t, n, maxVerifiedInstructions, "%s: instructions the verifier processed", name)
+	}
 }
 
 func TestCounterIndex(t *testing.T) {

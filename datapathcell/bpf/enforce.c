@@ -1557,6 +1557,21 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 // The trie reads the key's data in words that straddle the stores that
 // write it, so the key is written well before the lookup: such a load waits
 // until the stores have retired.
+// parse reads the packet's IP header (IPv6 when ipv6 is set) into flow:
+// a function the verifier checks once, on its own. Inlined, each outcome
+// of the parse (protocol, fragment, ICMP error, flags, ...) reached the
+// rest of enforce as a state of its own, and the rest was verified again
+// for each: its callers see flow as what any parse could have written.
+__attribute__((noinline)) int parse(struct __sk_buff *skb, __u32 direction, __u32 ipv6, struct flow *flow,
+				    __u32 *quoted)
+{
+	if (!flow || !quoted)
+		return PARSE_MALFORMED;
+	if (ipv6)
+		return parse_ipv6(skb, direction, flow, quoted);
+	return parse_ipv4(skb, direction, flow, quoted);
+}
+
 static __always_inline void set_remote_key(struct ipcache_key *key, const struct flow *flow)
 {
 	const __u64 *remote = (const __u64 *)flow->ct.remote_addr;
@@ -2348,6 +2363,41 @@ static __always_inline void dns_answer(struct __sk_buff *skb, const struct flow 
 		record_dns_answer(skb, flow);
 }
 
+// UNDECIDED is what icmp_error_verdict returns when the error is not
+// decided by the connection it quotes: no TCX verdict is 0x100.
+#define UNDECIDED 0x100
+
+// icmp_error_verdict decides on an ICMP error that quotes a packet (at
+// quoted) by the connection it is about, if that is tracked and the error
+// is consistent with it; deny rules for the error's own remote address
+// still apply. Else it returns UNDECIDED: policy decides, as on any
+// packet. A function of its own, which the verifier checks once: inlined,
+// the quoted packet's parse was checked again for each way the packet's
+// own had been parsed, and its copy of the flow took stack in enforce's
+// frame beside parse's.
+__attribute__((noinline)) int icmp_error_verdict(struct __sk_buff *skb, __u32 direction, __u32 quoted,
+						 const struct flow *flow, const struct ipcache_key *remote)
+{
+	struct flow about;
+	struct ct_value *related;
+	__u32 identity;
+	int unused;
+
+	if (!flow || !remote)
+		return UNDECIDED;
+	about = *flow;
+	parse_quoted(skb, direction, quoted, &about);
+	if (!about.tracked || !quotes_own_flow(flow, &about, direction))
+		return UNDECIDED;
+	related = ct_lookup(&about.ct, &unused);
+	if (!related || (related->flags & CT_REVOKED))
+		return UNDECIDED;
+	identity = remote_identity(remote);
+	if (policy_verdict(identity, direction, flow) == VERDICT_DENY)
+		return drop(skb, flow, direction, REASON_POLICY_DENY, identity);
+	return allow(skb, flow, direction, REASON_RELATED, identity);
+}
+
 static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 {
 	struct flow flow = {};
@@ -2395,10 +2445,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	flow.subject = local ? endpoint.identity : 0;
 	if (spoofed) {
 		flow.ct.ifindex = skb->ifindex;
-		if (ethertype == bpf_htons(ETH_P_IP))
-			parsed = parse_ipv4(skb, direction, &flow, &quoted);
-		else
-			parsed = parse_ipv6(skb, direction, &flow, &quoted);
+		parsed = parse(skb, direction, ethertype != bpf_htons(ETH_P_IP), &flow, &quoted);
 		if (parsed == PARSE_NDP && !local) {
 			count(skb, direction, COUNT_ALLOWED);
 			return TCX_NEXT;
@@ -2441,10 +2488,7 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	}
 
 	flow.ct.ifindex = skb->ifindex;
-	if (ethertype == bpf_htons(ETH_P_IP))
-		parsed = parse_ipv4(skb, direction, &flow, &quoted);
-	else
-		parsed = parse_ipv6(skb, direction, &flow, &quoted);
+	parsed = parse(skb, direction, ethertype != bpf_htons(ETH_P_IP), &flow, &quoted);
 	if (parsed == PARSE_NDP || (parsed != PARSE_OK && !enforced)) {
 		count(skb, direction, COUNT_ALLOWED);
 		return TCX_NEXT;
@@ -2523,24 +2567,10 @@ static __always_inline int enforce(struct __sk_buff *skb, __u8 direction)
 	// Only here, off the path of established connections and replies.
 	set_remote_key(&remote, &flow);
 	if (flow.icmp_error && quoted) {
-		// Decided by the connection it is about, if that is tracked and
-		// the error is consistent with it; deny rules for its own
-		// remote address still apply.
-		struct flow about = flow;
-		struct ct_value *related;
+		int ret = icmp_error_verdict(skb, direction, quoted, &flow, &remote);
 
-		parse_quoted(skb, direction, quoted, &about);
-		if (about.tracked && quotes_own_flow(&flow, &about, direction)) {
-			int unused;
-
-			related = ct_lookup(&about.ct, &unused);
-			if (related && !(related->flags & CT_REVOKED)) {
-				identity = remote_identity(&remote);
-				if (policy_verdict(identity, direction, &flow) == VERDICT_DENY)
-					return drop(skb, &flow, direction, REASON_POLICY_DENY, identity);
-				return allow(skb, &flow, direction, REASON_RELATED, identity);
-			}
-		}
+		if (ret != UNDECIDED)
+			return ret;
 	}
 
 	// Only here, off the path of established connections: a packet with
