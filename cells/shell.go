@@ -641,14 +641,57 @@ func ShellExchange(sockPath, command string, w io.Writer) error {
 	if _, err := fmt.Fprintf(conn, "%s\nexit\n", command); err != nil {
 		return fmt.Errorf("send command to shell %s: %w", sockPath, err)
 	}
-	lines := bufio.NewScanner(conn)
-	lines.Buffer(nil, 1<<20)
-	failure, err := readReply(lines, w, sockPath)
+	out := newReplyOutput(conn, w)
+	failure, err := readReply(out.lines, out, sockPath)
+	if err := out.Flush(); err != nil {
+		return err
+	}
 	if err != nil {
 		return err
 	}
 	return failure
 }
+
+// replyOutput is the connection's lines, and the output they are copied
+// to, held until the connection is read again: a write a line was a
+// system call a line, most of what the client spent on a table of 200k
+// rows (docs/SCALE.md). What it holds is written before each read of the
+// connection, so the lines of a command that streams (monitor, db/watch)
+// are written as soon as they are all the client has.
+type replyOutput struct {
+	*bufio.Writer
+	conn  io.Reader
+	lines *bufio.Scanner
+}
+
+// replyReadSize is what one read of the connection may take, and so the
+// most the output holds from it.
+const replyReadSize = 64 << 10
+
+func newReplyOutput(conn io.Reader, w io.Writer) *replyOutput {
+	o := &replyOutput{Writer: bufio.NewWriterSize(w, replyReadSize), conn: conn}
+	o.lines = bufio.NewScanner(connReader{o})
+	o.lines.Buffer(make([]byte, replyReadSize), 1<<20)
+	return o
+}
+
+// connReader reads the connection for the scanner, after writing what the
+// output holds.
+type connReader struct{ o *replyOutput }
+
+func (r connReader) Read(p []byte) (int, error) {
+	if err := r.o.Flush(); err != nil {
+		return 0, outputError{err}
+	}
+	return r.o.conn.Read(p)
+}
+
+// outputError is a failed write of the output, which the scanner reports
+// as its read's.
+type outputError struct{ err error }
+
+func (e outputError) Error() string { return e.err.Error() }
+func (e outputError) Unwrap() error { return e.err }
 
 // readReply copies the reply to one command to w, up to its end marker,
 // and returns the command's error as failure. The lines after a stderr
@@ -714,6 +757,9 @@ func readReply(lines *bufio.Scanner, w io.Writer, sockPath string) (failure, err
 		}
 	}
 	if err := lines.Err(); err != nil {
+		if output := (outputError{}); errors.As(err, &output) {
+			return nil, output.err
+		}
 		return nil, fmt.Errorf("read reply of shell %s: %w", sockPath, err)
 	}
 	return nil, fmt.Errorf("read reply of shell %s: the agent closed the connection", sockPath)
@@ -734,8 +780,7 @@ func ShellScript(sockPath string, r io.Reader, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer conn.Close()
-	replies := bufio.NewScanner(conn)
-	replies.Buffer(nil, 1<<20)
+	out := newReplyOutput(conn, stdout)
 	commands := bufio.NewScanner(r)
 	commands.Buffer(nil, maxShellLine)
 	ran, failed := 0, 0
@@ -751,7 +796,12 @@ func ShellScript(sockPath string, r io.Reader, stdout, stderr io.Writer) error {
 			return fmt.Errorf("send command to shell %s: %w", sockPath, err)
 		}
 		ran++
-		failure, err := readReply(replies, stdout, sockPath)
+		failure, err := readReply(out.lines, out, sockPath)
+		// The command's output before its error, and before the next
+		// command is read (a terminal's user waits for it).
+		if err := out.Flush(); err != nil {
+			return err
+		}
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -199,6 +200,31 @@ func TestShellExchangeNoAgentFailsAtOnce(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoAgent)
 	require.ErrorContains(t, err, sock)
 	require.Less(t, time.Since(start), time.Second)
+}
+
+// TestShellExchangeWritesBeforeWaiting: the client holds what it copies
+// only until it reads the connection again, so a command that goes on
+// (db/watch) has its first listing written while it still runs; and a
+// write that fails ends the exchange with the write's error.
+func TestShellExchangeWritesBeforeWaiting(t *testing.T) {
+	sock, _ := startShellWithPrefixes(t, 3)
+	seenEnough := errors.New("seen enough")
+	var written bytes.Buffer
+	w := writerFunc(func(p []byte) (int, error) {
+		written.Write(p)
+		if strings.Contains(written.String(), "10.0.0.2/32") {
+			return 0, seenEnough
+		}
+		return len(p), nil
+	})
+	done := make(chan error, 1)
+	go func() { done <- ShellExchange(sock, "db/watch ipcache", w) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, seenEnough, "the watch's listing written while it runs, and the write's error returned")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch's first listing was not written while it runs")
+	}
 }
 
 // TestShellErrorOnceWithUsage: a command's error comes back once, as the
