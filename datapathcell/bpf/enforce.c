@@ -1553,10 +1553,6 @@ static __always_inline enum parse_result parse_ipv6(struct __sk_buff *skb, __u8 
 	return PARSE_OK;
 }
 
-// set_remote_key sets key to the ipcache key of the flow's remote address.
-// The trie reads the key's data in words that straddle the stores that
-// write it, so the key is written well before the lookup: such a load waits
-// until the stores have retired.
 // parse reads the packet's IP header (IPv6 when ipv6 is set) into flow:
 // a function the verifier checks once, on its own. Inlined, each outcome
 // of the parse (protocol, fragment, ICMP error, flags, ...) reached the
@@ -1572,6 +1568,10 @@ __attribute__((noinline)) int parse(struct __sk_buff *skb, __u32 direction, __u3
 	return parse_ipv4(skb, direction, flow, quoted);
 }
 
+// set_remote_key sets key to the ipcache key of the flow's remote address.
+// The trie reads the key's data in words that straddle the stores that
+// write it, so the key is written well before the lookup: such a load waits
+// until the stores have retired.
 static __always_inline void set_remote_key(struct ipcache_key *key, const struct flow *flow)
 {
 	const __u64 *remote = (const __u64 *)flow->ct.remote_addr;
