@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -112,23 +113,15 @@ func attachedProgram(pin string, spec *ebpf.CollectionSpec) (AttachedProgram, er
 // symbolic until the loader resolves them to offsets, and the kernel's
 // tag hashes the offsets: ProgramSpec.Compatible, which hashes the spec's
 // instructions as they are, matches only a program without calls.
+// Marshal resolves them, in place (so on a copy), as the loader does.
 func hasTag(insns asm.Instructions, tag string) bool {
-	insns = slices.Clone(insns)
-	symbols := map[string]asm.RawInstructionOffset{}
-	for iter := insns.Iterate(); iter.Next(); {
-		if sym := iter.Ins.Symbol(); sym != "" {
-			symbols[sym] = iter.Offset
-		}
-	}
-	for iter := insns.Iterate(); iter.Next(); {
-		ins := iter.Ins
-		if target, ok := symbols[ins.Reference()]; ok && ins.IsFunctionReference() && ins.Constant == -1 {
-			ins.Constant = int64(target - iter.Offset - 1)
-		}
-	}
 	// The object is built for little-endian BPF only (bpf2go -target
-	// bpfel), which is also what the library's own hash needs spelled
+	// bpfel), which is also what the library's encoding needs spelled
 	// out: it does not take binary.NativeEndian.
+	insns = slices.Clone(insns)
+	if err := insns.Marshal(io.Discard, binary.LittleEndian); err != nil {
+		return false
+	}
 	ok, err := insns.HasTag(tag, binary.LittleEndian)
 	return err == nil && ok
 }

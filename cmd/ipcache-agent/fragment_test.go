@@ -140,39 +140,60 @@ func (b *bypassRig) fragmentedSockets(t *testing.T) {
 
 				// To the denied port: nothing arrives. The first fragment
 				// of each is dropped by policy, the rest as fragments of
-				// no datagram that passed. The counters are the
-				// direction's: a packet of the namespaces' own (an IPv6
-				// multicast listener report, 110 bytes) dropped in the
-				// same window adds to them. The datagrams are sent again
-				// then, never delivered, until one window holds their
-				// fragments alone.
-				var want, got [2]uint64
-				for attempt := range 3 {
-					noPolicy, unplaced := b.drops(d.direction, "no-policy"), b.drops(d.direction, "unplaced-fragment")
-					want = [2]uint64{}
-					for round := range 3 {
+				// no datagram that passed.
+				const deniedRounds = 3
+				var want fragmentDrops
+				for range deniedRounds {
+					for _, size := range fragSizes {
+						want.noPolicy++
+						want.unplaced += uint64(fragmentsOf(ipv4, size) - 1)
+					}
+				}
+				b.assertDroppedAlone(t, d.direction, want, func(attempt int) {
+					for round := range deniedRounds {
 						for _, size := range fragSizes {
 							_, err := sender.WriteTo(fragData(fmt.Sprintf("%s denied %d", name, attempt), round, size), deniedAddr)
 							require.NoError(t, err)
-							want[0]++
-							want[1] += uint64(fragmentsOf(ipv4, size) - 1)
 						}
 					}
 					denied.SetReadDeadline(time.Now().Add(notDeliveredWithin))
 					n, _, err := denied.ReadFrom(buf)
 					var ne net.Error
 					require.True(t, errors.As(err, &ne) && ne.Timeout(), "attempt %d: the denied port read %d bytes (%v)", attempt, n, err)
-					got = [2]uint64{b.drops(d.direction, "no-policy") - noPolicy, b.drops(d.direction, "unplaced-fragment") - unplaced}
-					if got == want {
-						return
-					}
-				}
-				assert.Equal(t, want[0], got[0], "first fragments dropped as no-policy")
-				assert.Equal(t, want[1], got[1], "later fragments dropped as unplaced-fragment")
-				t.Logf("datapath/counters:\n%s", b.shell("datapath/counters"))
+				})
 			})
 		}
 	}
+}
+
+// fragmentDrops is what a window of a direction's counters dropped as
+// no-policy and as unplaced-fragment.
+type fragmentDrops struct{ noPolicy, unplaced uint64 }
+
+// assertDroppedAlone runs send, which sends what must not be delivered
+// (and fails the test itself if it is), until one window of the
+// direction's counters holds exactly want, three windows at most. The
+// counters are the direction's: a packet of the namespaces' own (an IPv6
+// multicast listener report, 110 bytes) dropped in the same window adds
+// to them.
+func (b *bypassRig) assertDroppedAlone(t *testing.T, direction string, want fragmentDrops, send func(attempt int)) {
+	t.Helper()
+	count := func() fragmentDrops {
+		return fragmentDrops{b.drops(direction, "no-policy"), b.drops(direction, "unplaced-fragment")}
+	}
+	var got fragmentDrops
+	for attempt := range 3 {
+		before := count()
+		send(attempt)
+		after := count()
+		got = fragmentDrops{after.noPolicy - before.noPolicy, after.unplaced - before.unplaced}
+		if got == want {
+			return
+		}
+	}
+	assert.Equal(t, want.noPolicy, got.noPolicy, "fragments dropped as no-policy")
+	assert.Equal(t, want.unplaced, got.unplaced, "fragments dropped as unplaced-fragment")
+	t.Logf("datapath/counters:\n%s", b.shell("datapath/counters"))
 }
 
 // sendFragments sends each fragment from s. A fragment the transmit
@@ -319,25 +340,11 @@ func (b *bypassRig) craftedFragments(t *testing.T) {
 					}
 					t.Run(name+" "+a.name, func(t *testing.T) {
 						b.on(t)
-						// The counters are the direction's: a packet of the
-						// namespaces' own (an IPv6 multicast listener report)
-						// dropped in the same window adds to them. The attack
-						// is sent again then, never delivered, until one
-						// window holds its fragments alone.
-						var counts [2]uint64
-						for attempt := range 3 {
-							noPolicy, unplaced := b.drops(d.direction, "no-policy"), b.drops(d.direction, "unplaced-fragment")
+						b.assertDroppedAlone(t, d.direction, fragmentDrops{noPolicy: a.noPolicy, unplaced: a.unplaced}, func(attempt int) {
 							marker := craft.Marker(fmt.Sprintf("%s %s %d", name, a.name, attempt))
 							require.NoError(t, send(marker))
 							require.False(t, d.at.WaitFor(marker, notDeliveredWithin), "the datagram got through")
-							counts = [2]uint64{b.drops(d.direction, "unplaced-fragment") - unplaced, b.drops(d.direction, "no-policy") - noPolicy}
-							if counts == [2]uint64{a.unplaced, a.noPolicy} {
-								return
-							}
-						}
-						assert.Equal(t, a.unplaced, counts[0], "fragments dropped as unplaced-fragment")
-						assert.Equal(t, a.noPolicy, counts[1], "fragments dropped as no-policy")
-						t.Logf("datapath/counters:\n%s", b.shell("datapath/counters"))
+						})
 					})
 				}
 			}
