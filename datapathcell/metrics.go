@@ -190,30 +190,60 @@ func ciliumDirection(direction string) string {
 // of their desired tables that the writers have written (status Done), the
 // entries in the maps as the agent knows them, without reading the
 // kernel's maps. Each walks its table in a read transaction, as the
-// ipcache cell's collector does.
+// ipcache cell's collector does, when the table or the writer's progress
+// changed since the last walk, at most as often as metrics.Walked allows.
 func newMapPressure(p metricsParams) []metrics.MapPressure {
 	var out []metrics.MapPressure
 	if p.Entries != nil && p.Config.IPCacheMapMaxEntries > 0 {
+		var written metrics.Walked[ipcacheProgress, int]
 		out = append(out, metrics.MapPressure{Map: bpfmaps.IPCacheName, Fill: func() (float64, bool) {
-			n := 0
-			for _, rev := range p.Entries.All(p.DB.ReadTxn()) {
-				if kind, _ := p.Datapath.IPCacheStatus(rev); kind == reconciler.StatusKindDone {
-					n++
+			txn := p.DB.ReadTxn()
+			n := written.Get(p.Datapath.ipcacheProgress(p.Entries.Revision(txn)), func() int {
+				n := 0
+				for _, rev := range p.Entries.All(txn) {
+					if kind, _ := p.Datapath.IPCacheStatus(rev); kind == reconciler.StatusKindDone {
+						n++
+					}
 				}
-			}
+				return n
+			})
 			return float64(n) / float64(p.Config.IPCacheMapMaxEntries), true
 		}})
 	}
 	if p.PolicyEntries != nil && p.Config.PolicyMapMaxEntries > 0 {
+		// The policy map's writer keeps its status in the rows: the
+		// table's revision is the key.
+		var written metrics.Walked[statedb.Revision, int]
 		out = append(out, metrics.MapPressure{Map: bpfmaps.PolicyName, Fill: func() (float64, bool) {
-			n := 0
-			for e := range p.PolicyEntries.All(p.DB.ReadTxn()) {
-				if e.Status.Kind == reconciler.StatusKindDone {
-					n++
+			txn := p.DB.ReadTxn()
+			n := written.Get(p.PolicyEntries.Revision(txn), func() int {
+				n := 0
+				for e := range p.PolicyEntries.All(txn) {
+					if e.Status.Kind == reconciler.StatusKindDone {
+						n++
+					}
 				}
-			}
+				return n
+			})
 			return float64(n) / float64(p.Config.PolicyMapMaxEntries), true
 		}})
 	}
 	return out
+}
+
+// ipcacheProgress is what the ipcache map's fill depends on: the `ipcache`
+// table's revision, and how far its writer got (see ipcacheWriter.status).
+type ipcacheProgress struct {
+	table, attempted statedb.Revision
+	failing          int64
+}
+
+// ipcacheProgress reads the writer's progress after the table's revision
+// of the snapshot a walk reads: the walk then sees at least that progress.
+func (d *Datapath) ipcacheProgress(table statedb.Revision) ipcacheProgress {
+	if d.ipcacheWriter == nil {
+		return ipcacheProgress{table: table}
+	}
+	return ipcacheProgress{table: table, attempted: d.ipcacheWriter.attempted.Load(),
+		failing: d.ipcacheWriter.numFailing.Load()}
 }

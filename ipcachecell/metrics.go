@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ipcache-agent/ipcache-agent/metrics"
+	"github.com/ipcache-agent/ipcache-agent/source"
 )
 
 // newMetrics contributes the cell's collector to the agent's metrics.
@@ -20,6 +21,8 @@ type ipcacheCollector struct {
 	db      *statedb.DB
 	entries statedb.Table[*Entry]
 	desc    *prometheus.Desc
+	// bySource is the last walk's count, by the table's revision.
+	bySource metrics.Walked[statedb.Revision, map[source.Source]int]
 }
 
 var _ prometheus.Collector = (*ipcacheCollector)(nil)
@@ -37,14 +40,18 @@ func newIPCacheCollector(db *statedb.DB, entries statedb.Table[*Entry]) *ipcache
 func (c *ipcacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector. It walks the table (one read
-// transaction, no lock held), which costs well under a scrape interval even
-// at the map's maximum size.
+// transaction, no lock held) when it changed since the last walk, at most
+// as often as metrics.Walked allows.
 func (c *ipcacheCollector) Collect(ch chan<- prometheus.Metric) {
-	bySource := map[string]int{}
-	for e := range c.entries.All(c.db.ReadTxn()) {
-		bySource[e.Source.String()]++
-	}
+	txn := c.db.ReadTxn()
+	bySource := c.bySource.Get(c.entries.Revision(txn), func() map[source.Source]int {
+		n := map[source.Source]int{}
+		for e := range c.entries.All(txn) {
+			n[e.Source]++
+		}
+		return n
+	})
 	for src, n := range bySource {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), src)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), src.String())
 	}
 }

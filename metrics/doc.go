@@ -11,6 +11,10 @@
 // [MapPressure] (a second value group), and the metrics cell's one
 // collector of that metric reads them.
 //
+// A value a collector counts by walking a table is kept between scrapes
+// in a [Walked], which bounds the share of a core that frequent scrapes of
+// a large, changing table spend walking it.
+//
 // Owns: the names of the value groups and the prefixes of the agent's
 // metric names. Reads and writes: nothing.
 package metrics

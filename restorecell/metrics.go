@@ -3,6 +3,7 @@
 package restorecell
 
 import (
+	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ipcache-agent/ipcache-agent/metrics"
@@ -17,6 +18,9 @@ func newMetrics(r *Restorer) metrics.Out {
 type restoreCollector struct {
 	restorer                               *Restorer
 	restored, heldOnly, timeLeft, released *prometheus.Desc
+	// heldOnlyCount is the last walk's count, by the metadata table's
+	// revision: a scrape walks all the prefixes' rows.
+	heldOnlyCount metrics.Walked[statedb.Revision, int]
 }
 
 var _ prometheus.Collector = (*restoreCollector)(nil)
@@ -45,7 +49,11 @@ func (c *restoreCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *restoreCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.restorer.Status()
+	st := c.restorer.status(func(txn statedb.ReadTxn) int {
+		return c.heldOnlyCount.Get(c.restorer.metadata.Revision(txn), func() int {
+			return c.restorer.heldOnlyByRestore(txn)
+		})
+	})
 	released := 0.0
 	if st.Released {
 		released = 1

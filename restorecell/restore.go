@@ -347,7 +347,7 @@ func (r *Restorer) releaseAfterGracePeriod(ctx context.Context, health cell.Heal
 	for {
 		// Without the count of prefixes held only by restore, which
 		// costs a pass over all metadata: restore/status has it.
-		status := r.status(false)
+		status := r.status(nil)
 		if status.TimeLeft <= 0 {
 			break
 		}
@@ -481,9 +481,11 @@ func (s Status) String() string {
 }
 
 // Status returns the restore's progress.
-func (r *Restorer) Status() Status { return r.status(true) }
+func (r *Restorer) Status() Status { return r.status(r.heldOnlyByRestore) }
 
-func (r *Restorer) status(countHeld bool) Status {
+// status returns the restore's progress, with countHeld's count of the
+// prefixes held only by restore while they are not released (nil: 0).
+func (r *Restorer) status(countHeld func(statedb.ReadTxn) int) Status {
 	r.mu.Lock()
 	status := Status{Restoring: !isClosed(r.restoredCh), Restored: r.restored,
 		Releasing: r.releasing, Released: r.released, Withheld: r.allocator.NumWithheld()}
@@ -498,8 +500,11 @@ func (r *Restorer) status(countHeld bool) Status {
 	if status.Releasing && handle.NumPrefixes() == 0 {
 		status.Releasing, status.Released = false, true
 	}
-	if !status.Released && countHeld {
-		status.HeldOnlyByRestore = r.heldOnlyByRestore()
+	// Without a restored row, no prefix is held by restore alone: no
+	// walk of the metadata (an agent that restored nothing, or whose
+	// release is over, has all of it to walk).
+	if !status.Released && countHeld != nil && handle != nil && handle.NumPrefixes() > 0 {
+		status.HeldOnlyByRestore = countHeld(r.db.ReadTxn())
 	}
 	return status
 }
@@ -508,7 +513,7 @@ func (r *Restorer) status(countHeld bool) Status {
 // one pass over the metadata in key order, where the rows of a prefix are
 // adjacent (a query per restored prefix costs several times more at a
 // million prefixes).
-func (r *Restorer) heldOnlyByRestore() int {
+func (r *Restorer) heldOnlyByRestore(txn statedb.ReadTxn) int {
 	var (
 		n          int
 		current    netip.Prefix
@@ -520,7 +525,7 @@ func (r *Restorer) heldOnlyByRestore() int {
 			n++
 		}
 	}
-	for row := range r.metadata.All(r.db.ReadTxn()) {
+	for row := range r.metadata.All(txn) {
 		if row.Prefix() != current || rows == 0 {
 			count()
 			current, rows, hasRestore = row.Prefix(), 0, false
