@@ -37,16 +37,28 @@ const entryBound = 2
 const writeChunkSize = 4096
 
 // selector is one CIDR selector of one rule of a policy in force, or
-// (peer nil) a rule's selector of every peer: identity 0's.
+// (peer nil) a rule's selector of every peer: identity 0's. What it has
+// of the rule is shared by the rule's selectors: a rule may have a
+// hundred thousand CIDRs, and a selector is then two pointers.
 type selector struct {
+	*ruleSelector
+	peer *policy.CIDRSelector
+}
+
+// ruleSelector is what a rule's selectors have in common.
+type ruleSelector struct {
 	policy    string
 	rule      string // RuleRef
 	direction policy.Direction
 	deny      bool
-	peer      *policy.CIDRSelector
 	ports     []policy.PortRange
 	// source is the rule, for errors that point at it.
 	source *policy.Rule
+}
+
+func newRuleSelector(p *policy.Policy, dir policy.Direction, rule *policy.Rule) *ruleSelector {
+	return &ruleSelector{policy: p.Name, rule: policy.RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny,
+		ports: rule.Ports, source: rule}
 }
 
 // selectorIndex finds the selectors of an identity without looking at
@@ -81,17 +93,17 @@ func (x *selectorIndex) add(s *selector) {
 }
 
 // addPeers indexes the selectors of a rule's CIDR peers. They are made
-// in one allocation and share the rule's reference: a rule may have a
-// hundred thousand CIDRs.
+// in one allocation and share the rule's part: a rule may have a hundred
+// thousand CIDRs.
 func (x *selectorIndex) addPeers(p *policy.Policy, dir policy.Direction, rule *policy.Rule) {
 	if len(rule.Peers) == 0 {
 		return
 	}
-	ref := policy.RuleRef(p.Name, rule.Name)
+	shared := newRuleSelector(p, dir, rule)
 	selectors := make([]selector, len(rule.Peers))
 	for j := range rule.Peers {
 		s := &selectors[j]
-		*s = selector{policy: p.Name, rule: ref, direction: dir, deny: rule.Deny, peer: &rule.Peers[j], ports: rule.Ports, source: rule}
+		*s = selector{ruleSelector: shared, peer: &rule.Peers[j]}
 		x.add(s)
 	}
 }
@@ -762,8 +774,7 @@ func (e *selectorEngine) subjectIDs() []identity.Number {
 }
 
 func newSelector(p *policy.Policy, dir policy.Direction, rule *policy.Rule, peer *policy.CIDRSelector) *selector {
-	return &selector{policy: p.Name, rule: policy.RuleRef(p.Name, rule.Name), direction: dir, deny: rule.Deny, peer: peer,
-		ports: rule.Ports, source: rule}
+	return &selector{ruleSelector: newRuleSelector(p, dir, rule), peer: peer}
 }
 
 // family indexes lengths.
