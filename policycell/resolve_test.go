@@ -3,6 +3,7 @@
 package policycell
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,9 +32,15 @@ func TestResolveDenyWins(t *testing.T) {
 	}
 	rows := func(grants ...grant) []row {
 		var out []row
-		for _, e := range resolve(grants) {
+		for _, e := range resolve(slices.Clone(grants), nil) {
 			out = append(out, row{e.Key, e.Verdict, e.Rules})
 		}
+		// The names shared among a round's entries are the same.
+		var shared []row
+		for _, e := range resolve(grants, entryNames{}) {
+			shared = append(shared, row{e.Key, e.Verdict, e.Rules})
+		}
+		require.Equal(t, out, shared)
 		return out
 	}
 	// L3 deny vs port allow (deny broader): the allow goes.
@@ -68,7 +75,7 @@ func TestResolveDNSProxy(t *testing.T) {
 	proxy := func(k policy.Key, rule string) grant { return grant{k, policy.VerdictDNSProxy, "p", "p:" + rule} }
 	verdicts := func(grants ...grant) map[policy.Key]string {
 		out := map[policy.Key]string{}
-		for _, e := range resolve(grants) {
+		for _, e := range resolve(grants, nil) {
 			out[e.Key] = e.Verdict.String() + " " + e.Rules[0]
 		}
 		return out

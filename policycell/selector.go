@@ -863,6 +863,7 @@ func (e *selectorEngine) write(initializing bool) error {
 	}
 	var (
 		scratch []grant
+		names   = entryNames{}
 		// current are the entries in the table of the chunk's identities,
 		// those of chunk[i] up to ends[i].
 		current []*policy.Entry
@@ -898,7 +899,7 @@ func (e *selectorEngine) write(initializing bool) error {
 		for i, id := range chunk {
 			e.recomputed++
 			scratch = e.grants(txn, id, scratch[:0])
-			if err := e.writeIdentity(txn, id, current[from:ends[i]], resolve(scratch)); err != nil {
+			if err := e.writeIdentity(txn, id, current[from:ends[i]], resolve(scratch, names)); err != nil {
 				txn.Abort()
 				return err
 			}
@@ -1114,6 +1115,23 @@ func verdictRank(v policy.Verdict) int {
 	return 0
 }
 
+// entryNames shares the Policies and Rules of the entries one rule alone
+// gives (most of them: a rule of a hundred thousand CIDRs gives as many
+// entries, with the same two names), by policy and rule. Both slices are
+// capped, so that the entries' immutable names stay theirs. One per round
+// of the engine: what it holds goes with it.
+type entryNames map[[2]string][]string
+
+// of returns the Policies and Rules of an entry of the rule alone.
+func (n entryNames) of(pol, rule string) (policies, rules []string) {
+	names, ok := n[[2]string{pol, rule}]
+	if !ok {
+		names = []string{pol, rule}
+		n[[2]string{pol, rule}] = names
+	}
+	return names[0:1:1], names[1:2:2]
+}
+
 // resolve turns an identity's grants into its entries, in key order, as
 // Cilium resolves deny against allow: deny wins whatever the allow's port
 // specificity. A key both allowed and denied is a deny entry (of the deny
@@ -1124,8 +1142,9 @@ func verdictRank(v policy.Verdict) int {
 // and the remote identity, the program's two lookups resolve it.) A
 // dns-proxy is an allow that wins over a plain allow of the same key (of
 // the dns-proxy rules alone): what a DNS rule intercepts is intercepted
-// whatever else allows it.
-func resolve(grants []grant) []*policy.Entry {
+// whatever else allows it. shared, if not nil, gives the names of the
+// entries of one rule alone.
+func resolve(grants []grant, shared entryNames) []*policy.Entry {
 	slices.SortFunc(grants, func(a, b grant) int {
 		if c := policy.CompareKeys(a.key, b.key); c != 0 {
 			return c
@@ -1147,6 +1166,17 @@ func resolve(grants []grant) []*policy.Entry {
 			j++
 		}
 		entry := &policy.Entry{Key: grants[i].key, Verdict: grants[i].verdict}
+		if j-i == 1 && shared != nil {
+			// One rule's alone, as most are: the names are those of the
+			// rule's other entries.
+			entry.Policies, entry.Rules = shared.of(grants[i].policy, grants[i].rule)
+			i = j
+			entries = append(entries, entry)
+			if entry.Verdict == policy.VerdictDeny {
+				denies = append(denies, entry.Key)
+			}
+			continue
+		}
 		// The entry's policies and rules share one allocation, each
 		// capped to its half: most entries have one of each.
 		names := make([]string, 2*(j-i))
