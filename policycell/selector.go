@@ -289,9 +289,10 @@ type selectorEngine struct {
 	onePrefix [1]netip.Prefix
 
 	// visited counts the selectors examined, recomputed the identities
-	// whose entries were recomputed; tests use them to show what a change
+	// whose entries were recomputed, passes the passes over all
+	// identities (markIndexedWithin); tests use them to show what a change
 	// costs.
-	visited, recomputed int
+	visited, recomputed, passes int
 }
 
 func newSelectorEngine(db *statedb.DB, policies statedb.Table[*policy.Policy], identities statedb.Table[*identitycell.Identity],
@@ -410,9 +411,24 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	snapshot := e.db.ReadTxn()
 	policyChanges, policyWatch := e.policyChanges.Next(snapshot)
 	identityChanges, identityWatch := e.identityChanges.Next(snapshot)
+	var changed []statedb.Change[*policy.Policy]
 	for change := range policyChanges {
-		e.policyChanged(snapshot, change.Object, change.Deleted)
+		changed = append(changed, change)
 		e.seen.policies = max(e.seen.policies, change.Revision)
+	}
+	// The policies a round adds (a directory's first read: ten files of
+	// a hundred thousand CIDRs) may have as many CIDRs together as there
+	// are identities, while none has on its own: one pass over the
+	// identities then marks them all (see indexPolicy).
+	var scanned map[string]struct{}
+	if added := addedCIDRs(changed); added >= scanMinCIDRs && added*scanRatio >= e.identities.NumObjects(snapshot) {
+		scanned = map[string]struct{}{}
+	}
+	for _, change := range changed {
+		e.policyChanged(snapshot, change.Object, change.Deleted, scanned)
+	}
+	if len(scanned) > 0 {
+		e.markIndexedWithin(snapshot, scanned)
 	}
 	var endpointsWatch <-chan struct{}
 	if e.endpointChanges != nil {
@@ -502,7 +518,11 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 
 // policyChanged re-indexes a policy's selectors and marks the identities
 // inside its old and new CIDRs dirty.
-func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *policy.Policy, deleted bool) {
+// policyChanged indexes a policy's new rules in place of its old ones. With
+// scanned, the identities the new rules select are left for the caller to
+// mark by one pass over the identities, for all the policies scanned holds
+// once it returns (markIndexedWithin).
+func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *policy.Policy, deleted bool, scanned map[string]struct{}) {
 	old := e.indexed[p.Name]
 	if !deleted && old != nil && old.SameRules(p) {
 		e.indexed[p.Name] = p
@@ -516,16 +536,29 @@ func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *policy.Policy, de
 		return
 	}
 	e.indexed[p.Name] = p
-	e.indexPolicy(txn, p, 1)
+	e.indexPolicy(txn, p, 1, scanned)
 }
 
 func (e *selectorEngine) unindexPolicy(txn statedb.ReadTxn, p *policy.Policy) {
-	e.indexPolicy(txn, p, -1)
+	e.indexPolicy(txn, p, -1, nil)
+}
+
+// addedCIDRs counts the CIDR peers of the policies changes add or change.
+func addedCIDRs(changes []statedb.Change[*policy.Policy]) int {
+	n := 0
+	for _, change := range changes {
+		if !change.Deleted {
+			n += cidrPeers(change.Object)
+		}
+	}
+	return n
 }
 
 // indexPolicy adds (by 1) or removes (by -1) the selectors, subjects and
-// counts of a policy, and marks the identities they select dirty.
-func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by int) {
+// counts of a policy, and marks the identities they select dirty; those
+// of an added policy are left to the caller when scanned is not nil, which
+// gets the policy's name (see policyChanged).
+func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by int, scanned map[string]struct{}) {
 	if by > 0 {
 		subjects := map[identity.Number]struct{}{}
 		if p.Selector.Empty() {
@@ -559,10 +592,14 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 	// policy's CIDRs in the index: before they are removed, after they are
 	// added.
 	scan := cidrs >= scanMinCIDRs && cidrs*scanRatio >= e.identities.NumObjects(txn)
+	if by > 0 && scanned != nil {
+		scan = true
+		scanned[p.Name] = struct{}{}
+	}
 	if by < 0 {
 		delete(e.selected, p.Name)
 		if scan {
-			e.markIndexedWithin(txn, p.Name)
+			e.markIndexedWithin(txn, map[string]struct{}{p.Name: {}})
 		}
 	} else {
 		e.index.reserve(cidrs)
@@ -599,8 +636,8 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 			}
 		}
 	}
-	if by > 0 && scan {
-		e.markIndexedWithin(txn, p.Name)
+	if by > 0 && scan && scanned == nil {
+		e.markIndexedWithin(txn, map[string]struct{}{p.Name: {}})
 	}
 	if by < 0 {
 		e.index.removeAnyPeer(p.Name)
@@ -802,21 +839,23 @@ func (e *selectorEngine) prefixesOf(txn statedb.ReadTxn, id identity.Number) []n
 
 // A policy's identities are marked by a pass over all identities
 // (markIndexedWithin) when it has at least scanMinCIDRs CIDRs and one
-// scanRatio-th as many as there are identities.
+// scanRatio-th as many as there are identities, or the policies a round
+// adds have that many together (one pass for all of them).
 const (
 	scanMinCIDRs = 1024
 	scanRatio    = 4
 )
 
 // markIndexedWithin marks dirty the identities with a cidr prefix inside
-// one of the policy's CIDRs in the index: the selectors the index finds
+// one of the policies' CIDRs in the index: the selectors the index finds
 // for the identity's prefixes (those whose CIDR holds one) include one of
-// the policy's.
-func (e *selectorEngine) markIndexedWithin(txn statedb.ReadTxn, pol string) {
+// the policies'.
+func (e *selectorEngine) markIndexedWithin(txn statedb.ReadTxn, policies map[string]struct{}) {
+	e.passes++
 	var one [1]netip.Prefix
 	for ident := range e.identities.All(txn) {
 		for s := range e.index.candidates(ident.Labels.AppendPrefixes(one[:0])) {
-			if s.policy == pol {
+			if _, ok := policies[s.policy]; ok {
 				e.dirty[ident.ID] = struct{}{}
 				break
 			}

@@ -685,3 +685,73 @@ func TestSelectorLargePolicy(t *testing.T) {
 	require.Equal(t, bruteForce([]*policy.Policy{small}, identities), f.table())
 	require.Equal(t, 3, len(f.table()))
 }
+
+// TestSelectorPoliciesScannedTogether: policies that a round adds, none
+// large enough on its own to be marked by a pass over the identities but
+// together as many CIDRs as there are identities (a directory's first
+// read), are marked by one pass for all of them, and give the entries the
+// brute force gives; added one round each, they are marked CIDR by CIDR.
+func TestSelectorPoliciesScannedTogether(t *testing.T) {
+	host := func(i int) string { return fmt.Sprintf("10.0.%d.%d/32", i>>8, i&0xff) }
+	var identities []*identitycell.Identity
+	for i := range 2400 {
+		identities = append(identities, identityRow(identity.Number(16777217+i), "cidr:"+host(i)))
+	}
+	identities = append(identities,
+		identityRow(16800000, "cidr:10.9.1.0/24"),
+		identityRow(16800001, "cidr:10.9.2.2/32", "app:x"),
+		identityRow(16800002, "cidr:2001:db8::1/128"),
+		identityRow(16800003, "app:no-cidr"))
+	var policies []*policy.Policy
+	for p := range 4 {
+		var cidrs []string
+		for i := p * 600; i < (p+1)*600; i++ {
+			cidrs = append(cidrs, host(i))
+		}
+		if p == 1 {
+			cidrs = append(cidrs, "10.9.0.0/16", "2001:db8::/32")
+		}
+		if p == 2 {
+			cidrs = append(cidrs, "0.0.0.0/0")
+		}
+		pol := cidrPolicy(fmt.Sprintf("p%d", p), policy.Egress, []policy.PortRange{{Port: 443, Protocol: policy.ProtocolTCP}}, cidrs...)
+		require.Less(t, cidrPeers(pol), scanMinCIDRs, "each policy too small for a pass of its own")
+		policies = append(policies, pol)
+	}
+
+	t.Run("one round", func(t *testing.T) {
+		f := newEngineFixture(t)
+		f.policiesRead()
+		f.ipcacheResolved()
+		f.upsertIdentities(t, identities...)
+		f.round(t)
+		passes := f.engine.passes
+		f.upsertPolicies(t, policies...)
+		f.round(t)
+		require.Equal(t, passes+1, f.engine.passes, "one pass for the four")
+		require.Equal(t, bruteForce(policies, identities), f.table())
+
+		// Replaced in one round with a deletion: the replacement's
+		// identities marked by a pass, the deleted policy's CIDR by CIDR.
+		replaced := cidrPolicy("p0", policy.Egress, nil, host(5), host(2399), "10.9.1.0/24")
+		f.deletePolicy(t, policies[3])
+		f.upsertPolicies(t, replaced, cidrPolicy("p4", policy.Ingress, nil, "10.0.0.0/8"))
+		f.round(t)
+		require.Equal(t, bruteForce([]*policy.Policy{replaced, policies[1], policies[2], cidrPolicy("p4", policy.Ingress, nil, "10.0.0.0/8")}, identities), f.table())
+	})
+
+	t.Run("a round each", func(t *testing.T) {
+		f := newEngineFixture(t)
+		f.policiesRead()
+		f.ipcacheResolved()
+		f.upsertIdentities(t, identities...)
+		f.round(t)
+		passes := f.engine.passes
+		for _, p := range policies {
+			f.upsertPolicies(t, p)
+			f.round(t)
+		}
+		require.Equal(t, passes, f.engine.passes, "no pass")
+		require.Equal(t, bruteForce(policies, identities), f.table())
+	})
+}
