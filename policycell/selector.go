@@ -927,13 +927,7 @@ func (e *selectorEngine) write(initializing bool) error {
 		// of a table in a write transaction freezes the tree's nodes the
 		// transaction copied so far (statedb's part.Txn), so a read
 		// between writes makes the next write copy its whole path again.
-		current, ends = current[:0], ends[:0]
-		for _, id := range chunk {
-			for entry := range policy.IdentityEntries(txn, e.entries, id) {
-				current = append(current, entry)
-			}
-			ends = append(ends, len(current))
-		}
+		current, ends = policy.AppendIdentitiesEntries(txn, e.entries, chunk, current[:0], ends[:0])
 		from := 0
 		for i, id := range chunk {
 			e.recomputed++
