@@ -631,6 +631,24 @@ type recordingHealth struct {
 func (h *recordingHealth) OK(string)                  { h.err = nil }
 func (h *recordingHealth) Degraded(_ string, e error) { h.err = e }
 
+// host is the i-th /32 of 10.0.0.0/16.
+func host(i int) string { return fmt.Sprintf("10.0.%d.%d/32", i>>8, i&0xff) }
+
+// hostIdentities returns the identities of the first n hosts (host), and
+// four more: a /24, a /32 with another label, an IPv6 /128 and one
+// without a cidr label.
+func hostIdentities(n int) []*identitycell.Identity {
+	var identities []*identitycell.Identity
+	for i := range n {
+		identities = append(identities, identityRow(identity.Number(16777217+i), "cidr:"+host(i)))
+	}
+	return append(identities,
+		identityRow(16800000, "cidr:10.9.1.0/24"),
+		identityRow(16800001, "cidr:10.9.2.2/32", "app:x"),
+		identityRow(16800002, "cidr:2001:db8::1/128"),
+		identityRow(16800003, "app:no-cidr"))
+}
+
 // TestSelectorLargePolicy: a policy with about as many CIDRs as there are
 // identities marks its identities by one pass over them
 // (markIndexedWithin, not markWithin per CIDR); added, replaced and
@@ -641,16 +659,7 @@ func TestSelectorLargePolicy(t *testing.T) {
 	f := newEngineFixture(t)
 	f.policiesRead()
 	f.ipcacheResolved()
-	host := func(i int) string { return fmt.Sprintf("10.0.%d.%d/32", i>>8, i&0xff) }
-	var identities []*identitycell.Identity
-	for i := range 1500 {
-		identities = append(identities, identityRow(identity.Number(16777217+i), "cidr:"+host(i)))
-	}
-	identities = append(identities,
-		identityRow(16800000, "cidr:10.9.1.0/24"),
-		identityRow(16800001, "cidr:10.9.2.2/32", "app:x"),
-		identityRow(16800002, "cidr:2001:db8::1/128"),
-		identityRow(16800003, "app:no-cidr"))
+	identities := hostIdentities(1500)
 	f.upsertIdentities(t, identities...)
 	small := cidrPolicy("small", policy.Ingress, nil, host(3), "10.9.0.0/16")
 	f.upsertPolicies(t, small)
@@ -692,16 +701,7 @@ func TestSelectorLargePolicy(t *testing.T) {
 // read), are marked by one pass for all of them, and give the entries the
 // brute force gives; added one round each, they are marked CIDR by CIDR.
 func TestSelectorPoliciesScannedTogether(t *testing.T) {
-	host := func(i int) string { return fmt.Sprintf("10.0.%d.%d/32", i>>8, i&0xff) }
-	var identities []*identitycell.Identity
-	for i := range 2400 {
-		identities = append(identities, identityRow(identity.Number(16777217+i), "cidr:"+host(i)))
-	}
-	identities = append(identities,
-		identityRow(16800000, "cidr:10.9.1.0/24"),
-		identityRow(16800001, "cidr:10.9.2.2/32", "app:x"),
-		identityRow(16800002, "cidr:2001:db8::1/128"),
-		identityRow(16800003, "app:no-cidr"))
+	identities := hostIdentities(2400)
 	var policies []*policy.Policy
 	for p := range 4 {
 		var cidrs []string
@@ -719,20 +719,27 @@ func TestSelectorPoliciesScannedTogether(t *testing.T) {
 		policies = append(policies, pol)
 	}
 
-	t.Run("one round", func(t *testing.T) {
+	// withIdentities is an engine whose identities are processed, before
+	// any policy.
+	withIdentities := func(t *testing.T) *engineFixture {
 		f := newEngineFixture(t)
 		f.policiesRead()
 		f.ipcacheResolved()
 		f.upsertIdentities(t, identities...)
 		f.round(t)
+		return f
+	}
+
+	t.Run("one round", func(t *testing.T) {
+		f := withIdentities(t)
 		passes := f.engine.passes
 		f.upsertPolicies(t, policies...)
 		f.round(t)
 		require.Equal(t, passes+1, f.engine.passes, "one pass for the four")
 		require.Equal(t, bruteForce(policies, identities), f.table())
 
-		// Replaced in one round with a deletion: the replacement's
-		// identities marked by a pass, the deleted policy's CIDR by CIDR.
+		// A policy replaced, one deleted and one added in one round, too
+		// few CIDRs for a pass: the entries are still the brute force's.
 		replaced := cidrPolicy("p0", policy.Egress, nil, host(5), host(2399), "10.9.1.0/24")
 		f.deletePolicy(t, policies[3])
 		f.upsertPolicies(t, replaced, cidrPolicy("p4", policy.Ingress, nil, "10.0.0.0/8"))
@@ -741,11 +748,7 @@ func TestSelectorPoliciesScannedTogether(t *testing.T) {
 	})
 
 	t.Run("a round each", func(t *testing.T) {
-		f := newEngineFixture(t)
-		f.policiesRead()
-		f.ipcacheResolved()
-		f.upsertIdentities(t, identities...)
-		f.round(t)
+		f := withIdentities(t)
 		passes := f.engine.passes
 		for _, p := range policies {
 			f.upsertPolicies(t, p)
