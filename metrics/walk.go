@@ -25,11 +25,11 @@ const (
 // walk took longer than a millisecond, only once walkSpacing times that
 // long has passed since it began: until then it gets the last value.
 //
-// The walks of a table of a million rows take tens of milliseconds each,
-// and a client that scrapes several times a second while the table changes
-// (a load, a harness polling for its end) would otherwise keep a core busy
-// walking it, taking the CPU from the writers whose progress it watches.
-// The price is a value up to a few seconds old while such a table
+// A client that scrapes several times a second while a table of a
+// million rows changes (a load, a harness polling for its end) would
+// otherwise keep a core busy walking it, taking the CPU from the writers
+// whose progress it watches (docs/SCALE.md, "The scrapes' walks"). The
+// price is a value up to walkSpacing walks old while such a table
 // changes; a table that stopped changing is reported as it is at the next
 // scrape.
 //

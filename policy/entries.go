@@ -313,10 +313,10 @@ func IdentityEntries(txn statedb.ReadTxn, entries statedb.Table[*Entry], id iden
 // are out[ends[i-1]:ends[i]] (from the length of out as given, for i 0).
 //
 // It reads the identities' entries in one walk of the table, which holds
-// an identity's entries next to each other and in the identities' order:
-// a search per identity, as [IdentityEntries] does, cost about a
-// microsecond each when ids are the thousands of new identities of a
-// chunk of a large load. The walk passes the entries of identities not in
+// an identity's entries next to each other and in the identities' order,
+// where a search per identity, as [IdentityEntries] does, costs an
+// iterator each: the thousands of new identities of a large load's chunk
+// added up (docs/SCALE.md). The walk passes the entries of identities not in
 // ids that lie between them; once it has passed more than a few per
 // identity asked for (ids spread over a table whose other identities have
 // entries), the rest of ids are searched one by one.

@@ -517,11 +517,9 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 }
 
 // policyChanged re-indexes a policy's selectors and marks the identities
-// inside its old and new CIDRs dirty.
-// policyChanged indexes a policy's new rules in place of its old ones. With
-// scanned, the identities the new rules select are left for the caller to
-// mark by one pass over the identities, for all the policies scanned holds
-// once it returns (markIndexedWithin).
+// inside its old and new CIDRs dirty. With scanned, those inside its new
+// CIDRs are left for the caller to mark by one pass over the identities,
+// for all the policies scanned holds once it returns (markIndexedWithin).
 func (e *selectorEngine) policyChanged(txn statedb.ReadTxn, p *policy.Policy, deleted bool, scanned map[string]struct{}) {
 	old := e.indexed[p.Name]
 	if !deleted && old != nil && old.SameRules(p) {
