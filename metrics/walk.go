@@ -29,9 +29,9 @@ const (
 // million rows changes (a load, a harness polling for its end) would
 // otherwise keep a core busy walking it, taking the CPU from the writers
 // whose progress it watches (docs/SCALE.md, "The scrapes' walks"). The
-// price is a value up to walkSpacing walks old while such a table
-// changes; a table that stopped changing is reported as it is at the next
-// scrape.
+// price is a value up to walkSpacing times a walk's duration old while
+// such a table changes; a table that stopped changing is reported as it
+// is at the next scrape.
 //
 // The zero value is ready to use. It is safe for concurrent use: a scrape
 // that comes while another walks waits for its value.
