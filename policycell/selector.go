@@ -1201,25 +1201,20 @@ func resolve(grants []grant, shared entryNames) []*policy.Entry {
 			// One rule's alone, as most are: the names are those of the
 			// rule's other entries.
 			entry.Policies, entry.Rules = shared.of(grants[i].policy, grants[i].rule)
-			i = j
-			entries = append(entries, entry)
-			if entry.Verdict == policy.VerdictDeny {
-				denies = append(denies, entry.Key)
+		} else {
+			// The entry's policies and rules share one allocation, each
+			// capped to its half: most entries have one of each.
+			names := make([]string, 2*(j-i))
+			entry.Policies, entry.Rules = names[:0:j-i], names[j-i:j-i:2*(j-i)]
+			for _, g := range grants[i:j] {
+				if g.verdict != entry.Verdict {
+					break // the allows of a denied (or intercepted) key
+				}
+				if len(entry.Policies) == 0 || entry.Policies[len(entry.Policies)-1] != g.policy {
+					entry.Policies = append(entry.Policies, g.policy)
+				}
+				entry.Rules = append(entry.Rules, g.rule)
 			}
-			continue
-		}
-		// The entry's policies and rules share one allocation, each
-		// capped to its half: most entries have one of each.
-		names := make([]string, 2*(j-i))
-		entry.Policies, entry.Rules = names[:0:j-i], names[j-i:j-i:2*(j-i)]
-		for _, g := range grants[i:j] {
-			if g.verdict != entry.Verdict {
-				break // the allows of a denied (or intercepted) key
-			}
-			if len(entry.Policies) == 0 || entry.Policies[len(entry.Policies)-1] != g.policy {
-				entry.Policies = append(entry.Policies, g.policy)
-			}
-			entry.Rules = append(entry.Rules, g.rule)
 		}
 		i = j
 		entries = append(entries, entry)
