@@ -39,8 +39,9 @@ import (
 // not run): the program's reads through bpf_skb_load_bytes of a
 // non-linear part are not exercised, and the FIB lookup of neighbour discovery
 // (ndp_on_link) sees the loopback, whose forwarding is normally off, so
-// that every neighbour discovery message passes: the oracle takes the
-// message's shape alone as the explanation.
+// that every neighbour discovery message to or from a unicast address
+// passes: the oracle takes the message's shape, and a multicast remote's
+// scope (which the program reads, not the FIB), as the explanation.
 func FuzzEnforceParser(f *testing.F) {
 	privileged.Test(f)
 	for _, seed := range parserFuzzSeeds() {
@@ -437,10 +438,13 @@ func oracleParseIPv6(ip []byte, direction policy.Direction) (oraclePacket, strin
 		pkt.remote = dst
 	}
 	next, hops := ip[6], ip[7]
-	// Neighbour discovery right after the IPv6 header, never routed. (The
-	// program also asks the FIB whether the remote is on the link: on the
-	// loopback of BPF_PROG_RUN it always is, see FuzzEnforceParser.)
-	if next == protoICMPv6 && hops == 255 && len(ip) > 40 && ip[40] >= 133 && ip[40] <= 137 {
+	// Neighbour discovery right after the IPv6 header, never routed: to or
+	// from an address on the link. A multicast group is on it only of
+	// interface or link scope; for any other address the program asks the
+	// FIB, which on the loopback of BPF_PROG_RUN always says it is (see
+	// FuzzEnforceParser).
+	onLink := !pkt.remote.IsMulticast() || pkt.remote.As16()[1]&0x0f <= 2
+	if next == protoICMPv6 && hops == 255 && len(ip) > 40 && ip[40] >= 133 && ip[40] <= 137 && onLink {
 		return pkt, "neighbour discovery"
 	}
 	off := 40
