@@ -3,6 +3,7 @@
 package ipcachecell
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/ipcache-agent/ipcache-agent/identity"
 	"github.com/ipcache-agent/ipcache-agent/identitycell"
+	"github.com/ipcache-agent/ipcache-agent/internal/prefixkey"
 	"github.com/ipcache-agent/ipcache-agent/internal/progress"
 	"github.com/ipcache-agent/ipcache-agent/labels"
 	"github.com/ipcache-agent/ipcache-agent/source"
@@ -526,29 +528,15 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 		// Before the snapshot: released, restore's rows are all in it.
 		whileHeld := r.allocator.LocalHeld()
 		txn := r.db.ReadTxn()
-		// The rows are read by calling the iterator with one function for
-		// the whole chunk, not by a range loop: a range over a function
-		// that does not inline moves its state to the heap, an 8-byte
-		// object per prefix that the tiny allocator packs with the small
-		// objects allocated next, the prefix's cidr label among them, and
-		// keeps for as long as they live (docs/SCALE.md, session 36).
-		var p *prefetched
-		mergeRow := func(row *PrefixMetadata, revision statedb.Revision) bool {
-			if revision > p.changed {
-				p.superseded = true
-				return false
-			}
-			p.res.merge(row)
-			return true
+		for _, queued := range chunk {
+			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed, told: -1})
 		}
+		r.readRows(txn, out)
 		// Read-locked for the chunk: restore adds numbers a block at a
 		// time, and holds them until the grace period is over.
 		r.previous.mu.RLock()
-		for _, queued := range chunk {
-			out = append(out, prefetched{prefix: queued.key.prefix(), changed: queued.changed})
-			p = &out[len(out)-1]
-			r.metadata.Prefix(txn, MetadataIndex.Query(p.prefix))(mergeRow)
-			p.told = -1
+		for i := range out {
+			p := &out[i]
 			if p.res.hasAnyMetadataRow && !p.superseded {
 				p.told = r.previous.lookupLocked(p.prefix)
 				// What restore's row requested, when it had one: the
@@ -570,6 +558,69 @@ func (r *resolver) prefetch(chunk []queuedPrefix) <-chan prefetchedChunk {
 	}()
 	return done
 }
+
+// readRows merges into each of rows (in address order, each prefix once)
+// the metadata rows of its prefix, up to the first row newer than the
+// change that queued it (which marks it superseded).
+//
+// It reads them in walks of the table, not in a prefix search per
+// prefix, which costs an iterator and a descent each (most of a large
+// load's read, docs/SCALE.md): the table holds a prefix's rows next to
+// each other and in the chunk's order, and a chunk of a large batch is a
+// run of adjacent prefixes, or a few runs (one per lane). A walk passes
+// the rows of prefixes not in the chunk that lie between its prefixes;
+// once it has passed maxPassedRows in a row, it seeks again from the
+// next prefix of the chunk: a chunk spread over a table of other prefixes
+// costs about a seek per prefix, as the searches did.
+func (r *resolver) readRows(txn statedb.ReadTxn, rows []prefetched) {
+	var (
+		i       int
+		keyBuf  [prefixkey.MaxLen]byte
+		want    []byte
+		passed  int
+		seekOn  bool
+		visitor = func(row *PrefixMetadata, revision statedb.Revision) bool {
+			got := row.key[:prefixkey.LenOf(row.key[0])]
+			c := bytes.Compare(got, want)
+			for c > 0 {
+				// Past rows[i]'s rows, if it had any.
+				if i++; i == len(rows) {
+					return false
+				}
+				want = prefixkey.Append(keyBuf[:0], rows[i].prefix)
+				c = bytes.Compare(got, want)
+			}
+			if c < 0 {
+				// rows[i] has no row merged yet: one of its rows comes
+				// after every row passed.
+				passed++
+				seekOn = passed > maxPassedRows
+				return !seekOn
+			}
+			passed = 0
+			p := &rows[i]
+			if p.superseded {
+				return true
+			}
+			if revision > p.changed {
+				p.superseded = true
+				return true
+			}
+			p.res.merge(row)
+			return true
+		}
+	)
+	for seekOn = i < len(rows); seekOn; {
+		seekOn, passed = false, 0
+		want = prefixkey.Append(keyBuf[:0], rows[i].prefix)
+		r.metadata.LowerBound(txn, MetadataIndex.QueryFromKey(want))(visitor)
+	}
+}
+
+// maxPassedRows is how many rows of other prefixes a walk of readRows
+// passes before it seeks the next prefix of its chunk: a few, as a row
+// passed costs a small part of a seek.
+const maxPassedRows = 16
 
 // wantedLabels is the rows' labels with the prefix's cidr label (rows
 // without labels are cidrOnly): a prefix's identity carries its own cidr

@@ -418,3 +418,93 @@ func BenchmarkSortByPrefix(b *testing.B) {
 		})
 	}
 }
+
+// readRows merges the same rows into a chunk as a search per prefix
+// does, whether its walk passes them all (a run of adjacent prefixes) or
+// seeks again (runs apart, a chunk spread over other prefixes), with prefixes that
+// have no row (before, between and after the table's), rows of two
+// resources, both families, and a prefix whose row is newer than its
+// change.
+func TestReadRowsMatchesSearchPerPrefix(t *testing.T) {
+	f := newFixture(t)
+	a, err := f.ipcache.NewHandle("a", source.Local)
+	require.NoError(t, err)
+	b, err := f.ipcache.NewHandle("b", source.Restored)
+	require.NoError(t, err)
+	appLabels, err := labels.New("app:x")
+	require.NoError(t, err)
+
+	prefixes := hostPrefixes(1, 2000)
+	for i := range 200 {
+		prefixes = append(prefixes, netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 15: byte(i)}), 128))
+	}
+	var upserts []PrefixUpsert
+	for i, p := range prefixes {
+		if i%7 == 3 {
+			continue // no row
+		}
+		upserts = append(upserts, PrefixUpsert{Prefix: p})
+	}
+	require.NoError(t, a.UpsertBatch(upserts))
+	for i, p := range prefixes {
+		if i%3 == 0 {
+			require.NoError(t, b.Upsert(p, Metadata{Labels: appLabels, RequestedIdentity: identity.MinLocal + identity.Number(i)}))
+		}
+	}
+	queuedAt := f.metadata.Revision(f.db.ReadTxn())
+	newer := prefixes[30]
+	require.NoError(t, a.Upsert(newer, Metadata{Labels: appLabels}))
+
+	outside := []netip.Prefix{netip.MustParsePrefix("9.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/16"), netip.MustParsePrefix("2001::/16"), netip.MustParsePrefix("ffff::/16")}
+	chunks := map[string][]netip.Prefix{
+		"adjacent":          prefixes[:600],
+		"spread":            everyNth(prefixes, 40),
+		"spread then dense": append(everyNth(prefixes[:1800], 100), prefixes[1800:1850]...),
+		"two runs":          append(slices.Clone(prefixes[100:300]), prefixes[1500:1700]...),
+		"no rows":           outside,
+		"with outside":      append(slices.Clone(prefixes[20:40]), outside...),
+		"one, superseded":   prefixes[30:31],
+	}
+	for name, chunk := range chunks {
+		t.Run(name, func(t *testing.T) {
+			chunk = slices.Clone(chunk)
+			slices.SortFunc(chunk, func(x, y netip.Prefix) int { return compact(x).compare(compact(y)) })
+			txn := f.db.ReadTxn()
+			got := make([]prefetched, len(chunk))
+			want := make([]prefetched, len(chunk))
+			for i, p := range chunk {
+				got[i] = prefetched{prefix: p, changed: queuedAt}
+				want[i] = got[i]
+			}
+			f.resolver.readRows(txn, got)
+			for i := range want {
+				w := &want[i]
+				for row, revision := range f.metadata.Prefix(txn, MetadataIndex.Query(w.prefix)) {
+					if revision > w.changed {
+						w.superseded = true
+						break
+					}
+					w.res.merge(row)
+				}
+			}
+			require.Equal(t, want, got)
+			read := 0
+			for _, p := range got {
+				if p.res.hasAnyMetadataRow || p.superseded {
+					read++
+				}
+			}
+			if name != "no rows" {
+				require.NotZero(t, read, "the chunk has rows to read")
+			}
+		})
+	}
+}
+
+func everyNth(prefixes []netip.Prefix, n int) []netip.Prefix {
+	var out []netip.Prefix
+	for i := 0; i < len(prefixes); i += n {
+		out = append(out, prefixes[i])
+	}
+	return out
+}
