@@ -77,6 +77,13 @@ func BenchmarkOneFileToPolicyTable(b *testing.B) {
 	benchmarkToPolicyTable(b, 1, 100_000)
 }
 
+// BenchmarkTenFilesToPolicyTable is the same 100,000 CIDRs in ten
+// policies of ten files, the shape of bench-peer's directory at 1M scaled
+// down ten times: one round adds policies that are each a tenth of it.
+func BenchmarkTenFilesToPolicyTable(b *testing.B) {
+	benchmarkToPolicyTable(b, 10, 10_000)
+}
+
 func benchmarkToPolicyTable(b *testing.B, policies, cidrsPerPolicy int) {
 	dir := b.TempDir()
 	writePolicyFiles(b, dir, policies, cidrsPerPolicy)

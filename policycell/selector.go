@@ -67,6 +67,8 @@ func newRuleSelector(p *policy.Policy, dir policy.Direction, rule *policy.Rule) 
 // selector engine and the count of a file's entries (expansion.go) use it.
 type selectorIndex struct {
 	byCIDR map[netip.Prefix][]*selector
+	// room is the number of CIDRs byCIDR was last made for (reserve).
+	room int
 	// lengths counts the selector CIDRs of each family (IPv4, IPv6) and
 	// prefix length.
 	lengths [2][129]int
@@ -109,14 +111,16 @@ func (x *selectorIndex) addPeers(p *policy.Policy, dir policy.Direction, rule *p
 }
 
 // reserve makes room for n more CIDRs when they are at least as many as
-// those indexed (a policy directory's first read, a large file): the map
-// is made at its size once, where growing it step by step moved what it
-// held at each step; copying what it holds costs no more than adding n.
+// those indexed (a policy directory's first read, a large file) and the
+// map was not made with room for them: the map is made at its size once,
+// where growing it step by step moved what it held at each step; copying
+// what it holds costs no more than adding n.
 func (x *selectorIndex) reserve(n int) {
-	if n < len(x.byCIDR) || n < 64 {
+	if n < len(x.byCIDR) || n < 64 || len(x.byCIDR)+n <= x.room {
 		return
 	}
-	grown := make(map[netip.Prefix][]*selector, len(x.byCIDR)+n)
+	x.room = len(x.byCIDR) + n
+	grown := make(map[netip.Prefix][]*selector, x.room)
 	maps.Copy(grown, x.byCIDR)
 	x.byCIDR = grown
 }
@@ -421,9 +425,13 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	// are identities, while none has on its own: one pass over the
 	// identities then marks them all (see indexPolicy).
 	var scanned map[string]struct{}
-	if added := addedCIDRs(changed); added >= scanMinCIDRs && added*scanRatio >= e.identities.NumObjects(snapshot) {
+	added := addedCIDRs(changed)
+	if added >= scanMinCIDRs && added*scanRatio >= e.identities.NumObjects(snapshot) {
 		scanned = map[string]struct{}{}
 	}
+	// Room for all of them at once, not policy by policy: ten files of a
+	// hundred thousand grew the index nine times.
+	e.index.reserve(added)
 	for _, change := range changed {
 		e.policyChanged(snapshot, change.Object, change.Deleted, scanned)
 	}
