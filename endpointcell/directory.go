@@ -31,6 +31,7 @@ const InForceFileName = "endpoints-in-force.json"
 type directory struct {
 	log      *slog.Logger
 	dir      yamldir.Dir
+	read     yamldir.ReadCache // the files read, to take again those unchanged
 	saved    yamldir.Saved
 	versions yamldir.Versions[endpointfile.Documents]
 	source   endpoint.Source
@@ -136,7 +137,7 @@ func (d *directory) load() ([]string, error) {
 		d.readOnce = true
 		d.restore()
 	}
-	found, err := d.dir.Read()
+	found, err := d.dir.ReadCached(&d.read)
 	if err != nil {
 		return nil, fmt.Errorf("read endpoint directory %s: %w", d.dir.Path, err)
 	}

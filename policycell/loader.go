@@ -51,6 +51,7 @@ type loader struct {
 	initialized func()
 
 	files      yamldir.Versions[[]*policy.Policy] // each file's content and version in force
+	read       yamldir.ReadCache                  // the files read, to take again those unchanged
 	inForce    map[string]*policy.Policy          // by policy name: what the table and the handles say
 	handles    map[string]*ipcachecell.Handle     // by policy name
 	handleErrs map[string]error                   // policies whose handle could not be obtained
@@ -122,7 +123,7 @@ func (l *loader) load(ctx context.Context) (watchDirs []string, err error) {
 		l.readOnce = true
 		l.restoreInForce()
 	}
-	found, err := policyDir(l.dir).Read()
+	found, err := policyDir(l.dir).ReadCached(&l.read)
 	if err != nil {
 		err = fmt.Errorf("read policy directory %s: %w", l.dir, err)
 		l.mu.Lock()

@@ -4,7 +4,8 @@
 // --policy-dir and --endpoint-dir: the files *.yaml and *.yml directly in
 // the directory, hidden files and subdirectories ignored, symlinks
 // followed only while they stay inside the directory (a Kubernetes
-// ConfigMap mount), each file capped in size (Dir.Read); read again when
+// ConfigMap mount), each file capped in size (Dir.Read), a file unchanged
+// since the last read taken again without reading it (Dir.ReadCached); read again when
 // it changes (fsnotify, debounced) and periodically (Dir.Watch); a file
 // the unit of validity, each keeping the last version of it that was
 // valid, an emptied file keeping what it held (Versions); the versions in

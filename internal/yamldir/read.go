@@ -3,6 +3,7 @@
 package yamldir
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,10 +41,63 @@ type Listing struct {
 	WatchDirs []string
 }
 
-// File is one file of a Listing: its content, or why it could not be read.
+// File is one file of a Listing: its content and the content's sha256
+// digest, or why it could not be read.
 type File struct {
 	Content []byte
+	Digest  [sha256.Size]byte
 	Err     error
+}
+
+// ReadCache keeps, of each file a read took, the content and digest read
+// and what identifies that content on disk: the opened file's device,
+// inode, size, and change and modification times. A read with the cache
+// takes a file whose identity is the one kept without reading or hashing
+// it again: an edit of one file of a large directory read and hashed
+// every file again, most of what the edit cost (docs/SCALE.md).
+//
+// A file changed less than racyWindow before the read that took it is
+// not kept: a later write within the file system's timestamp granularity
+// could leave its times as they were (git's "racily clean" files). A file
+// kept had its times settled when it was read, so any later write gives
+// it a later change time. The zero value is ready; it is not safe for
+// concurrent use.
+type ReadCache struct {
+	files map[string]cachedFile
+	// settle is how long after its last change a file read is kept; zero:
+	// racyWindow.
+	settle time.Duration
+}
+
+type cachedFile struct {
+	stamp   fileStamp
+	content []byte
+	digest  [sha256.Size]byte
+}
+
+// fileStamp identifies a file's content on disk.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+// racyWindow is how long after a file's last change a read must come for
+// the read cache to keep it. Local file systems stamp a write with the
+// kernel's coarse clock, which moves once a tick (at most 10 ms apart):
+// ten ticks. Files are mostly written well before the agent reads them
+// (a policy directory written before the agent starts is read a few
+// hundred milliseconds later), and a file within the window is only read
+// again.
+const racyWindow = 100 * time.Millisecond
+
+// stampOf returns the identity of an opened file's content.
+func stampOf(f *os.File) (fileStamp, bool) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileStamp{}, false
+	}
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, true
 }
 
 // IsYAMLFile reports whether a directory entry's name makes it a file of
@@ -70,6 +125,16 @@ func IsYAMLFile(name string) bool {
 // (ErrOutsideDirectory, ErrNotRegular, ErrTooLarge, the system's) are in
 // the listing.
 func (d Dir) Read() (Listing, error) {
+	return d.ReadCached(nil)
+}
+
+// ReadCached is Read, taking from cache the files it holds whose content
+// has not changed since (see ReadCache), and keeping in it the files read
+// for the next read. A nil cache: every file is read.
+//
+// Possible errors: those of Read.
+func (d Dir) ReadCached(cache *ReadCache) (Listing, error) {
+	readAt := time.Now()
 	root, err := filepath.EvalSymlinks(d.Path)
 	if err != nil {
 		return Listing{}, err
@@ -93,6 +158,11 @@ func (d Dir) Read() (Listing, error) {
 	}
 
 	found := Listing{Files: map[string]File{}, WatchDirs: []string{root}}
+	var kept map[string]cachedFile
+	if cache != nil {
+		kept = map[string]cachedFile{}
+		defer func() { cache.files = kept }()
+	}
 	for _, entry := range entries {
 		name := entry.Name()
 		if !IsYAMLFile(name) || entry.IsDir() {
@@ -127,13 +197,13 @@ func (d Dir) Read() (Listing, error) {
 			found.Files[name] = File{Err: openErr}
 			continue
 		}
-		content, isDir, err := d.ReadOpened(f)
+		read, isDir := d.readFile(f, name, cache, kept, readAt)
 		f.Close()
 		if isDir {
 			continue
 		}
-		found.Files[name] = File{Content: content, Err: err}
-		if isLink && err == nil {
+		found.Files[name] = read
+		if isLink && read.Err == nil {
 			// What to watch, not what to read: the content is what was
 			// read above, whatever the link points at by now.
 			if target, err := filepath.EvalSymlinks(path); err == nil && isInside(root, target) {
@@ -144,6 +214,39 @@ func (d Dir) Read() (Listing, error) {
 	slices.Sort(found.WatchDirs)
 	found.WatchDirs = slices.Compact(found.WatchDirs)
 	return found, nil
+}
+
+// readFile reads an opened file of the directory, or takes it from cache
+// when its content has not changed since (see ReadCache), and puts it in
+// kept (unless nil) when it may be taken from there at the next read.
+func (d Dir) readFile(f *os.File, name string, cache *ReadCache, kept map[string]cachedFile, readAt time.Time) (read File, isDir bool) {
+	stamp, stamped := stampOf(f)
+	if c, ok := cache.lookup(name); ok && stamped && c.stamp == stamp {
+		kept[name] = c
+		return File{Content: c.content, Digest: c.digest}, false
+	}
+	content, isDir, err := d.ReadOpened(f)
+	if isDir || err != nil {
+		return File{Err: err}, isDir
+	}
+	read = File{Content: content, Digest: sha256.Sum256(content)}
+	settledBy := readAt.Add(-racyWindow)
+	if cache != nil && cache.settle > 0 {
+		settledBy = readAt.Add(-cache.settle)
+	}
+	settled := time.Unix(stamp.ctime.Unix()).Before(settledBy) && time.Unix(stamp.mtime.Unix()).Before(settledBy)
+	if kept != nil && stamped && settled && int64(len(content)) == stamp.size {
+		kept[name] = cachedFile{stamp: stamp, content: content, digest: read.Digest}
+	}
+	return read, false
+}
+
+func (c *ReadCache) lookup(name string) (cachedFile, bool) {
+	if c == nil {
+		return cachedFile{}, false
+	}
+	f, ok := c.files[name]
+	return f, ok
 }
 
 // openBeneath opens name for reading relative to the directory dirfd

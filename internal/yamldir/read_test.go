@@ -3,12 +3,14 @@
 package yamldir
 
 import (
+	"crypto/sha256"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -64,4 +66,64 @@ func TestRead(t *testing.T) {
 
 	_, err = Dir{Path: filepath.Join(base, "missing"), MaxSize: 9, What: "endpoint"}.Read()
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// A read with a cache takes again a file unchanged since a read that
+// found it settled (the same bytes, not read again), and reads a file
+// again when it was rewritten (even to the same size), replaced by
+// another file, or was changed too recently to be kept.
+func TestReadCached(t *testing.T) {
+	dir := t.TempDir()
+	d := Dir{Path: dir, MaxSize: 1 << 20, What: "policy"}
+	writeFile(t, filepath.Join(dir, "a.yaml"), "aaaa")
+	writeFile(t, filepath.Join(dir, "b.yaml"), "bbbb")
+	writeFile(t, filepath.Join(dir, "c.yaml"), "cccc")
+	time.Sleep(100 * time.Millisecond)
+	cache := &ReadCache{settle: 50 * time.Millisecond}
+	first, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	require.Equal(t, sha256.Sum256([]byte("aaaa")), first.Files["a.yaml"].Digest)
+
+	writeFile(t, filepath.Join(dir, "b.yaml"), "BBBB")
+	replaced := filepath.Join(t.TempDir(), "c.yaml")
+	writeFile(t, replaced, "CCCC")
+	info, err := os.Stat(filepath.Join(dir, "c.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, os.Chtimes(replaced, info.ModTime(), info.ModTime()))
+	require.NoError(t, os.Rename(replaced, filepath.Join(dir, "c.yaml")))
+	second, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	require.Same(t, &first.Files["a.yaml"].Content[0], &second.Files["a.yaml"].Content[0], "unchanged: taken from the cache")
+	require.Equal(t, first.Files["a.yaml"].Digest, second.Files["a.yaml"].Digest)
+	require.Equal(t, "BBBB", string(second.Files["b.yaml"].Content), "rewritten to the same size")
+	require.Equal(t, sha256.Sum256([]byte("BBBB")), second.Files["b.yaml"].Digest)
+	require.Equal(t, "CCCC", string(second.Files["c.yaml"].Content), "replaced, with the same size and times")
+
+	// b.yaml changed within the settle time of the second read: not kept,
+	// read again however unchanged.
+	third, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	require.NotSame(t, &second.Files["b.yaml"].Content[0], &third.Files["b.yaml"].Content[0], "racy: read again")
+	require.Same(t, &first.Files["a.yaml"].Content[0], &third.Files["a.yaml"].Content[0])
+
+	// A removed file leaves the cache.
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
+	_, err = d.ReadCached(cache)
+	require.NoError(t, err)
+	_, kept := cache.lookup("a.yaml")
+	require.False(t, kept)
+}
+
+// Without settle time passed, nothing is kept: every read reads.
+func TestReadCachedKeepsNothingRacy(t *testing.T) {
+	dir := t.TempDir()
+	d := Dir{Path: dir, MaxSize: 1 << 20, What: "policy"}
+	writeFile(t, filepath.Join(dir, "a.yaml"), "aaaa")
+	cache := &ReadCache{settle: time.Hour}
+	first, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	second, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	require.NotSame(t, &first.Files["a.yaml"].Content[0], &second.Files["a.yaml"].Content[0])
+	require.Equal(t, first.Files["a.yaml"].Digest, second.Files["a.yaml"].Digest)
 }

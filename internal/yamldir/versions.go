@@ -148,7 +148,11 @@ func (v *Versions[T]) Update(found Listing) (removed []string) {
 			f.readErr = v.ReadError(name, read.Err)
 			continue
 		}
-		digest := sha256.Sum256(read.Content)
+		digest := read.Digest
+		if digest == ([sha256.Size]byte{}) {
+			// A listing made by hand, not by Read.
+			digest = sha256.Sum256(read.Content)
+		}
 		if !f.hasParsed && f.parseErr == nil || digest != f.digest {
 			var zero T
 			f.digest, f.content = digest, read.Content
