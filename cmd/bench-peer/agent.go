@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ipcache-agent/ipcache-agent/cells"
 )
 
 // metricsAddr is where the agent serves /metrics and /readyz, in the
@@ -140,18 +143,20 @@ func (a *agentRun) ready() (bool, string) {
 type ipcacheCounts struct{ Done, Pending, Error int }
 
 // ipcacheStatus is the shell's `datapath/ipcache-status`: the ipcache
-// map writer's entries done, pending and failing.
+// map writer's entries done, pending and failing. It speaks to the shell
+// in process, as `ipcache-agent shell` does: starting that client was
+// 50 ms, which the agent's load at 1,000 prefixes counted (docs/SCALE.md).
 //
 // Possible errors: the shell's.
 func (a *agentRun) ipcacheStatus() (ipcacheCounts, error) {
-	out, err := exec.Command(a.binary, "shell", "--shell-sock-path="+a.sock, "datapath/ipcache-status", "-o", "json").Output()
-	if err != nil {
+	var out bytes.Buffer
+	if err := cells.ShellExchange(a.sock, "datapath/ipcache-status -o json", &out); err != nil {
 		return ipcacheCounts{}, err
 	}
 	var status struct {
 		Counts ipcacheCounts `json:"counts"`
 	}
-	err = json.Unmarshal(out, &status)
+	err := json.Unmarshal(out.Bytes(), &status)
 	return status.Counts, err
 }
 
