@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
+	"weak"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,12 +51,15 @@ type File struct {
 	Err     error
 }
 
-// ReadCache keeps, of each file a read took, the content and digest read
-// and what identifies that content on disk: the opened file's device,
-// inode, size, and change and modification times. A read with the cache
-// takes a file whose identity is the one kept without reading or hashing
-// it again: an edit of one file of a large directory read and hashed
-// every file again, most of what the edit cost (docs/SCALE.md).
+// ReadCache keeps, of each file a read took, the digest of the content
+// read, a weak pointer to that content, and what identifies the content
+// on disk: the opened file's device, inode, size, and change and
+// modification times. A read with the cache takes a file whose identity
+// is the one kept, and whose content is still in memory, without reading
+// or hashing it again: an edit of one file of a large directory read and
+// hashed every file again, most of what the edit cost (docs/SCALE.md).
+// The cache keeps no content alive: what Versions drops (a content that
+// does not parse) the collector may take, and the next read reads it.
 //
 // A file changed less than racyWindow before the read that took it is
 // not kept: a later write within the file system's timestamp granularity
@@ -70,9 +75,18 @@ type ReadCache struct {
 }
 
 type cachedFile struct {
-	stamp   fileStamp
-	content []byte
-	digest  [sha256.Size]byte
+	stamp  fileStamp
+	first  weak.Pointer[byte] // the content's first byte
+	digest [sha256.Size]byte
+}
+
+// content returns the content, if it is still in memory.
+func (c cachedFile) content() ([]byte, bool) {
+	first := c.first.Value()
+	if first == nil {
+		return nil, false
+	}
+	return unsafe.Slice(first, c.stamp.size), true
 }
 
 // fileStamp identifies a file's content on disk.
@@ -222,8 +236,10 @@ func (d Dir) ReadCached(cache *ReadCache) (Listing, error) {
 func (d Dir) readFile(f *os.File, name string, cache *ReadCache, kept map[string]cachedFile, readAt time.Time) (read File, isDir bool) {
 	stamp, stamped := stampOf(f)
 	if c, ok := cache.lookup(name); ok && stamped && c.stamp == stamp {
-		kept[name] = c
-		return File{Content: c.content, Digest: c.digest}, false
+		if content, inMemory := c.content(); inMemory {
+			kept[name] = c
+			return File{Content: content, Digest: c.digest}, false
+		}
 	}
 	content, isDir, err := d.ReadOpened(f)
 	if isDir || err != nil {
@@ -235,8 +251,8 @@ func (d Dir) readFile(f *os.File, name string, cache *ReadCache, kept map[string
 		settledBy = readAt.Add(-cache.settle)
 	}
 	settled := time.Unix(stamp.ctime.Unix()).Before(settledBy) && time.Unix(stamp.mtime.Unix()).Before(settledBy)
-	if kept != nil && stamped && settled && int64(len(content)) == stamp.size {
-		kept[name] = cachedFile{stamp: stamp, content: content, digest: read.Digest}
+	if kept != nil && stamped && settled && len(content) > 0 && int64(len(content)) == stamp.size {
+		kept[name] = cachedFile{stamp: stamp, first: weak.Make(&content[0]), digest: read.Digest}
 	}
 	return read, false
 }

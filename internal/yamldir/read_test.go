@@ -7,7 +7,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -126,4 +128,30 @@ func TestReadCachedKeepsNothingRacy(t *testing.T) {
 	require.NoError(t, err)
 	require.NotSame(t, &first.Files["a.yaml"].Content[0], &second.Files["a.yaml"].Content[0])
 	require.Equal(t, first.Files["a.yaml"].Digest, second.Files["a.yaml"].Digest)
+}
+
+// The cache keeps no content alive: once nothing else holds a file's
+// content, the collector takes it, and the next read reads the file again.
+func TestReadCacheKeepsNoContentAlive(t *testing.T) {
+	dir := t.TempDir()
+	d := Dir{Path: dir, MaxSize: 1 << 20, What: "policy"}
+	content := strings.Repeat("a: b\n", 64)
+	writeFile(t, filepath.Join(dir, "a.yaml"), content)
+	time.Sleep(100 * time.Millisecond)
+	cache := &ReadCache{settle: 50 * time.Millisecond}
+	func() {
+		l, err := d.ReadCached(cache)
+		require.NoError(t, err)
+		require.Equal(t, content, string(l.Files["a.yaml"].Content))
+	}()
+	runtime.GC()
+	runtime.GC()
+	c, ok := cache.lookup("a.yaml")
+	require.True(t, ok, "the file's identity is kept")
+	_, inMemory := c.content()
+	require.False(t, inMemory, "its content is not")
+	l, err := d.ReadCached(cache)
+	require.NoError(t, err)
+	require.Equal(t, content, string(l.Files["a.yaml"].Content), "read again")
+	require.Equal(t, sha256.Sum256([]byte(content)), l.Files["a.yaml"].Digest)
 }
