@@ -610,10 +610,13 @@ func (r *resolver) readRows(txn statedb.ReadTxn, rows []prefetched) {
 			return true
 		}
 	)
-	for seekOn = i < len(rows); seekOn; {
+	for i < len(rows) {
 		seekOn, passed = false, 0
 		want = prefixkey.Append(keyBuf[:0], rows[i].prefix)
 		r.metadata.LowerBound(txn, MetadataIndex.QueryFromKey(want))(visitor)
+		if !seekOn {
+			return // the table or the rows ended
+		}
 	}
 }
 

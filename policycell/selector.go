@@ -429,8 +429,8 @@ func (e *selectorEngine) round() (*statedb.WatchSet, error) {
 	if added >= scanMinCIDRs && added*scanRatio >= e.identities.NumObjects(snapshot) {
 		scanned = map[string]struct{}{}
 	}
-	// Room for all of them at once, not policy by policy: ten files of a
-	// hundred thousand grew the index nine times.
+	// Room for all of them at once, not policy by policy (indexPolicy):
+	// ten files of a hundred thousand grew the index nine times.
 	e.index.reserve(added)
 	for _, change := range changed {
 		e.policyChanged(snapshot, change.Object, change.Deleted, scanned)
@@ -607,8 +607,6 @@ func (e *selectorEngine) indexPolicy(txn statedb.ReadTxn, p *policy.Policy, by i
 		if scan {
 			e.markIndexedWithin(txn, map[string]struct{}{p.Name: {}})
 		}
-	} else {
-		e.index.reserve(cidrs)
 	}
 	for _, dir := range policy.Directions() {
 		rules := p.Rules(dir)

@@ -132,8 +132,8 @@ func (v *Versions[T]) Restore(file string, content []byte, parsed T) {
 
 // Update takes a read of the directory: files no longer there are
 // forgotten (their versions in force go; they are returned, in name
-// order), and the content of each file that changed is parsed. Call
-// Decide next.
+// order), and the content of each file that changed (by the digest the
+// listing gives with it) is parsed. Call Decide next.
 func (v *Versions[T]) Update(found Listing) (removed []string) {
 	for _, name := range slices.Sorted(maps.Keys(v.files)) {
 		if _, ok := found.Files[name]; !ok {
@@ -149,10 +149,6 @@ func (v *Versions[T]) Update(found Listing) (removed []string) {
 			continue
 		}
 		digest := read.Digest
-		if digest == ([sha256.Size]byte{}) {
-			// A listing made by hand, not by Read.
-			digest = sha256.Sum256(read.Content)
-		}
 		if !f.hasParsed && f.parseErr == nil || digest != f.digest {
 			var zero T
 			f.digest, f.content = digest, read.Content

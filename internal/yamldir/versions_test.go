@@ -3,6 +3,7 @@
 package yamldir
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -48,7 +49,7 @@ func newNames() *Versions[[]string] {
 func listing(files map[string]string) Listing {
 	l := Listing{Files: map[string]File{}}
 	for name, content := range files {
-		l.Files[name] = File{Content: []byte(content)}
+		l.Files[name] = File{Content: []byte(content), Digest: sha256.Sum256([]byte(content))}
 	}
 	return l
 }
