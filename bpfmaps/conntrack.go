@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -192,7 +193,7 @@ func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, 
 	})
 }
 
-// openConntrackMap opens, creates, migrates or replaces the pinned
+// openConntrackMaps opens, creates, migrates or replaces the pinned
 // conntrack and ct_opening maps as openPinnedMaps does the others, so that
 // connections keep their entries across restarts. A migration copies the
 // entries (into a smaller map, what fits); entries the program creates in
@@ -202,25 +203,39 @@ func convertPreviousConntrack(dir string, spec *ebpf.MapSpec, devices []string, 
 // without the device) is converted: each entry is copied into the
 // conntrack map once for every device in --devices, since the old key
 // does not say which device its connection was on; the copies on other
-// devices are never matched and expire.
+// devices are never matched and expire. The two are opened at once: each
+// preallocates its entries.
 //
-// Possible errors: as openPinnedMaps (maps is closed then).
-func openConntrackMap(maps *Pinned, dir string, maxEntries, openingMaxEntries uint32, devices []string, log *slog.Logger) error {
+// Possible errors (in the result): as openPinnedMaps; both maps are open
+// (or nil) then, for close.
+func openConntrackMaps(dir string, maxEntries, openingMaxEntries uint32, devices []string, log *slog.Logger) conntrackMaps {
+	var (
+		maps       conntrackMaps
+		openingErr error
+		wg         sync.WaitGroup
+	)
+	wg.Go(func() { maps.opening, openingErr = openPinnedMap(dir, ConntrackOpeningSpec(openingMaxEntries), log) })
 	spec := ConntrackSpec(maxEntries)
-	m, err := convertPreviousConntrack(dir, spec, devices, log)
-	if err == nil && m == nil {
-		m, err = openPinnedMap(dir, spec, log)
+	maps.conntrack, maps.err = convertPreviousConntrack(dir, spec, devices, log)
+	if maps.err == nil && maps.conntrack == nil {
+		maps.conntrack, maps.err = openPinnedMap(dir, spec, log)
 	}
-	if err == nil {
-		maps.ConntrackOpening, err = openPinnedMap(dir, ConntrackOpeningSpec(openingMaxEntries), log)
-	}
-	if err != nil {
+	wg.Wait()
+	maps.err = errors.Join(maps.err, openingErr)
+	return maps
+}
+
+// conntrackMaps are the result of openConntrackMaps.
+type conntrackMaps struct {
+	conntrack, opening *ebpf.Map
+	err                error
+}
+
+// close closes the maps that were opened.
+func (c conntrackMaps) close() {
+	for _, m := range []*ebpf.Map{c.conntrack, c.opening} {
 		if m != nil {
 			m.Close()
 		}
-		maps.Close()
-		return fmt.Errorf("open pinned maps in %s: %w", dir, err)
 	}
-	maps.Conntrack = m
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -88,23 +89,53 @@ type Sizes struct {
 }
 
 // Open opens (or creates) the pinned maps in dir, as openPinnedMaps and
-// openConntrackMap say; devices are the --devices, whose entries a
+// openConntrackMaps say; devices are the --devices, whose entries a
 // conntrack map of the previous layout is converted for.
 //
-// Possible errors: those of openPinnedMaps and openConntrackMap, wrapped
-// naming dir.
+// Possible errors: those of openPinnedMaps and openConntrackMaps, wrapped
+// naming dir; nothing stays open then.
 func Open(dir string, sizes Sizes, devices []string, log *slog.Logger) (*Pinned, error) {
-	opened, err := openPinnedMaps(dir, sizes.IPCache, sizes.Policy, log)
-	if err != nil {
+	if err := makePinDir(dir); err != nil {
 		return nil, fmt.Errorf("open pinned maps in %s: %w", dir, err)
 	}
-	if err := openConntrackMap(opened, dir, sizes.Conntrack, sizes.ConntrackOpening, devices, log); err != nil {
-		return nil, err
+	// The conntrack maps preallocate their entries, most of a first
+	// start's map creation: they are made while the others are.
+	var (
+		ct  conntrackMaps
+		err error
+		wg  sync.WaitGroup
+	)
+	wg.Go(func() { ct = openConntrackMaps(dir, sizes.Conntrack, sizes.ConntrackOpening, devices, log) })
+	opened, err := openPinnedMaps(dir, sizes.IPCache, sizes.Policy, log)
+	wg.Wait()
+	if err = errors.Join(err, ct.err); err != nil {
+		ct.close()
+		if opened != nil {
+			opened.Close()
+		}
+		return nil, fmt.Errorf("open pinned maps in %s: %w", dir, err)
 	}
+	opened.Conntrack, opened.ConntrackOpening = ct.conntrack, ct.opening
 	return opened, nil
 }
 
-// openPinnedMaps opens (or creates) the pinned maps in dir. A pinned map of
+// makePinDir creates dir, private to the agent.
+//
+// Possible errors: dir cannot be created or made private.
+func makePinDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create pin directory %s: %w", dir, err)
+	}
+	// Whoever can write here can change what is enforced: the pins are
+	// the owner's only, also when the directory was made with a wider mode.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
+	}
+	return nil
+}
+
+// openPinnedMaps opens (or creates) the pinned maps in dir (made by
+// makePinDir) but the conntrack maps. A pinned map of
 // the expected layout is reused as it is; one that differs only in max
 // entries is migrated: its entries are copied into a new map that replaces
 // the pin by an atomic rename; one of another type, key or value size or
@@ -115,19 +146,11 @@ func Open(dir string, sizes Sizes, devices []string, log *slog.Logger) (*Pinned,
 // one held, a replaced one nothing, and the datapath reads the map it
 // returns before anything writes to it (ReadIPCacheMap).
 //
-// Possible errors: dir cannot be created or made private; a pin cannot be
+// Possible errors: a pin cannot be
 // opened (permission, read-only bpffs), created or replaced; a map cannot
 // be migrated because it holds more entries than the new max entries
 // (nothing is changed then).
 func openPinnedMaps(dir string, ipcacheMaxEntries, policyMaxEntries uint32, log *slog.Logger) (*Pinned, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create pin directory %s: %w", dir, err)
-	}
-	// Whoever can write here can change what is enforced: the pins are
-	// the owner's only, also when the directory was made with a wider mode.
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("make pin directory %s private (mode 0700): %w", dir, err)
-	}
 	maps := &Pinned{}
 	var err error
 	maps.IPCache, err = openPinnedMap(dir, IPCacheSpec(ipcacheMaxEntries), log)

@@ -105,6 +105,9 @@ func (d *Datapath) Start(cell.HookContext) error {
 		d.stream.end(nil)
 		return nil
 	}
+	// The program is parsed while the maps are opened: neither needs
+	// the other, and both are most of the start.
+	spec := parseEnforcerAhead()
 	mounted, err := bpfmaps.EnsureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
@@ -128,7 +131,7 @@ func (d *Datapath) Start(cell.HookContext) error {
 	d.mu.Lock()
 	d.maps, d.revision = opened, revision
 	d.mu.Unlock()
-	if err := d.attachEnforcer(opened); err != nil {
+	if err := d.attachEnforcer(opened, spec); err != nil {
 		return err
 	}
 	// After the program is replaced, so that what the old one stored
@@ -175,14 +178,19 @@ func (d *Datapath) readPinned(m mapwrite.Map) error {
 // restart this replaces the program in the pinned links in place. A
 // listed device that is missing or not Ethernet is skipped: the
 // attach-devices job attaches the program once it appears.
-func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned) error {
+func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned, parsed func() (*ebpf.CollectionSpec, error)) error {
 	if len(d.cfg.Devices) == 0 && !d.devices.loadsWithoutDevices() {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
-	enf, err := loadEnforcer(enforcerMaps{IPCache: m.IPCache, Policies: m.Policies, Policy: m.Policy, Enforcement: m.Enforcement,
+	spec, err := parsed()
+	if err != nil {
+		return err
+	}
+	enf, err := loadEnforcerSpec(spec, enforcerMaps{IPCache: m.IPCache, Policies: m.Policies, Policy: m.Policy, Enforcement: m.Enforcement,
 		Counters: m.Counters, Endpoints: m.Endpoints, Conntrack: m.Conntrack, ConntrackOpening: m.ConntrackOpening, Revision: m.Revision,
-		DNSProxy: m.DNSProxy, DNSAnswers: m.DNSAnswers, DNSAnswersLost: m.DNSAnswersLost, ConntrackTimeouts: d.conntrack.Timeouts})
+		DNSProxy: m.DNSProxy, DNSAnswers: m.DNSAnswers, DNSAnswersLost: m.DNSAnswersLost, ConntrackTimeouts: d.conntrack.Timeouts},
+		ebpf.ProgramOptions{})
 	if err != nil {
 		return err
 	}

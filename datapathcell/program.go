@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -91,10 +92,46 @@ func loadEnforcer(maps enforcerMaps) (*enforcer, error) {
 // loadEnforcerWith is loadEnforcer with the programs' load options (tests
 // ask for the verifier's statistics).
 func loadEnforcerWith(maps enforcerMaps, programs ebpf.ProgramOptions) (*enforcer, error) {
+	spec, err := parseEnforcer()
+	if err != nil {
+		return nil, err
+	}
+	return loadEnforcerSpec(spec, maps, programs)
+}
+
+// parseEnforcer parses the embedded enforcement program; the agent does
+// it while its maps are opened.
+//
+// Possible errors: the object cannot be parsed (a build defect).
+func parseEnforcer() (*ebpf.CollectionSpec, error) {
 	spec, err := bpf.LoadEnforce()
 	if err != nil {
 		return nil, fmt.Errorf("load enforcement program spec: %w", err)
 	}
+	return spec, nil
+}
+
+// parseEnforcerAhead starts parseEnforcer and returns what waits for its
+// result.
+func parseEnforcerAhead() func() (*ebpf.CollectionSpec, error) {
+	done := make(chan struct{})
+	var (
+		spec *ebpf.CollectionSpec
+		err  error
+	)
+	go func() {
+		defer close(done)
+		spec, err = parseEnforcer()
+	}()
+	return func() (*ebpf.CollectionSpec, error) {
+		<-done
+		return spec, err
+	}
+}
+
+// loadEnforcerSpec is loadEnforcerWith with the program parsed
+// (parseEnforcer); it changes spec.
+func loadEnforcerSpec(spec *ebpf.CollectionSpec, maps enforcerMaps, programs ebpf.ProgramOptions) (*enforcer, error) {
 	replacements := map[string]*ebpf.Map{
 		bpf.EnforceMapIpcache:        maps.IPCache,
 		bpf.EnforceMapPolicy:         maps.Policies,
@@ -124,47 +161,88 @@ func loadEnforcerWith(maps enforcerMaps, programs ebpf.ProgramOptions) (*enforce
 	if err := setConntrackTimeouts(spec, maps.ConntrackTimeouts); err != nil {
 		return nil, err
 	}
+	wordsOffset, err := variableOffset(spec, ".bss", bpf.EnforceVarEndpointWords)
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program: %w", err)
+	}
 
+	// The maps first, the program's own ones (its .bss, ring buffer,
+	// scratch maps) created once: both programs must share them.
+	mapsOnly := spec.Copy()
+	mapsOnly.Programs = nil
+	coll, err := ebpf.NewCollectionWithOptions(mapsOnly, ebpf.CollectionOptions{MapReplacements: replacements})
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program: %w", err)
+	}
+	defer coll.Close() // what is not assigned below
+	// Then the two programs at once, over the collection's maps: the
+	// verifier's work is most of the load, and each runs on a core.
+	from, to, err := loadPrograms(spec, coll.Maps, programs)
+	if err != nil {
+		return nil, fmt.Errorf("load enforcement program: %w", err)
+	}
+	enf := &enforcer{fromEndpoint: from, toEndpoint: to, wordsSet: endpointWords{}}
 	var objs struct {
-		bpf.EnforcePrograms
 		Events         *ebpf.Map      `ebpf:"events"`
 		EventState     *ebpf.Map      `ebpf:"event_state"`
 		CtStats        *ebpf.Map      `ebpf:"ct_stats"`
 		EventsMask     *ebpf.Variable `ebpf:"events_mask"`
 		PolicyFlags    *ebpf.Variable `ebpf:"policy_flags"`
 		EndpointAbsent *ebpf.Variable `ebpf:"endpoint_absent"`
-		Bss            *ebpf.Map      `ebpf:".bss"`
 	}
-	wordsOffset, err := variableOffset(spec, ".bss", bpf.EnforceVarEndpointWords)
+	err = coll.Assign(&objs)
+	if err == nil {
+		enf.events, enf.eventState, enf.ctStats = objs.Events, objs.EventState, objs.CtStats
+		enf.eventsMask, enf.policyFlags, enf.endpointAbsent = objs.EventsMask, objs.PolicyFlags, objs.EndpointAbsent
+		// The variables and the words' mapping keep the .bss mapped;
+		// the map itself is closed with the collection.
+		enf.endpointWords, err = mapWords(coll.Maps[".bss"], wordsOffset)
+	}
 	if err != nil {
+		enf.Close()
 		return nil, fmt.Errorf("load enforcement program: %w", err)
 	}
-	if err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: replacements, Programs: programs}); err != nil {
-		return nil, fmt.Errorf("load enforcement program: %w", err)
-	}
-	// The variables and the words' mapping keep the .bss mapped; the map
-	// itself is not needed.
-	words, err := mapWords(objs.Bss, wordsOffset)
-	objs.Bss.Close()
-	if err != nil {
-		objs.EnforceFromEndpoint.Close()
-		objs.EnforceToEndpoint.Close()
-		return nil, fmt.Errorf("load enforcement program: %w", err)
-	}
-	return &enforcer{
-		fromEndpoint: objs.EnforceFromEndpoint,
-		toEndpoint:   objs.EnforceToEndpoint,
-		events:       objs.Events,
-		eventState:   objs.EventState,
-		ctStats:      objs.CtStats,
-		eventsMask:   objs.EventsMask,
-		policyFlags:  objs.PolicyFlags,
+	return enf, nil
+}
 
-		endpointAbsent: objs.EndpointAbsent,
-
-		endpointWords: words,
-		wordsSet:      endpointWords{},
-	}, nil
+// loadPrograms loads the two enforcement programs of spec in parallel, each
+// with the maps of loaded in place of those it declares.
+//
+// Possible errors: the kernel rejects a program (the error carries the
+// verifier log); none is returned then.
+func loadPrograms(spec *ebpf.CollectionSpec, loaded map[string]*ebpf.Map, opts ebpf.ProgramOptions) (from, to *ebpf.Program, err error) {
+	names := [2]string{bpf.EnforceProgEnforceFromEndpoint, bpf.EnforceProgEnforceToEndpoint}
+	var (
+		progs [2]*ebpf.Program
+		errs  [2]error
+		wg    sync.WaitGroup
+	)
+	for i, name := range names {
+		// A copy each: a load changes its spec's instructions.
+		own := spec.Copy()
+		wg.Go(func() {
+			coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{
+				Maps: own.Maps, Programs: map[string]*ebpf.ProgramSpec{name: own.Programs[name]},
+				Variables: own.Variables, Types: own.Types, ByteOrder: own.ByteOrder,
+			}, ebpf.CollectionOptions{MapReplacements: loaded, Programs: opts})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			progs[i] = coll.DetachProgram(name)
+			coll.Close()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
+		for _, p := range progs {
+			if p != nil {
+				p.Close()
+			}
+		}
+		return nil, nil, err
+	}
+	return progs[0], progs[1], nil
 }
 
 // variableOffset is where the global variable name starts in the data

@@ -140,6 +140,47 @@ func TestPrivilegedEnforceVerifierCost(t *testing.T) {
 	}
 }
 
+// The two programs are loaded at once (loadPrograms), each from its own
+// copy of the spec: they must still share every map, the program's own
+// (the events ring, the fragments, the .bss) as well as the agent's.
+func TestPrivilegedProgramsShareTheirMaps(t *testing.T) {
+	privileged.Test(t)
+	t.Parallel()
+	e, err := loadEnforcer(newTestEnforcerMaps(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	byName := func(p *ebpf.Program) map[string]ebpf.MapID {
+		info, err := p.Info()
+		require.NoError(t, err)
+		ids, ok := info.MapIDs()
+		require.True(t, ok, "the kernel does not say a program's maps")
+		names := map[string]ebpf.MapID{}
+		for _, id := range ids {
+			m, err := ebpf.NewMapFromID(id)
+			require.NoError(t, err)
+			mi, err := m.Info()
+			m.Close()
+			require.NoError(t, err)
+			names[mi.Name] = id
+		}
+		return names
+	}
+	from, to := byName(e.fromEndpoint), byName(e.toEndpoint)
+	shared := 0
+	for name, id := range from {
+		if other, ok := to[name]; ok {
+			require.Equal(t, id, other, "map %s: each program has its own", name)
+			shared++
+		}
+	}
+	events, err := e.events.Info()
+	require.NoError(t, err)
+	eventsID, _ := events.ID()
+	require.Equal(t, eventsID, from["events"], "the enforcer's events ring is not the program's")
+	require.Equal(t, eventsID, to["events"], "the enforcer's events ring is not the program's")
+	require.GreaterOrEqual(t, shared, 10, "maps used by both programs: %v and %v", from, to)
+}
+
 func TestCounterIndex(t *testing.T) {
 	t.Parallel()
 	// bpfmaps/abi.go: direction*8 + slot; slot 0 allowed, a drop's slot its reason.
