@@ -107,7 +107,10 @@ func (d *Datapath) Start(cell.HookContext) error {
 	}
 	// The program is parsed while the maps are opened: neither needs
 	// the other, and both are most of the start.
-	spec := parseEnforcerAhead()
+	var spec func() (*ebpf.CollectionSpec, error)
+	if d.loadsEnforcer() {
+		spec = parseEnforcerAhead()
+	}
 	mounted, err := bpfmaps.EnsureBPFFS(d.cfg.BPFRoot)
 	if err != nil {
 		return err
@@ -173,13 +176,21 @@ func (d *Datapath) readPinned(m mapwrite.Map) error {
 	return err
 }
 
+// loadsEnforcer says whether the start loads the program: there are
+// --devices, or endpoints that need it.
+func (d *Datapath) loadsEnforcer() bool {
+	return len(d.cfg.Devices) > 0 || d.devices.loadsWithoutDevices()
+}
+
 // attachEnforcer loads the enforcement program over the pinned maps and
 // attaches it to every selected device that exists (devices.go); on a
 // restart this replaces the program in the pinned links in place. A
 // listed device that is missing or not Ethernet is skipped: the
-// attach-devices job attaches the program once it appears.
+// attach-devices job attaches the program once it appears. parsed waits
+// for the program's parse (parseEnforcerAhead), nil when loadsEnforcer is
+// false.
 func (d *Datapath) attachEnforcer(m *bpfmaps.Pinned, parsed func() (*ebpf.CollectionSpec, error)) error {
-	if len(d.cfg.Devices) == 0 && !d.devices.loadsWithoutDevices() {
+	if !d.loadsEnforcer() {
 		d.log.Info("No --devices: not enforcing policy on any device")
 		return nil
 	}
