@@ -10,6 +10,9 @@
 // namespaces, bpeer-<pid>-c (the client), -r (the router) and -s (the
 // server), a veth from the client to the router and one from the router to
 // the server, and forwarding in the router; it removes them at the end.
+// Interrupted (^C, SIGTERM), a run stops the agent (its pins and bpffs
+// go), dnsmasq and perf, removes the namespaces and its scratch
+// directory, and exits with 128 + the signal; a second ^C stops at once.
 // The server has three addresses of each family on its veth: one in the
 // policy, one the change under load adds, one never allowed.
 //

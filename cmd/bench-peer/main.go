@@ -36,6 +36,8 @@ func main() {
 	}
 	cfg.agentPerf, cfg.agentPerfDone = *perf, new(bool)
 	cfg.agentPerfChange, cfg.agentPerfChangeDone = *perfChg, new(bool)
+	cfg.undo = newUndo()
+	cfg.undo.onInterrupt(cfg.progress)
 	if err := runAll(cfg, scenarios, *output, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-peer:", err)
 		os.Exit(1)
@@ -109,7 +111,7 @@ func runAll(cfg config, scenarios []scenario, output string, out io.Writer) erro
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	defer cfg.undo.add(func() { os.RemoveAll(work) })()
 	cfg.work = work
 	var results []Result
 	var runErr error

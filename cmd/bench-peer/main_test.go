@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ipcache-agent/ipcache-agent/internal/testutils/privileged"
+	"github.com/ipcache-agent/ipcache-agent/internal/testutils/syncbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -180,4 +183,113 @@ func TestPrivilegedNamesEnforce(t *testing.T) {
 	netns, err := exec.Command("ip", "netns", "list").Output()
 	require.NoError(t, err)
 	require.NotContains(t, string(netns), fmt.Sprintf("bpeer-%d-", os.Getpid()), "the namespaces are removed")
+}
+
+// A run stopped by SIGTERM (or ^C) removes what it made, as one that
+// ends does: the agent stops and its pins and bpffs go, the namespaces
+// go, the scratch directory goes; it exits with 128 + the signal.
+func TestPrivilegedInterruptRemovesTheRun(t *testing.T) {
+	privileged.Test(t)
+	bin := t.TempDir()
+	agent, benchPeer := filepath.Join(bin, "ipcache-agent"), filepath.Join(bin, "bench-peer")
+	for path, pkg := range map[string]string{agent: "cmd/ipcache-agent", benchPeer: "cmd/bench-peer"} {
+		out, err := exec.Command("go", "build", "-o", path, "github.com/ipcache-agent/ipcache-agent/"+pkg).CombinedOutput()
+		require.NoError(t, err, "build %s: %s", pkg, out)
+	}
+	run := exec.Command(benchPeer, "-agent", agent, "-modes", "agent", "-sizes", "200", "-families", "ipv4",
+		"-rounds", "1", "-duration", "30s")
+	var progress syncbuf.Buffer
+	run.Stdout, run.Stderr = io.Discard, &progress
+	require.NoError(t, run.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	t.Cleanup(func() {
+		if run.ProcessState == nil {
+			_ = run.Process.Kill()
+			<-exited
+		}
+	})
+
+	// The agent, once it runs: its bpffs is in the scratch directory.
+	var agentPID int
+	var bpfRoot string
+	require.Eventually(t, func() bool {
+		agentPID, bpfRoot = processOf(agent)
+		return agentPID != 0
+	}, 60*time.Second, 50*time.Millisecond, "the agent does not start: %s", progress.String())
+	// Enforcing, and the traffic under way.
+	require.Eventually(t, func() bool {
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		return strings.Contains(string(mounts), bpfRoot) && processCPU(agentPID) > 0
+	}, 30*time.Second, 50*time.Millisecond)
+	time.Sleep(2 * time.Second)
+
+	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, progress.String())
+		require.Equal(t, 128+int(syscall.SIGTERM), exit.ExitCode(), progress.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("bench-peer did not exit: %s", progress.String())
+	}
+	require.Contains(t, progress.String(), "removing what the run made")
+
+	require.NoDirExists(t, bpfRoot, "the scratch directory is removed")
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	require.NotContains(t, string(mounts), bpfRoot, "the agent's bpffs is unmounted")
+	netns, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	require.NotContains(t, string(netns), fmt.Sprintf("bpeer-%d-", run.Process.Pid), "the namespaces are removed")
+	_, err = os.Stat(fmt.Sprintf("/proc/%d", agentPID))
+	require.ErrorIs(t, err, os.ErrNotExist, "the agent is stopped")
+}
+
+// processOf finds a running process of binary and its --bpf-root.
+func processOf(binary string) (pid int, bpfRoot string) {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		p, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if args[0] != binary {
+			continue
+		}
+		for _, a := range args {
+			if root, ok := strings.CutPrefix(a, "--bpf-root="); ok {
+				return p, root
+			}
+		}
+	}
+	return 0, ""
+}
+
+// An interrupt undoes what is registered, the latest first, once: what a
+// step's defer runs after it does nothing, and what is made after it is
+// undone at once.
+func TestUndoInterrupt(t *testing.T) {
+	u := newUndo()
+	var ran []string
+	record := func(name string) func() { return func() { ran = append(ran, name) } }
+	doneNamespaces := u.add(record("namespaces"))
+	doneAgent := u.add(record("agent"))
+	u.add(record("scratch"))() // removed by its step: not again
+	u.interrupt()
+	require.Equal(t, []string{"scratch", "agent", "namespaces"}, ran)
+	doneAgent()
+	doneNamespaces()
+	require.Len(t, ran, 3, "the steps' defers after the interrupt")
+	u.add(record("late"))()
+	require.Equal(t, []string{"scratch", "agent", "namespaces", "late"}, ran, "made after the interrupt: undone at once, once")
+
+	var none *undo
+	none.add(record("alone"))()
+	require.Equal(t, "alone", ran[len(ran)-1], "without an undo the step removes what it made")
 }

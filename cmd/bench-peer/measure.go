@@ -44,6 +44,8 @@ type config struct {
 	agentPerfChange     string
 	agentPerfChangeDone *bool
 	progress            io.Writer // a line per step
+	// undo removes what the run made if it is interrupted (nil: not).
+	undo *undo
 }
 
 type scenario struct {
@@ -137,7 +139,7 @@ func runScenario(cfg config, sc scenario) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	defer topo.remove()
+	defer cfg.undo.add(topo.remove)()
 	srv, err := startServer(topo.server)
 	if err != nil {
 		return res, err
@@ -204,7 +206,7 @@ func runAgent(cfg config, sc scenario, topo *topology, srv *server, prefixes []n
 	if err != nil {
 		return m, err
 	}
-	defer a.stop()
+	defer cfg.undo.add(a.stop)()
 	if _, err := writeAgentPolicies(a.policyDir, prefixes); err != nil {
 		return m, err
 	}
@@ -222,6 +224,7 @@ func runAgent(cfg config, sc scenario, topo *topology, srv *server, prefixes []n
 		if stopPerf, err = startPerf(cfg.agentPerf, a.pid()); err != nil {
 			return m, err
 		}
+		stopPerf = cfg.undo.add(stopPerf)
 	}
 	err = a.waitEnforced(sc.n, 20*time.Millisecond, 15*time.Minute)
 	m.LoadSeconds = time.Since(start).Seconds()
@@ -257,6 +260,7 @@ func runAgent(cfg config, sc scenario, topo *topology, srv *server, prefixes []n
 		if stopPerf, err = startPerf(cfg.agentPerfChange, a.pid()); err != nil {
 			return m, err
 		}
+		stopPerf = cfg.undo.add(stopPerf)
 	}
 	m.ChangeMillis, err = changeUnderLoad(sc, topo, func() error {
 		return writeAgentPolicy(a.policyDir, "bpeer-change", change)

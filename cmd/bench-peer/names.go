@@ -111,7 +111,7 @@ func runNamesMode(cfg config, names int, mode string) (NamesModeResult, error) {
 	if err != nil {
 		return m, err
 	}
-	defer topo.remove()
+	defer cfg.undo.add(topo.remove)()
 	work, err := os.MkdirTemp(cfg.work, "names-")
 	if err != nil {
 		return m, err
@@ -133,7 +133,7 @@ func runNamesMode(cfg config, names int, mode string) (NamesModeResult, error) {
 	if err != nil {
 		return m, err
 	}
-	defer upstream.stop()
+	defer cfg.undo.add(upstream.stop)()
 	resolver := namesDNSServer
 	warm := names + 1
 	switch mode {
@@ -155,14 +155,14 @@ func runNamesMode(cfg config, names int, mode string) (NamesModeResult, error) {
 		if err != nil {
 			return m, err
 		}
-		defer fwd.stop()
+		defer cfg.undo.add(fwd.stop)()
 		resolver = routerClientV4
 	case modeAgent:
 		a, err := newAgentRun(cfg.agentBinary, topo.router, work)
 		if err != nil {
 			return m, err
 		}
-		defer a.stop()
+		defer cfg.undo.add(a.stop)()
 		if err := writeNamesPolicy(a.policyDir); err != nil {
 			return m, err
 		}
