@@ -231,11 +231,9 @@ type conntrackMaps struct {
 	err                error
 }
 
-// close closes the maps that were opened.
+// close closes the maps that were opened (Close of a nil map does
+// nothing).
 func (c conntrackMaps) close() {
-	for _, m := range []*ebpf.Map{c.conntrack, c.opening} {
-		if m != nil {
-			m.Close()
-		}
-	}
+	c.conntrack.Close()
+	c.opening.Close()
 }

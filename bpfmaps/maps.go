@@ -101,14 +101,13 @@ func Open(dir string, sizes Sizes, devices []string, log *slog.Logger) (*Pinned,
 	// The conntrack maps preallocate their entries, most of a first
 	// start's map creation: they are made while the others are.
 	var (
-		ct  conntrackMaps
-		err error
-		wg  sync.WaitGroup
+		ct conntrackMaps
+		wg sync.WaitGroup
 	)
 	wg.Go(func() { ct = openConntrackMaps(dir, sizes.Conntrack, sizes.ConntrackOpening, devices, log) })
 	opened, err := openPinnedMaps(dir, sizes.IPCache, sizes.Policy, log)
 	wg.Wait()
-	if err = errors.Join(err, ct.err); err != nil {
+	if err := errors.Join(err, ct.err); err != nil {
 		ct.close()
 		if opened != nil {
 			opened.Close()

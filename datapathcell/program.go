@@ -218,7 +218,9 @@ func loadPrograms(spec *ebpf.CollectionSpec, loaded map[string]*ebpf.Map, opts e
 		wg    sync.WaitGroup
 	)
 	for i, name := range names {
-		// A copy each: a load changes its spec's instructions.
+		// A copy each: cilium/ebpf does not say that loads from one
+		// spec may run at once, and a copy costs little beside the
+		// verifier.
 		own := spec.Copy()
 		wg.Go(func() {
 			coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{

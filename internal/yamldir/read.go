@@ -246,15 +246,21 @@ func (d Dir) readFile(f *os.File, name string, cache *ReadCache, kept map[string
 		return File{Err: err}, isDir
 	}
 	read = File{Content: content, Digest: sha256.Sum256(content)}
-	settledBy := readAt.Add(-racyWindow)
-	if cache != nil && cache.settle > 0 {
-		settledBy = readAt.Add(-cache.settle)
-	}
-	settled := time.Unix(stamp.ctime.Unix()).Before(settledBy) && time.Unix(stamp.mtime.Unix()).Before(settledBy)
-	if kept != nil && stamped && settled && len(content) > 0 && int64(len(content)) == stamp.size {
+	if kept != nil && stamped && len(content) > 0 && int64(len(content)) == stamp.size && cache.settled(stamp, readAt) {
 		kept[name] = cachedFile{stamp: stamp, first: weak.Make(&content[0]), digest: read.Digest}
 	}
 	return read, false
+}
+
+// settled reports whether a file of stamp, read at readAt, had last
+// changed long enough before to be kept (racyWindow, or settle).
+func (c *ReadCache) settled(stamp fileStamp, readAt time.Time) bool {
+	window := racyWindow
+	if c.settle > 0 {
+		window = c.settle
+	}
+	settledBy := readAt.Add(-window)
+	return time.Unix(stamp.ctime.Unix()).Before(settledBy) && time.Unix(stamp.mtime.Unix()).Before(settledBy)
 }
 
 func (c *ReadCache) lookup(name string) (cachedFile, bool) {
