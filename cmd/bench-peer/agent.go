@@ -22,7 +22,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ipcache-agent/ipcache-agent/bpfmaps"
 	"github.com/ipcache-agent/ipcache-agent/cells"
+	"github.com/ipcache-agent/ipcache-agent/policy"
 )
 
 // metricsAddr is where the agent serves /metrics and /readyz, in the
@@ -114,9 +116,16 @@ func (a *agentRun) waitEnforced(n int, poll, timeout time.Duration) error {
 				// addresses too: its status says when none is left.
 				status, err := a.ipcacheStatus()
 				if err == nil && status.Pending == 0 && status.Error == 0 && status.Done >= n {
-					return nil
+					// The agent switches egress on only once its entries
+					// are written (make before break): after the counts.
+					enforced, err := bpfmaps.ReadEnforcement(a.bpfRoot)
+					if err == nil && enforced[policy.Egress] {
+						return nil
+					}
+					last = fmt.Sprintf("maps written, egress not enforced yet (%v)", err)
+				} else {
+					last = fmt.Sprintf("ipcache-status %+v (%v)", status, err)
 				}
-				last = fmt.Sprintf("ipcache-status %+v (%v)", status, err)
 			} else {
 				last = fmt.Sprintf("ready; map writes: ipcache %d, policy %d of %d (%v)", ipc, pol, n, err)
 			}

@@ -38,8 +38,10 @@
 //     answers ready (every table initialized, nothing degraded) and
 //     /metrics counts at least N keys written to both the ipcache and the
 //     policy map (each CIDR is a prefix of an identity of its own with one
-//     allow entry), polled every 20 ms, and then the shell's
-//     datapath/ipcache-status has no entry pending or failing;
+//     allow entry), polled every 20 ms, then the shell's
+//     datapath/ipcache-status has no entry pending or failing, and the
+//     pinned enforcement map switches egress on (the agent does so only
+//     once the entries are written);
 //   - nft: an inet table with an interval set per family and, in the
 //     forward hook, for what enters from the client's veth, the rules an
 //     administrator writes: ct state established,related accept; daddr in
